@@ -1,0 +1,260 @@
+//! The command line: every torchrun flag, in both spellings, with `PET_*` defaults.
+//!
+//! Values stay strings here; [`crate::config`] parses and checks them, so that every bad
+//! value, whether from a flag or from the environment, gets the same clear error.
+//! Boolean flags read their `PET_*` variable in `config` too, because Kubeflow sets
+//! `PET_STANDALONE` to an empty string, which clap would not treat as "on".
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// fsdp-agent: launches one training process per GPU with torchrun's environment,
+/// supervises them and re-forms the group when nodes come and go.
+#[derive(Debug, Parser)]
+#[command(name = "fsdp-agent", version, about, max_term_width = 100)]
+pub struct Args {
+    /// Number of nodes: `N` or `MIN:MAX`.
+    #[arg(long, env = "PET_NNODES", default_value = "1:1")]
+    pub nnodes: String,
+
+    /// Workers on this node: a number, `gpu`, `cpu` or `auto`.
+    #[arg(
+        long = "nproc-per-node",
+        visible_alias = "nproc_per_node",
+        env = "PET_NPROC_PER_NODE",
+        default_value = "1"
+    )]
+    pub nproc_per_node: String,
+
+    /// Rendezvous backend: `static`, `etcd` (etcd v3; also `etcd-v2`, `etcd-v3`), or `c10d`
+    /// for a single node.
+    #[arg(
+        long = "rdzv-backend",
+        visible_alias = "rdzv_backend",
+        env = "PET_RDZV_BACKEND",
+        default_value = "static"
+    )]
+    pub rdzv_backend: String,
+
+    /// Rendezvous endpoint `host[:port]` (etcd: comma-separated list).
+    #[arg(
+        long = "rdzv-endpoint",
+        visible_alias = "rdzv_endpoint",
+        env = "PET_RDZV_ENDPOINT",
+        default_value = ""
+    )]
+    pub rdzv_endpoint: String,
+
+    /// Run id shared by every node of one job.
+    #[arg(long = "rdzv-id", visible_alias = "rdzv_id", env = "PET_RDZV_ID")]
+    pub rdzv_id: Option<String>,
+
+    /// Rendezvous options `key=value,...` (torchrun's key names).
+    #[arg(
+        long = "rdzv-conf",
+        visible_alias = "rdzv_conf",
+        env = "PET_RDZV_CONF",
+        default_value = ""
+    )]
+    pub rdzv_conf: String,
+
+    /// One node, no external rendezvous: a fresh run id and a free local master port.
+    /// (`PET_STANDALONE`)
+    #[arg(long)]
+    pub standalone: bool,
+
+    /// Failure restarts of the worker group before the job fails.
+    #[arg(
+        long = "max-restarts",
+        visible_alias = "max_restarts",
+        env = "PET_MAX_RESTARTS",
+        default_value = "0"
+    )]
+    pub max_restarts: String,
+
+    /// Seconds between periodic checks of the workers (exits are seen at once regardless).
+    #[arg(
+        long = "monitor-interval",
+        visible_alias = "monitor_interval",
+        env = "PET_MONITOR_INTERVAL",
+        default_value = "0.1"
+    )]
+    pub monitor_interval: String,
+
+    /// torchrun's start method for function entrypoints; workers here are always exec'd.
+    #[arg(
+        long = "start-method",
+        visible_alias = "start_method",
+        env = "PET_START_METHOD",
+        default_value = "spawn"
+    )]
+    pub start_method: String,
+
+    /// Event sink: `null` or `console`.
+    #[arg(
+        long = "event-log-handler",
+        visible_alias = "event_log_handler",
+        env = "PET_EVENT_LOG_HANDLER",
+        default_value = "null"
+    )]
+    pub event_log_handler: String,
+
+    /// Worker role name (`ROLE_NAME`, log prefix).
+    #[arg(long, env = "PET_ROLE", default_value = "default")]
+    pub role: String,
+
+    /// Run the script as a Python module (`python -m`). (`PET_MODULE`)
+    #[arg(short = 'm', long)]
+    pub module: bool,
+
+    /// Exec the entrypoint directly instead of under Python. (`PET_NO_PYTHON`)
+    #[arg(long = "no-python", visible_alias = "no_python")]
+    pub no_python: bool,
+
+    /// Run the script through `runpy.run_path`. (`PET_RUN_PATH`)
+    #[arg(long = "run-path", visible_alias = "run_path")]
+    pub run_path: bool,
+
+    /// Base directory for per-attempt worker logs and error files.
+    #[arg(long = "log-dir", visible_alias = "log_dir", env = "PET_LOG_DIR")]
+    pub log_dir: Option<PathBuf>,
+
+    /// Redirect worker streams to files: 0 none, 1 stdout, 2 stderr, 3 both; or per local
+    /// rank `0:1,1:2`.
+    #[arg(short = 'r', long, env = "PET_REDIRECTS", default_value = "0")]
+    pub redirects: String,
+
+    /// Like --redirects, and also echo to the console with the rank prefix.
+    #[arg(short = 't', long, env = "PET_TEE", default_value = "0")]
+    pub tee: String,
+
+    /// Prefix of worker lines: `${role_name}`, `${local_rank}`, `${rank}`, `${hostname}`.
+    #[arg(
+        long = "log-line-prefix-template",
+        visible_alias = "log_line_prefix_template",
+        env = "PET_LOG_LINE_PREFIX_TEMPLATE"
+    )]
+    pub log_line_prefix_template: Option<String>,
+
+    /// Local ranks whose output reaches the console, e.g. `0` or `0,3`.
+    #[arg(
+        long = "local-ranks-filter",
+        visible_alias = "local_ranks_filter",
+        env = "PET_LOCAL_RANKS_FILTER",
+        default_value = ""
+    )]
+    pub local_ranks_filter: String,
+
+    /// Substrings; matching stdout lines are also copied to `attempt_N/filtered_stdout.log`.
+    #[arg(
+        long = "duplicate-stdout-filters",
+        visible_alias = "duplicate_stdout_filters",
+        env = "PET_DUPLICATE_STDOUT_FILTERS",
+        default_value = ""
+    )]
+    pub duplicate_stdout_filters: String,
+
+    /// Substrings; matching stderr lines are also copied to `attempt_N/filtered_stderr.log`.
+    #[arg(
+        long = "duplicate-stderr-filters",
+        visible_alias = "duplicate_stderr_filters",
+        env = "PET_DUPLICATE_STDERR_FILTERS",
+        default_value = ""
+    )]
+    pub duplicate_stderr_filters: String,
+
+    /// This node's rank (static backend).
+    #[arg(
+        long = "node-rank",
+        visible_alias = "node_rank",
+        env = "PET_NODE_RANK",
+        default_value = "0"
+    )]
+    pub node_rank: String,
+
+    /// Master address (static backend).
+    #[arg(
+        long = "master-addr",
+        visible_alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        default_value = "127.0.0.1"
+    )]
+    pub master_addr: String,
+
+    /// Master port (static backend); 29500 when unset with more than one node.
+    #[arg(
+        long = "master-port",
+        visible_alias = "master_port",
+        env = "PET_MASTER_PORT"
+    )]
+    pub master_port: Option<String>,
+
+    /// Address this node advertises to its peers.
+    #[arg(
+        long = "local-addr",
+        visible_alias = "local_addr",
+        env = "PET_LOCAL_ADDR"
+    )]
+    pub local_addr: Option<String>,
+
+    /// torchrun's Python logs-specs plugin; not supported.
+    #[arg(long = "logs-specs", visible_alias = "logs_specs", hide = true)]
+    pub logs_specs: Option<String>,
+
+    /// torchrun's NUMA binding; not supported.
+    #[arg(long = "numa-binding", visible_alias = "numa_binding", hide = true)]
+    pub numa_binding: Option<String>,
+
+    /// Signals forwarded to the workers.
+    #[arg(
+        long = "signals-to-handle",
+        visible_alias = "signals_to_handle",
+        env = "PET_SIGNALS_TO_HANDLE",
+        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    )]
+    pub signals_to_handle: String,
+
+    /// Grace between the stop signal and SIGKILL: seconds, or a duration like `500ms`.
+    /// Defaults to `$TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, then 30.
+    #[arg(long = "term-timeout", visible_aliases = ["term_timeout", "shutdown-timeout", "shutdown_timeout"], env = "PET_SHUTDOWN_TIMEOUT")]
+    pub term_timeout: Option<String>,
+
+    /// Every worker gets LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES.
+    /// (`PET_VIRTUAL_LOCAL_RANK`)
+    #[arg(long = "virtual-local-rank", visible_alias = "virtual_local_rank")]
+    pub virtual_local_rank: bool,
+
+    /// torchrun's shell-completion printer; not supported.
+    #[arg(
+        long = "print-completion",
+        visible_alias = "print_completion",
+        hide = true
+    )]
+    pub print_completion: Option<String>,
+
+    /// Print the resolved configuration, with where each value came from, and exit.
+    #[arg(long = "print-config", visible_alias = "print_config")]
+    pub print_config: bool,
+
+    /// Agent log format: `text` or `json`.
+    #[arg(
+        long = "log-format",
+        env = "FSDP_AGENT_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: String,
+
+    /// The training program (a `.py` script, a module with -m, or a binary with --no-python),
+    /// followed by its own arguments.
+    #[arg(value_name = "TRAINING_SCRIPT", required = true)]
+    pub training_script: String,
+
+    /// Arguments passed to the training program unchanged (`${local_rank}` is substituted).
+    #[arg(
+        value_name = "ARGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub script_args: Vec<String>,
+}

@@ -1,0 +1,368 @@
+//! Parsers for the values torchrun's flags take. Pure functions of a string, each with an
+//! error that says what a valid value looks like.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+/// `--nnodes`: `N` or `MIN:MAX` with `0 < MIN <= MAX`.
+pub fn nnodes(s: &str) -> Result<(u32, u32), String> {
+    let num = |p: &str| {
+        p.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("'{p}' is not a whole number"))
+    };
+    let (min, max) = match s.split_once(':') {
+        None => {
+            let n = num(s)?;
+            (n, n)
+        }
+        Some((a, b)) => {
+            if b.contains(':') {
+                return Err("expected N or MIN:MAX, found more than one ':'".into());
+            }
+            (num(a)?, num(b)?)
+        }
+    };
+    if min == 0 {
+        return Err("the number of nodes must be at least 1".into());
+    }
+    if min > max {
+        return Err(format!(
+            "MIN ({min}) is greater than MAX ({max}); write MIN:MAX, e.g. {max}:{min}"
+        ));
+    }
+    Ok((min, max))
+}
+
+/// What `--nproc-per-node` asked for, before devices are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NprocRequest {
+    Count(u32),
+    Gpu,
+    Cpu,
+    Auto,
+}
+
+/// `--nproc-per-node`: a positive number or `gpu`, `cpu`, `auto`.
+pub fn nproc(s: &str) -> Result<NprocRequest, String> {
+    match s.trim() {
+        "gpu" => Ok(NprocRequest::Gpu),
+        "cpu" => Ok(NprocRequest::Cpu),
+        "auto" => Ok(NprocRequest::Auto),
+        other => match other.parse::<u32>() {
+            Ok(0) => Err("must be at least 1".into()),
+            Ok(n) => Ok(NprocRequest::Count(n)),
+            Err(_) => Err("expected a positive number, `gpu`, `cpu` or `auto`".into()),
+        },
+    }
+}
+
+/// `--rdzv-conf`: `key=value,key=value`. Values cannot contain commas (as in torchrun); a
+/// key given twice is an error rather than a silent override.
+pub fn rdzv_conf(s: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    if s.trim().is_empty() {
+        return Ok(out);
+    }
+    for item in s.split(',') {
+        let item = item.trim();
+        let Some((k, v)) = item.split_once('=') else {
+            return Err(format!("'{item}' is not key=value"));
+        };
+        let (k, v) = (k.trim(), v.trim());
+        if k.is_empty() {
+            return Err(format!("'{item}' has an empty key"));
+        }
+        if v.is_empty() {
+            return Err(format!("key '{k}' has an empty value"));
+        }
+        if out.insert(k.to_owned(), v.to_owned()).is_some() {
+            return Err(format!("key '{k}' is given twice"));
+        }
+    }
+    Ok(out)
+}
+
+/// Which standard streams of a worker a spec selects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Streams {
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+impl Streams {
+    fn from_digit(d: &str) -> Result<Self, String> {
+        match d.trim() {
+            "0" => Ok(Self::default()),
+            "1" => Ok(Self {
+                stdout: true,
+                stderr: false,
+            }),
+            "2" => Ok(Self {
+                stdout: false,
+                stderr: true,
+            }),
+            "3" => Ok(Self {
+                stdout: true,
+                stderr: true,
+            }),
+            other => Err(format!(
+                "'{other}' is not 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"
+            )),
+        }
+    }
+}
+
+/// `-r/--redirects` and `-t/--tee`: one value for all local ranks, or `rank:value,...`.
+/// Unlike torchrun, local ranks above 9 can be addressed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamSpec {
+    pub all: Streams,
+    pub per_rank: BTreeMap<u32, Streams>,
+}
+
+impl StreamSpec {
+    pub fn for_rank(&self, local_rank: u32) -> Streams {
+        self.per_rank.get(&local_rank).copied().unwrap_or(self.all)
+    }
+}
+
+pub fn stream_spec(s: &str) -> Result<StreamSpec, String> {
+    if !s.contains(':') {
+        return Ok(StreamSpec {
+            all: Streams::from_digit(s)?,
+            per_rank: BTreeMap::new(),
+        });
+    }
+    let mut per_rank = BTreeMap::new();
+    for item in s.split(',') {
+        let Some((rank, v)) = item.split_once(':') else {
+            return Err(format!("'{item}' is not local_rank:value"));
+        };
+        let rank = rank
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| format!("'{rank}' is not a local rank"))?;
+        per_rank.insert(rank, Streams::from_digit(v)?);
+    }
+    Ok(StreamSpec {
+        all: Streams::default(),
+        per_rank,
+    })
+}
+
+/// `--local-ranks-filter`: a comma list of local ranks; empty means all.
+pub fn rank_list(s: &str) -> Result<Option<BTreeSet<u32>>, String> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    s.split(',')
+        .map(|r| {
+            r.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("'{r}' is not a local rank"))
+        })
+        .collect::<Result<BTreeSet<_>, _>>()
+        .map(Some)
+}
+
+/// `--duplicate-*-filters`: comma list, `,,` escapes a literal comma.
+pub fn filter_list(s: &str) -> Vec<String> {
+    if s.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ',' {
+            if chars.peek() == Some(&',') {
+                chars.next();
+                cur.push(',');
+            } else {
+                out.push(std::mem::take(&mut cur));
+            }
+        } else {
+            cur.push(c);
+        }
+    }
+    out.push(cur);
+    out.retain(|f| !f.is_empty());
+    out
+}
+
+/// A duration: plain seconds (`30`, `0.5`) as torchrun takes them, or with a unit
+/// (`500ms`, `2s`, `5m`, `1h`).
+pub fn duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration (seconds, or e.g. 500ms, 2s, 5m)"))?;
+    let scale = match unit.trim() {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit '{other}' in '{s}' (use ms, s, m or h)"
+            ));
+        }
+    };
+    let secs = value * scale;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("'{s}' is not a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A boolean from a `PET_*` variable. torchrun accepts integers; Kubeflow sets
+/// `PET_STANDALONE` to the empty string to mean "on".
+pub fn env_bool(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "" | "1" | "true" | "t" | "yes" | "y" | "on" => Ok(true),
+        "0" | "false" | "f" | "no" | "n" | "off" => Ok(false),
+        other => Err(format!("'{other}' is not a boolean (use 1 or 0)")),
+    }
+}
+
+/// `--signals-to-handle`: names with or without the `SIG` prefix.
+pub fn signals(s: &str) -> Result<Vec<Signal>, String> {
+    let mut out = Vec::new();
+    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let upper = name.to_ascii_uppercase();
+        let full = if upper.starts_with("SIG") {
+            upper
+        } else {
+            format!("SIG{upper}")
+        };
+        let sig: Signal = full
+            .parse()
+            .map_err(|_| format!("'{name}' is not a signal name (e.g. SIGTERM,SIGUSR1)"))?;
+        if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP | Signal::SIGCHLD) {
+            return Err(format!("{sig} cannot be handled"));
+        }
+        if !out.contains(&sig) {
+            out.push(sig);
+        }
+    }
+    Ok(out)
+}
+
+/// Expands torchrun's log-line prefix macros.
+pub fn expand_prefix(template: &str, role: &str, local_rank: u32, rank: u32, host: &str) -> String {
+    template
+        .replace("${role_name}", role)
+        .replace("${local_rank}", &local_rank.to_string())
+        .replace("${rank}", &rank.to_string())
+        .replace("${hostname}", host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nnodes_forms() {
+        assert_eq!(nnodes("2"), Ok((2, 2)));
+        assert_eq!(nnodes("1:4"), Ok((1, 4)));
+        assert!(nnodes("3:2").unwrap_err().contains("greater than MAX"));
+        assert!(nnodes("0").is_err());
+        assert!(nnodes("1:2:3").unwrap_err().contains("more than one"));
+        assert!(nnodes("x").is_err());
+    }
+
+    #[test]
+    fn nproc_forms() {
+        assert_eq!(nproc("8"), Ok(NprocRequest::Count(8)));
+        assert_eq!(nproc("gpu"), Ok(NprocRequest::Gpu));
+        assert_eq!(nproc("auto"), Ok(NprocRequest::Auto));
+        assert!(nproc("0").unwrap_err().contains("at least 1"));
+        assert!(nproc("many").is_err());
+    }
+
+    #[test]
+    fn rdzv_conf_forms() {
+        let c = rdzv_conf("join_timeout=60, last_call_timeout=5").unwrap();
+        assert_eq!(c["join_timeout"], "60");
+        assert_eq!(c["last_call_timeout"], "5");
+        assert!(rdzv_conf("").unwrap().is_empty());
+        assert!(rdzv_conf("novalue").unwrap_err().contains("not key=value"));
+        assert!(rdzv_conf("a=").unwrap_err().contains("empty value"));
+        assert!(rdzv_conf("=1").unwrap_err().contains("empty key"));
+        assert!(rdzv_conf("a=1,a=2").unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn stream_specs() {
+        let all = stream_spec("3").unwrap();
+        assert!(all.for_rank(7).stdout && all.for_rank(7).stderr);
+        let per = stream_spec("0:1,12:2").unwrap();
+        assert!(per.for_rank(0).stdout && !per.for_rank(0).stderr);
+        assert!(per.for_rank(12).stderr);
+        assert_eq!(per.for_rank(3), Streams::default());
+        assert!(stream_spec("4").is_err());
+        assert!(stream_spec("a:1").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(duration("soon").is_err());
+        assert!(duration("3d").is_err());
+    }
+
+    #[test]
+    fn env_bools() {
+        assert_eq!(env_bool(""), Ok(true));
+        assert_eq!(env_bool("1"), Ok(true));
+        assert_eq!(env_bool("0"), Ok(false));
+        assert!(env_bool("maybe").is_err());
+    }
+
+    #[test]
+    fn signal_names() {
+        assert_eq!(
+            signals("SIGTERM,usr1").unwrap(),
+            [Signal::SIGTERM, Signal::SIGUSR1]
+        );
+        assert!(signals("SIGKILL").is_err());
+        assert!(signals("SIGNOPE").is_err());
+    }
+
+    #[test]
+    fn filters_unescape_commas() {
+        assert_eq!(filter_list("loss,,x,step"), ["loss,x", "step"]);
+        assert!(filter_list("").is_empty());
+    }
+
+    #[test]
+    fn prefix_macros() {
+        assert_eq!(
+            expand_prefix(
+                "[${role_name}${local_rank}|${rank}@${hostname}]:",
+                "default",
+                1,
+                5,
+                "h"
+            ),
+            "[default1|5@h]:"
+        );
+    }
+
+    #[test]
+    fn rank_lists() {
+        assert_eq!(rank_list("").unwrap(), None);
+        assert_eq!(rank_list("0,3").unwrap().unwrap().len(), 2);
+        assert!(rank_list("x").is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! The agent's exit codes, in one table (also in `docs/exit-codes.md`).
+//!
+//! | code      | meaning |
+//! |-----------|---------|
+//! | 0         | the job finished: every worker of this node exited 0 |
+//! | 1-255     | a worker's own exit code, when its failure ended the job (restart budget spent) |
+//! | 64        | bad command line or configuration; nothing was started |
+//! | 69        | the rendezvous is unavailable (e.g. etcd unreachable after the retry window) |
+//! | 70        | internal error of the agent (a worker could not be spawned, an I/O error) |
+//! | 76        | restart budget spent and no worker exit code to propagate (a worker killed by a signal) |
+//! | 128+n     | the agent itself was stopped by signal n (SIGTERM: 143, SIGINT: 130) |
+//!
+//! A worker that exits with one of 64, 69, 70, 76 or 128+n makes the agent exit with the same
+//! number; the failure summary in the log says which it was. Kubernetes `podFailurePolicy`
+//! can retry on 128+n (a pod that was stopped) and fail the job on 76 or 64.
+
+/// Success.
+pub const SUCCESS: u8 = 0;
+/// Bad command line or configuration (sysexits `EX_USAGE`).
+pub const CONFIG: u8 = 64;
+/// Rendezvous unavailable (sysexits `EX_UNAVAILABLE`).
+pub const RENDEZVOUS_UNAVAILABLE: u8 = 69;
+/// Internal error (sysexits `EX_SOFTWARE`).
+pub const INTERNAL: u8 = 70;
+/// Restart budget spent and no worker code to propagate: a permanent failure.
+pub const BUDGET_EXHAUSTED: u8 = 76;
+
+/// The code for an agent stopped by `signal` (the shell convention).
+pub fn signalled(signal: i32) -> u8 {
+    (128 + signal).min(255) as u8
+}

@@ -1,0 +1,192 @@
+//! Worker exits, error files and the failure summary.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+/// How a worker process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerExit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl WorkerExit {
+    pub fn from_status(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(c), _) => Self::Code(c),
+            (None, Some(s)) => Self::Signal(s),
+            // Neither a code nor a signal cannot happen for a reaped process.
+            (None, None) => Self::Code(-1),
+        }
+    }
+
+    pub fn success(self) -> bool {
+        self == Self::Code(0)
+    }
+}
+
+impl fmt::Display for WorkerExit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::Code(c) => write!(f, "exit code {c}"),
+            Self::Signal(s) => {
+                let name = nix::sys::signal::Signal::try_from(s)
+                    .map(|s| s.as_str())
+                    .unwrap_or("?");
+                write!(f, "signal {s} ({name})")
+            }
+        }
+    }
+}
+
+/// One worker that failed on its own (not stopped by the agent).
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub local_rank: u32,
+    pub rank: u32,
+    pub pid: u32,
+    pub exit: WorkerExit,
+    pub at: SystemTime,
+    pub error_file: Option<PathBuf>,
+}
+
+/// What a worker's `TORCHELASTIC_ERROR_FILE` says, as written by torch's `@record`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorReport {
+    pub message: String,
+    pub traceback: Option<String>,
+}
+
+/// Reads an error file. A missing file is `Ok(None)` (the worker did not use `@record`);
+/// a file that is not the expected JSON is reported as its first line, never trusted further.
+pub fn read_error_file(path: &Path) -> Option<ErrorReport> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return Some(ErrorReport {
+            message: format!(
+                "(unparsable error file) {}",
+                text.lines().next().unwrap_or("")
+            ),
+            traceback: None,
+        });
+    };
+    let msg = &json["message"];
+    let (message, traceback) = match msg {
+        serde_json::Value::String(s) => (s.clone(), None),
+        serde_json::Value::Object(_) => (
+            msg["message"].as_str().unwrap_or("").to_owned(),
+            msg["extraInfo"]["py_callstack"].as_str().map(str::to_owned),
+        ),
+        _ => (text.lines().next().unwrap_or("").to_owned(), None),
+    };
+    Some(ErrorReport { message, traceback })
+}
+
+/// The summary printed when a group fails: the first observed failure is the root cause.
+pub fn summary(entrypoint: &str, attempt: u32, host: &str, failures: &[Failure]) -> String {
+    let bar = "=".repeat(72);
+    let mut out = format!("{bar}\n{entrypoint} FAILED (attempt {attempt})\n");
+    let mut sorted: Vec<&Failure> = failures.iter().collect();
+    sorted.sort_by_key(|f| f.at);
+    let describe = |f: &Failure| {
+        let mut s = format!(
+            "  rank {} (local_rank {}, host {host}, pid {}): {}\n",
+            f.rank, f.local_rank, f.pid, f.exit
+        );
+        match &f.error_file {
+            Some(p) => match read_error_file(p) {
+                Some(report) => {
+                    s += &format!(
+                        "  error_file: {}\n  message: {}\n",
+                        p.display(),
+                        report.message
+                    );
+                    if let Some(tb) = report.traceback {
+                        for line in tb.lines() {
+                            s += &format!("    {line}\n");
+                        }
+                    }
+                }
+                None => {
+                    s += "  error_file: <N/A> (decorate the worker's main with torch.distributed.elastic.multiprocessing.errors.record to get one)\n"
+                }
+            },
+            None => s += "  error_file: <N/A>\n",
+        }
+        s
+    };
+    if let Some((root, rest)) = sorted.split_first() {
+        out += "Root cause (first observed failure):\n";
+        out += &describe(root);
+        if !rest.is_empty() {
+            out += "Other failures:\n";
+            for f in rest {
+                out += &describe(f);
+            }
+        }
+    }
+    out += &bar;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn failure(rank: u32, secs: u64, exit: WorkerExit, file: Option<PathBuf>) -> Failure {
+        Failure {
+            local_rank: rank,
+            rank: rank + 10,
+            pid: 100 + rank,
+            exit,
+            at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
+            error_file: file,
+        }
+    }
+
+    #[test]
+    fn root_cause_is_the_earliest_failure_with_its_message() {
+        let dir = std::env::temp_dir().join(format!("fsdp-failure-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("error.json");
+        std::fs::write(
+            &file,
+            r#"{"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack": "Traceback\n  line 3", "timestamp": "1"}}}"#,
+        )
+        .unwrap();
+        let text = summary(
+            "python -u train.py",
+            2,
+            "node-a",
+            &[
+                failure(0, 20, WorkerExit::Signal(9), None),
+                failure(1, 10, WorkerExit::Code(7), Some(file)),
+            ],
+        );
+        let root = text.find("Root cause").unwrap();
+        let other = text.find("Other failures").unwrap();
+        let rank11 = text.find("rank 11").unwrap();
+        assert!(root < rank11 && rank11 < other, "{text}");
+        assert!(text.contains("exit code 7"), "{text}");
+        assert!(text.contains("message: ValueError: boom"), "{text}");
+        assert!(text.contains("signal 9 (SIGKILL)"), "{text}");
+        assert!(text.contains("attempt 2"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn garbage_error_file_is_shown_not_trusted() {
+        let dir = std::env::temp_dir().join(format!("fsdp-failure-g-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("error.json");
+        std::fs::write(&file, "not json at all\nsecond").unwrap();
+        let r = read_error_file(&file).unwrap();
+        assert!(r.message.contains("unparsable"));
+        assert!(r.message.contains("not json at all"));
+        assert!(read_error_file(&dir.join("missing.json")).is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,159 @@
+//! fsdp-agent: a per-node launcher for PyTorch distributed training that replaces `torchrun`.
+//!
+//! # Tour
+//!
+//! A run goes through these modules in order:
+//!
+//! 1. [`cli`] declares torchrun's flags (both spellings, `PET_*` defaults) and
+//!    [`config`] turns them, with the environment, into a checked [`config::Config`] that
+//!    remembers where each value came from (`--print-config` shows it).
+//! 2. [`run`] is the loop: ask the rendezvous ([`fsdp_rendezvous::Rendezvous`]) for a round,
+//!    start the group, wait for a worker exit, a group change or a signal, and decide.
+//!    The decisions themselves are pure functions in [`policy`].
+//! 3. [`supervisor`] starts workers with the environment from [`worker_env`], one process
+//!    group each, dying with the agent; it stops them with signal, grace, SIGKILL, and
+//!    carries their output to the console and to per-attempt log files.
+//! 4. [`failure`] reads workers' error files and writes the failure summary;
+//!    [`exit_code`] is the table of what the agent's exit status means.
+//!
+//! # One thread
+//!
+//! The agent runs on tokio's current-thread runtime, on the main thread. Besides being
+//! light, this is what makes `PR_SET_PDEATHSIG` reliable: the kernel ties the death signal
+//! to the thread that forked the worker, and the main thread lives exactly as long as the
+//! agent.
+
+pub mod cli;
+pub mod config;
+pub mod devices;
+pub mod exit_code;
+pub mod failure;
+pub mod policy;
+pub mod run;
+pub mod signals;
+pub mod supervisor;
+pub mod worker_env;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use config::{Config, LogFormat, Mode};
+use fsdp_rendezvous::standalone::StandaloneRendezvous;
+use fsdp_rendezvous::static_group::{StaticConfig, StaticRendezvous};
+use run::AgentExit;
+
+/// The whole program: parse, resolve, run, and map the outcome to an exit code.
+pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
+    let config = match config::resolve(argv, &|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(Ok(help)) => {
+            print!("{help}");
+            return ExitCode::SUCCESS;
+        }
+        Err(Err(e)) => {
+            eprintln!("fsdp-agent: error: {e}");
+            return ExitCode::from(exit_code::CONFIG);
+        }
+    };
+    if config.print_config {
+        print!("{}", config.render());
+        return ExitCode::SUCCESS;
+    }
+    init_tracing(config.log_format);
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fsdp-agent: error: cannot start the async runtime: {e}");
+            return ExitCode::from(exit_code::INTERNAL);
+        }
+    };
+    match runtime.block_on(run_agent(&config)) {
+        Ok(AgentExit::Finished) => ExitCode::from(exit_code::SUCCESS),
+        Ok(AgentExit::Failed { exit_code }) => ExitCode::from(exit_code),
+        Ok(AgentExit::Signalled(sig)) => ExitCode::from(exit_code::signalled(sig as i32)),
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("fsdp-agent: error: {e:#}");
+            let code = match e.downcast_ref::<fsdp_rendezvous::RendezvousError>() {
+                Some(_) => exit_code::RENDEZVOUS_UNAVAILABLE,
+                None => exit_code::INTERNAL,
+            };
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
+    // Signals are caught before anything else, so a SIGTERM during the rendezvous is
+    // handled like any other, never the default "die without cleanup".
+    let mut signals = signals::Signals::install(&cfg.signals)?;
+    if cfg.omp_threads_default {
+        tracing::warn!(
+            "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the machine; \
+             tune it for your application as needed"
+        );
+    }
+    tracing::info!(
+        run_id = %cfg.run_id,
+        nproc_per_node = cfg.nproc_per_node,
+        max_restarts = cfg.max_restarts,
+        entrypoint = %cfg.entrypoint.display(),
+        "fsdp-agent starting"
+    );
+    match &cfg.mode {
+        Mode::Standalone { master_addr } => {
+            let mut rdzv = StandaloneRendezvous::new(
+                cfg.run_id.clone(),
+                master_addr.clone(),
+                cfg.nproc_per_node,
+            );
+            run::run(cfg, &mut rdzv, &mut signals).await
+        }
+        Mode::Static {
+            nnodes,
+            node_rank,
+            master_addr,
+            master_port,
+        } => {
+            let mut rdzv = StaticRendezvous::new(StaticConfig {
+                run_id: cfg.run_id.clone(),
+                nnodes: *nnodes,
+                node_rank: *node_rank,
+                local_world_size: cfg.nproc_per_node,
+                master_addr: master_addr.clone(),
+                master_port: *master_port,
+            })?;
+            run::run(cfg, &mut rdzv, &mut signals).await
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    // RUST_LOG wins; torchrun users set LOGLEVEL.
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .or_else(|| {
+            std::env::var("LOGLEVEL")
+                .ok()
+                .map(|l| l.to_ascii_lowercase())
+        })
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_target(false)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+}

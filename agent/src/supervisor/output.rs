@@ -1,0 +1,99 @@
+//! Worker output: prefixed lines on the console, files per attempt, filtered copies.
+//!
+//! Lines from all workers go through one bounded channel to one console thread. A slow
+//! console therefore slows the workers' pipes (as a terminal would), never the agent's
+//! runtime, and lines from different workers never interleave mid-line.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::sync::mpsc;
+
+/// Which of the agent's streams a line goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// A handle to the console thread.
+#[derive(Debug, Clone)]
+pub struct Console {
+    tx: mpsc::Sender<(Stream, Vec<u8>)>,
+}
+
+impl Console {
+    /// Starts the console thread. It ends when every handle is dropped.
+    pub fn start() -> (Self, std::thread::JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::channel::<(Stream, Vec<u8>)>(1024);
+        let thread = std::thread::Builder::new()
+            .name("console".into())
+            .spawn(move || {
+                let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+                while let Some((stream, line)) = rx.blocking_recv() {
+                    // Console write errors (a closed terminal) must not stop the workers.
+                    let _ = match stream {
+                        Stream::Stdout => out.write_all(&line).and_then(|()| out.flush()),
+                        Stream::Stderr => err.write_all(&line).and_then(|()| err.flush()),
+                    };
+                }
+            })
+            .expect("spawning the console thread");
+        (Self { tx }, thread)
+    }
+}
+
+/// Where one worker stream's lines go.
+pub struct Sinks {
+    pub console: Option<(Console, Stream, String)>,
+    pub file: Option<File>,
+    /// Lines containing any of these substrings are also copied to the shared file.
+    pub filters: Vec<String>,
+    pub filtered: Option<Arc<Mutex<File>>>,
+}
+
+/// Longest line kept whole; longer output is split so one runaway worker cannot make the
+/// agent buffer without bound.
+const MAX_LINE: u64 = 64 * 1024;
+
+/// Copies a worker stream line by line to its sinks until the stream ends.
+pub async fn pump(reader: impl AsyncRead + Unpin, mut sinks: Sinks) {
+    let mut reader = BufReader::new(reader);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut reader)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if !line.ends_with(b"\n") {
+            line.push(b'\n');
+        }
+        if let Some(file) = &mut sinks.file {
+            // A full disk must not kill the run; the console still has the line.
+            let _ = file.write_all(&line);
+        }
+        if let Some(filtered) = &sinks.filtered {
+            let text = String::from_utf8_lossy(&line);
+            if sinks.filters.iter().any(|f| text.contains(f.as_str())) {
+                if let Ok(mut f) = filtered.lock() {
+                    let _ = f.write_all(&line);
+                }
+            }
+        }
+        if let Some((console, stream, prefix)) = &sinks.console {
+            let mut out = Vec::with_capacity(prefix.len() + line.len());
+            out.extend_from_slice(prefix.as_bytes());
+            out.extend_from_slice(&line);
+            if console.tx.send((*stream, out)).await.is_err() {
+                sinks.console = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The platform edge of supervision: how a worker is started and how its group is signalled.
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::process::Command;
+
+/// Makes `cmd` start its worker as the leader of a new process group, set to receive
+/// SIGKILL when the agent dies.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the process.
+/// The agent runs on a single-threaded runtime on the main thread and spawns only from it,
+/// so that thread lives as long as the agent does. If the agent died between `fork` and
+/// `prctl`, the parent check below catches it.
+pub fn prepare(cmd: &mut Command) {
+    cmd.process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    #[expect(
+        unsafe_code,
+        reason = "pre_exec is the only way to run prctl in the child before exec"
+    )]
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+    // system calls (prctl, getppid, kill); it touches no locks and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sends `signal` to the process group led by `pgid`. A group that is already gone is not
+/// an error: the worker and everything it started have exited.
+pub fn signal_group(pgid: u32, signal: Signal) {
+    match killpg(Pid::from_raw(pgid as i32), signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => {
+            tracing::warn!(pgid, %signal, error = %e, "could not signal worker process group")
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Rendezvous: how the agents of one job agree on a group, and what each of them learns.
+//!
+//! # Tour
+//!
+//! * [`Rendezvous`] is the one interface the agent drives. Every backend answers the same
+//!   three questions: "what is the next round?" ([`Rendezvous::next_round`]), "is my round
+//!   still the group's round?" ([`Rendezvous::changed`]) and "charge a failure restart to the
+//!   job" ([`Rendezvous::record_failure`]). The agent has one code path for all of them.
+//! * [`Round`] is what a node learns when a round is sealed: its group rank, the global rank
+//!   of its first worker, the world size, the master address and port, and the job-wide
+//!   restart count.
+//! * [`ranks`] computes ranks from an ordered member list as a pure function, so every
+//!   backend (and every node) derives the same ranks from the same record.
+//! * Backends: [`standalone::StandaloneRendezvous`] (one node, in-process, no external
+//!   service) and [`static_group::StaticRendezvous`] (a fixed set of nodes whose ranks and
+//!   master are given on the command line, Kubeflow's non-elastic master mode). The etcd v3
+//!   backend implements the same trait.
+
+pub mod error;
+pub mod port;
+pub mod ranks;
+pub mod standalone;
+pub mod static_group;
+
+pub use error::RendezvousError;
+
+/// What a node knows about the group once a round is sealed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Round {
+    /// The round number, increasing by one each time the group re-forms.
+    pub number: u64,
+    /// This node's rank among the nodes (`GROUP_RANK`).
+    pub group_rank: u32,
+    /// Number of nodes in the round (`GROUP_WORLD_SIZE`).
+    pub group_world_size: u32,
+    /// Global rank of this node's local rank 0; worker `i` gets `base_rank + i`.
+    pub base_rank: u32,
+    /// Total number of workers over all nodes (`WORLD_SIZE`).
+    pub world_size: u32,
+    /// Where worker rank 0 hosts the c10d store (`MASTER_ADDR`).
+    pub master_addr: String,
+    /// Port of that store (`MASTER_PORT`), published fresh every round.
+    pub master_port: u16,
+    /// Failure restarts used so far by the whole job (`TORCHELASTIC_RESTART_COUNT`).
+    pub restart_count: u32,
+}
+
+/// Why the agent's current round stopped being the group's round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A member left or was evicted; the group must re-form without it.
+    MemberLost { node: String },
+    /// A node is waiting and the group can grow; re-form to admit it.
+    NodeWaiting { waiting: u32 },
+    /// Another node charged a failure restart; every node restarts its workers.
+    PeerFailed { restart_count: u32 },
+}
+
+/// How this node ends its part in the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// Every local worker succeeded.
+    Finished,
+    /// The restart budget is spent.
+    Failed,
+    /// The agent was told to stop (a signal, a pod delete); the run goes on without it.
+    Left,
+}
+
+/// The interface every rendezvous backend implements.
+///
+/// The agent's runtime is single-threaded (see the agent crate's docs for why), so the
+/// futures need not be `Send`.
+#[expect(
+    async_fn_in_trait,
+    reason = "driven through generics on the agent's single-threaded runtime; no Send bound is needed"
+)]
+pub trait Rendezvous {
+    /// The backend's name as the configuration printer and logs show it.
+    fn backend(&self) -> &'static str;
+
+    /// The run id that scopes this rendezvous (`TORCHELASTIC_RUN_ID`).
+    fn run_id(&self) -> &str;
+
+    /// Joins the next round and waits until it is sealed.
+    async fn next_round(&mut self) -> Result<Round, RendezvousError>;
+
+    /// Resolves when the round returned by the last [`Rendezvous::next_round`] is no longer
+    /// the group's round. Single-node backends never resolve.
+    async fn changed(&mut self) -> Result<Change, RendezvousError>;
+
+    /// Charges one failure restart to the job-wide budget and returns the restarts used.
+    async fn record_failure(&mut self) -> Result<u32, RendezvousError>;
+
+    /// Ends this node's part in the run. Never closes the run for the other nodes.
+    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError>;
+}
