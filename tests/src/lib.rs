@@ -1,1 +1,232 @@
-//! Test harness for fsdp-agent's integration tests.
+//! Test harness for fsdp-agent: run the real agent binary with real workers and inspect
+//! what they did.
+//!
+//! The agent binary is built by `cargo build` (the test script does it first) and found
+//! next to this crate's binaries in the target directory. The Python interpreter with
+//! torch comes from `FSDP_TEST_PYTHON`, or the venv the set-up script creates.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub use tempfile::TempDir;
+
+/// The target directory holding the workspace binaries of the current profile.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir
+}
+
+/// Path of the `fsdp-agent` binary under test.
+pub fn agent_bin() -> PathBuf {
+    let p = bin_dir().join("fsdp-agent");
+    assert!(p.exists(), "{} is missing: run `cargo build --workspace` before the tests", p.display());
+    p
+}
+
+/// Path of the `fake-worker` helper.
+pub fn fake_worker() -> PathBuf {
+    let p = bin_dir().join("fake-worker");
+    assert!(p.exists(), "{} is missing: run `cargo build --workspace` before the tests", p.display());
+    p
+}
+
+/// The Python interpreter that has torch installed.
+pub fn python() -> PathBuf {
+    let p = std::env::var_os("FSDP_TEST_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
+        home.join(".cache/fsdp-agent/venv/bin/python")
+    });
+    assert!(p.exists(), "{} is missing: run scripts/setup.sh (or set FSDP_TEST_PYTHON)", p.display());
+    p
+}
+
+/// A file in the workspace, e.g. `tests/py/raise_with_record.py` or `examples/allreduce.py`.
+pub fn workspace_file(rel: &str) -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    assert!(p.exists(), "{} is missing", p.display());
+    p
+}
+
+/// A running agent with its output captured to files.
+pub struct Agent {
+    pub child: Child,
+    pub out: PathBuf,
+    pub err: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+/// Builder for an agent invocation.
+pub struct AgentCmd {
+    cmd: Command,
+    dir: PathBuf,
+    name: String,
+}
+
+impl AgentCmd {
+    /// An agent whose captured output lives in `dir` under `name`.
+    pub fn new(dir: &Path, name: &str) -> Self {
+        let mut cmd = Command::new(agent_bin());
+        // Keep the tests independent of the caller's environment.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("PET_") || k.starts_with("TORCHELASTIC_") || k == "OMP_NUM_THREADS" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("RUST_LOG", "info").stdin(Stdio::null());
+        Self { cmd, dir: dir.to_path_buf(), name: name.into() }
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.cmd.args(args);
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.cmd.env(k, v);
+        self
+    }
+
+    pub fn spawn(mut self) -> Agent {
+        let out = self.dir.join(format!("{}.stdout", self.name));
+        let err = self.dir.join(format!("{}.stderr", self.name));
+        self.cmd
+            .stdout(std::fs::File::create(&out).expect("stdout file"))
+            .stderr(std::fs::File::create(&err).expect("stderr file"));
+        let child = self.cmd.spawn().expect("spawn fsdp-agent");
+        Agent { child, out, err, status: None }
+    }
+
+    /// Runs to completion (at most `limit`) and returns the agent.
+    pub fn run(self, limit: Duration) -> Agent {
+        let mut a = self.spawn();
+        a.wait(limit);
+        a
+    }
+}
+
+impl Agent {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Waits for the agent to exit; panics with its output if it takes longer than `limit`.
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        if let Some(s) = self.status {
+            return s;
+        }
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                self.status = Some(s);
+                return s;
+            }
+            if Instant::now() > end {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "agent did not exit within {limit:?}\n--- stdout\n{}\n--- stderr\n{}",
+                    self.stdout(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The exit code (panics if the agent was killed by a signal).
+    pub fn code(&mut self) -> i32 {
+        let s = self.wait(Duration::from_secs(120));
+        s.code().unwrap_or_else(|| panic!("agent died by a signal: {s:?}\n{}", self.stderr()))
+    }
+
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Both streams, for assertion messages.
+    pub fn output(&self) -> String {
+        format!("--- stdout\n{}\n--- stderr\n{}", self.stdout(), self.stderr())
+    }
+
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY-free: nix wrapper.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::try_from(sig).expect("signal"),
+        )
+        .expect("signal the agent");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds; panics naming `what` after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether a process with this pid exists (and is not a zombie).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name.
+            let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some(Some('Z')) | Some(Some('X')))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Reads the records fake workers wrote with a given prefix: suffix → contents.
+pub fn records(dir: &Path, prefix: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).expect("read records dir").flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(rest) = name.strip_prefix(&format!("{prefix}.")) {
+            out.insert(rest.to_owned(), std::fs::read_to_string(e.path()).unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// The environment a fake worker recorded for (restart, rank).
+pub fn worker_env(dir: &Path, restart: u32, rank: u32) -> BTreeMap<String, String> {
+    let path = dir.join(format!("env.{restart}.{rank}"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).expect("env json");
+    v.as_object()
+        .expect("object")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+        .collect()
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}

@@ -480,6 +480,14 @@ impl Resolver<'_> {
         rdzv_conf: &BTreeMap<String, String>,
     ) -> Result<Mode, ConfigError> {
         let backend = a.rdzv_backend.trim().to_ascii_lowercase();
+        for (id, name, value) in [
+            ("rdzv_backend", "rdzv-backend", &a.rdzv_backend),
+            ("rdzv_endpoint", "rdzv-endpoint", &a.rdzv_endpoint),
+            ("master_addr", "master-addr", &a.master_addr),
+        ] {
+            let source = self.source(id);
+            self.record(name, value, source);
+        }
         let single = max_nodes == 1;
         let standalone_mode = || Mode::Standalone {
             master_addr: "localhost".into(),
@@ -514,6 +522,11 @@ impl Resolver<'_> {
                     if single && endpoint.is_empty() && master_port.is_none() {
                         // torchrun does the same: one node with no master port runs as
                         // standalone instead of colliding on port 29500.
+                        if self.explicit("master_addr") {
+                            self.warnings.push(
+                                "--master-addr is not used: one node without --master-port runs standalone on a free local port".into(),
+                            );
+                        }
                         standalone_mode()
                     } else {
                         let (master_addr, port) = if endpoint.is_empty() {
@@ -691,8 +704,18 @@ impl Resolver<'_> {
             &a.local_ranks_filter,
             parse::rank_list,
         )?;
-        let stdout_filters = parse::filter_list(&a.duplicate_stdout_filters);
-        let stderr_filters = parse::filter_list(&a.duplicate_stderr_filters);
+        let stdout_filters = self.value(
+            "duplicate_stdout_filters",
+            "duplicate-stdout-filters",
+            &a.duplicate_stdout_filters,
+            |s| Ok(parse::filter_list(s)),
+        )?;
+        let stderr_filters = self.value(
+            "duplicate_stderr_filters",
+            "duplicate-stderr-filters",
+            &a.duplicate_stderr_filters,
+            |s| Ok(parse::filter_list(s)),
+        )?;
         let prefix_template = match (
             &a.log_line_prefix_template,
             (self.env)("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),

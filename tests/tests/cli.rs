@@ -1,0 +1,265 @@
+//! The command line and the worker environment: torchrun's flags, `PET_*` defaults and
+//! the variables every worker gets, checked through real worker processes.
+
+use std::time::Duration;
+
+use fsdp_tests::{AgentCmd, TempDir, fake_worker, records, worker_env};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs 2 fake workers that record their environment and returns (dir, agent).
+fn run_env(extra: &[&str], env: &[(&str, &str)]) -> (TempDir, fsdp_tests::Agent) {
+    let dir = TempDir::new().unwrap();
+    let mut cmd = AgentCmd::new(dir.path(), "agent");
+    for (k, v) in env {
+        cmd = cmd.env(k, v);
+    }
+    let worker = fake_worker();
+    let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    args.extend(["--no-python".into(), worker.display().to_string()]);
+    args.extend(["--dir".into(), dir.path().display().to_string(), "--write-env".into()]);
+    let mut agent = cmd.args(&args).run(LIMIT);
+    assert_eq!(agent.code(), 0, "{}", agent.output());
+    (dir, agent)
+}
+
+#[test]
+fn every_worker_variable_for_two_workers() {
+    let (dir, _agent) = run_env(&["--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "--role", "trainer"], &[]);
+    let envs = [worker_env(dir.path(), 0, 0), worker_env(dir.path(), 0, 1)];
+    for (rank, env) in envs.iter().enumerate() {
+        let r = rank.to_string();
+        for (k, v) in [
+            ("LOCAL_RANK", r.as_str()),
+            ("RANK", &r),
+            ("GROUP_RANK", "0"),
+            ("ROLE_RANK", &r),
+            ("ROLE_NAME", "trainer"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("WORLD_SIZE", "2"),
+            ("GROUP_WORLD_SIZE", "1"),
+            ("ROLE_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "localhost"),
+            ("TORCHELASTIC_RESTART_COUNT", "0"),
+            ("TORCHELASTIC_MAX_RESTARTS", "3"),
+            ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            ("OMP_NUM_THREADS", "1"),
+            ("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+        ] {
+            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k} of rank {rank}");
+        }
+        let port: u16 = env["MASTER_PORT"].parse().expect("MASTER_PORT is a port");
+        assert_ne!(port, 0);
+        assert!(
+            env["TORCHELASTIC_ERROR_FILE"].ends_with(&format!("attempt_0/{rank}/error.json")),
+            "{}",
+            env["TORCHELASTIC_ERROR_FILE"]
+        );
+    }
+    // One run: same run id and master on both workers, a uuid when --rdzv-id is unset.
+    assert_eq!(envs[0]["TORCHELASTIC_RUN_ID"], envs[1]["TORCHELASTIC_RUN_ID"]);
+    assert_eq!(envs[0]["TORCHELASTIC_RUN_ID"].len(), 36);
+    assert_eq!(envs[0]["MASTER_PORT"], envs[1]["MASTER_PORT"]);
+}
+
+#[test]
+fn agent_environment_is_inherited_and_omp_is_respected() {
+    let (dir, _a) = run_env(
+        &["--standalone", "--nproc_per_node", "2"],
+        &[("OMP_NUM_THREADS", "4"), ("MY_SETTING", "kept"), ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")],
+    );
+    let env = worker_env(dir.path(), 0, 1);
+    assert_eq!(env["OMP_NUM_THREADS"], "4");
+    assert_eq!(env["MY_SETTING"], "kept");
+    assert_eq!(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "0");
+}
+
+#[test]
+fn both_spellings_of_every_multiword_flag_are_accepted() {
+    let pairs: &[(&str, &str, &str)] = &[
+        ("--nproc-per-node", "--nproc_per_node", "2"),
+        ("--max-restarts", "--max_restarts", "1"),
+        ("--monitor-interval", "--monitor_interval", "0.5"),
+        ("--rdzv-id", "--rdzv_id", "job7"),
+        ("--node-rank", "--node_rank", "0"),
+        ("--master-addr", "--master_addr", "127.0.0.1"),
+        ("--master-port", "--master_port", "29555"),
+        ("--log-dir", "--log_dir", "/tmp"),
+        ("--local-ranks-filter", "--local_ranks_filter", "0"),
+        ("--log-line-prefix-template", "--log_line_prefix_template", "[${rank}]"),
+        ("--term-timeout", "--shutdown_timeout", "5"),
+        ("--signals-to-handle", "--signals_to_handle", "SIGTERM"),
+        ("--start-method", "--start_method", "fork"),
+        ("--event-log-handler", "--event_log_handler", "console"),
+        ("--rdzv-backend", "--rdzv_backend", "static"),
+        ("--rdzv-endpoint", "--rdzv_endpoint", "127.0.0.1:29556"),
+        ("--local-addr", "--local_addr", "127.0.0.1"),
+        ("--duplicate-stdout-filters", "--duplicate_stdout_filters", "loss"),
+        ("--duplicate-stderr-filters", "--duplicate_stderr_filters", "warn"),
+    ];
+    let dir = TempDir::new().unwrap();
+    for (dashed, underscored, value) in pairs {
+        let mut printed = Vec::new();
+        for flag in [dashed, underscored] {
+            let mut a = AgentCmd::new(dir.path(), "cfg")
+                .args(["--print-config", flag, value, "--no-python", "true"])
+                .run(LIMIT);
+            assert_eq!(a.code(), 0, "{flag} {value}: {}", a.output());
+            let out = a.stdout();
+            assert!(out.contains(&format!("flag {dashed}")), "{flag}: source not shown as {dashed}:\n{out}");
+            printed.push(out.lines().filter(|l| l.contains("flag --")).map(str::to_owned).collect::<Vec<_>>());
+        }
+        assert_eq!(printed[0], printed[1], "{dashed} and {underscored} resolve differently");
+    }
+}
+
+#[test]
+fn pet_variables_are_defaults_and_flags_beat_them() {
+    let dir = TempDir::new().unwrap();
+    let cfg = |env: &[(&str, &str)], args: &[&str]| {
+        let mut c = AgentCmd::new(dir.path(), "cfg");
+        for (k, v) in env {
+            c = c.env(k, v);
+        }
+        let mut a = c.args(["--print-config"]).args(args).args(["--no-python", "true"]).run(LIMIT);
+        assert_eq!(a.code(), 0, "{}", a.output());
+        a.stdout()
+    };
+    let line = |out: &str, name: &str| -> String {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not printed:\n{out}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let env = [
+        ("PET_NPROC_PER_NODE", "3"),
+        ("PET_MAX_RESTARTS", "4"),
+        ("PET_RDZV_ID", "from-env"),
+        ("PET_ROLE", "envrole"),
+        ("PET_STANDALONE", ""),
+        ("PET_MONITOR_INTERVAL", "0.2"),
+        ("PET_TEE", "3"),
+    ];
+    let out = cfg(&env, &[]);
+    assert_eq!(line(&out, "nproc-per-node"), "nproc-per-node 3 (env PET_NPROC_PER_NODE)");
+    assert_eq!(line(&out, "max-restarts"), "max-restarts 4 (env PET_MAX_RESTARTS)");
+    assert_eq!(line(&out, "rdzv-id"), "rdzv-id from-env (env PET_RDZV_ID)");
+    assert_eq!(line(&out, "role"), "role envrole (env PET_ROLE)");
+    assert_eq!(line(&out, "monitor-interval"), "monitor-interval 0.2 (env PET_MONITOR_INTERVAL)");
+    assert_eq!(line(&out, "tee"), "tee 3 (env PET_TEE)");
+    // Kubeflow sets PET_STANDALONE to the empty string to mean "on".
+    assert_eq!(line(&out, "standalone"), "standalone true (env PET_STANDALONE)");
+
+    let out = cfg(&env, &["--nproc-per-node", "2", "--max_restarts", "1", "--rdzv-id", "from-flag"]);
+    assert_eq!(line(&out, "nproc-per-node"), "nproc-per-node 2 (flag --nproc-per-node)");
+    assert_eq!(line(&out, "max-restarts"), "max-restarts 1 (flag --max-restarts)");
+    assert_eq!(line(&out, "rdzv-id"), "rdzv-id from-flag (flag --rdzv-id)");
+
+    let out = cfg(&[("PET_STANDALONE", "0")], &[]);
+    assert_eq!(line(&out, "standalone"), "standalone false (env PET_STANDALONE)");
+
+    // Kubeflow's master mode: static group from PET_* alone.
+    let out = cfg(
+        &[("PET_NNODES", "2"), ("PET_NODE_RANK", "1"), ("PET_MASTER_ADDR", "job-master-0"), ("PET_MASTER_PORT", "23456")],
+        &[],
+    );
+    assert!(line(&out, "rendezvous").contains("static nnodes=2 node_rank=1 master=job-master-0:23456"), "{out}");
+}
+
+#[test]
+fn pet_values_reach_the_workers() {
+    let (dir, _a) = run_env(&[], &[("PET_NPROC_PER_NODE", "2"), ("PET_STANDALONE", "1"), ("PET_RDZV_ID", "pet-job")]);
+    let env = worker_env(dir.path(), 0, 1);
+    assert_eq!(env["WORLD_SIZE"], "2");
+    assert_eq!(env["TORCHELASTIC_RUN_ID"], "pet-job");
+}
+
+#[test]
+fn local_rank_macro_and_script_arguments_pass_through() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args(["--standalone", "--nproc-per-node", "2", "--no-python", "sh", "-c"])
+        .args([format!("echo \"args=$0 $1 $2\" > {}/args.$LOCAL_RANK", dir.path().display())])
+        .args(["--lr", "rank${local_rank}", "-x"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 0, "{}", a.output());
+    for r in 0..2 {
+        let got = std::fs::read_to_string(dir.path().join(format!("args.{r}"))).unwrap();
+        assert_eq!(got.trim(), format!("args=--lr rank{r} -x"));
+    }
+}
+
+#[test]
+fn virtual_local_rank_gives_each_worker_one_device() {
+    let (dir, _a) = run_env(
+        &["--standalone", "--nproc-per-node", "2", "--virtual-local-rank"],
+        &[("CUDA_VISIBLE_DEVICES", "4,6")],
+    );
+    let (e0, e1) = (worker_env(dir.path(), 0, 0), worker_env(dir.path(), 0, 1));
+    assert_eq!((e0["LOCAL_RANK"].as_str(), e1["LOCAL_RANK"].as_str()), ("0", "0"));
+    assert_eq!((e0["CUDA_VISIBLE_DEVICES"].as_str(), e1["CUDA_VISIBLE_DEVICES"].as_str()), ("4", "6"));
+    assert_eq!(e1["RANK"], "1");
+}
+
+/// Bad input: one clear line naming the problem, exit 64, no worker started.
+#[test]
+fn bad_input_is_one_clear_line_and_spawns_nothing() {
+    let dir = TempDir::new().unwrap();
+    let marker = dir.path().join("spawned");
+    let worker = ["--no-python".to_owned(), "sh".into(), "-c".into(), format!("touch {}", marker.display())];
+    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+        (&["--bogus-flag"], &[], "--bogus-flag"),
+        (&["--nproc-per-node", "0"], &[], "--nproc-per-node '0'"),
+        (&[], &[("PET_NPROC_PER_NODE", "zero")], "env PET_NPROC_PER_NODE"),
+        (&["--rdzv-conf", "join_timeout"], &[], "not key=value"),
+        (&["--rdzv-conf", "no_such_key=1"], &[], "unknown key"),
+        (&["--nnodes", "3:2"], &[], "MIN (3) is greater than MAX (2)"),
+        (&["--nnodes", "2", "--node-rank", "2"], &[], "--node-rank"),
+        (&["--nnodes", "1:2"], &[], "static backend needs a fixed node count"),
+        (&["--max-restarts", "-1"], &[], "--max-restarts"),
+        (&["--term-timeout", "soon"], &[], "--term-timeout"),
+        (&["--redirects", "5"], &[], "--redirects"),
+        (&["--rdzv-backend", "zookeeper"], &[], "zookeeper"),
+        (&["--rdzv-backend", "c10d", "--nnodes", "2"], &[], "c10d"),
+        (&["--numa-binding", "node"], &[], "--numa-binding"),
+        (&["-m"], &[], "cannot be combined"),
+        (&["--signals-to-handle", "SIGKILL"], &[], "SIGKILL"),
+    ];
+    for (args, env, expect) in cases {
+        let mut c = AgentCmd::new(dir.path(), "bad");
+        for (k, v) in *env {
+            c = c.env(k, v);
+        }
+        let mut a = c.args(*args).args(&worker).run(LIMIT);
+        assert_eq!(a.code(), 64, "{args:?}: {}", a.output());
+        let err = a.stderr();
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: expected one line, got:\n{err}");
+        assert!(lines[0].starts_with("fsdp-agent: error: "), "{err}");
+        assert!(lines[0].contains(expect), "{args:?}: '{expect}' not in: {err}");
+        assert!(!marker.exists(), "{args:?} spawned a worker");
+    }
+    // A missing script, under Python and as a binary.
+    for args in [&["no_such_train.py"][..], &["--no-python", "/no/such/binary"]] {
+        let mut a = AgentCmd::new(dir.path(), "bad").args(args).run(LIMIT);
+        assert_eq!(a.code(), 64, "{}", a.output());
+        assert!(a.stderr().contains(args[args.len() - 1]), "{}", a.stderr());
+        assert_eq!(a.stderr().lines().count(), 1, "{}", a.stderr());
+    }
+}
+
+#[test]
+fn help_and_version_exit_zero() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "help").args(["--help"]).run(LIMIT);
+    assert_eq!(a.code(), 0);
+    assert!(a.stdout().contains("--nproc-per-node"));
+    assert!(a.stdout().contains("--rdzv-conf"));
+    let mut a = AgentCmd::new(dir.path(), "version").args(["--version"]).run(LIMIT);
+    assert_eq!(a.code(), 0);
+    assert!(a.stdout().starts_with("fsdp-agent "));
+    let _ = records;
+}
