@@ -91,6 +91,11 @@ impl AgentCmd {
         self
     }
 
+    pub fn arg_path(mut self, p: impl AsRef<Path>) -> Self {
+        self.cmd.arg(p.as_ref());
+        self
+    }
+
     pub fn env(mut self, k: &str, v: impl AsRef<std::ffi::OsStr>) -> Self {
         self.cmd.env(k, v);
         self
