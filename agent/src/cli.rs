@@ -12,7 +12,13 @@ use clap::Parser;
 /// fsdp-agent: launches one training process per GPU with torchrun's environment,
 /// supervises them and re-forms the group when nodes come and go.
 #[derive(Debug, Parser)]
-#[command(name = "fsdp-agent", version, about, max_term_width = 100, allow_negative_numbers = true)]
+#[command(
+    name = "fsdp-agent",
+    version,
+    about,
+    max_term_width = 100,
+    allow_negative_numbers = true
+)]
 pub struct Args {
     /// Number of nodes: `N` or `MIN:MAX`.
     #[arg(long, env = "PET_NNODES", default_value = "1:1")]

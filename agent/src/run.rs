@@ -30,6 +30,20 @@ pub async fn run<R: Rendezvous>(
     rdzv: &mut R,
     signals: &mut Signals,
 ) -> anyhow::Result<AgentExit> {
+    let (console, console_thread) = Console::start();
+    let result = supervise(cfg, rdzv, signals, &console).await;
+    drop(console);
+    // Every worker line queued before the end is written before the agent exits.
+    console_thread.close().await;
+    result
+}
+
+async fn supervise<R: Rendezvous>(
+    cfg: &Config,
+    rdzv: &mut R,
+    signals: &mut Signals,
+    console: &Console,
+) -> anyhow::Result<AgentExit> {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
@@ -37,7 +51,6 @@ pub async fn run<R: Rendezvous>(
     if let Some(dir) = &run_dir {
         tracing::info!(log_dir = %dir.display(), "worker logs and error files");
     }
-    let (console, _console_thread) = Console::start();
 
     loop {
         let round = tokio::select! {
@@ -65,7 +78,7 @@ pub async fn run<R: Rendezvous>(
             config: cfg,
             round: &round,
             attempt_dir: attempt,
-            console: &console,
+            console,
             host: &host,
         };
         let mut group = WorkerGroup::spawn(&spec)?;

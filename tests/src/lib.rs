@@ -25,24 +25,40 @@ fn bin_dir() -> PathBuf {
 /// Path of the `fsdp-agent` binary under test.
 pub fn agent_bin() -> PathBuf {
     let p = bin_dir().join("fsdp-agent");
-    assert!(p.exists(), "{} is missing: run `cargo build --workspace` before the tests", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` before the tests",
+        p.display()
+    );
     p
 }
 
 /// Path of the `fake-worker` helper.
 pub fn fake_worker() -> PathBuf {
     let p = bin_dir().join("fake-worker");
-    assert!(p.exists(), "{} is missing: run `cargo build --workspace` before the tests", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` before the tests",
+        p.display()
+    );
     p
 }
 
 /// The Python interpreter that has torch installed.
 pub fn python() -> PathBuf {
-    let p = std::env::var_os("FSDP_TEST_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
-        home.join(".cache/fsdp-agent/venv/bin/python")
-    });
-    assert!(p.exists(), "{} is missing: run scripts/setup.sh (or set FSDP_TEST_PYTHON)", p.display());
+    let p = std::env::var_os("FSDP_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| "/root".into());
+            home.join(".cache/fsdp-agent/venv/bin/python")
+        });
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/setup.sh (or set FSDP_TEST_PYTHON)",
+        p.display()
+    );
     p
 }
 
@@ -79,7 +95,11 @@ impl AgentCmd {
             }
         }
         cmd.env("RUST_LOG", "info").stdin(Stdio::null());
-        Self { cmd, dir: dir.to_path_buf(), name: name.into() }
+        Self {
+            cmd,
+            dir: dir.to_path_buf(),
+            name: name.into(),
+        }
     }
 
     pub fn args<I, S>(mut self, args: I) -> Self
@@ -108,7 +128,12 @@ impl AgentCmd {
             .stdout(std::fs::File::create(&out).expect("stdout file"))
             .stderr(std::fs::File::create(&err).expect("stderr file"));
         let child = self.cmd.spawn().expect("spawn fsdp-agent");
-        Agent { child, out, err, status: None }
+        Agent {
+            child,
+            out,
+            err,
+            status: None,
+        }
     }
 
     /// Runs to completion (at most `limit`) and returns the agent.
@@ -151,7 +176,8 @@ impl Agent {
     /// The exit code (panics if the agent was killed by a signal).
     pub fn code(&mut self) -> i32 {
         let s = self.wait(Duration::from_secs(120));
-        s.code().unwrap_or_else(|| panic!("agent died by a signal: {s:?}\n{}", self.stderr()))
+        s.code()
+            .unwrap_or_else(|| panic!("agent died by a signal: {s:?}\n{}", self.stderr()))
     }
 
     pub fn stdout(&self) -> String {
@@ -164,7 +190,11 @@ impl Agent {
 
     /// Both streams, for assertion messages.
     pub fn output(&self) -> String {
-        format!("--- stdout\n{}\n--- stderr\n{}", self.stdout(), self.stderr())
+        format!(
+            "--- stdout\n{}\n--- stderr\n{}",
+            self.stdout(),
+            self.stderr()
+        )
     }
 
     pub fn signal(&self, sig: libc::c_int) {
@@ -190,7 +220,10 @@ impl Drop for Agent {
 pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + limit;
     while !cond() {
-        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < end,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -200,7 +233,9 @@ pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => {
             // The state follows the parenthesised command name.
-            let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start().chars().next());
+            let state = stat
+                .rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().chars().next());
             !matches!(state, Some(Some('Z')) | Some(Some('X')))
         }
         Err(_) => false,
@@ -213,7 +248,10 @@ pub fn records(dir: &Path, prefix: &str) -> BTreeMap<String, String> {
     for e in std::fs::read_dir(dir).expect("read records dir").flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Some(rest) = name.strip_prefix(&format!("{prefix}.")) {
-            out.insert(rest.to_owned(), std::fs::read_to_string(e.path()).unwrap_or_default());
+            out.insert(
+                rest.to_owned(),
+                std::fs::read_to_string(e.path()).unwrap_or_default(),
+            );
         }
     }
     out
@@ -233,5 +271,9 @@ pub fn worker_env(dir: &Path, restart: u32, rank: u32) -> BTreeMap<String, Strin
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }

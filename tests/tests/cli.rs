@@ -17,7 +17,11 @@ fn run_env(extra: &[&str], env: &[(&str, &str)]) -> (TempDir, fsdp_tests::Agent)
     let worker = fake_worker();
     let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
     args.extend(["--no-python".into(), worker.display().to_string()]);
-    args.extend(["--dir".into(), dir.path().display().to_string(), "--write-env".into()]);
+    args.extend([
+        "--dir".into(),
+        dir.path().display().to_string(),
+        "--write-env".into(),
+    ]);
     let mut agent = cmd.args(&args).run(LIMIT);
     assert_eq!(agent.code(), 0, "{}", agent.output());
     (dir, agent)
@@ -25,7 +29,18 @@ fn run_env(extra: &[&str], env: &[(&str, &str)]) -> (TempDir, fsdp_tests::Agent)
 
 #[test]
 fn every_worker_variable_for_two_workers() {
-    let (dir, _agent) = run_env(&["--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "--role", "trainer"], &[]);
+    let (dir, _agent) = run_env(
+        &[
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "3",
+            "--role",
+            "trainer",
+        ],
+        &[],
+    );
     let envs = [worker_env(dir.path(), 0, 0), worker_env(dir.path(), 0, 1)];
     for (rank, env) in envs.iter().enumerate() {
         let r = rank.to_string();
@@ -45,9 +60,16 @@ fn every_worker_variable_for_two_workers() {
             ("TORCHELASTIC_USE_AGENT_STORE", "False"),
             ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             ("OMP_NUM_THREADS", "1"),
-            ("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+            (
+                "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+            ),
         ] {
-            assert_eq!(env.get(k).map(String::as_str), Some(v), "{k} of rank {rank}");
+            assert_eq!(
+                env.get(k).map(String::as_str),
+                Some(v),
+                "{k} of rank {rank}"
+            );
         }
         let port: u16 = env["MASTER_PORT"].parse().expect("MASTER_PORT is a port");
         assert_ne!(port, 0);
@@ -58,7 +80,10 @@ fn every_worker_variable_for_two_workers() {
         );
     }
     // One run: same run id and master on both workers, a uuid when --rdzv-id is unset.
-    assert_eq!(envs[0]["TORCHELASTIC_RUN_ID"], envs[1]["TORCHELASTIC_RUN_ID"]);
+    assert_eq!(
+        envs[0]["TORCHELASTIC_RUN_ID"],
+        envs[1]["TORCHELASTIC_RUN_ID"]
+    );
     assert_eq!(envs[0]["TORCHELASTIC_RUN_ID"].len(), 36);
     assert_eq!(envs[0]["MASTER_PORT"], envs[1]["MASTER_PORT"]);
 }
@@ -67,7 +92,11 @@ fn every_worker_variable_for_two_workers() {
 fn agent_environment_is_inherited_and_omp_is_respected() {
     let (dir, _a) = run_env(
         &["--standalone", "--nproc_per_node", "2"],
-        &[("OMP_NUM_THREADS", "4"), ("MY_SETTING", "kept"), ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")],
+        &[
+            ("OMP_NUM_THREADS", "4"),
+            ("MY_SETTING", "kept"),
+            ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"),
+        ],
     );
     let env = worker_env(dir.path(), 0, 1);
     assert_eq!(env["OMP_NUM_THREADS"], "4");
@@ -87,7 +116,11 @@ fn both_spellings_of_every_multiword_flag_are_accepted() {
         ("--master-port", "--master_port", "29555"),
         ("--log-dir", "--log_dir", "/tmp"),
         ("--local-ranks-filter", "--local_ranks_filter", "0"),
-        ("--log-line-prefix-template", "--log_line_prefix_template", "[${rank}]"),
+        (
+            "--log-line-prefix-template",
+            "--log_line_prefix_template",
+            "[${rank}]",
+        ),
         ("--term-timeout", "--shutdown_timeout", "5"),
         ("--signals-to-handle", "--signals_to_handle", "SIGTERM"),
         ("--start-method", "--start_method", "fork"),
@@ -95,8 +128,16 @@ fn both_spellings_of_every_multiword_flag_are_accepted() {
         ("--rdzv-backend", "--rdzv_backend", "static"),
         ("--rdzv-endpoint", "--rdzv_endpoint", "127.0.0.1:29556"),
         ("--local-addr", "--local_addr", "127.0.0.1"),
-        ("--duplicate-stdout-filters", "--duplicate_stdout_filters", "loss"),
-        ("--duplicate-stderr-filters", "--duplicate_stderr_filters", "warn"),
+        (
+            "--duplicate-stdout-filters",
+            "--duplicate_stdout_filters",
+            "loss",
+        ),
+        (
+            "--duplicate-stderr-filters",
+            "--duplicate_stderr_filters",
+            "warn",
+        ),
     ];
     let dir = TempDir::new().unwrap();
     for (dashed, underscored, value) in pairs {
@@ -107,10 +148,21 @@ fn both_spellings_of_every_multiword_flag_are_accepted() {
                 .run(LIMIT);
             assert_eq!(a.code(), 0, "{flag} {value}: {}", a.output());
             let out = a.stdout();
-            assert!(out.contains(&format!("flag {dashed}")), "{flag}: source not shown as {dashed}:\n{out}");
-            printed.push(out.lines().filter(|l| l.contains("flag --")).map(str::to_owned).collect::<Vec<_>>());
+            assert!(
+                out.contains(&format!("flag {dashed}")),
+                "{flag}: source not shown as {dashed}:\n{out}"
+            );
+            printed.push(
+                out.lines()
+                    .filter(|l| l.contains("flag --"))
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>(),
+            );
         }
-        assert_eq!(printed[0], printed[1], "{dashed} and {underscored} resolve differently");
+        assert_eq!(
+            printed[0], printed[1],
+            "{dashed} and {underscored} resolve differently"
+        );
     }
 }
 
@@ -122,7 +174,11 @@ fn pet_variables_are_defaults_and_flags_beat_them() {
         for (k, v) in env {
             c = c.env(k, v);
         }
-        let mut a = c.args(["--print-config"]).args(args).args(["--no-python", "true"]).run(LIMIT);
+        let mut a = c
+            .args(["--print-config"])
+            .args(args)
+            .args(["--no-python", "true"])
+            .run(LIMIT);
         assert_eq!(a.code(), 0, "{}", a.output());
         a.stdout()
     };
@@ -144,34 +200,80 @@ fn pet_variables_are_defaults_and_flags_beat_them() {
         ("PET_TEE", "3"),
     ];
     let out = cfg(&env, &[]);
-    assert_eq!(line(&out, "nproc-per-node"), "nproc-per-node 3 (env PET_NPROC_PER_NODE)");
-    assert_eq!(line(&out, "max-restarts"), "max-restarts 4 (env PET_MAX_RESTARTS)");
+    assert_eq!(
+        line(&out, "nproc-per-node"),
+        "nproc-per-node 3 (env PET_NPROC_PER_NODE)"
+    );
+    assert_eq!(
+        line(&out, "max-restarts"),
+        "max-restarts 4 (env PET_MAX_RESTARTS)"
+    );
     assert_eq!(line(&out, "rdzv-id"), "rdzv-id from-env (env PET_RDZV_ID)");
     assert_eq!(line(&out, "role"), "role envrole (env PET_ROLE)");
-    assert_eq!(line(&out, "monitor-interval"), "monitor-interval 0.2 (env PET_MONITOR_INTERVAL)");
+    assert_eq!(
+        line(&out, "monitor-interval"),
+        "monitor-interval 0.2 (env PET_MONITOR_INTERVAL)"
+    );
     assert_eq!(line(&out, "tee"), "tee 3 (env PET_TEE)");
     // Kubeflow sets PET_STANDALONE to the empty string to mean "on".
-    assert_eq!(line(&out, "standalone"), "standalone true (env PET_STANDALONE)");
+    assert_eq!(
+        line(&out, "standalone"),
+        "standalone true (env PET_STANDALONE)"
+    );
 
-    let out = cfg(&env, &["--nproc-per-node", "2", "--max_restarts", "1", "--rdzv-id", "from-flag"]);
-    assert_eq!(line(&out, "nproc-per-node"), "nproc-per-node 2 (flag --nproc-per-node)");
-    assert_eq!(line(&out, "max-restarts"), "max-restarts 1 (flag --max-restarts)");
+    let out = cfg(
+        &env,
+        &[
+            "--nproc-per-node",
+            "2",
+            "--max_restarts",
+            "1",
+            "--rdzv-id",
+            "from-flag",
+        ],
+    );
+    assert_eq!(
+        line(&out, "nproc-per-node"),
+        "nproc-per-node 2 (flag --nproc-per-node)"
+    );
+    assert_eq!(
+        line(&out, "max-restarts"),
+        "max-restarts 1 (flag --max-restarts)"
+    );
     assert_eq!(line(&out, "rdzv-id"), "rdzv-id from-flag (flag --rdzv-id)");
 
     let out = cfg(&[("PET_STANDALONE", "0")], &[]);
-    assert_eq!(line(&out, "standalone"), "standalone false (env PET_STANDALONE)");
+    assert_eq!(
+        line(&out, "standalone"),
+        "standalone false (env PET_STANDALONE)"
+    );
 
     // Kubeflow's master mode: static group from PET_* alone.
     let out = cfg(
-        &[("PET_NNODES", "2"), ("PET_NODE_RANK", "1"), ("PET_MASTER_ADDR", "job-master-0"), ("PET_MASTER_PORT", "23456")],
+        &[
+            ("PET_NNODES", "2"),
+            ("PET_NODE_RANK", "1"),
+            ("PET_MASTER_ADDR", "job-master-0"),
+            ("PET_MASTER_PORT", "23456"),
+        ],
         &[],
     );
-    assert!(line(&out, "rendezvous").contains("static nnodes=2 node_rank=1 master=job-master-0:23456"), "{out}");
+    assert!(
+        line(&out, "rendezvous").contains("static nnodes=2 node_rank=1 master=job-master-0:23456"),
+        "{out}"
+    );
 }
 
 #[test]
 fn pet_values_reach_the_workers() {
-    let (dir, _a) = run_env(&[], &[("PET_NPROC_PER_NODE", "2"), ("PET_STANDALONE", "1"), ("PET_RDZV_ID", "pet-job")]);
+    let (dir, _a) = run_env(
+        &[],
+        &[
+            ("PET_NPROC_PER_NODE", "2"),
+            ("PET_STANDALONE", "1"),
+            ("PET_RDZV_ID", "pet-job"),
+        ],
+    );
     let env = worker_env(dir.path(), 0, 1);
     assert_eq!(env["WORLD_SIZE"], "2");
     assert_eq!(env["TORCHELASTIC_RUN_ID"], "pet-job");
@@ -181,8 +283,18 @@ fn pet_values_reach_the_workers() {
 fn local_rank_macro_and_script_arguments_pass_through() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
-        .args(["--standalone", "--nproc-per-node", "2", "--no-python", "sh", "-c"])
-        .args([format!("echo \"args=$0 $1 $2\" > {}/args.$LOCAL_RANK", dir.path().display())])
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--no-python",
+            "sh",
+            "-c",
+        ])
+        .args([format!(
+            "echo \"args=$0 $1 $2\" > {}/args.$LOCAL_RANK",
+            dir.path().display()
+        )])
         .args(["--lr", "rank${local_rank}", "-x"])
         .run(LIMIT);
     assert_eq!(a.code(), 0, "{}", a.output());
@@ -195,12 +307,26 @@ fn local_rank_macro_and_script_arguments_pass_through() {
 #[test]
 fn virtual_local_rank_gives_each_worker_one_device() {
     let (dir, _a) = run_env(
-        &["--standalone", "--nproc-per-node", "2", "--virtual-local-rank"],
+        &[
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--virtual-local-rank",
+        ],
         &[("CUDA_VISIBLE_DEVICES", "4,6")],
     );
     let (e0, e1) = (worker_env(dir.path(), 0, 0), worker_env(dir.path(), 0, 1));
-    assert_eq!((e0["LOCAL_RANK"].as_str(), e1["LOCAL_RANK"].as_str()), ("0", "0"));
-    assert_eq!((e0["CUDA_VISIBLE_DEVICES"].as_str(), e1["CUDA_VISIBLE_DEVICES"].as_str()), ("4", "6"));
+    assert_eq!(
+        (e0["LOCAL_RANK"].as_str(), e1["LOCAL_RANK"].as_str()),
+        ("0", "0")
+    );
+    assert_eq!(
+        (
+            e0["CUDA_VISIBLE_DEVICES"].as_str(),
+            e1["CUDA_VISIBLE_DEVICES"].as_str()
+        ),
+        ("4", "6")
+    );
     assert_eq!(e1["RANK"], "1");
 }
 
@@ -209,16 +335,31 @@ fn virtual_local_rank_gives_each_worker_one_device() {
 fn bad_input_is_one_clear_line_and_spawns_nothing() {
     let dir = TempDir::new().unwrap();
     let marker = dir.path().join("spawned");
-    let worker = ["--no-python".to_owned(), "sh".into(), "-c".into(), format!("touch {}", marker.display())];
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    let worker = [
+        "--no-python".to_owned(),
+        "sh".into(),
+        "-c".into(),
+        format!("touch {}", marker.display()),
+    ];
+    // (flags, environment, what the error line must name)
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
         (&["--bogus-flag"], &[], "--bogus-flag"),
         (&["--nproc-per-node", "0"], &[], "--nproc-per-node '0'"),
-        (&[], &[("PET_NPROC_PER_NODE", "zero")], "env PET_NPROC_PER_NODE"),
+        (
+            &[],
+            &[("PET_NPROC_PER_NODE", "zero")],
+            "env PET_NPROC_PER_NODE",
+        ),
         (&["--rdzv-conf", "join_timeout"], &[], "not key=value"),
         (&["--rdzv-conf", "no_such_key=1"], &[], "unknown key"),
         (&["--nnodes", "3:2"], &[], "MIN (3) is greater than MAX (2)"),
         (&["--nnodes", "2", "--node-rank", "2"], &[], "--node-rank"),
-        (&["--nnodes", "1:2"], &[], "static backend needs a fixed node count"),
+        (
+            &["--nnodes", "1:2"],
+            &[],
+            "static backend needs a fixed node count",
+        ),
         (&["--max-restarts", "-1"], &[], "--max-restarts"),
         (&["--term-timeout", "soon"], &[], "--term-timeout"),
         (&["--redirects", "5"], &[], "--redirects"),
@@ -239,11 +380,17 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
         let lines: Vec<&str> = err.lines().collect();
         assert_eq!(lines.len(), 1, "{args:?}: expected one line, got:\n{err}");
         assert!(lines[0].starts_with("fsdp-agent: error: "), "{err}");
-        assert!(lines[0].contains(expect), "{args:?}: '{expect}' not in: {err}");
+        assert!(
+            lines[0].contains(expect),
+            "{args:?}: '{expect}' not in: {err}"
+        );
         assert!(!marker.exists(), "{args:?} spawned a worker");
     }
     // A missing script, under Python and as a binary.
-    for args in [&["no_such_train.py"][..], &["--no-python", "/no/such/binary"]] {
+    for args in [
+        &["no_such_train.py"][..],
+        &["--no-python", "/no/such/binary"],
+    ] {
         let mut a = AgentCmd::new(dir.path(), "bad").args(args).run(LIMIT);
         assert_eq!(a.code(), 64, "{}", a.output());
         assert!(a.stderr().contains(args[args.len() - 1]), "{}", a.stderr());
@@ -254,11 +401,15 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
 #[test]
 fn help_and_version_exit_zero() {
     let dir = TempDir::new().unwrap();
-    let mut a = AgentCmd::new(dir.path(), "help").args(["--help"]).run(LIMIT);
+    let mut a = AgentCmd::new(dir.path(), "help")
+        .args(["--help"])
+        .run(LIMIT);
     assert_eq!(a.code(), 0);
     assert!(a.stdout().contains("--nproc-per-node"));
     assert!(a.stdout().contains("--rdzv-conf"));
-    let mut a = AgentCmd::new(dir.path(), "version").args(["--version"]).run(LIMIT);
+    let mut a = AgentCmd::new(dir.path(), "version")
+        .args(["--version"])
+        .run(LIMIT);
     assert_eq!(a.code(), 0);
     assert!(a.stdout().starts_with("fsdp-agent "));
     let _ = records;

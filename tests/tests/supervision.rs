@@ -8,21 +8,46 @@ use fsdp_tests::{AgentCmd, TempDir, alive, fake_worker, records, wait_for};
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn worker_args(dir: &TempDir, extra: &[&str]) -> Vec<String> {
-    let mut v = vec!["--no-python".to_owned(), fake_worker().display().to_string(), "--dir".into(), dir.path().display().to_string()];
+    let mut v = vec![
+        "--no-python".to_owned(),
+        fake_worker().display().to_string(),
+        "--dir".into(),
+        dir.path().display().to_string(),
+    ];
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
 
 fn pids(dir: &TempDir) -> Vec<i32> {
-    records(dir.path(), "pid").values().map(|p| p.trim().parse().unwrap()).collect()
+    records(dir.path(), "pid")
+        .values()
+        .map(|p| p.trim().parse().unwrap())
+        .collect()
 }
 
 #[test]
 fn a_worker_that_fails_twice_succeeds_within_a_budget_of_two() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
-        .args(["--standalone", "--nproc-per-node", "2", "--max-restarts", "2"])
-        .args(worker_args(&dir, &["--write-env", "--exit-code", "3", "--fail-until-restart", "2", "--only-local-rank", "1"]))
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "2",
+        ])
+        .args(worker_args(
+            &dir,
+            &[
+                "--write-env",
+                "--exit-code",
+                "3",
+                "--fail-until-restart",
+                "2",
+                "--only-local-rank",
+                "1",
+            ],
+        ))
         .run(LIMIT);
     assert_eq!(a.code(), 0, "{}", a.output());
     // Both workers were started three times and saw restart counts 0, 1, 2.
@@ -30,19 +55,43 @@ fn a_worker_that_fails_twice_succeeds_within_a_budget_of_two() {
     assert_eq!(seen, ["0.0", "0.1", "1.0", "1.1", "2.0", "2.1"]);
     let err = a.stderr();
     assert_eq!(err.matches("FAILED (attempt").count(), 2, "{err}");
-    assert!(err.contains("restart 1 of 2") && err.contains("restart 2 of 2"), "{err}");
+    assert!(
+        err.contains("restart 1 of 2") && err.contains("restart 2 of 2"),
+        "{err}"
+    );
 }
 
 #[test]
 fn the_workers_own_exit_code_is_propagated_when_the_budget_is_spent() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
-        .args(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1"])
-        .args(worker_args(&dir, &["--exit-code", "3", "--fail-until-restart", "2", "--only-local-rank", "1", "--sleep", "30"]))
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+        ])
+        .args(worker_args(
+            &dir,
+            &[
+                "--exit-code",
+                "3",
+                "--fail-until-restart",
+                "2",
+                "--only-local-rank",
+                "1",
+                "--sleep",
+                "30",
+            ],
+        ))
         .run(LIMIT);
     assert_eq!(a.code(), 3, "{}", a.output());
     let err = a.stderr();
-    assert!(err.contains("Root cause (first observed failure):\n  rank 1 (local_rank 1"), "{err}");
+    assert!(
+        err.contains("Root cause (first observed failure):\n  rank 1 (local_rank 1"),
+        "{err}"
+    );
     assert!(err.contains("exit code 3"), "{err}");
     // The healthy sibling was stopped with SIGTERM each time, not left running.
     assert_eq!(records(dir.path(), "sigterm").len(), 2, "{err}");
@@ -54,11 +103,26 @@ fn error_file_message_and_signals_appear_in_the_summary() {
     let mut a = AgentCmd::new(dir.path(), "agent")
         .args(["--standalone", "--nproc-per-node", "2", "--log-dir"])
         .arg_path(dir.path().join("logs"))
-        .args(worker_args(&dir, &["--exit-code", "9", "--only-local-rank", "0", "--error-message", "RuntimeError: out of cheese", "--sleep", "30"]))
+        .args(worker_args(
+            &dir,
+            &[
+                "--exit-code",
+                "9",
+                "--only-local-rank",
+                "0",
+                "--error-message",
+                "RuntimeError: out of cheese",
+                "--sleep",
+                "30",
+            ],
+        ))
         .run(LIMIT);
     assert_eq!(a.code(), 9, "{}", a.output());
     let err = a.stderr();
-    assert!(err.contains("message: RuntimeError: out of cheese"), "{err}");
+    assert!(
+        err.contains("message: RuntimeError: out of cheese"),
+        "{err}"
+    );
     assert!(err.contains("error.json"), "{err}");
 }
 
@@ -66,7 +130,13 @@ fn error_file_message_and_signals_appear_in_the_summary() {
 fn sigterm_is_forwarded_and_the_agent_exits_143_within_the_grace() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
-        .args(["--standalone", "--nproc-per-node", "2", "--term-timeout", "20"])
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--term-timeout",
+            "20",
+        ])
         .args(worker_args(&dir, &["--sleep", "120"]))
         .spawn();
     wait_for("both workers to start", LIMIT, || pids(&dir).len() == 2);
@@ -74,8 +144,16 @@ fn sigterm_is_forwarded_and_the_agent_exits_143_within_the_grace() {
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(), 143, "{}", a.output());
     // Workers that honour SIGTERM exit at once: far below the 20 s grace.
-    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
-    assert_eq!(records(dir.path(), "sigterm").len(), 2, "workers did not see SIGTERM");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        records(dir.path(), "sigterm").len(),
+        2,
+        "workers did not see SIGTERM"
+    );
     for pid in pids(&dir) {
         assert!(!alive(pid), "worker {pid} outlived the agent");
     }
@@ -92,7 +170,9 @@ fn sigint_and_sighup_are_forwarded_with_their_own_exit_codes() {
         wait_for("the worker to start", LIMIT, || pids(&dir).len() == 1);
         a.signal(sig);
         assert_eq!(a.code(), code, "{}", a.output());
-        wait_for("the worker to exit", LIMIT, || pids(&dir).iter().all(|p| !alive(*p)));
+        wait_for("the worker to exit", LIMIT, || {
+            pids(&dir).iter().all(|p| !alive(*p))
+        });
     }
 }
 
@@ -100,7 +180,13 @@ fn sigint_and_sighup_are_forwarded_with_their_own_exit_codes() {
 fn a_worker_ignoring_sigterm_is_killed_after_the_grace() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
-        .args(["--standalone", "--nproc-per-node", "2", "--term-timeout", "1"])
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--term-timeout",
+            "1",
+        ])
         .args(worker_args(&dir, &["--sleep", "120", "--ignore-sigterm"]))
         .spawn();
     wait_for("both workers to start", LIMIT, || pids(&dir).len() == 2);
@@ -108,7 +194,10 @@ fn a_worker_ignoring_sigterm_is_killed_after_the_grace() {
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(), 143, "{}", a.output());
     let took = start.elapsed();
-    assert!(took >= Duration::from_millis(900), "SIGKILL came before the grace: {took:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "SIGKILL came before the grace: {took:?}"
+    );
     assert!(took < Duration::from_secs(15), "took {took:?}");
     assert!(a.stderr().contains("sending SIGKILL"), "{}", a.stderr());
     for pid in pids(&dir) {
@@ -120,12 +209,20 @@ fn a_worker_ignoring_sigterm_is_killed_after_the_grace() {
 fn a_second_signal_skips_the_rest_of_the_grace() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
-        .args(["--standalone", "--nproc-per-node", "1", "--term-timeout", "60"])
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--term-timeout",
+            "60",
+        ])
         .args(worker_args(&dir, &["--sleep", "120", "--ignore-sigterm"]))
         .spawn();
     wait_for("the worker to start", LIMIT, || pids(&dir).len() == 1);
     a.signal(libc::SIGTERM);
-    wait_for("the stop to begin", LIMIT, || a.stderr().contains("stopping workers"));
+    wait_for("the stop to begin", LIMIT, || {
+        a.stderr().contains("stopping workers")
+    });
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(), 143, "{}", a.output());
     assert!(a.stderr().contains("second signal"), "{}", a.stderr());
@@ -143,7 +240,11 @@ fn sigkill_of_the_agent_leaves_no_worker_behind() {
     a.signal(libc::SIGKILL);
     a.wait(LIMIT);
     // PR_SET_PDEATHSIG delivers SIGKILL to each worker as the agent dies.
-    wait_for("workers to die with the agent", Duration::from_secs(10), || workers.iter().all(|p| !alive(*p)));
+    wait_for(
+        "workers to die with the agent",
+        Duration::from_secs(10),
+        || workers.iter().all(|p| !alive(*p)),
+    );
 }
 
 #[test]
@@ -154,23 +255,52 @@ fn a_stop_reaches_what_the_workers_started() {
         .args(worker_args(&dir, &["--sleep", "120", "--spawn-child"]))
         .spawn();
     wait_for("the worker to start", LIMIT, || pids(&dir).len() == 1);
-    let child: i32 = records(dir.path(), "child").values().next().unwrap().trim().parse().unwrap();
+    let child: i32 = records(dir.path(), "child")
+        .values()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(alive(child));
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(), 143, "{}", a.output());
     // The grandchild shares the worker's process group, so the group signal reached it.
-    wait_for("the grandchild to exit", Duration::from_secs(10), || !alive(child));
+    wait_for("the grandchild to exit", Duration::from_secs(10), || {
+        !alive(child)
+    });
 }
 
 #[test]
 fn a_signal_during_a_failure_restart_still_stops_everything() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
-        .args(["--standalone", "--nproc-per-node", "2", "--max-restarts", "100", "--term-timeout", "30"])
-        .args(worker_args(&dir, &["--exit-code", "1", "--only-local-rank", "1", "--sleep", "120", "--ignore-sigterm"]))
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "100",
+            "--term-timeout",
+            "30",
+        ])
+        .args(worker_args(
+            &dir,
+            &[
+                "--exit-code",
+                "1",
+                "--only-local-rank",
+                "1",
+                "--sleep",
+                "120",
+                "--ignore-sigterm",
+            ],
+        ))
         .spawn();
     // Rank 0 ignores SIGTERM, so each restart sits in the grace period: signal it there.
-    wait_for("the first stop", LIMIT, || a.stderr().contains("stopping workers"));
+    wait_for("the first stop", LIMIT, || {
+        a.stderr().contains("stopping workers")
+    });
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(), 143, "{}", a.output());
     for pid in pids(&dir) {

@@ -24,15 +24,39 @@ pub struct Console {
     tx: mpsc::Sender<(Stream, Vec<u8>)>,
 }
 
+/// Owns the console thread; [`ConsoleThread::close`] writes out every queued line.
+pub struct ConsoleThread {
+    console: Console,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// An empty line on this stream tells the console thread to stop (real lines always end
+/// in a newline, so they are never empty).
+const CLOSE: (Stream, Vec<u8>) = (Stream::Stdout, Vec::new());
+
+impl ConsoleThread {
+    /// Waits until every line queued so far is written. Lines still being pumped by
+    /// workers that outlive this call are dropped; the agent is exiting.
+    pub async fn close(self) {
+        if self.console.tx.send(CLOSE).await.is_ok() {
+            // The thread only drains the channel; it never waits on this runtime.
+            let _ = self.thread.join();
+        }
+    }
+}
+
 impl Console {
-    /// Starts the console thread. It ends when every handle is dropped.
-    pub fn start() -> (Self, std::thread::JoinHandle<()>) {
+    /// Starts the console thread.
+    pub fn start() -> (Self, ConsoleThread) {
         let (tx, mut rx) = mpsc::channel::<(Stream, Vec<u8>)>(1024);
         let thread = std::thread::Builder::new()
             .name("console".into())
             .spawn(move || {
                 let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
                 while let Some((stream, line)) = rx.blocking_recv() {
+                    if line.is_empty() {
+                        break;
+                    }
                     // Console write errors (a closed terminal) must not stop the workers.
                     let _ = match stream {
                         Stream::Stdout => out.write_all(&line).and_then(|()| out.flush()),
@@ -41,7 +65,8 @@ impl Console {
                 }
             })
             .expect("spawning the console thread");
-        (Self { tx }, thread)
+        let console = Self { tx };
+        (console.clone(), ConsoleThread { console, thread })
     }
 }
 

@@ -26,8 +26,10 @@ extern "C" fn on_term(_: libc::c_int) {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let (mut dir, mut write_env, mut exit_code, mut fail_until, mut only_rank) = (None, false, 0, None, None);
-    let (mut sleep, mut ignore_term, mut spawn_child, mut error_message) = (0.0f64, false, false, None);
+    let (mut dir, mut write_env, mut exit_code, mut fail_until, mut only_rank) =
+        (None, false, 0, None, None);
+    let (mut sleep, mut ignore_term, mut spawn_child, mut error_message) =
+        (0.0f64, false, false, None);
     while let Some(a) = args.next() {
         let mut val = || args.next().expect("flag needs a value");
         match a.as_str() {
@@ -57,16 +59,24 @@ fn main() {
     #[expect(unsafe_code, reason = "installing a signal handler in a test helper")]
     // SAFETY: the handler only stores to an atomic.
     unsafe {
-        let handler = if ignore_term { libc::SIG_IGN } else { on_term as *const () as libc::sighandler_t };
+        let handler = if ignore_term {
+            libc::SIG_IGN
+        } else {
+            on_term as *const () as libc::sighandler_t
+        };
         libc::signal(libc::SIGTERM, handler);
     }
     if write_env {
-        let env: serde_json::Map<String, serde_json::Value> =
-            std::env::vars().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+        let env: serde_json::Map<String, serde_json::Value> = std::env::vars()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect();
         write("env", serde_json::Value::Object(env).to_string());
     }
     if spawn_child {
-        let child = std::process::Command::new("sleep").arg("300").spawn().expect("spawn sleep");
+        let child = std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .expect("spawn sleep");
         write("child", child.id().to_string());
         std::mem::forget(child);
     }

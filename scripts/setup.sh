@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what fsdp-agent's demo and tests need on a fresh Debian machine with Rust and
+# python3. Idempotent: a second run only checks.
+#   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer)
+#   pip: torch==2.13.0 and numpy into a cached virtual environment ($FSDP_VENV)
+set -euo pipefail
+
+FSDP_VENV=${FSDP_VENV:-$HOME/.cache/fsdp-agent/venv}
+TORCH_VERSION=2.13.0
+
+need_apt=()
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+[ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need_apt[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! "$FSDP_VENV/bin/python" -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  echo "setup: creating $FSDP_VENV with torch==$TORCH_VERSION (one-time download)"
+  python3 -m venv "$FSDP_VENV"
+  "$FSDP_VENV/bin/pip" install -q --upgrade pip
+  "$FSDP_VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy
+fi
+
+if command -v cargo-nextest >/dev/null 2>&1 || cargo nextest --version >/dev/null 2>&1; then
+  :
+else
+  echo "setup: cargo-nextest not found; tests will run with cargo test"
+fi
+echo "setup: ok (venv $FSDP_VENV, $("$FSDP_VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -1,0 +1,150 @@
+//! Real PyTorch workers: an unmodified `init_process_group("gloo")` + `all_reduce` script
+//! under the agent, on one node and as a static group of two agents.
+
+use std::time::Duration;
+
+use fsdp_tests::{AgentCmd, TempDir, free_port, python, workspace_file};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn sums(out: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.contains("all_reduce sum"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn allreduce_with_two_workers_standalone() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .env("PYTHON", python())
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .arg_path(workspace_file("examples/allreduce.py"))
+        .run(LIMIT);
+    assert_eq!(a.code(), 0, "{}", a.output());
+    let out = a.stdout();
+    let lines = sums(&out);
+    assert_eq!(lines.len(), 2, "{out}");
+    for rank in 0..2 {
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with(&format!("[default{rank}]:rank {rank}/2")))
+            .unwrap_or_else(|| panic!("no line from rank {rank}:\n{out}"));
+        assert!(line.contains("all_reduce sum = 3 (expected 3)"), "{line}");
+    }
+    assert!(
+        a.stderr().contains("master_addr=localhost master_port="),
+        "{}",
+        a.stderr()
+    );
+}
+
+#[test]
+fn allreduce_across_two_static_agents() {
+    let dir = TempDir::new().unwrap();
+    let port = free_port().to_string();
+    let agent = |rank: &str| {
+        AgentCmd::new(dir.path(), &format!("node{rank}"))
+            .env("PYTHON", python())
+            .args([
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+                "--nproc-per-node",
+                "2",
+            ])
+            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+            .arg_path(workspace_file("examples/allreduce.py"))
+            .spawn()
+    };
+    let (mut n0, mut n1) = (agent("0"), agent("1"));
+    for (node, a) in [(0, &mut n0), (1, &mut n1)] {
+        assert_eq!(a.code(), 0, "node {node}: {}", a.output());
+        let out = a.stdout();
+        let lines = sums(&out);
+        assert_eq!(lines.len(), 2, "{out}");
+        // World of 4: 1+2+3+4 = 10; node 1 holds global ranks 2 and 3.
+        for line in &lines {
+            assert!(line.contains("all_reduce sum = 10 (expected 10)"), "{line}");
+            assert!(
+                line.contains(&format!("rank {}", 2 * node))
+                    || line.contains(&format!("rank {}", 2 * node + 1)),
+                "{line}"
+            );
+        }
+        assert!(
+            a.stderr()
+                .contains(&format!("master_addr=127.0.0.1 master_port={port}")),
+            "{}",
+            a.stderr()
+        );
+    }
+}
+
+#[test]
+fn a_python_exception_is_summarised_from_the_error_file() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .env("PYTHON", python())
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .arg_path(workspace_file("tests/py/raise_with_record.py"))
+        .run(LIMIT);
+    // Python exits 1 on an uncaught exception; the agent propagates it.
+    assert_eq!(a.code(), 1, "{}", a.output());
+    let err = a.stderr();
+    assert!(
+        err.contains("Root cause (first observed failure):\n  rank 1 (local_rank 1"),
+        "{err}"
+    );
+    assert!(
+        err.contains("message: ValueError: deliberate failure on local rank 1"),
+        "{err}"
+    );
+    assert!(err.contains("Traceback"), "{err}");
+}
+
+#[test]
+fn module_and_run_path_run_under_python_like_torchrun() {
+    let dir = TempDir::new().unwrap();
+    std::fs::write(
+        dir.path().join("hello_mod.py"),
+        "import os, sys\nprint('module', __name__, os.environ['RANK'], sys.argv[1:], flush=True)\n",
+    )
+    .unwrap();
+    let mut a = AgentCmd::new(dir.path(), "module")
+        .env("PYTHON", python())
+        .env("PYTHONPATH", dir.path())
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "hello_mod",
+            "--lr",
+            "1",
+        ])
+        .run(LIMIT);
+    assert_eq!(a.code(), 0, "{}", a.output());
+    assert!(
+        a.stdout()
+            .contains("[default1]:module __main__ 1 ['--lr', '1']"),
+        "{}",
+        a.stdout()
+    );
+
+    let script = dir.path().join("hello_mod.py");
+    let mut a = AgentCmd::new(dir.path(), "run_path")
+        .env("PYTHON", python())
+        .args(["--standalone", "--run-path"])
+        .arg_path(&script)
+        .args(["x"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 0, "{}", a.output());
+    assert!(
+        a.stdout().contains("[default0]:module __main__ 0 ['x']"),
+        "{}",
+        a.stdout()
+    );
+}
