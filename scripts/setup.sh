@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what fsdp-agent's demo and tests need on a fresh Debian machine with Rust and
 # python3. Idempotent: a second run only checks.
-#   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer)
+#   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer),
+#        protobuf-compiler (etcd-client compiles etcd's protos at build time)
 #   pip: torch==2.13.0 and numpy into a cached virtual environment ($FSDP_VENV)
 set -euo pipefail
 
@@ -9,6 +10,7 @@ FSDP_VENV=${FSDP_VENV:-$HOME/.cache/fsdp-agent/venv}
 TORCH_VERSION=2.13.0
 
 need_apt=()
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 [ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -39,19 +39,18 @@ pub trait Versioned: prost::Message + Default {
     fn schema(&self) -> u32;
 }
 
-impl Versioned for v1::Member {
-    const KIND: &'static str = "member";
-    fn schema(&self) -> u32 {
-        self.schema
-    }
+macro_rules! versioned {
+    ($($t:ident => $kind:literal),* $(,)?) => {
+        $(impl Versioned for v1::$t {
+            const KIND: &'static str = $kind;
+            fn schema(&self) -> u32 {
+                self.schema
+            }
+        })*
+    };
 }
 
-impl Versioned for v1::Round {
-    const KIND: &'static str = "round";
-    fn schema(&self) -> u32 {
-        self.schema
-    }
-}
+versioned!(Member => "member", Round => "round", Master => "master", Failure => "failure", Coordinator => "coordinator");
 
 /// Decodes the value stored at `key`, refusing garbage and other schema versions.
 pub fn decode<T: Versioned>(key: &str, bytes: &[u8]) -> Result<T, RecordError> {
@@ -81,6 +80,7 @@ mod tests {
             node_id: "host-a-123-x".into(),
             addr: "10.0.0.5".into(),
             local_world_size: 8,
+            wants_round: 3,
         }
     }
 
