@@ -19,6 +19,7 @@
 pub mod error;
 pub mod port;
 pub mod ranks;
+pub mod seal;
 pub mod standalone;
 pub mod static_group;
 
