@@ -15,4 +15,28 @@ pub enum RendezvousError {
     /// The configuration cannot form a group (checked before any round is attempted).
     #[error("invalid rendezvous configuration: {0}")]
     InvalidConfig(String),
+    /// etcd could not be reached or refused us, after retrying.
+    #[error("etcd at {endpoints} is unreachable or refused the connection (retried for {window:?}); check --rdzv-endpoint, TLS files and credentials")]
+    Unreachable {
+        endpoints: String,
+        window: std::time::Duration,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// An etcd request failed.
+    #[error("etcd request failed: {what}")]
+    Etcd {
+        what: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A value under the run's prefix is not something this agent can trust.
+    #[error("{0}; refusing to use it (use another --rdzv-id, or delete the run's keys)")]
+    Corrupt(String),
+    /// No round could be formed in time.
+    #[error("no round formed within join_timeout ({timeout:?}): {state}")]
+    Timeout {
+        timeout: std::time::Duration,
+        state: String,
+    },
 }

@@ -17,6 +17,7 @@
 //!   backend implements the same trait.
 
 pub mod error;
+pub mod etcd;
 pub mod port;
 pub mod ranks;
 pub mod seal;
@@ -55,6 +56,8 @@ pub enum Change {
     NodeWaiting { waiting: u32 },
     /// Another node charged a failure restart; every node restarts its workers.
     PeerFailed { restart_count: u32 },
+    /// The coordinator sealed a newer round (e.g. to admit a waiting node).
+    NewRound { number: u64 },
 }
 
 /// How this node ends its part in the run.

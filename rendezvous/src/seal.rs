@@ -117,7 +117,10 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     let lost: Vec<&String> = current.members.iter().filter(|m| present(m).is_none()).collect();
     let waiting: Vec<&&Candidate> = by_join.iter().filter(|c| !current.members.contains(&c.node_id)).collect();
     let grow = !waiting.is_empty() && current.members.len() < max;
-    if lost.is_empty() && !current.failed && !grow {
+    // A member that declares itself ready for a later round has stopped its workers:
+    // the current round is broken even though nobody is lost.
+    let left: Vec<&String> = current.members.iter().filter(|m| present(m).is_some_and(|c| c.ready)).collect();
+    if lost.is_empty() && !current.failed && !grow && left.is_empty() {
         return (SealDecision::Wait { recheck_at: None }, format!("round {} is intact", current.number));
     }
     let mut why = Vec::new();
@@ -129,6 +132,9 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     }
     if grow {
         why.push(format!("{} node(s) waiting to join", waiting.len()));
+    }
+    if why.is_empty() {
+        why.push(format!("{} stopped their workers", join(&left)));
     }
     let why = why.join(", ");
 

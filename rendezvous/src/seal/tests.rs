@@ -149,3 +149,14 @@ fn ranks_are_capped_at_max_and_newcomers_follow_in_join_order() {
     let p = seal(decide(t, &s, &cfg(1, 3)));
     assert_eq!(p.members, ["a", "y", "z"]);
 }
+
+#[test]
+fn a_member_that_stopped_its_workers_breaks_the_round() {
+    let t = Instant::now();
+    let cur = current(&["a", "b"], false);
+    let c = [cand("a", 1, true), cand("b", 2, false)];
+    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let (d, why) = decide(t, &s, &cfg(1, 2));
+    assert!(matches!(d, SealDecision::Reforming { .. }), "{why}");
+    assert!(why.contains("a stopped their workers") && why.contains("waiting for b"), "{why}");
+}

@@ -1,0 +1,394 @@
+//! The etcd v3 backend: lease-bound membership, a coordinator elected through etcd,
+//! rounds committed by fenced transactions, and watch-driven change detection.
+//!
+//! # How a round forms
+//!
+//! 1. Each agent grants a lease (TTL `keep_alive_ttl`) and writes its [`v1::Member`]
+//!    record under `members/` with that lease, saying which round it is ready for.
+//! 2. One agent holds `ctl/coordinator` (a lease-bound create-if-absent). It watches the
+//!    registrations and asks [`crate::seal::decide`] whether to seal; when yes it writes
+//!    `ctl/round` in a transaction fenced on the revision of the round it replaces.
+//! 3. The round's group rank 0 picks a free port and writes `ctl/master`; every member
+//!    that sees the round and its master returns from [`EtcdRendezvous::next_round`].
+//!
+//! Per round each agent writes its registration once; the coordinator and rank 0 write one
+//! key each: O(N) writes, no key that every node compare-and-swaps in a loop.
+//!
+//! # How a round ends
+//!
+//! A member's key disappears (its lease expired, or it left and revoked it), a failure is
+//! reported under `ctl/failures/`, or the coordinator seals a newer round (to admit a
+//! waiting node). Each agent sees this in its watch ([`detect`]) and stops its workers.
+
+mod connect;
+mod keys;
+mod session;
+mod view;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use fsdp_proto::{SCHEMA_VERSION, v1};
+use prost::Message;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use connect::{EtcdOptions, TlsFiles, connect};
+pub use keys::Keys;
+pub use session::commit_round;
+pub use view::View;
+
+use crate::seal::SealConfig;
+use crate::{Change, Departure, Rendezvous, RendezvousError, Round, port, ranks};
+use session::{Session, Shared};
+
+/// Configuration of one agent's etcd rendezvous.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    pub options: EtcdOptions,
+    /// Key prefix; the run's keys live under `<prefix>/<run_id>/`.
+    pub prefix: String,
+    pub run_id: String,
+    /// Unique id of this agent; generated from host name, pid and a random suffix if empty.
+    pub node_id: String,
+    /// Address this node advertises (becomes `MASTER_ADDR` when it is group rank 0).
+    pub addr: String,
+    pub local_world_size: u32,
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub last_call: Duration,
+    /// How long `next_round` waits for a round before giving up.
+    pub join_timeout: Duration,
+    /// Lease TTL: a dead agent is noticed within this time.
+    pub keep_alive_ttl: Duration,
+    /// How long a re-form waits for a surviving member that does not come back.
+    pub straggler_timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// Defaults for everything but the endpoints, run id and group size.
+    pub fn new(endpoints: Vec<String>, run_id: &str, min_nodes: u32, max_nodes: u32) -> Self {
+        Self {
+            options: EtcdOptions::new(endpoints),
+            prefix: "/fsdp".into(),
+            run_id: run_id.into(),
+            node_id: String::new(),
+            addr: "127.0.0.1".into(),
+            local_world_size: 1,
+            min_nodes,
+            max_nodes,
+            last_call: Duration::from_secs(30),
+            join_timeout: Duration::from_secs(600),
+            keep_alive_ttl: Duration::from_secs(5),
+            straggler_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A unique node id: host name, pid and a random suffix, so agents that share a host name
+/// and a pid (PID 1 in containers) are still told apart.
+pub fn new_node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().replace('/', "_"))
+        .unwrap_or_else(|_| "node".into());
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    format!("{host}-{}-{suffix}", std::process::id())
+}
+
+/// The round this agent holds, with what detection needs.
+#[derive(Debug, Clone)]
+struct Held {
+    record: v1::Round,
+    round: Round,
+    /// When this agent started waiting for the round: departures after it concern us.
+    since: Instant,
+}
+
+/// An agent's handle on the etcd rendezvous.
+pub struct EtcdRendezvous {
+    cfg: EtcdConfig,
+    client: Client,
+    keys: Keys,
+    shared: Arc<Shared>,
+    view: watch::Receiver<View>,
+    session: JoinHandle<()>,
+    held: Option<Held>,
+}
+
+impl Drop for EtcdRendezvous {
+    fn drop(&mut self) {
+        self.session.abort();
+    }
+}
+
+impl EtcdRendezvous {
+    /// Connects (bounded retry) and joins the run.
+    pub async fn connect(cfg: EtcdConfig) -> Result<Self, RendezvousError> {
+        let client = connect::connect(&cfg.options).await?;
+        Self::join(client, cfg).await
+    }
+
+    /// Joins the run over an existing connection (several simulated nodes can share one).
+    pub async fn join(mut client: Client, mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
+        if cfg.min_nodes == 0 || cfg.min_nodes > cfg.max_nodes {
+            return Err(RendezvousError::InvalidConfig(format!("nnodes {}:{} is not 0 < MIN <= MAX", cfg.min_nodes, cfg.max_nodes)));
+        }
+        if cfg.node_id.is_empty() {
+            cfg.node_id = new_node_id();
+        }
+        let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
+        let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
+        let grant = client
+            .lease_grant(ttl_s, None)
+            .await
+            .map_err(|source| RendezvousError::Etcd { what: "granting the membership lease", source })?;
+        let shared = Arc::new(Shared {
+            node_id: cfg.node_id.clone(),
+            lease: AtomicI64::new(grant.id()),
+            member: Mutex::new(None),
+            my_round: Mutex::new(None),
+            writes: AtomicU64::new(1),
+        });
+        let (tx, mut view) = watch::channel(View::default());
+        let seal = SealConfig {
+            min_nodes: cfg.min_nodes,
+            max_nodes: cfg.max_nodes,
+            last_call: cfg.last_call,
+            straggler_timeout: cfg.straggler_timeout,
+        };
+        let session = Session::new(client.clone(), keys.clone(), shared.clone(), tx, Duration::from_secs(ttl_s as u64), seal);
+        let session = tokio::spawn(session.run());
+        let synced = view.wait_for(|v| v.connected);
+        if tokio::time::timeout(cfg.options.retry_window, synced).await.is_err() {
+            session.abort();
+            return Err(RendezvousError::InvalidConfig("etcd did not answer the first read of the run".into()));
+        }
+        Ok(Self { cfg, client, keys, shared, view, session, held: None })
+    }
+
+    /// This agent's node id.
+    pub fn node_id(&self) -> &str {
+        &self.shared.node_id
+    }
+
+    /// etcd writes this agent made so far.
+    pub fn writes(&self) -> u64 {
+        self.shared.writes.load(Ordering::Relaxed)
+    }
+
+    /// The key layout of the run.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The agent's current view of the run (a copy).
+    pub fn view(&self) -> View {
+        self.view.borrow().clone()
+    }
+
+    async fn put_member(&mut self, wants_round: u64) -> Result<(), RendezvousError> {
+        let member = v1::Member {
+            schema: SCHEMA_VERSION,
+            node_id: self.shared.node_id.clone(),
+            addr: self.cfg.addr.clone(),
+            local_world_size: self.cfg.local_world_size,
+            wants_round,
+        };
+        if let Ok(mut m) = self.shared.member.lock() {
+            *m = Some(member.clone());
+        }
+        let lease = self.shared.lease.load(Ordering::SeqCst);
+        self.client
+            .put(self.keys.member(&member.node_id), member.encode_to_vec(), Some(PutOptions::new().with_lease(lease)))
+            .await
+            .map_err(|source| RendezvousError::Etcd { what: "registering this node", source })?;
+        self.shared.wrote();
+        Ok(())
+    }
+
+    async fn publish_master(&mut self, round: u64) -> Result<(), RendezvousError> {
+        let port = port::free_port(&self.cfg.addr)?;
+        let master = v1::Master { schema: SCHEMA_VERSION, round, addr: self.cfg.addr.clone(), port: u32::from(port) };
+        let lease = self.shared.lease.load(Ordering::SeqCst);
+        self.client
+            .put(self.keys.master(), master.encode_to_vec(), Some(PutOptions::new().with_lease(lease)))
+            .await
+            .map_err(|source| RendezvousError::Etcd { what: "publishing the master address", source })?;
+        self.shared.wrote();
+        Ok(())
+    }
+}
+
+/// What `next_round` should do after looking at the view.
+enum Step {
+    Wait,
+    Spare { next: u64 },
+    PublishMaster { round: u64 },
+    Done(Box<(v1::Round, Round)>),
+}
+
+fn step(v: &View, me: &str, wants: u64, published: Option<u64>) -> Result<Step, RendezvousError> {
+    if let Some(c) = v.corruption() {
+        return Err(RendezvousError::Corrupt(c));
+    }
+    let Some(r) = v.round.as_ref().filter(|r| r.record.number >= wants) else {
+        return Ok(Step::Wait);
+    };
+    let rec = &r.record;
+    let Some(pos) = rec.members.iter().position(|m| m.node_id == me) else {
+        return Ok(Step::Spare { next: rec.number + 1 });
+    };
+    let master = v.master.as_ref().filter(|m| m.round == rec.number);
+    let Some(master) = master else {
+        return Ok(if pos == 0 && published != Some(rec.number) { Step::PublishMaster { round: rec.number } } else { Step::Wait });
+    };
+    let sizes: Vec<u32> = rec.members.iter().map(|m| m.local_world_size).collect();
+    let (all, world_size) = ranks::assign(&sizes);
+    let round = Round {
+        number: rec.number,
+        group_rank: all[pos].group_rank,
+        group_world_size: rec.members.len() as u32,
+        base_rank: all[pos].base_rank,
+        world_size,
+        master_addr: master.addr.clone(),
+        master_port: master.port as u16,
+        restart_count: rec.restart_count,
+    };
+    Ok(Step::Done(Box::new((rec.clone(), round))))
+}
+
+/// Whether the round an agent holds is still the group's round: a pure function of the
+/// view, so tests can drive it without etcd.
+pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Change> {
+    let departed = |id: &str| v.departed.get(id).is_some_and(|t| *t >= since);
+    if departed(me) {
+        return Some(Change::MemberLost { node: me.to_owned() });
+    }
+    if let Some(m) = held.members.iter().find(|m| departed(&m.node_id)) {
+        return Some(Change::MemberLost { node: m.node_id.clone() });
+    }
+    if v.failures.contains(&held.number) {
+        return Some(Change::PeerFailed { restart_count: held.restart_count + 1 });
+    }
+    match v.round.as_ref().map(|r| &r.record) {
+        Some(r) if r.number > held.number => {
+            if r.members.iter().any(|m| m.node_id == me) {
+                Some(Change::NewRound { number: r.number })
+            } else {
+                Some(Change::MemberLost { node: me.to_owned() })
+            }
+        }
+        _ => None,
+    }
+}
+
+impl Rendezvous for EtcdRendezvous {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn run_id(&self) -> &str {
+        &self.cfg.run_id
+    }
+
+    async fn next_round(&mut self) -> Result<Round, RendezvousError> {
+        let since = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.cfg.join_timeout;
+        let mut wants = match &self.held {
+            Some(h) => h.record.number + 1,
+            None => self.view.borrow().round.as_ref().map_or(0, |r| r.record.number + 1),
+        };
+        self.put_member(wants).await?;
+        let mut published = None;
+        loop {
+            let next = step(&self.view.borrow_and_update(), &self.shared.node_id, wants, published)?;
+            match next {
+                Step::Done(done) => {
+                    let (record, round) = *done;
+                    if let Ok(mut m) = self.shared.my_round.lock() {
+                        *m = Some(record.clone());
+                    }
+                    self.held = Some(Held { record, round: round.clone(), since });
+                    return Ok(round);
+                }
+                Step::PublishMaster { round } => {
+                    self.publish_master(round).await?;
+                    published = Some(round);
+                    continue;
+                }
+                Step::Spare { next } => {
+                    tracing::info!(round = next - 1, "the group is full; waiting as a spare");
+                    wants = next;
+                    self.put_member(wants).await?;
+                    continue;
+                }
+                Step::Wait => {}
+            }
+            tokio::select! {
+                r = self.view.changed() => r.map_err(|_| RendezvousError::InvalidConfig("the etcd session ended".into()))?,
+                () = tokio::time::sleep_until(deadline) => {
+                    let v = self.view.borrow();
+                    let state = format!(
+                        "round {:?}, coordinator {:?}, connected {}",
+                        v.round.as_ref().map(|r| r.record.number),
+                        v.coordinator,
+                        v.connected
+                    );
+                    return Err(RendezvousError::Timeout { timeout: self.cfg.join_timeout, state });
+                }
+            }
+        }
+    }
+
+    async fn changed(&mut self) -> Result<Change, RendezvousError> {
+        let Some(held) = self.held.clone() else {
+            return std::future::pending().await;
+        };
+        loop {
+            {
+                let v = self.view.borrow_and_update();
+                if let Some(c) = v.corruption() {
+                    return Err(RendezvousError::Corrupt(c));
+                }
+                if let Some(change) = detect(&v, &held.record, &self.shared.node_id, held.since) {
+                    return Ok(change);
+                }
+            }
+            self.view
+                .changed()
+                .await
+                .map_err(|_| RendezvousError::InvalidConfig("the etcd session ended".into()))?;
+        }
+    }
+
+    async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
+        let Some(held) = &self.held else {
+            return Ok(0);
+        };
+        let key = self.keys.failure(held.record.number);
+        let failure = v1::Failure { schema: SCHEMA_VERSION, round: held.record.number, node_id: self.shared.node_id.clone() };
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, failure.encode_to_vec(), None)]);
+        self.client
+            .txn(txn)
+            .await
+            .map_err(|source| RendezvousError::Etcd { what: "reporting a worker failure", source })?;
+        self.shared.wrote();
+        Ok(held.round.restart_count + 1)
+    }
+
+    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
+        self.session.abort();
+        let lease = self.shared.lease.load(Ordering::SeqCst);
+        // Revoking deletes our registration (and the coordinator key if we held it), so
+        // the others learn within milliseconds instead of a lease TTL.
+        match self.client.lease_revoke(lease).await {
+            Ok(_) => self.shared.wrote(),
+            Err(e) => tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL"),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,145 @@
+//! What an agent knows of its run: the keys under the run's prefix, decoded and checked.
+//! Built from a snapshot (a ranged read) and kept current by watch events.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use fsdp_proto::{Versioned, decode, v1};
+
+use super::keys::Keys;
+
+/// A registered member and the revision that created its key (its join order).
+#[derive(Debug, Clone)]
+pub struct MemberEntry {
+    pub record: v1::Member,
+    pub create_rev: i64,
+}
+
+/// The sealed round and the revision that wrote it (the fence for the next commit).
+#[derive(Debug, Clone)]
+pub struct RoundEntry {
+    pub record: v1::Round,
+    pub mod_rev: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// A watch is established and the view is current.
+    pub connected: bool,
+    /// Registered members. Complete for the coordinator; for other agents, the last
+    /// snapshot minus departures (they do not receive registrations).
+    pub members: BTreeMap<String, MemberEntry>,
+    /// Members whose key was deleted (lease expired or revoked), with when it was seen.
+    pub departed: BTreeMap<String, Instant>,
+    pub round: Option<RoundEntry>,
+    pub master: Option<v1::Master>,
+    pub failures: BTreeSet<u64>,
+    pub coordinator: Option<String>,
+    /// Keys holding values we cannot trust, with the reason.
+    pub corrupt: BTreeMap<String, String>,
+}
+
+fn decoded<T: Versioned>(corrupt: &mut BTreeMap<String, String>, key: &str, value: &[u8]) -> Option<T> {
+    match decode::<T>(key, value) {
+        Ok(r) => {
+            corrupt.remove(key);
+            Some(r)
+        }
+        Err(e) => {
+            corrupt.insert(key.to_owned(), e.to_string());
+            None
+        }
+    }
+}
+
+impl View {
+    /// Applies a put of `value` at `key`.
+    pub fn put(&mut self, keys: &Keys, key: &str, value: &[u8], create_rev: i64, mod_rev: i64) {
+        if let Some(id) = key.strip_prefix(&keys.members()) {
+            if let Some(record) = decoded::<v1::Member>(&mut self.corrupt, key, value) {
+                if record.node_id != id {
+                    self.corrupt.insert(key.to_owned(), format!("member record at {key} names another node ({})", record.node_id));
+                    return;
+                }
+                self.members.insert(id.to_owned(), MemberEntry { record, create_rev });
+            }
+        } else if key == keys.round() {
+            if let Some(record) = decoded::<v1::Round>(&mut self.corrupt, key, value) {
+                self.round = Some(RoundEntry { record, mod_rev });
+            }
+        } else if key == keys.master() {
+            self.master = decoded::<v1::Master>(&mut self.corrupt, key, value).or(self.master.take());
+        } else if key == keys.coordinator() {
+            if let Some(c) = decoded::<v1::Coordinator>(&mut self.corrupt, key, value) {
+                self.coordinator = Some(c.node_id);
+            }
+        } else if key.starts_with(&keys.failures()) {
+            if let Some(f) = decoded::<v1::Failure>(&mut self.corrupt, key, value) {
+                self.failures.insert(f.round);
+            }
+        } else {
+            self.corrupt.insert(key.to_owned(), format!("unexpected key {key} under the run's prefix"));
+        }
+    }
+
+    /// Applies a delete of `key`, seen at `now`.
+    pub fn delete(&mut self, keys: &Keys, key: &str, now: Instant) {
+        self.corrupt.remove(key);
+        if let Some(id) = key.strip_prefix(&keys.members()) {
+            self.members.remove(id);
+            self.departed.insert(id.to_owned(), now);
+        } else if key == keys.round() {
+            self.round = None;
+        } else if key == keys.master() {
+            self.master = None;
+        } else if key == keys.coordinator() {
+            self.coordinator = None;
+        }
+    }
+
+    /// The first untrusted value, as an error message naming its key.
+    pub fn corruption(&self) -> Option<String> {
+        self.corrupt.values().next().cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn garbage_is_recorded_with_its_key_and_cleared_by_a_good_value() {
+        let keys = Keys::new("/fsdp", "r").unwrap();
+        let mut v = View::default();
+        v.put(&keys, &keys.round(), b"\x08\xff\xff garbage", 1, 1);
+        assert!(v.round.is_none());
+        assert!(v.corruption().unwrap().contains("/fsdp/r/ctl/round"));
+        let good = v1::Round { schema: fsdp_proto::SCHEMA_VERSION, number: 3, ..Default::default() };
+        v.put(&keys, &keys.round(), &good.encode_to_vec(), 1, 2);
+        assert_eq!(v.round.as_ref().unwrap().record.number, 3);
+        assert!(v.corruption().is_none());
+    }
+
+    #[test]
+    fn deletes_of_members_are_remembered_as_departures() {
+        let keys = Keys::new("/fsdp", "r").unwrap();
+        let mut v = View::default();
+        let m = v1::Member { schema: fsdp_proto::SCHEMA_VERSION, node_id: "a".into(), ..Default::default() };
+        v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 5, 5);
+        assert!(v.members.contains_key("a"));
+        v.delete(&keys, &keys.member("a"), Instant::now());
+        assert!(!v.members.contains_key("a") && v.departed.contains_key("a"));
+    }
+
+    #[test]
+    fn foreign_keys_and_mislabelled_members_are_not_trusted() {
+        let keys = Keys::new("/fsdp", "r").unwrap();
+        let mut v = View::default();
+        v.put(&keys, "/fsdp/r/other", b"x", 1, 1);
+        assert!(v.corruption().unwrap().contains("unexpected key"));
+        let m = v1::Member { schema: fsdp_proto::SCHEMA_VERSION, node_id: "b".into(), ..Default::default() };
+        v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 1, 1);
+        assert!(!v.members.contains_key("a"));
+    }
+}
