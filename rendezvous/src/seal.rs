@@ -7,9 +7,10 @@
 //!   nodes are present; with at least `min`, seal once no node joined or left for
 //!   `last_call`.
 //! * A sealed round is re-formed when a member is lost, a worker failure was reported, or a
-//!   node is waiting while the round is below `max`. The new round is sealed as soon as
-//!   every surviving member is back (ready for a later round) — no last call — or, for a
-//!   survivor that never comes back, after `straggler_timeout` without it.
+//!   node is waiting while the round is below `max`. After a loss or a failure the new
+//!   round is sealed as soon as every surviving member is back (ready for a later round) —
+//!   no last call — or, for a survivor that never comes back, after `straggler_timeout`
+//!   without it. Growth is sealed at once with every survivor.
 //! * Survivors keep their relative order; newcomers follow in join order; at most `max`.
 //! * A failure is charged to the restart budget only when the round lost no member: a
 //!   worker that fails because a peer died is the membership change, not a failure.
@@ -138,7 +139,13 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     }
     let why = why.join(", ");
 
-    let not_back: Vec<&String> = survivors.iter().copied().filter(|m| !present(m).is_some_and(|c| c.ready)).collect();
+    // After a loss or a failure every survivor notices by itself and comes back; waiting
+    // for them keeps a dying peer's lease time to expire, so its death is not charged as a
+    // failure. Growth (or a member that left on its own) tells nobody else: seal at once
+    // with every survivor, and they stop their workers when they see the new round.
+    let wait_for_survivors = !lost.is_empty() || current.failed;
+    let back = |m: &str| !wait_for_survivors || present(m).is_some_and(|c| c.ready);
+    let not_back: Vec<&String> = survivors.iter().copied().filter(|m| !back(m)).collect();
     let since = s.reform_since.unwrap_or(now);
     let deadline = since + cfg.straggler_timeout;
     if !not_back.is_empty() && now < deadline {
@@ -149,7 +156,7 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     }
     let mut members: Vec<String> = survivors
         .iter()
-        .filter(|m| present(m).is_some_and(|c| c.ready))
+        .filter(|m| back(m))
         .map(|m| (*m).clone())
         .collect();
     members.extend(waiting.iter().map(|c| c.node_id.clone()));

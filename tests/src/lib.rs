@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 pub use tempfile::TempDir;
 
+pub mod etcd;
+
 /// The target directory holding the workspace binaries of the current profile.
 fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");

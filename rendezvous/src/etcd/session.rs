@@ -49,6 +49,8 @@ pub struct Session {
     pub ttl: Duration,
     pub seal: SealConfig,
     synced_once: bool,
+    /// The next resync is ours (not an outage): no grace for missing members.
+    voluntary_resync: bool,
     absent_check: Option<Instant>,
     quiet_since: Instant,
     member_ids: BTreeSet<String>,
@@ -69,6 +71,7 @@ impl Session {
             ttl,
             seal,
             synced_once: false,
+            voluntary_resync: false,
             absent_check: None,
             quiet_since: Instant::now(),
             member_ids: BTreeSet::new(),
@@ -111,13 +114,29 @@ impl Session {
         }
         fresh.connected = true;
         let resync = self.synced_once;
+        let voluntary = std::mem::take(&mut self.voluntary_resync);
+        let now = Instant::now().into_std();
+        let mine: Vec<String> = self
+            .shared
+            .my_round
+            .lock()
+            .map(|r| r.iter().flat_map(|r| r.members.iter().map(|m| m.node_id.clone())).collect())
+            .unwrap_or_default();
         self.view.send_modify(|v| {
             fresh.departed = std::mem::take(&mut v.departed);
+            if voluntary {
+                // Nothing was lost in between: a member we knew of that the snapshot lacks
+                // left while we were switching watches.
+                let known = v.members.keys().cloned().chain(mine);
+                for id in known.filter(|id| !fresh.members.contains_key(id)) {
+                    fresh.departed.entry(id).or_insert(now);
+                }
+            }
             *v = fresh;
         });
         self.synced_once = true;
         self.ensure_registered().await?;
-        if resync {
+        if resync && !voluntary {
             // After an outage, give members a lease TTL to re-register before anyone is
             // declared lost (etcd may have come back empty).
             self.absent_check = Some(Instant::now() + self.ttl + Duration::from_secs(1));
@@ -158,6 +177,7 @@ impl Session {
                     }
                     if self.is_coordinator() != was {
                         // Coordinator now: resync to watch registrations too.
+                        self.voluntary_resync = true;
                         return Ok(());
                     }
                     self.coordinate().await?;

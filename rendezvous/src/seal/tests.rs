@@ -115,6 +115,8 @@ fn a_waiting_node_grows_a_round_below_max_but_not_a_full_one() {
     let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
     let p = seal(decide(t, &s, &cfg(1, 3)));
     assert_eq!(p.members, ["a", "b", "n"]);
+    let c = [cand("a", 1, false), cand("b", 2, false), cand("n", 9, true)];
+    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
     let (d, _) = decide(t, &s, &cfg(1, 2));
     assert_eq!(d, SealDecision::Wait { recheck_at: None }, "a full round keeps its spare waiting");
 }
@@ -151,12 +153,24 @@ fn ranks_are_capped_at_max_and_newcomers_follow_in_join_order() {
 }
 
 #[test]
-fn a_member_that_stopped_its_workers_breaks_the_round() {
+fn a_member_that_stopped_its_workers_breaks_the_round_at_once() {
     let t = Instant::now();
     let cur = current(&["a", "b"], false);
     let c = [cand("a", 1, true), cand("b", 2, false)];
     let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
     let (d, why) = decide(t, &s, &cfg(1, 2));
-    assert!(matches!(d, SealDecision::Reforming { .. }), "{why}");
-    assert!(why.contains("a stopped their workers") && why.contains("waiting for b"), "{why}");
+    assert!(why.contains("a stopped their workers"), "{why}");
+    let SealDecision::Seal(p) = d else { panic!("{why}") };
+    assert_eq!(p.members, ["a", "b"], "b is healthy and learns of the round from etcd");
+}
+
+#[test]
+fn growth_does_not_wait_for_survivors_that_know_nothing_of_it() {
+    let t = Instant::now();
+    let cur = current(&["a", "b"], false);
+    let c = [cand("a", 1, false), cand("b", 2, false), cand("n", 3, true)];
+    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let p = seal(decide(t, &s, &cfg(1, 3)));
+    assert_eq!(p.members, ["a", "b", "n"]);
+    assert_eq!(p.restart_count, 1);
 }

@@ -1,0 +1,118 @@
+//! A real etcd (Debian's `etcd-server`) started on free loopback ports, killable and
+//! restartable with or without its data.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+
+/// TLS settings for the server.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+pub struct Etcd {
+    child: Option<Child>,
+    pub client_port: u16,
+    peer_port: u16,
+    pub data_dir: PathBuf,
+    _dir: tempfile::TempDir,
+    tls: Option<ServerTls>,
+}
+
+impl Etcd {
+    pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    pub fn start_with(tls: Option<ServerTls>) -> Self {
+        let dir = tempfile::TempDir::new().expect("etcd temp dir");
+        let mut e = Self {
+            child: None,
+            client_port: free_port(),
+            peer_port: free_port(),
+            data_dir: dir.path().join("data"),
+            _dir: dir,
+            tls,
+        };
+        e.launch();
+        e
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    fn launch(&mut self) {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{}", self.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = self._dir.path().join("etcd.log");
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", "test", "--data-dir"])
+            .arg(&self.data_dir)
+            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("test={peer_url}")])
+            .args(["--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("etcd log"))
+            .stderr(std::fs::File::options().append(true).open(&log).expect("etcd log"));
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file").arg(&t.cert).arg("--key-file").arg(&t.key);
+            cmd.arg("--trusted-ca-file").arg(&t.ca).arg("--client-cert-auth");
+        }
+        self.child = Some(cmd.spawn().expect("start etcd (apt install etcd-server)"));
+        self.wait_ready();
+    }
+
+    fn wait_ready(&self) {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            if std::net::TcpStream::connect(("127.0.0.1", self.client_port)).is_ok() {
+                // The port opens slightly before etcd serves; a short settle avoids a
+                // first request racing leader election.
+                std::thread::sleep(Duration::from_millis(200));
+                return;
+            }
+            assert!(Instant::now() < end, "etcd did not start: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("etcd.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts again on the same ports, keeping or wiping the data directory.
+    pub fn restart(&mut self, keep_data: bool) {
+        self.kill();
+        if !keep_data {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+        }
+        self.launch();
+    }
+
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
