@@ -16,7 +16,9 @@ pub enum RendezvousError {
     #[error("invalid rendezvous configuration: {0}")]
     InvalidConfig(String),
     /// etcd could not be reached or refused us, after retrying.
-    #[error("etcd at {endpoints} is unreachable or refused the connection (retried for {window:?}); check --rdzv-endpoint, TLS files and credentials")]
+    #[error(
+        "etcd at {endpoints} is unreachable or refused the connection (retried for {window:?}); check --rdzv-endpoint, TLS files and credentials"
+    )]
     Unreachable {
         endpoints: String,
         window: std::time::Duration,

@@ -69,10 +69,14 @@ pub struct Proposal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SealDecision {
     /// Nothing to commit; evaluate again on the next change or at `recheck_at`.
-    Wait { recheck_at: Option<Instant> },
+    Wait {
+        recheck_at: Option<Instant>,
+    },
     /// The current round must re-form (members should stop their workers) but the next one
     /// cannot be sealed yet.
-    Reforming { recheck_at: Option<Instant> },
+    Reforming {
+        recheck_at: Option<Instant>,
+    },
     Seal(Proposal),
 }
 
@@ -95,34 +99,70 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
         let n = by_join.len();
         let members = |k: usize| by_join.iter().take(k).map(|c| c.node_id.clone()).collect();
         if n >= max {
-            let p = Proposal { number: next_number, members: members(max), restart_count: 0 };
-            return (SealDecision::Seal(p), format!("{max} nodes present (the maximum)"));
+            let p = Proposal {
+                number: next_number,
+                members: members(max),
+                restart_count: 0,
+            };
+            return (
+                SealDecision::Seal(p),
+                format!("{max} nodes present (the maximum)"),
+            );
         }
         if n >= min {
             let deadline = s.quiet_since + cfg.last_call;
             if now >= deadline {
-                let p = Proposal { number: next_number, members: members(n), restart_count: 0 };
+                let p = Proposal {
+                    number: next_number,
+                    members: members(n),
+                    restart_count: 0,
+                };
                 return (
                     SealDecision::Seal(p),
-                    format!("{n} nodes present and none joined or left for the last call ({:?})", cfg.last_call),
+                    format!(
+                        "{n} nodes present and none joined or left for the last call ({:?})",
+                        cfg.last_call
+                    ),
                 );
             }
             return (
-                SealDecision::Wait { recheck_at: Some(deadline) },
-                format!("{n} of max {max} nodes present; last call ends in {:?}", deadline - now),
+                SealDecision::Wait {
+                    recheck_at: Some(deadline),
+                },
+                format!(
+                    "{n} of max {max} nodes present; last call ends in {:?}",
+                    deadline - now
+                ),
             );
         }
-        return (SealDecision::Wait { recheck_at: None }, format!("waiting for nodes: {n} of min {min} present"));
+        return (
+            SealDecision::Wait { recheck_at: None },
+            format!("waiting for nodes: {n} of min {min} present"),
+        );
     };
 
-    let lost: Vec<&String> = current.members.iter().filter(|m| present(m).is_none()).collect();
-    let waiting: Vec<&&Candidate> = by_join.iter().filter(|c| !current.members.contains(&c.node_id)).collect();
+    let lost: Vec<&String> = current
+        .members
+        .iter()
+        .filter(|m| present(m).is_none())
+        .collect();
+    let waiting: Vec<&&Candidate> = by_join
+        .iter()
+        .filter(|c| !current.members.contains(&c.node_id))
+        .collect();
     let grow = !waiting.is_empty() && current.members.len() < max;
     // A member that declares itself ready for a later round has stopped its workers:
     // the current round is broken even though nobody is lost.
-    let left: Vec<&String> = current.members.iter().filter(|m| present(m).is_some_and(|c| c.ready)).collect();
+    let left: Vec<&String> = current
+        .members
+        .iter()
+        .filter(|m| present(m).is_some_and(|c| c.ready))
+        .collect();
     if lost.is_empty() && !current.failed && !grow && left.is_empty() {
-        return (SealDecision::Wait { recheck_at: None }, format!("round {} is intact", current.number));
+        return (
+            SealDecision::Wait { recheck_at: None },
+            format!("round {} is intact", current.number),
+        );
     }
     let mut why = Vec::new();
     if !lost.is_empty() {
@@ -150,8 +190,13 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     let deadline = since + cfg.straggler_timeout;
     if !not_back.is_empty() && now < deadline {
         return (
-            SealDecision::Reforming { recheck_at: Some(deadline) },
-            format!("re-forming ({why}); waiting for {} to stop their workers", join(&not_back)),
+            SealDecision::Reforming {
+                recheck_at: Some(deadline),
+            },
+            format!(
+                "re-forming ({why}); waiting for {} to stop their workers",
+                join(&not_back)
+            ),
         );
     }
     let mut members: Vec<String> = survivors
@@ -164,17 +209,27 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     if members.len() < min {
         return (
             SealDecision::Reforming { recheck_at: None },
-            format!("re-forming ({why}); {} of min {min} nodes ready", members.len()),
+            format!(
+                "re-forming ({why}); {} of min {min} nodes ready",
+                members.len()
+            ),
         );
     }
     let charged = current.failed && lost.is_empty();
     let restart_count = current.restart_count + u32::from(charged);
-    let p = Proposal { number: next_number, members, restart_count };
+    let p = Proposal {
+        number: next_number,
+        members,
+        restart_count,
+    };
     (SealDecision::Seal(p), format!("re-form ({why})"))
 }
 
 fn join(ids: &[&String]) -> String {
-    ids.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+    ids.iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]

@@ -56,16 +56,36 @@ impl Etcd {
         let mut cmd = Command::new("etcd");
         cmd.args(["--name", "test", "--data-dir"])
             .arg(&self.data_dir)
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
             .args(["--initial-cluster", &format!("test={peer_url}")])
             .args(["--log-level", "warn"])
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).expect("etcd log"))
-            .stderr(std::fs::File::options().append(true).open(&log).expect("etcd log"));
+            .stderr(
+                std::fs::File::options()
+                    .append(true)
+                    .open(&log)
+                    .expect("etcd log"),
+            );
         if let Some(t) = &self.tls {
-            cmd.arg("--cert-file").arg(&t.cert).arg("--key-file").arg(&t.key);
-            cmd.arg("--trusted-ca-file").arg(&t.ca).arg("--client-cert-auth");
+            cmd.arg("--cert-file")
+                .arg(&t.cert)
+                .arg("--key-file")
+                .arg(&t.key);
+            cmd.arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth");
         }
         self.child = Some(cmd.spawn().expect("start etcd (apt install etcd-server)"));
         self.wait_ready();

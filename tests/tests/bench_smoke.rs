@@ -17,9 +17,18 @@ fn launch_benchmark_prints_its_summary_line() {
         .output()
         .expect("run bench-launch");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let last = stdout.lines().last().unwrap_or_default();
-    for key in ["launch_ms_agent=", "launch_ms_torchrun=", "rss_mib_agent=", "rss_mib_torchrun="] {
+    for key in [
+        "launch_ms_agent=",
+        "launch_ms_torchrun=",
+        "rss_mib_agent=",
+        "rss_mib_torchrun=",
+    ] {
         assert!(last.contains(key), "{key} missing from: {last}");
     }
 }

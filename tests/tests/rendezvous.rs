@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, TlsFiles, commit_round, connect, Keys};
+use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, Keys, TlsFiles, commit_round, connect};
 use fsdp_rendezvous::{Change, Departure, Rendezvous, RendezvousError, Round};
 use fsdp_tests::etcd::{Etcd, ServerTls};
 use futures::future::join_all;
@@ -23,18 +23,28 @@ fn config(etcd: &Etcd, run: &str, min: u32, max: u32) -> EtcdConfig {
 async fn nodes(etcd: &Etcd, run: &str, min: u32, max: u32, n: usize) -> Vec<EtcdRendezvous> {
     let mut out = Vec::new();
     for _ in 0..n {
-        out.push(EtcdRendezvous::connect(config(etcd, run, min, max)).await.expect("join"));
+        out.push(
+            EtcdRendezvous::connect(config(etcd, run, min, max))
+                .await
+                .expect("join"),
+        );
     }
     out
 }
 
 async fn rounds(nodes: &mut [EtcdRendezvous]) -> Vec<Round> {
     let futs: Vec<_> = nodes.iter_mut().map(|n| n.next_round()).collect();
-    join_all(futs).await.into_iter().map(|r| r.expect("round")).collect()
+    join_all(futs)
+        .await
+        .into_iter()
+        .map(|r| r.expect("round"))
+        .collect()
 }
 
 async fn within<T>(limit: Duration, what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, f).await.unwrap_or_else(|_| panic!("timed out after {limit:?}: {what}"))
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {limit:?}: {what}"))
 }
 
 fn assert_one_group(rs: &[Round]) {
@@ -43,8 +53,15 @@ fn assert_one_group(rs: &[Round]) {
     ranks.sort();
     assert_eq!(ranks, (0..rs.len() as u32).collect::<Vec<_>>(), "{rs:?}");
     for r in rs {
-        assert_eq!((r.number, r.world_size, r.group_world_size), (first.number, first.world_size, first.group_world_size));
-        assert_eq!((&r.master_addr, r.master_port), (&first.master_addr, first.master_port), "one master");
+        assert_eq!(
+            (r.number, r.world_size, r.group_world_size),
+            (first.number, first.world_size, first.group_world_size)
+        );
+        assert_eq!(
+            (&r.master_addr, r.master_port),
+            (&first.master_addr, first.master_port),
+            "one master"
+        );
         assert_eq!(r.restart_count, first.restart_count);
     }
     assert_ne!(first.master_port, 0);
@@ -66,7 +83,11 @@ async fn three_nodes_seal_one_round_and_two_seal_after_the_last_call() {
     ];
     let start = Instant::now();
     let rs = within(Duration::from_secs(20), "round of 2", rounds(&mut two)).await;
-    assert!(start.elapsed() >= Duration::from_secs(1), "sealed before the last call: {:?}", start.elapsed());
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "sealed before the last call: {:?}",
+        start.elapsed()
+    );
     assert_one_group(&rs);
     assert_eq!(rs[0].group_world_size, 2);
 }
@@ -81,9 +102,23 @@ async fn a_dead_node_is_out_after_the_ttl_and_a_leaving_node_at_once() {
     let dead_id = dead.node_id().to_owned();
     drop(dead);
     let start = Instant::now();
-    let change = within(Duration::from_secs(15), "loss of the dead node", ns[0].changed()).await.unwrap();
-    assert_eq!(change, Change::MemberLost { node: dead_id.clone() });
-    assert!(start.elapsed() >= Duration::from_millis(500), "noticed before the lease could expire");
+    let change = within(
+        Duration::from_secs(15),
+        "loss of the dead node",
+        ns[0].changed(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        change,
+        Change::MemberLost {
+            node: dead_id.clone()
+        }
+    );
+    assert!(
+        start.elapsed() >= Duration::from_millis(500),
+        "noticed before the lease could expire"
+    );
     let rs = within(Duration::from_secs(20), "re-form of 2", rounds(&mut ns)).await;
     assert_one_group(&rs);
     assert_eq!(rs[0].group_world_size, 2);
@@ -92,11 +127,18 @@ async fn a_dead_node_is_out_after_the_ttl_and_a_leaving_node_at_once() {
     let id1 = ns[1].node_id().to_owned();
     let start = Instant::now();
     ns[1].depart(Departure::Left).await.unwrap();
-    let change = within(Duration::from_secs(5), "graceful leave", ns[0].changed()).await.unwrap();
+    let change = within(Duration::from_secs(5), "graceful leave", ns[0].changed())
+        .await
+        .unwrap();
     let took = start.elapsed();
     assert_eq!(change, Change::MemberLost { node: id1 });
-    assert!(took < TTL / 2, "took {took:?}: looks like lease expiry, not a revoke");
-    let r = within(Duration::from_secs(20), "round of 1", ns[0].next_round()).await.unwrap();
+    assert!(
+        took < TTL / 2,
+        "took {took:?}: looks like lease expiry, not a revoke"
+    );
+    let r = within(Duration::from_secs(20), "round of 1", ns[0].next_round())
+        .await
+        .unwrap();
     assert_eq!(r.group_world_size, 1);
 }
 
@@ -106,12 +148,26 @@ async fn a_new_coordinator_takes_over_when_the_old_one_dies() {
     let mut ns = nodes(&etcd, "coord", 1, 3, 3).await;
     rounds(&mut ns).await;
     let coord = ns[0].view().coordinator.expect("a coordinator");
-    let idx = ns.iter().position(|n| n.node_id() == coord).expect("coordinator is a member");
+    let idx = ns
+        .iter()
+        .position(|n| n.node_id() == coord)
+        .expect("coordinator is a member");
     drop(ns.remove(idx));
     for n in ns.iter_mut() {
-        within(Duration::from_secs(15), "loss of the coordinator", n.changed()).await.unwrap();
+        within(
+            Duration::from_secs(15),
+            "loss of the coordinator",
+            n.changed(),
+        )
+        .await
+        .unwrap();
     }
-    let rs = within(Duration::from_secs(20), "round after failover", rounds(&mut ns)).await;
+    let rs = within(
+        Duration::from_secs(20),
+        "round after failover",
+        rounds(&mut ns),
+    )
+    .await;
     assert_one_group(&rs);
     assert_eq!(rs[0].group_world_size, 2);
     let new = ns[0].view().coordinator.expect("a new coordinator");
@@ -153,7 +209,9 @@ async fn a_new_node_below_max_triggers_a_round_that_includes_it() {
     let mut ns = nodes(&etcd, "grow", 1, 3, 2).await;
     let rs = rounds(&mut ns).await;
     assert_eq!(rs[0].group_world_size, 2);
-    let mut newcomer = EtcdRendezvous::connect(config(&etcd, "grow", 1, 3)).await.unwrap();
+    let mut newcomer = EtcdRendezvous::connect(config(&etcd, "grow", 1, 3))
+        .await
+        .unwrap();
     let new_id = newcomer.node_id().to_owned();
     let join = newcomer.next_round();
     let watch = async {
@@ -163,14 +221,20 @@ async fn a_new_node_below_max_triggers_a_round_that_includes_it() {
         }
         rounds(&mut ns).await
     };
-    let (mine, theirs) = within(Duration::from_secs(20), "growth to 3", async { tokio::join!(join, watch) }).await;
+    let (mine, theirs) = within(Duration::from_secs(20), "growth to 3", async {
+        tokio::join!(join, watch)
+    })
+    .await;
     let mine = mine.unwrap();
     let mut all = theirs;
     all.push(mine.clone());
     assert_one_group(&all);
     assert_eq!(mine.group_world_size, 3);
     // Survivors keep their ranks; the newcomer comes last.
-    assert_eq!((all[0].group_rank, all[1].group_rank, mine.group_rank), (rs[0].group_rank, rs[1].group_rank, 2));
+    assert_eq!(
+        (all[0].group_rank, all[1].group_rank, mine.group_rank),
+        (rs[0].group_rank, rs[1].group_rank, 2)
+    );
     assert!(ns.iter().all(|n| n.node_id() != new_id));
 }
 
@@ -190,7 +254,10 @@ async fn finished_and_failed_runs_do_not_block_a_new_job_with_the_same_id() {
         let mut again = nodes(&etcd, "reuse", 2, 2, 2).await;
         let rs = within(Duration::from_secs(20), "a fresh round", rounds(&mut again)).await;
         assert_one_group(&rs);
-        assert_eq!(rs[0].restart_count, 0, "{how:?}: history charged to the new job");
+        assert_eq!(
+            rs[0].restart_count, 0,
+            "{how:?}: history charged to the new job"
+        );
         assert!(rs[0].number > first[0].number);
     }
 }
@@ -207,14 +274,18 @@ async fn survives_etcd_restart(keep_data: bool) {
     };
     match tokio::time::timeout(TTL * 4 + Duration::from_secs(2), quiet).await {
         Err(_) => {}
-        Ok(changes) => panic!("keep_data={keep_data}: agents saw a change: {changes:?}\n{}", etcd.log()),
+        Ok(changes) => panic!(
+            "keep_data={keep_data}: agents saw a change: {changes:?}\n{}",
+            etcd.log()
+        ),
     }
     // The same membership is committed in etcd again.
     let opts = config(&etcd, "restart", 2, 2).options;
     let mut c = connect(&opts).await.unwrap();
     let keys = Keys::new("/fsdp", "restart").unwrap();
     let resp = c.get(keys.round(), None).await.unwrap();
-    let round: fsdp_proto::v1::Round = fsdp_proto::decode(&keys.round(), resp.kvs()[0].value()).unwrap();
+    let round: fsdp_proto::v1::Round =
+        fsdp_proto::decode(&keys.round(), resp.kvs()[0].value()).unwrap();
     assert_eq!(round.number, before[0].number);
     let mut ids: Vec<String> = round.members.iter().map(|m| m.node_id.clone()).collect();
     let mut expect: Vec<String> = ns.iter().map(|n| n.node_id().to_owned()).collect();
@@ -223,7 +294,13 @@ async fn survives_etcd_restart(keep_data: bool) {
     assert_eq!(ids, expect);
     // And the run still works: a leave is noticed.
     ns[1].depart(Departure::Left).await.unwrap();
-    within(Duration::from_secs(10), "a leave after the restart", ns[0].changed()).await.unwrap();
+    within(
+        Duration::from_secs(10),
+        "a leave after the restart",
+        ns[0].changed(),
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -242,9 +319,23 @@ async fn garbage_in_a_rendezvous_key_is_a_clear_error() {
     let opts = config(&etcd, "garbage", 1, 1).options;
     let mut c = connect(&opts).await.unwrap();
     let keys = Keys::new("/fsdp", "garbage").unwrap();
-    c.put(keys.round(), b"\xde\xad\xbe\xef not a protobuf".to_vec(), None).await.unwrap();
-    let mut n = EtcdRendezvous::connect(config(&etcd, "garbage", 1, 1)).await.unwrap();
-    let err = within(Duration::from_secs(10), "an error, not a hang", n.next_round()).await.unwrap_err();
+    c.put(
+        keys.round(),
+        b"\xde\xad\xbe\xef not a protobuf".to_vec(),
+        None,
+    )
+    .await
+    .unwrap();
+    let mut n = EtcdRendezvous::connect(config(&etcd, "garbage", 1, 1))
+        .await
+        .unwrap();
+    let err = within(
+        Duration::from_secs(10),
+        "an error, not a hang",
+        n.next_round(),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, RendezvousError::Corrupt(_)), "{err}");
     let text = err.to_string();
     assert!(text.contains("/fsdp/garbage/ctl/round"), "{text}");
@@ -263,7 +354,8 @@ fn tls_material(dir: &std::path::Path) -> (ServerTls, TlsFiles, TlsFiles) {
     let leaf = |names: Vec<String>| {
         let key = KeyPair::generate().unwrap();
         let mut p = CertificateParams::new(names).unwrap();
-        p.subject_alt_names.push(SanType::IpAddress([127, 0, 0, 1].into()));
+        p.subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
         let cert = p.signed_by(&key, &ca).unwrap();
         (cert.pem(), key.serialize_pem())
     };
@@ -275,8 +367,15 @@ fn tls_material(dir: &std::path::Path) -> (ServerTls, TlsFiles, TlsFiles) {
     rogue_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let rogue = CertifiedIssuer::self_signed(rogue_params, KeyPair::generate().unwrap()).unwrap();
     let rogue_key = KeyPair::generate().unwrap();
-    let rogue_cert = CertificateParams::new(vec!["client".into()]).unwrap().signed_by(&rogue_key, &rogue).unwrap();
-    let server = ServerTls { cert: write("server.pem", server_cert), key: write("server-key.pem", server_key), ca: ca_path.clone() };
+    let rogue_cert = CertificateParams::new(vec!["client".into()])
+        .unwrap()
+        .signed_by(&rogue_key, &rogue)
+        .unwrap();
+    let server = ServerTls {
+        cert: write("server.pem", server_cert),
+        key: write("server-key.pem", server_key),
+        ca: ca_path.clone(),
+    };
     let good = TlsFiles {
         ca: Some(ca_path.clone()),
         cert: Some(write("client.pem", client_cert)),
@@ -297,13 +396,20 @@ async fn tls_with_client_certificates() {
     let etcd = Etcd::start_with(Some(server));
     let mut cfg = config(&etcd, "tls", 1, 1);
     cfg.options.tls = Some(good);
-    let mut n = EtcdRendezvous::connect(cfg.clone()).await.expect("join over TLS");
-    let r = within(Duration::from_secs(20), "a round over TLS", n.next_round()).await.unwrap();
+    let mut n = EtcdRendezvous::connect(cfg.clone())
+        .await
+        .expect("join over TLS");
+    let r = within(Duration::from_secs(20), "a round over TLS", n.next_round())
+        .await
+        .unwrap();
     assert_eq!(r.world_size, 1);
 
     cfg.options.tls = Some(bad);
     cfg.options.retry_window = Duration::from_secs(2);
-    let err = EtcdRendezvous::connect(cfg).await.err().expect("a rogue client certificate is refused");
+    let err = EtcdRendezvous::connect(cfg)
+        .await
+        .err()
+        .expect("a rogue client certificate is refused");
     assert!(matches!(err, RendezvousError::Unreachable { .. }), "{err}");
     assert!(err.to_string().contains(&etcd.endpoint()), "{err}");
 }
@@ -318,14 +424,32 @@ async fn user_and_password_authentication() {
 
     let mut cfg = config(&etcd, "auth", 1, 1);
     cfg.options.user = Some(("root".into(), "s3cret".into()));
-    let mut n = EtcdRendezvous::connect(cfg.clone()).await.expect("join with credentials");
-    within(Duration::from_secs(20), "a round with auth", n.next_round()).await.unwrap();
+    let mut n = EtcdRendezvous::connect(cfg.clone())
+        .await
+        .expect("join with credentials");
+    within(Duration::from_secs(20), "a round with auth", n.next_round())
+        .await
+        .unwrap();
 
     cfg.options.user = Some(("root".into(), "wrong".into()));
     let start = Instant::now();
-    let err = EtcdRendezvous::connect(cfg).await.err().expect("wrong password is refused");
+    let err = EtcdRendezvous::connect(cfg)
+        .await
+        .err()
+        .expect("wrong password is refused");
     assert!(matches!(err, RendezvousError::Unreachable { .. }), "{err}");
-    let chain = format!("{err}: {}", std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_default());
-    assert!(chain.to_lowercase().contains("authentication failed"), "{chain}");
-    assert!(start.elapsed() < Duration::from_secs(5), "a bad password is not retried for the whole window");
+    let chain = format!(
+        "{err}: {}",
+        std::error::Error::source(&err)
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+    );
+    assert!(
+        chain.to_lowercase().contains("authentication failed"),
+        "{chain}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "a bad password is not retried for the whole window"
+    );
 }

@@ -46,14 +46,22 @@ impl EtcdOptions {
 }
 
 fn read(path: &PathBuf, what: &str) -> Result<Vec<u8>, RendezvousError> {
-    std::fs::read(path).map_err(|e| RendezvousError::InvalidConfig(format!("cannot read {what} {}: {e}", path.display())))
+    std::fs::read(path).map_err(|e| {
+        RendezvousError::InvalidConfig(format!("cannot read {what} {}: {e}", path.display()))
+    })
 }
 
 fn urls(opts: &EtcdOptions) -> Vec<String> {
     let scheme = if opts.tls.is_some() { "https" } else { "http" };
     opts.endpoints
         .iter()
-        .map(|e| if e.contains("://") { e.clone() } else { format!("{scheme}://{e}") })
+        .map(|e| {
+            if e.contains("://") {
+                e.clone()
+            } else {
+                format!("{scheme}://{e}")
+            }
+        })
         .collect()
 }
 
@@ -71,7 +79,12 @@ fn options(opts: &EtcdOptions) -> Result<ConnectOptions, RendezvousError> {
             t = t.ca_certificate(Certificate::from_pem(read(ca, "CA certificate")?));
         }
         match (&tls.cert, &tls.key) {
-            (Some(c), Some(k)) => t = t.identity(Identity::from_pem(read(c, "client certificate")?, read(k, "client key")?)),
+            (Some(c), Some(k)) => {
+                t = t.identity(Identity::from_pem(
+                    read(c, "client certificate")?,
+                    read(k, "client key")?,
+                ))
+            }
             (None, None) => {}
             _ => {
                 return Err(RendezvousError::InvalidConfig(
@@ -99,7 +112,9 @@ fn transient(e: &etcd_client::Error) -> bool {
 /// exponential backoff and jitter for at most `retry_window`.
 pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
     if opts.endpoints.is_empty() {
-        return Err(RendezvousError::InvalidConfig("no etcd endpoint given (--rdzv-endpoint host:2379)".into()));
+        return Err(RendezvousError::InvalidConfig(
+            "no etcd endpoint given (--rdzv-endpoint host:2379)".into(),
+        ));
     }
     let urls = urls(opts);
     let connect_opts = options(opts)?;
@@ -109,7 +124,9 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         async move {
             let mut client = Client::connect(&urls, Some(o)).await?;
             // The channel connects lazily; one read proves etcd answers.
-            client.get("/", Some(etcd_client::GetOptions::new().with_count_only())).await?;
+            client
+                .get("/", Some(etcd_client::GetOptions::new().with_count_only()))
+                .await?;
             Ok::<_, etcd_client::Error>(client)
         }
     };

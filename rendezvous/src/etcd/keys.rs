@@ -21,10 +21,14 @@ impl Keys {
     /// Keys under `<prefix>/<run_id>/`. The run id must be a single path segment.
     pub fn new(prefix: &str, run_id: &str) -> Result<Self, String> {
         if run_id.is_empty() || run_id.contains('/') || run_id.chars().any(char::is_control) {
-            return Err(format!("run id '{run_id}' must be non-empty and contain no '/'"));
+            return Err(format!(
+                "run id '{run_id}' must be non-empty and contain no '/'"
+            ));
         }
         let prefix = prefix.trim_end_matches('/');
-        Ok(Self { root: format!("{prefix}/{run_id}/") })
+        Ok(Self {
+            root: format!("{prefix}/{run_id}/"),
+        })
     }
 
     pub fn root(&self) -> &str {
@@ -73,7 +77,10 @@ mod tests {
         let k = Keys::new("/fsdp/", "job42").unwrap();
         assert_eq!(k.member("n1"), "/fsdp/job42/members/n1");
         assert_eq!(k.round(), "/fsdp/job42/ctl/round");
-        assert_eq!(k.failure(7), "/fsdp/job42/ctl/failures/00000000000000000007");
+        assert_eq!(
+            k.failure(7),
+            "/fsdp/job42/ctl/failures/00000000000000000007"
+        );
         assert!(k.failure(7).starts_with(&k.failures()));
         assert!(Keys::new("/fsdp", "a/b").is_err());
         assert!(Keys::new("/fsdp", "").is_err());

@@ -133,17 +133,24 @@ impl EtcdRendezvous {
     /// Joins the run over an existing connection (several simulated nodes can share one).
     pub async fn join(mut client: Client, mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
         if cfg.min_nodes == 0 || cfg.min_nodes > cfg.max_nodes {
-            return Err(RendezvousError::InvalidConfig(format!("nnodes {}:{} is not 0 < MIN <= MAX", cfg.min_nodes, cfg.max_nodes)));
+            return Err(RendezvousError::InvalidConfig(format!(
+                "nnodes {}:{} is not 0 < MIN <= MAX",
+                cfg.min_nodes, cfg.max_nodes
+            )));
         }
         if cfg.node_id.is_empty() {
             cfg.node_id = new_node_id();
         }
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
-        let grant = client
-            .lease_grant(ttl_s, None)
-            .await
-            .map_err(|source| RendezvousError::Etcd { what: "granting the membership lease", source })?;
+        let grant =
+            client
+                .lease_grant(ttl_s, None)
+                .await
+                .map_err(|source| RendezvousError::Etcd {
+                    what: "granting the membership lease",
+                    source,
+                })?;
         let shared = Arc::new(Shared {
             node_id: cfg.node_id.clone(),
             lease: AtomicI64::new(grant.id()),
@@ -158,14 +165,34 @@ impl EtcdRendezvous {
             last_call: cfg.last_call,
             straggler_timeout: cfg.straggler_timeout,
         };
-        let session = Session::new(client.clone(), keys.clone(), shared.clone(), tx, Duration::from_secs(ttl_s as u64), seal);
+        let session = Session::new(
+            client.clone(),
+            keys.clone(),
+            shared.clone(),
+            tx,
+            Duration::from_secs(ttl_s as u64),
+            seal,
+        );
         let session = tokio::spawn(session.run());
         let synced = view.wait_for(|v| v.connected);
-        if tokio::time::timeout(cfg.options.retry_window, synced).await.is_err() {
+        if tokio::time::timeout(cfg.options.retry_window, synced)
+            .await
+            .is_err()
+        {
             session.abort();
-            return Err(RendezvousError::InvalidConfig("etcd did not answer the first read of the run".into()));
+            return Err(RendezvousError::InvalidConfig(
+                "etcd did not answer the first read of the run".into(),
+            ));
         }
-        Ok(Self { cfg, client, keys, shared, view, session, held: None })
+        Ok(Self {
+            cfg,
+            client,
+            keys,
+            shared,
+            view,
+            session,
+            held: None,
+        })
     }
 
     /// This agent's node id.
@@ -200,22 +227,69 @@ impl EtcdRendezvous {
             *m = Some(member.clone());
         }
         let lease = self.shared.lease.load(Ordering::SeqCst);
-        self.client
-            .put(self.keys.member(&member.node_id), member.encode_to_vec(), Some(PutOptions::new().with_lease(lease)))
+        let put_member = TxnOp::put(
+            self.keys.member(&member.node_id),
+            member.encode_to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        // Registering and claiming the coordinator role when nobody holds it is one
+        // transaction: one write per node, however many nodes start at once.
+        let txn = if self.view.borrow().coordinator.is_none() {
+            let key = self.keys.coordinator();
+            let claim = v1::Coordinator {
+                schema: SCHEMA_VERSION,
+                node_id: member.node_id.clone(),
+            };
+            Txn::new()
+                .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+                .and_then([
+                    put_member.clone(),
+                    TxnOp::put(
+                        key,
+                        claim.encode_to_vec(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    ),
+                ])
+                .or_else([put_member])
+        } else {
+            Txn::new().and_then([put_member])
+        };
+        let won = self
+            .client
+            .txn(txn)
             .await
-            .map_err(|source| RendezvousError::Etcd { what: "registering this node", source })?;
+            .map_err(|source| RendezvousError::Etcd {
+                what: "registering this node",
+                source,
+            })?
+            .succeeded();
         self.shared.wrote();
+        if won && self.view.borrow().coordinator.is_none() {
+            tracing::info!(node = %member.node_id, "elected rendezvous coordinator");
+        }
         Ok(())
     }
 
     async fn publish_master(&mut self, round: u64) -> Result<(), RendezvousError> {
         let port = port::free_port(&self.cfg.addr)?;
-        let master = v1::Master { schema: SCHEMA_VERSION, round, addr: self.cfg.addr.clone(), port: u32::from(port) };
+        let master = v1::Master {
+            schema: SCHEMA_VERSION,
+            round,
+            addr: self.cfg.addr.clone(),
+            port: u32::from(port),
+        };
         let lease = self.shared.lease.load(Ordering::SeqCst);
         self.client
-            .put(self.keys.master(), master.encode_to_vec(), Some(PutOptions::new().with_lease(lease)))
+            .put(
+                self.keys.master(),
+                master.encode_to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
             .await
-            .map_err(|source| RendezvousError::Etcd { what: "publishing the master address", source })?;
+            .map_err(|source| RendezvousError::Etcd {
+                what: "publishing the master address",
+                source,
+            })?;
         self.shared.wrote();
         Ok(())
     }
@@ -238,11 +312,17 @@ fn step(v: &View, me: &str, wants: u64, published: Option<u64>) -> Result<Step, 
     };
     let rec = &r.record;
     let Some(pos) = rec.members.iter().position(|m| m.node_id == me) else {
-        return Ok(Step::Spare { next: rec.number + 1 });
+        return Ok(Step::Spare {
+            next: rec.number + 1,
+        });
     };
     let master = v.master.as_ref().filter(|m| m.round == rec.number);
     let Some(master) = master else {
-        return Ok(if pos == 0 && published != Some(rec.number) { Step::PublishMaster { round: rec.number } } else { Step::Wait });
+        return Ok(if pos == 0 && published != Some(rec.number) {
+            Step::PublishMaster { round: rec.number }
+        } else {
+            Step::Wait
+        });
     };
     let sizes: Vec<u32> = rec.members.iter().map(|m| m.local_world_size).collect();
     let (all, world_size) = ranks::assign(&sizes);
@@ -264,20 +344,28 @@ fn step(v: &View, me: &str, wants: u64, published: Option<u64>) -> Result<Step, 
 pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Change> {
     let departed = |id: &str| v.departed.get(id).is_some_and(|t| *t >= since);
     if departed(me) {
-        return Some(Change::MemberLost { node: me.to_owned() });
+        return Some(Change::MemberLost {
+            node: me.to_owned(),
+        });
     }
     if let Some(m) = held.members.iter().find(|m| departed(&m.node_id)) {
-        return Some(Change::MemberLost { node: m.node_id.clone() });
+        return Some(Change::MemberLost {
+            node: m.node_id.clone(),
+        });
     }
     if v.failures.contains(&held.number) {
-        return Some(Change::PeerFailed { restart_count: held.restart_count + 1 });
+        return Some(Change::PeerFailed {
+            restart_count: held.restart_count + 1,
+        });
     }
     match v.round.as_ref().map(|r| &r.record) {
         Some(r) if r.number > held.number => {
             if r.members.iter().any(|m| m.node_id == me) {
                 Some(Change::NewRound { number: r.number })
             } else {
-                Some(Change::MemberLost { node: me.to_owned() })
+                Some(Change::MemberLost {
+                    node: me.to_owned(),
+                })
             }
         }
         _ => None,
@@ -298,19 +386,33 @@ impl Rendezvous for EtcdRendezvous {
         let deadline = tokio::time::Instant::now() + self.cfg.join_timeout;
         let mut wants = match &self.held {
             Some(h) => h.record.number + 1,
-            None => self.view.borrow().round.as_ref().map_or(0, |r| r.record.number + 1),
+            None => self
+                .view
+                .borrow()
+                .round
+                .as_ref()
+                .map_or(0, |r| r.record.number + 1),
         };
         self.put_member(wants).await?;
         let mut published = None;
         loop {
-            let next = step(&self.view.borrow_and_update(), &self.shared.node_id, wants, published)?;
+            let next = step(
+                &self.view.borrow_and_update(),
+                &self.shared.node_id,
+                wants,
+                published,
+            )?;
             match next {
                 Step::Done(done) => {
                     let (record, round) = *done;
                     if let Ok(mut m) = self.shared.my_round.lock() {
                         *m = Some(record.clone());
                     }
-                    self.held = Some(Held { record, round: round.clone(), since });
+                    self.held = Some(Held {
+                        record,
+                        round: round.clone(),
+                        since,
+                    });
                     return Ok(round);
                 }
                 Step::PublishMaster { round } => {
@@ -368,14 +470,21 @@ impl Rendezvous for EtcdRendezvous {
             return Ok(0);
         };
         let key = self.keys.failure(held.record.number);
-        let failure = v1::Failure { schema: SCHEMA_VERSION, round: held.record.number, node_id: self.shared.node_id.clone() };
+        let failure = v1::Failure {
+            schema: SCHEMA_VERSION,
+            round: held.record.number,
+            node_id: self.shared.node_id.clone(),
+        };
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, failure.encode_to_vec(), None)]);
         self.client
             .txn(txn)
             .await
-            .map_err(|source| RendezvousError::Etcd { what: "reporting a worker failure", source })?;
+            .map_err(|source| RendezvousError::Etcd {
+                what: "reporting a worker failure",
+                source,
+            })?;
         self.shared.wrote();
         Ok(held.round.restart_count + 1)
     }
@@ -387,7 +496,9 @@ impl Rendezvous for EtcdRendezvous {
         // the others learn within milliseconds instead of a lease TTL.
         match self.client.lease_revoke(lease).await {
             Ok(_) => self.shared.wrote(),
-            Err(e) => tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL"),
+            Err(e) => {
+                tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL")
+            }
         }
         Ok(())
     }

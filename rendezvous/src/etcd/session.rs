@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType,
+    WatchOptions,
+};
 use fsdp_proto::{SCHEMA_VERSION, v1};
 use prost::Message;
 use tokio::sync::watch;
@@ -62,7 +65,14 @@ pub struct Session {
 type EtcdResult<T> = Result<T, etcd_client::Error>;
 
 impl Session {
-    pub fn new(client: Client, keys: Keys, shared: Arc<Shared>, view: watch::Sender<View>, ttl: Duration, seal: SealConfig) -> Self {
+    pub fn new(
+        client: Client,
+        keys: Keys,
+        shared: Arc<Shared>,
+        view: watch::Sender<View>,
+        ttl: Duration,
+        seal: SealConfig,
+    ) -> Self {
         Self {
             client,
             keys,
@@ -106,11 +116,20 @@ impl Session {
     }
 
     async fn sync_and_watch(&mut self) -> EtcdResult<()> {
-        let resp = self.client.get(self.keys.root(), Some(GetOptions::new().with_prefix())).await?;
+        let resp = self
+            .client
+            .get(self.keys.root(), Some(GetOptions::new().with_prefix()))
+            .await?;
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut fresh = View::default();
         for kv in resp.kvs() {
-            fresh.put(&self.keys, kv.key_str().unwrap_or(""), kv.value(), kv.create_revision(), kv.mod_revision());
+            fresh.put(
+                &self.keys,
+                kv.key_str().unwrap_or(""),
+                kv.value(),
+                kv.create_revision(),
+                kv.mod_revision(),
+            );
         }
         fresh.connected = true;
         let resync = self.synced_once;
@@ -120,7 +139,11 @@ impl Session {
             .shared
             .my_round
             .lock()
-            .map(|r| r.iter().flat_map(|r| r.members.iter().map(|m| m.node_id.clone())).collect())
+            .map(|r| {
+                r.iter()
+                    .flat_map(|r| r.members.iter().map(|m| m.node_id.clone()))
+                    .collect()
+            })
             .unwrap_or_default();
         self.view.send_modify(|v| {
             fresh.departed = std::mem::take(&mut v.departed);
@@ -135,31 +158,50 @@ impl Session {
             *v = fresh;
         });
         self.synced_once = true;
-        self.ensure_registered().await?;
+        self.ensure_registered(resync).await?;
         if resync && !voluntary {
             // After an outage, give members a lease TTL to re-register before anyone is
             // declared lost (etcd may have come back empty).
             self.absent_check = Some(Instant::now() + self.ttl + Duration::from_secs(1));
         }
-        self.campaign().await?;
+        if resync {
+            // On the first sync the agent's registration claims the role if it is free.
+            self.campaign().await?;
+        }
         let full = self.is_coordinator();
         let mut ctl = self
             .client
-            .watch(self.keys.ctl(), Some(WatchOptions::new().with_prefix().with_start_revision(rev + 1)))
+            .watch(
+                self.keys.ctl(),
+                Some(
+                    WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(rev + 1),
+                ),
+            )
             .await?;
-        let mut member_opts = WatchOptions::new().with_prefix().with_start_revision(rev + 1).with_prev_key();
+        let mut member_opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(rev + 1)
+            .with_prev_key();
         if !full {
             // Only the coordinator needs registrations; the others learn of new rounds
             // through the round key and of departures through deletes.
             member_opts = member_opts.with_filters([WatchFilterType::NoPut]);
         }
-        let mut members = self.client.watch(self.keys.members(), Some(member_opts)).await?;
+        let mut members = self
+            .client
+            .watch(self.keys.members(), Some(member_opts))
+            .await?;
         let lease = self.shared.lease.load(Ordering::SeqCst);
         let (mut keeper, mut kept) = self.client.lease_keep_alive(lease).await?;
         let mut tick = tokio::time::interval(self.ttl / 3);
         self.coordinate().await?;
         loop {
-            let recheck = [self.recheck, self.absent_check].into_iter().flatten().min();
+            let recheck = [self.recheck, self.absent_check]
+                .into_iter()
+                .flatten()
+                .min();
             let sleep = async {
                 match recheck {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -171,8 +213,12 @@ impl Session {
                     let Some(resp) = msg? else { return Ok(()) };
                     if resp.canceled() { return Ok(()); }
                     let was = self.is_coordinator();
+                    let coordinator_gone = resp.events().iter().any(|e| {
+                        e.event_type() == EventType::Delete
+                            && e.kv().is_some_and(|kv| kv.key() == self.keys.coordinator().as_bytes())
+                    });
                     self.apply(resp.events());
-                    if self.view.borrow().coordinator.is_none() {
+                    if coordinator_gone {
                         self.campaign().await?;
                     }
                     if self.is_coordinator() != was {
@@ -222,7 +268,13 @@ impl Session {
                 let Some(kv) = ev.kv() else { continue };
                 let key = kv.key_str().unwrap_or("");
                 match ev.event_type() {
-                    EventType::Put => v.put(&keys, key, kv.value(), kv.create_revision(), kv.mod_revision()),
+                    EventType::Put => v.put(
+                        &keys,
+                        key,
+                        kv.value(),
+                        kv.create_revision(),
+                        kv.mod_revision(),
+                    ),
                     EventType::Delete => v.delete(&keys, key, now),
                 }
             }
@@ -230,7 +282,10 @@ impl Session {
     }
 
     async fn new_lease(&mut self) -> EtcdResult<()> {
-        let grant = self.client.lease_grant(self.ttl.as_secs().max(1) as i64, None).await?;
+        let grant = self
+            .client
+            .lease_grant(self.ttl.as_secs().max(1) as i64, None)
+            .await?;
         self.shared.wrote();
         self.shared.lease.store(grant.id(), Ordering::SeqCst);
         self.register().await
@@ -242,7 +297,11 @@ impl Session {
         if let Some(m) = member {
             let lease = self.shared.lease.load(Ordering::SeqCst);
             self.client
-                .put(self.keys.member(&m.node_id), m.encode_to_vec(), Some(PutOptions::new().with_lease(lease)))
+                .put(
+                    self.keys.member(&m.node_id),
+                    m.encode_to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
                 .await?;
             self.shared.wrote();
         }
@@ -251,17 +310,31 @@ impl Session {
 
     /// After a (re)sync: make sure our lease lives and our registration is there; put back
     /// our round if etcd lost it.
-    async fn ensure_registered(&mut self) -> EtcdResult<()> {
+    async fn ensure_registered(&mut self, resync: bool) -> EtcdResult<()> {
         let lease = self.shared.lease.load(Ordering::SeqCst);
-        let alive = self.client.lease_time_to_live(lease, None).await.map(|r| r.ttl() > 0).unwrap_or(false);
+        let alive = self
+            .client
+            .lease_time_to_live(lease, None)
+            .await
+            .map(|r| r.ttl() > 0)
+            .unwrap_or(false);
         let (present, round_missing, evicted) = {
             let v = self.view.borrow();
             let present = v.members.contains_key(self.me());
-            let mine = self.shared.my_round.lock().map(|r| r.clone()).unwrap_or(None);
+            let mine = self
+                .shared
+                .my_round
+                .lock()
+                .map(|r| r.clone())
+                .unwrap_or(None);
             let round_missing = mine.is_some() && v.round.is_none();
             // Our key is gone while our round is still there: the others saw us leave.
             let evicted = !present
-                && mine.is_some_and(|r| v.round.as_ref().is_some_and(|cur| cur.record.number >= r.number));
+                && mine.is_some_and(|r| {
+                    v.round
+                        .as_ref()
+                        .is_some_and(|cur| cur.record.number >= r.number)
+                });
             (present, round_missing, evicted)
         };
         if evicted {
@@ -272,9 +345,13 @@ impl Session {
             });
         }
         if !alive {
-            return self.new_lease().await.and(self.republish(round_missing).await);
+            return self
+                .new_lease()
+                .await
+                .and(self.republish(round_missing).await);
         }
-        if !present {
+        // On the first sync the agent writes its own registration when it joins a round.
+        if !present && resync {
             self.register().await?;
         }
         self.republish(round_missing).await
@@ -286,7 +363,12 @@ impl Session {
         if !round_missing {
             return Ok(());
         }
-        let mine = self.shared.my_round.lock().map(|r| r.clone()).unwrap_or(None);
+        let mine = self
+            .shared
+            .my_round
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or(None);
         if let Some(r) = mine {
             let key = self.keys.round();
             let txn = Txn::new()
@@ -295,7 +377,10 @@ impl Session {
             let ok = self.client.txn(txn).await?.succeeded();
             self.shared.wrote();
             if ok {
-                tracing::info!(round = r.number, "etcd lost the round record; republished the running round");
+                tracing::info!(
+                    round = r.number,
+                    "etcd lost the round record; republished the running round"
+                );
             }
         }
         Ok(())
@@ -304,14 +389,31 @@ impl Session {
     /// Members of our round that did not come back within the grace after an outage are
     /// gone: record them as departed so the agent re-forms.
     async fn check_absent(&mut self) -> EtcdResult<()> {
-        let Some(mine) = self.shared.my_round.lock().map(|r| r.clone()).unwrap_or(None) else {
+        let Some(mine) = self
+            .shared
+            .my_round
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or(None)
+        else {
             return Ok(());
         };
-        let resp = self.client.get(self.keys.members(), Some(GetOptions::new().with_prefix().with_keys_only())).await?;
+        let resp = self
+            .client
+            .get(
+                self.keys.members(),
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await?;
         let present: BTreeSet<String> = resp
             .kvs()
             .iter()
-            .filter_map(|kv| kv.key_str().ok().and_then(|k| k.strip_prefix(&self.keys.members())).map(str::to_owned))
+            .filter_map(|kv| {
+                kv.key_str()
+                    .ok()
+                    .and_then(|k| k.strip_prefix(&self.keys.members()))
+                    .map(str::to_owned)
+            })
             .collect();
         let now = Instant::now().into_std();
         self.view.send_modify(|v| {
@@ -326,15 +428,29 @@ impl Session {
 
     /// Tries to become coordinator if nobody is.
     async fn campaign(&mut self) -> EtcdResult<()> {
-        if self.view.borrow().coordinator.is_some() || self.shared.member.lock().map(|m| m.is_none()).unwrap_or(true) {
+        if self.view.borrow().coordinator.is_some()
+            || self
+                .shared
+                .member
+                .lock()
+                .map(|m| m.is_none())
+                .unwrap_or(true)
+        {
             return Ok(());
         }
         let key = self.keys.coordinator();
-        let claim = v1::Coordinator { schema: SCHEMA_VERSION, node_id: self.me().to_owned() };
+        let claim = v1::Coordinator {
+            schema: SCHEMA_VERSION,
+            node_id: self.me().to_owned(),
+        };
         let lease = self.shared.lease.load(Ordering::SeqCst);
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, claim.encode_to_vec(), Some(PutOptions::new().with_lease(lease)))]);
+            .and_then([TxnOp::put(
+                key,
+                claim.encode_to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
         if self.client.txn(txn).await?.succeeded() {
             tracing::info!(node = self.me(), "elected rendezvous coordinator");
             let me = self.me().to_owned();
@@ -370,7 +486,9 @@ impl Session {
                 .map(|m| Candidate {
                     node_id: m.record.node_id.clone(),
                     joined_rev: m.create_rev,
-                    ready: current.as_ref().is_none_or(|c| m.record.wants_round > c.number),
+                    ready: current
+                        .as_ref()
+                        .is_none_or(|c| m.record.wants_round > c.number),
                 })
                 .collect();
             if let Some(c) = &current {
@@ -385,7 +503,9 @@ impl Session {
                 reform_since: self.reform.map(|(_, t)| t.into_std()),
             };
             let (d, reason) = seal::decide(now.into_std(), &state, &self.seal);
-            if matches!(d, SealDecision::Reforming { .. } | SealDecision::Seal(_)) && self.reform.is_none() {
+            if matches!(d, SealDecision::Reforming { .. } | SealDecision::Seal(_))
+                && self.reform.is_none()
+            {
                 if let Some(c) = &current {
                     self.reform = Some((c.number, now));
                 }
@@ -405,7 +525,11 @@ impl Session {
                 let record = v1::Round {
                     schema: SCHEMA_VERSION,
                     number: p.number,
-                    members: p.members.iter().filter_map(|id| records.get(id).map(|m| m.record.clone())).collect(),
+                    members: p
+                        .members
+                        .iter()
+                        .filter_map(|id| records.get(id).map(|m| m.record.clone()))
+                        .collect(),
                     restart_count: p.restart_count,
                     reason: reason.clone(),
                 };
@@ -422,12 +546,19 @@ impl Session {
 /// Commits `record` as the next round, fenced on the round it replaces: the transaction
 /// succeeds only if the round key still has revision `fence` (or does not exist when
 /// `fence` is `None`). Two coordinators racing for the same round cannot both win.
-pub async fn commit_round(client: &mut Client, keys: &Keys, fence: Option<i64>, record: &v1::Round) -> EtcdResult<bool> {
+pub async fn commit_round(
+    client: &mut Client,
+    keys: &Keys,
+    fence: Option<i64>,
+    record: &v1::Round,
+) -> EtcdResult<bool> {
     let key = keys.round();
     let compare = match fence {
         Some(rev) => Compare::mod_revision(key.clone(), CompareOp::Equal, rev),
         None => Compare::version(key.clone(), CompareOp::Equal, 0),
     };
-    let txn = Txn::new().when([compare]).and_then([TxnOp::put(key, record.encode_to_vec(), None)]);
+    let txn = Txn::new()
+        .when([compare])
+        .and_then([TxnOp::put(key, record.encode_to_vec(), None)]);
     Ok(client.txn(txn).await?.succeeded())
 }

@@ -39,7 +39,11 @@ pub struct View {
     pub corrupt: BTreeMap<String, String>,
 }
 
-fn decoded<T: Versioned>(corrupt: &mut BTreeMap<String, String>, key: &str, value: &[u8]) -> Option<T> {
+fn decoded<T: Versioned>(
+    corrupt: &mut BTreeMap<String, String>,
+    key: &str,
+    value: &[u8],
+) -> Option<T> {
     match decode::<T>(key, value) {
         Ok(r) => {
             corrupt.remove(key);
@@ -58,17 +62,25 @@ impl View {
         if let Some(id) = key.strip_prefix(&keys.members()) {
             if let Some(record) = decoded::<v1::Member>(&mut self.corrupt, key, value) {
                 if record.node_id != id {
-                    self.corrupt.insert(key.to_owned(), format!("member record at {key} names another node ({})", record.node_id));
+                    self.corrupt.insert(
+                        key.to_owned(),
+                        format!(
+                            "member record at {key} names another node ({})",
+                            record.node_id
+                        ),
+                    );
                     return;
                 }
-                self.members.insert(id.to_owned(), MemberEntry { record, create_rev });
+                self.members
+                    .insert(id.to_owned(), MemberEntry { record, create_rev });
             }
         } else if key == keys.round() {
             if let Some(record) = decoded::<v1::Round>(&mut self.corrupt, key, value) {
                 self.round = Some(RoundEntry { record, mod_rev });
             }
         } else if key == keys.master() {
-            self.master = decoded::<v1::Master>(&mut self.corrupt, key, value).or(self.master.take());
+            self.master =
+                decoded::<v1::Master>(&mut self.corrupt, key, value).or(self.master.take());
         } else if key == keys.coordinator() {
             if let Some(c) = decoded::<v1::Coordinator>(&mut self.corrupt, key, value) {
                 self.coordinator = Some(c.node_id);
@@ -78,7 +90,10 @@ impl View {
                 self.failures.insert(f.round);
             }
         } else {
-            self.corrupt.insert(key.to_owned(), format!("unexpected key {key} under the run's prefix"));
+            self.corrupt.insert(
+                key.to_owned(),
+                format!("unexpected key {key} under the run's prefix"),
+            );
         }
     }
 
@@ -115,7 +130,11 @@ mod tests {
         v.put(&keys, &keys.round(), b"\x08\xff\xff garbage", 1, 1);
         assert!(v.round.is_none());
         assert!(v.corruption().unwrap().contains("/fsdp/r/ctl/round"));
-        let good = v1::Round { schema: fsdp_proto::SCHEMA_VERSION, number: 3, ..Default::default() };
+        let good = v1::Round {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            number: 3,
+            ..Default::default()
+        };
         v.put(&keys, &keys.round(), &good.encode_to_vec(), 1, 2);
         assert_eq!(v.round.as_ref().unwrap().record.number, 3);
         assert!(v.corruption().is_none());
@@ -125,7 +144,11 @@ mod tests {
     fn deletes_of_members_are_remembered_as_departures() {
         let keys = Keys::new("/fsdp", "r").unwrap();
         let mut v = View::default();
-        let m = v1::Member { schema: fsdp_proto::SCHEMA_VERSION, node_id: "a".into(), ..Default::default() };
+        let m = v1::Member {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: "a".into(),
+            ..Default::default()
+        };
         v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 5, 5);
         assert!(v.members.contains_key("a"));
         v.delete(&keys, &keys.member("a"), Instant::now());
@@ -138,7 +161,11 @@ mod tests {
         let mut v = View::default();
         v.put(&keys, "/fsdp/r/other", b"x", 1, 1);
         assert!(v.corruption().unwrap().contains("unexpected key"));
-        let m = v1::Member { schema: fsdp_proto::SCHEMA_VERSION, node_id: "b".into(), ..Default::default() };
+        let m = v1::Member {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: "b".into(),
+            ..Default::default()
+        };
         v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 1, 1);
         assert!(!v.members.contains_key("a"));
     }

@@ -3,15 +3,29 @@ use super::*;
 const S: Duration = Duration::from_secs(1);
 
 fn cfg(min: u32, max: u32) -> SealConfig {
-    SealConfig { min_nodes: min, max_nodes: max, last_call: 30 * S, straggler_timeout: 10 * S }
+    SealConfig {
+        min_nodes: min,
+        max_nodes: max,
+        last_call: 30 * S,
+        straggler_timeout: 10 * S,
+    }
 }
 
 fn cand(id: &str, rev: i64, ready: bool) -> Candidate {
-    Candidate { node_id: id.into(), joined_rev: rev, ready }
+    Candidate {
+        node_id: id.into(),
+        joined_rev: rev,
+        ready,
+    }
 }
 
 fn current(members: &[&str], failed: bool) -> Current {
-    Current { number: 4, members: members.iter().map(|s| s.to_string()).collect(), restart_count: 1, failed }
+    Current {
+        number: 4,
+        members: members.iter().map(|s| s.to_string()).collect(),
+        restart_count: 1,
+        failed,
+    }
 }
 
 fn seal(d: (SealDecision, String)) -> Proposal {
@@ -24,8 +38,17 @@ fn seal(d: (SealDecision, String)) -> Proposal {
 #[test]
 fn first_round_seals_at_once_at_max_in_join_order() {
     let t = Instant::now();
-    let c = [cand("c", 30, true), cand("a", 10, true), cand("b", 20, true)];
-    let s = SealState { current: None, candidates: &c, quiet_since: t, reform_since: None };
+    let c = [
+        cand("c", 30, true),
+        cand("a", 10, true),
+        cand("b", 20, true),
+    ];
+    let s = SealState {
+        current: None,
+        candidates: &c,
+        quiet_since: t,
+        reform_since: None,
+    };
     let p = seal(decide(t, &s, &cfg(2, 3)));
     assert_eq!(p.members, ["a", "b", "c"]);
     assert_eq!((p.number, p.restart_count), (0, 0));
@@ -35,9 +58,20 @@ fn first_round_seals_at_once_at_max_in_join_order() {
 fn first_round_between_min_and_max_waits_for_the_last_call() {
     let t = Instant::now();
     let c = [cand("a", 1, true), cand("b", 2, true)];
-    let s = SealState { current: None, candidates: &c, quiet_since: t, reform_since: None };
+    let s = SealState {
+        current: None,
+        candidates: &c,
+        quiet_since: t,
+        reform_since: None,
+    };
     let (d, why) = decide(t + 5 * S, &s, &cfg(2, 4));
-    assert_eq!(d, SealDecision::Wait { recheck_at: Some(t + 30 * S) }, "{why}");
+    assert_eq!(
+        d,
+        SealDecision::Wait {
+            recheck_at: Some(t + 30 * S)
+        },
+        "{why}"
+    );
     assert!(why.contains("last call"), "{why}");
     let p = seal(decide(t + 30 * S, &s, &cfg(2, 4)));
     assert_eq!(p.members, ["a", "b"]);
@@ -47,7 +81,12 @@ fn first_round_between_min_and_max_waits_for_the_last_call() {
 fn below_min_waits_without_a_deadline() {
     let t = Instant::now();
     let c = [cand("a", 1, true)];
-    let s = SealState { current: None, candidates: &c, quiet_since: t, reform_since: None };
+    let s = SealState {
+        current: None,
+        candidates: &c,
+        quiet_since: t,
+        reform_since: None,
+    };
     let (d, why) = decide(t + 100 * S, &s, &cfg(2, 4));
     assert_eq!(d, SealDecision::Wait { recheck_at: None });
     assert!(why.contains("1 of min 2"), "{why}");
@@ -58,8 +97,16 @@ fn an_intact_round_stays() {
     let t = Instant::now();
     let cur = current(&["a", "b"], false);
     let c = [cand("a", 1, false), cand("b", 2, false)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: None };
-    assert_eq!(decide(t, &s, &cfg(1, 2)).0, SealDecision::Wait { recheck_at: None });
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: None,
+    };
+    assert_eq!(
+        decide(t, &s, &cfg(1, 2)).0,
+        SealDecision::Wait { recheck_at: None }
+    );
 }
 
 #[test]
@@ -68,12 +115,25 @@ fn a_lost_member_reforms_as_soon_as_survivors_are_back_without_a_last_call() {
     let cur = current(&["b", "a", "c"], false);
     // c is gone; a is still stopping its workers.
     let c = [cand("a", 1, false), cand("b", 2, true)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let (d, why) = decide(t, &s, &cfg(1, 3));
     assert!(matches!(d, SealDecision::Reforming { .. }), "{why}");
-    assert!(why.contains("lost c") && why.contains("waiting for a"), "{why}");
+    assert!(
+        why.contains("lost c") && why.contains("waiting for a"),
+        "{why}"
+    );
     let c = [cand("a", 1, true), cand("b", 2, true)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let p = seal(decide(t, &s, &cfg(1, 3)));
     // Survivors keep their relative order (b before a), the number advances, and the
     // failure budget is untouched.
@@ -86,7 +146,12 @@ fn a_straggler_is_left_out_after_the_timeout() {
     let t = Instant::now();
     let cur = current(&["a", "b", "c"], false);
     let c = [cand("a", 1, true), cand("b", 2, false)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let p = seal(decide(t + 10 * S, &s, &cfg(1, 3)));
     assert_eq!(p.members, ["a"]);
 }
@@ -96,14 +161,26 @@ fn a_failure_is_charged_only_without_a_lost_member() {
     let t = Instant::now();
     let c = [cand("a", 1, true), cand("b", 2, true)];
     let cur = current(&["a", "b"], true);
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let p = seal(decide(t, &s, &cfg(1, 3)));
     assert_eq!((p.members.len(), p.restart_count), (2, 2));
 
     let cur = current(&["a", "b", "gone"], true);
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let (d, why) = decide(t, &s, &cfg(1, 3));
-    let SealDecision::Seal(p) = d else { panic!("{why}") };
+    let SealDecision::Seal(p) = d else {
+        panic!("{why}")
+    };
     assert_eq!(p.restart_count, 1, "a peer's death is not charged: {why}");
 }
 
@@ -112,13 +189,27 @@ fn a_waiting_node_grows_a_round_below_max_but_not_a_full_one() {
     let t = Instant::now();
     let cur = current(&["a", "b"], false);
     let c = [cand("a", 1, true), cand("b", 2, true), cand("n", 9, true)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let p = seal(decide(t, &s, &cfg(1, 3)));
     assert_eq!(p.members, ["a", "b", "n"]);
     let c = [cand("a", 1, false), cand("b", 2, false), cand("n", 9, true)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let (d, _) = decide(t, &s, &cfg(1, 2));
-    assert_eq!(d, SealDecision::Wait { recheck_at: None }, "a full round keeps its spare waiting");
+    assert_eq!(
+        d,
+        SealDecision::Wait { recheck_at: None },
+        "a full round keeps its spare waiting"
+    );
 }
 
 #[test]
@@ -126,7 +217,12 @@ fn below_min_after_a_loss_keeps_reforming() {
     let t = Instant::now();
     let cur = current(&["a", "b"], false);
     let c = [cand("a", 1, true)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let (d, why) = decide(t, &s, &cfg(2, 3));
     assert_eq!(d, SealDecision::Reforming { recheck_at: None }, "{why}");
 }
@@ -136,18 +232,37 @@ fn a_run_whose_members_are_all_gone_starts_fresh() {
     let t = Instant::now();
     let cur = current(&["old1", "old2"], true);
     let c = [cand("x", 50, true), cand("y", 51, true)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: None };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: None,
+    };
     let p = seal(decide(t, &s, &cfg(1, 2)));
     assert_eq!(p.members, ["x", "y"]);
-    assert_eq!((p.number, p.restart_count), (5, 0), "history is not charged to the new job");
+    assert_eq!(
+        (p.number, p.restart_count),
+        (5, 0),
+        "history is not charged to the new job"
+    );
 }
 
 #[test]
 fn ranks_are_capped_at_max_and_newcomers_follow_in_join_order() {
     let t = Instant::now();
     let cur = current(&["a"], false);
-    let c = [cand("a", 1, true), cand("z", 3, true), cand("y", 2, true), cand("w", 4, true)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let c = [
+        cand("a", 1, true),
+        cand("z", 3, true),
+        cand("y", 2, true),
+        cand("w", 4, true),
+    ];
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let p = seal(decide(t, &s, &cfg(1, 3)));
     assert_eq!(p.members, ["a", "y", "z"]);
 }
@@ -157,11 +272,22 @@ fn a_member_that_stopped_its_workers_breaks_the_round_at_once() {
     let t = Instant::now();
     let cur = current(&["a", "b"], false);
     let c = [cand("a", 1, true), cand("b", 2, false)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let (d, why) = decide(t, &s, &cfg(1, 2));
     assert!(why.contains("a stopped their workers"), "{why}");
-    let SealDecision::Seal(p) = d else { panic!("{why}") };
-    assert_eq!(p.members, ["a", "b"], "b is healthy and learns of the round from etcd");
+    let SealDecision::Seal(p) = d else {
+        panic!("{why}")
+    };
+    assert_eq!(
+        p.members,
+        ["a", "b"],
+        "b is healthy and learns of the round from etcd"
+    );
 }
 
 #[test]
@@ -169,7 +295,12 @@ fn growth_does_not_wait_for_survivors_that_know_nothing_of_it() {
     let t = Instant::now();
     let cur = current(&["a", "b"], false);
     let c = [cand("a", 1, false), cand("b", 2, false), cand("n", 3, true)];
-    let s = SealState { current: Some(&cur), candidates: &c, quiet_since: t, reform_since: Some(t) };
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
     let p = seal(decide(t, &s, &cfg(1, 3)));
     assert_eq!(p.members, ["a", "b", "n"]);
     assert_eq!(p.restart_count, 1);

@@ -1,1 +1,79 @@
-fn main() {}
+//! Rendezvous scale benchmark: N simulated nodes (tasks in one process, sharing a few
+//! connections) form one round on an etcd. Prints, as its last line,
+//! `nodes=N seal_s=<seconds> etcd_writes=<count>`: the time from the first join to every
+//! node holding the sealed round, and the writes all nodes made.
+//!
+//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K]
+
+use std::time::{Duration, Instant};
+
+use fsdp_rendezvous::Rendezvous;
+use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, connect};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
+    while let Some(a) = args.next() {
+        let mut v = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        match a.as_str() {
+            "--endpoint" => endpoint = Some(v()),
+            "--nodes" => nodes = v().parse().expect("--nodes N"),
+            "--clients" => clients = Some(v().parse().expect("--clients K")),
+            other => {
+                eprintln!(
+                    "usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] (unknown {other})"
+                );
+                std::process::exit(64);
+            }
+        }
+    }
+    let Some(endpoint) = endpoint else {
+        eprintln!("usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K]");
+        std::process::exit(64);
+    };
+    // One HTTP/2 connection carries many nodes' streams, as separate hosts would not;
+    // a few connections keep one slow stream from holding up everyone.
+    let clients = clients.unwrap_or(nodes.div_ceil(100)).max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let run_id = format!("bench-{}", std::process::id());
+        let mut cfg = EtcdConfig::new(vec![endpoint], &run_id, nodes as u32, nodes as u32);
+        cfg.keep_alive_ttl = Duration::from_secs(10);
+        cfg.join_timeout = Duration::from_secs(300);
+        let mut conns = Vec::new();
+        for _ in 0..clients {
+            conns.push(connect(&cfg.options).await.expect("connect to etcd"));
+        }
+        let start = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..nodes {
+            let client = conns[i % clients].clone();
+            let mut c = cfg.clone();
+            c.node_id = format!("sim-{i:05}");
+            tasks.spawn(async move {
+                let mut node = EtcdRendezvous::join(client, c).await.expect("join");
+                let round = node.next_round().await.expect("round");
+                (node, round)
+            });
+        }
+        let mut held = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            held.push(r.expect("node task"));
+        }
+        let seal_s = start.elapsed().as_secs_f64();
+        let world: Vec<u32> = held.iter().map(|(_, r)| r.world_size).collect();
+        assert!(
+            world.iter().all(|w| *w as usize == nodes),
+            "every node holds the full round"
+        );
+        let writes: u64 = held.iter().map(|(n, _)| n.writes()).sum();
+        println!("per_node_writes={:.2}", writes as f64 / nodes as f64);
+        println!("nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes}");
+        for (mut n, _) in held {
+            let _ = n.depart(fsdp_rendezvous::Departure::Finished).await;
+        }
+    });
+}
