@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::failure::summary;
 use crate::policy::{AfterFailure, after_failure};
 use crate::signals::Signals;
-use crate::supervisor::output::Console;
+use crate::supervisor::output::{Console, Stream};
 use crate::supervisor::{GroupEvent, GroupSpec, WorkerGroup, attempt_dir, run_log_dir};
 
 /// How the agent's run ended.
@@ -95,7 +95,14 @@ async fn supervise<R: Rendezvous>(
             change = rdzv.changed() => {
                 let change = change?;
                 tracing::info!(?change, "group changed; re-forming");
-                group.stop(Signal::SIGTERM, cfg.term_timeout, async { signals.recv().await; }).await;
+                let mut late_signal = None;
+                group
+                    .stop(Signal::SIGTERM, cfg.term_timeout, async { late_signal = Some(signals.recv().await) })
+                    .await;
+                if let Some(sig) = late_signal {
+                    rdzv.depart(Departure::Left).await?;
+                    return Ok(AgentExit::Signalled(sig));
+                }
                 continue;
             }
         };
@@ -122,15 +129,16 @@ async fn supervise<R: Rendezvous>(
                     exit = %first.exit,
                     "worker group failed"
                 );
-                eprintln!(
-                    "{}",
-                    summary(
-                        &cfg.entrypoint.display(),
-                        round.restart_count,
-                        &host,
-                        group.failures()
-                    )
+                // Through the console, so it follows the workers' last lines.
+                let text = summary(
+                    &cfg.entrypoint.display(),
+                    round.restart_count,
+                    &host,
+                    group.failures(),
                 );
+                console
+                    .write(Stream::Stderr, format!("{text}\n").into_bytes())
+                    .await;
                 if let Some(sig) = late_signal {
                     rdzv.depart(Departure::Left).await?;
                     return Ok(AgentExit::Signalled(sig));

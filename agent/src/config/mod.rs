@@ -391,6 +391,14 @@ impl Resolver<'_> {
         if let Some(addr) = &local_addr {
             let src = self.source("local_addr");
             self.record("local-addr", addr, src);
+            self.warnings.push(format!(
+                "--local-addr {addr} has no effect with a single-node or static rendezvous (the master is --master-addr)"
+            ));
+        }
+        if console_events {
+            self.warnings.push(
+                "--event-log-handler console: the agent's events are its log lines (see --log-format json)".into(),
+            );
         }
         let omp_threads_default = nproc_per_node > 1 && (self.env)("OMP_NUM_THREADS").is_none();
 

@@ -394,8 +394,11 @@ impl WorkerGroup {
         }
     }
 
-    /// After [`GroupEvent::Succeeded`]: waits for the output to drain.
+    /// After [`GroupEvent::Succeeded`]: kills what the workers left running in their
+    /// process groups (as torchrun does on completion) and waits for the output to drain.
     pub async fn finish(&mut self) {
+        self.stopping = true;
+        self.signal_all(Signal::SIGKILL);
         self.drain_output().await;
     }
 }

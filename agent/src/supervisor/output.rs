@@ -46,6 +46,12 @@ impl ConsoleThread {
 }
 
 impl Console {
+    /// Writes `bytes` (ending in a newline) after every line queued before it.
+    pub async fn write(&self, stream: Stream, bytes: Vec<u8>) {
+        // The console thread only stops when the agent exits.
+        let _ = self.tx.send((stream, bytes)).await;
+    }
+
     /// Starts the console thread.
     pub fn start() -> (Self, ConsoleThread) {
         let (tx, mut rx) = mpsc::channel::<(Stream, Vec<u8>)>(1024);
