@@ -42,10 +42,19 @@ fn rendezvous_benchmark_prints_its_summary_line() {
         .output()
         .expect("run rdzv-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let last = stdout.lines().last().unwrap_or_default();
     assert!(last.starts_with("nodes=8 seal_s="), "{last}");
-    let writes: u64 = last.rsplit_once("etcd_writes=").expect("writes").1.parse().expect("a count");
+    let writes: u64 = last
+        .rsplit_once("etcd_writes=")
+        .expect("writes")
+        .1
+        .parse()
+        .expect("a count");
     // Two per node (lease, registration) plus the round commit and the master key.
     assert!(writes <= 3 * 8, "{writes} writes for 8 nodes");
 }

@@ -39,6 +39,16 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// A copy of the round this agent runs.
+    pub fn my_round(&self) -> Option<v1::Round> {
+        self.my_round.lock().map(|r| r.clone()).unwrap_or(None)
+    }
+
+    /// A copy of this agent's registration.
+    pub fn member(&self) -> Option<v1::Member> {
+        self.member.lock().map(|m| m.clone()).unwrap_or(None)
+    }
+
     pub fn wrote(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
     }
@@ -137,14 +147,10 @@ impl Session {
         let now = Instant::now().into_std();
         let mine: Vec<String> = self
             .shared
-            .my_round
-            .lock()
-            .map(|r| {
-                r.iter()
-                    .flat_map(|r| r.members.iter().map(|m| m.node_id.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .my_round()
+            .iter()
+            .flat_map(|r| r.members.iter().map(|m| m.node_id.clone()))
+            .collect();
         self.view.send_modify(|v| {
             fresh.departed = std::mem::take(&mut v.departed);
             if voluntary {
@@ -293,7 +299,7 @@ impl Session {
 
     /// Writes this agent's registration with the current lease, if it has one to write.
     async fn register(&mut self) -> EtcdResult<()> {
-        let member = self.shared.member.lock().map(|m| m.clone()).unwrap_or(None);
+        let member = self.shared.member();
         if let Some(m) = member {
             let lease = self.shared.lease.load(Ordering::SeqCst);
             self.client
@@ -321,12 +327,7 @@ impl Session {
         let (present, round_missing, evicted) = {
             let v = self.view.borrow();
             let present = v.members.contains_key(self.me());
-            let mine = self
-                .shared
-                .my_round
-                .lock()
-                .map(|r| r.clone())
-                .unwrap_or(None);
+            let mine = self.shared.my_round();
             let round_missing = mine.is_some() && v.round.is_none();
             // Our key is gone while our round is still there: the others saw us leave.
             let evicted = !present
@@ -363,12 +364,7 @@ impl Session {
         if !round_missing {
             return Ok(());
         }
-        let mine = self
-            .shared
-            .my_round
-            .lock()
-            .map(|r| r.clone())
-            .unwrap_or(None);
+        let mine = self.shared.my_round();
         if let Some(r) = mine {
             let key = self.keys.round();
             let txn = Txn::new()
@@ -389,13 +385,7 @@ impl Session {
     /// Members of our round that did not come back within the grace after an outage are
     /// gone: record them as departed so the agent re-forms.
     async fn check_absent(&mut self) -> EtcdResult<()> {
-        let Some(mine) = self
-            .shared
-            .my_round
-            .lock()
-            .map(|r| r.clone())
-            .unwrap_or(None)
-        else {
+        let Some(mine) = self.shared.my_round() else {
             return Ok(());
         };
         let resp = self
@@ -428,14 +418,7 @@ impl Session {
 
     /// Tries to become coordinator if nobody is.
     async fn campaign(&mut self) -> EtcdResult<()> {
-        if self.view.borrow().coordinator.is_some()
-            || self
-                .shared
-                .member
-                .lock()
-                .map(|m| m.is_none())
-                .unwrap_or(true)
-        {
+        if self.view.borrow().coordinator.is_some() || self.shared.member().is_none() {
             return Ok(());
         }
         let key = self.keys.coordinator();

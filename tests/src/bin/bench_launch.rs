@@ -15,7 +15,10 @@ struct Sample {
 
 fn run_once(cmd: &[String]) -> Sample {
     let start = Instant::now();
-    #[expect(clippy::zombie_processes, reason = "reaped by wait4 below, which also gives its rusage")]
+    #[expect(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also gives its rusage"
+    )]
     let child = Command::new(&cmd[0])
         .args(&cmd[1..])
         .env("LOGLEVEL", "WARNING")
