@@ -59,6 +59,20 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
         print!("{}", config.render());
         return ExitCode::SUCCESS;
     }
+    if let Some(dir) = config
+        .logs
+        .dir
+        .as_ref()
+        .filter(|d| *d != std::path::Path::new("/dev/null"))
+    {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!(
+                "fsdp-agent: error: --log-dir {} cannot be created: {e}",
+                dir.display()
+            );
+            return ExitCode::from(exit_code::CONFIG);
+        }
+    }
     init_tracing(config.log_format);
     for w in &config.warnings {
         tracing::warn!("{w}");

@@ -368,6 +368,21 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
         (&["--numa-binding", "node"], &[], "--numa-binding"),
         (&["-m"], &[], "cannot be combined"),
         (&["--signals-to-handle", "SIGKILL"], &[], "SIGKILL"),
+        (
+            &[
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "--virtual-local-rank",
+            ],
+            &[("CUDA_VISIBLE_DEVICES", "3")],
+            "lists 1 for 2 workers",
+        ),
+        (
+            &["--log-dir", "/proc/no/such/dir"],
+            &[],
+            "--log-dir /proc/no/such/dir cannot be created",
+        ),
     ];
     for (args, env, expect) in cases {
         let mut c = AgentCmd::new(dir.path(), "bad");

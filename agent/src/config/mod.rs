@@ -400,6 +400,17 @@ impl Resolver<'_> {
                 "--event-log-handler console: the agent's events are its log lines (see --log-format json)".into(),
             );
         }
+        if virtual_local_rank {
+            let visible = (self.env)("CUDA_VISIBLE_DEVICES").filter(|v| !v.trim().is_empty());
+            if let Some(v) = visible {
+                let n = v.split(',').count() as u32;
+                if n < nproc_per_node {
+                    return Err(ConfigError::Conflict(format!(
+                        "--virtual-local-rank gives each worker one device, but CUDA_VISIBLE_DEVICES={v} lists {n} for {nproc_per_node} workers"
+                    )));
+                }
+            }
+        }
         let omp_threads_default = nproc_per_node > 1 && (self.env)("OMP_NUM_THREADS").is_none();
 
         Ok(Config {
