@@ -7,10 +7,11 @@
 //! | 64        | bad command line or configuration; nothing was started |
 //! | 69        | the rendezvous is unavailable (e.g. etcd unreachable after the retry window) |
 //! | 70        | internal error of the agent (a worker could not be spawned, an I/O error) |
-//! | 76        | restart budget spent and no worker exit code to propagate (a worker killed by a signal) |
+//! | 75        | this node's workers succeeded but other nodes did not finish within the exit barrier |
+//! | 76        | restart budget spent and no worker exit code of this node to propagate (a peer failed, or a worker was killed by a signal) |
 //! | 128+n     | the agent itself was stopped by signal n (SIGTERM: 143, SIGINT: 130) |
 //!
-//! A worker that exits with one of 64, 69, 70, 76 or 128+n makes the agent exit with the same
+//! A worker that exits with one of 64, 69, 70, 75, 76 or 128+n makes the agent exit with the same
 //! number; the failure summary in the log says which it was. Kubernetes `podFailurePolicy`
 //! can retry on 128+n (a pod that was stopped) and fail the job on 76 or 64.
 
@@ -22,6 +23,8 @@ pub const CONFIG: u8 = 64;
 pub const RENDEZVOUS_UNAVAILABLE: u8 = 69;
 /// Internal error (sysexits `EX_SOFTWARE`).
 pub const INTERNAL: u8 = 70;
+/// This node finished but its peers did not within the exit barrier (sysexits `EX_TEMPFAIL`).
+pub const BARRIER_TIMEOUT: u8 = 75;
 /// Restart budget spent and no worker code to propagate: a permanent failure.
 pub const BUDGET_EXHAUSTED: u8 = 76;
 

@@ -38,6 +38,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use config::{Config, LogFormat, Mode};
+use fsdp_rendezvous::etcd::EtcdRendezvous;
 use fsdp_rendezvous::standalone::StandaloneRendezvous;
 use fsdp_rendezvous::static_group::{StaticConfig, StaticRendezvous};
 use run::AgentExit;
@@ -127,6 +128,14 @@ async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
                 master_addr.clone(),
                 cfg.nproc_per_node,
             );
+            run::run(cfg, &mut rdzv, &mut signals).await
+        }
+        Mode::Etcd(m) => {
+            let mut rdzv = tokio::select! {
+                r = EtcdRendezvous::connect(m.rendezvous.clone()) => r?,
+                sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
+            };
+            tracing::info!(node_id = rdzv.node_id(), "joined the etcd rendezvous");
             run::run(cfg, &mut rdzv, &mut signals).await
         }
         Mode::Static {

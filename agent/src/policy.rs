@@ -1,46 +1,49 @@
-//! What to do when the worker group fails: a pure function of the restart budget and the
-//! root cause, tested without processes.
+//! The agent's decisions about the restart budget, as pure functions tested without
+//! processes.
+//!
+//! The budget is read from the sealed round: `restart_count` there is the job-wide count of
+//! failure restarts, the same on every node, so every node reaches the same decision.
+
+use std::time::Duration;
 
 use crate::exit_code;
 use crate::failure::WorkerExit;
 
-/// The agent's next step after a failed group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AfterFailure {
-    /// Charge one restart and start a new group.
-    Restart,
-    /// The budget is spent: stop and exit with this code.
-    GiveUp { exit_code: u8 },
+/// Whether a round may start its workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Budget {
+    Left,
+    /// More failure restarts than allowed: stop with this code.
+    Spent {
+        exit_code: u8,
+    },
 }
 
-/// Decides between a restart and giving up, with the reason to log.
+/// Decides whether a round with `restart_count` failure restarts may run.
 ///
-/// `restarts_used` is the job-wide count before this failure. A worker's own exit code is
-/// propagated when the job ends; a worker killed by a signal has no code of its own, and
-/// the agent then exits with [`exit_code::BUDGET_EXHAUSTED`] rather than 128+n, which
-/// would read as "the agent was stopped" and be retried by Kubernetes.
-pub fn after_failure(
-    restarts_used: u32,
-    max_restarts: u32,
-    root_cause: WorkerExit,
-) -> (AfterFailure, String) {
-    if restarts_used < max_restarts {
-        return (
-            AfterFailure::Restart,
-            format!(
-                "worker failed ({root_cause}); restart {} of {max_restarts}",
-                restarts_used + 1
-            ),
-        );
+/// When the budget is spent, a node propagates its own last worker's exit code; a node
+/// whose workers did not fail, or failed by a signal, exits with
+/// [`exit_code::BUDGET_EXHAUSTED`] rather than 128+n, which would read as "the agent was
+/// stopped" and be retried by Kubernetes.
+pub fn budget(restart_count: u32, max_restarts: u32, last_failure: Option<WorkerExit>) -> Budget {
+    if restart_count <= max_restarts {
+        return Budget::Left;
     }
-    let exit_code = match root_cause {
-        WorkerExit::Code(c) if (1..=255).contains(&c) => c as u8,
+    let exit_code = match last_failure {
+        Some(WorkerExit::Code(c)) if (1..=255).contains(&c) => c as u8,
         _ => exit_code::BUDGET_EXHAUSTED,
     };
-    (
-        AfterFailure::GiveUp { exit_code },
-        format!("worker failed ({root_cause}) and the restart budget ({max_restarts}) is spent"),
-    )
+    Budget::Spent { exit_code }
+}
+
+/// Pause before re-forming after the `n`-th failure (0-based): 100 ms doubling to 5 s,
+/// with up to ±50 % jitter so nodes that failed together do not retry in lockstep.
+pub fn restart_backoff(n: u32) -> Duration {
+    let base = Duration::from_millis(100)
+        .saturating_mul(1u32 << n.min(6))
+        .min(Duration::from_secs(5));
+    let jitter = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0; // 0..1
+    base.mul_f64(0.5 + jitter)
 }
 
 #[cfg(test)]
@@ -48,38 +51,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn restarts_while_the_budget_lasts() {
-        let (d, why) = after_failure(0, 2, WorkerExit::Code(3));
-        assert_eq!(d, AfterFailure::Restart);
-        assert!(why.contains("restart 1 of 2"), "{why}");
+    fn rounds_within_the_budget_run() {
+        assert_eq!(budget(0, 0, None), Budget::Left);
+        assert_eq!(budget(2, 2, Some(WorkerExit::Code(3))), Budget::Left);
+    }
+
+    #[test]
+    fn a_spent_budget_propagates_the_workers_code() {
         assert_eq!(
-            after_failure(1, 2, WorkerExit::Code(3)).0,
-            AfterFailure::Restart
+            budget(3, 2, Some(WorkerExit::Code(7))),
+            Budget::Spent { exit_code: 7 }
+        );
+        assert_eq!(
+            budget(1, 0, Some(WorkerExit::Code(1))),
+            Budget::Spent { exit_code: 1 }
         );
     }
 
     #[test]
-    fn propagates_the_workers_code_when_spent() {
-        let (d, why) = after_failure(2, 2, WorkerExit::Code(7));
-        assert_eq!(d, AfterFailure::GiveUp { exit_code: 7 });
-        assert!(why.contains("spent"), "{why}");
-    }
-
-    #[test]
-    fn zero_budget_gives_up_at_once() {
+    fn no_code_of_its_own_gives_the_permanent_code() {
+        let permanent = Budget::Spent {
+            exit_code: exit_code::BUDGET_EXHAUSTED,
+        };
+        assert_eq!(budget(1, 0, None), permanent, "a node whose peer failed");
         assert_eq!(
-            after_failure(0, 0, WorkerExit::Code(1)).0,
-            AfterFailure::GiveUp { exit_code: 1 }
+            budget(1, 0, Some(WorkerExit::Signal(9))),
+            permanent,
+            "a worker killed by a signal"
         );
     }
 
     #[test]
-    fn a_signalled_worker_gives_the_permanent_code() {
-        assert_eq!(
-            after_failure(0, 0, WorkerExit::Signal(9)).0,
-            AfterFailure::GiveUp {
-                exit_code: exit_code::BUDGET_EXHAUSTED
-            }
-        );
+    fn backoff_grows_is_capped_and_jittered() {
+        for n in 0..20 {
+            let d = restart_backoff(n);
+            assert!(
+                d >= Duration::from_millis(50) && d <= Duration::from_millis(7500),
+                "{n}: {d:?}"
+            );
+        }
+        assert!(restart_backoff(10) > Duration::from_secs(2));
     }
 }

@@ -3,12 +3,14 @@
 
 use std::path::PathBuf;
 
-use fsdp_rendezvous::{Departure, Rendezvous};
+use fsdp_rendezvous::{Departure, Finish, Rendezvous};
 use nix::sys::signal::Signal;
 
 use crate::config::Config;
+use crate::exit_code;
+use crate::failure::WorkerExit;
 use crate::failure::summary;
-use crate::policy::{AfterFailure, after_failure};
+use crate::policy::{Budget, budget, restart_backoff};
 use crate::signals::Signals;
 use crate::supervisor::output::{Console, Stream};
 use crate::supervisor::{GroupEvent, GroupSpec, WorkerGroup, attempt_dir, run_log_dir};
@@ -51,6 +53,9 @@ async fn supervise<R: Rendezvous>(
     if let Some(dir) = &run_dir {
         tracing::info!(log_dir = %dir.display(), "worker logs and error files");
     }
+    // This node's last worker failure: its code is the exit code if the budget runs out.
+    let mut last_failure: Option<WorkerExit> = None;
+    let mut last_restart_count = 0;
 
     loop {
         let round = tokio::select! {
@@ -70,6 +75,29 @@ async fn supervise<R: Rendezvous>(
             restart_count = round.restart_count,
             "group formed"
         );
+        // The budget is read from the sealed round, so every node decides alike.
+        match budget(round.restart_count, cfg.max_restarts, last_failure) {
+            Budget::Spent { exit_code } => {
+                tracing::error!(
+                    restart_count = round.restart_count,
+                    max_restarts = cfg.max_restarts,
+                    exit_code,
+                    "the restart budget is spent; giving up"
+                );
+                rdzv.depart(Departure::Failed).await?;
+                return Ok(AgentExit::Failed { exit_code });
+            }
+            Budget::Left => {
+                if round.restart_count > last_restart_count {
+                    tracing::warn!(
+                        "restarting the worker group after a failure: restart {} of {}",
+                        round.restart_count,
+                        cfg.max_restarts
+                    );
+                }
+            }
+        }
+        last_restart_count = round.restart_count;
         let attempt = match &run_dir {
             Some(dir) => Some(attempt_dir(dir, round.restart_count)?),
             None => None,
@@ -95,11 +123,7 @@ async fn supervise<R: Rendezvous>(
             change = rdzv.changed() => {
                 let change = change?;
                 tracing::info!(?change, "group changed; re-forming");
-                let mut late_signal = None;
-                group
-                    .stop(Signal::SIGTERM, cfg.term_timeout, async { late_signal = Some(signals.recv().await) })
-                    .await;
-                if let Some(sig) = late_signal {
+                if let Some(sig) = stop_for_reform(&mut group, cfg, signals).await {
                     rdzv.depart(Departure::Left).await?;
                     return Ok(AgentExit::Signalled(sig));
                 }
@@ -110,9 +134,41 @@ async fn supervise<R: Rendezvous>(
         match event {
             GroupEvent::Succeeded => {
                 group.finish().await;
-                tracing::info!("all workers finished successfully");
-                rdzv.depart(Departure::Finished).await?;
-                return Ok(AgentExit::Finished);
+                tracing::info!(
+                    timeout_s = cfg.exit_barrier().as_secs_f64(),
+                    "all workers finished; waiting for the other nodes"
+                );
+                let outcome = tokio::select! {
+                    f = rdzv.finish(cfg.exit_barrier()) => f?,
+                    sig = signals.recv() => {
+                        rdzv.depart(Departure::Left).await?;
+                        return Ok(AgentExit::Signalled(sig));
+                    }
+                };
+                match outcome {
+                    Finish::AllDone => {
+                        tracing::info!("every node finished; the job is done");
+                        rdzv.depart(Departure::Finished).await?;
+                        return Ok(AgentExit::Finished);
+                    }
+                    Finish::Changed(change) => {
+                        tracing::warn!(
+                            ?change,
+                            "the group broke before every node finished; re-forming"
+                        );
+                        continue;
+                    }
+                    Finish::TimedOut { unfinished } => {
+                        tracing::error!(
+                            ?unfinished,
+                            "other nodes did not finish within the exit barrier timeout"
+                        );
+                        rdzv.depart(Departure::Finished).await?;
+                        return Ok(AgentExit::Failed {
+                            exit_code: exit_code::BARRIER_TIMEOUT,
+                        });
+                    }
+                }
             }
             GroupEvent::Failed(first) => {
                 // A signal during the stop escalates to SIGKILL; it is honoured right after.
@@ -143,22 +199,38 @@ async fn supervise<R: Rendezvous>(
                     rdzv.depart(Departure::Left).await?;
                     return Ok(AgentExit::Signalled(sig));
                 }
-                let (decision, reason) =
-                    after_failure(round.restart_count, cfg.max_restarts, first.exit);
-                match decision {
-                    AfterFailure::Restart => {
-                        tracing::warn!(%reason, "restarting the worker group");
-                        rdzv.record_failure().await?;
-                    }
-                    AfterFailure::GiveUp { exit_code } => {
-                        tracing::error!(%reason, exit_code, "giving up");
-                        rdzv.depart(Departure::Failed).await?;
-                        return Ok(AgentExit::Failed { exit_code });
+                last_failure = Some(first.exit);
+                rdzv.record_failure().await?;
+                let pause = restart_backoff(round.restart_count);
+                tracing::info!(
+                    backoff_ms = pause.as_millis() as u64,
+                    "worker failure reported; re-forming"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    sig = signals.recv() => {
+                        rdzv.depart(Departure::Left).await?;
+                        return Ok(AgentExit::Signalled(sig));
                     }
                 }
             }
         }
     }
+}
+
+/// Stops the group for a re-form; returns a signal that arrived meanwhile.
+async fn stop_for_reform(
+    group: &mut WorkerGroup,
+    cfg: &Config,
+    signals: &mut Signals,
+) -> Option<Signal> {
+    let mut late_signal = None;
+    group
+        .stop(Signal::SIGTERM, cfg.term_timeout, async {
+            late_signal = Some(signals.recv().await)
+        })
+        .await;
+    late_signal
 }
 
 /// The run's log directory, or `None` when logs go to `/dev/null`.

@@ -50,7 +50,7 @@ macro_rules! versioned {
     };
 }
 
-versioned!(Member => "member", Round => "round", Master => "master", Failure => "failure", Coordinator => "coordinator");
+versioned!(Member => "member", Round => "round", Master => "master", Failure => "failure", Coordinator => "coordinator", Done => "done");
 
 /// Decodes the value stored at `key`, refusing garbage and other schema versions.
 pub fn decode<T: Versioned>(key: &str, bytes: &[u8]) -> Result<T, RecordError> {

@@ -60,6 +60,17 @@ pub enum Change {
     NewRound { number: u64 },
 }
 
+/// The outcome of the exit barrier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// Every member of the round finished: the job is done.
+    AllDone,
+    /// The group broke before everyone finished.
+    Changed(Change),
+    /// Some members had not finished when the wait ran out.
+    TimedOut { unfinished: Vec<String> },
+}
+
 /// How this node ends its part in the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Departure {
@@ -95,6 +106,11 @@ pub trait Rendezvous {
 
     /// Charges one failure restart to the job-wide budget and returns the restarts used.
     async fn record_failure(&mut self) -> Result<u32, RendezvousError>;
+
+    /// Tells the group this node's workers all succeeded in the current round and waits,
+    /// at most `timeout`, until every member of the round has finished too. Returns early
+    /// with the change if the group breaks meanwhile (the survivors then re-form).
+    async fn finish(&mut self, timeout: std::time::Duration) -> Result<Finish, RendezvousError>;
 
     /// Ends this node's part in the run. Never closes the run for the other nodes.
     async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError>;

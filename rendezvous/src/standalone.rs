@@ -1,6 +1,6 @@
 //! The in-process backend behind `--standalone`: one node, no external service.
 
-use crate::{Change, Departure, Rendezvous, RendezvousError, Round, port};
+use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, port};
 
 /// A one-node rendezvous. Every round is sealed at once with this node as group rank 0 and
 /// a fresh free port on `master_addr`.
@@ -60,6 +60,11 @@ impl Rendezvous for StandaloneRendezvous {
     async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
         self.restarts += 1;
         Ok(self.restarts)
+    }
+
+    async fn finish(&mut self, _timeout: std::time::Duration) -> Result<Finish, RendezvousError> {
+        // One node (or nodes that know nothing of each other): nobody else to wait for.
+        Ok(Finish::AllDone)
     }
 
     async fn depart(&mut self, _how: Departure) -> Result<(), RendezvousError> {

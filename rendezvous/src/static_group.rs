@@ -5,7 +5,7 @@
 //! the same round from the same flags, and the workers meet at the master's c10d store.
 //! There is no elasticity; a failure restart is local to the node, as in torchrun.
 
-use crate::{Change, Departure, Rendezvous, RendezvousError, Round, ranks};
+use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, ranks};
 
 /// Configuration of a static group.
 #[derive(Debug, Clone)]
@@ -83,6 +83,11 @@ impl Rendezvous for StaticRendezvous {
     async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
         self.restarts += 1;
         Ok(self.restarts)
+    }
+
+    async fn finish(&mut self, _timeout: std::time::Duration) -> Result<Finish, RendezvousError> {
+        // One node (or nodes that know nothing of each other): nobody else to wait for.
+        Ok(Finish::AllDone)
     }
 
     async fn depart(&mut self, _how: Departure) -> Result<(), RendezvousError> {

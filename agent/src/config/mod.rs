@@ -6,6 +6,7 @@
 //! came from and how to fix it; nothing has been spawned at that point.
 
 mod entrypoint;
+pub mod etcd;
 pub mod parse;
 mod print;
 
@@ -28,10 +29,12 @@ pub const DEFAULT_TERM_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
 
 /// How this node finds its group.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Mode {
     /// One node, in-process rendezvous, a free master port on `master_addr`.
     Standalone { master_addr: String },
+    /// Elastic: the etcd v3 rendezvous (`--rdzv-backend etcd`, `etcd-v2`, `etcd-v3`).
+    Etcd(Box<etcd::EtcdMode>),
     /// A fixed group: ranks and master given up front.
     Static {
         nnodes: u32,
@@ -167,12 +170,32 @@ pub fn resolve(
     .map_err(Err)
 }
 
+/// The group-shape values [`Resolver::mode`] needs, already parsed.
+#[derive(Debug, Clone, Copy)]
+struct GroupArgs {
+    min_nodes: u32,
+    max_nodes: u32,
+    node_rank: u32,
+    master_port: Option<u16>,
+    nproc_per_node: u32,
+}
+
 struct Resolver<'a> {
     command: clap::Command,
     matches: ArgMatches,
     env: &'a dyn Fn(&str) -> Option<String>,
     settings: Vec<Setting>,
     warnings: Vec<String>,
+}
+
+impl Config {
+    /// How long a node whose workers all succeeded waits for the rest of its round.
+    pub fn exit_barrier(&self) -> Duration {
+        match &self.mode {
+            Mode::Etcd(m) => m.exit_barrier,
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 impl Resolver<'_> {
@@ -358,15 +381,14 @@ impl Resolver<'_> {
             }
         })?;
 
-        let mode = self.mode(
-            &a,
-            standalone,
+        let group = GroupArgs {
             min_nodes,
             max_nodes,
             node_rank,
             master_port,
-            &rdzv_conf,
-        )?;
+            nproc_per_node,
+        };
+        let mode = self.mode(&a, standalone, group, &rdzv_conf)?;
         let run_id = self.run_id(&a, &mode);
         let entrypoint = entrypoint::resolve(
             &a.training_script,
@@ -391,9 +413,11 @@ impl Resolver<'_> {
         if let Some(addr) = &local_addr {
             let src = self.source("local_addr");
             self.record("local-addr", addr, src);
-            self.warnings.push(format!(
-                "--local-addr {addr} has no effect with a single-node or static rendezvous (the master is --master-addr)"
-            ));
+            if !matches!(mode, Mode::Etcd(_)) {
+                self.warnings.push(format!(
+                    "--local-addr {addr} has no effect with a single-node or static rendezvous (the master is --master-addr)"
+                ));
+            }
         }
         if console_events {
             self.warnings.push(
@@ -484,20 +508,20 @@ impl Resolver<'_> {
         Ok(DEFAULT_TERM_TIMEOUT)
     }
 
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one call site; the values are already parsed"
-    )]
     fn mode(
         &mut self,
         a: &Args,
         standalone: bool,
-        min_nodes: u32,
-        max_nodes: u32,
-        node_rank: u32,
-        master_port: Option<u16>,
+        g: GroupArgs,
         rdzv_conf: &BTreeMap<String, String>,
     ) -> Result<Mode, ConfigError> {
+        let GroupArgs {
+            min_nodes,
+            max_nodes,
+            node_rank,
+            master_port,
+            nproc_per_node,
+        } = g;
         let backend = a.rdzv_backend.trim().to_ascii_lowercase();
         for (id, name, value) in [
             ("rdzv_backend", "rdzv-backend", &a.rdzv_backend),
@@ -597,9 +621,24 @@ impl Resolver<'_> {
                     ));
                 }
                 "etcd" | "etcd-v2" | "etcd-v3" => {
-                    return Err(ConfigError::Conflict(format!(
-                        "--rdzv-backend {backend}: the etcd rendezvous is not in this build yet; use --standalone or the static backend"
-                    )));
+                    let Some(run_id) = a.rdzv_id.as_deref() else {
+                        return Err(ConfigError::Conflict(
+                            "--rdzv-id is required with --rdzv-backend etcd: without it every job on this etcd would share one \
+                             rendezvous; pass a name unique to the job (Kubeflow: elasticPolicy.rdzvId)"
+                                .into(),
+                        ));
+                    };
+                    let addr = a.local_addr.clone().unwrap_or_else(hostname);
+                    let m = etcd::build(
+                        &a.rdzv_endpoint,
+                        run_id,
+                        (min_nodes, max_nodes),
+                        rdzv_conf,
+                        addr,
+                        nproc_per_node,
+                    )
+                    .map_err(ConfigError::Conflict)?;
+                    Mode::Etcd(Box::new(m))
                 }
                 other => {
                     return Err(ConfigError::Invalid {
@@ -612,7 +651,7 @@ impl Resolver<'_> {
                 }
             }
         };
-        self.check_rdzv_conf(rdzv_conf)?;
+        self.check_rdzv_conf(rdzv_conf, matches!(mode, Mode::Etcd(_)))?;
         let (desc, source) = match &mode {
             Mode::Standalone { .. } if standalone => {
                 ("standalone".to_owned(), self.source_of_standalone())
@@ -620,6 +659,19 @@ impl Resolver<'_> {
             Mode::Standalone { .. } => (
                 "standalone".to_owned(),
                 Source::Derived("one node and no master port or endpoint".into()),
+            ),
+            Mode::Etcd(m) => (
+                format!(
+                    "etcd endpoints={} nnodes={min_nodes}:{max_nodes} addr={} lease_ttl={:?} last_call={:?}",
+                    m.rendezvous.options.endpoints.join(","),
+                    m.rendezvous.addr,
+                    m.rendezvous.keep_alive_ttl,
+                    m.rendezvous.last_call
+                ),
+                Source::Derived(
+                    "--rdzv-backend etcd with --rdzv-endpoint, --rdzv-id, --nnodes, --rdzv-conf"
+                        .into(),
+                ),
             ),
             Mode::Static {
                 nnodes,
@@ -649,8 +701,17 @@ impl Resolver<'_> {
 
     /// Known torchrun keys that mean nothing for the chosen backend are reported, not
     /// silently dropped; unknown keys are an error.
-    fn check_rdzv_conf(&mut self, conf: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    fn check_rdzv_conf(
+        &mut self,
+        conf: &BTreeMap<String, String>,
+        etcd: bool,
+    ) -> Result<(), ConfigError> {
         const KNOWN: &[&str] = &[
+            "keep_alive_ttl",
+            "straggler_timeout",
+            "connect_timeout",
+            "username",
+            "password",
             "join_timeout",
             "last_call_timeout",
             "close_timeout",
@@ -682,10 +743,20 @@ impl Resolver<'_> {
                 });
             }
         }
-        if !conf.is_empty() {
+        let unused: Vec<&str> = conf
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !etcd || !etcd::KEYS.contains(k))
+            .collect();
+        if !unused.is_empty() {
+            let backend = if etcd {
+                "the etcd rendezvous"
+            } else {
+                "a single-node or static rendezvous"
+            };
             self.warnings.push(format!(
-                "--rdzv-conf {} has no effect with a single-node or static rendezvous",
-                conf.keys().cloned().collect::<Vec<_>>().join(",")
+                "--rdzv-conf {} has no effect with {backend}",
+                unused.join(",")
             ));
         }
         Ok(())
@@ -707,6 +778,8 @@ impl Resolver<'_> {
                 );
                 id
             }
+            // The etcd mode refuses to start without --rdzv-id; this is its copy.
+            (None, Mode::Etcd(m)) => m.rendezvous.run_id.clone(),
             (None, Mode::Static { .. }) => {
                 self.record("rdzv-id", "none", Source::Default);
                 "none".into()
@@ -792,6 +865,13 @@ pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
         Some((h, p)) if !h.contains(':') => Ok((h.to_owned(), Some(port(p)?))),
         _ => Ok((s.to_owned(), None)),
     }
+}
+
+/// This host's name, the address a node advertises when `--local-addr` is not given.
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 pub(crate) fn describe(s: &Source) -> String {

@@ -6,6 +6,7 @@
 //! <prefix>/<run_id>/ctl/master           Master       where the round's workers meet
 //! <prefix>/<run_id>/ctl/failures/<n>     Failure      first failure reported in round n
 //! <prefix>/<run_id>/ctl/coordinator      Coordinator  lease-bound election key
+//! <prefix>/<run_id>/ctl/done/<n>/<node>  Done         the node's workers all succeeded in round n
 //! ```
 //!
 //! Members and control keys live under different prefixes so that agents can watch member
@@ -61,6 +62,14 @@ impl Keys {
 
     pub fn failure(&self, round: u64) -> String {
         format!("{}ctl/failures/{round:020}", self.root)
+    }
+
+    pub fn done_prefix(&self) -> String {
+        format!("{}ctl/done/", self.root)
+    }
+
+    pub fn done(&self, round: u64, node_id: &str) -> String {
+        format!("{}ctl/done/{round:020}/{node_id}", self.root)
     }
 
     pub fn coordinator(&self) -> String {

@@ -41,7 +41,7 @@ pub use session::commit_round;
 pub use view::View;
 
 use crate::seal::SealConfig;
-use crate::{Change, Departure, Rendezvous, RendezvousError, Round, port, ranks};
+use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, port, ranks};
 use session::{Session, Shared};
 
 /// Configuration of one agent's etcd rendezvous.
@@ -342,7 +342,18 @@ fn step(v: &View, me: &str, wants: u64, published: Option<u64>) -> Result<Step, 
 /// Whether the round an agent holds is still the group's round: a pure function of the
 /// view, so tests can drive it without etcd.
 pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Change> {
-    let departed = |id: &str| v.departed.get(id).is_some_and(|t| *t >= since);
+    // A failure is looked at first: a node that gives up reports its failure and then
+    // revokes its lease, and the others must see the failure, not just a departure.
+    if v.failures.contains(&held.number) {
+        return Some(Change::PeerFailed {
+            restart_count: held.restart_count + 1,
+        });
+    }
+    let done = v.done.get(&held.number);
+    // A member that finished and left is not lost: it is waiting to exit or has exited 0.
+    let departed = |id: &str| {
+        v.departed.get(id).is_some_and(|t| *t >= since) && !done.is_some_and(|d| d.contains(id))
+    };
     if departed(me) {
         return Some(Change::MemberLost {
             node: me.to_owned(),
@@ -351,11 +362,6 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
     if let Some(m) = held.members.iter().find(|m| departed(&m.node_id)) {
         return Some(Change::MemberLost {
             node: m.node_id.clone(),
-        });
-    }
-    if v.failures.contains(&held.number) {
-        return Some(Change::PeerFailed {
-            restart_count: held.restart_count + 1,
         });
     }
     match v.round.as_ref().map(|r| &r.record) {
@@ -487,6 +493,57 @@ impl Rendezvous for EtcdRendezvous {
             })?;
         self.shared.wrote();
         Ok(held.round.restart_count + 1)
+    }
+
+    async fn finish(&mut self, timeout: Duration) -> Result<Finish, RendezvousError> {
+        let Some(held) = self.held.clone() else {
+            return Ok(Finish::AllDone);
+        };
+        let done = v1::Done {
+            schema: SCHEMA_VERSION,
+            round: held.record.number,
+            node_id: self.shared.node_id.clone(),
+        };
+        self.client
+            .put(
+                self.keys.done(held.record.number, &done.node_id),
+                done.encode_to_vec(),
+                None,
+            )
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "reporting this node finished",
+                source,
+            })?;
+        self.shared.wrote();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let unfinished: Vec<String> = {
+                let v = self.view.borrow_and_update();
+                if let Some(c) = v.corruption() {
+                    return Err(RendezvousError::Corrupt(c));
+                }
+                let finished = v.done.get(&held.record.number);
+                let unfinished: Vec<String> = held
+                    .record
+                    .members
+                    .iter()
+                    .filter(|m| !finished.is_some_and(|d| d.contains(&m.node_id)))
+                    .map(|m| m.node_id.clone())
+                    .collect();
+                if unfinished.is_empty() {
+                    return Ok(Finish::AllDone);
+                }
+                if let Some(change) = detect(&v, &held.record, &self.shared.node_id, held.since) {
+                    return Ok(Finish::Changed(change));
+                }
+                unfinished
+            };
+            tokio::select! {
+                r = self.view.changed() => r.map_err(|_| RendezvousError::InvalidConfig("the etcd session ended".into()))?,
+                () = tokio::time::sleep_until(deadline) => return Ok(Finish::TimedOut { unfinished }),
+            }
+        }
     }
 
     async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {

@@ -34,6 +34,8 @@ pub struct View {
     pub round: Option<RoundEntry>,
     pub master: Option<v1::Master>,
     pub failures: BTreeSet<u64>,
+    /// Per round, the members whose workers all succeeded.
+    pub done: BTreeMap<u64, BTreeSet<String>>,
     pub coordinator: Option<String>,
     /// Keys holding values we cannot trust, with the reason.
     pub corrupt: BTreeMap<String, String>,
@@ -84,6 +86,10 @@ impl View {
         } else if key == keys.coordinator() {
             if let Some(c) = decoded::<v1::Coordinator>(&mut self.corrupt, key, value) {
                 self.coordinator = Some(c.node_id);
+            }
+        } else if key.starts_with(&keys.done_prefix()) {
+            if let Some(d) = decoded::<v1::Done>(&mut self.corrupt, key, value) {
+                self.done.entry(d.round).or_default().insert(d.node_id);
             }
         } else if key.starts_with(&keys.failures()) {
             if let Some(f) = decoded::<v1::Failure>(&mut self.corrupt, key, value) {
