@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub use tempfile::TempDir;
 
 pub mod etcd;
+pub mod pod;
 
 /// The target directory holding the workspace binaries of the current profile.
 fn bin_dir() -> PathBuf {

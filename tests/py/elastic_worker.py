@@ -1,0 +1,44 @@
+"""A training stand-in for the fault tests: gloo all-reduce in a loop, rank 0 checkpoints
+the step counter (atomically) to a shared directory, and a restart resumes from it.
+
+usage: elastic_worker.py CKPT_DIR TOTAL_STEPS [--fail-on HOST]
+"""
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    ckpt_dir, total = sys.argv[1], int(sys.argv[2])
+    fail_on = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--fail-on" else None
+    path = os.path.join(ckpt_dir, "step")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    step = int(open(path).read()) if os.path.exists(path) else 0
+    host = socket.gethostname()
+    restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+    print(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()}", flush=True)
+    if fail_on == host:
+        raise SystemExit(3)
+    while step < total:
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        if t.item() != world:
+            raise SystemExit(f"all_reduce gave {t.item()} in a world of {world}")
+        step += 1
+        if rank == 0:
+            tmp = f"{path}.tmp"
+            with open(tmp, "w") as f:
+                f.write(str(step))
+            os.replace(tmp, path)
+        time.sleep(0.05)
+    print(f"done host={host} rank={rank} world={world} step={step}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

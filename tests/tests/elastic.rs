@@ -1,0 +1,355 @@
+//! Fault tests of the elastic agent: each "pod" is an agent with its workers in its own PID
+//! and UTS namespace, on a real etcd, running real PyTorch gloo workers that all-reduce in
+//! a loop and checkpoint a step counter to a shared directory.
+
+use std::time::Duration;
+
+use fsdp_tests::etcd::Etcd;
+use fsdp_tests::pod::Pod;
+use fsdp_tests::{TempDir, python, workspace_file};
+use nix::sys::signal::Signal;
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// One job: an etcd, a checkpoint directory and the agent flags every pod shares.
+struct Job {
+    etcd: Etcd,
+    dir: TempDir,
+    run_id: String,
+    nnodes: String,
+    max_restarts: u32,
+    steps: u32,
+    net: u8,
+}
+
+/// A worker's `start` line: what the group looked like when it began.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Start {
+    world: u32,
+    step: u32,
+    restart: u32,
+}
+
+impl Job {
+    fn new(run_id: &str, nnodes: &str, max_restarts: u32, steps: u32, net: u8) -> Self {
+        Self {
+            etcd: Etcd::start(),
+            dir: TempDir::new().unwrap(),
+            run_id: run_id.into(),
+            nnodes: nnodes.into(),
+            max_restarts,
+            steps,
+            net,
+        }
+    }
+
+    fn pod(&self, index: u8, extra: &[&str]) -> Pod {
+        let name = format!("pod{index}");
+        let mut args: Vec<String> = [
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            &self.etcd.endpoint(),
+            "--rdzv-id",
+            &self.run_id,
+            "--nnodes",
+            &self.nnodes,
+            "--nproc-per-node",
+            "1",
+            "--rdzv-conf",
+            "last_call_timeout=1,keep_alive_ttl=2",
+            "--term-timeout",
+            "5",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(["--max-restarts".into(), self.max_restarts.to_string()]);
+        args.extend([
+            "--local-addr".into(),
+            format!("127.0.{}.{}", self.net, index + 1),
+        ]);
+        args.push(
+            workspace_file("tests/py/elastic_worker.py")
+                .display()
+                .to_string(),
+        );
+        args.push(self.dir.path().join("ckpt").display().to_string());
+        args.push(self.steps.to_string());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        std::fs::create_dir_all(self.dir.path().join("ckpt")).unwrap();
+        Pod::start(
+            self.dir.path(),
+            &name,
+            &args,
+            &[("PYTHON", python().display().to_string())],
+        )
+    }
+
+    fn step(&self) -> u32 {
+        std::fs::read_to_string(self.dir.path().join("ckpt/step"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until the checkpoint advances by `by` steps from now.
+    fn progresses(&self, by: u32, pods: &[&Pod]) {
+        let from = self.step();
+        wait_until(
+            &format!("training to advance {by} steps past {from}"),
+            pods,
+            || self.step() >= from + by,
+        );
+    }
+}
+
+fn starts(pod: &Pod) -> Vec<Start> {
+    pod.stdout()
+        .lines()
+        .filter_map(|l| l.split_once("]:start ").map(|(_, rest)| rest))
+        .map(|rest| {
+            let field = |k: &str| -> u32 {
+                rest.split_whitespace()
+                    .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(u32::MAX)
+            };
+            Start {
+                world: field("world"),
+                step: field("step"),
+                restart: field("restart"),
+            }
+        })
+        .collect()
+}
+
+/// Polls `cond`; on timeout panics with every pod's output.
+fn wait_until(what: &str, pods: &[&Pod], mut cond: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + LIMIT;
+    while !cond() {
+        if std::time::Instant::now() > end {
+            let outputs: Vec<String> = pods.iter().map(|p| p.output()).collect();
+            panic!(
+                "timed out after {LIMIT:?} waiting for {what}\n{}",
+                outputs.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `n`-th start line of `pod` (0-based) has this world size.
+fn nth_start_world(pod: &Pod, n: usize, world: u32) -> bool {
+    starts(pod).get(n).is_some_and(|s| s.world == world)
+}
+
+#[test]
+fn killed_and_deleted_pods_leave_the_rest_training_and_the_group_grows_back() {
+    let job = Job::new("kill3", "2:3", 0, 1_000_000, 1);
+    let (mut p0, mut p1, mut p2) = (job.pod(0, &[]), job.pod(1, &[]), job.pod(2, &[]));
+    wait_until("a group of 3", &[&p0, &p1, &p2], || {
+        [&p0, &p1, &p2].iter().all(|p| nth_start_world(p, 0, 3))
+    });
+    job.progresses(10, &[&p0, &p1, &p2]);
+
+    // SIGKILL of a pod: the other two re-form with world 2 and resume from the checkpoint,
+    // without charging the restart budget (--max-restarts 0).
+    p2.kill();
+    wait_until("survivors in a group of 2", &[&p0, &p1], || {
+        nth_start_world(&p0, 1, 2) && nth_start_world(&p1, 1, 2)
+    });
+    for p in [&p0, &p1] {
+        let s = &starts(p)[1];
+        assert!(s.step > 0, "did not resume from the checkpoint: {s:?}");
+        assert_eq!(s.restart, 0, "a pod death consumed the restart budget");
+    }
+    job.progresses(10, &[&p0, &p1]);
+
+    // The killed pod comes back with the same host name: the group grows back to 3.
+    let p2b = job.pod(2, &[]);
+    wait_until("the group to grow back to 3", &[&p0, &p1, &p2b], || {
+        nth_start_world(&p0, 2, 3) && nth_start_world(&p1, 2, 3) && nth_start_world(&p2b, 0, 3)
+    });
+    job.progresses(10, &[&p0, &p1, &p2b]);
+
+    // SIGTERM (a pod delete): it leaves gracefully and exits 143; the rest re-form.
+    p1.signal(Signal::SIGTERM);
+    assert_eq!(p1.wait(LIMIT), 143, "{}", p1.output());
+    wait_until("survivors after a delete", &[&p0, &p2b], || {
+        nth_start_world(&p0, 3, 2) && nth_start_world(&p2b, 1, 2)
+    });
+    job.progresses(10, &[&p0, &p2b]);
+    assert!(starts(&p0).iter().all(|s| s.restart == 0));
+    p0.kill();
+}
+
+#[test]
+fn a_killed_worker_restarts_every_node_with_the_same_restart_count() {
+    let job = Job::new("worker", "2:2", 3, 1_000_000, 2);
+    let (p0, p1) = (job.pod(0, &[]), job.pod(1, &[]));
+    wait_until("a group of 2", &[&p0, &p1], || {
+        nth_start_world(&p0, 0, 2) && nth_start_world(&p1, 0, 2)
+    });
+    job.progresses(5, &[&p0, &p1]);
+    // The worker is the agent's only child in the pod.
+    let agent = p0.agent_pid();
+    let worker: i32 = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .expect("a worker")
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker), Signal::SIGKILL).unwrap();
+    wait_until("both nodes to restart", &[&p0, &p1], || {
+        starts(&p0).len() >= 2 && starts(&p1).len() >= 2
+    });
+    let (a, b) = (starts(&p0)[1].clone(), starts(&p1)[1].clone());
+    assert_eq!(
+        (a.restart, b.restart),
+        (1, 1),
+        "restart counts differ or are wrong: {a:?} {b:?}"
+    );
+    assert!(a.step > 0, "{a:?}");
+    job.progresses(5, &[&p0, &p1]);
+}
+
+#[test]
+fn the_coordinators_death_does_not_stop_training() {
+    let job = Job::new("coord", "2:3", 0, 1_000_000, 3);
+    let mut pods = vec![job.pod(0, &[]), job.pod(1, &[]), job.pod(2, &[])];
+    wait_until("a group of 3", &pods.iter().collect::<Vec<_>>(), || {
+        pods.iter().all(|p| nth_start_world(p, 0, 3))
+    });
+    let coord = pods
+        .iter()
+        .position(|p| p.stderr().contains("elected rendezvous coordinator"))
+        .expect("a coordinator");
+    pods[coord].kill();
+    let rest: Vec<&Pod> = pods
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != coord)
+        .map(|(_, p)| p)
+        .collect();
+    wait_until("the rest to re-form", &rest, || {
+        rest.iter().all(|p| nth_start_world(p, 1, 2))
+    });
+    assert!(
+        rest.iter()
+            .any(|p| p.stderr().contains("elected rendezvous coordinator")),
+        "nobody took over"
+    );
+    job.progresses(10, &rest);
+}
+
+#[test]
+fn a_frozen_pod_is_evicted_and_rejoins_cleanly_when_thawed() {
+    let job = Job::new("freeze", "2:3", 0, 1_000_000, 4);
+    let (p0, p1, p2) = (job.pod(0, &[]), job.pod(1, &[]), job.pod(2, &[]));
+    wait_until("a group of 3", &[&p0, &p1, &p2], || {
+        [&p0, &p1, &p2].iter().all(|p| nth_start_world(p, 0, 3))
+    });
+    let agent = p2.agent_pid();
+    let worker: i32 = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .expect("a worker")
+        .parse()
+        .unwrap();
+    let freeze = |sig| {
+        for pid in [agent, worker] {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
+        }
+    };
+    freeze(Signal::SIGSTOP);
+    wait_until("the others to evict the frozen pod", &[&p0, &p1], || {
+        nth_start_world(&p0, 1, 2) && nth_start_world(&p1, 1, 2)
+    });
+    job.progresses(10, &[&p0, &p1]);
+    freeze(Signal::SIGCONT);
+    // Its stale worker is stopped and it rejoins: one group of 3 again, no split brain.
+    wait_until("the thawed pod to rejoin", &[&p0, &p1, &p2], || {
+        nth_start_world(&p0, 2, 3) && nth_start_world(&p1, 2, 3) && nth_start_world(&p2, 1, 3)
+    });
+    job.progresses(10, &[&p0, &p1, &p2]);
+}
+
+#[test]
+fn an_etcd_restart_does_not_restart_the_workers() {
+    let mut job = Job::new("etcdrestart", "2:2", 0, 1_000_000, 5);
+    let (p0, p1) = (job.pod(0, &[]), job.pod(1, &[]));
+    wait_until("a group of 2", &[&p0, &p1], || {
+        nth_start_world(&p0, 0, 2) && nth_start_world(&p1, 0, 2)
+    });
+    for keep_data in [true, false] {
+        job.progresses(5, &[&p0, &p1]);
+        job.etcd.restart(keep_data);
+        // Several lease TTLs pass; training goes on in the same workers.
+        std::thread::sleep(Duration::from_secs(8));
+        job.progresses(5, &[&p0, &p1]);
+        assert_eq!(
+            (starts(&p0).len(), starts(&p1).len()),
+            (1, 1),
+            "keep_data={keep_data}: workers restarted\n{}\n{}",
+            p0.output(),
+            p1.output()
+        );
+    }
+}
+
+#[test]
+fn the_1638_scenario_a_deleted_pod_neither_stops_the_other_nor_crash_loops() {
+    let job = Job::new("kf1638", "1:2", 0, 1_000_000, 6);
+    let (p0, mut p1) = (job.pod(0, &[]), job.pod(1, &[]));
+    wait_until("a group of 2", &[&p0, &p1], || {
+        nth_start_world(&p0, 0, 2) && nth_start_world(&p1, 0, 2)
+    });
+    p1.signal(Signal::SIGTERM);
+    assert_eq!(p1.wait(LIMIT), 143, "{}", p1.output());
+    wait_until("the other to go on alone", &[&p0], || {
+        nth_start_world(&p0, 1, 1)
+    });
+    job.progresses(5, &[&p0]);
+    let p1b = job.pod(1, &[]);
+    wait_until("the recreated pod to rejoin", &[&p0, &p1b], || {
+        nth_start_world(&p0, 2, 2) && nth_start_world(&p1b, 0, 2)
+    });
+    job.progresses(5, &[&p0, &p1b]);
+    assert!(!p0.stderr().contains("ERROR"), "{}", p0.stderr());
+}
+
+#[test]
+fn a_finished_job_exits_zero_everywhere_and_the_run_id_can_be_reused() {
+    for attempt in 0..2 {
+        let job = Job::new("finish", "2:2", 0, 20, 7 + attempt);
+        let (mut p0, mut p1) = (job.pod(0, &[]), job.pod(1, &[]));
+        assert_eq!(p0.wait(LIMIT), 0, "{}", p0.output());
+        assert_eq!(p1.wait(LIMIT), 0, "{}", p1.output());
+        assert!(p0.stdout().contains("done host=pod0") && p1.stdout().contains("done host=pod1"));
+        assert!(
+            p0.stderr().contains("every node finished"),
+            "{}",
+            p0.stderr()
+        );
+    }
+}
+
+#[test]
+fn a_spent_budget_ends_every_node_with_a_permanent_code() {
+    let job = Job::new("budget", "2:2", 1, 1_000_000, 9);
+    let (mut p0, mut p1) = (
+        job.pod(0, &["--fail-on", "pod0"]),
+        job.pod(1, &["--fail-on", "pod0"]),
+    );
+    // pod0's worker exits 3 every time: one restart is allowed, the second failure ends it.
+    assert_eq!(p0.wait(LIMIT), 3, "{}", p0.output());
+    assert_eq!(p1.wait(LIMIT), 76, "{}", p1.output());
+    assert!(
+        p1.stderr().contains("restart budget is spent"),
+        "{}",
+        p1.stderr()
+    );
+}
