@@ -218,7 +218,7 @@ fn a_killed_worker_restarts_every_node_with_the_same_restart_count() {
 #[test]
 fn the_coordinators_death_does_not_stop_training() {
     let job = Job::new("coord", "2:3", 0, 1_000_000, 3);
-    let mut pods = vec![job.pod(0, &[]), job.pod(1, &[]), job.pod(2, &[])];
+    let mut pods = [job.pod(0, &[]), job.pod(1, &[]), job.pod(2, &[])];
     wait_until("a group of 3", &pods.iter().collect::<Vec<_>>(), || {
         pods.iter().all(|p| nth_start_world(p, 0, 3))
     });
