@@ -383,6 +383,30 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
             &[],
             "--log-dir /proc/no/such/dir cannot be created",
         ),
+        (
+            &["--rdzv-backend", "etcd", "--rdzv-endpoint", "e:2379"],
+            &[],
+            "--rdzv-id is required",
+        ),
+        (
+            &["--rdzv-backend", "etcd-v2", "--rdzv-id", "j"],
+            &[],
+            "--rdzv-endpoint is required",
+        ),
+        (
+            &[
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-id",
+                "j",
+                "--rdzv-endpoint",
+                "e",
+                "--rdzv-conf",
+                "protocol=ftp",
+            ],
+            &[],
+            "protocol=ftp",
+        ),
     ];
     for (args, env, expect) in cases {
         let mut c = AgentCmd::new(dir.path(), "bad");
@@ -428,4 +452,34 @@ fn help_and_version_exit_zero() {
     assert_eq!(a.code(), 0);
     assert!(a.stdout().starts_with("fsdp-agent "));
     let _ = records;
+}
+
+#[test]
+fn an_unreachable_etcd_is_a_clear_error_after_a_bounded_retry() {
+    let dir = TempDir::new().unwrap();
+    let port = fsdp_tests::free_port().to_string();
+    let endpoint = format!("127.0.0.1:{port}");
+    let start = std::time::Instant::now();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args([
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-id",
+            "job",
+            "--rdzv-endpoint",
+            &endpoint,
+        ])
+        .args(["--rdzv-conf", "connect_timeout=1", "--no-python", "true"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 69, "{}", a.output());
+    assert!(
+        a.stderr().contains(&endpoint) && a.stderr().contains("unreachable"),
+        "{}",
+        a.stderr()
+    );
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(30),
+        "retried for {:?}",
+        start.elapsed()
+    );
 }
