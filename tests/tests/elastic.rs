@@ -353,3 +353,58 @@ fn a_spent_budget_ends_every_node_with_a_permanent_code() {
         p1.stderr()
     );
 }
+
+/// Two agents with fake workers: node A finishes at once, node B's worker fails later.
+/// A must not exit 0 while B fails: it leaves the exit barrier, re-forms, and both finish
+/// in the next round.
+#[test]
+fn a_peer_failing_during_the_exit_barrier_makes_the_finished_node_re_form() {
+    let etcd = Etcd::start();
+    let dir = TempDir::new().unwrap();
+    let agent = |name: &str, fail: bool| {
+        let mut c = fsdp_tests::AgentCmd::new(dir.path(), name)
+            .args([
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-endpoint",
+                &etcd.endpoint(),
+                "--rdzv-id",
+                "barrier",
+            ])
+            .args([
+                "--nnodes",
+                "2:2",
+                "--max-restarts",
+                "1",
+                "--rdzv-conf",
+                "keep_alive_ttl=2",
+            ])
+            .args(["--no-python"])
+            .arg_path(fsdp_tests::fake_worker())
+            .args([
+                "--exit-code",
+                "5",
+                "--fail-until-restart",
+                "1",
+                "--only-if-env",
+                "FAIL_HERE",
+            ]);
+        if fail {
+            // B's worker fails a second after A's has already succeeded.
+            c = c.env("FAIL_HERE", "1").args(["--sleep", "1"]);
+        }
+        c.spawn()
+    };
+    let (mut a, mut b) = (agent("a", false), agent("b", true));
+    assert_eq!(b.wait(LIMIT).code(), Some(0), "{}", b.output());
+    assert_eq!(a.wait(LIMIT).code(), Some(0), "{}", a.output());
+    let err = a.stderr();
+    assert!(
+        err.contains("the group broke before every node finished"),
+        "{err}"
+    );
+    assert!(
+        err.contains("restart_count=1"),
+        "A ran a second round: {err}"
+    );
+}

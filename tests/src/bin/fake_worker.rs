@@ -6,6 +6,7 @@
 //! * `--exit-code N`: exit with N (default 0).
 //! * `--fail-until-restart N`: exit with --exit-code only while TORCHELASTIC_RESTART_COUNT < N.
 //! * `--only-local-rank R`: only that local rank fails; the others succeed.
+//! * `--only-if-env VAR`: only fail when the environment has VAR (set per agent).
 //! * `--sleep SECS`: run this long before exiting (failing ranks fail at once).
 //! * `--ignore-sigterm`: ignore SIGTERM (the agent must SIGKILL us after its grace).
 //! * `--spawn-child`: start a `sleep` grandchild and record its pid in `child.<..>`.
@@ -30,6 +31,7 @@ fn main() {
         (None, false, 0, None, None);
     let (mut sleep, mut ignore_term, mut spawn_child, mut error_message) =
         (0.0f64, false, false, None);
+    let mut only_if_env: Option<String> = None;
     while let Some(a) = args.next() {
         let mut val = || args.next().expect("flag needs a value");
         match a.as_str() {
@@ -42,6 +44,7 @@ fn main() {
             "--ignore-sigterm" => ignore_term = true,
             "--spawn-child" => spawn_child = true,
             "--error-message" => error_message = Some(val()),
+            "--only-if-env" => only_if_env = Some(val()),
             other => {
                 eprintln!("fake-worker: unknown flag {other}");
                 std::process::exit(2);
@@ -84,7 +87,15 @@ fn main() {
 
     let restart: u32 = var("TORCHELASTIC_RESTART_COUNT").parse().unwrap_or(0);
     let rank_selected = only_rank.as_deref().is_none_or(|r| r == var("LOCAL_RANK"));
-    let fails = exit_code != 0 && rank_selected && fail_until.is_none_or(|n| restart < n);
+    let env_selected = only_if_env
+        .as_deref()
+        .is_none_or(|v| std::env::var_os(v).is_some());
+    let fails =
+        exit_code != 0 && rank_selected && env_selected && fail_until.is_none_or(|n| restart < n);
+    if fails && env_selected && sleep > 0.0 && only_if_env.is_some() {
+        // A node whose worker fails late: others may already be done.
+        std::thread::sleep(Duration::from_secs_f64(sleep));
+    }
     if fails {
         if let Some(msg) = error_message {
             let file = var("TORCHELASTIC_ERROR_FILE");
