@@ -101,8 +101,12 @@ fn the_workers_own_exit_code_is_propagated_when_the_budget_is_spent() {
         "{err}"
     );
     assert!(err.contains("exit code 3"), "{err}");
-    // The healthy sibling was stopped with SIGTERM each time, not left running.
-    assert_eq!(records(dir.path(), "sigterm").len(), 2, "{err}");
+    // The healthy sibling (sleeping 30 s) was stopped each time, not left running: two
+    // stops within a run that took far less than its sleep.
+    assert!(err.matches("stopping workers").count() >= 2, "{err}");
+    for pid in pids(&dir) {
+        assert!(!alive(pid), "worker {pid} outlived the agent");
+    }
 }
 
 #[test]
