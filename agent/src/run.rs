@@ -134,10 +134,12 @@ async fn supervise<R: Rendezvous>(
         match event {
             GroupEvent::Succeeded => {
                 group.finish().await;
-                tracing::info!(
-                    timeout_s = cfg.exit_barrier().as_secs_f64(),
-                    "all workers finished; waiting for the other nodes"
-                );
+                if round.group_world_size > 1 {
+                    tracing::info!(
+                        timeout_s = cfg.exit_barrier().as_secs_f64(),
+                        "all workers finished; waiting for the other nodes"
+                    );
+                }
                 let outcome = tokio::select! {
                     f = rdzv.finish(cfg.exit_barrier()) => f?,
                     sig = signals.recv() => {
@@ -147,7 +149,10 @@ async fn supervise<R: Rendezvous>(
                 };
                 match outcome {
                     Finish::AllDone => {
-                        tracing::info!("every node finished; the job is done");
+                        tracing::info!(
+                            nodes = round.group_world_size,
+                            "every node finished; the job is done"
+                        );
                         rdzv.depart(Departure::Finished).await?;
                         return Ok(AgentExit::Finished);
                     }

@@ -248,6 +248,23 @@ fn pet_variables_are_defaults_and_flags_beat_them() {
         "standalone false (env PET_STANDALONE)"
     );
 
+    // Kubeflow's elastic mode: etcd-v2 means our etcd v3 rendezvous.
+    let out = cfg(
+        &[
+            ("PET_RDZV_BACKEND", "etcd-v2"),
+            ("PET_RDZV_ENDPOINT", "etcd-client:2379"),
+            ("PET_RDZV_ID", "job-7"),
+            ("PET_NNODES", "1:4"),
+            ("PET_MAX_RESTARTS", "3"),
+        ],
+        &[],
+    );
+    assert!(
+        line(&out, "rendezvous").contains("etcd endpoints=etcd-client:2379 nnodes=1:4"),
+        "{out}"
+    );
+    assert_eq!(line(&out, "rdzv-id"), "rdzv-id job-7 (env PET_RDZV_ID)");
+
     // Kubeflow's master mode: static group from PET_* alone.
     let out = cfg(
         &[
