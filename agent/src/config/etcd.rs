@@ -115,6 +115,14 @@ pub fn build(
                 .into(),
         );
     }
+    // A dead peer must be seen as lost (its lease expiring) before the coordinator stops
+    // waiting for it; otherwise its death would be charged to the restart budget.
+    if c.keep_alive_ttl >= c.straggler_timeout {
+        return Err(format!(
+            "--rdzv-conf keep_alive_ttl ({:?}) must be shorter than straggler_timeout ({:?})",
+            c.keep_alive_ttl, c.straggler_timeout
+        ));
+    }
     let file = |a: &str, b: &str| conf.get(a).or_else(|| conf.get(b)).map(PathBuf::from);
     let tls = TlsFiles {
         ca: file("ca_cert", "cacert"),
