@@ -299,11 +299,18 @@ impl EtcdRendezvous {
 enum Step {
     Wait,
     Spare { next: u64 },
+    Broken { next: u64, change: Change },
     PublishMaster { round: u64 },
     Done(Box<(v1::Round, Round)>),
 }
 
-fn step(v: &View, me: &str, wants: u64, published: Option<u64>) -> Result<Step, RendezvousError> {
+fn step(
+    v: &View,
+    me: &str,
+    wants: u64,
+    published: Option<u64>,
+    since: Instant,
+) -> Result<Step, RendezvousError> {
     if let Some(c) = v.corruption() {
         return Err(RendezvousError::Corrupt(c));
     }
@@ -318,6 +325,15 @@ fn step(v: &View, me: &str, wants: u64, published: Option<u64>) -> Result<Step, 
     };
     let master = v.master.as_ref().filter(|m| m.round == rec.number);
     let Some(master) = master else {
+        // The round broke before it started (e.g. rank 0 died before publishing the
+        // master): come back for the next one, or everyone would wait for a master that
+        // never comes while the coordinator waits for them to come back.
+        if let Some(change) = detect(v, rec, me, since) {
+            return Ok(Step::Broken {
+                next: rec.number + 1,
+                change,
+            });
+        }
         return Ok(if pos == 0 && published != Some(rec.number) {
             Step::PublishMaster { round: rec.number }
         } else {
@@ -407,6 +423,7 @@ impl Rendezvous for EtcdRendezvous {
                 &self.shared.node_id,
                 wants,
                 published,
+                since,
             )?;
             match next {
                 Step::Done(done) => {
@@ -424,6 +441,16 @@ impl Rendezvous for EtcdRendezvous {
                 Step::PublishMaster { round } => {
                     self.publish_master(round).await?;
                     published = Some(round);
+                    continue;
+                }
+                Step::Broken { next, change } => {
+                    tracing::info!(
+                        round = next - 1,
+                        ?change,
+                        "the round broke before it started; waiting for the next"
+                    );
+                    wants = next;
+                    self.put_member(wants).await?;
                     continue;
                 }
                 Step::Spare { next } => {
@@ -558,5 +585,99 @@ impl Rendezvous for EtcdRendezvous {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use view::RoundEntry;
+
+    fn member(id: &str) -> v1::Member {
+        v1::Member {
+            schema: SCHEMA_VERSION,
+            node_id: id.into(),
+            addr: "a".into(),
+            local_world_size: 2,
+            wants_round: 3,
+        }
+    }
+
+    fn view_with_round(members: &[&str]) -> View {
+        let record = v1::Round {
+            schema: SCHEMA_VERSION,
+            number: 3,
+            members: members.iter().map(|m| member(m)).collect(),
+            restart_count: 0,
+            reason: String::new(),
+        };
+        View {
+            round: Some(RoundEntry { record, mod_rev: 7 }),
+            ..View::default()
+        }
+    }
+
+    #[test]
+    fn a_round_whose_rank_0_died_before_publishing_the_master_is_skipped() {
+        let since = Instant::now();
+        let mut v = view_with_round(&["ghost", "me"]);
+        assert!(matches!(step(&v, "me", 3, None, since), Ok(Step::Wait)));
+        v.departed.insert("ghost".into(), Instant::now());
+        match step(&v, "me", 3, None, since) {
+            Ok(Step::Broken {
+                next: 4,
+                change: Change::MemberLost { node },
+            }) => assert_eq!(node, "ghost"),
+            other => panic!("expected a broken round, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn rank_0_publishes_the_master_and_ranks_follow_worker_counts() {
+        let since = Instant::now();
+        let mut v = view_with_round(&["me", "other"]);
+        assert!(matches!(
+            step(&v, "me", 3, None, since),
+            Ok(Step::PublishMaster { round: 3 })
+        ));
+        assert!(matches!(step(&v, "me", 3, Some(3), since), Ok(Step::Wait)));
+        v.master = Some(v1::Master {
+            schema: SCHEMA_VERSION,
+            round: 3,
+            addr: "10.0.0.1".into(),
+            port: 29400,
+        });
+        let Ok(Step::Done(done)) = step(&v, "other", 3, None, since) else {
+            panic!("a sealed round with a master")
+        };
+        let (_, round) = *done;
+        assert_eq!(
+            (round.group_rank, round.base_rank, round.world_size),
+            (1, 2, 4)
+        );
+        assert_eq!(
+            (round.master_addr.as_str(), round.master_port),
+            ("10.0.0.1", 29400)
+        );
+    }
+
+    #[test]
+    fn a_finished_member_that_leaves_is_not_a_loss_but_an_unfinished_one_is() {
+        let since = Instant::now();
+        let mut v = view_with_round(&["a", "b"]);
+        let held = v.round.clone().unwrap().record;
+        v.departed.insert("b".into(), Instant::now());
+        v.done.entry(3).or_default().insert("b".into());
+        assert_eq!(detect(&v, &held, "a", since), None);
+        v.done.clear();
+        assert_eq!(
+            detect(&v, &held, "a", since),
+            Some(Change::MemberLost { node: "b".into() })
+        );
+        v.failures.insert(3);
+        assert_eq!(
+            detect(&v, &held, "a", since),
+            Some(Change::PeerFailed { restart_count: 1 })
+        );
     }
 }
