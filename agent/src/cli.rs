@@ -9,6 +9,9 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+/// The status server's address unless told otherwise (next to torchrun's 29400 and 29500).
+pub const DEFAULT_STATUS_ADDR: &str = "0.0.0.0:29450";
+
 /// fsdp-agent: launches one training process per GPU with torchrun's environment,
 /// supervises them and re-forms the group when nodes come and go.
 #[derive(Debug, Parser)]
@@ -242,6 +245,16 @@ pub struct Args {
     /// Print the resolved configuration, with where each value came from, and exit.
     #[arg(long = "print-config", visible_alias = "print_config")]
     pub print_config: bool,
+
+    /// Where the status server listens: gRPC `fsdp.v1.AgentStatus` and `grpc.health.v1`,
+    /// and HTTP `GET /metrics`, all on one port. `HOST:PORT`, port 0 for any, or `off`.
+    #[arg(
+        long = "status-addr",
+        visible_alias = "status_addr",
+        env = "FSDP_STATUS_ADDR",
+        default_value = DEFAULT_STATUS_ADDR
+    )]
+    pub status_addr: String,
 
     /// Agent log format: `text` or `json`.
     #[arg(

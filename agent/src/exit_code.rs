@@ -5,6 +5,7 @@
 //! | 0         | the job finished: every worker of this node exited 0 |
 //! | 1-255     | a worker's own exit code, when its failure ended the job (restart budget spent) |
 //! | 64        | bad command line or configuration; nothing was started |
+//! | 66        | `fsdp-agent status`: no run with that id under the prefix |
 //! | 69        | the rendezvous is unavailable (e.g. etcd unreachable after the retry window) |
 //! | 70        | internal error of the agent (a worker could not be spawned, an I/O error) |
 //! | 75        | this node's workers succeeded but other nodes did not finish within the exit barrier |
@@ -19,6 +20,8 @@
 pub const SUCCESS: u8 = 0;
 /// Bad command line or configuration (sysexits `EX_USAGE`).
 pub const CONFIG: u8 = 64;
+/// `fsdp-agent status` found no such run (sysexits `EX_NOINPUT`).
+pub const NO_SUCH_RUN: u8 = 66;
 /// Rendezvous unavailable (sysexits `EX_UNAVAILABLE`).
 pub const RENDEZVOUS_UNAVAILABLE: u8 = 69;
 /// Internal error (sysexits `EX_SOFTWARE`).

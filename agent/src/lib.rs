@@ -31,6 +31,7 @@ pub mod failure;
 pub mod policy;
 pub mod run;
 pub mod signals;
+pub mod status;
 pub mod supervisor;
 pub mod worker_env;
 
@@ -45,6 +46,11 @@ use run::AgentExit;
 
 /// The whole program: parse, resolve, run, and map the outcome to an exit code.
 pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
+    // `status` is a subcommand only as the first word: a training script is a path or
+    // carries flags before it, and `./status` still runs a program of that name.
+    if argv.get(1).is_some_and(|a| a == "status") {
+        return status::command::main(argv);
+    }
     let config = match config::resolve(argv, &|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(Ok(help)) => {
@@ -95,9 +101,12 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("fsdp-agent: error: {e:#}");
-            let code = match e.downcast_ref::<fsdp_rendezvous::RendezvousError>() {
-                Some(_) => exit_code::RENDEZVOUS_UNAVAILABLE,
-                None => exit_code::INTERNAL,
+            let code = if e.is::<fsdp_rendezvous::RendezvousError>() {
+                exit_code::RENDEZVOUS_UNAVAILABLE
+            } else if e.is::<StatusAddrBusy>() {
+                exit_code::CONFIG
+            } else {
+                exit_code::INTERNAL
             };
             ExitCode::from(code)
         }
@@ -121,6 +130,14 @@ async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
         entrypoint = %cfg.entrypoint.display(),
         "fsdp-agent starting"
     );
+    let backend = match &cfg.mode {
+        Mode::Standalone { .. } => "standalone",
+        Mode::Static { .. } => "static",
+        Mode::Etcd(_) => "etcd",
+    };
+    let board = status::Board::new(&cfg.run_id, backend, cfg.max_restarts);
+    // Before the rendezvous, so liveness probes answer while it connects and waits.
+    start_status_server(cfg, &board).await?;
     match &cfg.mode {
         Mode::Standalone { master_addr } => {
             let mut rdzv = StandaloneRendezvous::new(
@@ -128,7 +145,7 @@ async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
                 master_addr.clone(),
                 cfg.nproc_per_node,
             );
-            run::run(cfg, &mut rdzv, &mut signals).await
+            run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
         Mode::Etcd(m) => {
             let mut rdzv = tokio::select! {
@@ -136,7 +153,7 @@ async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
             };
             tracing::info!(node_id = rdzv.node_id(), "joined the etcd rendezvous");
-            run::run(cfg, &mut rdzv, &mut signals).await
+            run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
         Mode::Static {
             nnodes,
@@ -152,9 +169,38 @@ async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
                 master_addr: master_addr.clone(),
                 master_port: *master_port,
             })?;
-            run::run(cfg, &mut rdzv, &mut signals).await
+            run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
     }
+}
+
+async fn start_status_server(cfg: &Config, board: &status::Board) -> anyhow::Result<()> {
+    let config::StatusAddr::Listen { addr, required } = cfg.status else {
+        return Ok(());
+    };
+    match status::server::start(addr, board.clone()).await {
+        Ok(bound) => {
+            tracing::info!(addr = %bound, "status server listening (gRPC status and health, HTTP /metrics)");
+            Ok(())
+        }
+        Err(e) if !required => {
+            tracing::warn!(
+                %addr,
+                error = %e,
+                "cannot listen on the default status address; running without the status server (set --status-addr)"
+            );
+            Ok(())
+        }
+        Err(source) => Err(StatusAddrBusy { addr, source }.into()),
+    }
+}
+
+/// The status address the user chose cannot be bound: a configuration error.
+#[derive(Debug, thiserror::Error)]
+#[error("--status-addr {addr} cannot be bound ({source}); pick a free port or 'off'")]
+struct StatusAddrBusy {
+    addr: std::net::SocketAddr,
+    source: std::io::Error,
 }
 
 fn init_tracing(format: LogFormat) {

@@ -12,8 +12,12 @@ use crate::failure::WorkerExit;
 use crate::failure::summary;
 use crate::policy::{Budget, budget, restart_backoff};
 use crate::signals::Signals;
+use crate::status::Board;
 use crate::supervisor::output::{Console, Stream};
 use crate::supervisor::{GroupEvent, GroupSpec, WorkerGroup, attempt_dir, run_log_dir};
+use fsdp_proto::v1::Phase;
+use fsdp_rendezvous::Change;
+use std::time::Instant;
 
 /// How the agent's run ended.
 #[derive(Debug)]
@@ -31,9 +35,24 @@ pub async fn run<R: Rendezvous>(
     cfg: &Config,
     rdzv: &mut R,
     signals: &mut Signals,
+    board: &Board,
 ) -> anyhow::Result<AgentExit> {
     let (console, console_thread) = Console::start();
-    let result = supervise(cfg, rdzv, signals, &console).await;
+    let result = supervise(cfg, rdzv, signals, &console, board).await;
+    match &result {
+        Ok(AgentExit::Finished) => board.transition(Phase::Succeeded, "every node finished"),
+        Ok(AgentExit::Failed { exit_code }) => board.transition(
+            Phase::Failed,
+            format!("giving up with exit code {exit_code}"),
+        ),
+        Ok(AgentExit::Signalled(sig)) => {
+            board.transition(Phase::Leaving, format!("{sig} received"))
+        }
+        Err(e) => {
+            board.rendezvous_error();
+            board.transition(Phase::Failed, format!("{e:#}"));
+        }
+    }
     drop(console);
     // Every worker line queued before the end is written before the agent exits.
     console_thread.close().await;
@@ -45,10 +64,16 @@ async fn supervise<R: Rendezvous>(
     rdzv: &mut R,
     signals: &mut Signals,
     console: &Console,
+    board: &Board,
 ) -> anyhow::Result<AgentExit> {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_else(|_| "localhost".into());
+    board.set_node(rdzv.node_id().unwrap_or(&host), rdzv.error_counter());
+    // When this node's running group last broke, and who was in it: the start of the
+    // detect and re-form timings.
+    let mut broke_at: Option<Instant> = None;
+    let mut previous_members: Vec<String> = Vec::new();
     let run_dir = log_root(cfg)?;
     if let Some(dir) = &run_dir {
         tracing::info!(log_dir = %dir.display(), "worker logs and error files");
@@ -65,6 +90,14 @@ async fn supervise<R: Rendezvous>(
                 return Ok(AgentExit::Signalled(sig));
             }
         };
+        board.round(&round, rdzv.coordinator());
+        let members: Vec<String> = round.members.iter().map(|m| m.node_id.clone()).collect();
+        if let Some(t) = broke_at {
+            if previous_members.iter().any(|m| !members.contains(m)) {
+                board.observe_detect(t.elapsed());
+            }
+        }
+        previous_members = members;
         tracing::info!(
             master_addr = %round.master_addr,
             master_port = round.master_port,
@@ -111,6 +144,17 @@ async fn supervise<R: Rendezvous>(
         };
         let mut group = WorkerGroup::spawn(&spec)?;
         tracing::info!(pids = ?group.pids(), entrypoint = %cfg.entrypoint.display(), "workers started");
+        board.workers(&group.statuses(), false);
+        board.transition(
+            Phase::Running,
+            format!(
+                "workers started in round {} ({})",
+                round.number, round.reason
+            ),
+        );
+        if let Some(t) = broke_at.take() {
+            board.observe_reform(t.elapsed());
+        }
 
         let event = tokio::select! {
             ev = group.next_event() => ev,
@@ -123,7 +167,13 @@ async fn supervise<R: Rendezvous>(
             change = rdzv.changed() => {
                 let change = change?;
                 tracing::info!(?change, "group changed; re-forming");
-                if let Some(sig) = stop_for_reform(&mut group, cfg, signals).await {
+                broke_at = Some(Instant::now());
+                board.reform_started(change_label(&change));
+                board.transition(Phase::Stopping, describe(&change));
+                let late = stop_for_reform(&mut group, cfg, signals).await;
+                board.workers(&group.statuses(), false);
+                board.transition(Phase::Rendezvous, format!("re-forming: {}", describe(&change)));
+                if let Some(sig) = late {
                     rdzv.depart(Departure::Left).await?;
                     return Ok(AgentExit::Signalled(sig));
                 }
@@ -134,6 +184,8 @@ async fn supervise<R: Rendezvous>(
         match event {
             GroupEvent::Succeeded => {
                 group.finish().await;
+                board.workers(&group.statuses(), true);
+                board.transition(Phase::Finishing, "every local worker succeeded");
                 if round.group_world_size > 1 {
                     tracing::info!(
                         timeout_s = cfg.exit_barrier().as_secs_f64(),
@@ -157,6 +209,12 @@ async fn supervise<R: Rendezvous>(
                         return Ok(AgentExit::Finished);
                     }
                     Finish::Changed(change) => {
+                        broke_at = Some(Instant::now());
+                        board.reform_started(change_label(&change));
+                        board.transition(
+                            Phase::Rendezvous,
+                            format!("re-forming: {}", describe(&change)),
+                        );
                         tracing::warn!(
                             ?change,
                             "the group broke before every node finished; re-forming"
@@ -176,6 +234,12 @@ async fn supervise<R: Rendezvous>(
                 }
             }
             GroupEvent::Failed(first) => {
+                broke_at = Some(Instant::now());
+                board.reform_started("worker failed");
+                board.transition(
+                    Phase::Stopping,
+                    format!("worker rank {} failed: {}", first.rank, first.exit),
+                );
                 // A signal during the stop escalates to SIGKILL; it is honoured right after.
                 let mut late_signal = None;
                 group
@@ -183,6 +247,7 @@ async fn supervise<R: Rendezvous>(
                         late_signal = Some(signals.recv().await)
                     })
                     .await;
+                board.workers(&group.statuses(), true);
                 tracing::error!(
                     rank = first.rank,
                     local_rank = first.local_rank,
@@ -205,6 +270,13 @@ async fn supervise<R: Rendezvous>(
                     return Ok(AgentExit::Signalled(sig));
                 }
                 last_failure = Some(first.exit);
+                board.transition(
+                    Phase::Rendezvous,
+                    format!(
+                        "restarting after worker rank {} failed: {}",
+                        first.rank, first.exit
+                    ),
+                );
                 rdzv.record_failure().await?;
                 let pause = restart_backoff(round.restart_count);
                 tracing::info!(
@@ -220,6 +292,28 @@ async fn supervise<R: Rendezvous>(
                 }
             }
         }
+    }
+}
+
+/// The metric label of a re-form's reason.
+fn change_label(change: &Change) -> &'static str {
+    match change {
+        Change::MemberLost { .. } => "member lost",
+        Change::NodeWaiting { .. } => "node waiting",
+        Change::PeerFailed { .. } => "peer failed",
+        Change::NewRound { .. } => "new round",
+    }
+}
+
+/// A change in words, for the status' last transition.
+fn describe(change: &Change) -> String {
+    match change {
+        Change::MemberLost { node } => format!("node {node} left the group"),
+        Change::NodeWaiting { waiting } => format!("{waiting} node(s) waiting to join"),
+        Change::PeerFailed { restart_count } => {
+            format!("another node's worker failed (restart {restart_count})")
+        }
+        Change::NewRound { number } => format!("round {number} was sealed"),
     }
 }
 

@@ -97,6 +97,8 @@ mod tests {
             master_addr: "10.0.0.1".into(),
             master_port: 29511,
             restart_count: 2,
+            members: Vec::new(),
+            reason: String::new(),
         }
     }
 

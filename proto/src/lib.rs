@@ -1,4 +1,5 @@
-//! Protobuf records that fsdp-agent stores in etcd.
+//! Protobuf records that fsdp-agent stores in etcd, and its gRPC status service
+//! (`fsdp.v1.AgentStatus`, with generated server and client in [`v1`]).
 //!
 //! Domain code never works on these types directly: the rendezvous crate decodes them with
 //! [`decode`], which checks the schema version and names the key in every error, and then

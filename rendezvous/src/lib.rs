@@ -45,6 +45,22 @@ pub struct Round {
     pub master_port: u16,
     /// Failure restarts used so far by the whole job (`TORCHELASTIC_RESTART_COUNT`).
     pub restart_count: u32,
+    /// Every node of the round in group-rank order (for status; ranks as [`ranks::assign`]).
+    pub members: Vec<RoundMember>,
+    /// Why the round was sealed, in words (for status and logs).
+    pub reason: String,
+}
+
+/// One node of a sealed round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundMember {
+    pub node_id: String,
+    /// The address the node advertises.
+    pub addr: String,
+    pub group_rank: u32,
+    /// Global rank of the node's local rank 0.
+    pub base_rank: u32,
+    pub local_world_size: u32,
 }
 
 /// Why the agent's current round stopped being the group's round.
@@ -96,6 +112,22 @@ pub trait Rendezvous {
 
     /// The run id that scopes this rendezvous (`TORCHELASTIC_RUN_ID`).
     fn run_id(&self) -> &str;
+
+    /// This node's id in the group, when the backend names nodes.
+    fn node_id(&self) -> Option<&str> {
+        None
+    }
+
+    /// The node that seals rounds right now, when the backend has one.
+    fn coordinator(&self) -> Option<String> {
+        None
+    }
+
+    /// Where the backend counts the errors it recovered from by itself (e.g. lost etcd
+    /// connections), when it can have any.
+    fn error_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+        None
+    }
 
     /// Joins the next round and waits until it is sealed.
     async fn next_round(&mut self) -> Result<Round, RendezvousError>;

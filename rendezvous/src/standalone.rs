@@ -1,6 +1,6 @@
 //! The in-process backend behind `--standalone`: one node, no external service.
 
-use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, port};
+use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember, port};
 
 /// A one-node rendezvous. Every round is sealed at once with this node as group rank 0 and
 /// a fresh free port on `master_addr`.
@@ -48,6 +48,18 @@ impl Rendezvous for StandaloneRendezvous {
             master_addr: self.master_addr.clone(),
             master_port,
             restart_count: self.restarts,
+            members: vec![RoundMember {
+                node_id: "local".into(),
+                addr: self.master_addr.clone(),
+                group_rank: 0,
+                base_rank: 0,
+                local_world_size: self.local_world_size,
+            }],
+            reason: if self.rounds == 0 {
+                "first round".into()
+            } else {
+                "restart after a worker failure".into()
+            },
         };
         self.rounds += 1;
         Ok(round)

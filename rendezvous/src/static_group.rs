@@ -5,7 +5,7 @@
 //! the same round from the same flags, and the workers meet at the master's c10d store.
 //! There is no elasticity; a failure restart is local to the node, as in torchrun.
 
-use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, ranks};
+use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember, ranks};
 
 /// Configuration of a static group.
 #[derive(Debug, Clone)]
@@ -71,6 +71,26 @@ impl Rendezvous for StaticRendezvous {
             master_addr: c.master_addr.clone(),
             master_port: c.master_port,
             restart_count: self.restarts,
+            members: all
+                .iter()
+                .enumerate()
+                .map(|(i, r)| RoundMember {
+                    node_id: format!("node{i}"),
+                    addr: if i == 0 {
+                        c.master_addr.clone()
+                    } else {
+                        String::new()
+                    },
+                    group_rank: r.group_rank,
+                    base_rank: r.base_rank,
+                    local_world_size: c.local_world_size,
+                })
+                .collect(),
+            reason: if self.rounds == 0 {
+                "first round".into()
+            } else {
+                "restart after a worker failure".into()
+            },
         };
         self.rounds += 1;
         Ok(round)

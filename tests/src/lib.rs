@@ -97,7 +97,10 @@ impl AgentCmd {
                 cmd.env_remove(k);
             }
         }
-        cmd.env("RUST_LOG", "info").stdin(Stdio::null());
+        // Many agents run at once here: each gets its own status port.
+        cmd.env("RUST_LOG", "info")
+            .env("FSDP_STATUS_ADDR", "127.0.0.1:0")
+            .stdin(Stdio::null());
         Self {
             cmd,
             dir: dir.to_path_buf(),

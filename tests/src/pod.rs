@@ -34,6 +34,7 @@ impl Pod {
         .arg(agent_bin())
         .args(args)
         .env("RUST_LOG", "info")
+        .env("FSDP_STATUS_ADDR", "127.0.0.1:0")
         .env("GLOO_SOCKET_IFNAME", "lo")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).expect("pod stdout"))

@@ -101,11 +101,25 @@ pub struct Config {
     /// Set `OMP_NUM_THREADS=1` for the workers (unset in the agent's env and nproc > 1).
     pub omp_threads_default: bool,
     pub log_format: LogFormat,
+    pub status: StatusAddr,
     pub console_events: bool,
     pub print_config: bool,
     pub settings: Vec<Setting>,
     /// Things the user should know that do not stop the run.
     pub warnings: Vec<String>,
+}
+
+/// Where the status server listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusAddr {
+    Off,
+    /// `required` is false for the default address: a node that runs two agents (or a
+    /// test machine) loses only the second one's status server to a busy port, not its
+    /// training. An address the user chose must bind or the agent refuses to start.
+    Listen {
+        addr: std::net::SocketAddr,
+        required: bool,
+    },
 }
 
 /// A configuration that cannot run. Printed as one line.
@@ -409,6 +423,19 @@ impl Resolver<'_> {
             "json" => Ok(LogFormat::Json),
             _ => Err("expected text or json".into()),
         })?;
+        let status = self.value(
+            "status_addr",
+            "status-addr",
+            &a.status_addr,
+            parse::status_addr,
+        )?;
+        let status = match status {
+            Some(addr) => StatusAddr::Listen {
+                addr,
+                required: !matches!(self.source("status_addr"), Source::Default),
+            },
+            None => StatusAddr::Off,
+        };
         let local_addr = a.local_addr.clone();
         if let Some(addr) = &local_addr {
             let src = self.source("local_addr");
@@ -452,6 +479,7 @@ impl Resolver<'_> {
             local_addr,
             omp_threads_default,
             log_format,
+            status,
             console_events,
             print_config: a.print_config,
             settings: self.settings,

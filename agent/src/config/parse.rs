@@ -264,6 +264,22 @@ pub fn expand_prefix(template: &str, role: &str, local_rank: u32, rank: u32, hos
         .replace("${hostname}", host)
 }
 
+/// `HOST:PORT` (a host name is resolved now) or `off`.
+pub fn status_addr(s: &str) -> Result<Option<std::net::SocketAddr>, String> {
+    use std::net::ToSocketAddrs;
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    if !s.contains(':') {
+        return Err("expected HOST:PORT (e.g. 0.0.0.0:29450) or off".into());
+    }
+    s.to_socket_addrs()
+        .map_err(|e| format!("cannot resolve it ({e}); expected HOST:PORT or off"))?
+        .next()
+        .map(Some)
+        .ok_or_else(|| "the host has no address; expected HOST:PORT or off".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,6 +62,18 @@ struct Worker {
     error_file: Option<PathBuf>,
 }
 
+/// A worker as the status server shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerStatus {
+    pub local_rank: u32,
+    pub rank: u32,
+    pub pid: u32,
+    /// `None` while it runs.
+    pub exit: Option<WorkerExit>,
+    /// It exited because the agent stopped the group, not on its own.
+    pub stopped_by_agent: bool,
+}
+
 /// Something the group did that the agent must act on.
 #[derive(Debug)]
 pub enum GroupEvent {
@@ -271,6 +283,21 @@ impl WorkerGroup {
     /// Process ids of the workers, by local rank.
     pub fn pids(&self) -> Vec<u32> {
         self.workers.iter().map(|w| w.pid).collect()
+    }
+
+    /// Every worker's state, by local rank.
+    pub fn statuses(&self) -> Vec<WorkerStatus> {
+        self.workers
+            .iter()
+            .map(|w| WorkerStatus {
+                local_rank: w.local_rank,
+                rank: w.rank,
+                pid: w.pid,
+                exit: w.exit,
+                stopped_by_agent: w.exit.is_some_and(|e| !e.success())
+                    && !self.failures.iter().any(|f| f.local_rank == w.local_rank),
+            })
+            .collect()
     }
 
     fn record(&mut self, index: usize, exit: WorkerExit, at: SystemTime) -> Option<Failure> {

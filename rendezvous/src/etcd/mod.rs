@@ -21,6 +21,7 @@
 //! waiting node). Each agent sees this in its watch ([`detect`]) and stops its workers.
 
 mod connect;
+pub mod inspect;
 mod keys;
 mod session;
 mod view;
@@ -41,7 +42,9 @@ pub use session::commit_round;
 pub use view::View;
 
 use crate::seal::SealConfig;
-use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, port, ranks};
+use crate::{
+    Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember, port, ranks,
+};
 use session::{Session, Shared};
 
 /// Configuration of one agent's etcd rendezvous.
@@ -157,6 +160,7 @@ impl EtcdRendezvous {
             member: Mutex::new(None),
             my_round: Mutex::new(None),
             writes: AtomicU64::new(1),
+            errors: Arc::new(AtomicU64::new(0)),
         });
         let (tx, mut view) = watch::channel(View::default());
         let seal = SealConfig {
@@ -351,6 +355,19 @@ fn step(
         master_addr: master.addr.clone(),
         master_port: master.port as u16,
         restart_count: rec.restart_count,
+        members: rec
+            .members
+            .iter()
+            .zip(&all)
+            .map(|(m, r)| RoundMember {
+                node_id: m.node_id.clone(),
+                addr: m.addr.clone(),
+                group_rank: r.group_rank,
+                base_rank: r.base_rank,
+                local_world_size: m.local_world_size,
+            })
+            .collect(),
+        reason: rec.reason.clone(),
     };
     Ok(Step::Done(Box::new((rec.clone(), round))))
 }
@@ -397,6 +414,18 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
 impl Rendezvous for EtcdRendezvous {
     fn backend(&self) -> &'static str {
         "etcd"
+    }
+
+    fn node_id(&self) -> Option<&str> {
+        Some(&self.shared.node_id)
+    }
+
+    fn coordinator(&self) -> Option<String> {
+        self.view.borrow().coordinator.clone()
+    }
+
+    fn error_counter(&self) -> Option<Arc<AtomicU64>> {
+        Some(self.shared.errors.clone())
     }
 
     fn run_id(&self) -> &str {

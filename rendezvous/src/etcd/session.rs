@@ -36,6 +36,8 @@ pub struct Shared {
     pub my_round: Mutex<Option<v1::Round>>,
     /// Writes this agent made to etcd (puts, transactions, lease grants and revokes).
     pub writes: AtomicU64,
+    /// etcd errors the session recovered from (lost connections, failed keep-alives).
+    pub errors: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -109,6 +111,7 @@ impl Session {
                 Ok(()) => delay = Duration::from_millis(100),
                 Err(e) => {
                     self.view.send_modify(|v| v.connected = false);
+                    self.shared.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, retry_in = ?delay, "etcd connection lost; reconnecting");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(2));

@@ -1,0 +1,210 @@
+//! The Prometheus text exposition of a [`Snapshot`]: a pure function, so its format is
+//! tested without a server.
+
+use std::fmt::Write;
+
+use fsdp_proto::v1::Phase;
+
+use super::{Snapshot, Timing};
+
+/// Renders every metric in Prometheus' text format (version 0.0.4).
+pub fn render(s: &Snapshot) -> String {
+    let st = &s.state;
+    let mut out = String::new();
+    let phase = Phase::try_from(st.phase).unwrap_or(Phase::Unspecified);
+    // Labels are escaped: node ids and run ids come from the user.
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_info The agent's identity; always 1.\n# TYPE fsdp_agent_info gauge\n\
+         fsdp_agent_info{{node=\"{}\",run_id=\"{}\",backend=\"{}\",phase=\"{}\"}} 1",
+        escape(&st.node_id),
+        escape(&st.run_id),
+        escape(&st.backend),
+        phase_name(phase),
+    );
+    gauge(
+        &mut out,
+        "fsdp_agent_round",
+        "The round this node's workers run in (0 before the first).",
+        st.round as f64,
+    );
+    gauge(
+        &mut out,
+        "fsdp_agent_world_size",
+        "Workers in the round, over all nodes (WORLD_SIZE).",
+        f64::from(st.world_size),
+    );
+    gauge(
+        &mut out,
+        "fsdp_agent_members",
+        "Nodes in the round.",
+        st.members.len() as f64,
+    );
+    gauge(
+        &mut out,
+        "fsdp_agent_ready",
+        "1 while workers run in a sealed round.",
+        if st.ready { 1.0 } else { 0.0 },
+    );
+    gauge(
+        &mut out,
+        "fsdp_agent_restarts_used",
+        "Failure restarts the job used (TORCHELASTIC_RESTART_COUNT).",
+        f64::from(st.restarts_used),
+    );
+    gauge(
+        &mut out,
+        "fsdp_agent_restarts_left",
+        "Failure restarts left before the job gives up (--max-restarts minus used).",
+        f64::from(st.restarts_left),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_worker_exits_total Workers of this node that exited on their own, by exit code or signal.\n\
+         # TYPE fsdp_agent_worker_exits_total counter"
+    );
+    for (exit, n) in &s.worker_exits {
+        let _ = writeln!(
+            out,
+            "fsdp_agent_worker_exits_total{{exit=\"{}\"}} {n}",
+            escape(exit)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_reforms_total Times this node stopped its workers to re-form or restart, by reason.\n\
+         # TYPE fsdp_agent_reforms_total counter"
+    );
+    for (reason, n) in &s.reforms {
+        let _ = writeln!(
+            out,
+            "fsdp_agent_reforms_total{{reason=\"{}\"}} {n}",
+            escape(reason)
+        );
+    }
+    summary(
+        &mut out,
+        "fsdp_agent_detect_seconds",
+        "From this node's group breaking to a sealed round without the lost node.",
+        &s.detect,
+    );
+    summary(
+        &mut out,
+        "fsdp_agent_reform_seconds",
+        "From this node's group breaking to its workers running again.",
+        &s.reform,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_rendezvous_errors_total Rendezvous errors (lost etcd connections, failed calls).\n\
+         # TYPE fsdp_agent_rendezvous_errors_total counter\n\
+         fsdp_agent_rendezvous_errors_total {}",
+        s.rendezvous_errors
+    );
+    out
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+    );
+}
+
+/// A summary without quantiles, plus the last observation as its own gauge: the last
+/// re-form is what an operator looks at after killing a pod.
+fn summary(out: &mut String, name: &str, help: &str, t: &Timing) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} summary\n{name}_sum {}\n{name}_count {}\n\
+         # HELP {name}_last The last observation of {name}.\n# TYPE {name}_last gauge\n{name}_last {}",
+        t.sum, t.count, t.last
+    );
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The phase's name for labels and tables: "running", "rendezvous", ...
+pub fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Unspecified => "unknown",
+        Phase::Rendezvous => "rendezvous",
+        Phase::Running => "running",
+        Phase::Stopping => "stopping",
+        Phase::Finishing => "finishing",
+        Phase::Succeeded => "succeeded",
+        Phase::Failed => "failed",
+        Phase::Leaving => "leaving",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Board;
+    use std::time::Duration;
+
+    /// Every sample line is `name{labels} value` with a parsable value, and every metric
+    /// has HELP and TYPE before its samples.
+    fn parse(text: &str) -> Vec<(String, f64)> {
+        let mut typed = std::collections::HashSet::new();
+        let mut samples = Vec::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                typed.insert(rest.split(' ').next().unwrap().to_owned());
+                continue;
+            }
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            let (name, value) = line.rsplit_once(' ').expect("sample has a value");
+            let base = name.split('{').next().unwrap();
+            let family = ["_sum", "_count"]
+                .iter()
+                .find_map(|s| base.strip_suffix(s))
+                .filter(|f| typed.contains(*f))
+                .unwrap_or(base);
+            assert!(typed.contains(family), "no TYPE before {line}");
+            samples.push((name.to_owned(), value.parse().expect("numeric value")));
+        }
+        samples
+    }
+
+    #[test]
+    fn every_line_parses_and_numbers_follow_the_board() {
+        let b = Board::new("job\"1", "etcd", 3);
+        b.reform_started("worker failed");
+        b.observe_reform(Duration::from_millis(1500));
+        b.observe_reform(Duration::from_millis(500));
+        b.workers(
+            &[crate::supervisor::WorkerStatus {
+                local_rank: 0,
+                rank: 0,
+                pid: 10,
+                exit: Some(crate::failure::WorkerExit::Signal(9)),
+                stopped_by_agent: false,
+            }],
+            true,
+        );
+        let text = render(&b.snapshot());
+        let samples = parse(&text);
+        let get = |n: &str| samples.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+        assert_eq!(get("fsdp_agent_restarts_left"), Some(3.0));
+        assert_eq!(get("fsdp_agent_reform_seconds_sum"), Some(2.0));
+        assert_eq!(get("fsdp_agent_reform_seconds_count"), Some(2.0));
+        assert_eq!(get("fsdp_agent_reform_seconds_last"), Some(0.5));
+        assert_eq!(
+            get("fsdp_agent_worker_exits_total{exit=\"SIGKILL\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            get("fsdp_agent_reforms_total{reason=\"worker failed\"}"),
+            Some(1.0)
+        );
+        assert!(text.contains("run_id=\"job\\\"1\""), "{text}");
+    }
+}

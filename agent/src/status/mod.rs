@@ -1,0 +1,240 @@
+//! What the agent tells the outside world: a [`Board`] the agent loop writes at every
+//! transition, read by the status server ([`server`]: gRPC status, `grpc.health.v1`,
+//! Prometheus `/metrics` on one port) and rendered as text by [`metrics`]. The
+//! `fsdp-agent status` command ([`command`]) reads a whole run from etcd instead.
+
+pub mod command;
+pub mod metrics;
+pub mod server;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fsdp_proto::v1::{AgentState, Phase, RoundMember, Transition, Worker, WorkerState};
+use fsdp_rendezvous::Round;
+use tokio::sync::watch;
+
+use crate::failure::WorkerExit;
+use crate::supervisor::WorkerStatus;
+
+/// Running totals behind a Prometheus summary: the last value, the sum and the count.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timing {
+    pub last: f64,
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Timing {
+    fn observe(&mut self, d: Duration) {
+        self.last = d.as_secs_f64();
+        self.sum += self.last;
+        self.count += 1;
+    }
+}
+
+/// Everything the status server shows, as one consistent copy.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub state: AgentState,
+    /// Workers that exited on their own, by exit label ("0", "1", "SIGKILL", ...).
+    pub worker_exits: BTreeMap<String, u64>,
+    /// Times the group was stopped to re-form or restart, by reason.
+    pub reforms: BTreeMap<String, u64>,
+    /// This node's group broke → a round sealed without the lost member.
+    pub detect: Timing,
+    /// This node's group broke → its workers run again in a new round.
+    pub reform: Timing,
+    /// Rendezvous errors: the backend's recovered ones plus those the agent saw.
+    pub rendezvous_errors: u64,
+}
+
+struct Inner {
+    snapshot: Mutex<Snapshot>,
+    /// The backend's own count of errors it recovered from (etcd reconnects).
+    backend_errors: Mutex<Option<Arc<AtomicU64>>>,
+    /// Readiness, for the health service to follow.
+    ready: watch::Sender<bool>,
+}
+
+/// The agent's status, shared between the agent loop and the status server.
+#[derive(Clone)]
+pub struct Board {
+    inner: Arc<Inner>,
+}
+
+impl Board {
+    pub fn new(run_id: &str, backend: &str, max_restarts: u32) -> Self {
+        let state = AgentState {
+            run_id: run_id.to_owned(),
+            backend: backend.to_owned(),
+            phase: Phase::Rendezvous as i32,
+            max_restarts,
+            restarts_left: max_restarts,
+            ..AgentState::default()
+        };
+        Self {
+            inner: Arc::new(Inner {
+                snapshot: Mutex::new(Snapshot {
+                    state,
+                    ..Snapshot::default()
+                }),
+                backend_errors: Mutex::new(None),
+                ready: watch::Sender::new(false),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Snapshot> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.inner
+            .snapshot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of the current status.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut s = self.lock().clone();
+        if let Some(c) = self
+            .inner
+            .backend_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            s.rendezvous_errors += c.load(Ordering::Relaxed);
+        }
+        s
+    }
+
+    /// Follows readiness (workers running in a sealed round).
+    pub fn ready(&self) -> watch::Receiver<bool> {
+        self.inner.ready.subscribe()
+    }
+
+    /// Names this node and where its backend counts the errors it recovered from.
+    pub fn set_node(&self, node_id: &str, backend_errors: Option<Arc<AtomicU64>>) {
+        self.lock().state.node_id = node_id.to_owned();
+        *self
+            .inner
+            .backend_errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = backend_errors;
+    }
+
+    /// Moves to `to`, remembering why.
+    pub fn transition(&self, to: Phase, reason: impl Into<String>) {
+        let ready = to == Phase::Running;
+        {
+            let mut s = self.lock();
+            let from = s.state.phase;
+            s.state.phase = to as i32;
+            s.state.ready = ready;
+            s.state.last_transition = Some(Transition {
+                at_unix_ms: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                from,
+                to: to as i32,
+                reason: reason.into(),
+            });
+        }
+        // Only real flips: health watchers see one NOT_SERVING per outage.
+        self.inner
+            .ready
+            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
+    }
+
+    /// Records a sealed round.
+    pub fn round(&self, round: &Round, coordinator: Option<String>) {
+        let mut s = self.lock();
+        let st = &mut s.state;
+        st.round = round.number;
+        st.group_rank = round.group_rank;
+        st.group_world_size = round.group_world_size;
+        st.world_size = round.world_size;
+        st.master_addr = round.master_addr.clone();
+        st.master_port = u32::from(round.master_port);
+        st.restarts_used = round.restart_count;
+        st.restarts_left = st.max_restarts.saturating_sub(round.restart_count);
+        st.coordinator = coordinator.unwrap_or_default();
+        st.members = round
+            .members
+            .iter()
+            .map(|m| RoundMember {
+                node_id: m.node_id.clone(),
+                addr: m.addr.clone(),
+                group_rank: m.group_rank,
+                base_rank: m.base_rank,
+                local_world_size: m.local_world_size,
+            })
+            .collect();
+        st.workers.clear();
+    }
+
+    /// Records the workers' states. `own_exits` counts exits the workers made on their
+    /// own (not stops by the agent) into the exit-code metric.
+    pub fn workers(&self, workers: &[WorkerStatus], count_exits: bool) {
+        let mut s = self.lock();
+        s.state.workers = workers.iter().map(worker_record).collect();
+        if count_exits {
+            for w in workers.iter().filter(|w| !w.stopped_by_agent) {
+                if let Some(exit) = w.exit {
+                    *s.worker_exits.entry(exit_label(exit)).or_default() += 1;
+                }
+            }
+        }
+    }
+
+    /// Counts a stop of the group for a re-form or restart.
+    pub fn reform_started(&self, reason: &str) {
+        *self.lock().reforms.entry(reason.to_owned()).or_default() += 1;
+    }
+
+    pub fn observe_detect(&self, d: Duration) {
+        self.lock().detect.observe(d);
+    }
+
+    pub fn observe_reform(&self, d: Duration) {
+        self.lock().reform.observe(d);
+    }
+
+    pub fn rendezvous_error(&self) {
+        self.lock().rendezvous_errors += 1;
+    }
+}
+
+/// "0", "1", or the signal's name: the label of a worker exit in metrics.
+pub fn exit_label(exit: WorkerExit) -> String {
+    match exit {
+        WorkerExit::Code(c) => c.to_string(),
+        WorkerExit::Signal(s) => nix::sys::signal::Signal::try_from(s)
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_else(|_| format!("signal{s}")),
+    }
+}
+
+fn worker_record(w: &WorkerStatus) -> Worker {
+    let state = match w.exit {
+        None => WorkerState::Running,
+        Some(_) if w.stopped_by_agent => WorkerState::Stopped,
+        Some(e) if e.success() => WorkerState::Succeeded,
+        Some(_) => WorkerState::Failed,
+    };
+    let (exit_code, signal) = match w.exit {
+        Some(WorkerExit::Code(c)) => (Some(c), String::new()),
+        Some(WorkerExit::Signal(s)) => (Some(128 + s), exit_label(WorkerExit::Signal(s))),
+        None => (None, String::new()),
+    };
+    Worker {
+        local_rank: w.local_rank,
+        global_rank: w.rank,
+        pid: w.pid,
+        state: state as i32,
+        exit_code,
+        signal,
+    }
+}

@@ -1,0 +1,89 @@
+//! One port, three services: `fsdp.v1.AgentStatus` and `grpc.health.v1.Health` over gRPC,
+//! and `GET /metrics` over HTTP/1.1 for Prometheus. One port keeps the pod spec simple
+//! (one `containerPort`, probes and scrape annotations all point at it).
+//!
+//! Health services: `""` and `"liveness"` are SERVING as long as the agent's loop runs
+//! (a wedged agent stops answering, and the probe fails); `"readiness"` is SERVING only
+//! while workers run in a sealed round.
+
+use std::net::SocketAddr;
+
+use axum::http::header;
+use axum::routing::get;
+use fsdp_proto::v1::agent_status_server::{AgentStatus, AgentStatusServer};
+use fsdp_proto::v1::{AgentState, GetStatusRequest};
+use tonic_health::ServingStatus;
+
+use super::{Board, metrics};
+
+/// Health service names (see the module docs).
+pub const LIVENESS: &str = "liveness";
+pub const READINESS: &str = "readiness";
+
+struct StatusService {
+    board: Board,
+}
+
+#[tonic::async_trait]
+impl AgentStatus for StatusService {
+    async fn get_status(
+        &self,
+        _request: tonic::Request<GetStatusRequest>,
+    ) -> Result<tonic::Response<AgentState>, tonic::Status> {
+        Ok(tonic::Response::new(self.board.snapshot().state))
+    }
+}
+
+/// Binds `addr` and serves until the runtime ends. Returns the bound address (useful
+/// with port 0).
+pub async fn start(addr: SocketAddr, board: Board) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for name in ["", LIVENESS] {
+        reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
+    let mut ready = board.ready();
+    tokio::spawn(async move {
+        loop {
+            let status = if *ready.borrow_and_update() {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter.set_service_status(READINESS, status).await;
+            if ready.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+
+    let metrics_board = board.clone();
+    let router = tonic::service::Routes::new(AgentStatusServer::new(StatusService { board }))
+        .add_service(health)
+        .into_axum_router()
+        .route(
+            "/metrics",
+            get(move || {
+                let text = metrics::render(&metrics_board.snapshot());
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        text,
+                    )
+                }
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "status server stopped");
+        }
+    });
+    Ok(local)
+}

@@ -1,0 +1,343 @@
+//! A run's state as `fsdp-agent status` shows it: one ranged read of the run's keys,
+//! decoded into a [`View`] and summarised by [`report`], a pure function.
+
+use etcd_client::{Client, GetOptions};
+use serde::Serialize;
+
+use super::keys::Keys;
+use super::view::View;
+use crate::RendezvousError;
+use crate::ranks;
+
+/// The run as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunReport {
+    pub run_id: String,
+    /// The sealed round's number, if any round was sealed.
+    pub round: Option<u64>,
+    /// Why the coordinator sealed it.
+    pub round_reason: String,
+    /// Failure restarts the job used when the round was sealed.
+    pub restarts: u32,
+    pub world_size: u32,
+    pub master: Option<String>,
+    pub coordinator: Option<String>,
+    /// Round members in rank order, then registered nodes waiting to join.
+    pub members: Vec<MemberReport>,
+    pub health: Health,
+    /// Why the run has that health, in words.
+    pub health_reason: String,
+    /// Keys holding values that cannot be trusted, with the reason.
+    pub corrupt: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MemberReport {
+    pub node_id: String,
+    pub addr: String,
+    pub nproc: u32,
+    /// `None` for a node that is registered but not in the sealed round.
+    pub group_rank: Option<u32>,
+    /// Global ranks `base_rank .. base_rank + nproc`.
+    pub base_rank: Option<u32>,
+    pub state: MemberState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberState {
+    /// In the round, its lease alive.
+    Running,
+    /// Its workers all succeeded in the round.
+    Done,
+    /// In the round, but its registration is gone (dead or left): the group must re-form.
+    Missing,
+    /// Registered, not in the round: joins at the next re-form.
+    Waiting,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    /// Every member of the round is alive and the master is published.
+    Healthy,
+    /// Nodes are gathering for a round, or rank 0 has not published the master yet.
+    Forming,
+    /// A member of the round is gone or a worker failed: the group is re-forming.
+    Degraded,
+    /// Every member of the round finished.
+    Finished,
+    /// No node is registered and the last round did not finish.
+    Stopped,
+    /// A value in the run's keys cannot be trusted.
+    Corrupt,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Forming => "forming",
+            Self::Degraded => "degraded",
+            Self::Finished => "finished",
+            Self::Stopped => "stopped",
+            Self::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// Summarises a run's view. A pure function of what etcd holds.
+pub fn report(run_id: &str, v: &View) -> RunReport {
+    let mut r = RunReport {
+        run_id: run_id.to_owned(),
+        round: None,
+        round_reason: String::new(),
+        restarts: 0,
+        world_size: 0,
+        master: None,
+        coordinator: v.coordinator.clone(),
+        members: Vec::new(),
+        health: Health::Forming,
+        health_reason: String::new(),
+        corrupt: v.corrupt.values().cloned().collect(),
+    };
+    let round = v.round.as_ref().map(|e| &e.record);
+    let done = round.and_then(|rd| v.done.get(&rd.number));
+    if let Some(rd) = round {
+        r.round = Some(rd.number);
+        r.round_reason = rd.reason.clone();
+        r.restarts = rd.restart_count;
+        let sizes: Vec<u32> = rd.members.iter().map(|m| m.local_world_size).collect();
+        let (ranks, world) = ranks::assign(&sizes);
+        r.world_size = world;
+        r.master = v
+            .master
+            .as_ref()
+            .filter(|m| m.round == rd.number)
+            .map(|m| format!("{}:{}", m.addr, m.port));
+        for (m, k) in rd.members.iter().zip(ranks) {
+            let state = if done.is_some_and(|d| d.contains(&m.node_id)) {
+                MemberState::Done
+            } else if v.members.contains_key(&m.node_id) {
+                MemberState::Running
+            } else {
+                MemberState::Missing
+            };
+            r.members.push(MemberReport {
+                node_id: m.node_id.clone(),
+                addr: m.addr.clone(),
+                nproc: m.local_world_size,
+                group_rank: Some(k.group_rank),
+                base_rank: Some(k.base_rank),
+                state,
+            });
+        }
+    }
+    let mut waiting: Vec<_> = v
+        .members
+        .values()
+        .filter(|m| !r.members.iter().any(|x| x.node_id == m.record.node_id))
+        .collect();
+    waiting.sort_by_key(|m| m.create_rev);
+    for m in waiting {
+        r.members.push(MemberReport {
+            node_id: m.record.node_id.clone(),
+            addr: m.record.addr.clone(),
+            nproc: m.record.local_world_size,
+            group_rank: None,
+            base_rank: None,
+            state: MemberState::Waiting,
+        });
+    }
+    let count = |s: MemberState| r.members.iter().filter(|m| m.state == s).count();
+    let (health, why) = if !r.corrupt.is_empty() {
+        (
+            Health::Corrupt,
+            format!("{} untrusted key(s): {}", r.corrupt.len(), r.corrupt[0]),
+        )
+    } else if let Some(rd) = round {
+        let in_round = rd.members.len();
+        if count(MemberState::Done) == in_round {
+            (
+                Health::Finished,
+                format!("all {in_round} node(s) of round {} finished", rd.number),
+            )
+        } else if v.members.is_empty() {
+            (
+                Health::Stopped,
+                "no node is registered; the run is not running".into(),
+            )
+        } else if v.failures.contains(&rd.number) {
+            (
+                Health::Degraded,
+                format!("a worker failed in round {}; restarting", rd.number),
+            )
+        } else if count(MemberState::Missing) > 0 {
+            let gone: Vec<_> = r
+                .members
+                .iter()
+                .filter(|m| m.state == MemberState::Missing)
+                .map(|m| m.node_id.as_str())
+                .collect();
+            (
+                Health::Degraded,
+                format!(
+                    "node(s) gone from round {}: {}; re-forming",
+                    rd.number,
+                    gone.join(", ")
+                ),
+            )
+        } else if r.master.is_none() {
+            (
+                Health::Forming,
+                format!(
+                    "round {} sealed; rank 0 has not published the master yet",
+                    rd.number
+                ),
+            )
+        } else {
+            let waiting = count(MemberState::Waiting);
+            let extra = if waiting > 0 {
+                format!("; {waiting} node(s) waiting to join")
+            } else {
+                String::new()
+            };
+            (
+                Health::Healthy,
+                format!(
+                    "{in_round} node(s), {} worker(s) running{extra}",
+                    r.world_size
+                ),
+            )
+        }
+    } else {
+        (
+            Health::Forming,
+            format!(
+                "{} node(s) registered; no round sealed yet",
+                v.members.len()
+            ),
+        )
+    };
+    r.health = health;
+    r.health_reason = why;
+    r
+}
+
+/// Reads the run's keys and summarises them; `Ok(None)` when the run has no keys at all.
+pub async fn inspect(
+    client: &mut Client,
+    prefix: &str,
+    run_id: &str,
+) -> Result<Option<RunReport>, RendezvousError> {
+    let keys = Keys::new(prefix, run_id).map_err(RendezvousError::InvalidConfig)?;
+    let resp = client
+        .get(keys.root(), Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|source| RendezvousError::Etcd {
+            what: "reading the run's keys",
+            source,
+        })?;
+    if resp.kvs().is_empty() {
+        return Ok(None);
+    }
+    let mut view = View::default();
+    for kv in resp.kvs() {
+        let key = String::from_utf8_lossy(kv.key());
+        view.put(
+            &keys,
+            &key,
+            kv.value(),
+            kv.create_revision(),
+            kv.mod_revision(),
+        );
+    }
+    Ok(Some(report(run_id, &view)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::view::{MemberEntry, RoundEntry};
+    use fsdp_proto::v1;
+
+    fn member(id: &str, n: u32) -> v1::Member {
+        v1::Member {
+            schema: 1,
+            node_id: id.into(),
+            addr: format!("{id}.local"),
+            local_world_size: n,
+            wants_round: 0,
+        }
+    }
+
+    fn view(round_members: &[(&str, u32)], live: &[&str]) -> View {
+        let mut v = View::default();
+        let all: Vec<_> = round_members.iter().map(|(id, n)| member(id, *n)).collect();
+        v.round = Some(RoundEntry {
+            record: v1::Round {
+                schema: 1,
+                number: 4,
+                members: all.clone(),
+                restart_count: 1,
+                reason: "a member was lost".into(),
+            },
+            mod_rev: 1,
+        });
+        v.master = Some(v1::Master {
+            schema: 1,
+            round: 4,
+            addr: "a.local".into(),
+            port: 29500,
+        });
+        for (i, id) in live.iter().enumerate() {
+            v.members.insert(
+                (*id).into(),
+                MemberEntry {
+                    record: member(id, 2),
+                    create_rev: i as i64,
+                },
+            );
+        }
+        v
+    }
+
+    #[test]
+    fn a_full_round_is_healthy_with_ranks_and_waiting_nodes_listed() {
+        let r = report("job", &view(&[("a", 2), ("b", 4)], &["a", "b", "c"]));
+        assert_eq!(r.health, Health::Healthy, "{}", r.health_reason);
+        assert_eq!(r.world_size, 6);
+        assert_eq!(r.master.as_deref(), Some("a.local:29500"));
+        assert_eq!(r.members[1].base_rank, Some(2));
+        assert_eq!(r.members[2].state, MemberState::Waiting);
+        assert!(r.health_reason.contains("1 node(s) waiting"));
+    }
+
+    #[test]
+    fn a_missing_member_degrades_and_all_done_finishes() {
+        let r = report("job", &view(&[("a", 2), ("b", 2)], &["a"]));
+        assert_eq!(r.health, Health::Degraded);
+        assert!(r.health_reason.contains('b'), "{}", r.health_reason);
+
+        let mut v = view(&[("a", 2), ("b", 2)], &[]);
+        v.done
+            .entry(4)
+            .or_default()
+            .extend(["a".into(), "b".into()]);
+        assert_eq!(report("job", &v).health, Health::Finished);
+
+        let v = view(&[("a", 2)], &[]);
+        assert_eq!(report("job", &v).health, Health::Stopped);
+    }
+
+    #[test]
+    fn an_unpublished_master_is_forming_and_garbage_is_corrupt() {
+        let mut v = view(&[("a", 2)], &["a"]);
+        v.master = None;
+        assert_eq!(report("job", &v).health, Health::Forming);
+        v.corrupt.insert("k".into(), "value at k is garbage".into());
+        let r = report("job", &v);
+        assert_eq!(r.health, Health::Corrupt);
+        assert!(r.health_reason.contains("garbage"));
+    }
+}
