@@ -1,0 +1,150 @@
+// A C interface to PyTorch's own c10d: TCPStore plus ProcessGroupGloo (and, when built
+// with FSDP_WITH_NCCL, ProcessGroupNCCL). Rust reaches it through `extern "C"`; tensors
+// cross as tch's `at::Tensor*`. Every call catches C++ exceptions and returns the message,
+// so a dead peer becomes an error in Rust rather than an abort.
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef FSDP_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+struct fsdp_pg {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+};
+
+static char* dup_message(const char* what) {
+  size_t n = std::strlen(what);
+  char* out = static_cast<char*>(std::malloc(n + 1));
+  if (out != nullptr) {
+    std::memcpy(out, what, n + 1);
+  }
+  return out;
+}
+
+#define FSDP_TRY(err, body)                  \
+  try {                                      \
+    body                                     \
+  } catch (const std::exception& e) {        \
+    *(err) = dup_message(e.what());          \
+  } catch (...) {                            \
+    *(err) = dup_message("unknown C++ error"); \
+  }
+
+extern "C" {
+
+void fsdp_free_error(char* err) { std::free(err); }
+
+// Creates the store (rank 0 hosts it at master_addr:port) and the process group.
+// `backend` is "gloo" or "nccl"; `ifnames` is GLOO_SOCKET_IFNAME (comma-separated) or "".
+fsdp_pg* fsdp_pg_new(const char* backend, const char* master_addr, uint16_t port, int rank,
+                     int world, int64_t timeout_ms, const char* ifnames, char** err) {
+  FSDP_TRY(err, {
+    auto timeout = std::chrono::milliseconds(timeout_ms);
+    c10d::TCPStoreOptions opts;
+    opts.port = port;
+    opts.isServer = rank == 0;
+    opts.numWorkers = static_cast<size_t>(world);
+    opts.waitWorkers = true;
+    opts.timeout = timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(std::string(master_addr), opts);
+    c10::intrusive_ptr<c10d::Store> store = tcp;
+    auto pg = new fsdp_pg();
+    pg->store = store;
+    std::string which(backend);
+    if (which == "gloo") {
+      auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+      std::string names(ifnames);
+      if (!names.empty()) {
+        std::stringstream ss(names);
+        std::string name;
+        while (std::getline(ss, name, ',')) {
+          o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+        }
+      } else {
+        o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      o->threads = static_cast<int>(o->devices.size()) * 2;
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo", store);
+      pg->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, world, o);
+    }
+#ifdef FSDP_WITH_NCCL
+    else if (which == "nccl") {
+      auto o = c10d::ProcessGroupNCCL::Options::create();
+      o->timeout = timeout;
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
+      pg->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, world, o);
+    }
+#endif
+    else {
+      delete pg;
+      *err = dup_message(("backend not built into this trainer: " + which).c_str());
+      return nullptr;
+    }
+    return pg;
+  })
+  return nullptr;
+}
+
+void fsdp_pg_free(fsdp_pg* pg) { delete pg; }
+
+int fsdp_all_reduce_sum(fsdp_pg* pg, at::Tensor* t, char** err) {
+  FSDP_TRY(err, {
+    std::vector<at::Tensor> ts{*t};
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    pg->backend->allreduce(ts, o)->wait();
+    return 0;
+  })
+  return 1;
+}
+
+// `out` (n elements) = the sum over ranks of this rank's slice of `in` (n * world).
+int fsdp_reduce_scatter_sum(fsdp_pg* pg, at::Tensor* out, at::Tensor* in, char** err) {
+  FSDP_TRY(err, {
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp::SUM;
+    pg->backend->_reduce_scatter_base(*out, *in, o)->wait();
+    return 0;
+  })
+  return 1;
+}
+
+// `out` (n * world elements) = every rank's `in` (n), in rank order.
+int fsdp_all_gather(fsdp_pg* pg, at::Tensor* out, at::Tensor* in, char** err) {
+  FSDP_TRY(err, {
+    pg->backend->_allgather_base(*out, *in)->wait();
+    return 0;
+  })
+  return 1;
+}
+
+int fsdp_broadcast(fsdp_pg* pg, at::Tensor* t, int root, char** err) {
+  FSDP_TRY(err, {
+    std::vector<at::Tensor> ts{*t};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    pg->backend->broadcast(ts, o)->wait();
+    return 0;
+  })
+  return 1;
+}
+
+int fsdp_barrier(fsdp_pg* pg, char** err) {
+  FSDP_TRY(err, {
+    pg->backend->barrier()->wait();
+    return 0;
+  })
+  return 1;
+}
+
+}  // extern "C"

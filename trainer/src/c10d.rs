@@ -1,0 +1,248 @@
+//! PyTorch's c10d from Rust: a TCPStore and a process group (Gloo, or NCCL with the `cuda`
+//! feature) behind a safe handle. Everything goes through `csrc/c10d_shim.cpp`; no
+//! collective is implemented here.
+
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::time::Duration;
+
+use tch::Tensor;
+
+#[repr(C)]
+struct RawGroup {
+    _private: [u8; 0],
+}
+
+// `at::Tensor*` on the C++ side; tch's `C_tensor` is that pointer's target.
+use torch_sys::C_tensor as RawTensor;
+
+unsafe extern "C" {
+    fn fsdp_free_error(err: *mut c_char);
+    fn fsdp_pg_new(
+        backend: *const c_char,
+        master_addr: *const c_char,
+        port: u16,
+        rank: c_int,
+        world: c_int,
+        timeout_ms: i64,
+        ifnames: *const c_char,
+        err: *mut *mut c_char,
+    ) -> *mut RawGroup;
+    fn fsdp_pg_free(pg: *mut RawGroup);
+    fn fsdp_all_reduce_sum(pg: *mut RawGroup, t: *mut RawTensor, err: *mut *mut c_char) -> c_int;
+    fn fsdp_reduce_scatter_sum(
+        pg: *mut RawGroup,
+        out: *mut RawTensor,
+        input: *mut RawTensor,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    fn fsdp_all_gather(
+        pg: *mut RawGroup,
+        out: *mut RawTensor,
+        input: *mut RawTensor,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    fn fsdp_broadcast(
+        pg: *mut RawGroup,
+        t: *mut RawTensor,
+        root: c_int,
+        err: *mut *mut c_char,
+    ) -> c_int;
+    fn fsdp_barrier(pg: *mut RawGroup, err: *mut *mut c_char) -> c_int;
+}
+
+/// A c10d call failed (a peer died, a timeout, a bad argument).
+#[derive(Debug, thiserror::Error)]
+#[error("c10d {op} failed: {message}")]
+pub struct C10dError {
+    pub op: &'static str,
+    pub message: String,
+}
+
+fn take_error(op: &'static str, err: *mut c_char) -> C10dError {
+    let message = if err.is_null() {
+        "no message".to_owned()
+    } else {
+        // SAFETY: the shim returns a NUL-terminated malloc'd string we now own.
+        let m = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+        unsafe { fsdp_free_error(err) };
+        m
+    };
+    C10dError { op, message }
+}
+
+/// Where and how to meet the other ranks (from the launcher's environment).
+#[derive(Debug, Clone)]
+pub struct GroupSpec {
+    pub backend: &'static str,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub rank: usize,
+    pub world: usize,
+    pub timeout: Duration,
+    /// `GLOO_SOCKET_IFNAME`, as in PyTorch's Python front end.
+    pub gloo_ifnames: Option<String>,
+}
+
+/// A process group of `world` ranks. Collectives block until every rank took part.
+pub struct ProcessGroup {
+    raw: *mut RawGroup,
+    pub rank: usize,
+    pub world: usize,
+}
+
+impl ProcessGroup {
+    /// Rank 0 hosts the store at `master_addr:master_port`; everyone connects to it.
+    pub fn new(spec: &GroupSpec) -> Result<Self, C10dError> {
+        let cstr = |s: &str| {
+            CString::new(s).map_err(|_| C10dError {
+                op: "init",
+                message: format!("'{s}' contains a NUL byte"),
+            })
+        };
+        let backend = cstr(spec.backend)?;
+        let addr = cstr(&spec.master_addr)?;
+        let ifnames = cstr(spec.gloo_ifnames.as_deref().unwrap_or(""))?;
+        let mut err = std::ptr::null_mut();
+        // SAFETY: valid C strings for the duration of the call; err is an out-pointer.
+        let raw = unsafe {
+            fsdp_pg_new(
+                backend.as_ptr(),
+                addr.as_ptr(),
+                spec.master_port,
+                spec.rank as c_int,
+                spec.world as c_int,
+                spec.timeout.as_millis() as i64,
+                ifnames.as_ptr(),
+                &mut err,
+            )
+        };
+        if raw.is_null() {
+            return Err(take_error("init", err));
+        }
+        Ok(Self {
+            raw,
+            rank: spec.rank,
+            world: spec.world,
+        })
+    }
+
+    fn check(&self, op: &'static str, rc: c_int, err: *mut c_char) -> Result<(), C10dError> {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(take_error(op, err))
+        }
+    }
+
+    /// `t` ← the sum of `t` over all ranks.
+    pub fn all_reduce_sum(&self, t: &mut Tensor) -> Result<(), C10dError> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: the tensor outlives the blocking call.
+        let rc = unsafe { fsdp_all_reduce_sum(self.raw, t.as_mut_ptr(), &mut err) };
+        self.check("all_reduce", rc, err)
+    }
+
+    /// `out` (n) ← the sum over ranks of this rank's n-slice of `input` (n × world).
+    pub fn reduce_scatter_sum(&self, out: &mut Tensor, input: &mut Tensor) -> Result<(), C10dError> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: both tensors outlive the blocking call.
+        let rc = unsafe {
+            fsdp_reduce_scatter_sum(self.raw, out.as_mut_ptr(), input.as_mut_ptr(), &mut err)
+        };
+        self.check("reduce_scatter", rc, err)
+    }
+
+    /// `out` (n × world) ← every rank's `input` (n), in rank order.
+    pub fn all_gather(&self, out: &mut Tensor, input: &mut Tensor) -> Result<(), C10dError> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: both tensors outlive the blocking call.
+        let rc =
+            unsafe { fsdp_all_gather(self.raw, out.as_mut_ptr(), input.as_mut_ptr(), &mut err) };
+        self.check("all_gather", rc, err)
+    }
+
+    /// `t` ← rank `root`'s `t`.
+    pub fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<(), C10dError> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: the tensor outlives the blocking call.
+        let rc = unsafe { fsdp_broadcast(self.raw, t.as_mut_ptr(), root as c_int, &mut err) };
+        self.check("broadcast", rc, err)
+    }
+
+    pub fn barrier(&self) -> Result<(), C10dError> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: plain call on a live group.
+        let rc = unsafe { fsdp_barrier(self.raw, &mut err) };
+        self.check("barrier", rc, err)
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: created by fsdp_pg_new and freed once.
+        unsafe { fsdp_pg_free(self.raw) };
+    }
+}
+
+/// The ranks this process trains with: alone, or in a c10d group.
+pub enum Comm {
+    Single,
+    Group(ProcessGroup),
+}
+
+impl Comm {
+    pub fn rank(&self) -> usize {
+        match self {
+            Self::Single => 0,
+            Self::Group(g) => g.rank,
+        }
+    }
+
+    pub fn world(&self) -> usize {
+        match self {
+            Self::Single => 1,
+            Self::Group(g) => g.world,
+        }
+    }
+
+    pub fn all_reduce_sum(&self, t: &mut Tensor) -> Result<(), C10dError> {
+        match self {
+            Self::Single => Ok(()),
+            Self::Group(g) => g.all_reduce_sum(t),
+        }
+    }
+
+    pub fn reduce_scatter_sum(&self, out: &mut Tensor, input: &mut Tensor) -> Result<(), C10dError> {
+        match self {
+            Self::Single => {
+                out.copy_(input);
+                Ok(())
+            }
+            Self::Group(g) => g.reduce_scatter_sum(out, input),
+        }
+    }
+
+    pub fn all_gather(&self, out: &mut Tensor, input: &mut Tensor) -> Result<(), C10dError> {
+        match self {
+            Self::Single => {
+                out.copy_(input);
+                Ok(())
+            }
+            Self::Group(g) => g.all_gather(out, input),
+        }
+    }
+
+    pub fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<(), C10dError> {
+        match self {
+            Self::Single => Ok(()),
+            Self::Group(g) => g.broadcast(t, root),
+        }
+    }
+
+    pub fn barrier(&self) -> Result<(), C10dError> {
+        match self {
+            Self::Single => Ok(()),
+            Self::Group(g) => g.barrier(),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Checkpoints: one directory per save, `step_<N>/{state.pt, meta.json}`, written under a
+//! temporary name and renamed into place, so a kill at any moment leaves either the new
+//! checkpoint whole or nothing of it; resume only looks at renamed directories.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use crate::args::Sharding;
+use crate::model::ModelConfig;
+use crate::shard::FullState;
+
+pub const FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Meta {
+    pub format: u32,
+    /// Steps completed; training resumes at this step.
+    pub step: u64,
+    /// Global samples consumed; the next step starts at this sample.
+    pub samples_seen: u64,
+    pub adam_step: u64,
+    pub model: ModelConfig,
+    pub world_size: usize,
+    pub sharding: Sharding,
+    pub loss: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint I/O at {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("checkpoint {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn invalid(path: &Path, message: impl Into<String>) -> CheckpointError {
+    CheckpointError::Invalid {
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+fn name(step: u64) -> String {
+    format!("step_{step:08}")
+}
+
+fn step_of(p: &Path) -> Option<u64> {
+    p.file_name()?.to_str()?.strip_prefix("step_")?.parse().ok()
+}
+
+fn fsync(path: &Path) -> Result<(), CheckpointError> {
+    fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
+}
+
+/// Writes a checkpoint into `dir` and keeps only the newest `keep`.
+pub fn save(dir: &Path, meta: &Meta, state: &FullState, keep: usize) -> Result<PathBuf, CheckpointError> {
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    let final_path = dir.join(name(meta.step));
+    let tmp = dir.join(format!(".{}.tmp.{}", name(meta.step), std::process::id()));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    fs::create_dir(&tmp).map_err(io(&tmp))?;
+    let state_file = tmp.join("state.pt");
+    Tensor::save_multi(
+        &[("params", &state.params), ("adam_m", &state.m), ("adam_v", &state.v)],
+        &state_file,
+    )
+    .map_err(|e| invalid(&state_file, e.to_string()))?;
+    fsync(&state_file)?;
+    crash_point(meta.step);
+    let meta_file = tmp.join("meta.json");
+    let json = serde_json::to_vec_pretty(meta).map_err(|e| invalid(&meta_file, e.to_string()))?;
+    fs::write(&meta_file, json).map_err(io(&meta_file))?;
+    fsync(&meta_file)?;
+    fsync(&tmp)?;
+    if final_path.exists() {
+        // A re-run of the same step (after a restart): replace it.
+        fs::remove_dir_all(&final_path).map_err(io(&final_path))?;
+    }
+    fs::rename(&tmp, &final_path).map_err(io(&final_path))?;
+    fsync(dir)?;
+    prune(dir, keep)?;
+    Ok(final_path)
+}
+
+/// Test hook: `FSDP_TRAINER_CRASH_IN_SAVE=<step>` aborts half-way through that step's
+/// save, as a kill would, to prove resume never sees the half-written checkpoint.
+fn crash_point(step: u64) {
+    if std::env::var("FSDP_TRAINER_CRASH_IN_SAVE").ok().and_then(|s| s.parse::<u64>().ok()) == Some(step) {
+        eprintln!("fsdp-trainer: FSDP_TRAINER_CRASH_IN_SAVE={step}: aborting in the middle of the save");
+        std::process::abort();
+    }
+}
+
+/// Deletes all but the newest `keep` checkpoints and leftovers of interrupted saves.
+fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
+    let mut complete = list(dir)?;
+    complete.sort_by_key(|(s, _)| *s);
+    let excess = complete.len().saturating_sub(keep.max(1));
+    for (_, p) in complete.into_iter().take(excess) {
+        fs::remove_dir_all(&p).map_err(io(&p))?;
+    }
+    for e in fs::read_dir(dir).map_err(io(dir))?.flatten() {
+        let n = e.file_name();
+        let n = n.to_string_lossy();
+        if n.starts_with(".step_") && n.contains(".tmp.") && !n.ends_with(&format!(".tmp.{}", std::process::id())) {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+    Ok(())
+}
+
+/// Complete checkpoints in `dir`: renamed `step_N` directories holding `meta.json`.
+fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).map_err(io(dir))?.flatten() {
+        let p = e.path();
+        if let Some(s) = step_of(&p) {
+            if p.join("meta.json").is_file() && p.join("state.pt").is_file() {
+                out.push((s, p));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The checkpoint to resume from: `path` itself if it is one, else the newest complete one
+/// inside it; `None` if there is none yet (a first run pointed at its own output dir).
+pub fn find(path: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    if path.join("meta.json").is_file() {
+        return Ok(Some(path.to_owned()));
+    }
+    if !path.exists() {
+        return Ok(None);
+    }
+    Ok(list(path)?.into_iter().max_by_key(|(s, _)| *s).map(|(_, p)| p))
+}
+
+/// Reads a checkpoint and checks it fits `model`.
+pub fn load(path: &Path, model: &ModelConfig) -> Result<(Meta, FullState), CheckpointError> {
+    let meta_file = path.join("meta.json");
+    let text = fs::read(&meta_file).map_err(io(&meta_file))?;
+    let meta: Meta = serde_json::from_slice(&text).map_err(|e| invalid(&meta_file, format!("unreadable meta.json: {e}")))?;
+    if meta.format != FORMAT {
+        return Err(invalid(path, format!("format {} (this trainer reads {FORMAT})", meta.format)));
+    }
+    let diff = model.differences(&meta.model);
+    if !diff.is_empty() {
+        return Err(invalid(
+            path,
+            format!(
+                "it was saved for another model shape ({}); use matching flags or another --checkpoint_dir",
+                diff.join("; ")
+            ),
+        ));
+    }
+    let state_file = path.join("state.pt");
+    let tensors = Tensor::load_multi(&state_file).map_err(|e| invalid(&state_file, e.to_string()))?;
+    let get = |n: &str| {
+        tensors
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, t)| t.shallow_clone())
+            .ok_or_else(|| invalid(&state_file, format!("no tensor '{n}'")))
+    };
+    Ok((
+        meta,
+        FullState {
+            params: get("params")?,
+            m: get("adam_m")?,
+            v: get("adam_v")?,
+        },
+    ))
+}

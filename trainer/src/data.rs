@@ -1,0 +1,126 @@
+//! Training samples, addressed by a global sample index: the same index gives the same
+//! sequence whatever the world size, so a re-formed group resumes at the same sample.
+
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+/// Where sequences come from.
+pub enum Corpus {
+    /// A deterministic corpus with structure to learn: each token is followed by a fixed
+    /// successor (a permutation of the vocabulary) 9 times in 10, else by a random token.
+    Synthetic { vocab: i64, successor: Vec<i64> },
+    /// Bytes of a file; a sample is a window at a pseudo-random offset.
+    Bytes(Vec<u8>),
+}
+
+/// splitmix64: a small, well-mixed hash, so sample `i` is the same on every machine.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Corpus {
+    pub fn synthetic(vocab: i64) -> Self {
+        // A fixed permutation (Fisher-Yates with the hash), independent of --seed so runs
+        // with different seeds see the same data.
+        let mut successor: Vec<i64> = (0..vocab).collect();
+        for i in (1..successor.len()).rev() {
+            let j = (mix(0xc0ffee ^ i as u64) % (i as u64 + 1)) as usize;
+            successor.swap(i, j);
+        }
+        Self::Synthetic { vocab, successor }
+    }
+
+    pub fn from_file(path: &Path, context: i64) -> Result<Self, String> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| format!("--dataset_path {}: {e}", path.display()))?;
+        if (bytes.len() as i64) < context + 2 {
+            return Err(format!(
+                "--dataset_path {} has {} bytes; it needs at least --max_context_width + 2 = {}",
+                path.display(),
+                bytes.len(),
+                context + 2
+            ));
+        }
+        Ok(Self::Bytes(bytes))
+    }
+
+    /// `len` tokens of sample `index`.
+    pub fn sample(&self, index: u64, len: usize) -> Vec<i64> {
+        match self {
+            Self::Synthetic { vocab, successor } => {
+                let v = *vocab as u64;
+                let mut state = mix(index);
+                let mut cur = (state % v) as i64;
+                let mut out = Vec::with_capacity(len);
+                out.push(cur);
+                while out.len() < len {
+                    state = mix(state);
+                    cur = if state % 10 == 0 {
+                        ((state >> 8) % v) as i64
+                    } else {
+                        successor[cur as usize]
+                    };
+                    out.push(cur);
+                }
+                out
+            }
+            Self::Bytes(b) => {
+                let span = (b.len() - len) as u64 + 1;
+                let off = (mix(index) % span) as usize;
+                b[off..off + len].iter().map(|&x| i64::from(x)).collect()
+            }
+        }
+    }
+
+    /// Inputs and targets `[batch, context]` for samples `first .. first + batch`.
+    pub fn batch(&self, first: u64, batch: i64, context: i64, device: Device) -> (Tensor, Tensor) {
+        let len = context as usize + 1;
+        let flat: Vec<i64> = (0..batch as u64)
+            .flat_map(|i| self.sample(first + i, len))
+            .collect();
+        let all = Tensor::from_slice(&flat)
+            .view([batch, context + 1])
+            .to_kind(Kind::Int64)
+            .to_device(device);
+        (all.narrow(1, 0, context), all.narrow(1, 1, context))
+    }
+}
+
+/// The first global sample index of `rank`'s share of a step that starts at
+/// `samples_seen`: ranks take consecutive blocks of `per_rank`.
+pub fn first_sample(samples_seen: u64, rank: usize, per_rank: i64) -> u64 {
+    samples_seen + rank as u64 * per_rank as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_depend_only_on_their_index() {
+        let c = Corpus::synthetic(256);
+        assert_eq!(c.sample(7, 16), c.sample(7, 16));
+        assert_ne!(c.sample(7, 16), c.sample(8, 16));
+        // Two ranks of 4 cover what one rank of 8 covers.
+        let one: Vec<u64> = (0..8).map(|i| first_sample(100, 0, 8) + i).collect();
+        let two: Vec<u64> = (0..2)
+            .flat_map(|r| (0..4).map(move |i| first_sample(100, r, 4) + i))
+            .collect();
+        assert_eq!(one, two);
+    }
+
+    #[test]
+    fn the_synthetic_corpus_mostly_follows_its_successor_table() {
+        let c = Corpus::synthetic(64);
+        let Corpus::Synthetic { successor, .. } = &c else {
+            unreachable!()
+        };
+        let s = c.sample(3, 1000);
+        let follows = s.windows(2).filter(|w| successor[w[0] as usize] == w[1]).count();
+        assert!(follows > 850 && follows < 950, "{follows}");
+    }
+}

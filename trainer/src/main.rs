@@ -1,0 +1,55 @@
+//! fsdp-trainer: a Llama-style decoder trained data-parallel with `tch` on PyTorch's own
+//! c10d collectives, the program fsdp-agent launches once per GPU (or CPU rank).
+//!
+//! # Tour
+//!
+//! * [`args`]: flags named like the seeds' `train.py`, checked up front.
+//! * [`launch`]: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher.
+//! * [`c10d`]: TCPStore and ProcessGroupGloo (NCCL with `cuda`) through a C++ shim.
+//! * [`model`]: embedding, RMSNorm, rotary GQA attention, SwiGLU MLP.
+//! * [`data`]: samples addressed by a global index, so any world size resumes in place.
+//! * [`shard`]: gradient exchange and AdamW on a flat vector, `no_shard` or `shard_grad_op`.
+//! * [`checkpoint`]: atomic saves, newest-complete resume, shape checks.
+//! * [`train`]: the loop and its log lines.
+//!
+//! Exit codes: 0 done, 1 a runtime failure (a collective, I/O, a diverged loss), 2 bad
+//! input (flags, launcher environment, a checkpoint of another shape).
+
+mod args;
+mod c10d;
+mod checkpoint;
+mod data;
+mod launch;
+mod model;
+mod schedule;
+mod shard;
+mod train;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = args::Args::parse();
+    if let Err(e) = args.validate() {
+        eprintln!("fsdp-trainer: error: {e}");
+        return ExitCode::from(2);
+    }
+    let launch = match launch::from_env(&|k| std::env::var(k).ok()) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("fsdp-trainer: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match train::run(&args, launch) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fsdp-trainer: error: {e:#}");
+            let bad_input = e
+                .downcast_ref::<checkpoint::CheckpointError>()
+                .is_some_and(|c| matches!(c, checkpoint::CheckpointError::Invalid { .. }));
+            ExitCode::from(if bad_input { 2 } else { 1 })
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The training loop: set up the group, build or resume the model, step, log, save.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tch::Device;
+
+use crate::args::Args;
+use crate::c10d::{Comm, GroupSpec, ProcessGroup};
+use crate::checkpoint::{self, Meta};
+use crate::data::{Corpus, first_sample};
+use crate::launch::Launch;
+use crate::model::{Model, ModelConfig};
+use crate::schedule::Schedule;
+use crate::shard::{AdamW, FlatOptimizer};
+
+fn device_for(launch: Option<&Launch>) -> (Device, &'static str) {
+    #[cfg(feature = "cuda")]
+    if tch::Cuda::is_available() {
+        let local = launch.map_or(0, |l| l.local_rank);
+        return (Device::Cuda(local), "nccl");
+    }
+    let _ = launch;
+    (Device::Cpu, "gloo")
+}
+
+pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
+    if let Some(n) = args.threads {
+        tch::set_num_threads(n);
+    }
+    let (device, backend) = device_for(launch.as_ref());
+    let comm = match &launch {
+        Some(l) if l.world > 1 => Comm::Group(
+            ProcessGroup::new(&GroupSpec {
+                backend,
+                master_addr: l.master_addr.clone(),
+                master_port: l.master_port,
+                rank: l.rank,
+                world: l.world,
+                timeout: Duration::from_secs(args.collective_timeout),
+                gloo_ifnames: std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()),
+            })
+            .context("joining the process group")?,
+        ),
+        _ => Comm::Single,
+    };
+    let (rank, world) = (comm.rank(), comm.world());
+    let lead = rank == 0;
+    let say = |msg: String| {
+        if lead {
+            println!("{msg}");
+        }
+    };
+
+    let corpus = match &args.dataset_path {
+        Some(p) => Corpus::from_file(p, args.max_context_width).map_err(anyhow::Error::msg)?,
+        None => Corpus::synthetic(args.vocab_size),
+    };
+    let config = ModelConfig::from_args(args);
+    tch::manual_seed(args.seed);
+    let mut model = Model::new(config.clone(), device);
+    // Same seed, same values on every rank; the broadcast makes it a fact, not a hope.
+    for p in &model.params {
+        comm.broadcast(&mut p.detach(), 0)?;
+    }
+    let hyper = AdamW {
+        beta1: args.beta1,
+        beta2: args.beta2,
+        eps: 1e-8,
+        weight_decay: args.weight_decay,
+    };
+    let mut opt = FlatOptimizer::new(&model, &comm, args.sharding_strategy, hyper);
+    say(format!(
+        "Model: {} parameters, {} layers, hidden {}; world size {world}, {:?}, {:.1} MiB optimizer state per rank",
+        model.numel(),
+        config.num_layers,
+        config.hidden_width,
+        args.sharding_strategy,
+        opt.state_bytes() as f64 / (1 << 20) as f64
+    ));
+
+    let (mut step, mut samples_seen) = (0u64, 0u64);
+    match args.resume_from_checkpoint.as_deref().map(checkpoint::find).transpose()? {
+        Some(Some(path)) => {
+            let (meta, state) = checkpoint::load(&path, &config)?;
+            opt.load(&state, meta.adam_step, &mut model, &comm)?;
+            step = meta.step;
+            samples_seen = meta.samples_seen;
+            say(format!(
+                "Loaded checkpoint {} (step {}, sample {}, saved by {} rank(s), loss {:.5})",
+                path.display(),
+                meta.step,
+                meta.samples_seen,
+                meta.world_size,
+                meta.loss
+            ));
+        }
+        Some(None) => say(format!(
+            "No checkpoint in {}; starting from scratch",
+            args.resume_from_checkpoint.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+        )),
+        None => {}
+    }
+    if step >= args.max_steps {
+        say(format!("Already at step {step} of --max_steps {}; nothing to do", args.max_steps));
+        return Ok(());
+    }
+
+    let schedule = Schedule::new(args.lr, args.min_lr, args.warmup, args.max_steps);
+    let per_rank = args.train_batch_size;
+    let global_batch = per_rank as u64 * world as u64;
+    let mut window_start = Instant::now();
+    let mut window_samples = 0u64;
+    let mut last_loss = f64::NAN;
+    while step < args.max_steps {
+        let lr = schedule.at(step);
+        let first = first_sample(samples_seen, rank, per_rank);
+        let (inputs, targets) = corpus.batch(first, per_rank, args.max_context_width, device);
+        let loss = model.loss(&inputs, &targets);
+        loss.backward();
+        opt.step(&mut model, &comm, lr, args.grad_clip)?;
+        samples_seen += global_batch;
+        window_samples += global_batch;
+        let done = step + 1;
+        let last = done == args.max_steps;
+        let save = args.checkpoint_dir.is_some()
+            && (last || (args.checkpoint_freq > 0 && done % args.checkpoint_freq == 0));
+        if done % args.logging_freq == 0 || last || save {
+            let mut l = loss.detach().reshape([1]);
+            comm.all_reduce_sum(&mut l)?;
+            last_loss = l.double_value(&[0]) / world as f64;
+            if !last_loss.is_finite() {
+                bail!("the loss became {last_loss} at step {step}; lower --lr or raise --warmup");
+            }
+        }
+        if done % args.logging_freq == 0 || last {
+            let secs = window_start.elapsed().as_secs_f64().max(1e-9);
+            say(format!(
+                "Batch {step} Loss: {last_loss:.5}, Speed: {:.2} samples/sec, lr: {lr:.6}",
+                window_samples as f64 / secs
+            ));
+            window_start = Instant::now();
+            window_samples = 0;
+        }
+        if save {
+            let state = opt.full_state(&comm)?;
+            if lead {
+                let meta = Meta {
+                    format: checkpoint::FORMAT,
+                    step: done,
+                    samples_seen,
+                    adam_step: opt.adam_step,
+                    model: config.clone(),
+                    world_size: world,
+                    sharding: args.sharding_strategy,
+                    loss: last_loss,
+                };
+                let dir = args.checkpoint_dir.as_deref().unwrap_or(std::path::Path::new("."));
+                let path = checkpoint::save(dir, &meta, &state, args.checkpoints_to_keep)?;
+                say(format!("Saved checkpoint {} (step {done}, sample {samples_seen})", path.display()));
+            }
+            // Nobody runs ahead of a save that may still fail.
+            comm.barrier()?;
+            window_start = Instant::now();
+        }
+        step = done;
+    }
+    say(format!("Training finished at step {step}, loss {last_loss:.5}"));
+    Ok(())
+}
