@@ -9,7 +9,10 @@ fn main() {
         std::env::var("DEP_TCH_LIBTORCH_LIB")
             .expect("torch-sys did not report libtorch's lib dir (set LIBTORCH_USE_PYTORCH=1)"),
     );
-    let torch = lib.parent().expect("<torch>/lib has a parent").to_path_buf();
+    let torch = lib
+        .parent()
+        .expect("<torch>/lib has a parent")
+        .to_path_buf();
     let include = torch.join("include");
     let mut build = cc::Build::new();
     build
@@ -23,7 +26,9 @@ fn main() {
         .define("USE_C10D_GLOO", None)
         .warnings(false);
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
-        build.define("USE_C10D_NCCL", None).define("FSDP_WITH_NCCL", None);
+        build
+            .define("USE_C10D_NCCL", None)
+            .define("FSDP_WITH_NCCL", None);
         // The CUDA runtime headers come with the wheel's nvidia packages.
         let site = torch.parent().expect("site-packages");
         for sub in ["nvidia/cuda_runtime/include", "nvidia/nccl/include"] {

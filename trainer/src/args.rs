@@ -135,7 +135,10 @@ impl Args {
             return Err(format!("--lr must be a positive number, got {}", self.lr));
         }
         if self.warmup < 0.0 {
-            return Err(format!("--warmup must not be negative, got {}", self.warmup));
+            return Err(format!(
+                "--warmup must not be negative, got {}",
+                self.warmup
+            ));
         }
         if self.dataset_path.is_some() && self.vocab_size < 256 {
             return Err(format!(

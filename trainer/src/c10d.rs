@@ -63,7 +63,9 @@ fn take_error(op: &'static str, err: *mut c_char) -> C10dError {
         "no message".to_owned()
     } else {
         // SAFETY: the shim returns a NUL-terminated malloc'd string we now own.
-        let m = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+        let m = unsafe { CStr::from_ptr(err) }
+            .to_string_lossy()
+            .into_owned();
         unsafe { fsdp_free_error(err) };
         m
     };
@@ -143,7 +145,11 @@ impl ProcessGroup {
     }
 
     /// `out` (n) ← the sum over ranks of this rank's n-slice of `input` (n × world).
-    pub fn reduce_scatter_sum(&self, out: &mut Tensor, input: &mut Tensor) -> Result<(), C10dError> {
+    pub fn reduce_scatter_sum(
+        &self,
+        out: &mut Tensor,
+        input: &mut Tensor,
+    ) -> Result<(), C10dError> {
         let mut err = std::ptr::null_mut();
         // SAFETY: both tensors outlive the blocking call.
         let rc = unsafe {
@@ -212,7 +218,11 @@ impl Comm {
         }
     }
 
-    pub fn reduce_scatter_sum(&self, out: &mut Tensor, input: &mut Tensor) -> Result<(), C10dError> {
+    pub fn reduce_scatter_sum(
+        &self,
+        out: &mut Tensor,
+        input: &mut Tensor,
+    ) -> Result<(), C10dError> {
         match self {
             Self::Single => {
                 out.copy_(input);

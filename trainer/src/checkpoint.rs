@@ -69,7 +69,12 @@ fn fsync(path: &Path) -> Result<(), CheckpointError> {
 }
 
 /// Writes a checkpoint into `dir` and keeps only the newest `keep`.
-pub fn save(dir: &Path, meta: &Meta, state: &FullState, keep: usize) -> Result<PathBuf, CheckpointError> {
+pub fn save(
+    dir: &Path,
+    meta: &Meta,
+    state: &FullState,
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
     fs::create_dir_all(dir).map_err(io(dir))?;
     let final_path = dir.join(name(meta.step));
     let tmp = dir.join(format!(".{}.tmp.{}", name(meta.step), std::process::id()));
@@ -79,7 +84,11 @@ pub fn save(dir: &Path, meta: &Meta, state: &FullState, keep: usize) -> Result<P
     fs::create_dir(&tmp).map_err(io(&tmp))?;
     let state_file = tmp.join("state.pt");
     Tensor::save_multi(
-        &[("params", &state.params), ("adam_m", &state.m), ("adam_v", &state.v)],
+        &[
+            ("params", &state.params),
+            ("adam_m", &state.m),
+            ("adam_v", &state.v),
+        ],
         &state_file,
     )
     .map_err(|e| invalid(&state_file, e.to_string()))?;
@@ -103,8 +112,14 @@ pub fn save(dir: &Path, meta: &Meta, state: &FullState, keep: usize) -> Result<P
 /// Test hook: `FSDP_TRAINER_CRASH_IN_SAVE=<step>` aborts half-way through that step's
 /// save, as a kill would, to prove resume never sees the half-written checkpoint.
 fn crash_point(step: u64) {
-    if std::env::var("FSDP_TRAINER_CRASH_IN_SAVE").ok().and_then(|s| s.parse::<u64>().ok()) == Some(step) {
-        eprintln!("fsdp-trainer: FSDP_TRAINER_CRASH_IN_SAVE={step}: aborting in the middle of the save");
+    if std::env::var("FSDP_TRAINER_CRASH_IN_SAVE")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        == Some(step)
+    {
+        eprintln!(
+            "fsdp-trainer: FSDP_TRAINER_CRASH_IN_SAVE={step}: aborting in the middle of the save"
+        );
         std::process::abort();
     }
 }
@@ -120,7 +135,10 @@ fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
     for e in fs::read_dir(dir).map_err(io(dir))?.flatten() {
         let n = e.file_name();
         let n = n.to_string_lossy();
-        if n.starts_with(".step_") && n.contains(".tmp.") && !n.ends_with(&format!(".tmp.{}", std::process::id())) {
+        if n.starts_with(".step_")
+            && n.contains(".tmp.")
+            && !n.ends_with(&format!(".tmp.{}", std::process::id()))
+        {
             let _ = fs::remove_dir_all(e.path());
         }
     }
@@ -150,16 +168,23 @@ pub fn find(path: &Path) -> Result<Option<PathBuf>, CheckpointError> {
     if !path.exists() {
         return Ok(None);
     }
-    Ok(list(path)?.into_iter().max_by_key(|(s, _)| *s).map(|(_, p)| p))
+    Ok(list(path)?
+        .into_iter()
+        .max_by_key(|(s, _)| *s)
+        .map(|(_, p)| p))
 }
 
 /// Reads a checkpoint and checks it fits `model`.
 pub fn load(path: &Path, model: &ModelConfig) -> Result<(Meta, FullState), CheckpointError> {
     let meta_file = path.join("meta.json");
     let text = fs::read(&meta_file).map_err(io(&meta_file))?;
-    let meta: Meta = serde_json::from_slice(&text).map_err(|e| invalid(&meta_file, format!("unreadable meta.json: {e}")))?;
+    let meta: Meta = serde_json::from_slice(&text)
+        .map_err(|e| invalid(&meta_file, format!("unreadable meta.json: {e}")))?;
     if meta.format != FORMAT {
-        return Err(invalid(path, format!("format {} (this trainer reads {FORMAT})", meta.format)));
+        return Err(invalid(
+            path,
+            format!("format {} (this trainer reads {FORMAT})", meta.format),
+        ));
     }
     let diff = model.differences(&meta.model);
     if !diff.is_empty() {
@@ -172,7 +197,8 @@ pub fn load(path: &Path, model: &ModelConfig) -> Result<(Meta, FullState), Check
         ));
     }
     let state_file = path.join("state.pt");
-    let tensors = Tensor::load_multi(&state_file).map_err(|e| invalid(&state_file, e.to_string()))?;
+    let tensors =
+        Tensor::load_multi(&state_file).map_err(|e| invalid(&state_file, e.to_string()))?;
     let get = |n: &str| {
         tensors
             .iter()

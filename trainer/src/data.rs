@@ -35,8 +35,8 @@ impl Corpus {
     }
 
     pub fn from_file(path: &Path, context: i64) -> Result<Self, String> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| format!("--dataset_path {}: {e}", path.display()))?;
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("--dataset_path {}: {e}", path.display()))?;
         if (bytes.len() as i64) < context + 2 {
             return Err(format!(
                 "--dataset_path {} has {} bytes; it needs at least --max_context_width + 2 = {}",
@@ -120,7 +120,10 @@ mod tests {
             unreachable!()
         };
         let s = c.sample(3, 1000);
-        let follows = s.windows(2).filter(|w| successor[w[0] as usize] == w[1]).count();
+        let follows = s
+            .windows(2)
+            .filter(|w| successor[w[0] as usize] == w[1])
+            .count();
         assert!(follows > 850 && follows < 950, "{follows}");
     }
 }

@@ -61,8 +61,10 @@ mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: std::collections::HashMap<String, String> =
-            pairs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        let m: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
         move |k| m.get(k).cloned()
     }
 
@@ -71,10 +73,24 @@ mod tests {
         assert_eq!(from_env(&env(&[])), Ok(None));
         let e = from_env(&env(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap_err();
         assert!(e.contains("MASTER_ADDR, MASTER_PORT missing"), "{e}");
-        let full = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "29500"), ("LOCAL_RANK", "1")];
+        let full = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "29500"),
+            ("LOCAL_RANK", "1"),
+        ];
         let l = from_env(&env(&full)).unwrap().unwrap();
-        assert_eq!((l.rank, l.world, l.local_rank, l.master_port), (1, 2, 1, 29500));
-        let bad = [("RANK", "2"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "x")];
+        assert_eq!(
+            (l.rank, l.world, l.local_rank, l.master_port),
+            (1, 2, 1, 29500)
+        );
+        let bad = [
+            ("RANK", "2"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "x"),
+        ];
         assert!(from_env(&env(&bad)).is_err());
     }
 }

@@ -29,6 +29,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// Input the user must fix (exit 2), as opposed to a failure while training (exit 1).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
 fn main() -> ExitCode {
     let args = args::Args::parse();
     if let Err(e) = args.validate() {
@@ -46,9 +51,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fsdp-trainer: error: {e:#}");
-            let bad_input = e
-                .downcast_ref::<checkpoint::CheckpointError>()
-                .is_some_and(|c| matches!(c, checkpoint::CheckpointError::Invalid { .. }));
+            let bad_input = e.is::<BadInput>()
+                || e.downcast_ref::<checkpoint::CheckpointError>()
+                    .is_some_and(|c| matches!(c, checkpoint::CheckpointError::Invalid { .. }));
             ExitCode::from(if bad_input { 2 } else { 1 })
         }
     }

@@ -40,7 +40,10 @@ impl ModelConfig {
 
     /// Names and shapes of every parameter, in the flat order.
     pub fn layout(&self) -> Vec<(String, Vec<i64>)> {
-        let (h, kv) = (self.hidden_width, self.num_key_value_heads * self.head_dim());
+        let (h, kv) = (
+            self.hidden_width,
+            self.num_key_value_heads * self.head_dim(),
+        );
         let mut out = vec![("embed".to_owned(), vec![self.vocab_size, h])];
         for l in 0..self.num_layers {
             let p = |n: &str| format!("layers.{l}.{n}");
@@ -70,7 +73,12 @@ impl ModelConfig {
         };
         a.iter()
             .filter(|(k, v)| b.get(*k) != Some(v))
-            .map(|(k, v)| format!("{k}: {v} here vs {} in the checkpoint", b.get(k).cloned().unwrap_or_default()))
+            .map(|(k, v)| {
+                format!(
+                    "{k}: {v} here vs {} in the checkpoint",
+                    b.get(k).cloned().unwrap_or_default()
+                )
+            })
             .collect()
     }
 }
@@ -116,11 +124,19 @@ impl Model {
     pub fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Tensor {
         let logits = self.forward(inputs);
         let v = self.config.vocab_size;
-        logits
-            .view([-1, v])
-            .cross_entropy_loss::<Tensor>(&targets.reshape([-1]), None, tch::Reduction::Mean, -100, 0.0)
+        logits.view([-1, v]).cross_entropy_loss::<Tensor>(
+            &targets.reshape([-1]),
+            None,
+            tch::Reduction::Mean,
+            -100,
+            0.0,
+        )
     }
 
+    #[allow(
+        clippy::assign_op_pattern,
+        reason = "tch's `+=` is an in-place add, which would clobber a value autograd still needs"
+    )]
     pub fn forward(&self, tokens: &Tensor) -> Tensor {
         let c = &self.config;
         let (b, t) = (tokens.size()[0], tokens.size()[1]);
@@ -143,7 +159,14 @@ impl Model {
             let k = rotate(&heads(&w[2], nkv), &cos, &sin);
             let v = heads(&w[3], nkv);
             let att = Tensor::scaled_dot_product_attention::<Tensor>(
-                &q, &k, &v, None, 0.0, true, None, nkv != nh,
+                &q,
+                &k,
+                &v,
+                None,
+                0.0,
+                true,
+                None,
+                nkv != nh,
             );
             let att = att.transpose(1, 2).reshape([b, t, c.hidden_width]);
             x = x + att.linear::<Tensor>(&w[4], None);

@@ -30,7 +30,8 @@ impl Schedule {
         }
         let span = self.max_steps.saturating_sub(self.warmup_steps).max(1) as f64;
         let progress = ((step - self.warmup_steps) as f64 / span).min(1.0);
-        self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+        self.min_lr
+            + 0.5 * (self.lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
     }
 }
 

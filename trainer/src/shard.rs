@@ -88,7 +88,13 @@ impl FlatOptimizer {
     /// Averages gradients over ranks, clips the global norm to `clip` (0: off), applies
     /// one AdamW step at `lr` and leaves every rank with the same updated parameters.
     /// Returns the global gradient norm before clipping.
-    pub fn step(&mut self, model: &mut Model, comm: &Comm, lr: f64, clip: f64) -> Result<f64, C10dError> {
+    pub fn step(
+        &mut self,
+        model: &mut Model,
+        comm: &Comm,
+        lr: f64,
+        clip: f64,
+    ) -> Result<f64, C10dError> {
         let world = comm.world() as f64;
         let grads: Vec<Tensor> = model
             .params
@@ -181,7 +187,13 @@ impl FlatOptimizer {
 
     /// Takes this rank's range of a whole state (saved with any world size) and writes
     /// the parameters into the model.
-    pub fn load(&mut self, state: &FullState, adam_step: u64, model: &mut Model, comm: &Comm) -> Result<(), C10dError> {
+    pub fn load(
+        &mut self,
+        state: &FullState,
+        adam_step: u64,
+        model: &mut Model,
+        comm: &Comm,
+    ) -> Result<(), C10dError> {
         let take = |t: &Tensor| pad(t, self.padded).narrow(0, self.start, self.len).copy();
         self.master = take(&state.params);
         self.m = take(&state.m);
@@ -197,5 +209,8 @@ fn pad(t: &Tensor, len: i64) -> Tensor {
     if n == len {
         return t.shallow_clone();
     }
-    Tensor::cat(&[t, &Tensor::zeros([len - n], (Kind::Float, t.device()))], 0)
+    Tensor::cat(
+        &[t, &Tensor::zeros([len - n], (Kind::Float, t.device()))],
+        0,
+    )
 }

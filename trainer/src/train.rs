@@ -38,7 +38,9 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
                 rank: l.rank,
                 world: l.world,
                 timeout: Duration::from_secs(args.collective_timeout),
-                gloo_ifnames: std::env::var("GLOO_SOCKET_IFNAME").ok().filter(|s| !s.is_empty()),
+                gloo_ifnames: std::env::var("GLOO_SOCKET_IFNAME")
+                    .ok()
+                    .filter(|s| !s.is_empty()),
             })
             .context("joining the process group")?,
         ),
@@ -53,7 +55,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     };
 
     let corpus = match &args.dataset_path {
-        Some(p) => Corpus::from_file(p, args.max_context_width).map_err(anyhow::Error::msg)?,
+        Some(p) => Corpus::from_file(p, args.max_context_width).map_err(crate::BadInput)?,
         None => Corpus::synthetic(args.vocab_size),
     };
     let config = ModelConfig::from_args(args);
@@ -80,7 +82,12 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     ));
 
     let (mut step, mut samples_seen) = (0u64, 0u64);
-    match args.resume_from_checkpoint.as_deref().map(checkpoint::find).transpose()? {
+    match args
+        .resume_from_checkpoint
+        .as_deref()
+        .map(checkpoint::find)
+        .transpose()?
+    {
         Some(Some(path)) => {
             let (meta, state) = checkpoint::load(&path, &config)?;
             opt.load(&state, meta.adam_step, &mut model, &comm)?;
@@ -97,12 +104,18 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         }
         Some(None) => say(format!(
             "No checkpoint in {}; starting from scratch",
-            args.resume_from_checkpoint.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+            args.resume_from_checkpoint
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
         )),
         None => {}
     }
     if step >= args.max_steps {
-        say(format!("Already at step {step} of --max_steps {}; nothing to do", args.max_steps));
+        say(format!(
+            "Already at step {step} of --max_steps {}; nothing to do",
+            args.max_steps
+        ));
         return Ok(());
     }
 
@@ -155,9 +168,15 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
                     sharding: args.sharding_strategy,
                     loss: last_loss,
                 };
-                let dir = args.checkpoint_dir.as_deref().unwrap_or(std::path::Path::new("."));
+                let dir = args
+                    .checkpoint_dir
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("."));
                 let path = checkpoint::save(dir, &meta, &state, args.checkpoints_to_keep)?;
-                say(format!("Saved checkpoint {} (step {done}, sample {samples_seen})", path.display()));
+                say(format!(
+                    "Saved checkpoint {} (step {done}, sample {samples_seen})",
+                    path.display()
+                ));
             }
             // Nobody runs ahead of a save that may still fail.
             comm.barrier()?;
@@ -165,6 +184,8 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         }
         step = done;
     }
-    say(format!("Training finished at step {step}, loss {last_loss:.5}"));
+    say(format!(
+        "Training finished at step {step}, loss {last_loss:.5}"
+    ));
     Ok(())
 }

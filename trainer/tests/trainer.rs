@@ -1,0 +1,369 @@
+//! The trainer end to end: real processes, PyTorch's Gloo through the c10d shim, launched
+//! alone or by fsdp-agent.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn trainer() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fsdp-trainer"))
+}
+
+fn agent() -> PathBuf {
+    let p = trainer().with_file_name("fsdp-agent");
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first (cargo build --workspace)",
+        p.display()
+    );
+    p
+}
+
+/// Small and quick: trains in about a second per 50 steps on one CPU.
+const MODEL: [&str; 4] = ["--logging_freq", "1", "--threads", "1"];
+
+fn clean(cmd: &mut Command) -> &mut Command {
+    for k in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "FSDP_TRAINER_CRASH_IN_SAVE",
+    ] {
+        cmd.env_remove(k);
+    }
+    cmd.env("FSDP_STATUS_ADDR", "off")
+}
+
+fn alone(args: &[&str]) -> Command {
+    let mut c = Command::new(trainer());
+    clean(&mut c).args(MODEL).args(args);
+    c
+}
+
+fn launched(nproc: u32, args: &[&str]) -> Command {
+    let mut c = Command::new(agent());
+    clean(&mut c)
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            &nproc.to_string(),
+            "--no-python",
+        ])
+        .arg(trainer())
+        .args(MODEL)
+        .args(args);
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    let out = c.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{c:?} failed: {:?}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `(step, loss)` from every `Batch N Loss: X, ...` line (with or without the agent's
+/// `[default0]:` prefix).
+fn losses(text: &str) -> Vec<(u64, f64)> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("Batch ")? + 6..];
+            let (step, rest) = rest.split_once(" Loss: ")?;
+            let loss = rest.split(',').next()?;
+            Some((step.parse().ok()?, loss.parse().ok()?))
+        })
+        .collect()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn assert_close(a: &[(u64, f64)], b: &[(u64, f64)], tol: f64) {
+    assert_eq!(
+        a.iter().map(|x| x.0).collect::<Vec<_>>(),
+        b.iter().map(|x| x.0).collect::<Vec<_>>(),
+        "the same steps were logged"
+    );
+    for ((s, x), (_, y)) in a.iter().zip(b) {
+        assert!(
+            (x - y).abs() <= tol,
+            "step {s}: loss {x} vs {y} (tolerance {tol})"
+        );
+    }
+}
+
+#[test]
+fn two_workers_under_the_agent_learn_the_synthetic_corpus() {
+    let out = run(launched(
+        2,
+        &["--max_steps", "60", "--train_batch_size", "8"],
+    ));
+    let text = stdout(&out);
+    let l = losses(&text);
+    assert_eq!(l.len(), 60, "{text}");
+    // Uniform over 256 tokens is ln 256 = 5.55.
+    assert!(l[0].1 > 4.5, "{:?}", l[0]);
+    let tail: f64 = l[55..].iter().map(|x| x.1).sum::<f64>() / 5.0;
+    assert!(tail < 2.0, "loss did not fall: {:?}", &l[50..]);
+    assert!(text.contains("[default0]:Batch 0 Loss: "), "{text}");
+    assert!(
+        !text.contains("[default1]:Batch"),
+        "only global rank 0 logs: {text}"
+    );
+    let line = text.lines().find(|l| l.contains("Batch 10 ")).unwrap();
+    assert!(line.contains("samples/sec, lr: 0.00"), "{line}");
+}
+
+/// World 1 with batch 8 and world 2 with batch 4 see the same samples per step and must
+/// produce the same losses, up to float summation order.
+fn equivalence(strategy: &str) {
+    let common = ["--max_steps", "25", "--sharding_strategy", strategy];
+    let one = run(alone(&[&common[..], &["--train_batch_size", "8"]].concat()));
+    let two = run(launched(
+        2,
+        &[&common[..], &["--train_batch_size", "4"]].concat(),
+    ));
+    let (a, b) = (losses(&stdout(&one)), losses(&stdout(&two)));
+    assert_eq!(a.len(), 25);
+    assert_close(&a, &b, 2e-3);
+}
+
+#[test]
+fn world_1_and_world_2_give_the_same_losses_with_no_shard() {
+    equivalence("no_shard");
+}
+
+#[test]
+fn world_1_and_world_2_give_the_same_losses_with_shard_grad_op() {
+    equivalence("shard_grad_op");
+}
+
+/// Starts `cmd`, waits for a `Batch <at>` line in its stdout file, and SIGKILLs it.
+fn kill_at(mut cmd: Command, dir: &Path, at: u64, agent: bool) -> String {
+    let log = dir.join(format!("killed.{at}.{}.out", std::process::id()));
+    cmd.stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null());
+    let mut child: Child = cmd.spawn().unwrap();
+    let end = Instant::now() + Duration::from_secs(120);
+    let needle = format!("Batch {at} ");
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains(&needle) {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "exited before step {at}: {text}"
+        );
+        assert!(Instant::now() < end, "no step {at}: {text}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    if agent {
+        // The agent's workers die with it (PR_SET_PDEATHSIG); give them a moment.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::fs::read_to_string(&log).unwrap()
+}
+
+fn resume_with_another_world(first_nproc: u32, then_nproc: u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck = ck.to_str().unwrap();
+    let global = 8;
+    let batch = |n: u32| (global / n).to_string();
+    let base = [
+        "--max_steps",
+        "40",
+        "--checkpoint_freq",
+        "10",
+        "--sharding_strategy",
+        "shard_grad_op",
+    ];
+    let reference = losses(&stdout(&run(alone(
+        &[&base[..], &["--train_batch_size", "8"]].concat(),
+    ))));
+
+    let b1 = batch(first_nproc);
+    let first_args = [
+        &base[..],
+        &[
+            "--train_batch_size",
+            &b1,
+            "--checkpoint_dir",
+            ck,
+            "--resume_from_checkpoint",
+            ck,
+        ],
+    ]
+    .concat();
+    let first = if first_nproc == 1 {
+        alone(&first_args)
+    } else {
+        launched(first_nproc, &first_args)
+    };
+    let killed = kill_at(first, dir.path(), 25, first_nproc > 1);
+    assert!(
+        killed.contains("Saved checkpoint") && killed.contains("step_00000020"),
+        "{killed}"
+    );
+
+    let b2 = batch(then_nproc);
+    let second_args = [
+        &base[..],
+        &[
+            "--train_batch_size",
+            &b2,
+            "--checkpoint_dir",
+            ck,
+            "--resume_from_checkpoint",
+            ck,
+        ],
+    ]
+    .concat();
+    let second = if then_nproc == 1 {
+        alone(&second_args)
+    } else {
+        launched(then_nproc, &second_args)
+    };
+    let text = stdout(&run(second));
+    assert!(
+        text.contains("step_00000020 (step 20, sample 160, saved by"),
+        "resumed from the last checkpoint at step 20, sample 160: {text}"
+    );
+    let resumed = losses(&text);
+    assert_eq!(resumed.first().map(|x| x.0), Some(20), "{text}");
+    // Same samples, same parameters and optimizer state: the curve goes on exactly as an
+    // uninterrupted run's.
+    assert_close(&resumed, &reference[20..], 2e-3);
+}
+
+#[test]
+fn a_run_killed_on_two_ranks_resumes_on_one() {
+    resume_with_another_world(2, 1);
+}
+
+#[test]
+fn a_run_killed_on_one_rank_resumes_on_two() {
+    resume_with_another_world(1, 2);
+}
+
+#[test]
+fn a_kill_during_a_save_leaves_the_previous_checkpoint_to_resume_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck_s = ck.to_str().unwrap();
+    let args = [
+        "--max_steps",
+        "30",
+        "--checkpoint_freq",
+        "10",
+        "--checkpoint_dir",
+        ck_s,
+        "--resume_from_checkpoint",
+        ck_s,
+    ];
+    let mut crashing = alone(&args);
+    crashing.env("FSDP_TRAINER_CRASH_IN_SAVE", "20");
+    let out = crashing.output().unwrap();
+    assert!(!out.status.success());
+    let names: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.contains(&"step_00000010".to_owned()), "{names:?}");
+    assert!(!names.contains(&"step_00000020".to_owned()), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.starts_with(".step_00000020.tmp")),
+        "the half-written save is left: {names:?}"
+    );
+
+    let text = stdout(&run(alone(&args)));
+    assert!(text.contains("step_00000010 (step 10, sample 80"), "{text}");
+    assert_eq!(losses(&text).first().map(|x| x.0), Some(10));
+    let names: Vec<String> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.contains(&"step_00000030".to_owned()), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.contains(".tmp")),
+        "leftovers are cleaned: {names:?}"
+    );
+}
+
+fn fails_with(mut cmd: Command, code: i32, needle: &str) {
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    assert!(err.contains(needle), "expected '{needle}' in: {err}");
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let mut c = alone(&["--max_steps", "1"]);
+    c.env("RANK", "0").env("WORLD_SIZE", "2");
+    fails_with(c, 2, "MASTER_ADDR, MASTER_PORT missing");
+    fails_with(
+        alone(&["--hidden_width", "30", "--num_heads", "4"]),
+        2,
+        "not divisible by --num_heads",
+    );
+    fails_with(
+        alone(&["--num_heads", "4", "--num_key_value_heads", "3"]),
+        2,
+        "multiple of --num_key_value_heads",
+    );
+    fails_with(alone(&["--sharding_strategy", "full"]), 2, "shard_grad_op");
+    fails_with(
+        alone(&["--train_batch_size", "0"]),
+        2,
+        "--train_batch_size must be positive",
+    );
+    fails_with(
+        alone(&["--dataset_path", "/nonexistent/file.txt"]),
+        2,
+        "/nonexistent/file.txt",
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().to_str().unwrap();
+    run(alone(&["--max_steps", "2", "--checkpoint_dir", ck]));
+    fails_with(
+        alone(&[
+            "--max_steps",
+            "4",
+            "--hidden_width",
+            "32",
+            "--resume_from_checkpoint",
+            ck,
+        ]),
+        2,
+        "hidden_width: 32 here vs 64 in the checkpoint",
+    );
+}
+
+#[test]
+fn a_text_file_trains_byte_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("corpus.txt");
+    let text = "the quick brown fox jumps over the lazy dog. ".repeat(200);
+    std::fs::write(&file, text).unwrap();
+    let out = run(alone(&[
+        "--max_steps",
+        "40",
+        "--dataset_path",
+        file.to_str().unwrap(),
+    ]));
+    let l = losses(&stdout(&out));
+    assert!(l.last().unwrap().1 < l[0].1 / 2.0, "{l:?}");
+}
