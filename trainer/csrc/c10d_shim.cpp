@@ -147,4 +147,14 @@ int fsdp_barrier(fsdp_pg* pg, char** err) {
   return 1;
 }
 
+// Makes `grad` the gradient of `param`: autograd then accumulates into it in place, so
+// the trainer's flat gradient buffer is the gradients themselves, with no copy.
+int fsdp_set_grad(at::Tensor* param, at::Tensor* grad, char** err) {
+  FSDP_TRY(err, {
+    param->mutable_grad() = *grad;
+    return 0;
+  })
+  return 1;
+}
+
 }  // extern "C"

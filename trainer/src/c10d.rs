@@ -48,6 +48,20 @@ unsafe extern "C" {
         err: *mut *mut c_char,
     ) -> c_int;
     fn fsdp_barrier(pg: *mut RawGroup, err: *mut *mut c_char) -> c_int;
+    fn fsdp_set_grad(param: *mut RawTensor, grad: *mut RawTensor, err: *mut *mut c_char) -> c_int;
+}
+
+/// Makes `grad` (same shape) the gradient tensor of `param`, so backward accumulates into
+/// it in place. Lives here because it goes through the same C++ shim.
+pub fn set_grad(param: &mut Tensor, grad: &mut Tensor) -> Result<(), C10dError> {
+    let mut err = std::ptr::null_mut();
+    // SAFETY: both tensors are alive for the call; the shim copies the handle.
+    let rc = unsafe { fsdp_set_grad(param.as_mut_ptr(), grad.as_mut_ptr(), &mut err) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(take_error("set_grad", err))
+    }
 }
 
 /// A c10d call failed (a peer died, a timeout, a bad argument).

@@ -71,7 +71,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         eps: 1e-8,
         weight_decay: args.weight_decay,
     };
-    let mut opt = FlatOptimizer::new(&model, &comm, args.sharding_strategy, hyper);
+    let mut opt = FlatOptimizer::new(&mut model, &comm, args.sharding_strategy, hyper)?;
     say(format!(
         "Model: {} parameters, {} layers, hidden {}; world size {world}, {:?}, {:.1} MiB optimizer state per rank",
         model.numel(),
@@ -90,7 +90,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     {
         Some(Some(path)) => {
             let (meta, state) = checkpoint::load(&path, &config)?;
-            opt.load(&state, meta.adam_step, &mut model, &comm)?;
+            opt.load(&state, meta.adam_step);
             step = meta.step;
             samples_seen = meta.samples_seen;
             say(format!(
@@ -131,7 +131,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         let (inputs, targets) = corpus.batch(first, per_rank, args.max_context_width, device);
         let loss = model.loss(&inputs, &targets);
         loss.backward();
-        opt.step(&mut model, &comm, lr, args.grad_clip)?;
+        opt.step(&comm, lr, args.grad_clip)?;
         samples_seen += global_batch;
         window_samples += global_batch;
         let done = step + 1;
@@ -187,5 +187,16 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     say(format!(
         "Training finished at step {step}, loss {last_loss:.5}"
     ));
+    // Every rank reports its own peak: sharding is about per-rank memory.
+    if let Some(kib) = peak_rss_kib() {
+        println!("Rank {rank} peak RSS: {:.1} MiB", kib as f64 / 1024.0);
+    }
     Ok(())
+}
+
+/// The process's peak resident set (VmHWM), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }

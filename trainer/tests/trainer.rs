@@ -367,3 +367,27 @@ fn a_text_file_trains_byte_level() {
     let l = losses(&stdout(&out));
     assert!(l.last().unwrap().1 < l[0].1 / 2.0, "{l:?}");
 }
+
+fn python() -> PathBuf {
+    std::env::var_os("FSDP_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/fsdp-agent/venv/bin/python")
+        })
+}
+
+/// The Python baseline is the same model written with torch.nn.functional: same
+/// initialisation, samples and schedule, so the losses agree step by step. This pins the
+/// tch model (rotary, GQA, RMSNorm, SwiGLU, AdamW, clipping) to PyTorch's reference.
+#[test]
+fn the_model_matches_the_pytorch_reference_step_by_step() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("baseline/train_baseline.py");
+    let args = ["--max_steps", "15", "--logging_freq", "1", "--threads", "1"];
+    let mut py = Command::new(python());
+    clean(&mut py).arg(&script).args(args);
+    let reference = losses(&stdout(&run(py)));
+    let ours = losses(&stdout(&run(alone(&["--max_steps", "15"]))));
+    assert_eq!(reference.len(), 15);
+    assert_close(&ours, &reference, 1e-3);
+}
