@@ -3,7 +3,8 @@
 # python3. Idempotent: a second run only checks.
 #   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer),
 #        protobuf-compiler (etcd-client compiles etcd's protos at build time)
-#   pip: torch==2.13.0 and numpy into a cached virtual environment ($FSDP_VENV)
+#   pip: torch==2.13.0, numpy and python-etcd (torchrun's etcd-v2 backend, for the
+#        benchmarks) into a cached virtual environment ($FSDP_VENV)
 set -euo pipefail
 
 FSDP_VENV=${FSDP_VENV:-$HOME/.cache/fsdp-agent/venv}
@@ -21,11 +22,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if ! "$FSDP_VENV/bin/python" -c "import torch, numpy, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+if ! "$FSDP_VENV/bin/python" -c "import torch, numpy, etcd, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   echo "setup: creating $FSDP_VENV with torch==$TORCH_VERSION (one-time download)"
   python3 -m venv "$FSDP_VENV"
   "$FSDP_VENV/bin/pip" install -q --upgrade pip
-  "$FSDP_VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy
+  "$FSDP_VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy python-etcd
 fi
 
 if command -v cargo-nextest >/dev/null 2>&1 || cargo nextest --version >/dev/null 2>&1; then

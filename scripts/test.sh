@@ -5,10 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 
-export FSDP_VENV=${FSDP_VENV:-$HOME/.cache/fsdp-agent/venv}
-export FSDP_TEST_PYTHON="$FSDP_VENV/bin/python"
-export LIBTORCH_USE_PYTORCH=1
-export PATH="$FSDP_VENV/bin:$PATH"
+source scripts/env.sh
 
 cargo fmt --all -- --check
 cargo build --workspace --all-targets

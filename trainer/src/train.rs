@@ -156,6 +156,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             window_samples = 0;
         }
         if save {
+            let saving = Instant::now();
             let state = opt.full_state(&comm)?;
             if lead {
                 let meta = Meta {
@@ -180,7 +181,8 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             }
             // Nobody runs ahead of a save that may still fail.
             comm.barrier()?;
-            window_start = Instant::now();
+            // Speed is training speed: the save's time is not counted.
+            window_start += saving.elapsed();
         }
         step = done;
     }
