@@ -7,8 +7,9 @@ Figures:
   startup-N   last pod started -> every worker of the N-node group running (its "start" line)
   reform-KILL 3 pods, SIGKILL of one -> both survivors' workers running again in a group of 2
   reform-TERM the same with SIGTERM (a pod delete)
+  scaleup-3   2 pods running (nnodes 2:3), a third started -> every worker running in a group of 3
 
-usage: python bench/elastic.py [--runs 3] [--agent target/release/fsdp-agent] [--timeout 60]
+usage: python bench/elastic.py [--runs 3] [--agent target/release/fsdp-agent] [--timeout 60] [--json FILE]
 Needs: etcd on PATH, unshare, root, python-etcd in this interpreter's environment.
 """
 import argparse
@@ -148,11 +149,20 @@ def scenario(kind, name, args, env, workdir):
     try:
         n = int(name.split("-")[1]) if name.startswith("startup") else 3
         nnodes = f"{n}:{n}" if name.startswith("startup") else "2:3"
-        for i in range(n):
+        first = 2 if name.startswith("scaleup") else n
+        for i in range(first):
             pods.append(Pod(f"pod{i}", launcher_argv(kind, args.agent, endpoint, run_id, nnodes, i, ckpt), workdir, env))
         t_last = time.monotonic()
+        if name.startswith("scaleup"):
+            if wait(lambda: all(2 in p.worlds() for p in pods), args.timeout) is None:
+                return None
+            time.sleep(1)  # let training run
+            t_last = time.monotonic()
+            pods.append(Pod("pod2", launcher_argv(kind, args.agent, endpoint, run_id, nnodes, 2, ckpt), workdir, env))
         t_all = wait(lambda: all(n in p.worlds() for p in pods), args.timeout)
-        if name.startswith("startup"):
+        if t_all is None and args.keep:
+            print(f"  [{kind} {name}: not there; logs: {[p.out_path for p in pods]}]", flush=True)
+        if name.startswith("startup") or name.startswith("scaleup"):
             return None if t_all is None else t_all - t_last
         if t_all is None:
             return None
@@ -166,7 +176,7 @@ def scenario(kind, name, args, env, workdir):
             formed = [p.formed_after(wall0) for p in pods[:2]]
             if all(f is not None for f in formed):
                 REFORMED.setdefault(name, []).append(max(formed))
-        if done is None and args.keep:
+        if done is None and args.keep:  # reform scenarios
             print(f"  [{kind} {name}: no recovery; logs: {[p.out_path for p in pods]}]", flush=True)
         return None if done is None else done - t0
     finally:
@@ -180,7 +190,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--agent", default=os.path.join(ROOT, "target/release/fsdp-agent"))
     ap.add_argument("--timeout", type=float, default=60)
-    ap.add_argument("--scenarios", default="startup-2,startup-4,reform-TERM,reform-KILL")
+    ap.add_argument("--scenarios", default="startup-2,startup-4,reform-TERM,reform-KILL,scaleup-3")
+    ap.add_argument("--json", help="also write the results here as JSON")
     ap.add_argument("--kinds", default="fsdp-agent,torchrun-c10d,torchrun-etcd-v2")
     ap.add_argument("--keep", action="store_true", help="keep logs of runs that did not recover")
     args = ap.parse_args()
@@ -209,6 +220,12 @@ def main():
     for name, xs in REFORMED.items():
         print(f"fsdp-agent {name}: kill -> new group formed (agent log) median {statistics.median(xs):.3f} s "
               f"[{min(xs):.3f}-{max(xs):.3f}]; the rest of the figure is the workers' own start (python + torch import + gloo)")
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump({"runs": args.runs, "timeout_s": args.timeout,
+                       "results": [{"scenario": n, "launcher": k, "seconds": xs} for (n, k), xs in results.items()],
+                       "agent_group_formed_s": REFORMED}, f, indent=1)
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -58,3 +58,53 @@ fn rendezvous_benchmark_prints_its_summary_line() {
     // Two per node (lease, registration) plus the round commit and the master key.
     assert!(writes <= 3 * 8, "{writes} writes for 8 nodes");
 }
+
+/// The whole benchmark suite at tiny sizes: every benchmark runs once, side by side with
+/// torchrun, and the report with its plots is written (to a temp dir, not over docs/).
+#[test]
+fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
+    let out = tempfile::tempdir().unwrap();
+    let bin = |name: &str| agent_bin().with_file_name(name);
+    assert!(
+        bin("fsdp-trainer").exists(),
+        "build the trainer first (cargo build --workspace)"
+    );
+    let run = Command::new(python())
+        .arg(fsdp_tests::workspace_file("bench/suite.py"))
+        .args(["--tiny", "--out"])
+        .arg(out.path())
+        .arg("--agent")
+        .arg(agent_bin())
+        .arg("--trainer")
+        .arg(bin("fsdp-trainer"))
+        .arg("--rdzv-bench")
+        .arg(bin("rdzv-bench"))
+        .output()
+        .expect("run bench/suite.py");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let report = std::fs::read_to_string(out.path().join("benchmarks.md")).expect("report");
+    for heading in [
+        "## 1. Single-node launch",
+        "## 2. Supervising idle workers",
+        "## 3–5. Multi-node",
+        "## 6. Rendezvous at scale",
+        "## 7. Trainer throughput and memory",
+        "Machine: ",
+    ] {
+        assert!(report.contains(heading), "{heading} missing:\n{report}");
+    }
+    assert!(report.contains("| 1 | "), "launch row for N=1:\n{report}");
+    for svg in ["launch", "idle", "elastic", "rendezvous", "trainer"] {
+        let text = std::fs::read_to_string(out.path().join(format!("bench/{svg}.svg")))
+            .unwrap_or_else(|e| panic!("{svg}.svg: {e}"));
+        assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    }
+    let raw: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("bench/results.json")).unwrap(),
+    )
+    .unwrap();
+    let launch = &raw["results"]["launch"];
+    assert!(launch["fsdp-agent/1"]["median"].as_f64().unwrap() > 0.0);
+    assert!(launch["torchrun/1"]["median"].as_f64().unwrap() > 0.0);
+}
