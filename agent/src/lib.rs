@@ -135,6 +135,7 @@ async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
         Mode::Static { .. } => "static",
         Mode::Etcd(_) => "etcd",
     };
+    supervisor::reaper::start_if_init();
     let board = status::Board::new(&cfg.run_id, backend, cfg.max_restarts);
     // Before the rendezvous, so liveness probes answer while it connects and waits.
     start_status_server(cfg, &board).await?;

@@ -319,3 +319,73 @@ fn a_signal_during_a_failure_restart_still_stops_everything() {
         assert!(!alive(pid), "worker {pid} outlived the agent");
     }
 }
+
+/// Children of the agent's process, as `(pid, state)` from /proc.
+fn children_states(pid: i32) -> Vec<(i32, char)> {
+    let list =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    list.split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter_map(|c| {
+            let stat = std::fs::read_to_string(format!("/proc/{c}/stat")).ok()?;
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some((c, state))
+        })
+        .collect()
+}
+
+/// As PID 1 of a container, the agent inherits what workers leave behind; an orphan that
+/// exits must not stay a zombie.
+#[test]
+fn as_pid_1_the_agent_reaps_orphans_the_workers_leave() {
+    let dir = TempDir::new().unwrap();
+    let out = dir.path().join("pid1.out");
+    let mut pod = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(fsdp_tests::agent_bin())
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--status-addr",
+            "off",
+        ])
+        // The subshell exits at once, so its `sleep 0.2` is re-parented to PID 1 (the
+        // agent) and exits while the worker is still running.
+        .args(["--no-python", "/bin/sh", "-c", "(sleep 0.2 &); sleep 4"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&out).unwrap())
+        .spawn()
+        .expect("unshare");
+    let mut agent = 0;
+    wait_for("the agent inside the namespace", LIMIT, || {
+        agent = std::fs::read_to_string(format!("/proc/{}/task/{}/children", pod.id(), pod.id()))
+            .ok()
+            .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()))
+            .unwrap_or(0);
+        agent != 0
+    });
+    wait_for("the agent to say it is PID 1", LIMIT, || {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .contains("running as PID 1")
+    });
+    // Long enough for the orphan to exit and be seen; the worker itself still runs.
+    std::thread::sleep(Duration::from_millis(1500));
+    let kids = children_states(agent);
+    assert!(
+        kids.iter().any(|(_, s)| *s != 'Z'),
+        "the worker is still running: {kids:?}"
+    );
+    assert!(
+        kids.iter().all(|(_, s)| *s != 'Z'),
+        "a zombie is left under the agent: {kids:?}"
+    );
+    let status = pod.wait().unwrap();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&out).unwrap()
+    );
+}

@@ -6,6 +6,7 @@
 //! every group still alive.
 
 pub mod output;
+pub mod reaper;
 mod unix;
 
 use std::fs::File;
@@ -253,6 +254,8 @@ impl WorkerGroup {
             source,
         })?;
         let pid = child.id().unwrap_or(0);
+        // Before any await: the PID-1 reaper must never wait for a worker leader.
+        reaper::register(pid);
         if let Some(out) = child.stdout.take() {
             self.pumps.spawn(output::pump(out, out_plan));
         }
@@ -266,6 +269,7 @@ impl WorkerGroup {
                 Ok(status) => WorkerExit::from_status(status),
                 Err(_) => WorkerExit::Code(-1),
             };
+            reaper::unregister(pid);
             // The receiver is gone only when the group was dropped.
             let _ = tx.send((index, exit, SystemTime::now()));
         });

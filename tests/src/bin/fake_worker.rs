@@ -55,7 +55,11 @@ fn main() {
     let suffix = format!("{}.{}", var("TORCHELASTIC_RESTART_COUNT"), var("RANK"));
     let write = |name: &str, body: String| {
         if let Some(d) = &dir {
-            std::fs::write(d.join(format!("{name}.{suffix}")), body).expect("write record");
+            // Temp file and rename: a test polling for the record never reads it half-written.
+            let path = d.join(format!("{name}.{suffix}"));
+            let tmp = d.join(format!(".{name}.{suffix}.tmp"));
+            std::fs::write(&tmp, body).expect("write record");
+            std::fs::rename(&tmp, &path).expect("publish record");
         }
     };
 
