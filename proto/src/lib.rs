@@ -10,6 +10,10 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/fsdp.v1.rs"));
 }
 
+/// The encoded `FileDescriptorSet` of every `fsdp.v1` file, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/fsdp_descriptor.bin"));
+
 /// The schema version this build writes and accepts.
 pub const SCHEMA_VERSION: u32 = 1;
 

@@ -456,3 +456,50 @@ fn status_command_names_an_unknown_run_and_a_dead_etcd() {
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("--rdzv-endpoint"), "{err}");
 }
+
+/// Server reflection lists the status and health services, so grpcurl needs no .proto.
+#[test]
+fn reflection_lists_the_status_and_health_services() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let dir = tempfile::tempdir().unwrap();
+    let agent = AgentCmd::new(dir.path(), "agent")
+        .args(["--standalone", "--no-python", "/bin/sleep", "30"])
+        .spawn();
+    let addr = status_addr(&agent);
+    let names = runtime().block_on(async {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = ServerReflectionClient::new(channel);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut stream = client
+            .server_reflection_info(one_message(request))
+            .await
+            .unwrap()
+            .into_inner();
+        let reply = stream.message().await.unwrap().unwrap();
+        match reply.message_response {
+            Some(MessageResponse::ListServicesResponse(l)) => {
+                l.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+            }
+            other => panic!("unexpected reply {other:?}"),
+        }
+    });
+    for s in ["fsdp.v1.AgentStatus", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == s), "{s} not in {names:?}");
+    }
+}
+
+/// A one-message request stream.
+fn one_message<T: Send + 'static>(item: T) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::iter(std::iter::once(item))
+}

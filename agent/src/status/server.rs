@@ -2,6 +2,9 @@
 //! and `GET /metrics` over HTTP/1.1 for Prometheus. One port keeps the pod spec simple
 //! (one `containerPort`, probes and scrape annotations all point at it).
 //!
+//! Server reflection (`grpc.reflection.v1`) is on, so `grpcurl -plaintext HOST:PORT list`
+//! works without the .proto files.
+//!
 //! Health services: `""` and `"liveness"` are SERVING as long as the agent's loop runs
 //! (a wedged agent stops answering, and the probe fails); `"readiness"` is SERVING only
 //! while workers run in a sealed round.
@@ -37,6 +40,11 @@ impl AgentStatus for StatusService {
 /// Binds `addr` and serves until the runtime ends. Returns the bound address (useful
 /// with port 0).
 pub async fn start(addr: SocketAddr, board: Board) -> std::io::Result<SocketAddr> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(fsdp_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(std::io::Error::other)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
 
@@ -64,6 +72,7 @@ pub async fn start(addr: SocketAddr, board: Board) -> std::io::Result<SocketAddr
     let metrics_board = board.clone();
     let router = tonic::service::Routes::new(AgentStatusServer::new(StatusService { board }))
         .add_service(health)
+        .add_service(reflection)
         .into_axum_router()
         .route(
             "/metrics",
