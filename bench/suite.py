@@ -14,8 +14,6 @@ import json
 import os
 import platform
 import re
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import svg  # noqa: E402
+from elastic import Etcd  # noqa: E402  (the same etcd the multi-node benchmark starts)
 
 PY = sys.executable
 TORCHRUN = os.path.join(os.path.dirname(PY), "torchrun")
@@ -136,40 +135,10 @@ def bench_elastic(a):
     return out
 
 
-class Etcd:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="suite-etcd-")
-        s1, s2 = socket.socket(), socket.socket()
-        s1.bind(("127.0.0.1", 0))
-        s2.bind(("127.0.0.1", 0))
-        self.port, peer = s1.getsockname()[1], s2.getsockname()[1]
-        s1.close()
-        s2.close()
-        url, purl = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{peer}"
-        self.proc = subprocess.Popen(
-            ["etcd", "--data-dir", self.dir + "/d", "--listen-client-urls", url, "--advertise-client-urls", url,
-             "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl, "--initial-cluster", f"default={purl}",
-             "--enable-v2", "--log-level", "error", "--quota-backend-bytes", str(4 << 30)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(400):
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                time.sleep(0.3)
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("etcd did not start")
-
-    def stop(self):
-        self.proc.kill()
-        self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def bench_rendezvous(a):
     """6. N simulated nodes form one round on one etcd: rdzv-bench vs torch's etcd-v2."""
     out = {"fsdp-agent": {}, "torch etcd-v2": {}, "writes_per_node": {}}
-    etcd = Etcd()
+    etcd = Etcd(v2=True)
     try:
         ep = f"127.0.0.1:{etcd.port}"
         for n in a.rdzv_nodes:

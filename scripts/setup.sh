@@ -2,7 +2,8 @@
 # Installs what fsdp-agent's demo and tests need on a fresh Debian machine with Rust and
 # python3. Idempotent: a second run only checks.
 #   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer),
-#        protobuf-compiler (etcd-client compiles etcd's protos at build time)
+#        protobuf-compiler (etcd-client compiles etcd's protos at build time),
+#        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux (unshare, for pod tests)
 #   pip: torch==2.13.0, numpy and python-etcd (torchrun's etcd-v2 backend, for the
 #        benchmarks) into a cached virtual environment ($FSDP_VENV)
 set -euo pipefail
@@ -14,6 +15,11 @@ need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 [ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
+# The trainer's c10d shim is C++ (the Rust toolchain only guarantees a C linker).
+command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
+# Debian's python3 creates venvs only with python3-venv (ensurepip).
+python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
+command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   SUDO=""
@@ -29,9 +35,11 @@ if ! "$FSDP_VENV/bin/python" -c "import torch, numpy, etcd, sys; sys.exit(torch.
   "$FSDP_VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy python-etcd
 fi
 
-if command -v cargo-nextest >/dev/null 2>&1 || cargo nextest --version >/dev/null 2>&1; then
-  :
-else
-  echo "setup: cargo-nextest not found; tests will run with cargo test"
+# The suite is written for nextest (one process per test: the pod and signal tests rely
+# on it); a fresh machine gets it once, from crates.io.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: cargo install cargo-nextest (one-time build)"
+  cargo install --locked --quiet cargo-nextest \
+    || echo "setup: cargo-nextest could not be installed; tests will run with cargo test"
 fi
 echo "setup: ok (venv $FSDP_VENV, $("$FSDP_VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -84,15 +84,9 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime("fsdp-agent") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("fsdp-agent: error: cannot start the async runtime: {e}");
-            return ExitCode::from(exit_code::INTERNAL);
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(run_agent(&config)) {
         Ok(AgentExit::Finished) => ExitCode::from(exit_code::SUCCESS),
@@ -111,6 +105,18 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// The agent's one runtime: current-thread, on the main thread (see "One thread" above).
+/// `who` names the command in the error message.
+pub(crate) fn runtime(who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("{who}: error: cannot start the async runtime: {e}");
+            ExitCode::from(exit_code::INTERNAL)
+        })
 }
 
 async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {

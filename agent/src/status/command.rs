@@ -74,15 +74,9 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     if !conf.contains_key("connect_timeout") {
         cfg.options.retry_window = Duration::from_secs(5);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match crate::runtime("fsdp-agent status") {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("fsdp-agent status: error: cannot start the async runtime: {e}");
-            return ExitCode::from(exit_code::INTERNAL);
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async {
         let mut client = fsdp_rendezvous::etcd::connect(&cfg.options).await?;
