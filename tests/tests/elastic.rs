@@ -225,7 +225,10 @@ fn the_coordinators_death_does_not_stop_training() {
     let coord = pods
         .iter()
         .position(|p| p.stderr().contains("elected rendezvous coordinator"))
-        .expect("a coordinator");
+        .unwrap_or_else(|| {
+            let all: Vec<String> = pods.iter().map(Pod::output).collect();
+            panic!("no pod says it was elected coordinator\n{}", all.join("\n"))
+        });
     pods[coord].kill();
     let rest: Vec<&Pod> = pods
         .iter()

@@ -238,7 +238,8 @@ impl EtcdRendezvous {
         );
         // Registering and claiming the coordinator role when nobody holds it is one
         // transaction: one write per node, however many nodes start at once.
-        let txn = if self.view.borrow().coordinator.is_none() {
+        let claiming = self.view.borrow().coordinator.is_none();
+        let txn = if claiming {
             let key = self.keys.coordinator();
             let claim = v1::Coordinator {
                 schema: SCHEMA_VERSION,
@@ -268,7 +269,9 @@ impl EtcdRendezvous {
             })?
             .succeeded();
         self.shared.wrote();
-        if won && self.view.borrow().coordinator.is_none() {
+        // Whether the claim won is known only here: by now the watch may already have shown
+        // this node its own claim, so the view cannot tell.
+        if claiming && won {
             tracing::info!(node = %member.node_id, "elected rendezvous coordinator");
         }
         Ok(())
