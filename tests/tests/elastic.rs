@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fsdp_tests::etcd::Etcd;
 use fsdp_tests::pod::Pod;
-use fsdp_tests::{TempDir, python, workspace_file};
+use fsdp_tests::{TempDir, agent_bin, python, workspace_file};
 use nix::sys::signal::Signal;
 
 const LIMIT: Duration = Duration::from_secs(90);
@@ -84,6 +84,31 @@ impl Job {
             &args,
             &[("PYTHON", python().display().to_string())],
         )
+    }
+
+    /// The index of the pod etcd names as the run's coordinator, read the way a user does:
+    /// `fsdp-agent status --json`, matched to a pod by its address.
+    fn coordinator(&self) -> Option<usize> {
+        let out = std::process::Command::new(agent_bin())
+            .args(["status", "--json", "--rdzv-endpoint", &self.etcd.endpoint()])
+            .args(["--rdzv-id", &self.run_id])
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let coordinator = report["coordinator"].as_str()?;
+        let member = report["members"]
+            .as_array()?
+            .iter()
+            .find(|m| m["node_id"] == coordinator)?;
+        let addr = member["addr"].as_str()?;
+        let prefix = format!("127.0.{}.", self.net);
+        let host: usize = addr
+            .strip_prefix(&prefix)?
+            .split(':')
+            .next()?
+            .parse()
+            .ok()?;
+        host.checked_sub(1)
     }
 
     fn step(&self) -> u32 {
@@ -219,16 +244,23 @@ fn a_killed_worker_restarts_every_node_with_the_same_restart_count() {
 fn the_coordinators_death_does_not_stop_training() {
     let job = Job::new("coord", "2:3", 0, 1_000_000, 3);
     let mut pods = [job.pod(0, &[]), job.pod(1, &[]), job.pod(2, &[])];
-    wait_until("a group of 3", &pods.iter().collect::<Vec<_>>(), || {
+    let all: Vec<&Pod> = pods.iter().collect();
+    wait_until("a group of 3", &all, || {
         pods.iter().all(|p| nth_start_world(p, 0, 3))
     });
-    let coord = pods
-        .iter()
-        .position(|p| p.stderr().contains("elected rendezvous coordinator"))
-        .unwrap_or_else(|| {
-            let all: Vec<String> = pods.iter().map(Pod::output).collect();
-            panic!("no pod says it was elected coordinator\n{}", all.join("\n"))
-        });
+    let mut coord = None;
+    wait_until("etcd to name a coordinator", &all, || {
+        coord = job.coordinator();
+        coord.is_some()
+    });
+    let coord = coord.unwrap();
+    assert!(
+        pods[coord]
+            .stderr()
+            .contains("elected rendezvous coordinator"),
+        "etcd names pod{coord} the coordinator but its log does not say so\n{}",
+        pods[coord].output()
+    );
     pods[coord].kill();
     let rest: Vec<&Pod> = pods
         .iter()
@@ -239,11 +271,11 @@ fn the_coordinators_death_does_not_stop_training() {
     wait_until("the rest to re-form", &rest, || {
         rest.iter().all(|p| nth_start_world(p, 1, 2))
     });
-    assert!(
-        rest.iter()
-            .any(|p| p.stderr().contains("elected rendezvous coordinator")),
-        "nobody took over"
-    );
+    let mut next = None;
+    wait_until("a survivor to take over as coordinator", &rest, || {
+        next = job.coordinator().filter(|&i| i != coord);
+        next.is_some()
+    });
     job.progresses(10, &rest);
 }
 
