@@ -3,7 +3,7 @@
 # python3. Idempotent: a second run only checks.
 #   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer),
 #        protobuf-compiler (etcd-client compiles etcd's protos at build time),
-#        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux (unshare, for pod tests)
+#        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux and hostname (pod tests)
 #   pip: torch==2.13.0, numpy and python-etcd (torchrun's etcd-v2 backend, for the
 #        benchmarks) into a cached virtual environment ($FSDP_VENV)
 set -euo pipefail
@@ -20,6 +20,8 @@ command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 # Debian's python3 creates venvs only with python3-venv (ensurepip).
 python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+# Each test pod names itself with hostname(1), absent from some minimal images.
+command -v hostname >/dev/null 2>&1 || need_apt+=(hostname)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   SUDO=""

@@ -36,6 +36,24 @@ pub fn agent_bin() -> PathBuf {
     p
 }
 
+/// Runs `fsdp-agent status ARGS` with no `PET_RDZV_*` inherited from the test's own
+/// environment: (exit code, stdout, stderr).
+pub fn status_cmd(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(agent_bin())
+        .arg("status")
+        .args(args)
+        .env_remove("PET_RDZV_ENDPOINT")
+        .env_remove("PET_RDZV_ID")
+        .env_remove("PET_RDZV_CONF")
+        .output()
+        .expect("run fsdp-agent status");
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Path of the `fake-worker` helper.
 pub fn fake_worker() -> PathBuf {
     let p = bin_dir().join("fake-worker");

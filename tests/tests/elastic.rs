@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fsdp_tests::etcd::Etcd;
 use fsdp_tests::pod::Pod;
-use fsdp_tests::{TempDir, agent_bin, python, workspace_file};
+use fsdp_tests::{TempDir, python, status_cmd, workspace_file};
 use nix::sys::signal::Signal;
 
 const LIMIT: Duration = Duration::from_secs(90);
@@ -89,23 +89,21 @@ impl Job {
     /// The index of the pod etcd names as the run's coordinator, read the way a user does:
     /// `fsdp-agent status --json`, matched to a pod by its address.
     fn coordinator(&self) -> Option<usize> {
-        let out = std::process::Command::new(agent_bin())
-            .args(["status", "--json", "--rdzv-endpoint", &self.etcd.endpoint()])
-            .args(["--rdzv-id", &self.run_id])
-            .output()
-            .unwrap();
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        let coordinator = report["coordinator"].as_str()?;
+        let (_, json, _) = status_cmd(&[
+            "--json",
+            "--rdzv-endpoint",
+            &self.etcd.endpoint(),
+            "--rdzv-id",
+            &self.run_id,
+        ]);
+        let report: serde_json::Value = serde_json::from_str(&json).ok()?;
         let member = report["members"]
             .as_array()?
             .iter()
-            .find(|m| m["node_id"] == coordinator)?;
-        let addr = member["addr"].as_str()?;
-        let prefix = format!("127.0.{}.", self.net);
-        let host: usize = addr
-            .strip_prefix(&prefix)?
-            .split(':')
-            .next()?
+            .find(|m| m["node_id"] == report["coordinator"])?;
+        let host: usize = member["addr"]
+            .as_str()?
+            .strip_prefix(&format!("127.0.{}.", self.net))?
             .parse()
             .ok()?;
         host.checked_sub(1)
@@ -276,6 +274,14 @@ fn the_coordinators_death_does_not_stop_training() {
         next = job.coordinator().filter(|&i| i != coord);
         next.is_some()
     });
+    let next = next.unwrap();
+    assert!(
+        pods[next]
+            .stderr()
+            .contains("elected rendezvous coordinator"),
+        "etcd names pod{next} the new coordinator but its log does not say so\n{}",
+        pods[next].output()
+    );
     job.progresses(10, &rest);
 }
 

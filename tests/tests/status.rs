@@ -4,13 +4,12 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use fsdp_proto::v1::agent_status_client::AgentStatusClient;
 use fsdp_proto::v1::{AgentState, GetStatusRequest, Phase, WorkerState};
 use fsdp_tests::etcd::Etcd;
-use fsdp_tests::{Agent, AgentCmd, agent_bin, alive, wait_for};
+use fsdp_tests::{Agent, AgentCmd, alive, status_cmd, wait_for};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -282,22 +281,6 @@ fn a_busy_status_port_is_an_error_only_when_chosen() {
         .run(LIMIT);
     assert_eq!(a.code(), 0, "{}", a.output());
     assert!(!a.stderr().contains("status server listening"));
-}
-
-fn status_cmd(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(agent_bin())
-        .arg("status")
-        .args(args)
-        .env_remove("PET_RDZV_ENDPOINT")
-        .env_remove("PET_RDZV_ID")
-        .env_remove("PET_RDZV_CONF")
-        .output()
-        .expect("run fsdp-agent status");
-    (
-        out.status.code().expect("exit code"),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn etcd_agent(dir: &Path, etcd: &Etcd, name: &str, addr: &str) -> Agent {
