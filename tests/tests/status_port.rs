@@ -391,6 +391,7 @@ fn a_connection_flood_on_the_status_port_neither_silences_it_nor_ends_the_job() 
     assert_eq!(health(&agent, addr, "readiness"), ServingStatus::Serving);
     // Most of the agent's descriptors stay free for its workers.
     let fds = open_fds(agent.pid());
+    eprintln!("the agent holds {fds} descriptors under the flood");
     assert!(
         fds as u64 <= AGENT_NOFILE / 2,
         "the agent holds {fds} of its {AGENT_NOFILE} descriptors under the flood"
@@ -411,11 +412,47 @@ fn a_connection_flood_on_the_status_port_neither_silences_it_nor_ends_the_job() 
     });
     let (lifetimes, oldest) = attack.seen(|s| (s.lifetimes.clone(), s.oldest_open));
     let longest = lifetimes.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "{} connections closed by the server, the longest after {longest:?}; {} connects failed",
+        lifetimes.len(),
+        attack.seen(|s| s.connect_failures)
+    );
     assert!(
         longest <= CLOSE_WITHIN && oldest <= CLOSE_WITHIN,
         "connections lived {longest:?} (closed) and {oldest:?} (still open)"
     );
     drop(attack);
+
+    // Below the cap nothing is evicted: the timeouts alone close silent and slow peers.
+    let mut quiet: Vec<Conn> = (0..10)
+        .map(|i| Conn {
+            stream: connect(addr).expect("connect after the flood"),
+            opened: Instant::now(),
+            first_wave: true,
+            slow: (i % 2 == 1).then_some(0),
+        })
+        .collect();
+    let mut lifetimes = Vec::new();
+    wait_for(
+        "the server to time out silent and slow connections",
+        LIMIT,
+        || {
+            quiet.retain_mut(|c| {
+                let gone = closed(c);
+                if gone {
+                    lifetimes.push(c.opened.elapsed());
+                }
+                !gone
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            quiet.is_empty()
+        },
+    );
+    let longest = lifetimes.iter().max().unwrap();
+    assert!(
+        *longest <= CLOSE_WITHIN,
+        "a silent or slow connection lived {longest:?}"
+    );
 
     std::fs::write(dir.path().join("gate.1"), "0").unwrap();
     assert_eq!(agent.code(), 0, "{}", agent.output());

@@ -4,6 +4,7 @@
 //! `fsdp-agent status` command ([`command`]) reads a whole run from etcd instead.
 
 pub mod command;
+pub mod listener;
 pub mod metrics;
 pub mod server;
 

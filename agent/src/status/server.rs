@@ -5,6 +5,9 @@
 //! Server reflection (`grpc.reflection.v1`) is on, so `grpcurl -plaintext HOST:PORT list`
 //! works without the .proto files.
 //!
+//! The port is bounded (a connection cap from the open-file limit, timeouts for slow and
+//! idle peers, eviction at the cap): see [`super::listener`].
+//!
 //! Health services: `""` and `"liveness"` are SERVING as long as the agent's loop runs
 //! (a wedged agent stops answering, and the probe fails); `"readiness"` is SERVING only
 //! while workers run in a sealed round.
@@ -17,6 +20,7 @@ use fsdp_proto::v1::agent_status_server::{AgentStatus, AgentStatusServer};
 use fsdp_proto::v1::{AgentState, GetStatusRequest};
 use tonic_health::ServingStatus;
 
+use super::listener::{self, Limits};
 use super::{Board, metrics};
 
 /// Health service names (see the module docs).
@@ -45,8 +49,8 @@ pub async fn start(addr: SocketAddr, board: Board) -> std::io::Result<SocketAddr
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(std::io::Error::other)?;
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
+    let socket = tokio::net::TcpListener::bind(addr).await?;
+    let local = socket.local_addr()?;
 
     let (reporter, health) = tonic_health::server::health_reporter();
     for name in ["", LIVENESS] {
@@ -89,10 +93,13 @@ pub async fn start(addr: SocketAddr, board: Board) -> std::io::Result<SocketAddr
                 }
             }),
         );
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!(error = %e, "status server stopped");
-        }
-    });
+    let limits = Limits::for_this_process();
+    tracing::debug!(
+        max_connections = limits.max_connections,
+        head_timeout_s = limits.head_timeout.as_secs(),
+        idle_timeout_s = limits.idle_timeout.as_secs(),
+        "status server limits"
+    );
+    tokio::spawn(listener::serve(socket, router, limits));
     Ok(local)
 }
