@@ -109,10 +109,13 @@ fn get_metrics(addr: SocketAddr) -> Result<String, String> {
     }
 }
 
-/// `/metrics` answers within `LIMIT` (retrying: under a flood a single connection may
-/// lose its slot, but the port as a whole must keep answering).
+/// Tries a probe may take. A kubelet probe gets one try per period, so a newcomer must
+/// get in at once even when the port is full, not once a slot frees up (after the head
+/// timeout); a few tries allow for one evicted in the instant before it spoke.
+const PROBE_TRIES: usize = 5;
+
+/// `/metrics` answers within [`PROBE_TRIES`] connections.
 fn assert_metrics_answer(agent: &Agent, addr: SocketAddr) -> String {
-    let end = Instant::now() + LIMIT;
     let mut errors = Vec::new();
     loop {
         match get_metrics(addr) {
@@ -120,7 +123,7 @@ fn assert_metrics_answer(agent: &Agent, addr: SocketAddr) -> String {
             Err(e) => errors.push(e),
         }
         assert!(
-            Instant::now() < end,
+            errors.len() < PROBE_TRIES,
             "/metrics did not answer under the flood: {errors:?}\n{}",
             agent.output()
         );
@@ -128,13 +131,13 @@ fn assert_metrics_answer(agent: &Agent, addr: SocketAddr) -> String {
     }
 }
 
-/// The gRPC health check for `service` answers (over HTTP/2) within `LIMIT`.
+/// The gRPC health check for `service` answers (over HTTP/2) within [`PROBE_TRIES`]
+/// connections.
 fn health(agent: &Agent, addr: SocketAddr, service: &str) -> ServingStatus {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let end = Instant::now() + LIMIT;
     let mut errors = Vec::new();
     loop {
         let r = rt.block_on(async {
@@ -157,7 +160,7 @@ fn health(agent: &Agent, addr: SocketAddr, service: &str) -> ServingStatus {
             Err(e) => errors.push(e),
         }
         assert!(
-            Instant::now() < end,
+            errors.len() < PROBE_TRIES,
             "the health check did not answer under the flood: {errors:?}\n{}",
             agent.output()
         );
