@@ -442,6 +442,17 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
         );
         assert!(!marker.exists(), "{args:?} spawned a worker");
     }
+    // No script at all: one complete line, not clap's "were not provided:" cut short.
+    for args in [&["--standalone"][..], &["--nnodes", "1"], &[]] {
+        let mut a = AgentCmd::new(dir.path(), "bad").args(args).run(LIMIT);
+        assert_eq!(a.code(), 64, "{args:?}: {}", a.output());
+        let err = a.stderr();
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("the training script is missing: fsdp-agent [options] TRAINING_SCRIPT"),
+            "{args:?}: {err}"
+        );
+    }
     // A missing script, under Python and as a binary.
     for args in [
         &["no_such_train.py"][..],
@@ -499,4 +510,76 @@ fn an_unreachable_etcd_is_a_clear_error_after_a_bounded_retry() {
         "retried for {:?}",
         start.elapsed()
     );
+}
+
+/// Everything after the training script is the script's, even words that are agent flags
+/// (torchrun's rule): the agent neither takes `--nnodes 4` nor prints its help.
+#[test]
+fn agent_flags_after_the_script_reach_the_script_unchanged() {
+    let dir = TempDir::new().unwrap();
+    let script_args = [
+        "--nnodes",
+        "4",
+        "--help",
+        "-r",
+        "3",
+        "-t",
+        "3",
+        "--max-restarts",
+        "9",
+        "-m",
+        "--",
+        "--nproc-per-node=2",
+    ];
+    // (agent flags before the script, how they end)
+    let cases: &[&[&str]] = &[
+        &["--standalone", "--no-python"],
+        &[
+            "--standalone",
+            "-r3",
+            "--max-restarts=1",
+            "--no-python",
+            "--",
+        ],
+        &[
+            "--standalone",
+            "-r",
+            "0",
+            "--max_restarts",
+            "1",
+            "--no-python",
+        ],
+    ];
+    // A script whose first argument is already an agent flag.
+    let script = dir.path().join("record-argv");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > {}/argv.$ARGV_CASE\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for (i, before) in cases.iter().enumerate() {
+        let out = dir.path().join(format!("argv.{i}"));
+        let mut a = AgentCmd::new(dir.path(), &format!("argv{i}"))
+            .env("ARGV_CASE", i.to_string())
+            .args(*before)
+            .arg_path(&script)
+            .args(script_args)
+            .run(LIMIT);
+        assert_eq!(a.code(), 0, "{before:?}: {}", a.output());
+        assert!(
+            !a.stdout().contains("Usage:"),
+            "{before:?}: the agent printed its help:\n{}",
+            a.output()
+        );
+        let got = std::fs::read_to_string(&out).unwrap_or_else(|e| {
+            panic!("{before:?}: the script did not run ({e}):\n{}", a.output())
+        });
+        assert_eq!(got.lines().collect::<Vec<_>>(), script_args, "{before:?}");
+        // The agent kept its own values: one node, one worker.
+        assert!(!a.stderr().contains("nnodes=4"), "{}", a.stderr());
+    }
 }

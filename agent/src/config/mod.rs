@@ -152,27 +152,38 @@ pub fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, Result<String, ConfigError>> {
     let command = Args::command();
+    // Only the words up to the script go through clap; the rest are the script's, verbatim.
+    let (argv, script_args) = match crate::cli::script_index(&command, &argv) {
+        Some(i) => {
+            let mut argv = argv;
+            let rest = argv.split_off(i + 1);
+            (argv, rest)
+        }
+        None => (argv, Vec::new()),
+    };
+    let script_args = script_args
+        .into_iter()
+        .map(|a| {
+            a.into_string().map_err(|a| {
+                Err(ConfigError::CommandLine(format!(
+                    "script argument {a:?} is not valid UTF-8"
+                )))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let matches = match command.clone().try_get_matches_from(argv) {
         Ok(m) => m,
         Err(e) => {
             use clap::error::ErrorKind;
             return Err(match e.kind() {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Ok(e.render().to_string()),
-                _ => {
-                    let text = e.render().to_string();
-                    let first = text.lines().next().unwrap_or("bad command line");
-                    Err(ConfigError::CommandLine(
-                        first.trim_start_matches("error: ").to_owned(),
-                    ))
-                }
+                _ => Err(ConfigError::CommandLine(clap_message(&e))),
             });
         }
     };
-    let args = Args::from_arg_matches(&matches).map_err(|e| {
-        Err(ConfigError::CommandLine(
-            e.to_string().lines().next().unwrap_or("").to_owned(),
-        ))
-    })?;
+    let mut args = Args::from_arg_matches(&matches)
+        .map_err(|e| Err(ConfigError::CommandLine(clap_message(&e))))?;
+    args.script_args = script_args;
     Resolver {
         command,
         matches,
@@ -182,6 +193,41 @@ pub fn resolve(
     }
     .resolve(args)
     .map_err(Err)
+}
+
+/// A clap error as one complete line. clap's own text spreads over several lines (the
+/// missing argument on the line after "were not provided:", then usage and tips).
+fn clap_message(e: &clap::Error) -> String {
+    use clap::error::ErrorKind;
+    if e.kind() == ErrorKind::MissingRequiredArgument {
+        // The training script is the only required argument.
+        return "the training script is missing: fsdp-agent [options] TRAINING_SCRIPT [script args...]"
+            .into();
+    }
+    let text = e.render().to_string();
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"));
+    let mut out = lines
+        .next()
+        .unwrap_or("bad command line")
+        .trim_start_matches("error: ")
+        .to_owned();
+    for l in lines {
+        // clap's "use '-- --flag'" tip would make the flag the training script here.
+        if l.starts_with("tip: to pass") {
+            continue;
+        }
+        if out.ends_with(':') {
+            out.push(' ');
+        } else {
+            out.push_str("; ");
+        }
+        out.push_str(l);
+    }
+    out
 }
 
 /// The group-shape values [`Resolver::mode`] needs, already parsed.
