@@ -379,6 +379,28 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
         ),
         (&["--max-restarts", "-1"], &[], "--max-restarts"),
         (&["--term-timeout", "soon"], &[], "--term-timeout"),
+        // Durations past the documented maximum (7 days) are refused, never a panic.
+        (
+            &["--term-timeout", "99999999999999999999999"],
+            &[],
+            "at most 7 days",
+        ),
+        (&["--monitor-interval", "169h"], &[], "--monitor-interval"),
+        (
+            &[],
+            &[("PET_SHUTDOWN_TIMEOUT", "99999999999999999999999")],
+            "env PET_SHUTDOWN_TIMEOUT",
+        ),
+        (
+            &[],
+            &[("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "99999999999999999999999")],
+            "env TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        ),
+        (
+            &[],
+            &[("PET_MONITOR_INTERVAL", "99999999999999999999999")],
+            "env PET_MONITOR_INTERVAL",
+        ),
         (&["--redirects", "5"], &[], "--redirects"),
         (&["--rdzv-backend", "zookeeper"], &[], "zookeeper"),
         (&["--rdzv-backend", "c10d", "--nnodes", "2"], &[], "c10d"),
@@ -425,7 +447,55 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
             "protocol=ftp",
         ),
     ];
-    for (args, env, expect) in cases {
+    // Every --rdzv-conf duration, and the lease bound torchrun spells interval × attempts.
+    // connect_timeout=1 keeps today's failure mode (etcd unreachable) short.
+    let etcd = [
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-id",
+        "j",
+        "--rdzv-endpoint",
+        "e",
+    ];
+    let huge = "99999999999999999999999";
+    let mut rdzv_cases: Vec<(String, String)> = [
+        "join_timeout",
+        "last_call_timeout",
+        "close_timeout",
+        "keep_alive_ttl",
+        "keep_alive_interval",
+        "straggler_timeout",
+    ]
+    .iter()
+    .flat_map(|k| {
+        [
+            (format!("connect_timeout=1,{k}={huge}"), format!("{k}")),
+            // Parses as a Duration today, and overflows `Instant + d` later.
+            (
+                format!("connect_timeout=1,{k}=10000000000000000000"),
+                format!("{k}"),
+            ),
+        ]
+    })
+    .collect();
+    rdzv_cases.push((format!("connect_timeout={huge}"), "connect_timeout".into()));
+    rdzv_cases.push((
+        "connect_timeout=1,keep_alive_interval=100h,keep_alive_max_attempt=4294967295,straggler_timeout=168h".into(),
+        "keep_alive_interval".into(),
+    ));
+    let rdzv_args: Vec<(Vec<&str>, &str)> = rdzv_cases
+        .iter()
+        .map(|(conf, key)| {
+            let mut v = etcd.to_vec();
+            v.extend(["--rdzv-conf", conf.as_str()]);
+            (v, key.as_str())
+        })
+        .collect();
+    let rdzv_cases: Vec<Case> = rdzv_args
+        .iter()
+        .map(|(a, key)| (&a[..], &[][..], *key))
+        .collect();
+    for (args, env, expect) in cases.iter().chain(&rdzv_cases) {
         let mut c = AgentCmd::new(dir.path(), "bad");
         for (k, v) in *env {
             c = c.env(k, v);
@@ -442,6 +512,20 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
         );
         assert!(!marker.exists(), "{args:?} spawned a worker");
     }
+    // `fsdp-agent status` reads the same --rdzv-conf.
+    let (code, _, err) = fsdp_tests::status_cmd(&[
+        "--rdzv-endpoint",
+        "127.0.0.1:1",
+        "--rdzv-id",
+        "j",
+        "--rdzv-conf",
+        &format!("connect_timeout={huge}"),
+    ]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("connect_timeout") && err.contains("at most 7 days"),
+        "{err}"
+    );
     // No script at all: one complete line, not clap's "were not provided:" cut short.
     for args in [&["--standalone"][..], &["--nnodes", "1"], &[]] {
         let mut a = AgentCmd::new(dir.path(), "bad").args(args).run(LIMIT);

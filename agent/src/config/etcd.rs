@@ -106,7 +106,17 @@ pub fn build(
         num("keep_alive_max_attempt")?,
     ) {
         (Some(ttl), _, _) => ttl,
-        (None, Some(i), attempts) => i * attempts.unwrap_or(3),
+        (None, Some(i), attempts) => {
+            let attempts = attempts.unwrap_or(3);
+            i.checked_mul(attempts)
+                .filter(|ttl| *ttl <= parse::MAX_DURATION)
+                .ok_or_else(|| {
+                    format!(
+                        "--rdzv-conf keep_alive_interval × keep_alive_max_attempt ({i:?} × {attempts}) is too long for the lease: {}",
+                        parse::TOO_LONG
+                    )
+                })?
+        }
         (None, None, _) => c.keep_alive_ttl,
     };
     if c.keep_alive_ttl < Duration::from_secs(1) {
@@ -212,6 +222,36 @@ mod tests {
         .unwrap();
         assert_eq!(m.rendezvous.last_call, Duration::from_secs(5));
         assert_eq!(m.exit_barrier, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn durations_are_bounded_and_the_lease_product_cannot_overflow() {
+        let err = |pairs: &[(&str, &str)]| build("e", "j", (1, 1), &conf(pairs), "h".into(), 1);
+        for key in [
+            "join_timeout",
+            "last_call_timeout",
+            "close_timeout",
+            "keep_alive_ttl",
+            "keep_alive_interval",
+            "straggler_timeout",
+            "connect_timeout",
+        ] {
+            let e = err(&[(key, "99999999999999999999999")]).unwrap_err();
+            assert!(
+                e.contains(key) && e.contains("at most 7 days"),
+                "{key}: {e}"
+            );
+        }
+        let e = err(&[
+            ("keep_alive_interval", "100h"),
+            ("keep_alive_max_attempt", "4294967295"),
+            ("straggler_timeout", "168h"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("keep_alive_max_attempt") && e.contains("at most 7 days"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -193,8 +193,13 @@ pub fn filter_list(s: &str) -> Vec<String> {
     out
 }
 
+/// The longest duration any flag or `--rdzv-conf` key takes: 7 days. Every timer the agent
+/// sets is `now + d` (or a small sum of such durations); bounding `d` here keeps that
+/// arithmetic far from overflow, where a huge value would otherwise panic or end a session.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// A duration: plain seconds (`30`, `0.5`) as torchrun takes them, or with a unit
-/// (`500ms`, `2s`, `5m`, `1h`).
+/// (`500ms`, `2s`, `5m`, `1h`), at most [`MAX_DURATION`].
 pub fn duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -219,8 +224,15 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("'{s}' is not a non-negative duration"));
     }
+    // Compared as a float before converting: `Duration::from_secs_f64` panics on overflow.
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!("'{s}' is too long: {TOO_LONG}"));
+    }
     Ok(Duration::from_secs_f64(secs))
 }
+
+/// Why a duration above [`MAX_DURATION`] is refused.
+pub const TOO_LONG: &str = "durations are at most 7 days (604800s, or 168h)";
 
 /// A boolean from a `PET_*` variable. torchrun accepts integers; Kubeflow sets
 /// `PET_STANDALONE` to the empty string to mean "on".
@@ -335,6 +347,22 @@ mod tests {
         assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
         assert!(duration("soon").is_err());
         assert!(duration("3d").is_err());
+        assert_eq!(duration("168h"), Ok(MAX_DURATION));
+        assert_eq!(duration("604800"), Ok(MAX_DURATION));
+        for huge in [
+            "604800.5",
+            "169h",
+            "99999999999999999999999",
+            "10000000000000000000",
+        ] {
+            let err = duration(huge).unwrap_err();
+            assert!(err.contains("at most 7 days"), "{huge}: {err}");
+        }
+        assert!(
+            duration("99999999999999999999999h")
+                .unwrap_err()
+                .contains("at most 7 days")
+        );
     }
 
     #[test]
