@@ -447,6 +447,32 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
             "protocol=ftp",
         ),
     ];
+    // Endpoint mistakes are configuration errors, found before connecting (today they
+    // were retried as if etcd were down, then exit 69 after the whole connect window).
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "not a certificate").unwrap();
+    let ca_conf = format!("connect_timeout=3,cacert={}", ca.display());
+    let endpoint_cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["http://127.0.0.1:2379", ca_conf.as_str()], "http://"),
+        (vec!["127.0.0.1:99999", "connect_timeout=3"], "port"),
+        (vec!["a b c", "connect_timeout=3"], "'a b c'"),
+        (vec!["ét.cd:2379", "connect_timeout=3"], "ét.cd"),
+        (vec!["ftp://e:2379", "connect_timeout=3"], "ftp"),
+        (vec!["e:2379,e:0", "connect_timeout=3"], "e:0"),
+        (vec!["[::1:2379", "connect_timeout=3"], "[::1:2379"),
+        (
+            vec!["http://e:2379", "connect_timeout=3,protocol=https"],
+            "http://",
+        ),
+    ];
+    let endpoint_args: Vec<(Vec<&str>, &str)> = endpoint_cases
+        .iter()
+        .map(|(v, expect)| {
+            let mut a = vec!["--rdzv-backend", "etcd", "--rdzv-id", "j"];
+            a.extend(["--rdzv-endpoint", v[0], "--rdzv-conf", v[1]]);
+            (a, *expect)
+        })
+        .collect();
     // Every --rdzv-conf duration, and the lease bound torchrun spells interval × attempts.
     // connect_timeout=1 keeps today's failure mode (etcd unreachable) short.
     let etcd = [
@@ -469,11 +495,11 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
     .iter()
     .flat_map(|k| {
         [
-            (format!("connect_timeout=1,{k}={huge}"), format!("{k}")),
+            (format!("connect_timeout=1,{k}={huge}"), k.to_string()),
             // Parses as a Duration today, and overflows `Instant + d` later.
             (
                 format!("connect_timeout=1,{k}=10000000000000000000"),
-                format!("{k}"),
+                k.to_string(),
             ),
         ]
     })
@@ -495,7 +521,11 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
         .iter()
         .map(|(a, key)| (&a[..], &[][..], *key))
         .collect();
-    for (args, env, expect) in cases.iter().chain(&rdzv_cases) {
+    let endpoint_cases: Vec<Case> = endpoint_args
+        .iter()
+        .map(|(a, expect)| (&a[..], &[][..], *expect))
+        .collect();
+    for (args, env, expect) in cases.iter().chain(&rdzv_cases).chain(&endpoint_cases) {
         let mut c = AgentCmd::new(dir.path(), "bad");
         for (k, v) in *env {
             c = c.env(k, v);

@@ -51,19 +51,13 @@ pub fn build(
     addr: String,
     local_world_size: u32,
 ) -> Result<EtcdMode, String> {
-    let endpoints: Vec<String> = endpoint
+    let parsed: Vec<Endpoint> = endpoint
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(|e| {
-            let bare = e.rsplit("://").next().unwrap_or(e);
-            if bare.contains(':') {
-                e.to_owned()
-            } else {
-                format!("{e}:2379")
-            }
-        })
-        .collect();
+        .map(|e| parse_endpoint(e).map_err(|reason| format!("--rdzv-endpoint '{e}': {reason}")))
+        .collect::<Result<_, _>>()?;
+    let endpoints: Vec<String> = parsed.iter().map(Endpoint::to_string).collect();
     if endpoints.is_empty() {
         return Err("--rdzv-endpoint is required with --rdzv-backend etcd (e.g. etcd-host:2379, or a comma-separated list)".into());
     }
@@ -148,7 +142,33 @@ pub fn build(
             ));
         }
     };
-    if https || tls.ca.is_some() || tls.cert.is_some() {
+    let schemes: Vec<Scheme> = parsed.iter().filter_map(|e| e.scheme).collect();
+    if schemes.contains(&Scheme::Http) && schemes.contains(&Scheme::Https) {
+        return Err(format!(
+            "--rdzv-endpoint {endpoint} mixes http:// and https://; one etcd cluster speaks one of them"
+        ));
+    }
+    let tls_keys: Vec<&str> = [
+        "protocol",
+        "cacert",
+        "ca_cert",
+        "cert",
+        "ssl_cert",
+        "key",
+        "ssl_cert_key",
+    ]
+    .into_iter()
+    .filter(|k| conf.contains_key(*k) && !(*k == "protocol" && !https))
+    .collect();
+    if schemes.contains(&Scheme::Http) && !tls_keys.is_empty() {
+        // tonic would connect in plaintext and ignore the files: refuse rather than retry a
+        // TLS server in plaintext, or silently skip the TLS the user asked for.
+        return Err(format!(
+            "--rdzv-endpoint {endpoint} is plaintext http:// but --rdzv-conf {} asks for TLS; write https:// (or host:port) or drop the TLS keys",
+            tls_keys.join(",")
+        ));
+    }
+    if https || !tls_keys.is_empty() || schemes.contains(&Scheme::Https) {
         c.options.tls = Some(tls);
     }
     match (conf.get("username"), conf.get("password")) {
@@ -161,6 +181,104 @@ pub fn build(
         rendezvous: c,
         exit_barrier,
     })
+}
+
+/// The port etcd clients use when none is given.
+pub const DEFAULT_PORT: u16 = 2379;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    Http,
+    Https,
+}
+
+/// One etcd endpoint, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Endpoint {
+    scheme: Option<Scheme>,
+    /// A DNS name, an IPv4 address, or an IPv6 address in brackets.
+    host: String,
+    port: u16,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.scheme {
+            Some(Scheme::Http) => write!(f, "http://")?,
+            Some(Scheme::Https) => write!(f, "https://")?,
+            None => {}
+        }
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// `[scheme://]host[:port]`: scheme http or https, host a DNS name or an IP address
+/// (IPv6 in brackets), port 1-65535 (2379 when left out). Checked here so that a typo is a
+/// configuration error at once, not an etcd that never answers.
+fn parse_endpoint(e: &str) -> Result<Endpoint, String> {
+    let (scheme, rest) = match e.split_once("://") {
+        None => (None, e),
+        Some((s, rest)) => match s.to_ascii_lowercase().as_str() {
+            "http" => (Some(Scheme::Http), rest),
+            "https" => (Some(Scheme::Https), rest),
+            _ => return Err(format!("scheme '{s}' is not http or https")),
+        },
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let port = |p: &str| match p.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(format!("port '{p}' is not a number 1-65535")),
+    };
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (addr, tail) = v6
+            .split_once(']')
+            .ok_or("'[' opens an IPv6 address that no ']' closes")?;
+        addr.parse::<std::net::Ipv6Addr>()
+            .map_err(|_| format!("'{addr}' is not an IPv6 address"))?;
+        let p = match tail {
+            "" => DEFAULT_PORT,
+            _ => port(
+                tail.strip_prefix(':')
+                    .ok_or_else(|| format!("unexpected '{tail}' after ']'"))?,
+            )?,
+        };
+        (format!("[{addr}]"), p)
+    } else {
+        let (host, p) = match rest.split_once(':') {
+            Some((_, tail)) if tail.contains(':') => {
+                return Err("write an IPv6 address in brackets, e.g. [::1]:2379".into());
+            }
+            Some((h, p)) => (h, port(p)?),
+            None => (rest, DEFAULT_PORT),
+        };
+        check_host(host)?;
+        (host.to_owned(), p)
+    };
+    Ok(Endpoint { scheme, host, port })
+}
+
+/// An IPv4 address or a DNS name (letters, digits, `-`, `_`; labels of 1-63 characters).
+fn check_host(host: &str) -> Result<(), String> {
+    if host.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    if !host.is_ascii() {
+        return Err(format!(
+            "host '{host}' is not ASCII; write an internationalised name in its xn-- form"
+        ));
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!("'{host}' is not a valid host name or IP address"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -194,6 +312,67 @@ mod tests {
                 .unwrap_err()
                 .contains("--rdzv-endpoint")
         );
+    }
+
+    #[test]
+    fn endpoints_are_checked_at_configuration_time() {
+        for (e, normal) in [
+            ("etcd", "etcd:2379"),
+            (
+                "etcd-0.etcd.ns.svc.cluster.local.:2380",
+                "etcd-0.etcd.ns.svc.cluster.local.:2380",
+            ),
+            ("10.0.0.1", "10.0.0.1:2379"),
+            ("[::1]", "[::1]:2379"),
+            ("[fe80::1]:1", "[fe80::1]:1"),
+            ("HTTPS://e:65535/", "https://e:65535"),
+        ] {
+            assert_eq!(
+                parse_endpoint(e).map(|e| e.to_string()),
+                Ok(normal.into()),
+                "{e}"
+            );
+        }
+        for (e, why) in [
+            ("a b c", "not a valid host"),
+            ("ét.cd", "not ASCII"),
+            ("e:99999", "port '99999'"),
+            ("e:0", "port '0'"),
+            ("e:", "port ''"),
+            ("ftp://e", "scheme 'ftp'"),
+            ("::1", "brackets"),
+            ("[::1", "no ']'"),
+            ("[::g]:1", "not an IPv6"),
+            ("-e", "not a valid host"),
+            ("user@e:1", "not a valid host"),
+            ("e:1/v3", "port '1/v3'"),
+            ("", "not a valid host"),
+        ] {
+            let err = parse_endpoint(e).unwrap_err();
+            assert!(err.contains(why), "{e}: {err}");
+        }
+    }
+
+    #[test]
+    fn plaintext_endpoints_and_tls_keys_conflict() {
+        let b = |ep: &str, pairs: &[(&str, &str)]| {
+            build(ep, "j", (1, 1), &conf(pairs), "h".into(), 1)
+                .map(|m| m.rendezvous.options.tls.is_some())
+        };
+        assert!(
+            b("http://e", &[("cacert", "/ca")])
+                .unwrap_err()
+                .contains("http://")
+        );
+        assert!(
+            b("http://e", &[("protocol", "https")])
+                .unwrap_err()
+                .contains("protocol")
+        );
+        assert!(b("http://e,https://f", &[]).unwrap_err().contains("mixes"));
+        assert_eq!(b("http://e", &[("protocol", "http")]), Ok(false));
+        assert_eq!(b("https://e", &[]), Ok(true));
+        assert_eq!(b("e", &[("cacert", "/ca")]), Ok(true));
     }
 
     #[test]
