@@ -464,6 +464,12 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
             vec!["http://e:2379", "connect_timeout=3,protocol=https"],
             "http://",
         ),
+        // Half a client certificate ran silently in plaintext; it names the missing half.
+        (vec!["e:2379", "connect_timeout=3,key=/k.pem"], "cert=PATH"),
+        (
+            vec!["e:2379", "connect_timeout=3,ssl_cert=/c.pem"],
+            "key=PATH",
+        ),
     ];
     let endpoint_args: Vec<(Vec<&str>, &str)> = endpoint_cases
         .iter()

@@ -29,7 +29,12 @@ pub const KEYS: &[&str] = &[
     "ssl_cert_key",
     "username",
     "password",
+    "password_file",
 ];
+
+/// The variable the etcd password can come from instead of `--rdzv-conf`: the agent reads
+/// it and removes it from the workers' environment.
+pub const PASSWORD_ENV: &str = "FSDP_ETCD_PASSWORD";
 
 /// Default wait for the other members once this node's workers all succeeded.
 pub const DEFAULT_EXIT_BARRIER: Duration = Duration::from_secs(300);
@@ -42,7 +47,8 @@ pub struct EtcdMode {
     pub exit_barrier: Duration,
 }
 
-/// Builds the etcd configuration; errors name the key or flag at fault.
+/// Builds the etcd configuration; errors name the key or flag at fault and never echo the
+/// password. `env_password` is `$FSDP_ETCD_PASSWORD`.
 pub fn build(
     endpoint: &str,
     run_id: &str,
@@ -50,6 +56,7 @@ pub fn build(
     conf: &BTreeMap<String, String>,
     addr: String,
     local_world_size: u32,
+    env_password: Option<&str>,
 ) -> Result<EtcdMode, String> {
     let parsed: Vec<Endpoint> = endpoint
         .split(',')
@@ -133,6 +140,17 @@ pub fn build(
         cert: file("ssl_cert", "cert"),
         key: file("ssl_cert_key", "key"),
     };
+    // Either half alone used to run silently in plaintext: TLS was only turned on by a CA,
+    // a certificate or https.
+    match (&tls.cert, &tls.key) {
+        (Some(_), None) => {
+            return Err("--rdzv-conf cert (ssl_cert) needs its private key too: add key=PATH (or ssl_cert_key=PATH)".into());
+        }
+        (None, Some(_)) => {
+            return Err("--rdzv-conf key (ssl_cert_key) needs its certificate too: add cert=PATH (or ssl_cert=PATH)".into());
+        }
+        _ => {}
+    }
     let https = match conf.get("protocol").map(String::as_str) {
         None | Some("http") => false,
         Some("https") => true,
@@ -171,16 +189,57 @@ pub fn build(
     if https || !tls_keys.is_empty() || schemes.contains(&Scheme::Https) {
         c.options.tls = Some(tls);
     }
-    match (conf.get("username"), conf.get("password")) {
-        (Some(u), Some(p)) => c.options.user = Some((u.clone(), p.clone())),
+    match (conf.get("username"), password(conf, env_password)?) {
+        (Some(u), Some(p)) => c.options.user = Some((u.clone(), p)),
         (None, None) => {}
-        _ => return Err("--rdzv-conf username and password go together".into()),
+        (Some(_), None) => {
+            return Err(format!(
+                "--rdzv-conf username needs a password: password_file=PATH, ${PASSWORD_ENV}, or password=..."
+            ));
+        }
+        (None, Some(_)) => {
+            return Err("an etcd password needs --rdzv-conf username=... as well".into());
+        }
     }
     let exit_barrier = dur("close_timeout")?.unwrap_or(DEFAULT_EXIT_BARRIER);
     Ok(EtcdMode {
         rendezvous: c,
         exit_barrier,
     })
+}
+
+/// The etcd password from exactly one of `password=`, `password_file=` and
+/// `$FSDP_ETCD_PASSWORD` (an empty variable counts as unset).
+fn password(
+    conf: &BTreeMap<String, String>,
+    env_password: Option<&str>,
+) -> Result<Option<String>, String> {
+    let env_password = env_password.filter(|p| !p.is_empty());
+    match (
+        conf.get("password"),
+        conf.get("password_file"),
+        env_password,
+    ) {
+        (None, None, None) => Ok(None),
+        (Some(p), None, None) => Ok(Some(p.clone())),
+        (None, None, Some(p)) => Ok(Some(p.to_owned())),
+        (None, Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--rdzv-conf password_file={path} cannot be read: {e}"))?;
+            // One trailing newline is the file's, not the password's.
+            let p = text
+                .strip_suffix('\n')
+                .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                .unwrap_or(&text);
+            if p.is_empty() {
+                return Err(format!("--rdzv-conf password_file={path} is empty"));
+            }
+            Ok(Some(p.to_owned()))
+        }
+        _ => Err(format!(
+            "the etcd password is given more than once (--rdzv-conf password, --rdzv-conf password_file, ${PASSWORD_ENV}); give one"
+        )),
+    }
 }
 
 /// The port etcd clients use when none is given.
@@ -301,6 +360,7 @@ mod tests {
             &conf(&[]),
             "h".into(),
             8,
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -308,7 +368,7 @@ mod tests {
             ["a:2379", "b:2380", "http://c:1"]
         );
         assert!(
-            build(" ", "job", (1, 2), &conf(&[]), "h".into(), 8)
+            build(" ", "job", (1, 2), &conf(&[]), "h".into(), 8, None)
                 .unwrap_err()
                 .contains("--rdzv-endpoint")
         );
@@ -356,7 +416,7 @@ mod tests {
     #[test]
     fn plaintext_endpoints_and_tls_keys_conflict() {
         let b = |ep: &str, pairs: &[(&str, &str)]| {
-            build(ep, "j", (1, 1), &conf(pairs), "h".into(), 1)
+            build(ep, "j", (1, 1), &conf(pairs), "h".into(), 1, None)
                 .map(|m| m.rendezvous.options.tls.is_some())
         };
         assert!(
@@ -387,6 +447,7 @@ mod tests {
             ]),
             "h".into(),
             1,
+            None,
         )
         .unwrap();
         assert_eq!(m.rendezvous.keep_alive_ttl, Duration::from_secs(8));
@@ -397,6 +458,7 @@ mod tests {
             &conf(&[("last_call_timeout", "5"), ("close_timeout", "60")]),
             "h".into(),
             1,
+            None,
         )
         .unwrap();
         assert_eq!(m.rendezvous.last_call, Duration::from_secs(5));
@@ -405,7 +467,8 @@ mod tests {
 
     #[test]
     fn durations_are_bounded_and_the_lease_product_cannot_overflow() {
-        let err = |pairs: &[(&str, &str)]| build("e", "j", (1, 1), &conf(pairs), "h".into(), 1);
+        let err =
+            |pairs: &[(&str, &str)]| build("e", "j", (1, 1), &conf(pairs), "h".into(), 1, None);
         for key in [
             "join_timeout",
             "last_call_timeout",
@@ -434,6 +497,54 @@ mod tests {
     }
 
     #[test]
+    fn the_password_comes_from_one_place() {
+        let dir = std::env::temp_dir().join(format!("fsdp-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "from-file\r\n").unwrap();
+        let path = file.display().to_string();
+        let user = |pairs: &[(&str, &str)], env: Option<&str>| {
+            build("e", "j", (1, 1), &conf(pairs), "h".into(), 1, env)
+                .map(|m| m.rendezvous.options.user.map(|(_, p)| p))
+        };
+        let u = ("username", "u");
+        assert_eq!(
+            user(&[u, ("password_file", &path)], None),
+            Ok(Some("from-file".into()))
+        );
+        assert_eq!(user(&[u], Some("from-env")), Ok(Some("from-env".into())));
+        assert_eq!(
+            user(&[u, ("password", "p")], Some("")),
+            Ok(Some("p".into()))
+        );
+        assert!(
+            user(&[u, ("password", "p")], Some("e"))
+                .unwrap_err()
+                .contains("more than once")
+        );
+        assert!(user(&[u, ("password", "p"), ("password_file", &path)], None).is_err());
+        assert!(user(&[u], None).unwrap_err().contains("FSDP_ETCD_PASSWORD"));
+        assert!(user(&[], Some("e")).unwrap_err().contains("username"));
+        std::fs::write(&file, "\n").unwrap();
+        assert!(
+            user(&[u, ("password_file", &path)], None)
+                .unwrap_err()
+                .contains("empty")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn half_a_client_certificate_is_refused() {
+        let err = |pairs: &[(&str, &str)]| {
+            build("e", "j", (1, 1), &conf(pairs), "h".into(), 1, None).unwrap_err()
+        };
+        assert!(err(&[("key", "/k")]).contains("cert=PATH"));
+        assert!(err(&[("ssl_cert_key", "/k")]).contains("cert=PATH"));
+        assert!(err(&[("cert", "/c")]).contains("key=PATH"));
+    }
+
+    #[test]
     fn tls_and_auth_keys() {
         let m = build(
             "e",
@@ -442,13 +553,25 @@ mod tests {
             &conf(&[("cacert", "/ca"), ("username", "u"), ("password", "p")]),
             "h".into(),
             1,
+            None,
         )
         .unwrap();
         assert_eq!(
             m.rendezvous.options.tls.unwrap().ca,
             Some(PathBuf::from("/ca"))
         );
-        assert!(build("e", "j", (1, 1), &conf(&[("username", "u")]), "h".into(), 1).is_err());
+        assert!(
+            build(
+                "e",
+                "j",
+                (1, 1),
+                &conf(&[("username", "u")]),
+                "h".into(),
+                1,
+                None
+            )
+            .is_err()
+        );
         assert!(
             build(
                 "e",
@@ -456,7 +579,8 @@ mod tests {
                 (1, 1),
                 &conf(&[("protocol", "gopher")]),
                 "h".into(),
-                1
+                1,
+                None,
             )
             .is_err()
         );

@@ -107,6 +107,9 @@ pub struct Config {
     pub settings: Vec<Setting>,
     /// Things the user should know that do not stop the run.
     pub warnings: Vec<String>,
+    /// Variables of the agent's environment the workers get changed: `Some` replaces the
+    /// value, `None` removes the variable (the etcd password; see `worker_env::scrub`).
+    pub worker_env_scrub: Vec<(String, Option<String>)>,
 }
 
 /// Where the status server listens.
@@ -391,7 +394,7 @@ impl Resolver<'_> {
                 reason: "must be greater than 0".into(),
             });
         }
-        let rdzv_conf = self.value("rdzv_conf", "rdzv-conf", &a.rdzv_conf, parse::rdzv_conf)?;
+        let rdzv_conf = self.rdzv_conf(&a.rdzv_conf)?;
         let node_rank = self.value("node_rank", "node-rank", &a.node_rank, |s| {
             s.trim()
                 .parse::<u32>()
@@ -528,6 +531,7 @@ impl Resolver<'_> {
             status,
             console_events,
             print_config: a.print_config,
+            worker_env_scrub: self.worker_env_scrub(),
             settings: self.settings,
             warnings: self.warnings,
         })
@@ -558,6 +562,36 @@ impl Resolver<'_> {
         };
         self.record("nproc-per-node (resolved)", n, Source::Derived(how.into()));
         Ok(n)
+    }
+
+    /// `--rdzv-conf`, shown (recorded and in errors) with its password item hidden.
+    fn rdzv_conf(&mut self, raw: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+        let shown = parse::redact_rdzv_conf(raw);
+        let conf = parse::rdzv_conf(raw).map_err(|reason| ConfigError::Invalid {
+            what: "--rdzv-conf".into(),
+            value: shown.clone(),
+            origin: self.origin("rdzv_conf"),
+            reason,
+        })?;
+        let source = self.source("rdzv_conf");
+        self.record("rdzv-conf", shown, source);
+        Ok(conf)
+    }
+
+    /// What the workers must not inherit from the agent: the password variable, and the
+    /// password item of `PET_RDZV_CONF` (the rest of it stays, as torchrun passes it on).
+    fn worker_env_scrub(&self) -> Vec<(String, Option<String>)> {
+        let mut out = Vec::new();
+        if (self.env)(etcd::PASSWORD_ENV).is_some() {
+            out.push((etcd::PASSWORD_ENV.to_owned(), None));
+        }
+        if let Some(conf) = (self.env)("PET_RDZV_CONF") {
+            let kept = parse::without_password(&conf);
+            if kept != conf {
+                out.push(("PET_RDZV_CONF".to_owned(), Some(kept)));
+            }
+        }
+        out
     }
 
     fn term_timeout(&mut self, a: &Args) -> Result<Duration, ConfigError> {
@@ -710,6 +744,7 @@ impl Resolver<'_> {
                         rdzv_conf,
                         addr,
                         nproc_per_node,
+                        (self.env)(etcd::PASSWORD_ENV).as_deref(),
                     )
                     .map_err(ConfigError::Conflict)?;
                     Mode::Etcd(Box::new(m))
@@ -786,6 +821,7 @@ impl Resolver<'_> {
             "connect_timeout",
             "username",
             "password",
+            "password_file",
             "join_timeout",
             "last_call_timeout",
             "close_timeout",

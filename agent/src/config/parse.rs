@@ -69,11 +69,11 @@ pub fn rdzv_conf(s: &str) -> Result<BTreeMap<String, String>, String> {
     for item in s.split(',') {
         let item = item.trim();
         let Some((k, v)) = item.split_once('=') else {
-            return Err(format!("'{item}' is not key=value"));
+            return Err(format!("'{}' is not key=value", redact_item(item)));
         };
         let (k, v) = (k.trim(), v.trim());
         if k.is_empty() {
-            return Err(format!("'{item}' has an empty key"));
+            return Err(format!("'{}' has an empty key", redact_item(item)));
         }
         if v.is_empty() {
             return Err(format!("key '{k}' has an empty value"));
@@ -83,6 +83,36 @@ pub fn rdzv_conf(s: &str) -> Result<BTreeMap<String, String>, String> {
         }
     }
     Ok(out)
+}
+
+/// Whether a `--rdzv-conf` item carries the etcd password. Anything that starts like
+/// `password` but is not `password_file=` counts, so that a typo such as `password:x` is
+/// hidden too.
+fn is_password_item(item: &str) -> bool {
+    let item = item.trim_start();
+    item.starts_with("password") && !item.starts_with("password_file")
+}
+
+fn redact_item(item: &str) -> &str {
+    if is_password_item(item) {
+        "password=***"
+    } else {
+        item
+    }
+}
+
+/// `--rdzv-conf` as it may be shown (`--print-config`, errors): the password item reads
+/// `password=***`.
+pub fn redact_rdzv_conf(s: &str) -> String {
+    s.split(',').map(redact_item).collect::<Vec<_>>().join(",")
+}
+
+/// `--rdzv-conf` without its password item, as the workers get `PET_RDZV_CONF`.
+pub fn without_password(s: &str) -> String {
+    s.split(',')
+        .filter(|item| !is_password_item(item))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Which standard streams of a worker a spec selects.
@@ -325,6 +355,22 @@ mod tests {
         assert!(rdzv_conf("a=").unwrap_err().contains("empty value"));
         assert!(rdzv_conf("=1").unwrap_err().contains("empty key"));
         assert!(rdzv_conf("a=1,a=2").unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn the_password_item_is_hidden_or_dropped() {
+        let conf = "username=u, password=s3cret,password_file=/p,join_timeout=5";
+        assert_eq!(
+            redact_rdzv_conf(conf),
+            "username=u,password=***,password_file=/p,join_timeout=5"
+        );
+        assert_eq!(
+            without_password(conf),
+            "username=u,password_file=/p,join_timeout=5"
+        );
+        assert_eq!(without_password("password=x"), "");
+        let err = rdzv_conf("password:s3cret").unwrap_err();
+        assert!(!err.contains("s3cret"), "{err}");
     }
 
     #[test]

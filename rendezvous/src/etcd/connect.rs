@@ -20,8 +20,8 @@ pub struct TlsFiles {
     pub key: Option<PathBuf>,
 }
 
-/// How to reach etcd.
-#[derive(Debug, Clone)]
+/// How to reach etcd. Its `Debug` hides the password.
+#[derive(Clone)]
 pub struct EtcdOptions {
     /// `host:port` or `http(s)://host:port`, one or more.
     pub endpoints: Vec<String>,
@@ -31,6 +31,18 @@ pub struct EtcdOptions {
     pub connect_timeout: Duration,
     /// Give up after retrying this long.
     pub retry_window: Duration,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|(u, _)| (u, "***")))
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("retry_window", &self.retry_window)
+            .finish()
+    }
 }
 
 impl EtcdOptions {
@@ -194,6 +206,17 @@ mod tests {
     use super::*;
     use etcd_client::Error as E;
     use tonic::Status;
+
+    #[test]
+    fn debug_hides_the_password() {
+        let mut o = EtcdOptions::new(vec!["e:2379".into()]);
+        o.user = Some(("root".into(), "s3cret".into()));
+        let shown = format!("{o:?}");
+        assert!(
+            shown.contains("root") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn configuration_errors_are_permanent_and_outages_transient() {
