@@ -176,7 +176,7 @@ pub fn build(
         "ssl_cert_key",
     ]
     .into_iter()
-    .filter(|k| conf.contains_key(*k) && !(*k == "protocol" && !https))
+    .filter(|k| conf.contains_key(*k) && (https || *k != "protocol"))
     .collect();
     if schemes.contains(&Scheme::Http) && !tls_keys.is_empty() {
         // tonic would connect in plaintext and ignore the files: refuse rather than retry a
