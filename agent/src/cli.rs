@@ -5,6 +5,7 @@
 //! Boolean flags read their `PET_*` variable in `config` too, because Kubeflow sets
 //! `PET_STANDALONE` to an empty string, which clap would not treat as "on".
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -270,10 +271,119 @@ pub struct Args {
     pub training_script: String,
 
     /// Arguments passed to the training program unchanged (`${local_rank}` is substituted).
+    /// Everything after the script is the script's, agent flags included.
+    // Never filled by clap: `config::resolve` hands clap only the words up to the script
+    // (see `script_index`) and puts the rest here. Declared for the usage line and help.
     #[arg(
         value_name = "ARGS",
         trailing_var_arg = true,
         allow_hyphen_values = true
     )]
     pub script_args: Vec<String>,
+}
+
+/// Where the training script is in `argv` (`argv[0]` is the program), found as torchrun's
+/// argparse finds it: the first word that is neither an agent flag nor a flag's value;
+/// `--` ends the agent's flags. `None` when there is no script.
+///
+/// clap's trailing var arg would still match known flags right after the script
+/// (`train.py --help` printing the agent's help); splitting here first means the words after
+/// the script never reach clap. Which flags take a value comes from `cmd`, so the split
+/// follows the flag table. Unknown flags are taken as taking no value: clap reports them.
+pub fn script_index(cmd: &clap::Command, argv: &[OsString]) -> Option<usize> {
+    let takes_value = |a: &clap::Arg| a.get_action().takes_values();
+    let long = |name: &str| {
+        cmd.get_arguments().find(|a| {
+            a.get_long() == Some(name)
+                || a.get_all_aliases()
+                    .is_some_and(|aliases| aliases.contains(&name))
+        })
+    };
+    let short = |c: char| {
+        cmd.get_arguments().find(|a| {
+            a.get_short() == Some(c)
+                || a.get_all_short_aliases()
+                    .is_some_and(|aliases| aliases.contains(&c))
+        })
+    };
+    let mut i = 1;
+    while i < argv.len() {
+        // A word that is not UTF-8 cannot be one of our flags.
+        let Some(word) = argv[i].to_str() else {
+            return Some(i);
+        };
+        if word == "--" {
+            return (i + 1 < argv.len()).then_some(i + 1);
+        }
+        if let Some(rest) = word.strip_prefix("--") {
+            // `--flag=value` carries its value; `--flag value` takes the next word.
+            if !rest.contains('=') && long(rest).is_some_and(takes_value) {
+                i += 1;
+            }
+        } else if let Some(cluster) = word.strip_prefix('-').filter(|c| !c.is_empty()) {
+            // `-m`, `-r3`, `-r 3`, `-mr3`: flags without a value, then at most one that
+            // takes the rest of the word or, at its end, the next word.
+            for (pos, c) in cluster.char_indices() {
+                match short(c) {
+                    Some(a) if takes_value(a) => {
+                        if pos + c.len_utf8() == cluster.len() {
+                            i += 1;
+                        }
+                        break;
+                    }
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        } else {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn split(words: &str) -> Option<usize> {
+        let argv: Vec<OsString> = std::iter::once("fsdp-agent")
+            .chain(words.split_whitespace())
+            .map(OsString::from)
+            .collect();
+        script_index(&Args::command(), &argv)
+    }
+
+    #[test]
+    fn the_script_is_the_first_word_that_is_no_flag_or_value() {
+        assert_eq!(split("train.py --nnodes 4"), Some(1));
+        assert_eq!(split("--nnodes 4 train.py --help"), Some(3));
+        assert_eq!(split("--nnodes=4 train.py"), Some(2));
+        assert_eq!(split("--nproc_per_node 2 train.py"), Some(3));
+        assert_eq!(split("--shutdown_timeout 5 train.py"), Some(3));
+        assert_eq!(split("-r 3 train.py"), Some(3));
+        assert_eq!(split("-r3 -t 1 train.py"), Some(4));
+        assert_eq!(split("-m pkg.mod -m"), Some(2));
+        assert_eq!(split("-mr3 pkg.mod"), Some(2));
+        assert_eq!(split("--standalone --no-python /bin/echo -r 3"), Some(3));
+        assert_eq!(split("--max-restarts -1 train.py"), Some(3));
+    }
+
+    #[test]
+    fn double_dash_ends_the_agent_flags() {
+        assert_eq!(split("--standalone -- --weird-name.py --nnodes 2"), Some(3));
+        assert_eq!(split("--standalone --"), None);
+    }
+
+    #[test]
+    fn no_script_and_unknown_flags_are_left_to_clap() {
+        assert_eq!(split(""), None);
+        assert_eq!(split("--nnodes 4"), None);
+        assert_eq!(split("--nnodes"), None);
+        // Unknown flags take no value here; clap then names them.
+        assert_eq!(split("--bogus x.py"), Some(2));
+        assert_eq!(split("-z x.py"), Some(2));
+    }
 }

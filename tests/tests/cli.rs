@@ -379,6 +379,28 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
         ),
         (&["--max-restarts", "-1"], &[], "--max-restarts"),
         (&["--term-timeout", "soon"], &[], "--term-timeout"),
+        // Durations past the documented maximum (7 days) are refused, never a panic.
+        (
+            &["--term-timeout", "99999999999999999999999"],
+            &[],
+            "at most 7 days",
+        ),
+        (&["--monitor-interval", "169h"], &[], "--monitor-interval"),
+        (
+            &[],
+            &[("PET_SHUTDOWN_TIMEOUT", "99999999999999999999999")],
+            "env PET_SHUTDOWN_TIMEOUT",
+        ),
+        (
+            &[],
+            &[("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "99999999999999999999999")],
+            "env TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        ),
+        (
+            &[],
+            &[("PET_MONITOR_INTERVAL", "99999999999999999999999")],
+            "env PET_MONITOR_INTERVAL",
+        ),
         (&["--redirects", "5"], &[], "--redirects"),
         (&["--rdzv-backend", "zookeeper"], &[], "zookeeper"),
         (&["--rdzv-backend", "c10d", "--nnodes", "2"], &[], "c10d"),
@@ -425,7 +447,91 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
             "protocol=ftp",
         ),
     ];
-    for (args, env, expect) in cases {
+    // Endpoint mistakes are configuration errors, found before connecting (today they
+    // were retried as if etcd were down, then exit 69 after the whole connect window).
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "not a certificate").unwrap();
+    let ca_conf = format!("connect_timeout=3,cacert={}", ca.display());
+    let endpoint_cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["http://127.0.0.1:2379", ca_conf.as_str()], "http://"),
+        (vec!["127.0.0.1:99999", "connect_timeout=3"], "port"),
+        (vec!["a b c", "connect_timeout=3"], "'a b c'"),
+        (vec!["ét.cd:2379", "connect_timeout=3"], "ét.cd"),
+        (vec!["ftp://e:2379", "connect_timeout=3"], "ftp"),
+        (vec!["e:2379,e:0", "connect_timeout=3"], "e:0"),
+        (vec!["[::1:2379", "connect_timeout=3"], "[::1:2379"),
+        (
+            vec!["http://e:2379", "connect_timeout=3,protocol=https"],
+            "http://",
+        ),
+        // Half a client certificate ran silently in plaintext; it names the missing half.
+        (vec!["e:2379", "connect_timeout=3,key=/k.pem"], "cert=PATH"),
+        (
+            vec!["e:2379", "connect_timeout=3,ssl_cert=/c.pem"],
+            "key=PATH",
+        ),
+    ];
+    let endpoint_args: Vec<(Vec<&str>, &str)> = endpoint_cases
+        .iter()
+        .map(|(v, expect)| {
+            let mut a = vec!["--rdzv-backend", "etcd", "--rdzv-id", "j"];
+            a.extend(["--rdzv-endpoint", v[0], "--rdzv-conf", v[1]]);
+            (a, *expect)
+        })
+        .collect();
+    // Every --rdzv-conf duration, and the lease bound torchrun spells interval × attempts.
+    // connect_timeout=1 keeps today's failure mode (etcd unreachable) short.
+    let etcd = [
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-id",
+        "j",
+        "--rdzv-endpoint",
+        "e",
+    ];
+    let huge = "99999999999999999999999";
+    let mut rdzv_cases: Vec<(String, String)> = [
+        "join_timeout",
+        "last_call_timeout",
+        "close_timeout",
+        "keep_alive_ttl",
+        "keep_alive_interval",
+        "straggler_timeout",
+    ]
+    .iter()
+    .flat_map(|k| {
+        [
+            (format!("connect_timeout=1,{k}={huge}"), k.to_string()),
+            // Parses as a Duration today, and overflows `Instant + d` later.
+            (
+                format!("connect_timeout=1,{k}=10000000000000000000"),
+                k.to_string(),
+            ),
+        ]
+    })
+    .collect();
+    rdzv_cases.push((format!("connect_timeout={huge}"), "connect_timeout".into()));
+    rdzv_cases.push((
+        "connect_timeout=1,keep_alive_interval=100h,keep_alive_max_attempt=4294967295,straggler_timeout=168h".into(),
+        "keep_alive_interval".into(),
+    ));
+    let rdzv_args: Vec<(Vec<&str>, &str)> = rdzv_cases
+        .iter()
+        .map(|(conf, key)| {
+            let mut v = etcd.to_vec();
+            v.extend(["--rdzv-conf", conf.as_str()]);
+            (v, key.as_str())
+        })
+        .collect();
+    let rdzv_cases: Vec<Case> = rdzv_args
+        .iter()
+        .map(|(a, key)| (&a[..], &[][..], *key))
+        .collect();
+    let endpoint_cases: Vec<Case> = endpoint_args
+        .iter()
+        .map(|(a, expect)| (&a[..], &[][..], *expect))
+        .collect();
+    for (args, env, expect) in cases.iter().chain(&rdzv_cases).chain(&endpoint_cases) {
         let mut c = AgentCmd::new(dir.path(), "bad");
         for (k, v) in *env {
             c = c.env(k, v);
@@ -441,6 +547,31 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
             "{args:?}: '{expect}' not in: {err}"
         );
         assert!(!marker.exists(), "{args:?} spawned a worker");
+    }
+    // `fsdp-agent status` reads the same --rdzv-conf.
+    let (code, _, err) = fsdp_tests::status_cmd(&[
+        "--rdzv-endpoint",
+        "127.0.0.1:1",
+        "--rdzv-id",
+        "j",
+        "--rdzv-conf",
+        &format!("connect_timeout={huge}"),
+    ]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("connect_timeout") && err.contains("at most 7 days"),
+        "{err}"
+    );
+    // No script at all: one complete line, not clap's "were not provided:" cut short.
+    for args in [&["--standalone"][..], &["--nnodes", "1"], &[]] {
+        let mut a = AgentCmd::new(dir.path(), "bad").args(args).run(LIMIT);
+        assert_eq!(a.code(), 64, "{args:?}: {}", a.output());
+        let err = a.stderr();
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("the training script is missing: fsdp-agent [options] TRAINING_SCRIPT"),
+            "{args:?}: {err}"
+        );
     }
     // A missing script, under Python and as a binary.
     for args in [
@@ -499,4 +630,76 @@ fn an_unreachable_etcd_is_a_clear_error_after_a_bounded_retry() {
         "retried for {:?}",
         start.elapsed()
     );
+}
+
+/// Everything after the training script is the script's, even words that are agent flags
+/// (torchrun's rule): the agent neither takes `--nnodes 4` nor prints its help.
+#[test]
+fn agent_flags_after_the_script_reach_the_script_unchanged() {
+    let dir = TempDir::new().unwrap();
+    let script_args = [
+        "--nnodes",
+        "4",
+        "--help",
+        "-r",
+        "3",
+        "-t",
+        "3",
+        "--max-restarts",
+        "9",
+        "-m",
+        "--",
+        "--nproc-per-node=2",
+    ];
+    // (agent flags before the script, how they end)
+    let cases: &[&[&str]] = &[
+        &["--standalone", "--no-python"],
+        &[
+            "--standalone",
+            "-r3",
+            "--max-restarts=1",
+            "--no-python",
+            "--",
+        ],
+        &[
+            "--standalone",
+            "-r",
+            "0",
+            "--max_restarts",
+            "1",
+            "--no-python",
+        ],
+    ];
+    // A script whose first argument is already an agent flag.
+    let script = dir.path().join("record-argv");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$@\" > {}/argv.$ARGV_CASE\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for (i, before) in cases.iter().enumerate() {
+        let out = dir.path().join(format!("argv.{i}"));
+        let mut a = AgentCmd::new(dir.path(), &format!("argv{i}"))
+            .env("ARGV_CASE", i.to_string())
+            .args(*before)
+            .arg_path(&script)
+            .args(script_args)
+            .run(LIMIT);
+        assert_eq!(a.code(), 0, "{before:?}: {}", a.output());
+        assert!(
+            !a.stdout().contains("Usage:"),
+            "{before:?}: the agent printed its help:\n{}",
+            a.output()
+        );
+        let got = std::fs::read_to_string(&out).unwrap_or_else(|e| {
+            panic!("{before:?}: the script did not run ({e}):\n{}", a.output())
+        });
+        assert_eq!(got.lines().collect::<Vec<_>>(), script_args, "{before:?}");
+        // The agent kept its own values: one node, one worker.
+        assert!(!a.stderr().contains("nnodes=4"), "{}", a.stderr());
+    }
 }

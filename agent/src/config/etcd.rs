@@ -29,7 +29,12 @@ pub const KEYS: &[&str] = &[
     "ssl_cert_key",
     "username",
     "password",
+    "password_file",
 ];
+
+/// The variable the etcd password can come from instead of `--rdzv-conf`: the agent reads
+/// it and removes it from the workers' environment.
+pub const PASSWORD_ENV: &str = "FSDP_ETCD_PASSWORD";
 
 /// Default wait for the other members once this node's workers all succeeded.
 pub const DEFAULT_EXIT_BARRIER: Duration = Duration::from_secs(300);
@@ -42,7 +47,8 @@ pub struct EtcdMode {
     pub exit_barrier: Duration,
 }
 
-/// Builds the etcd configuration; errors name the key or flag at fault.
+/// Builds the etcd configuration; errors name the key or flag at fault and never echo the
+/// password. `env_password` is `$FSDP_ETCD_PASSWORD`.
 pub fn build(
     endpoint: &str,
     run_id: &str,
@@ -50,20 +56,15 @@ pub fn build(
     conf: &BTreeMap<String, String>,
     addr: String,
     local_world_size: u32,
+    env_password: Option<&str>,
 ) -> Result<EtcdMode, String> {
-    let endpoints: Vec<String> = endpoint
+    let parsed: Vec<Endpoint> = endpoint
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(|e| {
-            let bare = e.rsplit("://").next().unwrap_or(e);
-            if bare.contains(':') {
-                e.to_owned()
-            } else {
-                format!("{e}:2379")
-            }
-        })
-        .collect();
+        .map(|e| parse_endpoint(e).map_err(|reason| format!("--rdzv-endpoint '{e}': {reason}")))
+        .collect::<Result<_, _>>()?;
+    let endpoints: Vec<String> = parsed.iter().map(Endpoint::to_string).collect();
     if endpoints.is_empty() {
         return Err("--rdzv-endpoint is required with --rdzv-backend etcd (e.g. etcd-host:2379, or a comma-separated list)".into());
     }
@@ -106,7 +107,17 @@ pub fn build(
         num("keep_alive_max_attempt")?,
     ) {
         (Some(ttl), _, _) => ttl,
-        (None, Some(i), attempts) => i * attempts.unwrap_or(3),
+        (None, Some(i), attempts) => {
+            let attempts = attempts.unwrap_or(3);
+            i.checked_mul(attempts)
+                .filter(|ttl| *ttl <= parse::MAX_DURATION)
+                .ok_or_else(|| {
+                    format!(
+                        "--rdzv-conf keep_alive_interval × keep_alive_max_attempt ({i:?} × {attempts}) is too long for the lease: {}",
+                        parse::TOO_LONG
+                    )
+                })?
+        }
         (None, None, _) => c.keep_alive_ttl,
     };
     if c.keep_alive_ttl < Duration::from_secs(1) {
@@ -129,6 +140,17 @@ pub fn build(
         cert: file("ssl_cert", "cert"),
         key: file("ssl_cert_key", "key"),
     };
+    // Either half alone used to run silently in plaintext: TLS was only turned on by a CA,
+    // a certificate or https.
+    match (&tls.cert, &tls.key) {
+        (Some(_), None) => {
+            return Err("--rdzv-conf cert (ssl_cert) needs its private key too: add key=PATH (or ssl_cert_key=PATH)".into());
+        }
+        (None, Some(_)) => {
+            return Err("--rdzv-conf key (ssl_cert_key) needs its certificate too: add cert=PATH (or ssl_cert=PATH)".into());
+        }
+        _ => {}
+    }
     let https = match conf.get("protocol").map(String::as_str) {
         None | Some("http") => false,
         Some("https") => true,
@@ -138,19 +160,184 @@ pub fn build(
             ));
         }
     };
-    if https || tls.ca.is_some() || tls.cert.is_some() {
+    let schemes: Vec<Scheme> = parsed.iter().filter_map(|e| e.scheme).collect();
+    if schemes.contains(&Scheme::Http) && schemes.contains(&Scheme::Https) {
+        return Err(format!(
+            "--rdzv-endpoint {endpoint} mixes http:// and https://; one etcd cluster speaks one of them"
+        ));
+    }
+    let tls_keys: Vec<&str> = [
+        "protocol",
+        "cacert",
+        "ca_cert",
+        "cert",
+        "ssl_cert",
+        "key",
+        "ssl_cert_key",
+    ]
+    .into_iter()
+    .filter(|k| conf.contains_key(*k) && (https || *k != "protocol"))
+    .collect();
+    if schemes.contains(&Scheme::Http) && !tls_keys.is_empty() {
+        // tonic would connect in plaintext and ignore the files: refuse rather than retry a
+        // TLS server in plaintext, or silently skip the TLS the user asked for.
+        return Err(format!(
+            "--rdzv-endpoint {endpoint} is plaintext http:// but --rdzv-conf {} asks for TLS; write https:// (or host:port) or drop the TLS keys",
+            tls_keys.join(",")
+        ));
+    }
+    if https || !tls_keys.is_empty() || schemes.contains(&Scheme::Https) {
         c.options.tls = Some(tls);
     }
-    match (conf.get("username"), conf.get("password")) {
-        (Some(u), Some(p)) => c.options.user = Some((u.clone(), p.clone())),
+    match (conf.get("username"), password(conf, env_password)?) {
+        (Some(u), Some(p)) => c.options.user = Some((u.clone(), p)),
         (None, None) => {}
-        _ => return Err("--rdzv-conf username and password go together".into()),
+        (Some(_), None) => {
+            return Err(format!(
+                "--rdzv-conf username needs a password: password_file=PATH, ${PASSWORD_ENV}, or password=..."
+            ));
+        }
+        (None, Some(_)) => {
+            return Err("an etcd password needs --rdzv-conf username=... as well".into());
+        }
     }
     let exit_barrier = dur("close_timeout")?.unwrap_or(DEFAULT_EXIT_BARRIER);
     Ok(EtcdMode {
         rendezvous: c,
         exit_barrier,
     })
+}
+
+/// The etcd password from exactly one of `password=`, `password_file=` and
+/// `$FSDP_ETCD_PASSWORD` (an empty variable counts as unset).
+fn password(
+    conf: &BTreeMap<String, String>,
+    env_password: Option<&str>,
+) -> Result<Option<String>, String> {
+    let env_password = env_password.filter(|p| !p.is_empty());
+    match (
+        conf.get("password"),
+        conf.get("password_file"),
+        env_password,
+    ) {
+        (None, None, None) => Ok(None),
+        (Some(p), None, None) => Ok(Some(p.clone())),
+        (None, None, Some(p)) => Ok(Some(p.to_owned())),
+        (None, Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--rdzv-conf password_file={path} cannot be read: {e}"))?;
+            // One trailing newline is the file's, not the password's.
+            let p = text
+                .strip_suffix('\n')
+                .map(|t| t.strip_suffix('\r').unwrap_or(t))
+                .unwrap_or(&text);
+            if p.is_empty() {
+                return Err(format!("--rdzv-conf password_file={path} is empty"));
+            }
+            Ok(Some(p.to_owned()))
+        }
+        _ => Err(format!(
+            "the etcd password is given more than once (--rdzv-conf password, --rdzv-conf password_file, ${PASSWORD_ENV}); give one"
+        )),
+    }
+}
+
+/// The port etcd clients use when none is given.
+pub const DEFAULT_PORT: u16 = 2379;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    Http,
+    Https,
+}
+
+/// One etcd endpoint, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Endpoint {
+    scheme: Option<Scheme>,
+    /// A DNS name, an IPv4 address, or an IPv6 address in brackets.
+    host: String,
+    port: u16,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.scheme {
+            Some(Scheme::Http) => write!(f, "http://")?,
+            Some(Scheme::Https) => write!(f, "https://")?,
+            None => {}
+        }
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// `[scheme://]host[:port]`: scheme http or https, host a DNS name or an IP address
+/// (IPv6 in brackets), port 1-65535 (2379 when left out). Checked here so that a typo is a
+/// configuration error at once, not an etcd that never answers.
+fn parse_endpoint(e: &str) -> Result<Endpoint, String> {
+    let (scheme, rest) = match e.split_once("://") {
+        None => (None, e),
+        Some((s, rest)) => match s.to_ascii_lowercase().as_str() {
+            "http" => (Some(Scheme::Http), rest),
+            "https" => (Some(Scheme::Https), rest),
+            _ => return Err(format!("scheme '{s}' is not http or https")),
+        },
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let port = |p: &str| match p.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(format!("port '{p}' is not a number 1-65535")),
+    };
+    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+        let (addr, tail) = v6
+            .split_once(']')
+            .ok_or("'[' opens an IPv6 address that no ']' closes")?;
+        addr.parse::<std::net::Ipv6Addr>()
+            .map_err(|_| format!("'{addr}' is not an IPv6 address"))?;
+        let p = match tail {
+            "" => DEFAULT_PORT,
+            _ => port(
+                tail.strip_prefix(':')
+                    .ok_or_else(|| format!("unexpected '{tail}' after ']'"))?,
+            )?,
+        };
+        (format!("[{addr}]"), p)
+    } else {
+        let (host, p) = match rest.split_once(':') {
+            Some((_, tail)) if tail.contains(':') => {
+                return Err("write an IPv6 address in brackets, e.g. [::1]:2379".into());
+            }
+            Some((h, p)) => (h, port(p)?),
+            None => (rest, DEFAULT_PORT),
+        };
+        check_host(host)?;
+        (host.to_owned(), p)
+    };
+    Ok(Endpoint { scheme, host, port })
+}
+
+/// An IPv4 address or a DNS name (letters, digits, `-`, `_`; labels of 1-63 characters).
+fn check_host(host: &str) -> Result<(), String> {
+    if host.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    if !host.is_ascii() {
+        return Err(format!(
+            "host '{host}' is not ASCII; write an internationalised name in its xn-- form"
+        ));
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!("'{host}' is not a valid host name or IP address"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -173,6 +360,7 @@ mod tests {
             &conf(&[]),
             "h".into(),
             8,
+            None,
         )
         .unwrap();
         assert_eq!(
@@ -180,10 +368,71 @@ mod tests {
             ["a:2379", "b:2380", "http://c:1"]
         );
         assert!(
-            build(" ", "job", (1, 2), &conf(&[]), "h".into(), 8)
+            build(" ", "job", (1, 2), &conf(&[]), "h".into(), 8, None)
                 .unwrap_err()
                 .contains("--rdzv-endpoint")
         );
+    }
+
+    #[test]
+    fn endpoints_are_checked_at_configuration_time() {
+        for (e, normal) in [
+            ("etcd", "etcd:2379"),
+            (
+                "etcd-0.etcd.ns.svc.cluster.local.:2380",
+                "etcd-0.etcd.ns.svc.cluster.local.:2380",
+            ),
+            ("10.0.0.1", "10.0.0.1:2379"),
+            ("[::1]", "[::1]:2379"),
+            ("[fe80::1]:1", "[fe80::1]:1"),
+            ("HTTPS://e:65535/", "https://e:65535"),
+        ] {
+            assert_eq!(
+                parse_endpoint(e).map(|e| e.to_string()),
+                Ok(normal.into()),
+                "{e}"
+            );
+        }
+        for (e, why) in [
+            ("a b c", "not a valid host"),
+            ("ét.cd", "not ASCII"),
+            ("e:99999", "port '99999'"),
+            ("e:0", "port '0'"),
+            ("e:", "port ''"),
+            ("ftp://e", "scheme 'ftp'"),
+            ("::1", "brackets"),
+            ("[::1", "no ']'"),
+            ("[::g]:1", "not an IPv6"),
+            ("-e", "not a valid host"),
+            ("user@e:1", "not a valid host"),
+            ("e:1/v3", "port '1/v3'"),
+            ("", "not a valid host"),
+        ] {
+            let err = parse_endpoint(e).unwrap_err();
+            assert!(err.contains(why), "{e}: {err}");
+        }
+    }
+
+    #[test]
+    fn plaintext_endpoints_and_tls_keys_conflict() {
+        let b = |ep: &str, pairs: &[(&str, &str)]| {
+            build(ep, "j", (1, 1), &conf(pairs), "h".into(), 1, None)
+                .map(|m| m.rendezvous.options.tls.is_some())
+        };
+        assert!(
+            b("http://e", &[("cacert", "/ca")])
+                .unwrap_err()
+                .contains("http://")
+        );
+        assert!(
+            b("http://e", &[("protocol", "https")])
+                .unwrap_err()
+                .contains("protocol")
+        );
+        assert!(b("http://e,https://f", &[]).unwrap_err().contains("mixes"));
+        assert_eq!(b("http://e", &[("protocol", "http")]), Ok(false));
+        assert_eq!(b("https://e", &[]), Ok(true));
+        assert_eq!(b("e", &[("cacert", "/ca")]), Ok(true));
     }
 
     #[test]
@@ -198,6 +447,7 @@ mod tests {
             ]),
             "h".into(),
             1,
+            None,
         )
         .unwrap();
         assert_eq!(m.rendezvous.keep_alive_ttl, Duration::from_secs(8));
@@ -208,10 +458,90 @@ mod tests {
             &conf(&[("last_call_timeout", "5"), ("close_timeout", "60")]),
             "h".into(),
             1,
+            None,
         )
         .unwrap();
         assert_eq!(m.rendezvous.last_call, Duration::from_secs(5));
         assert_eq!(m.exit_barrier, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn durations_are_bounded_and_the_lease_product_cannot_overflow() {
+        let err =
+            |pairs: &[(&str, &str)]| build("e", "j", (1, 1), &conf(pairs), "h".into(), 1, None);
+        for key in [
+            "join_timeout",
+            "last_call_timeout",
+            "close_timeout",
+            "keep_alive_ttl",
+            "keep_alive_interval",
+            "straggler_timeout",
+            "connect_timeout",
+        ] {
+            let e = err(&[(key, "99999999999999999999999")]).unwrap_err();
+            assert!(
+                e.contains(key) && e.contains("at most 7 days"),
+                "{key}: {e}"
+            );
+        }
+        let e = err(&[
+            ("keep_alive_interval", "100h"),
+            ("keep_alive_max_attempt", "4294967295"),
+            ("straggler_timeout", "168h"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("keep_alive_max_attempt") && e.contains("at most 7 days"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_password_comes_from_one_place() {
+        let dir = std::env::temp_dir().join(format!("fsdp-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "from-file\r\n").unwrap();
+        let path = file.display().to_string();
+        let user = |pairs: &[(&str, &str)], env: Option<&str>| {
+            build("e", "j", (1, 1), &conf(pairs), "h".into(), 1, env)
+                .map(|m| m.rendezvous.options.user.map(|(_, p)| p))
+        };
+        let u = ("username", "u");
+        assert_eq!(
+            user(&[u, ("password_file", &path)], None),
+            Ok(Some("from-file".into()))
+        );
+        assert_eq!(user(&[u], Some("from-env")), Ok(Some("from-env".into())));
+        assert_eq!(
+            user(&[u, ("password", "p")], Some("")),
+            Ok(Some("p".into()))
+        );
+        assert!(
+            user(&[u, ("password", "p")], Some("e"))
+                .unwrap_err()
+                .contains("more than once")
+        );
+        assert!(user(&[u, ("password", "p"), ("password_file", &path)], None).is_err());
+        assert!(user(&[u], None).unwrap_err().contains("FSDP_ETCD_PASSWORD"));
+        assert!(user(&[], Some("e")).unwrap_err().contains("username"));
+        std::fs::write(&file, "\n").unwrap();
+        assert!(
+            user(&[u, ("password_file", &path)], None)
+                .unwrap_err()
+                .contains("empty")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn half_a_client_certificate_is_refused() {
+        let err = |pairs: &[(&str, &str)]| {
+            build("e", "j", (1, 1), &conf(pairs), "h".into(), 1, None).unwrap_err()
+        };
+        assert!(err(&[("key", "/k")]).contains("cert=PATH"));
+        assert!(err(&[("ssl_cert_key", "/k")]).contains("cert=PATH"));
+        assert!(err(&[("cert", "/c")]).contains("key=PATH"));
     }
 
     #[test]
@@ -223,13 +553,25 @@ mod tests {
             &conf(&[("cacert", "/ca"), ("username", "u"), ("password", "p")]),
             "h".into(),
             1,
+            None,
         )
         .unwrap();
         assert_eq!(
             m.rendezvous.options.tls.unwrap().ca,
             Some(PathBuf::from("/ca"))
         );
-        assert!(build("e", "j", (1, 1), &conf(&[("username", "u")]), "h".into(), 1).is_err());
+        assert!(
+            build(
+                "e",
+                "j",
+                (1, 1),
+                &conf(&[("username", "u")]),
+                "h".into(),
+                1,
+                None
+            )
+            .is_err()
+        );
         assert!(
             build(
                 "e",
@@ -237,7 +579,8 @@ mod tests {
                 (1, 1),
                 &conf(&[("protocol", "gopher")]),
                 "h".into(),
-                1
+                1,
+                None,
             )
             .is_err()
         );

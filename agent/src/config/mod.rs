@@ -107,6 +107,9 @@ pub struct Config {
     pub settings: Vec<Setting>,
     /// Things the user should know that do not stop the run.
     pub warnings: Vec<String>,
+    /// Variables of the agent's environment the workers get changed: `Some` replaces the
+    /// value, `None` removes the variable (the etcd password; see `worker_env::scrub`).
+    pub worker_env_scrub: Vec<(String, Option<String>)>,
 }
 
 /// Where the status server listens.
@@ -152,27 +155,38 @@ pub fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, Result<String, ConfigError>> {
     let command = Args::command();
+    // Only the words up to the script go through clap; the rest are the script's, verbatim.
+    let (argv, script_args) = match crate::cli::script_index(&command, &argv) {
+        Some(i) => {
+            let mut argv = argv;
+            let rest = argv.split_off(i + 1);
+            (argv, rest)
+        }
+        None => (argv, Vec::new()),
+    };
+    let script_args = script_args
+        .into_iter()
+        .map(|a| {
+            a.into_string().map_err(|a| {
+                Err(ConfigError::CommandLine(format!(
+                    "script argument {a:?} is not valid UTF-8"
+                )))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let matches = match command.clone().try_get_matches_from(argv) {
         Ok(m) => m,
         Err(e) => {
             use clap::error::ErrorKind;
             return Err(match e.kind() {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Ok(e.render().to_string()),
-                _ => {
-                    let text = e.render().to_string();
-                    let first = text.lines().next().unwrap_or("bad command line");
-                    Err(ConfigError::CommandLine(
-                        first.trim_start_matches("error: ").to_owned(),
-                    ))
-                }
+                _ => Err(ConfigError::CommandLine(clap_message(&e))),
             });
         }
     };
-    let args = Args::from_arg_matches(&matches).map_err(|e| {
-        Err(ConfigError::CommandLine(
-            e.to_string().lines().next().unwrap_or("").to_owned(),
-        ))
-    })?;
+    let mut args = Args::from_arg_matches(&matches)
+        .map_err(|e| Err(ConfigError::CommandLine(clap_message(&e))))?;
+    args.script_args = script_args;
     Resolver {
         command,
         matches,
@@ -182,6 +196,41 @@ pub fn resolve(
     }
     .resolve(args)
     .map_err(Err)
+}
+
+/// A clap error as one complete line. clap's own text spreads over several lines (the
+/// missing argument on the line after "were not provided:", then usage and tips).
+fn clap_message(e: &clap::Error) -> String {
+    use clap::error::ErrorKind;
+    if e.kind() == ErrorKind::MissingRequiredArgument {
+        // The training script is the only required argument.
+        return "the training script is missing: fsdp-agent [options] TRAINING_SCRIPT [script args...]"
+            .into();
+    }
+    let text = e.render().to_string();
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"));
+    let mut out = lines
+        .next()
+        .unwrap_or("bad command line")
+        .trim_start_matches("error: ")
+        .to_owned();
+    for l in lines {
+        // clap's "use '-- --flag'" tip would make the flag the training script here.
+        if l.starts_with("tip: to pass") {
+            continue;
+        }
+        if out.ends_with(':') {
+            out.push(' ');
+        } else {
+            out.push_str("; ");
+        }
+        out.push_str(l);
+    }
+    out
 }
 
 /// The group-shape values [`Resolver::mode`] needs, already parsed.
@@ -345,7 +394,7 @@ impl Resolver<'_> {
                 reason: "must be greater than 0".into(),
             });
         }
-        let rdzv_conf = self.value("rdzv_conf", "rdzv-conf", &a.rdzv_conf, parse::rdzv_conf)?;
+        let rdzv_conf = self.rdzv_conf(&a.rdzv_conf)?;
         let node_rank = self.value("node_rank", "node-rank", &a.node_rank, |s| {
             s.trim()
                 .parse::<u32>()
@@ -482,6 +531,7 @@ impl Resolver<'_> {
             status,
             console_events,
             print_config: a.print_config,
+            worker_env_scrub: self.worker_env_scrub(),
             settings: self.settings,
             warnings: self.warnings,
         })
@@ -512,6 +562,36 @@ impl Resolver<'_> {
         };
         self.record("nproc-per-node (resolved)", n, Source::Derived(how.into()));
         Ok(n)
+    }
+
+    /// `--rdzv-conf`, shown (recorded and in errors) with its password item hidden.
+    fn rdzv_conf(&mut self, raw: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+        let shown = parse::redact_rdzv_conf(raw);
+        let conf = parse::rdzv_conf(raw).map_err(|reason| ConfigError::Invalid {
+            what: "--rdzv-conf".into(),
+            value: shown.clone(),
+            origin: self.origin("rdzv_conf"),
+            reason,
+        })?;
+        let source = self.source("rdzv_conf");
+        self.record("rdzv-conf", shown, source);
+        Ok(conf)
+    }
+
+    /// What the workers must not inherit from the agent: the password variable, and the
+    /// password item of `PET_RDZV_CONF` (the rest of it stays, as torchrun passes it on).
+    fn worker_env_scrub(&self) -> Vec<(String, Option<String>)> {
+        let mut out = Vec::new();
+        if (self.env)(etcd::PASSWORD_ENV).is_some() {
+            out.push((etcd::PASSWORD_ENV.to_owned(), None));
+        }
+        if let Some(conf) = (self.env)("PET_RDZV_CONF") {
+            let kept = parse::without_password(&conf);
+            if kept != conf {
+                out.push(("PET_RDZV_CONF".to_owned(), Some(kept)));
+            }
+        }
+        out
     }
 
     fn term_timeout(&mut self, a: &Args) -> Result<Duration, ConfigError> {
@@ -664,6 +744,7 @@ impl Resolver<'_> {
                         rdzv_conf,
                         addr,
                         nproc_per_node,
+                        (self.env)(etcd::PASSWORD_ENV).as_deref(),
                     )
                     .map_err(ConfigError::Conflict)?;
                     Mode::Etcd(Box::new(m))
@@ -740,6 +821,7 @@ impl Resolver<'_> {
             "connect_timeout",
             "username",
             "password",
+            "password_file",
             "join_timeout",
             "last_call_timeout",
             "close_timeout",

@@ -69,11 +69,11 @@ pub fn rdzv_conf(s: &str) -> Result<BTreeMap<String, String>, String> {
     for item in s.split(',') {
         let item = item.trim();
         let Some((k, v)) = item.split_once('=') else {
-            return Err(format!("'{item}' is not key=value"));
+            return Err(format!("'{}' is not key=value", redact_item(item)));
         };
         let (k, v) = (k.trim(), v.trim());
         if k.is_empty() {
-            return Err(format!("'{item}' has an empty key"));
+            return Err(format!("'{}' has an empty key", redact_item(item)));
         }
         if v.is_empty() {
             return Err(format!("key '{k}' has an empty value"));
@@ -83,6 +83,36 @@ pub fn rdzv_conf(s: &str) -> Result<BTreeMap<String, String>, String> {
         }
     }
     Ok(out)
+}
+
+/// Whether a `--rdzv-conf` item carries the etcd password. Anything that starts like
+/// `password` but is not `password_file=` counts, so that a typo such as `password:x` is
+/// hidden too.
+fn is_password_item(item: &str) -> bool {
+    let item = item.trim_start();
+    item.starts_with("password") && !item.starts_with("password_file")
+}
+
+fn redact_item(item: &str) -> &str {
+    if is_password_item(item) {
+        "password=***"
+    } else {
+        item
+    }
+}
+
+/// `--rdzv-conf` as it may be shown (`--print-config`, errors): the password item reads
+/// `password=***`.
+pub fn redact_rdzv_conf(s: &str) -> String {
+    s.split(',').map(redact_item).collect::<Vec<_>>().join(",")
+}
+
+/// `--rdzv-conf` without its password item, as the workers get `PET_RDZV_CONF`.
+pub fn without_password(s: &str) -> String {
+    s.split(',')
+        .filter(|item| !is_password_item(item))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Which standard streams of a worker a spec selects.
@@ -193,8 +223,13 @@ pub fn filter_list(s: &str) -> Vec<String> {
     out
 }
 
+/// The longest duration any flag or `--rdzv-conf` key takes: 7 days. Every timer the agent
+/// sets is `now + d` (or a small sum of such durations); bounding `d` here keeps that
+/// arithmetic far from overflow, where a huge value would otherwise panic or end a session.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// A duration: plain seconds (`30`, `0.5`) as torchrun takes them, or with a unit
-/// (`500ms`, `2s`, `5m`, `1h`).
+/// (`500ms`, `2s`, `5m`, `1h`), at most [`MAX_DURATION`].
 pub fn duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s
@@ -219,8 +254,15 @@ pub fn duration(s: &str) -> Result<Duration, String> {
     if !secs.is_finite() || secs < 0.0 {
         return Err(format!("'{s}' is not a non-negative duration"));
     }
+    // Compared as a float before converting: `Duration::from_secs_f64` panics on overflow.
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!("'{s}' is too long: {TOO_LONG}"));
+    }
     Ok(Duration::from_secs_f64(secs))
 }
+
+/// Why a duration above [`MAX_DURATION`] is refused.
+pub const TOO_LONG: &str = "durations are at most 7 days (604800s, or 168h)";
 
 /// A boolean from a `PET_*` variable. torchrun accepts integers; Kubeflow sets
 /// `PET_STANDALONE` to the empty string to mean "on".
@@ -316,6 +358,22 @@ mod tests {
     }
 
     #[test]
+    fn the_password_item_is_hidden_or_dropped() {
+        let conf = "username=u, password=s3cret,password_file=/p,join_timeout=5";
+        assert_eq!(
+            redact_rdzv_conf(conf),
+            "username=u,password=***,password_file=/p,join_timeout=5"
+        );
+        assert_eq!(
+            without_password(conf),
+            "username=u,password_file=/p,join_timeout=5"
+        );
+        assert_eq!(without_password("password=x"), "");
+        let err = rdzv_conf("password:s3cret").unwrap_err();
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+
+    #[test]
     fn stream_specs() {
         let all = stream_spec("3").unwrap();
         assert!(all.for_rank(7).stdout && all.for_rank(7).stderr);
@@ -335,6 +393,22 @@ mod tests {
         assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
         assert!(duration("soon").is_err());
         assert!(duration("3d").is_err());
+        assert_eq!(duration("168h"), Ok(MAX_DURATION));
+        assert_eq!(duration("604800"), Ok(MAX_DURATION));
+        for huge in [
+            "604800.5",
+            "169h",
+            "99999999999999999999999",
+            "10000000000000000000",
+        ] {
+            let err = duration(huge).unwrap_err();
+            assert!(err.contains("at most 7 days"), "{huge}: {err}");
+        }
+        assert!(
+            duration("99999999999999999999999h")
+                .unwrap_err()
+                .contains("at most 7 days")
+        );
     }
 
     #[test]

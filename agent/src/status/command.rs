@@ -66,6 +66,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         &conf,
         String::new(),
         1,
+        std::env::var(etcd::PASSWORD_ENV).ok().as_deref(),
     ) {
         Ok(m) => m.rendezvous,
         Err(e) => return usage(&e),

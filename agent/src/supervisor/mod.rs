@@ -186,6 +186,7 @@ impl WorkerGroup {
         .envs(worker_env(&group_env, local_rank, error_file.as_deref()))
         .stdin(Stdio::null())
         .kill_on_drop(true);
+        crate::worker_env::scrub(&mut cmd, &cfg.worker_env_scrub);
         unix::prepare(&mut cmd);
 
         let prefix = expand_prefix(

@@ -20,8 +20,8 @@ pub struct TlsFiles {
     pub key: Option<PathBuf>,
 }
 
-/// How to reach etcd.
-#[derive(Debug, Clone)]
+/// How to reach etcd. Its `Debug` hides the password.
+#[derive(Clone)]
 pub struct EtcdOptions {
     /// `host:port` or `http(s)://host:port`, one or more.
     pub endpoints: Vec<String>,
@@ -31,6 +31,18 @@ pub struct EtcdOptions {
     pub connect_timeout: Duration,
     /// Give up after retrying this long.
     pub retry_window: Duration,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|(u, _)| (u, "***")))
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("retry_window", &self.retry_window)
+            .finish()
+    }
 }
 
 impl EtcdOptions {
@@ -98,14 +110,55 @@ fn options(opts: &EtcdOptions) -> Result<ConnectOptions, RendezvousError> {
 }
 
 /// Whether an error can go away by itself (etcd starting, a network blip) as opposed to a
-/// configuration problem that retrying cannot fix.
+/// configuration problem that retrying cannot fix. Decided by the error's kind and gRPC
+/// code, never its text: a malformed endpoint or a refused credential fails at once
+/// instead of being retried for the whole window as if etcd were down.
 fn transient(e: &etcd_client::Error) -> bool {
-    let text = e.to_string().to_ascii_lowercase();
-    !(text.contains("authentication failed")
-        || text.contains("invalid auth")
-        || text.contains("permission denied")
-        || text.contains("certificate")
-        || text.contains("user name is empty"))
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        // The request never left: the endpoint, an argument or a header is malformed.
+        E::InvalidArgs(_)
+        | E::InvalidUri(_)
+        | E::InvalidMetadataValue(_)
+        | E::EndpointError(_)
+        | E::EndpointsNotManaged
+        | E::Utf8Error(_) => false,
+        // etcd answered and said no: bad user or password (InvalidArgument), credentials
+        // given to an etcd without auth (FailedPrecondition), missing rights.
+        E::GRpcStatus(s) => {
+            !matches!(
+                s.code(),
+                Code::InvalidArgument
+                    | Code::FailedPrecondition
+                    | Code::PermissionDenied
+                    | Code::Unauthenticated
+                    | Code::Unimplemented
+                    | Code::OutOfRange
+            ) && !tls_refused(s)
+        }
+        E::TransportError(t) => !tls_refused(t),
+        E::IoError(io) => !tls_refused(io),
+        // Connecting and everything else: possibly a server still starting.
+        _ => true,
+    }
+}
+
+/// A TLS handshake that failed on its content (a certificate refused by either side, or
+/// TLS spoken to a plaintext server): rustls reports it as an `InvalidData` I/O error
+/// somewhere down the error's source chain.
+fn tls_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData)
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// Connects and checks the connection with one read, retrying transient failures with
@@ -146,4 +199,71 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
             window: opts.retry_window,
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcd_client::Error as E;
+    use tonic::Status;
+
+    #[test]
+    fn debug_hides_the_password() {
+        let mut o = EtcdOptions::new(vec!["e:2379".into()]);
+        o.user = Some(("root".into(), "s3cret".into()));
+        let shown = format!("{o:?}");
+        assert!(
+            shown.contains("root") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn configuration_errors_are_permanent_and_outages_transient() {
+        for permanent in [
+            E::InvalidArgs("x".into()),
+            E::EndpointError("x".into()),
+            E::GRpcStatus(Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password",
+            )),
+            E::GRpcStatus(Status::invalid_argument("etcdserver: user name is empty")),
+            E::GRpcStatus(Status::failed_precondition(
+                "etcdserver: authentication is not enabled",
+            )),
+            E::GRpcStatus(Status::permission_denied("etcdserver: permission denied")),
+            E::GRpcStatus(Status::unauthenticated("etcdserver: invalid auth token")),
+            // What a refused client certificate looks like: a rustls alert under the status.
+            E::GRpcStatus(Status::from_error(Box::new(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "received fatal alert: BadCertificate",
+            )))),
+        ] {
+            assert!(!transient(&permanent), "{permanent}");
+        }
+        for passing in [
+            E::GRpcStatus(Status::unavailable("etcdserver: leader changed")),
+            E::GRpcStatus(Status::deadline_exceeded("etcdserver: request timed out")),
+            E::GRpcStatus(Status::unknown("transport error")),
+            E::IoError(std::io::ErrorKind::ConnectionRefused.into()),
+        ] {
+            assert!(transient(&passing), "{passing}");
+        }
+    }
+
+    /// What configuration checks would catch, reached here directly: refused at once, not
+    /// retried for the whole window.
+    #[tokio::test]
+    async fn a_malformed_endpoint_is_not_retried() {
+        for endpoint in ["a b c", "ét.cd:2379"] {
+            let mut opts = EtcdOptions::new(vec![endpoint.into()]);
+            opts.retry_window = Duration::from_secs(20);
+            let start = std::time::Instant::now();
+            let err = connect(&opts).await.err().expect("no client");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{endpoint}: retried for {:?}: {err}",
+                start.elapsed()
+            );
+        }
+    }
 }
