@@ -157,7 +157,7 @@ async fn supervise<R: Rendezvous>(
         }
 
         let event = tokio::select! {
-            ev = group.next_event() => ev,
+            ev = group.next_event(|workers| board.workers(workers, false)) => ev,
             sig = signals.recv() => {
                 tracing::info!(signal = %sig, "signal received; stopping workers and leaving the run");
                 group.stop(sig, cfg.term_timeout, async { signals.recv().await; }).await;
@@ -165,7 +165,17 @@ async fn supervise<R: Rendezvous>(
                 return Ok(AgentExit::Signalled(sig));
             }
             change = rdzv.changed() => {
-                let change = change?;
+                let change = match change {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // The workers get their grace (a checkpoint on SIGTERM) before the
+                        // agent gives up on the rendezvous.
+                        tracing::error!(error = %e, "the rendezvous failed; stopping workers");
+                        board.transition(Phase::Stopping, format!("rendezvous failed: {e}"));
+                        stop_for_reform(&mut group, cfg, signals).await;
+                        return Err(e.into());
+                    }
+                };
                 tracing::info!(?change, "group changed; re-forming");
                 broke_at = Some(Instant::now());
                 board.reform_started(change_label(&change));

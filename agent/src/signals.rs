@@ -1,13 +1,35 @@
 //! Signals to the agent: caught from the first instant, including during the rendezvous,
 //! and handed to the run loop as values.
+//!
+//! The same signal twice within [`REPEAT_WINDOW`] is one request, not two. GNU `timeout`,
+//! Slurm and anything else that signals both a process and its process group deliver
+//! SIGTERM to the agent twice within microseconds; taking the copy as "a second signal"
+//! would escalate to SIGKILL at once and cost the workers their checkpoint-on-SIGTERM.
+
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
+/// How long a repeat of the last signal counts as the same request. Short enough that a
+/// person pressing Ctrl-C again on purpose still escalates.
+pub const REPEAT_WINDOW: Duration = Duration::from_secs(1);
+
+/// Whether `sig` at `now` repeats the last signal delivered (`last`) within `window`.
+pub fn is_repeat(
+    last: Option<(Signal, Instant)>,
+    sig: Signal,
+    now: Instant,
+    window: Duration,
+) -> bool {
+    last.is_some_and(|(s, at)| s == sig && now.saturating_duration_since(at) < window)
+}
+
 /// The signals the agent handles (`--signals-to-handle`), as a stream.
 pub struct Signals {
     rx: mpsc::UnboundedReceiver<Signal>,
+    last: Option<(Signal, Instant)>,
 }
 
 impl Signals {
@@ -26,15 +48,50 @@ impl Signals {
                 }
             });
         }
-        Ok(Self { rx })
+        Ok(Self { rx, last: None })
     }
 
-    /// The next signal received.
+    /// The next signal received, repeats within [`REPEAT_WINDOW`] left out.
     pub async fn recv(&mut self) -> Signal {
-        match self.rx.recv().await {
-            Some(s) => s,
-            // No handler was installed: no signal will ever come.
-            None => std::future::pending().await,
+        loop {
+            let Some(sig) = self.rx.recv().await else {
+                // No handler was installed: no signal will ever come.
+                return std::future::pending().await;
+            };
+            let now = Instant::now();
+            if is_repeat(self.last, sig, now, REPEAT_WINDOW) {
+                tracing::info!(signal = %sig, "the same signal again within {REPEAT_WINDOW:?}: one request, not an escalation");
+                continue;
+            }
+            self.last = Some((sig, now));
+            return sig;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeat_is_the_same_signal_within_the_window() {
+        let t0 = Instant::now();
+        let w = Duration::from_secs(1);
+        let term = Signal::SIGTERM;
+        assert!(!is_repeat(None, term, t0, w));
+        assert!(is_repeat(
+            Some((term, t0)),
+            term,
+            t0 + Duration::from_millis(5),
+            w
+        ));
+        assert!(!is_repeat(
+            Some((term, t0)),
+            term,
+            t0 + Duration::from_millis(1500),
+            w
+        ));
+        // A different signal is always news (SIGTERM then SIGINT escalates).
+        assert!(!is_repeat(Some((term, t0)), Signal::SIGINT, t0, w));
     }
 }

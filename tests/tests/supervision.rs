@@ -235,6 +235,9 @@ fn a_second_signal_skips_the_rest_of_the_grace() {
     wait_for("the stop to begin", LIMIT, || {
         a.stderr().contains("stopping workers")
     });
+    // A repeat within the window is the same request (see a_duplicated_sigterm_... in
+    // hardening.rs); a second one later is an escalation.
+    std::thread::sleep(Duration::from_millis(1500));
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(), 143, "{}", a.output());
     assert!(a.stderr().contains("second signal"), "{}", a.stderr());

@@ -93,6 +93,19 @@ pub struct WorkerGroup {
     failures: Vec<Failure>,
     /// Set once the agent sent a stop signal: later exits are not failures of their own.
     stopping: bool,
+    /// Every leader is reaped and its process group was sent SIGKILL: nothing is left.
+    settled: bool,
+}
+
+/// Every way out of the agent stops every worker process group. A `?` on an error path
+/// drops the group while it runs; tokio's `kill_on_drop` would kill only the leaders and
+/// leave what they started behind, reparented to PID 1.
+impl Drop for WorkerGroup {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.signal_all(Signal::SIGKILL);
+        }
+    }
 }
 
 impl WorkerGroup {
@@ -107,6 +120,7 @@ impl WorkerGroup {
             pumps: JoinSet::new(),
             failures: Vec::new(),
             stopping: false,
+            settled: false,
         };
         let filtered =
             |name: &str, filters: &[String]| -> Result<Option<Arc<Mutex<File>>>, SpawnError> {
@@ -324,8 +338,9 @@ impl WorkerGroup {
         Some(failure)
     }
 
-    /// Waits for the next thing the agent must act on.
-    pub async fn next_event(&mut self) -> GroupEvent {
+    /// Waits for the next thing the agent must act on. `on_exit` sees the workers' states
+    /// after every exit, also those that need no action (a rank that finished first).
+    pub async fn next_event(&mut self, mut on_exit: impl FnMut(&[WorkerStatus])) -> GroupEvent {
         loop {
             if self
                 .workers
@@ -345,7 +360,9 @@ impl WorkerGroup {
                     error_file: None,
                 });
             };
-            if let Some(f) = self.record(index, exit, at) {
+            let failure = self.record(index, exit, at);
+            on_exit(&self.statuses());
+            if let Some(f) = failure {
                 return GroupEvent::Failed(f);
             }
         }
@@ -411,6 +428,7 @@ impl WorkerGroup {
         }
         // Leaders are gone; SIGKILL anything they left in their groups.
         self.signal_all(Signal::SIGKILL);
+        self.settled = true;
         self.drain_output().await;
     }
 
@@ -431,6 +449,7 @@ impl WorkerGroup {
     pub async fn finish(&mut self) {
         self.stopping = true;
         self.signal_all(Signal::SIGKILL);
+        self.settled = true;
         self.drain_output().await;
     }
 }

@@ -7,6 +7,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
@@ -27,35 +28,58 @@ pub struct Console {
 /// Owns the console thread; [`ConsoleThread::close`] writes out every queued line.
 pub struct ConsoleThread {
     console: Console,
-    thread: std::thread::JoinHandle<()>,
+    /// Resolves when the thread has written everything and stopped.
+    finished: tokio::sync::oneshot::Receiver<()>,
 }
 
 /// An empty line on this stream tells the console thread to stop (real lines always end
 /// in a newline, so they are never empty).
 const CLOSE: (Stream, Vec<u8>) = (Stream::Stdout, Vec::new());
 
+/// How long the agent waits for a console that is not being read (a full pipe, a stopped
+/// terminal) before it gives up on the lines still queued. Exiting, stopping workers and
+/// leaving the rendezvous never wait on the terminal longer than this.
+const CONSOLE_PATIENCE: Duration = Duration::from_secs(2);
+
 impl ConsoleThread {
-    /// Waits until every line queued so far is written. Lines still being pumped by
-    /// workers that outlive this call are dropped; the agent is exiting.
+    /// Waits until every line queued so far is written, or [`CONSOLE_PATIENCE`] when
+    /// nobody reads the console. Lines still being pumped by workers that outlive this
+    /// call are dropped; the agent is exiting.
     pub async fn close(self) {
-        if self.console.tx.send(CLOSE).await.is_ok() {
-            // The thread only drains the channel; it never waits on this runtime.
-            let _ = self.thread.join();
+        let written = async {
+            if self.console.tx.send(CLOSE).await.is_ok() {
+                let _ = self.finished.await;
+            }
+        };
+        if tokio::time::timeout(CONSOLE_PATIENCE, written)
+            .await
+            .is_err()
+        {
+            // The thread stays blocked in `write`; the process exit ends it.
+            tracing::warn!(
+                "the console is not being read (a full pipe?); dropping the worker output still queued"
+            );
         }
     }
 }
 
 impl Console {
-    /// Writes `bytes` (ending in a newline) after every line queued before it.
+    /// Writes `bytes` (ending in a newline) after every line queued before it. Waits at
+    /// most [`CONSOLE_PATIENCE`] for room in the queue: the agent's own messages (a
+    /// failure summary) must not stall its loop when the console is not being read.
     pub async fn write(&self, stream: Stream, bytes: Vec<u8>) {
-        // The console thread only stops when the agent exits.
-        let _ = self.tx.send((stream, bytes)).await;
+        // An error means the console thread stopped: the agent is exiting.
+        let _ = self
+            .tx
+            .send_timeout((stream, bytes), CONSOLE_PATIENCE)
+            .await;
     }
 
     /// Starts the console thread.
     pub fn start() -> (Self, ConsoleThread) {
         let (tx, mut rx) = mpsc::channel::<(Stream, Vec<u8>)>(1024);
-        let thread = std::thread::Builder::new()
+        let (done, finished) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
             .name("console".into())
             .spawn(move || {
                 let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
@@ -69,10 +93,11 @@ impl Console {
                         Stream::Stderr => err.write_all(&line).and_then(|()| err.flush()),
                     };
                 }
+                let _ = done.send(());
             })
             .expect("spawning the console thread");
         let console = Self { tx };
-        (console.clone(), ConsoleThread { console, thread })
+        (console.clone(), ConsoleThread { console, finished })
     }
 }
 

@@ -11,6 +11,8 @@
 //! * `--ignore-sigterm`: ignore SIGTERM (the agent must SIGKILL us after its grace).
 //! * `--spawn-child`: start a `sleep` grandchild and record its pid in `child.<..>`.
 //! * `--error-message MSG`: write a torchelastic error file with MSG before failing.
+//! * `--checkpoint-on-term SECS`: on SIGTERM, work SECS more (a checkpoint being saved),
+//!   then write `checkpoint.<..>` and exit 143.
 //!
 //! Always writes `pid.<restart>.<rank>` once signal handlers are in place, and
 //! `sigterm.<restart>.<rank>` when SIGTERM arrives (then exits 143).
@@ -32,6 +34,7 @@ fn main() {
     let (mut sleep, mut ignore_term, mut spawn_child, mut error_message) =
         (0.0f64, false, false, None);
     let mut only_if_env: Option<String> = None;
+    let mut checkpoint_secs: Option<f64> = None;
     while let Some(a) = args.next() {
         let mut val = || args.next().expect("flag needs a value");
         match a.as_str() {
@@ -45,6 +48,7 @@ fn main() {
             "--spawn-child" => spawn_child = true,
             "--error-message" => error_message = Some(val()),
             "--only-if-env" => only_if_env = Some(val()),
+            "--checkpoint-on-term" => checkpoint_secs = Some(val().parse().expect("seconds")),
             other => {
                 eprintln!("fake-worker: unknown flag {other}");
                 std::process::exit(2);
@@ -112,6 +116,10 @@ fn main() {
     while Instant::now() < end {
         if TERM.load(Ordering::SeqCst) {
             write("sigterm", String::new());
+            if let Some(secs) = checkpoint_secs {
+                std::thread::sleep(Duration::from_secs_f64(secs));
+                write("checkpoint", String::new());
+            }
             std::process::exit(143);
         }
         std::thread::sleep(Duration::from_millis(5));

@@ -1,0 +1,473 @@
+//! Hostile conditions that outside testing found the agent did not survive (issue 12):
+//! error exits that left workers' children behind, an agent frozen past its lease, a
+//! stdout nobody reads, a duplicated SIGTERM, a run prefix nested in another run, forged
+//! records in etcd, and a status that showed a finished worker as running.
+
+use std::path::Path;
+use std::time::Duration;
+
+use fsdp_proto::v1::agent_status_client::AgentStatusClient;
+use fsdp_proto::v1::{GetStatusRequest, WorkerState};
+use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, Keys, connect};
+use fsdp_rendezvous::{Rendezvous, RendezvousError};
+use fsdp_tests::etcd::Etcd;
+use fsdp_tests::{Agent, AgentCmd, TempDir, alive, fake_worker, records, wait_for};
+use prost::Message;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn worker_args(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "--no-python".to_owned(),
+        fake_worker().display().to_string(),
+        "--dir".into(),
+        dir.display().to_string(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn pids(dir: &Path, kind: &str) -> Vec<i32> {
+    records(dir, kind)
+        .values()
+        .map(|p| p.trim().parse().expect("a pid"))
+        .collect()
+}
+
+/// An agent on the etcd rendezvous, alone in its run unless another joins.
+fn etcd_agent(dir: &Path, etcd: &Etcd, run: &str, conf: &str, worker: &[&str]) -> Agent {
+    AgentCmd::new(dir, run)
+        .args([
+            "--nnodes",
+            "1:2",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            &etcd.endpoint(),
+            "--rdzv-id",
+            run,
+            "--rdzv-conf",
+            conf,
+            "--local-addr",
+            "127.0.0.1",
+        ])
+        .args(worker_args(dir, worker))
+        .spawn()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Like [`wait_for`], with the agent's output in the failure message.
+fn until(a: &Agent, what: &str, mut cond: impl FnMut(&Agent) -> bool) {
+    let end = std::time::Instant::now() + LIMIT;
+    while !cond(a) {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out waiting for {what}\n{}",
+            a.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn group_formed_count(a: &Agent) -> usize {
+    a.stderr().matches("group formed").count()
+}
+
+#[test]
+fn a_rendezvous_error_mid_run_stops_every_worker_process_group() {
+    let etcd = Etcd::start();
+    let dir = TempDir::new().unwrap();
+    let mut a = etcd_agent(
+        dir.path(),
+        &etcd,
+        "errexit",
+        "last_call_timeout=0.2,keep_alive_ttl=2",
+        &["--sleep", "120", "--spawn-child"],
+    );
+    wait_for("both workers and their children", LIMIT, || {
+        pids(dir.path(), "child").len() == 2 && pids(dir.path(), "pid").len() == 2
+    });
+    let (workers, children) = (pids(dir.path(), "pid"), pids(dir.path(), "child"));
+    // Garbage in the run's round key: the agent must give up with a clear error...
+    runtime().block_on(async {
+        let mut c = connect(&EtcdConfig::new(vec![etcd.endpoint()], "errexit", 1, 2).options)
+            .await
+            .unwrap();
+        let keys = Keys::new("/fsdp", "errexit").unwrap();
+        c.put(keys.round(), b"\xde\xad not a round".to_vec(), None)
+            .await
+            .unwrap();
+    });
+    assert_eq!(a.code(), 69, "{}", a.output());
+    assert!(
+        a.stderr().contains("/fsdp/errexit/ctl/round"),
+        "{}",
+        a.output()
+    );
+    // ...and leave nothing behind: not the workers, not what they started.
+    wait_for(
+        "every worker process to be gone",
+        Duration::from_secs(10),
+        || workers.iter().chain(&children).all(|p| !alive(*p)),
+    );
+}
+
+/// Freezes `pids` with SIGSTOP for `secs`, then thaws them.
+fn freeze(pids: &[i32], secs: u64) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    for p in pids {
+        kill(Pid::from_raw(*p), Signal::SIGSTOP).expect("SIGSTOP");
+    }
+    std::thread::sleep(Duration::from_secs(secs));
+    for p in pids {
+        kill(Pid::from_raw(*p), Signal::SIGCONT).expect("SIGCONT");
+    }
+}
+
+/// Groups of two nodes this agent has formed so far.
+fn pairs_formed(a: &Agent) -> usize {
+    a.stderr()
+        .lines()
+        .filter(|l| l.contains("group formed") && l.contains("group_world_size=2"))
+        .count()
+}
+
+#[test]
+fn an_agent_frozen_past_its_lease_rejoins_as_a_new_node() {
+    let etcd = Etcd::start();
+    let (dir_a, dir_b) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let conf = "last_call_timeout=0.2,keep_alive_ttl=2,straggler_timeout=5";
+    let mut a = etcd_agent(dir_a.path(), &etcd, "frozen", conf, &["--sleep", "600"]);
+    let mut b = etcd_agent(dir_b.path(), &etcd, "frozen", conf, &["--sleep", "600"]);
+    until(&a, "a group of both nodes", |a| pairs_formed(a) >= 1);
+    until(&b, "a group of both nodes", |b| pairs_formed(b) >= 1);
+
+    // The agent alone (its workers keep running), for more than two lease TTLs: the
+    // other node re-forms without it, and it must come back rather than exit.
+    let before = pairs_formed(&a);
+    freeze(&[a.pid()], 5);
+    until(
+        &a,
+        "both nodes together again after the agent's freeze",
+        |a| pairs_formed(a) > before,
+    );
+    assert!(a.child.try_wait().unwrap().is_none(), "{}", a.output());
+
+    // The whole pod: the agent and the workers it runs now.
+    let before = pairs_formed(&a);
+    let mut pod = vec![a.pid()];
+    pod.extend(pids(dir_a.path(), "pid").into_iter().filter(|p| alive(*p)));
+    freeze(&pod, 5);
+    until(
+        &a,
+        "both nodes together again after the pod's freeze",
+        |a| pairs_formed(a) > before,
+    );
+    for agent in [&mut a, &mut b] {
+        assert!(
+            agent.child.try_wait().unwrap().is_none(),
+            "{}",
+            agent.output()
+        );
+        assert!(
+            !agent.stderr().contains("lease not found"),
+            "{}",
+            agent.output()
+        );
+        agent.signal(libc::SIGTERM);
+        assert_eq!(agent.code(), 143, "{}", agent.output());
+    }
+}
+
+#[test]
+fn an_agent_whose_stdout_nobody_reads_still_exits_on_sigterm() {
+    let dir = TempDir::new().unwrap();
+    let (read_end, write_end) = nix::unistd::pipe().expect("pipe");
+    let noisy = "while :; do echo 'a line of worker output that nobody is reading'; done";
+    let mut cmd = std::process::Command::new(fsdp_tests::agent_bin());
+    cmd.args([
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--term-timeout",
+        "2",
+    ])
+    .args(["--no-python", "/bin/sh", "-c", noisy])
+    .env("FSDP_STATUS_ADDR", "off")
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::from(write_end))
+    .stderr(std::fs::File::create(dir.path().join("agent.stderr")).unwrap());
+    let mut child = cmd.spawn().expect("spawn the agent");
+    let stderr = || std::fs::read_to_string(dir.path().join("agent.stderr")).unwrap_or_default();
+    wait_for("the workers to start", LIMIT, || {
+        stderr().contains("workers started")
+    });
+    // Long enough for the pipe, the console queue and the workers' pipes to fill.
+    std::thread::sleep(Duration::from_secs(2));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the agent did not exit with a full stdout pipe:\n{}",
+                stderr()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(read_end);
+    assert_eq!(status.code(), Some(143), "{}", stderr());
+}
+
+#[test]
+fn a_duplicated_sigterm_is_one_request_and_workers_keep_their_grace() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--term-timeout",
+            "30",
+        ])
+        .args(worker_args(
+            dir.path(),
+            &["--sleep", "120", "--checkpoint-on-term", "3"],
+        ))
+        .spawn();
+    wait_for("both workers", LIMIT, || pids(dir.path(), "pid").len() == 2);
+    // As GNU timeout or Slurm do: the agent, then its process group, at once.
+    a.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(20));
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.code(), 143, "{}", a.output());
+    assert_eq!(
+        records(dir.path(), "checkpoint").len(),
+        2,
+        "every worker finished its checkpoint\n{}",
+        a.output()
+    );
+    assert!(!a.stderr().contains("second signal"), "{}", a.output());
+}
+
+#[test]
+fn a_run_prefix_nested_in_another_run_is_refused_and_harms_nothing() {
+    let etcd = Etcd::start();
+    let dir = TempDir::new().unwrap();
+    let mut train = etcd_agent(
+        dir.path(),
+        &etcd,
+        "train",
+        "last_call_timeout=0.2,keep_alive_ttl=2",
+        &["--sleep", "600"],
+    );
+    wait_for("the live run's group", LIMIT, || {
+        group_formed_count(&train) == 1
+    });
+    for prefix in ["/fsdp/train/members", "/fsdp/train", "/fsdp/train/ctl"] {
+        let other = TempDir::new().unwrap();
+        let mut intruder = AgentCmd::new(other.path(), "intruder")
+            .args([
+                "--nnodes",
+                "1",
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-endpoint",
+                &etcd.endpoint(),
+                "--rdzv-id",
+                "x",
+                "--rdzv-conf",
+                &format!("etcd_prefix={prefix},last_call_timeout=0.2,keep_alive_ttl=2"),
+            ])
+            .args(worker_args(other.path(), &["--sleep", "5"]))
+            .run(LIMIT);
+        assert_eq!(intruder.code(), 64, "{prefix}: {}", intruder.output());
+        assert!(
+            intruder.stderr().contains("etcd_prefix"),
+            "{prefix}: {}",
+            intruder.output()
+        );
+    }
+    // The live run never noticed.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        train.child.try_wait().unwrap().is_none(),
+        "{}",
+        train.output()
+    );
+    assert_eq!(group_formed_count(&train), 1, "{}", train.output());
+    train.signal(libc::SIGTERM);
+    assert_eq!(train.code(), 143, "{}", train.output());
+}
+
+fn rdzv_config(etcd: &Etcd, run: &str) -> EtcdConfig {
+    let mut c = EtcdConfig::new(vec![etcd.endpoint()], run, 1, 2);
+    c.keep_alive_ttl = Duration::from_secs(2);
+    c.last_call = Duration::from_millis(200);
+    c.join_timeout = Duration::from_secs(20);
+    c.straggler_timeout = Duration::from_secs(10);
+    c.options.retry_window = Duration::from_secs(10);
+    c.local_world_size = 2;
+    c
+}
+
+/// Writes `value` at `key` (no lease) on the test's own connection.
+async fn forge(etcd: &Etcd, key: String, value: Vec<u8>) {
+    let mut c = connect(&rdzv_config(etcd, "x").options).await.unwrap();
+    c.put(key, value, None).await.unwrap();
+}
+
+async fn expect_corrupt(n: &mut EtcdRendezvous, what: &str) -> String {
+    let r = tokio::time::timeout(Duration::from_secs(15), n.next_round())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: a hang instead of an error"));
+    match r {
+        Err(e @ RendezvousError::Corrupt(_)) => e.to_string(),
+        Err(e) => panic!("{what}: expected a corrupt-record error, got {e}"),
+        Ok(r) => panic!("{what}: a forged record was trusted: {r:?}"),
+    }
+}
+
+fn member(id: &str, local_world_size: u32) -> fsdp_proto::v1::Member {
+    fsdp_proto::v1::Member {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        node_id: id.into(),
+        addr: "127.0.0.1".into(),
+        local_world_size,
+        wants_round: 0,
+    }
+}
+
+#[tokio::test]
+async fn a_round_that_gives_this_node_a_forged_worker_count_is_refused() {
+    let etcd = Etcd::start();
+    let keys = Keys::new("/fsdp", "forged").unwrap();
+    let mut n = EtcdRendezvous::connect(rdzv_config(&etcd, "forged"))
+        .await
+        .unwrap();
+    let me = n.node_id().to_owned();
+    let round = fsdp_proto::v1::Round {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        number: 5,
+        members: vec![member(&me, 5)],
+        restart_count: 0,
+        reason: "forged".into(),
+    };
+    forge(&etcd, keys.round(), round.encode_to_vec()).await;
+    let master = fsdp_proto::v1::Master {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        round: 5,
+        addr: "127.0.0.1".into(),
+        port: 29_999,
+    };
+    forge(&etcd, keys.master(), master.encode_to_vec()).await;
+    let text = expect_corrupt(&mut n, "local_world_size 5 for a node of 2").await;
+    assert!(text.contains("local_world_size"), "{text}");
+}
+
+#[tokio::test]
+async fn a_member_without_a_lease_or_with_a_huge_worker_count_is_refused() {
+    let etcd = Etcd::start();
+    let keys = Keys::new("/fsdp", "wrap").unwrap();
+    // 2^32-1 workers would wrap the rank arithmetic of a u32.
+    forge(
+        &etcd,
+        keys.member("ghost"),
+        member("ghost", u32::MAX).encode_to_vec(),
+    )
+    .await;
+    let mut n = EtcdRendezvous::connect(rdzv_config(&etcd, "wrap"))
+        .await
+        .unwrap();
+    let text = expect_corrupt(&mut n, "a lease-less member of 2^32-1 workers").await;
+    assert!(text.contains("/fsdp/wrap/members/ghost"), "{text}");
+}
+
+#[tokio::test]
+async fn a_master_port_out_of_range_is_refused() {
+    let etcd = Etcd::start();
+    let keys = Keys::new("/fsdp", "port").unwrap();
+    let mut n = EtcdRendezvous::connect(rdzv_config(&etcd, "port"))
+        .await
+        .unwrap();
+    let me = n.node_id().to_owned();
+    let round = fsdp_proto::v1::Round {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        number: 5,
+        members: vec![member(&me, 2)],
+        restart_count: 0,
+        reason: "forged".into(),
+    };
+    forge(&etcd, keys.round(), round.encode_to_vec()).await;
+    let master = fsdp_proto::v1::Master {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        round: 5,
+        addr: "127.0.0.1".into(),
+        port: 65_536 + 80,
+    };
+    forge(&etcd, keys.master(), master.encode_to_vec()).await;
+    let text = expect_corrupt(&mut n, "master port 65616").await;
+    assert!(text.contains("port"), "{text}");
+}
+
+#[test]
+fn get_status_shows_a_worker_that_exited_0_as_succeeded() {
+    let dir = TempDir::new().unwrap();
+    // Local rank 0 exits 0 at once; local rank 1 runs on.
+    let script = "if [ \"$LOCAL_RANK\" = 0 ]; then exit 0; else exec sleep 600; fi";
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .args(["--no-python", "/bin/sh", "-c", script])
+        .spawn();
+    wait_for("the status server", LIMIT, || {
+        a.stderr().contains("status server listening")
+    });
+    let addr = a
+        .stderr()
+        .lines()
+        .find(|l| l.contains("status server listening"))
+        .and_then(|l| l.split("addr=").nth(1))
+        .and_then(|s| s.split_whitespace().next())
+        .expect("the status address in the log")
+        .to_owned();
+    let rt = runtime();
+    let states = || {
+        rt.block_on(async {
+            let mut c = AgentStatusClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect");
+            let s = c
+                .get_status(GetStatusRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            s.workers
+                .iter()
+                .map(|w| (w.local_rank, w.state()))
+                .collect::<Vec<_>>()
+        })
+    };
+    wait_for("rank 0 shown as succeeded", Duration::from_secs(20), || {
+        states() == [(0, WorkerState::Succeeded), (1, WorkerState::Running)]
+    });
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.code(), 143, "{}", a.output());
+}
