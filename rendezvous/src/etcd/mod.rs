@@ -161,6 +161,7 @@ impl EtcdRendezvous {
             my_round: Mutex::new(None),
             writes: AtomicU64::new(1),
             errors: Arc::new(AtomicU64::new(0)),
+            renewing: tokio::sync::Mutex::new(()),
         });
         let (tx, mut view) = watch::channel(View::default());
         let seal = SealConfig {
@@ -230,44 +231,15 @@ impl EtcdRendezvous {
         if let Ok(mut m) = self.shared.member.lock() {
             *m = Some(member.clone());
         }
-        let lease = self.shared.lease.load(Ordering::SeqCst);
-        let put_member = TxnOp::put(
-            self.keys.member(&member.node_id),
-            member.encode_to_vec(),
-            Some(PutOptions::new().with_lease(lease)),
-        );
         // Registering and claiming the coordinator role when nobody holds it is one
         // transaction: one write per node, however many nodes start at once.
         let claiming = self.view.borrow().coordinator.is_none();
-        let txn = if claiming {
-            let key = self.keys.coordinator();
-            let claim = v1::Coordinator {
-                schema: SCHEMA_VERSION,
-                node_id: member.node_id.clone(),
-            };
-            Txn::new()
-                .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-                .and_then([
-                    put_member.clone(),
-                    TxnOp::put(
-                        key,
-                        claim.encode_to_vec(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    ),
-                ])
-                .or_else([put_member])
-        } else {
-            Txn::new().and_then([put_member])
-        };
         let won = self
-            .client
-            .txn(txn)
-            .await
-            .map_err(|source| RendezvousError::Etcd {
-                what: "registering this node",
-                source,
-            })?
-            .succeeded();
+            .with_live_lease("registering this node", |mut client, lease| {
+                let txn = registration(&self.keys, &member, lease, claiming);
+                async move { client.txn(txn).await.map(|r| r.succeeded()) }
+            })
+            .await?;
         self.shared.wrote();
         // Whether the claim won is known only here: by now the watch may already have shown
         // this node its own claim, so the view cannot tell.
@@ -275,6 +247,39 @@ impl EtcdRendezvous {
             tracing::info!(node = %member.node_id, "elected rendezvous coordinator");
         }
         Ok(())
+    }
+
+    /// Runs `request` with the current lease; when etcd no longer has that lease (this
+    /// agent was frozen past its TTL, or etcd lost it) a new one is granted and the request
+    /// runs again with it, so the agent rejoins as a new node instead of exiting.
+    async fn with_live_lease<T, F, Fut>(
+        &self,
+        what: &'static str,
+        mut request: F,
+    ) -> Result<T, RendezvousError>
+    where
+        F: FnMut(Client, i64) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut lease = self.shared.lease.load(Ordering::SeqCst);
+        // A second refusal right after a fresh grant is not a stale lease: report it.
+        for attempt in 0..2 {
+            match request(self.client.clone(), lease).await {
+                Err(e) if attempt == 0 && session::lease_not_found(&e) => {
+                    let ttl = Duration::from_secs(self.cfg.keep_alive_ttl.as_secs().max(1));
+                    lease = self
+                        .shared
+                        .renew_lease(&mut self.client.clone(), lease, ttl)
+                        .await
+                        .map_err(|source| RendezvousError::Etcd {
+                            what: "granting a new membership lease",
+                            source,
+                        })?;
+                }
+                r => return r.map_err(|source| RendezvousError::Etcd { what, source }),
+            }
+        }
+        unreachable!("the second attempt always returns")
     }
 
     async fn publish_master(&mut self, round: u64) -> Result<(), RendezvousError> {
@@ -285,21 +290,49 @@ impl EtcdRendezvous {
             addr: self.cfg.addr.clone(),
             port: u32::from(port),
         };
-        let lease = self.shared.lease.load(Ordering::SeqCst);
-        self.client
-            .put(
-                self.keys.master(),
-                master.encode_to_vec(),
-                Some(PutOptions::new().with_lease(lease)),
-            )
-            .await
-            .map_err(|source| RendezvousError::Etcd {
-                what: "publishing the master address",
-                source,
-            })?;
+        let key = self.keys.master();
+        self.with_live_lease("publishing the master address", |mut client, lease| {
+            let (key, value) = (key.clone(), master.encode_to_vec());
+            async move {
+                client
+                    .put(key, value, Some(PutOptions::new().with_lease(lease)))
+                    .await
+                    .map(drop)
+            }
+        })
+        .await?;
         self.shared.wrote();
         Ok(())
     }
+}
+
+/// The registration transaction: this node's member record under `lease`, and, when
+/// `claiming`, the coordinator key if nobody holds it.
+fn registration(keys: &Keys, member: &v1::Member, lease: i64, claiming: bool) -> Txn {
+    let put_member = TxnOp::put(
+        keys.member(&member.node_id),
+        member.encode_to_vec(),
+        Some(PutOptions::new().with_lease(lease)),
+    );
+    if !claiming {
+        return Txn::new().and_then([put_member]);
+    }
+    let key = keys.coordinator();
+    let claim = v1::Coordinator {
+        schema: SCHEMA_VERSION,
+        node_id: member.node_id.clone(),
+    };
+    Txn::new()
+        .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+        .and_then([
+            put_member.clone(),
+            TxnOp::put(
+                key,
+                claim.encode_to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+        ])
+        .or_else([put_member])
 }
 
 /// What `next_round` should do after looking at the view.

@@ -38,6 +38,9 @@ pub struct Shared {
     pub writes: AtomicU64,
     /// etcd errors the session recovered from (lost connections, failed keep-alives).
     pub errors: Arc<AtomicU64>,
+    /// Held while the lease is being replaced, so that the session and the agent-facing
+    /// handle, finding the lease gone at the same moment, grant one new lease, not two.
+    pub renewing: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -54,6 +57,38 @@ impl Shared {
     pub fn wrote(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
     }
+
+    /// Replaces the lease `stale`, which etcd no longer has (it expired while this agent
+    /// was frozen, or etcd lost it), unless another task already did. Returns the live id.
+    pub async fn renew_lease(
+        &self,
+        client: &mut Client,
+        stale: i64,
+        ttl: Duration,
+    ) -> EtcdResult<i64> {
+        let _one_at_a_time = self.renewing.lock().await;
+        let current = self.lease.load(Ordering::SeqCst);
+        if current != stale {
+            return Ok(current);
+        }
+        let grant = client
+            .lease_grant(ttl.as_secs().max(1) as i64, None)
+            .await?;
+        self.wrote();
+        self.lease.store(grant.id(), Ordering::SeqCst);
+        tracing::info!(
+            old = stale,
+            new = grant.id(),
+            "the lease was gone; granted a new one"
+        );
+        Ok(grant.id())
+    }
+}
+
+/// Whether etcd refused a request because the lease it names does not exist (any more).
+pub fn lease_not_found(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::NotFound && s.message().contains("lease not found"))
 }
 
 pub struct Session {
@@ -243,7 +278,13 @@ impl Session {
                     self.apply(resp.events());
                     self.coordinate().await?;
                 }
-                _ = tick.tick() => keeper.keep_alive().await?,
+                _ = tick.tick() => {
+                    if self.shared.lease.load(Ordering::SeqCst) != lease {
+                        // The agent-facing handle replaced the lease: keep the new one alive.
+                        return Ok(());
+                    }
+                    keeper.keep_alive().await?
+                }
                 msg = kept.message() => {
                     match msg? {
                         Some(r) if r.ttl() > 0 => {}
@@ -291,12 +332,10 @@ impl Session {
     }
 
     async fn new_lease(&mut self) -> EtcdResult<()> {
-        let grant = self
-            .client
-            .lease_grant(self.ttl.as_secs().max(1) as i64, None)
+        let stale = self.shared.lease.load(Ordering::SeqCst);
+        self.shared
+            .renew_lease(&mut self.client, stale, self.ttl)
             .await?;
-        self.shared.wrote();
-        self.shared.lease.store(grant.id(), Ordering::SeqCst);
         self.register().await
     }
 
