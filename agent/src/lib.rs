@@ -95,8 +95,12 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("fsdp-agent: error: {e:#}");
-            let code = if e.is::<fsdp_rendezvous::RendezvousError>() {
-                exit_code::RENDEZVOUS_UNAVAILABLE
+            let code = if let Some(r) = e.downcast_ref::<fsdp_rendezvous::RendezvousError>() {
+                if r.is_configuration() {
+                    exit_code::CONFIG
+                } else {
+                    exit_code::RENDEZVOUS_UNAVAILABLE
+                }
             } else if e.is::<StatusAddrBusy>() {
                 exit_code::CONFIG
             } else {

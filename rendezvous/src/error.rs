@@ -35,10 +35,26 @@ pub enum RendezvousError {
     /// A value under the run's prefix is not something this agent can trust.
     #[error("{0}; refusing to use it (use another --rdzv-id, or delete the run's keys)")]
     Corrupt(String),
+    /// The session task that keeps the lease and the view stopped; nothing more will come.
+    #[error("the etcd session ended: {0}")]
+    SessionEnded(&'static str),
     /// No round could be formed in time.
     #[error("no round formed within join_timeout ({timeout:?}): {state}")]
     Timeout {
         timeout: std::time::Duration,
         state: String,
     },
+}
+
+impl RendezvousError {
+    /// Whether the error is the user's configuration (exit 64: fix the command line)
+    /// rather than etcd being unavailable (exit 69: retry later). A refused credential or
+    /// certificate is configuration: no retry will make it work.
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            Self::InvalidConfig(_) => true,
+            Self::Unreachable { source, .. } => !crate::etcd::is_transient(source),
+            _ => false,
+        }
+    }
 }

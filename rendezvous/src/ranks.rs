@@ -9,24 +9,36 @@ pub struct NodeRanks {
     pub base_rank: u32,
 }
 
+/// Most workers one node may run: far above any machine, far below where rank
+/// arithmetic could overflow.
+pub const MAX_LOCAL_WORLD_SIZE: u32 = 1 << 16;
+/// Most workers in a group: `RANK` and `WORLD_SIZE` are C `int`s in PyTorch.
+pub const MAX_WORLD_SIZE: u32 = i32::MAX as u32;
+
 /// Assigns group ranks in member order and global ranks by prefix sums of each node's
 /// worker count, so nodes with different `--nproc-per-node` get contiguous, disjoint
-/// ranges. Returns one entry per member and the world size.
-pub fn assign(local_world_sizes: &[u32]) -> (Vec<NodeRanks>, u32) {
+/// ranges. Returns one entry per member and the world size, or why the sizes cannot form
+/// a group (a node with no workers or more than [`MAX_LOCAL_WORLD_SIZE`], or a world
+/// above [`MAX_WORLD_SIZE`]); records from etcd are not trusted to be sane.
+pub fn assign(local_world_sizes: &[u32]) -> Result<(Vec<NodeRanks>, u32), String> {
     let mut next = 0u32;
-    let ranks = local_world_sizes
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
-            let r = NodeRanks {
-                group_rank: i as u32,
-                base_rank: next,
-            };
-            next += n;
-            r
-        })
-        .collect();
-    (ranks, next)
+    let mut ranks = Vec::with_capacity(local_world_sizes.len());
+    for (i, &n) in local_world_sizes.iter().enumerate() {
+        if n == 0 || n > MAX_LOCAL_WORLD_SIZE {
+            return Err(format!(
+                "node {i} has local_world_size {n}, outside 1..={MAX_LOCAL_WORLD_SIZE}"
+            ));
+        }
+        ranks.push(NodeRanks {
+            group_rank: i as u32,
+            base_rank: next,
+        });
+        next = next
+            .checked_add(n)
+            .filter(|w| *w <= MAX_WORLD_SIZE)
+            .ok_or_else(|| format!("the world size exceeds {MAX_WORLD_SIZE}"))?;
+    }
+    Ok((ranks, next))
 }
 
 #[cfg(test)]
@@ -35,7 +47,7 @@ mod tests {
 
     #[test]
     fn homogeneous_nodes_get_contiguous_blocks() {
-        let (ranks, world) = assign(&[2, 2, 2]);
+        let (ranks, world) = assign(&[2, 2, 2]).unwrap();
         assert_eq!(world, 6);
         let bases: Vec<u32> = ranks.iter().map(|r| r.base_rank).collect();
         assert_eq!(bases, [0, 2, 4]);
@@ -45,7 +57,7 @@ mod tests {
 
     #[test]
     fn heterogeneous_nodes_use_prefix_sums() {
-        let (ranks, world) = assign(&[8, 1, 4]);
+        let (ranks, world) = assign(&[8, 1, 4]).unwrap();
         assert_eq!(world, 13);
         let bases: Vec<u32> = ranks.iter().map(|r| r.base_rank).collect();
         assert_eq!(bases, [0, 8, 9]);
@@ -53,8 +65,16 @@ mod tests {
 
     #[test]
     fn no_members_means_an_empty_world() {
-        let (ranks, world) = assign(&[]);
+        let (ranks, world) = assign(&[]).unwrap();
         assert!(ranks.is_empty());
         assert_eq!(world, 0);
+    }
+
+    #[test]
+    fn sizes_that_would_wrap_or_make_no_sense_are_refused() {
+        assert!(assign(&[u32::MAX, 2]).is_err());
+        assert!(assign(&[2, 0]).is_err());
+        let many = vec![MAX_LOCAL_WORLD_SIZE; 40_000];
+        assert!(assign(&many).unwrap_err().contains("world size"));
     }
 }

@@ -60,7 +60,7 @@ impl Rendezvous for StaticRendezvous {
     async fn next_round(&mut self) -> Result<Round, RendezvousError> {
         let c = &self.config;
         let sizes = vec![c.local_world_size; c.nnodes as usize];
-        let (all, world_size) = ranks::assign(&sizes);
+        let (all, world_size) = ranks::assign(&sizes).map_err(RendezvousError::InvalidConfig)?;
         let mine = all[c.node_rank as usize];
         let round = Round {
             number: self.rounds,

@@ -360,27 +360,35 @@ fn member(id: &str, local_world_size: u32) -> fsdp_proto::v1::Member {
 async fn a_round_that_gives_this_node_a_forged_worker_count_is_refused() {
     let etcd = Etcd::start();
     let keys = Keys::new("/fsdp", "forged").unwrap();
-    let mut n = EtcdRendezvous::connect(rdzv_config(&etcd, "forged"))
-        .await
-        .unwrap();
+    // Two nodes needed: the node's own coordinator never seals, only the forger does.
+    let mut cfg = rdzv_config(&etcd, "forged");
+    cfg.min_nodes = 2;
+    let mut n = EtcdRendezvous::connect(cfg).await.unwrap();
     let me = n.node_id().to_owned();
-    let round = fsdp_proto::v1::Round {
-        schema: fsdp_proto::SCHEMA_VERSION,
-        number: 5,
-        members: vec![member(&me, 5)],
-        restart_count: 0,
-        reason: "forged".into(),
+    let forger = async {
+        // Once the node waits for round 0: a round 0 that says it runs 5 workers, not 2.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let round = fsdp_proto::v1::Round {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            number: 0,
+            members: vec![member(&me, 5)],
+            restart_count: 0,
+            reason: "forged".into(),
+        };
+        forge(&etcd, keys.round(), round.encode_to_vec()).await;
+        let master = fsdp_proto::v1::Master {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round: 0,
+            addr: "127.0.0.1".into(),
+            port: 29_999,
+        };
+        forge(&etcd, keys.master(), master.encode_to_vec()).await;
     };
-    forge(&etcd, keys.round(), round.encode_to_vec()).await;
-    let master = fsdp_proto::v1::Master {
-        schema: fsdp_proto::SCHEMA_VERSION,
-        round: 5,
-        addr: "127.0.0.1".into(),
-        port: 29_999,
-    };
-    forge(&etcd, keys.master(), master.encode_to_vec()).await;
-    let text = expect_corrupt(&mut n, "local_world_size 5 for a node of 2").await;
-    assert!(text.contains("local_world_size"), "{text}");
+    let (text, ()) = tokio::join!(
+        expect_corrupt(&mut n, "local_world_size 5 for a node of 2"),
+        forger
+    );
+    assert!(text.contains("local_world_size 5"), "{text}");
 }
 
 #[tokio::test]

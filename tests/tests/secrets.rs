@@ -169,7 +169,8 @@ fn the_password_reaches_etcd_and_nothing_else() {
         .env("FSDP_ETCD_PASSWORD", "Wrong-Pw-77ad")
         .args(["--no-python", "/bin/true"])
         .run(LIMIT);
-    assert_eq!(a.code(), 69, "{}", a.output());
+    // A refused credential is configuration (64), not an etcd outage (69).
+    assert_eq!(a.code(), 64, "{}", a.output());
     assert!(
         a.stderr().contains("authentication failed"),
         "{}",

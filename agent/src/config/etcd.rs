@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fsdp_rendezvous::etcd::{EtcdConfig, TlsFiles};
+use fsdp_rendezvous::etcd::{EtcdConfig, Keys, TlsFiles};
 
 use super::parse;
 
@@ -87,6 +87,10 @@ pub fn build(
     if let Some(p) = conf.get("etcd_prefix") {
         c.prefix = p.clone();
     }
+    // The key layout refuses prefixes and run ids that could reach into another run's
+    // keys; say so now rather than after connecting.
+    Keys::new(&c.prefix, run_id)
+        .map_err(|e| format!("--rdzv-conf etcd_prefix / --rdzv-id: {e}"))?;
     if let Some(d) = dur("join_timeout")? {
         c.join_timeout = d;
     }

@@ -109,7 +109,11 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         }
         Err(e) => {
             eprintln!("fsdp-agent status: error: {e}");
-            ExitCode::from(exit_code::RENDEZVOUS_UNAVAILABLE)
+            ExitCode::from(if e.is_configuration() {
+                exit_code::CONFIG
+            } else {
+                exit_code::RENDEZVOUS_UNAVAILABLE
+            })
         }
     }
 }

@@ -113,7 +113,7 @@ fn options(opts: &EtcdOptions) -> Result<ConnectOptions, RendezvousError> {
 /// configuration problem that retrying cannot fix. Decided by the error's kind and gRPC
 /// code, never its text: a malformed endpoint or a refused credential fails at once
 /// instead of being retried for the whole window as if etcd were down.
-fn transient(e: &etcd_client::Error) -> bool {
+pub fn transient(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     use tonic::Code;
     match e {

@@ -108,7 +108,8 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
         r.round_reason = rd.reason.clone();
         r.restarts = rd.restart_count;
         let sizes: Vec<u32> = rd.members.iter().map(|m| m.local_world_size).collect();
-        let (ranks, world) = ranks::assign(&sizes);
+        // The view refuses rounds whose sizes cannot form a group; none get here.
+        let (ranks, world) = ranks::assign(&sizes).unwrap_or_default();
         r.world_size = world;
         r.master = v
             .master
@@ -250,6 +251,7 @@ pub async fn inspect(
             kv.value(),
             kv.create_revision(),
             kv.mod_revision(),
+            kv.lease(),
         );
     }
     Ok(Some(report(run_id, &view)))

@@ -30,13 +30,13 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use fsdp_proto::{SCHEMA_VERSION, v1};
 use prost::Message;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use connect::{EtcdOptions, TlsFiles, connect};
+pub use connect::{EtcdOptions, TlsFiles, connect, transient as is_transient};
 pub use keys::Keys;
 pub use session::commit_round;
 pub use view::View;
@@ -145,6 +145,7 @@ impl EtcdRendezvous {
             cfg.node_id = new_node_id();
         }
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
+        refuse_nesting(&mut client, &keys, &cfg.prefix).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let grant =
             client
@@ -185,8 +186,8 @@ impl EtcdRendezvous {
             .is_err()
         {
             session.abort();
-            return Err(RendezvousError::InvalidConfig(
-                "etcd did not answer the first read of the run".into(),
+            return Err(RendezvousError::SessionEnded(
+                "etcd did not answer the first read of the run",
             ));
         }
         Ok(Self {
@@ -306,6 +307,56 @@ impl EtcdRendezvous {
     }
 }
 
+/// Refuses to start a run whose keys would lie inside another run's (its prefix is
+/// below another run's root) or around one (another run's prefix is below this run's
+/// root): the outer run would read the inner one's keys as its own. Costs one read per
+/// level of the prefix, once, at start.
+async fn refuse_nesting(
+    client: &mut Client,
+    keys: &Keys,
+    prefix: &str,
+) -> Result<(), RendezvousError> {
+    let read = |what| move |source| RendezvousError::Etcd { what, source };
+    let fix = "choose an etcd_prefix outside other runs' keys (e.g. the default /fsdp)";
+    for outer in keys.enclosing_roots() {
+        for sub in ["members/", "ctl/"] {
+            let found = client
+                .get(
+                    format!("{outer}{sub}"),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .map_err(read("checking that the run's keys nest in no other run"))?
+                .count();
+            if found > 0 {
+                return Err(RendezvousError::InvalidConfig(format!(
+                    "etcd_prefix '{prefix}' puts this run's keys ({}) inside those of the run at {outer}; {fix}",
+                    keys.root()
+                )));
+            }
+        }
+    }
+    let inner = client
+        .get(
+            keys.root(),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .map_err(read("checking that no other run nests in this run's keys"))?;
+    if let Some(k) = inner
+        .kvs()
+        .iter()
+        .filter_map(|kv| kv.key_str().ok())
+        .find(|k| keys.nested_run_key(k))
+    {
+        return Err(RendezvousError::InvalidConfig(format!(
+            "another run's keys ({k}) lie inside this run's ({}); give that run or this one a different etcd_prefix or --rdzv-id",
+            keys.root()
+        )));
+    }
+    Ok(())
+}
+
 /// The registration transaction: this node's member record under `lease`, and, when
 /// `claiming`, the coordinator key if nobody holds it.
 fn registration(keys: &Keys, member: &v1::Member, lease: i64, claiming: bool) -> Txn {
@@ -347,6 +398,7 @@ enum Step {
 fn step(
     v: &View,
     me: &str,
+    my_workers: u32,
     wants: u64,
     published: Option<u64>,
     since: Instant,
@@ -380,8 +432,18 @@ fn step(
             Step::Wait
         });
     };
+    // A round that gives this node another worker count than it runs would hand its
+    // workers a wrong WORLD_SIZE and overlapping ranks: the record is not ours.
+    let given = rec.members[pos].local_world_size;
+    if given != my_workers {
+        return Err(RendezvousError::Corrupt(format!(
+            "round {} gives this node local_world_size {given}, but it runs {my_workers} workers",
+            rec.number
+        )));
+    }
     let sizes: Vec<u32> = rec.members.iter().map(|m| m.local_world_size).collect();
-    let (all, world_size) = ranks::assign(&sizes);
+    let (all, world_size) = ranks::assign(&sizes)
+        .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
     let round = Round {
         number: rec.number,
         group_rank: all[pos].group_rank,
@@ -389,7 +451,8 @@ fn step(
         base_rank: all[pos].base_rank,
         world_size,
         master_addr: master.addr.clone(),
-        master_port: master.port as u16,
+        // The view admits only ports 1-65535.
+        master_port: u16::try_from(master.port).unwrap_or_default(),
         restart_count: rec.restart_count,
         members: rec
             .members
@@ -486,6 +549,7 @@ impl Rendezvous for EtcdRendezvous {
             let next = step(
                 &self.view.borrow_and_update(),
                 &self.shared.node_id,
+                self.cfg.local_world_size,
                 wants,
                 published,
                 since,
@@ -527,7 +591,7 @@ impl Rendezvous for EtcdRendezvous {
                 Step::Wait => {}
             }
             tokio::select! {
-                r = self.view.changed() => r.map_err(|_| RendezvousError::InvalidConfig("the etcd session ended".into()))?,
+                r = self.view.changed() => r.map_err(|_| RendezvousError::SessionEnded("its task stopped"))?,
                 () = tokio::time::sleep_until(deadline) => {
                     let v = self.view.borrow();
                     let state = format!(
@@ -559,7 +623,7 @@ impl Rendezvous for EtcdRendezvous {
             self.view
                 .changed()
                 .await
-                .map_err(|_| RendezvousError::InvalidConfig("the etcd session ended".into()))?;
+                .map_err(|_| RendezvousError::SessionEnded("its task stopped"))?;
         }
     }
 
@@ -632,7 +696,7 @@ impl Rendezvous for EtcdRendezvous {
                 unfinished
             };
             tokio::select! {
-                r = self.view.changed() => r.map_err(|_| RendezvousError::InvalidConfig("the etcd session ended".into()))?,
+                r = self.view.changed() => r.map_err(|_| RendezvousError::SessionEnded("its task stopped"))?,
                 () = tokio::time::sleep_until(deadline) => return Ok(Finish::TimedOut { unfinished }),
             }
         }
@@ -686,9 +750,9 @@ mod tests {
     fn a_round_whose_rank_0_died_before_publishing_the_master_is_skipped() {
         let since = Instant::now();
         let mut v = view_with_round(&["ghost", "me"]);
-        assert!(matches!(step(&v, "me", 3, None, since), Ok(Step::Wait)));
+        assert!(matches!(step(&v, "me", 2, 3, None, since), Ok(Step::Wait)));
         v.departed.insert("ghost".into(), Instant::now());
-        match step(&v, "me", 3, None, since) {
+        match step(&v, "me", 2, 3, None, since) {
             Ok(Step::Broken {
                 next: 4,
                 change: Change::MemberLost { node },
@@ -702,17 +766,20 @@ mod tests {
         let since = Instant::now();
         let mut v = view_with_round(&["me", "other"]);
         assert!(matches!(
-            step(&v, "me", 3, None, since),
+            step(&v, "me", 2, 3, None, since),
             Ok(Step::PublishMaster { round: 3 })
         ));
-        assert!(matches!(step(&v, "me", 3, Some(3), since), Ok(Step::Wait)));
+        assert!(matches!(
+            step(&v, "me", 2, 3, Some(3), since),
+            Ok(Step::Wait)
+        ));
         v.master = Some(v1::Master {
             schema: SCHEMA_VERSION,
             round: 3,
             addr: "10.0.0.1".into(),
             port: 29400,
         });
-        let Ok(Step::Done(done)) = step(&v, "other", 3, None, since) else {
+        let Ok(Step::Done(done)) = step(&v, "other", 2, 3, None, since) else {
             panic!("a sealed round with a master")
         };
         let (_, round) = *done;

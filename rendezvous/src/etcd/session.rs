@@ -177,6 +177,7 @@ impl Session {
                 kv.value(),
                 kv.create_revision(),
                 kv.mod_revision(),
+                kv.lease(),
             );
         }
         fresh.connected = true;
@@ -324,6 +325,7 @@ impl Session {
                         kv.value(),
                         kv.create_revision(),
                         kv.mod_revision(),
+                        kv.lease(),
                     ),
                     EventType::Delete => v.delete(&keys, key, now),
                 }

@@ -7,6 +7,7 @@ use std::time::Instant;
 use fsdp_proto::{Versioned, decode, v1};
 
 use super::keys::Keys;
+use crate::ranks;
 
 /// A registered member and the revision that created its key (its join order).
 #[derive(Debug, Clone)]
@@ -59,18 +60,21 @@ fn decoded<T: Versioned>(
 }
 
 impl View {
-    /// Applies a put of `value` at `key`.
-    pub fn put(&mut self, keys: &Keys, key: &str, value: &[u8], create_rev: i64, mod_rev: i64) {
+    /// Applies a put of `value` at `key`, written under `lease` (0: none).
+    pub fn put(
+        &mut self,
+        keys: &Keys,
+        key: &str,
+        value: &[u8],
+        create_rev: i64,
+        mod_rev: i64,
+        lease: i64,
+    ) {
         if let Some(id) = key.strip_prefix(&keys.members()) {
             if let Some(record) = decoded::<v1::Member>(&mut self.corrupt, key, value) {
-                if record.node_id != id {
-                    self.corrupt.insert(
-                        key.to_owned(),
-                        format!(
-                            "member record at {key} names another node ({})",
-                            record.node_id
-                        ),
-                    );
+                if let Err(why) = check_member(id, &record, lease) {
+                    self.corrupt
+                        .insert(key.to_owned(), format!("member record at {key} {why}"));
                     return;
                 }
                 self.members
@@ -78,11 +82,27 @@ impl View {
             }
         } else if key == keys.round() {
             if let Some(record) = decoded::<v1::Round>(&mut self.corrupt, key, value) {
+                if let Err(why) = check_round(&record) {
+                    self.corrupt
+                        .insert(key.to_owned(), format!("round record at {key} {why}"));
+                    return;
+                }
                 self.round = Some(RoundEntry { record, mod_rev });
             }
         } else if key == keys.master() {
-            self.master =
-                decoded::<v1::Master>(&mut self.corrupt, key, value).or(self.master.take());
+            match decoded::<v1::Master>(&mut self.corrupt, key, value) {
+                Some(m) if !(1..=u32::from(u16::MAX)).contains(&m.port) || m.addr.is_empty() => {
+                    self.corrupt.insert(
+                        key.to_owned(),
+                        format!(
+                            "master record at {key} has address '{}' and port {}, not a host and a port 1-65535",
+                            m.addr, m.port
+                        ),
+                    );
+                }
+                Some(m) => self.master = Some(m),
+                None => {}
+            }
         } else if key == keys.coordinator() {
             if let Some(c) = decoded::<v1::Coordinator>(&mut self.corrupt, key, value) {
                 self.coordinator = Some(c.node_id);
@@ -95,6 +115,9 @@ impl View {
             if let Some(f) = decoded::<v1::Failure>(&mut self.corrupt, key, value) {
                 self.failures.insert(f.round);
             }
+        } else if keys.nested_run_key(key) {
+            // Another run whose prefix lies under ours: its keys are not ours to judge
+            // (agents refuse to start such a run; this keeps a race harmless).
         } else {
             self.corrupt.insert(
                 key.to_owned(),
@@ -124,6 +147,37 @@ impl View {
     }
 }
 
+/// A registration is trusted only if it names its own key, is bound to a lease (a live
+/// agent's always is: without one it would never go away) and asks for a sane number of
+/// workers.
+fn check_member(id: &str, m: &v1::Member, lease: i64) -> Result<(), String> {
+    if m.node_id != id {
+        return Err(format!("names another node ({})", m.node_id));
+    }
+    if lease == 0 {
+        return Err("is not bound to a lease (agents always register under theirs)".into());
+    }
+    if m.local_world_size == 0 || m.local_world_size > ranks::MAX_LOCAL_WORLD_SIZE {
+        return Err(format!(
+            "has local_world_size {}, outside 1..={}",
+            m.local_world_size,
+            ranks::MAX_LOCAL_WORLD_SIZE
+        ));
+    }
+    Ok(())
+}
+
+/// A round is trusted only if its members are distinct and their worker counts form a
+/// group without overflowing the rank arithmetic.
+fn check_round(r: &v1::Round) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    if let Some(dup) = r.members.iter().find(|m| !seen.insert(m.node_id.as_str())) {
+        return Err(format!("lists node {} twice", dup.node_id));
+    }
+    let sizes: Vec<u32> = r.members.iter().map(|m| m.local_world_size).collect();
+    ranks::assign(&sizes).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,7 +187,7 @@ mod tests {
     fn garbage_is_recorded_with_its_key_and_cleared_by_a_good_value() {
         let keys = Keys::new("/fsdp", "r").unwrap();
         let mut v = View::default();
-        v.put(&keys, &keys.round(), b"\x08\xff\xff garbage", 1, 1);
+        v.put(&keys, &keys.round(), b"\x08\xff\xff garbage", 1, 1, 0);
         assert!(v.round.is_none());
         assert!(v.corruption().unwrap().contains("/fsdp/r/ctl/round"));
         let good = v1::Round {
@@ -141,7 +195,7 @@ mod tests {
             number: 3,
             ..Default::default()
         };
-        v.put(&keys, &keys.round(), &good.encode_to_vec(), 1, 2);
+        v.put(&keys, &keys.round(), &good.encode_to_vec(), 1, 2, 0);
         assert_eq!(v.round.as_ref().unwrap().record.number, 3);
         assert!(v.corruption().is_none());
     }
@@ -153,9 +207,10 @@ mod tests {
         let m = v1::Member {
             schema: fsdp_proto::SCHEMA_VERSION,
             node_id: "a".into(),
+            local_world_size: 1,
             ..Default::default()
         };
-        v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 5, 5);
+        v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 5, 5, 7);
         assert!(v.members.contains_key("a"));
         v.delete(&keys, &keys.member("a"), Instant::now());
         assert!(!v.members.contains_key("a") && v.departed.contains_key("a"));
@@ -165,14 +220,78 @@ mod tests {
     fn foreign_keys_and_mislabelled_members_are_not_trusted() {
         let keys = Keys::new("/fsdp", "r").unwrap();
         let mut v = View::default();
-        v.put(&keys, "/fsdp/r/other", b"x", 1, 1);
+        v.put(&keys, "/fsdp/r/other", b"x", 1, 1, 0);
         assert!(v.corruption().unwrap().contains("unexpected key"));
         let m = v1::Member {
             schema: fsdp_proto::SCHEMA_VERSION,
             node_id: "b".into(),
             ..Default::default()
         };
-        v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 1, 1);
+        v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 1, 1, 7);
         assert!(!v.members.contains_key("a"));
+    }
+
+    #[test]
+    fn records_that_decode_are_still_checked() {
+        let keys = Keys::new("/fsdp", "r").unwrap();
+        let member = |n: u32| v1::Member {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: "a".into(),
+            local_world_size: n,
+            ..Default::default()
+        };
+        let mut v = View::default();
+        v.put(
+            &keys,
+            &keys.member("a"),
+            &member(2).encode_to_vec(),
+            1,
+            1,
+            0,
+        );
+        assert!(v.corruption().unwrap().contains("lease"));
+        v.put(
+            &keys,
+            &keys.member("a"),
+            &member(u32::MAX).encode_to_vec(),
+            1,
+            1,
+            9,
+        );
+        assert!(v.corruption().unwrap().contains("local_world_size"));
+        v.put(
+            &keys,
+            &keys.member("a"),
+            &member(2).encode_to_vec(),
+            1,
+            1,
+            9,
+        );
+        assert!(v.corruption().is_none() && v.members.contains_key("a"));
+
+        let round = v1::Round {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            number: 1,
+            members: vec![member(2), member(2)],
+            ..Default::default()
+        };
+        v.put(&keys, &keys.round(), &round.encode_to_vec(), 1, 1, 0);
+        assert!(v.corruption().unwrap().contains("twice"));
+        let master = v1::Master {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round: 1,
+            addr: "h".into(),
+            port: 70_000,
+        };
+        v.put(&keys, &keys.master(), &master.encode_to_vec(), 1, 1, 0);
+        assert!(v.corrupt[&keys.master()].contains("70000"));
+    }
+
+    #[test]
+    fn a_nested_runs_keys_are_ignored_not_foreign() {
+        let keys = Keys::new("/fsdp", "r").unwrap();
+        let mut v = View::default();
+        v.put(&keys, "/fsdp/r/x/members/n", b"whatever", 1, 1, 3);
+        assert!(v.corruption().is_none() && v.members.is_empty());
     }
 }
