@@ -4,7 +4,7 @@
 //! |-----------|---------|
 //! | 0         | the job finished: every worker of this node exited 0 |
 //! | 1-255     | a worker's own exit code, when its failure ended the job (restart budget spent) |
-//! | 64        | bad command line or configuration; nothing was started |
+//! | 64        | bad command line or configuration (also: etcd refused the credentials or certificate, or the prefix nests in another run); nothing was started |
 //! | 66        | `fsdp-agent status`: no run with that id under the prefix |
 //! | 69        | the rendezvous is unavailable (e.g. etcd unreachable after the retry window) |
 //! | 70        | internal error of the agent (a worker could not be spawned, an I/O error) |

@@ -479,3 +479,11 @@ fn get_status_shows_a_worker_that_exited_0_as_succeeded() {
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(), 143, "{}", a.output());
 }
+
+#[test]
+fn a_status_command_error_is_one_complete_line() {
+    let (code, out, err) = fsdp_tests::status_cmd(&["--rdzv-id", "x"]);
+    assert_eq!(code, 64, "{out}{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("--rdzv-endpoint"), "{err}");
+}

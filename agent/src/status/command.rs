@@ -51,8 +51,19 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             Err(e) => {
-                eprint!("{e}");
-                return ExitCode::from(exit_code::CONFIG);
+                // One line, like the agent's own errors: clap spreads a missing argument
+                // over the lines after "were not provided:", then adds usage and tips.
+                let text = e.render().to_string();
+                let problem: Vec<&str> = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:"))
+                    .collect();
+                return usage(&format!(
+                    "{}; see fsdp-agent status --help",
+                    problem.join(" ").trim_start_matches("error: ")
+                ));
             }
         };
     let conf = match parse::rdzv_conf(&a.rdzv_conf) {
