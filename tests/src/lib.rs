@@ -90,6 +90,18 @@ pub fn workspace_file(rel: &str) -> PathBuf {
     p
 }
 
+/// The arguments that run the `fake-worker` helper under the agent, recording into `dir`.
+pub fn fake_worker_args(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "--no-python".to_owned(),
+        fake_worker().display().to_string(),
+        "--dir".into(),
+        dir.display().to_string(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
 /// A running agent with its output captured to files.
 pub struct Agent {
     pub child: Child,
@@ -169,6 +181,28 @@ impl AgentCmd {
 }
 
 impl Agent {
+    /// The address the agent's status server bound, from its log line (waits for it).
+    pub fn status_addr(&self) -> String {
+        let mut addr = String::new();
+        wait_for(
+            "the status server's log line",
+            Duration::from_secs(60),
+            || {
+                let err = self.stderr();
+                if let Some(line) = err.lines().find(|l| l.contains("status server listening")) {
+                    addr = line
+                        .split_whitespace()
+                        .find_map(|w| w.strip_prefix("addr="))
+                        .expect("addr= in the line")
+                        .to_owned();
+                    return true;
+                }
+                false
+            },
+        );
+        addr
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }

@@ -11,21 +11,10 @@ use fsdp_proto::v1::{GetStatusRequest, WorkerState};
 use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, Keys, connect};
 use fsdp_rendezvous::{Rendezvous, RendezvousError};
 use fsdp_tests::etcd::Etcd;
-use fsdp_tests::{Agent, AgentCmd, TempDir, alive, fake_worker, records, wait_for};
+use fsdp_tests::{Agent, AgentCmd, TempDir, alive, fake_worker_args, records, wait_for};
 use prost::Message;
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn worker_args(dir: &Path, extra: &[&str]) -> Vec<String> {
-    let mut v = vec![
-        "--no-python".to_owned(),
-        fake_worker().display().to_string(),
-        "--dir".into(),
-        dir.display().to_string(),
-    ];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
-}
 
 fn pids(dir: &Path, kind: &str) -> Vec<i32> {
     records(dir, kind)
@@ -53,7 +42,7 @@ fn etcd_agent(dir: &Path, etcd: &Etcd, run: &str, conf: &str, worker: &[&str]) -
             "--local-addr",
             "127.0.0.1",
         ])
-        .args(worker_args(dir, worker))
+        .args(fake_worker_args(dir, worker))
         .spawn()
 }
 
@@ -248,7 +237,7 @@ fn a_duplicated_sigterm_is_one_request_and_workers_keep_their_grace() {
             "--term-timeout",
             "30",
         ])
-        .args(worker_args(
+        .args(fake_worker_args(
             dir.path(),
             &["--sleep", "120", "--checkpoint-on-term", "3"],
         ))
@@ -297,7 +286,7 @@ fn a_run_prefix_nested_in_another_run_is_refused_and_harms_nothing() {
                 "--rdzv-conf",
                 &format!("etcd_prefix={prefix},last_call_timeout=0.2,keep_alive_ttl=2"),
             ])
-            .args(worker_args(other.path(), &["--sleep", "5"]))
+            .args(fake_worker_args(other.path(), &["--sleep", "5"]))
             .run(LIMIT);
         assert_eq!(intruder.code(), 64, "{prefix}: {}", intruder.output());
         assert!(
@@ -445,17 +434,7 @@ fn get_status_shows_a_worker_that_exited_0_as_succeeded() {
         .args(["--standalone", "--nproc-per-node", "2"])
         .args(["--no-python", "/bin/sh", "-c", script])
         .spawn();
-    wait_for("the status server", LIMIT, || {
-        a.stderr().contains("status server listening")
-    });
-    let addr = a
-        .stderr()
-        .lines()
-        .find(|l| l.contains("status server listening"))
-        .and_then(|l| l.split("addr=").nth(1))
-        .and_then(|s| s.split_whitespace().next())
-        .expect("the status address in the log")
-        .to_owned();
+    let addr = a.status_addr();
     let rt = runtime();
     let states = || {
         rt.block_on(async {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fsdp_proto::v1::GetStatusRequest;
 use fsdp_proto::v1::agent_status_client::AgentStatusClient;
 use fsdp_tests::etcd::Etcd;
-use fsdp_tests::{Agent, AgentCmd, TempDir, wait_for};
+use fsdp_tests::{AgentCmd, TempDir, wait_for};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const SECRET: &str = "Pw-9f2c7e1b-never-shown";
@@ -37,23 +37,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn status_addr(agent: &Agent) -> String {
-    let mut addr = String::new();
-    wait_for("the status server's log line", LIMIT, || {
-        let err = agent.stderr();
-        if let Some(line) = err.lines().find(|l| l.contains("status server listening")) {
-            addr = line
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("addr="))
-                .expect("addr= in the line")
-                .to_owned();
-            return true;
-        }
-        false
-    });
-    addr
 }
 
 fn metrics_text(addr: &str) -> String {
@@ -123,7 +106,7 @@ fn the_password_reaches_etcd_and_nothing_else() {
             cmd = cmd.env(k, v);
         }
         let mut agent = cmd.args(recording_worker(&run)).spawn();
-        let addr = status_addr(&agent);
+        let addr = agent.status_addr();
         wait_for("both workers' environment", LIMIT, || {
             (0..2).all(|r| {
                 std::fs::read_to_string(run.join(format!("env.{r}")))

@@ -16,24 +16,6 @@ use tonic_health::pb::health_client::HealthClient;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// The address the agent's status server bound, from its log line.
-fn status_addr(agent: &Agent) -> String {
-    let mut addr = String::new();
-    wait_for("the status server's log line", LIMIT, || {
-        let err = agent.stderr();
-        if let Some(line) = err.lines().find(|l| l.contains("status server listening")) {
-            addr = line
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("addr="))
-                .expect("addr= in the line")
-                .to_owned();
-            return true;
-        }
-        false
-    });
-    addr
-}
-
 /// `GET /metrics` over plain HTTP/1.1, parsed into `name{labels}` → value. Checks the
 /// Prometheus text format on the way: every sample's family has a TYPE line before it.
 fn metrics(addr: &str) -> BTreeMap<String, f64> {
@@ -150,7 +132,7 @@ fn status_health_and_metrics_follow_a_worker_failure_and_restart() {
         ])
         .args(gated_worker(dir.path()))
         .spawn();
-    let addr = status_addr(&agent);
+    let addr = agent.status_addr();
     let rt = runtime();
     rt.block_on(async {
         wait_for_async("workers running", || async {
@@ -363,7 +345,7 @@ fn status_command_shows_a_live_run_and_the_survivor_reports_the_reform() {
     assert!(table.contains("0-1") && table.contains("2-3"), "{table}");
 
     // The agents' own status agrees: two members with addresses, the same coordinator.
-    let a_addr = status_addr(&a);
+    let a_addr = a.status_addr();
     let rt = runtime();
     let s = rt.block_on(get_status(&a_addr));
     assert_eq!(s.backend, "etcd");
@@ -452,7 +434,7 @@ fn reflection_lists_the_status_and_health_services() {
     let agent = AgentCmd::new(dir.path(), "agent")
         .args(["--standalone", "--no-python", "/bin/sleep", "30"])
         .spawn();
-    let addr = status_addr(&agent);
+    let addr = agent.status_addr();
     let names = runtime().block_on(async {
         let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
             .unwrap()

@@ -3,20 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use fsdp_tests::{AgentCmd, TempDir, alive, fake_worker, records, wait_for};
+use fsdp_tests::{AgentCmd, TempDir, alive, fake_worker_args, records, wait_for};
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn worker_args(dir: &TempDir, extra: &[&str]) -> Vec<String> {
-    let mut v = vec![
-        "--no-python".to_owned(),
-        fake_worker().display().to_string(),
-        "--dir".into(),
-        dir.path().display().to_string(),
-    ];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
-}
 
 fn pids(dir: &TempDir) -> Vec<i32> {
     records(dir.path(), "pid")
@@ -36,8 +25,8 @@ fn a_worker_that_fails_twice_succeeds_within_a_budget_of_two() {
             "--max-restarts",
             "2",
         ])
-        .args(worker_args(
-            &dir,
+        .args(fake_worker_args(
+            dir.path(),
             &[
                 "--write-env",
                 "--exit-code",
@@ -80,8 +69,8 @@ fn the_workers_own_exit_code_is_propagated_when_the_budget_is_spent() {
             "--max-restarts",
             "1",
         ])
-        .args(worker_args(
-            &dir,
+        .args(fake_worker_args(
+            dir.path(),
             &[
                 "--exit-code",
                 "3",
@@ -115,8 +104,8 @@ fn error_file_message_and_signals_appear_in_the_summary() {
     let mut a = AgentCmd::new(dir.path(), "agent")
         .args(["--standalone", "--nproc-per-node", "2", "--log-dir"])
         .arg_path(dir.path().join("logs"))
-        .args(worker_args(
-            &dir,
+        .args(fake_worker_args(
+            dir.path(),
             &[
                 "--exit-code",
                 "9",
@@ -149,7 +138,7 @@ fn sigterm_is_forwarded_and_the_agent_exits_143_within_the_grace() {
             "--term-timeout",
             "20",
         ])
-        .args(worker_args(&dir, &["--sleep", "120"]))
+        .args(fake_worker_args(dir.path(), &["--sleep", "120"]))
         .spawn();
     wait_for("both workers to start", LIMIT, || pids(&dir).len() == 2);
     let start = Instant::now();
@@ -177,7 +166,7 @@ fn sigint_and_sighup_are_forwarded_with_their_own_exit_codes() {
         let dir = TempDir::new().unwrap();
         let mut a = AgentCmd::new(dir.path(), "agent")
             .args(["--standalone", "--nproc-per-node", "1"])
-            .args(worker_args(&dir, &["--sleep", "120"]))
+            .args(fake_worker_args(dir.path(), &["--sleep", "120"]))
             .spawn();
         wait_for("the worker to start", LIMIT, || pids(&dir).len() == 1);
         a.signal(sig);
@@ -199,7 +188,10 @@ fn a_worker_ignoring_sigterm_is_killed_after_the_grace() {
             "--term-timeout",
             "1",
         ])
-        .args(worker_args(&dir, &["--sleep", "120", "--ignore-sigterm"]))
+        .args(fake_worker_args(
+            dir.path(),
+            &["--sleep", "120", "--ignore-sigterm"],
+        ))
         .spawn();
     wait_for("both workers to start", LIMIT, || pids(&dir).len() == 2);
     let start = Instant::now();
@@ -228,7 +220,10 @@ fn a_second_signal_skips_the_rest_of_the_grace() {
             "--term-timeout",
             "60",
         ])
-        .args(worker_args(&dir, &["--sleep", "120", "--ignore-sigterm"]))
+        .args(fake_worker_args(
+            dir.path(),
+            &["--sleep", "120", "--ignore-sigterm"],
+        ))
         .spawn();
     wait_for("the worker to start", LIMIT, || pids(&dir).len() == 1);
     a.signal(libc::SIGTERM);
@@ -248,7 +243,10 @@ fn sigkill_of_the_agent_leaves_no_worker_behind() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
         .args(["--standalone", "--nproc-per-node", "2"])
-        .args(worker_args(&dir, &["--sleep", "120", "--ignore-sigterm"]))
+        .args(fake_worker_args(
+            dir.path(),
+            &["--sleep", "120", "--ignore-sigterm"],
+        ))
         .spawn();
     wait_for("both workers to start", LIMIT, || pids(&dir).len() == 2);
     let workers = pids(&dir);
@@ -267,7 +265,10 @@ fn a_stop_reaches_what_the_workers_started() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "agent")
         .args(["--standalone", "--nproc-per-node", "1"])
-        .args(worker_args(&dir, &["--sleep", "120", "--spawn-child"]))
+        .args(fake_worker_args(
+            dir.path(),
+            &["--sleep", "120", "--spawn-child"],
+        ))
         .spawn();
     wait_for("the worker to start", LIMIT, || pids(&dir).len() == 1);
     let child: i32 = records(dir.path(), "child")
@@ -299,8 +300,8 @@ fn a_signal_during_a_failure_restart_still_stops_everything() {
             "--term-timeout",
             "30",
         ])
-        .args(worker_args(
-            &dir,
+        .args(fake_worker_args(
+            dir.path(),
             &[
                 "--exit-code",
                 "1",
