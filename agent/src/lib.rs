@@ -26,6 +26,7 @@
 pub mod cli;
 pub mod config;
 pub mod devices;
+pub mod error;
 pub mod exit_code;
 pub mod failure;
 pub mod policy;
@@ -39,6 +40,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use config::{Config, LogFormat, Mode};
+use error::AgentError;
 use fsdp_rendezvous::etcd::EtcdRendezvous;
 use fsdp_rendezvous::standalone::StandaloneRendezvous;
 use fsdp_rendezvous::static_group::{StaticConfig, StaticRendezvous};
@@ -93,20 +95,10 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
         Ok(AgentExit::Failed { exit_code }) => ExitCode::from(exit_code),
         Ok(AgentExit::Signalled(sig)) => ExitCode::from(exit_code::signalled(sig as i32)),
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("fsdp-agent: error: {e:#}");
-            let code = if let Some(r) = e.downcast_ref::<fsdp_rendezvous::RendezvousError>() {
-                if r.is_configuration() {
-                    exit_code::CONFIG
-                } else {
-                    exit_code::RENDEZVOUS_UNAVAILABLE
-                }
-            } else if e.is::<StatusAddrBusy>() {
-                exit_code::CONFIG
-            } else {
-                exit_code::INTERNAL
-            };
-            ExitCode::from(code)
+            let text = e.chain();
+            tracing::error!("{text}");
+            eprintln!("fsdp-agent: error: {text}");
+            ExitCode::from(e.exit_code())
         }
     }
 }
@@ -123,10 +115,10 @@ pub(crate) fn runtime(who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
         })
 }
 
-async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
+async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
     // Signals are caught before anything else, so a SIGTERM during the rendezvous is
     // handled like any other, never the default "die without cleanup".
-    let mut signals = signals::Signals::install(&cfg.signals)?;
+    let mut signals = signals::Signals::install(&cfg.signals).map_err(AgentError::Signals)?;
     if cfg.omp_threads_default {
         tracing::warn!(
             "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the machine; \
@@ -185,7 +177,7 @@ async fn run_agent(cfg: &Config) -> anyhow::Result<AgentExit> {
     }
 }
 
-async fn start_status_server(cfg: &Config, board: &status::Board) -> anyhow::Result<()> {
+async fn start_status_server(cfg: &Config, board: &status::Board) -> Result<(), AgentError> {
     let config::StatusAddr::Listen { addr, required } = cfg.status else {
         return Ok(());
     };
@@ -202,16 +194,8 @@ async fn start_status_server(cfg: &Config, board: &status::Board) -> anyhow::Res
             );
             Ok(())
         }
-        Err(source) => Err(StatusAddrBusy { addr, source }.into()),
+        Err(source) => Err(AgentError::StatusAddrBusy { addr, source }),
     }
-}
-
-/// The status address the user chose cannot be bound: a configuration error.
-#[derive(Debug, thiserror::Error)]
-#[error("--status-addr {addr} cannot be bound ({source}); pick a free port or 'off'")]
-struct StatusAddrBusy {
-    addr: std::net::SocketAddr,
-    source: std::io::Error,
 }
 
 fn init_tracing(format: LogFormat) {

@@ -51,6 +51,13 @@ impl Signals {
         Ok(Self { rx, last: None })
     }
 
+    /// Signals sent by hand through the returned sender, for in-process tests of the loop.
+    #[cfg(test)]
+    pub fn by_hand() -> (mpsc::UnboundedSender<Signal>, Self) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (tx, Self { rx, last: None })
+    }
+
     /// The next signal received, repeats within [`REPEAT_WINDOW`] left out.
     pub async fn recv(&mut self) -> Signal {
         loop {

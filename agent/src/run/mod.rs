@@ -1,0 +1,455 @@
+//! The agent's loop as explicit phases: rendezvous, start the group, watch it, and decide —
+//! restart, re-form, finish or give up — until the job ends for this node.
+//!
+//! ```text
+//!            ┌─────────────────────────────────────────────────────────────┐
+//!            ▼                                                             │
+//!   Join ──round──▶ Start ──▶ Running ──group changed──▶ Reform ───────────┤
+//!    │               │          │  └────worker failed──▶ Failed ───────────┤
+//!    │         budget spent     └──every worker 0──▶ Barrier ──changed─────┘
+//!    │               │                                  │  all done / timed out
+//!    └──signal──▶ Leave ◀──────── signal (any phase) ───┴──────────▶ Leave ──▶ exit
+//! ```
+//!
+//! Each phase is one async function that does its work and returns the next [`Phase`].
+//! Interruption has one rule: every await that can take time goes through
+//! [`Loop::interruptible`], and a signal there ends in `Leave` (the workers, if any, are
+//! stopped with the signal first); while workers run, the group changing is the other
+//! interruption ([`Wake`]). Status and metrics follow the phases through one
+//! [`report::Reporter`]; the budget and backoff decisions are pure functions in
+//! [`crate::policy`]. A new event (say, "a worker hung") is one more [`Wake`] variant
+//! and the phase it leads to.
+
+mod report;
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::path::PathBuf;
+
+use fsdp_proto::v1::Phase as Shown;
+use fsdp_rendezvous::{Change, Departure, Finish, Rendezvous, RendezvousError, Round};
+use nix::sys::signal::Signal;
+
+use crate::config::Config;
+use crate::error::AgentError;
+use crate::exit_code;
+use crate::failure::{Failure, WorkerExit, summary};
+use crate::policy::{Budget, budget, restart_backoff};
+use crate::signals::Signals;
+use crate::status::Board;
+use crate::supervisor::output::{Console, Stream};
+use crate::supervisor::{GroupEvent, GroupSpec, WorkerGroup, attempt_dir, run_log_dir};
+use report::{Reporter, change_label, describe};
+
+/// How the agent's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentExit {
+    /// Every worker succeeded.
+    Finished,
+    /// The restart budget is spent; exit with this code.
+    Failed { exit_code: u8 },
+    /// The agent was told to stop by this signal.
+    Signalled(Signal),
+}
+
+/// Where the loop is; each variant carries what its phase needs.
+enum Phase {
+    /// Ask the rendezvous for the next round.
+    Join,
+    /// A sealed round with this node in it and budget left: start its workers.
+    Start(Round),
+    /// The workers run: wait for them, the group, or a signal.
+    Running { round: Round, group: WorkerGroup },
+    /// The group changed: stop the workers, then join the next round.
+    Reform { group: WorkerGroup, change: Change },
+    /// A worker failed: stop the rest, report the failure, back off, join again.
+    Failed {
+        round: Round,
+        group: WorkerGroup,
+        first: Failure,
+    },
+    /// Every local worker succeeded: wait for the other nodes (the exit barrier).
+    Barrier { round: Round },
+    /// Leave the rendezvous this way and end with this exit.
+    Leave { how: Departure, exit: AgentExit },
+}
+
+/// What woke a running group's phase: each source of events, as one value.
+enum Wake {
+    Group(GroupEvent),
+    Signal(Signal),
+    Changed(Result<Change, RendezvousError>),
+}
+
+/// Runs the job on this node until it ends.
+pub async fn run<R: Rendezvous>(
+    cfg: &Config,
+    rdzv: &mut R,
+    signals: &mut Signals,
+    board: &Board,
+) -> Result<AgentExit, AgentError> {
+    let (console, console_thread) = Console::start();
+    let mut report = Reporter::new(board);
+    let result = supervise(cfg, rdzv, signals, &console, &mut report).await;
+    report.ended(&result);
+    drop(console);
+    // Every worker line queued before the end is written before the agent exits.
+    console_thread.close().await;
+    result
+}
+
+async fn supervise<R: Rendezvous>(
+    cfg: &Config,
+    rdzv: &mut R,
+    signals: &mut Signals,
+    console: &Console,
+    report: &mut Reporter,
+) -> Result<AgentExit, AgentError> {
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into());
+    report.node(rdzv.node_id().unwrap_or(&host), rdzv.error_counter());
+    let run_dir = log_root(cfg)?;
+    if let Some(dir) = &run_dir {
+        tracing::info!(log_dir = %dir.display(), "worker logs and error files");
+    }
+    let mut l = Loop {
+        cfg,
+        rdzv,
+        signals,
+        console,
+        report,
+        host,
+        run_dir,
+        last_failure: None,
+        last_restart_count: 0,
+    };
+    let mut phase = Phase::Join;
+    loop {
+        phase = match phase {
+            Phase::Join => l.join().await?,
+            Phase::Start(round) => l.start(round)?,
+            Phase::Running { round, group } => l.running(round, group).await?,
+            Phase::Reform { group, change } => l.reform(group, change).await,
+            Phase::Failed {
+                round,
+                group,
+                first,
+            } => l.failed(round, group, first).await?,
+            Phase::Barrier { round } => l.barrier(round).await?,
+            Phase::Leave { how, exit } => return l.leave(how, exit).await,
+        };
+    }
+}
+
+/// The loop's state that lives across phases.
+struct Loop<'a, R> {
+    cfg: &'a Config,
+    rdzv: &'a mut R,
+    signals: &'a mut Signals,
+    console: &'a Console,
+    report: &'a mut Reporter,
+    host: String,
+    run_dir: Option<PathBuf>,
+    /// This node's last worker failure: its code is the exit code if the budget runs out.
+    last_failure: Option<WorkerExit>,
+    last_restart_count: u32,
+}
+
+/// Leaving after `sig`: the run goes on without this node.
+fn signalled(sig: Signal) -> Phase {
+    Phase::Leave {
+        how: Departure::Left,
+        exit: AgentExit::Signalled(sig),
+    }
+}
+
+impl<R: Rendezvous> Loop<'_, R> {
+    /// The one interruption rule: `work`, unless a signal comes first.
+    async fn interruptible<T>(
+        signals: &mut Signals,
+        work: impl Future<Output = T>,
+    ) -> Result<T, Signal> {
+        tokio::select! {
+            v = work => Ok(v),
+            sig = signals.recv() => Err(sig),
+        }
+    }
+
+    /// Stops the group with `signal`; a signal meanwhile skips the grace. Returns it.
+    async fn stop(&mut self, group: &mut WorkerGroup, signal: Signal) -> Option<Signal> {
+        let mut late = None;
+        let signals = &mut *self.signals;
+        group
+            .stop(signal, self.cfg.term_timeout, async {
+                late = Some(signals.recv().await)
+            })
+            .await;
+        late
+    }
+
+    async fn join(&mut self) -> Result<Phase, AgentError> {
+        let round = match Self::interruptible(self.signals, self.rdzv.next_round()).await {
+            Ok(r) => r?,
+            Err(sig) => return Ok(signalled(sig)),
+        };
+        self.report.formed(&round, self.rdzv.coordinator());
+        tracing::info!(
+            master_addr = %round.master_addr,
+            master_port = round.master_port,
+            round = round.number,
+            world_size = round.world_size,
+            group_rank = round.group_rank,
+            group_world_size = round.group_world_size,
+            restart_count = round.restart_count,
+            "group formed"
+        );
+        // The budget is read from the sealed round, so every node decides alike.
+        match budget(
+            round.restart_count,
+            self.cfg.max_restarts,
+            self.last_failure,
+        ) {
+            Budget::Spent { exit_code } => {
+                tracing::error!(
+                    restart_count = round.restart_count,
+                    max_restarts = self.cfg.max_restarts,
+                    exit_code,
+                    "the restart budget is spent; giving up"
+                );
+                return Ok(Phase::Leave {
+                    how: Departure::Failed,
+                    exit: AgentExit::Failed { exit_code },
+                });
+            }
+            Budget::Left if round.restart_count > self.last_restart_count => {
+                tracing::warn!(
+                    "restarting the worker group after a failure: restart {} of {}",
+                    round.restart_count,
+                    self.cfg.max_restarts
+                );
+            }
+            Budget::Left => {}
+        }
+        self.last_restart_count = round.restart_count;
+        Ok(Phase::Start(round))
+    }
+
+    fn start(&mut self, round: Round) -> Result<Phase, AgentError> {
+        let attempt = match &self.run_dir {
+            Some(dir) => Some(attempt_dir(dir, round.restart_count).map_err(|source| {
+                AgentError::LogDir {
+                    path: dir.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        let spec = GroupSpec {
+            config: self.cfg,
+            round: &round,
+            attempt_dir: attempt,
+            console: self.console,
+            host: &self.host,
+        };
+        let group = WorkerGroup::spawn(&spec)?;
+        tracing::info!(pids = ?group.pids(), entrypoint = %self.cfg.entrypoint.display(), "workers started");
+        self.report.started(&round, &group);
+        Ok(Phase::Running { round, group })
+    }
+
+    async fn running(&mut self, round: Round, mut group: WorkerGroup) -> Result<Phase, AgentError> {
+        let report = &*self.report;
+        let wake = tokio::select! {
+            ev = group.next_event(|workers| report.exits(workers)) => Wake::Group(ev),
+            sig = self.signals.recv() => Wake::Signal(sig),
+            change = self.rdzv.changed() => Wake::Changed(change),
+        };
+        match wake {
+            Wake::Signal(sig) => {
+                tracing::info!(signal = %sig, "signal received; stopping workers and leaving the run");
+                self.stop(&mut group, sig).await;
+                Ok(signalled(sig))
+            }
+            Wake::Changed(Ok(change)) => Ok(Phase::Reform { group, change }),
+            Wake::Changed(Err(e)) => {
+                // The workers get their grace (a checkpoint on SIGTERM) before the agent
+                // gives up on the rendezvous.
+                tracing::error!(error = %e, "the rendezvous failed; stopping workers");
+                self.report
+                    .show(Shown::Stopping, format!("rendezvous failed: {e}"));
+                self.stop(&mut group, Signal::SIGTERM).await;
+                Err(e.into())
+            }
+            Wake::Group(GroupEvent::Failed(first)) => Ok(Phase::Failed {
+                round,
+                group,
+                first,
+            }),
+            Wake::Group(GroupEvent::Succeeded) => {
+                let finished = Self::interruptible(self.signals, group.finish()).await;
+                self.report.workers(&group, true);
+                if let Err(sig) = finished {
+                    return Ok(signalled(sig));
+                }
+                self.report
+                    .show(Shown::Finishing, "every local worker succeeded");
+                Ok(Phase::Barrier { round })
+            }
+        }
+    }
+
+    async fn reform(&mut self, mut group: WorkerGroup, change: Change) -> Phase {
+        tracing::info!(?change, "group changed; re-forming");
+        self.report
+            .broke(change_label(&change), Shown::Stopping, describe(&change));
+        let late = self.stop(&mut group, Signal::SIGTERM).await;
+        self.report.workers(&group, false);
+        self.report.show(
+            Shown::Rendezvous,
+            format!("re-forming: {}", describe(&change)),
+        );
+        match late {
+            Some(sig) => signalled(sig),
+            None => Phase::Join,
+        }
+    }
+
+    async fn failed(
+        &mut self,
+        round: Round,
+        mut group: WorkerGroup,
+        first: Failure,
+    ) -> Result<Phase, AgentError> {
+        self.report.broke(
+            "worker failed",
+            Shown::Stopping,
+            format!("worker rank {} failed: {}", first.rank, first.exit),
+        );
+        // A signal during the stop escalates to SIGKILL; it is honoured right after.
+        let late = self.stop(&mut group, Signal::SIGTERM).await;
+        self.report.workers(&group, true);
+        tracing::error!(
+            rank = first.rank,
+            local_rank = first.local_rank,
+            pid = first.pid,
+            exit = %first.exit,
+            "worker group failed"
+        );
+        // Through the console, so it follows the workers' last lines.
+        let text = summary(
+            &self.cfg.entrypoint.display(),
+            round.restart_count,
+            &self.host,
+            group.failures(),
+        );
+        self.console
+            .write(Stream::Stderr, format!("{text}\n").into_bytes())
+            .await;
+        drop(group);
+        if let Some(sig) = late {
+            return Ok(signalled(sig));
+        }
+        self.last_failure = Some(first.exit);
+        self.report.show(
+            Shown::Rendezvous,
+            format!(
+                "restarting after worker rank {} failed: {}",
+                first.rank, first.exit
+            ),
+        );
+        match Self::interruptible(self.signals, self.rdzv.record_failure()).await {
+            Ok(r) => r?,
+            Err(sig) => return Ok(signalled(sig)),
+        };
+        let pause = restart_backoff(round.restart_count);
+        tracing::info!(
+            backoff_ms = pause.as_millis() as u64,
+            "worker failure reported; re-forming"
+        );
+        Ok(
+            match Self::interruptible(self.signals, tokio::time::sleep(pause)).await {
+                Ok(()) => Phase::Join,
+                Err(sig) => signalled(sig),
+            },
+        )
+    }
+
+    async fn barrier(&mut self, round: Round) -> Result<Phase, AgentError> {
+        let timeout = self.cfg.exit_barrier();
+        if round.group_world_size > 1 {
+            tracing::info!(
+                timeout_s = timeout.as_secs_f64(),
+                "all workers finished; waiting for the other nodes"
+            );
+        }
+        let outcome = match Self::interruptible(self.signals, self.rdzv.finish(timeout)).await {
+            Ok(f) => f?,
+            Err(sig) => return Ok(signalled(sig)),
+        };
+        Ok(match outcome {
+            Finish::AllDone => {
+                tracing::info!(
+                    nodes = round.group_world_size,
+                    "every node finished; the job is done"
+                );
+                Phase::Leave {
+                    how: Departure::Finished,
+                    exit: AgentExit::Finished,
+                }
+            }
+            Finish::Changed(change) => {
+                self.report.broke(
+                    change_label(&change),
+                    Shown::Rendezvous,
+                    format!("re-forming: {}", describe(&change)),
+                );
+                tracing::warn!(
+                    ?change,
+                    "the group broke before every node finished; re-forming"
+                );
+                Phase::Join
+            }
+            Finish::TimedOut { unfinished } => {
+                tracing::error!(
+                    ?unfinished,
+                    "other nodes did not finish within the exit barrier timeout"
+                );
+                Phase::Leave {
+                    how: Departure::Finished,
+                    exit: AgentExit::Failed {
+                        exit_code: exit_code::BARRIER_TIMEOUT,
+                    },
+                }
+            }
+        })
+    }
+
+    async fn leave(&mut self, how: Departure, exit: AgentExit) -> Result<AgentExit, AgentError> {
+        match Self::interruptible(self.signals, self.rdzv.depart(how)).await {
+            Ok(r) => r?,
+            // Already on the way out: a signal now only skips the goodbye (peers then
+            // notice within a lease TTL instead of at once).
+            Err(sig) => tracing::warn!(signal = %sig, "signal while leaving the run; not waiting"),
+        }
+        Ok(exit)
+    }
+}
+
+/// The run's log directory, or `None` when logs go to `/dev/null`.
+fn log_root(cfg: &Config) -> Result<Option<PathBuf>, AgentError> {
+    let base = match &cfg.logs.dir {
+        Some(d) if d == std::path::Path::new("/dev/null") => return Ok(None),
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!(
+            "fsdp-agent-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        )),
+    };
+    let dir = run_log_dir(&base, &cfg.run_id).map_err(|source| AgentError::LogDir {
+        path: base.clone(),
+        source,
+    })?;
+    Ok(Some(dir))
+}

@@ -1,0 +1,128 @@
+//! What the outside world sees of the loop: the status [`Board`] (gRPC status, health,
+//! metrics) follows the phases through this one reporter, so the loop's decisions carry
+//! no bookkeeping of their own.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use fsdp_proto::v1::Phase as Shown;
+use fsdp_rendezvous::{Change, Round};
+
+use super::AgentExit;
+use crate::error::AgentError;
+use crate::status::Board;
+use crate::supervisor::{WorkerGroup, WorkerStatus};
+
+/// Turns the loop's transitions into status updates and timings.
+pub struct Reporter {
+    board: Board,
+    /// When this node's running group last broke: the start of the detect and re-form
+    /// timings.
+    broke_at: Option<Instant>,
+    /// The members of the last round, to tell a loss (detect timing) from a growth.
+    previous_members: Vec<String>,
+}
+
+impl Reporter {
+    pub fn new(board: &Board) -> Self {
+        Self {
+            board: board.clone(),
+            broke_at: None,
+            previous_members: Vec::new(),
+        }
+    }
+
+    /// Names this node and where its backend counts the errors it recovered from.
+    pub fn node(&self, node_id: &str, backend_errors: Option<Arc<AtomicU64>>) {
+        self.board.set_node(node_id, backend_errors);
+    }
+
+    /// A round was sealed with this node in it.
+    pub fn formed(&mut self, round: &Round, coordinator: Option<String>) {
+        self.board.round(round, coordinator);
+        let members: Vec<String> = round.members.iter().map(|m| m.node_id.clone()).collect();
+        if let Some(t) = self.broke_at {
+            if self.previous_members.iter().any(|m| !members.contains(m)) {
+                self.board.observe_detect(t.elapsed());
+            }
+        }
+        self.previous_members = members;
+    }
+
+    /// The round's workers run.
+    pub fn started(&mut self, round: &Round, group: &WorkerGroup) {
+        self.board.workers(&group.statuses(), false);
+        self.board.transition(
+            Shown::Running,
+            format!(
+                "workers started in round {} ({})",
+                round.number, round.reason
+            ),
+        );
+        if let Some(t) = self.broke_at.take() {
+            self.board.observe_reform(t.elapsed());
+        }
+    }
+
+    /// The running group broke (`label` names why in the metric); `shown` is the phase
+    /// the status shows meanwhile.
+    pub fn broke(&mut self, label: &str, shown: Shown, text: String) {
+        self.broke_at = Some(Instant::now());
+        self.board.reform_started(label);
+        self.board.transition(shown, text);
+    }
+
+    /// The group's workers as they are now; `count_exits` counts their own exits (not the
+    /// agent's stops) in the exit-code metric.
+    pub fn workers(&self, group: &WorkerGroup, count_exits: bool) {
+        self.board.workers(&group.statuses(), count_exits);
+    }
+
+    /// A worker exited while the others may still run (a rank that finished first).
+    pub fn exits(&self, workers: &[WorkerStatus]) {
+        self.board.workers(workers, false);
+    }
+
+    pub fn show(&self, shown: Shown, text: impl Into<String>) {
+        self.board.transition(shown, text);
+    }
+
+    /// The loop ended.
+    pub fn ended(&self, result: &Result<AgentExit, AgentError>) {
+        match result {
+            Ok(AgentExit::Finished) => self.show(Shown::Succeeded, "every node finished"),
+            Ok(AgentExit::Failed { exit_code }) => self.show(
+                Shown::Failed,
+                format!("giving up with exit code {exit_code}"),
+            ),
+            Ok(AgentExit::Signalled(sig)) => self.show(Shown::Leaving, format!("{sig} received")),
+            Err(e) => {
+                self.board.rendezvous_error();
+                self.show(Shown::Failed, e.chain());
+            }
+        }
+    }
+}
+
+/// The metric label of a re-form's reason.
+pub fn change_label(change: &Change) -> &'static str {
+    match change {
+        Change::MemberLost { .. } => "member lost",
+        Change::NodeWaiting { .. } => "node waiting",
+        Change::PeerFailed { .. } => "peer failed",
+        Change::NewRound { .. } => "new round",
+    }
+}
+
+/// A change in words, for the status' last transition.
+pub fn describe(change: &Change) -> String {
+    match change {
+        Change::MemberLost { node } => format!("node {node} left the group"),
+        Change::NodeWaiting { waiting } => format!("{waiting} node(s) waiting to join"),
+        Change::PeerFailed { restart_count } => {
+            format!("another node's worker failed (restart {restart_count})")
+        }
+        Change::NewRound { number } => format!("round {number} was sealed"),
+    }
+}

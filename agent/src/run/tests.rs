@@ -1,0 +1,336 @@
+//! The loop in-process, in milliseconds: a scripted [`Rendezvous`] plays the group, real
+//! `/bin/sh` workers play the training, signals are sent by hand. Every path between the
+//! phases (re-form, failure and budget, barrier, signals anywhere, a failing rendezvous)
+//! without etcd or pods.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::Duration;
+
+use fsdp_rendezvous::{Change, Departure, Finish, Rendezvous, RendezvousError, Round};
+use nix::sys::signal::Signal;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::{AgentExit, run};
+use crate::config::{self, Config};
+use crate::error::AgentError;
+use crate::signals::Signals;
+use crate::status::Board;
+
+/// What the loop asked of the rendezvous, in order.
+type Calls = Rc<RefCell<Vec<String>>>;
+
+/// A rendezvous that plays a script: the rounds to hand out, and for each round whether
+/// (and after how long) the group changes under it. What is not scripted never happens.
+#[derive(Default)]
+struct Scripted {
+    rounds: VecDeque<Round>,
+    /// For the round handed out at the same position: a change after a delay.
+    changes: VecDeque<Option<(Duration, Result<Change, &'static str>)>>,
+    current: Option<(Duration, Result<Change, &'static str>)>,
+    finishes: VecDeque<Finish>,
+    /// `record_failure` never answers (to interrupt it).
+    failure_hangs: bool,
+    calls: Calls,
+}
+
+impl Scripted {
+    fn call(&self, what: impl Into<String>) {
+        self.calls.borrow_mut().push(what.into());
+    }
+}
+
+impl Rendezvous for Scripted {
+    fn backend(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn run_id(&self) -> &str {
+        "scripted"
+    }
+
+    async fn next_round(&mut self) -> Result<Round, RendezvousError> {
+        self.call("next_round");
+        self.current = self.changes.pop_front().flatten();
+        match self.rounds.pop_front() {
+            Some(r) => Ok(r),
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn changed(&mut self) -> Result<Change, RendezvousError> {
+        match self.current.take() {
+            Some((after, change)) => {
+                tokio::time::sleep(after).await;
+                change.map_err(|e| RendezvousError::Corrupt(e.into()))
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
+        self.call("record_failure");
+        if self.failure_hangs {
+            std::future::pending::<()>().await;
+        }
+        Ok(0)
+    }
+
+    async fn finish(&mut self, _timeout: Duration) -> Result<Finish, RendezvousError> {
+        self.call("finish");
+        Ok(self.finishes.pop_front().unwrap_or(Finish::AllDone))
+    }
+
+    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
+        self.call(format!("depart {how:?}"));
+        Ok(())
+    }
+}
+
+/// A one-node round; `base_rank` tells the workers which round they are in (`$RANK`).
+fn round(number: u64, base_rank: u32, restart_count: u32) -> Round {
+    Round {
+        number,
+        group_rank: 0,
+        group_world_size: 1,
+        base_rank,
+        world_size: base_rank + 1,
+        master_addr: "127.0.0.1".into(),
+        master_port: 29_500,
+        restart_count,
+        members: Vec::new(),
+        reason: "scripted".into(),
+    }
+}
+
+/// One worker running `script` under `sh -c`, with `flags` for the agent.
+fn config(flags: &[&str], script: &str) -> Config {
+    let mut argv: Vec<std::ffi::OsString> = vec!["fsdp-agent".into()];
+    argv.extend(
+        [
+            "--standalone",
+            "--log-dir",
+            "/dev/null",
+            "--term-timeout",
+            "5",
+        ]
+        .map(Into::into),
+    );
+    argv.extend(flags.iter().map(Into::into));
+    argv.extend(["--no-python", "/bin/sh", "-c", script].map(Into::into));
+    config::resolve(argv, &|_| None).unwrap_or_else(|e| panic!("config: {e:?}"))
+}
+
+/// Runs the loop over `rdzv`; `signal` is sent after `after`, if given.
+fn play(
+    cfg: &Config,
+    mut rdzv: Scripted,
+    signal: Option<(Duration, Signal)>,
+) -> (Result<AgentExit, AgentError>, Vec<String>) {
+    let calls = rdzv.calls.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let result = rt.block_on(async {
+        let (tx, mut signals): (UnboundedSender<Signal>, Signals) = Signals::by_hand();
+        if let Some((after, sig)) = signal {
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let _ = tx.send(sig);
+            });
+        }
+        let board = Board::new("scripted", "scripted", cfg.max_restarts);
+        let run = run(cfg, &mut rdzv, &mut signals, &board);
+        tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("the loop ended within 30 s")
+    });
+    let calls = calls.borrow().clone();
+    (result, calls)
+}
+
+#[test]
+fn a_group_change_stops_the_workers_and_the_next_round_runs() {
+    // Round 0's worker (RANK 10) would run for a minute; round 1's succeeds at once.
+    let cfg = config(&[], r#"[ "$RANK" = 10 ] && exec sleep 60; exit 0"#);
+    let rdzv = Scripted {
+        rounds: [round(0, 10, 0), round(1, 0, 0)].into(),
+        changes: [Some((
+            Duration::from_millis(200),
+            Ok(Change::NewRound { number: 1 }),
+        ))]
+        .into(),
+        ..Scripted::default()
+    };
+    let (result, calls) = play(&cfg, rdzv, None);
+    assert_eq!(result.unwrap(), AgentExit::Finished);
+    assert_eq!(
+        calls,
+        ["next_round", "next_round", "finish", "depart Finished"]
+    );
+}
+
+#[test]
+fn a_failure_is_charged_and_the_group_restarts_within_the_budget() {
+    let cfg = config(
+        &["--max-restarts", "1"],
+        r#"[ "$TORCHELASTIC_RESTART_COUNT" = 0 ] && exit 3; exit 0"#,
+    );
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0), round(1, 0, 1)].into(),
+        ..Scripted::default()
+    };
+    let (result, calls) = play(&cfg, rdzv, None);
+    assert_eq!(result.unwrap(), AgentExit::Finished);
+    assert_eq!(
+        calls,
+        [
+            "next_round",
+            "record_failure",
+            "next_round",
+            "finish",
+            "depart Finished"
+        ]
+    );
+}
+
+#[test]
+fn a_spent_budget_ends_with_the_workers_own_code() {
+    let cfg = config(&[], "exit 3");
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0), round(1, 0, 1)].into(),
+        ..Scripted::default()
+    };
+    let (result, calls) = play(&cfg, rdzv, None);
+    assert_eq!(result.unwrap(), AgentExit::Failed { exit_code: 3 });
+    assert_eq!(
+        calls,
+        [
+            "next_round",
+            "record_failure",
+            "next_round",
+            "depart Failed"
+        ]
+    );
+}
+
+#[test]
+fn a_signal_while_workers_run_stops_them_and_leaves() {
+    let cfg = config(&[], "exec sleep 60");
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0)].into(),
+        ..Scripted::default()
+    };
+    let signal = Some((Duration::from_millis(300), Signal::SIGTERM));
+    let (result, calls) = play(&cfg, rdzv, signal);
+    assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
+    assert_eq!(calls, ["next_round", "depart Left"]);
+}
+
+#[test]
+fn a_signal_during_the_rendezvous_leaves_at_once() {
+    let cfg = config(&[], "exit 0");
+    // No round ever comes.
+    let (result, calls) = play(
+        &cfg,
+        Scripted::default(),
+        Some((Duration::from_millis(100), Signal::SIGINT)),
+    );
+    assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGINT));
+    assert_eq!(calls, ["next_round", "depart Left"]);
+}
+
+#[test]
+fn a_signal_while_reporting_a_failure_is_not_lost() {
+    let cfg = config(&["--max-restarts", "3"], "exit 3");
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0)].into(),
+        failure_hangs: true,
+        ..Scripted::default()
+    };
+    let signal = Some((Duration::from_millis(500), Signal::SIGTERM));
+    let (result, calls) = play(&cfg, rdzv, signal);
+    assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
+    assert_eq!(calls, ["next_round", "record_failure", "depart Left"]);
+}
+
+#[test]
+fn a_group_that_breaks_in_the_exit_barrier_runs_again() {
+    let cfg = config(&[], "exit 0");
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0), round(1, 0, 0)].into(),
+        finishes: [Finish::Changed(Change::MemberLost { node: "b".into() })].into(),
+        ..Scripted::default()
+    };
+    let (result, calls) = play(&cfg, rdzv, None);
+    assert_eq!(result.unwrap(), AgentExit::Finished);
+    assert_eq!(
+        calls,
+        [
+            "next_round",
+            "finish",
+            "next_round",
+            "finish",
+            "depart Finished"
+        ]
+    );
+}
+
+#[test]
+fn peers_that_never_finish_end_in_the_barrier_timeout_code() {
+    let cfg = config(&[], "exit 0");
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0)].into(),
+        finishes: [Finish::TimedOut {
+            unfinished: vec!["b".into()],
+        }]
+        .into(),
+        ..Scripted::default()
+    };
+    let (result, _) = play(&cfg, rdzv, None);
+    assert_eq!(
+        result.unwrap(),
+        AgentExit::Failed {
+            exit_code: crate::exit_code::BARRIER_TIMEOUT
+        }
+    );
+}
+
+#[test]
+fn a_rendezvous_error_while_workers_run_stops_them_and_is_exit_69() {
+    let dir = std::env::temp_dir().join(format!("fsdp-loop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pid_file = dir.join("pid");
+    let cfg = config(
+        &[],
+        &format!("echo $$ > {}; exec sleep 60", pid_file.display()),
+    );
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0)].into(),
+        changes: [Some((
+            Duration::from_millis(300),
+            Err("garbage in ctl/round"),
+        ))]
+        .into(),
+        ..Scripted::default()
+    };
+    let (result, calls) = play(&cfg, rdzv, None);
+    let err = result.unwrap_err();
+    assert_eq!(err.exit_code(), crate::exit_code::RENDEZVOUS_UNAVAILABLE);
+    assert!(
+        err.chain().contains("garbage in ctl/round"),
+        "{}",
+        err.chain()
+    );
+    assert_eq!(calls, ["next_round"]);
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Reaped by the stop: no such process any more.
+    assert!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
