@@ -7,14 +7,16 @@
 //! 1. [`cli`] declares torchrun's flags (both spellings, `PET_*` defaults) and
 //!    [`config`] turns them, with the environment, into a checked [`config::Config`] that
 //!    remembers where each value came from (`--print-config` shows it).
-//! 2. [`run`] is the loop: ask the rendezvous ([`fsdp_rendezvous::Rendezvous`]) for a round,
-//!    start the group, wait for a worker exit, a group change or a signal, and decide.
-//!    The decisions themselves are pure functions in [`policy`].
+//! 2. [`run`] is the loop, as explicit phases (join, start, running, re-form, failed,
+//!    exit barrier, leave): ask the rendezvous ([`fsdp_rendezvous::Rendezvous`]) for a
+//!    round, start the group, wait for a worker exit, a group change or a signal, and
+//!    decide. The decisions themselves are pure functions in [`policy`].
 //! 3. [`supervisor`] starts workers with the environment from [`worker_env`], one process
 //!    group each, dying with the agent; it stops them with signal, grace, SIGKILL, and
 //!    carries their output to the console and to per-attempt log files.
 //! 4. [`failure`] reads workers' error files and writes the failure summary;
-//!    [`exit_code`] is the table of what the agent's exit status means.
+//!    [`exit_code`] is the table of what the agent's exit status means, and
+//!    [`error::AgentError::exit_code`] the one place an error is mapped to it.
 //!
 //! # One thread
 //!
