@@ -1,5 +1,6 @@
 //! `--rdzv-backend etcd`: endpoints, run id and `--rdzv-conf` keys turned into the etcd
-//! rendezvous configuration.
+//! rendezvous configuration. The keys read here are those marked `etcd` in
+//! [`super::rdzv_keys::KEYS`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,29 +9,6 @@ use std::time::Duration;
 use fsdp_rendezvous::etcd::{EtcdConfig, Keys, TlsFiles};
 
 use super::parse;
-
-/// Keys the etcd backend reads, with torchrun's names where torchrun has one.
-pub const KEYS: &[&str] = &[
-    "join_timeout",
-    "last_call_timeout",
-    "close_timeout",
-    "keep_alive_ttl",
-    "keep_alive_interval",
-    "keep_alive_max_attempt",
-    "straggler_timeout",
-    "connect_timeout",
-    "etcd_prefix",
-    "protocol",
-    "cacert",
-    "cert",
-    "key",
-    "ca_cert",
-    "ssl_cert",
-    "ssl_cert_key",
-    "username",
-    "password",
-    "password_file",
-];
 
 /// The variable the etcd password can come from instead of `--rdzv-conf`: the agent reads
 /// it and removes it from the workers' environment.

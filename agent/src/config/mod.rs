@@ -9,6 +9,7 @@ mod entrypoint;
 pub mod etcd;
 pub mod parse;
 mod print;
+mod rdzv_keys;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -815,49 +816,21 @@ impl Resolver<'_> {
         conf: &BTreeMap<String, String>,
         etcd: bool,
     ) -> Result<(), ConfigError> {
-        const KNOWN: &[&str] = &[
-            "keep_alive_ttl",
-            "straggler_timeout",
-            "connect_timeout",
-            "username",
-            "password",
-            "password_file",
-            "join_timeout",
-            "last_call_timeout",
-            "close_timeout",
-            "heartbeat_timeout",
-            "keep_alive_interval",
-            "keep_alive_max_attempt",
-            "timeout",
-            "read_timeout",
-            "is_host",
-            "store_type",
-            "etcd_prefix",
-            "protocol",
-            "cacert",
-            "cert",
-            "key",
-            "ca_cert",
-            "ssl_cert",
-            "ssl_cert_key",
-            "rank",
-            "cas_backoff_max_seconds",
-        ];
+        let mut unused = Vec::new();
         for key in conf.keys() {
-            if !KNOWN.contains(&key.as_str()) {
+            let Some(known) = rdzv_keys::find(key) else {
+                let known: Vec<&str> = rdzv_keys::KEYS.iter().map(|k| k.name).collect();
                 return Err(ConfigError::Invalid {
                     what: "--rdzv-conf key".into(),
                     value: key.clone(),
                     origin: self.origin("rdzv_conf"),
-                    reason: format!("unknown key; known keys: {}", KNOWN.join(", ")),
+                    reason: format!("unknown key; known keys: {}", known.join(", ")),
                 });
+            };
+            if !(etcd && known.etcd) {
+                unused.push(key.as_str());
             }
         }
-        let unused: Vec<&str> = conf
-            .keys()
-            .map(String::as_str)
-            .filter(|k| !etcd || !etcd::KEYS.contains(k))
-            .collect();
         if !unused.is_empty() {
             let backend = if etcd {
                 "the etcd rendezvous"
