@@ -1,5 +1,6 @@
 //! `--rdzv-backend etcd`: endpoints, run id and `--rdzv-conf` keys turned into the etcd
-//! rendezvous configuration.
+//! rendezvous configuration. The keys read here are those marked `etcd` in
+//! [`super::rdzv_keys::KEYS`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -8,29 +9,6 @@ use std::time::Duration;
 use fsdp_rendezvous::etcd::{EtcdConfig, Keys, TlsFiles};
 
 use super::parse;
-
-/// Keys the etcd backend reads, with torchrun's names where torchrun has one.
-pub const KEYS: &[&str] = &[
-    "join_timeout",
-    "last_call_timeout",
-    "close_timeout",
-    "keep_alive_ttl",
-    "keep_alive_interval",
-    "keep_alive_max_attempt",
-    "straggler_timeout",
-    "connect_timeout",
-    "etcd_prefix",
-    "protocol",
-    "cacert",
-    "cert",
-    "key",
-    "ca_cert",
-    "ssl_cert",
-    "ssl_cert_key",
-    "username",
-    "password",
-    "password_file",
-];
 
 /// The variable the etcd password can come from instead of `--rdzv-conf`: the agent reads
 /// it and removes it from the workers' environment.
@@ -58,30 +36,13 @@ pub fn build(
     local_world_size: u32,
     env_password: Option<&str>,
 ) -> Result<EtcdMode, String> {
-    let parsed: Vec<Endpoint> = endpoint
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .map(|e| parse_endpoint(e).map_err(|reason| format!("--rdzv-endpoint '{e}': {reason}")))
-        .collect::<Result<_, _>>()?;
-    let endpoints: Vec<String> = parsed.iter().map(Endpoint::to_string).collect();
-    if endpoints.is_empty() {
-        return Err("--rdzv-endpoint is required with --rdzv-backend etcd (e.g. etcd-host:2379, or a comma-separated list)".into());
-    }
-    let dur = |k: &str| -> Result<Option<Duration>, String> {
-        conf.get(k)
-            .map(|v| parse::duration(v).map_err(|e| format!("--rdzv-conf {k}: {e}")))
-            .transpose()
-    };
-    let num = |k: &str| -> Result<Option<u32>, String> {
-        conf.get(k)
-            .map(|v| {
-                v.parse::<u32>()
-                    .map_err(|_| format!("--rdzv-conf {k}={v}: expected a whole number"))
-            })
-            .transpose()
-    };
-    let mut c = EtcdConfig::new(endpoints, run_id, min, max);
+    let parsed = endpoints(endpoint)?;
+    let mut c = EtcdConfig::new(
+        parsed.iter().map(Endpoint::to_string).collect(),
+        run_id,
+        min,
+        max,
+    );
     c.addr = addr;
     c.local_world_size = local_world_size;
     if let Some(p) = conf.get("etcd_prefix") {
@@ -91,39 +52,66 @@ pub fn build(
     // keys; say so now rather than after connecting.
     Keys::new(&c.prefix, run_id)
         .map_err(|e| format!("--rdzv-conf etcd_prefix / --rdzv-id: {e}"))?;
-    if let Some(d) = dur("join_timeout")? {
+    timeouts(&mut c, conf)?;
+    if let Some(tls) = tls(conf, &parsed, endpoint)? {
+        c.options.tls = Some(tls);
+    }
+    if let Some(user) = user(conf, env_password)? {
+        c.options.user = Some(user);
+    }
+    let exit_barrier = dur(conf, "close_timeout")?.unwrap_or(DEFAULT_EXIT_BARRIER);
+    Ok(EtcdMode {
+        rendezvous: c,
+        exit_barrier,
+    })
+}
+
+/// `--rdzv-endpoint`: a comma-separated list of at least one endpoint.
+fn endpoints(endpoint: &str) -> Result<Vec<Endpoint>, String> {
+    let parsed: Vec<Endpoint> = endpoint
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| parse_endpoint(e).map_err(|reason| format!("--rdzv-endpoint '{e}': {reason}")))
+        .collect::<Result<_, _>>()?;
+    if parsed.is_empty() {
+        return Err("--rdzv-endpoint is required with --rdzv-backend etcd (e.g. etcd-host:2379, or a comma-separated list)".into());
+    }
+    Ok(parsed)
+}
+
+/// The duration key `k`, if given.
+fn dur(conf: &BTreeMap<String, String>, k: &str) -> Result<Option<Duration>, String> {
+    conf.get(k)
+        .map(|v| parse::duration(v).map_err(|e| format!("--rdzv-conf {k}: {e}")))
+        .transpose()
+}
+
+/// The whole-number key `k`, if given.
+fn num(conf: &BTreeMap<String, String>, k: &str) -> Result<Option<u32>, String> {
+    conf.get(k)
+        .map(|v| {
+            v.parse::<u32>()
+                .map_err(|_| format!("--rdzv-conf {k}={v}: expected a whole number"))
+        })
+        .transpose()
+}
+
+/// The rendezvous timeouts and the lease, checked against each other.
+fn timeouts(c: &mut EtcdConfig, conf: &BTreeMap<String, String>) -> Result<(), String> {
+    if let Some(d) = dur(conf, "join_timeout")? {
         c.join_timeout = d;
     }
-    if let Some(d) = dur("last_call_timeout")? {
+    if let Some(d) = dur(conf, "last_call_timeout")? {
         c.last_call = d;
     }
-    if let Some(d) = dur("straggler_timeout")? {
+    if let Some(d) = dur(conf, "straggler_timeout")? {
         c.straggler_timeout = d;
     }
-    if let Some(d) = dur("connect_timeout")? {
+    if let Some(d) = dur(conf, "connect_timeout")? {
         c.options.retry_window = d;
     }
-    // torchrun declares a node dead after interval × attempts without a heartbeat; our
-    // lease TTL is that same bound.
-    c.keep_alive_ttl = match (
-        dur("keep_alive_ttl")?,
-        dur("keep_alive_interval")?,
-        num("keep_alive_max_attempt")?,
-    ) {
-        (Some(ttl), _, _) => ttl,
-        (None, Some(i), attempts) => {
-            let attempts = attempts.unwrap_or(3);
-            i.checked_mul(attempts)
-                .filter(|ttl| *ttl <= parse::MAX_DURATION)
-                .ok_or_else(|| {
-                    format!(
-                        "--rdzv-conf keep_alive_interval × keep_alive_max_attempt ({i:?} × {attempts}) is too long for the lease: {}",
-                        parse::TOO_LONG
-                    )
-                })?
-        }
-        (None, None, _) => c.keep_alive_ttl,
-    };
+    c.keep_alive_ttl = lease_ttl(conf)?.unwrap_or(c.keep_alive_ttl);
     if c.keep_alive_ttl < Duration::from_secs(1) {
         return Err(
             "--rdzv-conf keep_alive_ttl must be at least 1s (etcd leases count whole seconds)"
@@ -138,6 +126,44 @@ pub fn build(
             c.keep_alive_ttl, c.straggler_timeout
         ));
     }
+    Ok(())
+}
+
+/// The lease TTL: `keep_alive_ttl`, or torchrun's pair. torchrun declares a node dead after
+/// interval × attempts without a heartbeat; our lease TTL is that same bound.
+fn lease_ttl(conf: &BTreeMap<String, String>) -> Result<Option<Duration>, String> {
+    Ok(
+        match (
+            dur(conf, "keep_alive_ttl")?,
+            dur(conf, "keep_alive_interval")?,
+            num(conf, "keep_alive_max_attempt")?,
+        ) {
+            (Some(ttl), _, _) => Some(ttl),
+            (None, Some(i), attempts) => {
+                let attempts = attempts.unwrap_or(3);
+                let ttl = i
+                    .checked_mul(attempts)
+                    .filter(|ttl| *ttl <= parse::MAX_DURATION)
+                    .ok_or_else(|| {
+                        format!(
+                            "--rdzv-conf keep_alive_interval × keep_alive_max_attempt ({i:?} × {attempts}) is too long for the lease: {}",
+                            parse::TOO_LONG
+                        )
+                    })?;
+                Some(ttl)
+            }
+            (None, None, _) => None,
+        },
+    )
+}
+
+/// The TLS files, when TLS is asked for (a TLS key, `protocol=https` or an `https://`
+/// endpoint); `None` for plaintext.
+fn tls(
+    conf: &BTreeMap<String, String>,
+    parsed: &[Endpoint],
+    endpoint: &str,
+) -> Result<Option<TlsFiles>, String> {
     let file = |a: &str, b: &str| conf.get(a).or_else(|| conf.get(b)).map(PathBuf::from);
     let tls = TlsFiles {
         ca: file("ca_cert", "cacert"),
@@ -190,26 +216,23 @@ pub fn build(
             tls_keys.join(",")
         ));
     }
-    if https || !tls_keys.is_empty() || schemes.contains(&Scheme::Https) {
-        c.options.tls = Some(tls);
-    }
+    let wanted = https || !tls_keys.is_empty() || schemes.contains(&Scheme::Https);
+    Ok(wanted.then_some(tls))
+}
+
+/// The user name and password, both or neither.
+fn user(
+    conf: &BTreeMap<String, String>,
+    env_password: Option<&str>,
+) -> Result<Option<(String, String)>, String> {
     match (conf.get("username"), password(conf, env_password)?) {
-        (Some(u), Some(p)) => c.options.user = Some((u.clone(), p)),
-        (None, None) => {}
-        (Some(_), None) => {
-            return Err(format!(
-                "--rdzv-conf username needs a password: password_file=PATH, ${PASSWORD_ENV}, or password=..."
-            ));
-        }
-        (None, Some(_)) => {
-            return Err("an etcd password needs --rdzv-conf username=... as well".into());
-        }
+        (Some(u), Some(p)) => Ok(Some((u.clone(), p))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(format!(
+            "--rdzv-conf username needs a password: password_file=PATH, ${PASSWORD_ENV}, or password=..."
+        )),
+        (None, Some(_)) => Err("an etcd password needs --rdzv-conf username=... as well".into()),
     }
-    let exit_barrier = dur("close_timeout")?.unwrap_or(DEFAULT_EXIT_BARRIER);
-    Ok(EtcdMode {
-        rendezvous: c,
-        exit_barrier,
-    })
 }
 
 /// The etcd password from exactly one of `password=`, `password_file=` and

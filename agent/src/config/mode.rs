@@ -1,0 +1,312 @@
+//! Mode selection: standalone, a static group, or the etcd rendezvous (c10d only as
+//! standalone), and the `--rdzv-conf` keys checked against the chosen backend.
+
+use std::collections::BTreeMap;
+
+use super::sources::Resolver;
+use super::{ConfigError, DEFAULT_MASTER_PORT, Mode, Source, etcd, parse, rdzv_keys};
+use crate::cli::Args;
+
+/// The group-shape values [`Resolver::mode`] needs, already parsed.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GroupArgs {
+    pub(super) min_nodes: u32,
+    pub(super) max_nodes: u32,
+    pub(super) node_rank: u32,
+    pub(super) master_port: Option<u16>,
+    pub(super) nproc_per_node: u32,
+}
+
+fn standalone() -> Mode {
+    Mode::Standalone {
+        master_addr: "localhost".into(),
+    }
+}
+
+impl Resolver<'_> {
+    /// `--rdzv-conf`, shown (recorded and in errors) with its password item hidden.
+    pub(super) fn rdzv_conf(&mut self, raw: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+        let shown = parse::redact_rdzv_conf(raw);
+        let conf =
+            parse::rdzv_conf(raw).map_err(|reason| self.invalid("rdzv-conf", &shown, reason))?;
+        self.record_flag("rdzv-conf", shown);
+        Ok(conf)
+    }
+
+    pub(super) fn mode(
+        &mut self,
+        a: &Args,
+        standalone: bool,
+        g: GroupArgs,
+        rdzv_conf: &BTreeMap<String, String>,
+    ) -> Result<Mode, ConfigError> {
+        self.record_flag("rdzv-backend", &a.rdzv_backend);
+        self.record_flag("rdzv-endpoint", &a.rdzv_endpoint);
+        self.record_flag("master-addr", &a.master_addr);
+        let mode = if standalone {
+            self.standalone_mode()
+        } else {
+            self.backend_mode(a, g, rdzv_conf)?
+        };
+        self.check_rdzv_conf(rdzv_conf, matches!(mode, Mode::Etcd(_)))?;
+        let (desc, source) = self.describe_mode(&mode, standalone, g);
+        self.record("rendezvous", desc, source);
+        Ok(mode)
+    }
+
+    /// `--standalone`: one node whatever the rendezvous flags say, which are reported.
+    fn standalone_mode(&mut self) -> Mode {
+        let ignored: Vec<String> = ["rdzv-backend", "rdzv-endpoint", "nnodes"]
+            .into_iter()
+            .filter(|name| self.explicit(name))
+            .map(|name| format!("--{name}"))
+            .collect();
+        if !ignored.is_empty() {
+            self.warn(format!(
+                "--standalone runs one node; ignoring {}",
+                ignored.join(", ")
+            ));
+        }
+        standalone()
+    }
+
+    fn backend_mode(
+        &mut self,
+        a: &Args,
+        g: GroupArgs,
+        rdzv_conf: &BTreeMap<String, String>,
+    ) -> Result<Mode, ConfigError> {
+        match a.rdzv_backend.trim().to_ascii_lowercase().as_str() {
+            "static" => self.static_mode(a, g),
+            "c10d" if g.max_nodes == 1 => {
+                self.warn(
+                    "--rdzv-backend c10d with one node runs as --standalone (the c10d store protocol is torchrun's own)",
+                );
+                Ok(standalone())
+            }
+            "c10d" => Err(ConfigError::Conflict(
+                "--rdzv-backend c10d keeps the rendezvous inside one training pod and is not supported for several nodes; \
+                 use --rdzv-backend etcd --rdzv-endpoint <etcd host:2379>"
+                    .into(),
+            )),
+            "etcd" | "etcd-v2" | "etcd-v3" => self.etcd_mode(a, g, rdzv_conf),
+            other => Err(self.invalid(
+                "rdzv-backend",
+                other,
+                "expected static, etcd (etcd-v2, etcd-v3 are the same) or c10d",
+            )),
+        }
+    }
+
+    fn static_mode(&mut self, a: &Args, g: GroupArgs) -> Result<Mode, ConfigError> {
+        let GroupArgs {
+            min_nodes,
+            max_nodes,
+            node_rank,
+            master_port,
+            ..
+        } = g;
+        if min_nodes != max_nodes {
+            return Err(ConfigError::Conflict(format!(
+                "--nnodes {min_nodes}:{max_nodes} is elastic but the static backend needs a fixed node count; \
+                 use --rdzv-backend etcd for elastic jobs or --nnodes N"
+            )));
+        }
+        let endpoint = a.rdzv_endpoint.trim();
+        if max_nodes == 1 && endpoint.is_empty() && master_port.is_none() {
+            // torchrun does the same: one node with no master port runs as standalone
+            // instead of colliding on port 29500.
+            if self.explicit("master-addr") {
+                self.warn(
+                    "--master-addr is not used: one node without --master-port runs standalone on a free local port",
+                );
+            }
+            return Ok(standalone());
+        }
+        let (master_addr, port) = if endpoint.is_empty() {
+            (
+                a.master_addr.clone(),
+                master_port.unwrap_or(DEFAULT_MASTER_PORT),
+            )
+        } else {
+            let (h, p) = split_host_port(endpoint)
+                .map_err(|reason| self.invalid("rdzv-endpoint", endpoint, reason))?;
+            (h, p.or(master_port).unwrap_or(DEFAULT_MASTER_PORT))
+        };
+        if node_rank >= max_nodes {
+            return Err(self.invalid(
+                "node-rank",
+                node_rank.to_string(),
+                format!(
+                    "must be below --nnodes {max_nodes} (node ranks are 0..{})",
+                    max_nodes - 1
+                ),
+            ));
+        }
+        Ok(Mode::Static {
+            nnodes: max_nodes,
+            node_rank,
+            master_addr,
+            master_port: port,
+        })
+    }
+
+    fn etcd_mode(
+        &mut self,
+        a: &Args,
+        g: GroupArgs,
+        rdzv_conf: &BTreeMap<String, String>,
+    ) -> Result<Mode, ConfigError> {
+        let Some(run_id) = a.rdzv_id.as_deref() else {
+            return Err(ConfigError::Conflict(
+                "--rdzv-id is required with --rdzv-backend etcd: without it every job on this etcd would share one \
+                 rendezvous; pass a name unique to the job (Kubeflow: elasticPolicy.rdzvId)"
+                    .into(),
+            ));
+        };
+        let addr = a.local_addr.clone().unwrap_or_else(hostname);
+        let m = etcd::build(
+            &a.rdzv_endpoint,
+            run_id,
+            (g.min_nodes, g.max_nodes),
+            rdzv_conf,
+            addr,
+            g.nproc_per_node,
+            (self.env)(etcd::PASSWORD_ENV).as_deref(),
+        )
+        .map_err(ConfigError::Conflict)?;
+        Ok(Mode::Etcd(Box::new(m)))
+    }
+
+    /// The `rendezvous` line of `--print-config`.
+    fn describe_mode(&self, mode: &Mode, standalone: bool, g: GroupArgs) -> (String, Source) {
+        match mode {
+            Mode::Standalone { .. } if standalone => {
+                ("standalone".to_owned(), self.recorded_source("standalone"))
+            }
+            Mode::Standalone { .. } => (
+                "standalone".to_owned(),
+                Source::Derived("one node and no master port or endpoint".into()),
+            ),
+            Mode::Etcd(m) => (
+                format!(
+                    "etcd endpoints={} nnodes={}:{} addr={} lease_ttl={:?} last_call={:?}",
+                    m.rendezvous.options.endpoints.join(","),
+                    g.min_nodes,
+                    g.max_nodes,
+                    m.rendezvous.addr,
+                    m.rendezvous.keep_alive_ttl,
+                    m.rendezvous.last_call
+                ),
+                Source::Derived(
+                    "--rdzv-backend etcd with --rdzv-endpoint, --rdzv-id, --nnodes, --rdzv-conf"
+                        .into(),
+                ),
+            ),
+            Mode::Static {
+                nnodes,
+                node_rank,
+                master_addr,
+                master_port,
+            } => (
+                format!(
+                    "static nnodes={nnodes} node_rank={node_rank} master={master_addr}:{master_port}"
+                ),
+                Source::Derived(
+                    "--rdzv-backend static with --nnodes, --node-rank, --master-addr/port".into(),
+                ),
+            ),
+        }
+    }
+
+    /// Known torchrun keys that mean nothing for the chosen backend are reported, not
+    /// silently dropped; unknown keys are an error.
+    fn check_rdzv_conf(
+        &mut self,
+        conf: &BTreeMap<String, String>,
+        etcd: bool,
+    ) -> Result<(), ConfigError> {
+        let mut unused = Vec::new();
+        for key in conf.keys() {
+            let Some(known) = rdzv_keys::find(key) else {
+                let known: Vec<&str> = rdzv_keys::KEYS.iter().map(|k| k.name).collect();
+                return Err(ConfigError::Invalid {
+                    what: "--rdzv-conf key".into(),
+                    value: key.clone(),
+                    origin: self.origin("rdzv-conf"),
+                    reason: format!("unknown key; known keys: {}", known.join(", ")),
+                });
+            };
+            if !(etcd && known.etcd) {
+                unused.push(key.as_str());
+            }
+        }
+        if !unused.is_empty() {
+            let backend = if etcd {
+                "the etcd rendezvous"
+            } else {
+                "a single-node or static rendezvous"
+            };
+            self.warn(format!(
+                "--rdzv-conf {} has no effect with {backend}",
+                unused.join(",")
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn run_id(&mut self, a: &Args, mode: &Mode) -> String {
+        match (&a.rdzv_id, mode) {
+            (Some(id), _) => {
+                self.record_flag("rdzv-id", id);
+                id.clone()
+            }
+            (None, Mode::Standalone { .. }) => {
+                let id = uuid::Uuid::new_v4().to_string();
+                self.record(
+                    "rdzv-id",
+                    &id,
+                    Source::Derived("fresh per standalone run".into()),
+                );
+                id
+            }
+            // The etcd mode refuses to start without --rdzv-id; this is its copy.
+            (None, Mode::Etcd(m)) => m.rendezvous.run_id.clone(),
+            (None, Mode::Static { .. }) => {
+                self.record("rdzv-id", "none", Source::Default);
+                "none".into()
+            }
+        }
+    }
+}
+
+pub(super) fn port(s: &str) -> Result<u16, String> {
+    match s.trim().parse::<u16>() {
+        Ok(0) | Err(_) => Err("expected a port number 1-65535".into()),
+        Ok(p) => Ok(p),
+    }
+}
+
+/// `host[:port]`, with IPv6 written `[addr]:port`.
+pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, tail) = rest.split_once(']').ok_or("unclosed '[' in IPv6 address")?;
+        let port = match tail.strip_prefix(':') {
+            Some(p) => Some(port(p)?),
+            None if tail.is_empty() => None,
+            None => return Err(format!("unexpected '{tail}' after ']'")),
+        };
+        return Ok((host.to_owned(), port));
+    }
+    match s.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => Ok((h.to_owned(), Some(port(p)?))),
+        _ => Ok((s.to_owned(), None)),
+    }
+}
+
+/// This host's name, the address a node advertises when `--local-addr` is not given.
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into())
+}
