@@ -42,9 +42,7 @@ pub use session::commit_round;
 pub use view::View;
 
 use crate::seal::SealConfig;
-use crate::{
-    Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember, port, ranks,
-};
+use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember, port};
 use session::{Session, Shared};
 
 /// Configuration of one agent's etcd rendezvous.
@@ -441,33 +439,19 @@ fn step(
             rec.number
         )));
     }
-    let sizes: Vec<u32> = rec.members.iter().map(|m| m.local_world_size).collect();
-    let (all, world_size) = ranks::assign(&sizes)
-        .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
-    let round = Round {
-        number: rec.number,
-        group_rank: all[pos].group_rank,
-        group_world_size: rec.members.len() as u32,
-        base_rank: all[pos].base_rank,
-        world_size,
-        master_addr: master.addr.clone(),
+    let round = Round::new(
+        rec.number,
+        rec.members.iter().map(RoundMember::from).collect(),
+        pos,
         // The view admits only ports 1-65535.
-        master_port: u16::try_from(master.port).unwrap_or_default(),
-        restart_count: rec.restart_count,
-        members: rec
-            .members
-            .iter()
-            .zip(&all)
-            .map(|(m, r)| RoundMember {
-                node_id: m.node_id.clone(),
-                addr: m.addr.clone(),
-                group_rank: r.group_rank,
-                base_rank: r.base_rank,
-                local_world_size: m.local_world_size,
-            })
-            .collect(),
-        reason: rec.reason.clone(),
-    };
+        (
+            master.addr.clone(),
+            u16::try_from(master.port).unwrap_or_default(),
+        ),
+        rec.restart_count,
+        rec.reason.clone(),
+    )
+    .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
     Ok(Step::Done(Box::new((rec.clone(), round))))
 }
 
