@@ -11,6 +11,10 @@
 //! 3. The round's group rank 0 picks a free port and writes `ctl/master`; every member
 //!    that sees the round and its master returns from [`EtcdRendezvous::next_round`].
 //!
+//! Every etcd write of an agent after its lease grant is made by one task, the session
+//! (`session.rs`), which owns the lease; [`EtcdRendezvous`] asks it for writes through
+//! commands and reads the [`View`] it publishes.
+//!
 //! Per round each agent writes its registration once; the coordinator and rank 0 write one
 //! key each: O(N) writes, no key that every node compare-and-swaps in a loop.
 //!
@@ -218,6 +222,15 @@ impl EtcdRendezvous {
     /// The agent's current view of the run (a copy).
     pub fn view(&self) -> View {
         self.view.borrow().clone()
+    }
+
+    /// Tells the session `command` without waiting: nothing the handle does next depends on
+    /// it, and a session that ended will say so at the next request.
+    fn tell(&self, command: Command) {
+        let _ = self.commands.send(Request {
+            command,
+            reply: None,
+        });
     }
 
     /// Asks the session for `command` and waits for its outcome.
@@ -441,13 +454,8 @@ impl Rendezvous for EtcdRendezvous {
             match next {
                 Step::Done(done) => {
                     let (record, round) = *done;
-                    // Nothing to wait for: the session keeps it for after an outage.
-                    let running = Command::Running {
+                    self.tell(Command::Running {
                         round: record.clone(),
-                    };
-                    let _ = self.commands.send(Request {
-                        command: running,
-                        reply: None,
                     });
                     self.held = Some(Held {
                         record,
