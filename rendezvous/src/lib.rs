@@ -13,11 +13,12 @@
 //!   backend (and every node) derives the same ranks from the same record.
 //! * Backends: [`standalone::StandaloneRendezvous`] (one node, in-process, no external
 //!   service) and [`static_group::StaticRendezvous`] (a fixed set of nodes whose ranks and
-//!   master are given on the command line, Kubeflow's non-elastic master mode). The etcd v3
-//!   backend implements the same trait.
+//!   master are given on the command line, Kubeflow's non-elastic master mode) share one
+//!   body, [`fixed::Fixed`]. The etcd v3 backend implements the same trait.
 
 pub mod error;
 pub mod etcd;
+pub mod fixed;
 pub mod port;
 pub mod ranks;
 pub mod seal;
@@ -61,6 +62,60 @@ pub struct RoundMember {
     /// Global rank of the node's local rank 0.
     pub base_rank: u32,
     pub local_world_size: u32,
+}
+
+impl Round {
+    /// The round as the node at index `me` of `members` sees it. `members` are in rank
+    /// order; their ranks are (re)assigned here by [`ranks::assign`], so every backend and
+    /// every node derives the same ranks from the same list. Fails when the worker counts
+    /// cannot form a group, or `me` is not a member.
+    pub fn new(
+        number: u64,
+        mut members: Vec<RoundMember>,
+        me: usize,
+        master: (String, u16),
+        restart_count: u32,
+        reason: String,
+    ) -> Result<Self, String> {
+        let world_size = ranks::rank_members(&mut members)?;
+        let mine = members.get(me).ok_or_else(|| {
+            format!(
+                "node index {me} is outside the round's {} nodes",
+                members.len()
+            )
+        })?;
+        Ok(Self {
+            number,
+            group_rank: mine.group_rank,
+            group_world_size: members.len() as u32,
+            base_rank: mine.base_rank,
+            world_size,
+            master_addr: master.0,
+            master_port: master.1,
+            restart_count,
+            members,
+            reason,
+        })
+    }
+}
+
+impl RoundMember {
+    /// A node of a round before [`Round::new`] or [`ranks::rank_members`] gives it ranks.
+    pub fn unranked(node_id: String, addr: String, local_world_size: u32) -> Self {
+        Self {
+            node_id,
+            addr,
+            group_rank: 0,
+            base_rank: 0,
+            local_world_size,
+        }
+    }
+}
+
+impl From<&fsdp_proto::v1::Member> for RoundMember {
+    fn from(m: &fsdp_proto::v1::Member) -> Self {
+        Self::unranked(m.node_id.clone(), m.addr.clone(), m.local_world_size)
+    }
 }
 
 /// Why the agent's current round stopped being the group's round.
@@ -146,4 +201,30 @@ pub trait Rendezvous {
 
     /// Ends this node's part in the run. Never closes the run for the other nodes.
     async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_ranks_its_members_in_order_and_takes_this_nodes_place() {
+        let members = [("a", 8), ("b", 1), ("c", 4)]
+            .map(|(id, n)| RoundMember::unranked(id.into(), format!("{id}.local"), n));
+        let r = Round::new(
+            2,
+            members.to_vec(),
+            2,
+            ("a.local".into(), 29500),
+            1,
+            "why".into(),
+        )
+        .unwrap();
+        assert_eq!((r.group_rank, r.base_rank), (2, 9));
+        assert_eq!((r.group_world_size, r.world_size), (3, 13));
+        let bases: Vec<u32> = r.members.iter().map(|m| m.base_rank).collect();
+        assert_eq!(bases, [0, 8, 9]);
+        let outside = Round::new(2, members.to_vec(), 3, ("a".into(), 1), 0, String::new());
+        assert!(outside.is_err());
+    }
 }

@@ -5,7 +5,8 @@
 //! the same round from the same flags, and the workers meet at the master's c10d store.
 //! There is no elasticity; a failure restart is local to the node, as in torchrun.
 
-use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember, ranks};
+use crate::fixed::{Fixed, Group, Layout};
+use crate::{RendezvousError, RoundMember};
 
 /// Configuration of a static group.
 #[derive(Debug, Clone)]
@@ -22,12 +23,7 @@ pub struct StaticConfig {
 }
 
 /// A rendezvous whose every round is the configured group.
-#[derive(Debug)]
-pub struct StaticRendezvous {
-    config: StaticConfig,
-    rounds: u64,
-    restarts: u32,
-}
+pub type StaticRendezvous = Fixed<StaticConfig>;
 
 impl StaticRendezvous {
     /// Checks that the node rank fits the group.
@@ -40,84 +36,43 @@ impl StaticRendezvous {
                 config.nnodes - 1
             )));
         }
-        Ok(Self {
-            config,
-            rounds: 0,
-            restarts: 0,
-        })
+        Ok(Fixed::with(config))
     }
 }
 
-impl Rendezvous for StaticRendezvous {
-    fn backend(&self) -> &'static str {
-        "static"
-    }
+impl Group for StaticConfig {
+    const BACKEND: &'static str = "static";
 
     fn run_id(&self) -> &str {
-        &self.config.run_id
+        &self.run_id
     }
 
-    async fn next_round(&mut self) -> Result<Round, RendezvousError> {
-        let c = &self.config;
-        let sizes = vec![c.local_world_size; c.nnodes as usize];
-        let (all, world_size) = ranks::assign(&sizes).map_err(RendezvousError::InvalidConfig)?;
-        let mine = all[c.node_rank as usize];
-        let round = Round {
-            number: self.rounds,
-            group_rank: mine.group_rank,
-            group_world_size: c.nnodes,
-            base_rank: mine.base_rank,
-            world_size,
-            master_addr: c.master_addr.clone(),
-            master_port: c.master_port,
-            restart_count: self.restarts,
-            members: all
-                .iter()
-                .enumerate()
-                .map(|(i, r)| RoundMember {
-                    node_id: format!("node{i}"),
-                    addr: if i == 0 {
-                        c.master_addr.clone()
-                    } else {
-                        String::new()
-                    },
-                    group_rank: r.group_rank,
-                    base_rank: r.base_rank,
-                    local_world_size: c.local_world_size,
-                })
-                .collect(),
-            reason: if self.rounds == 0 {
-                "first round".into()
-            } else {
-                "restart after a worker failure".into()
-            },
-        };
-        self.rounds += 1;
-        Ok(round)
-    }
-
-    async fn changed(&mut self) -> Result<Change, RendezvousError> {
-        std::future::pending().await
-    }
-
-    async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
-        self.restarts += 1;
-        Ok(self.restarts)
-    }
-
-    async fn finish(&mut self, _timeout: std::time::Duration) -> Result<Finish, RendezvousError> {
-        // One node (or nodes that know nothing of each other): nobody else to wait for.
-        Ok(Finish::AllDone)
-    }
-
-    async fn depart(&mut self, _how: Departure) -> Result<(), RendezvousError> {
-        Ok(())
+    fn layout(&self) -> Result<Layout, RendezvousError> {
+        let members = (0..self.nnodes)
+            .map(|i| {
+                // Only the master's address is known; the others meet at its store.
+                let addr = if i == 0 {
+                    self.master_addr.clone()
+                } else {
+                    String::new()
+                };
+                RoundMember::unranked(format!("node{i}"), addr, self.local_world_size)
+            })
+            .collect();
+        Ok(Layout {
+            members,
+            me: self.node_rank as usize,
+            master_addr: self.master_addr.clone(),
+            master_port: self.master_port,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Rendezvous;
+    use crate::fixed::block_on;
 
     fn config(node_rank: u32) -> StaticConfig {
         StaticConfig {
@@ -139,13 +94,8 @@ mod tests {
 
     #[test]
     fn every_node_derives_its_block_of_ranks() {
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
         let mut rdzv = StaticRendezvous::new(config(2)).unwrap();
-        let mut fut = std::pin::pin!(rdzv.next_round());
-        let std::task::Poll::Ready(Ok(round)) = fut.as_mut().poll(&mut cx) else {
-            panic!("a static round is ready at once");
-        };
+        let round = block_on(rdzv.next_round()).unwrap();
         assert_eq!(round.group_rank, 2);
         assert_eq!(round.base_rank, 4);
         assert_eq!(round.world_size, 6);

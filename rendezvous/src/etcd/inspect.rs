@@ -6,8 +6,7 @@ use serde::Serialize;
 
 use super::keys::Keys;
 use super::view::View;
-use crate::RendezvousError;
-use crate::ranks;
+use crate::{RendezvousError, RoundMember, ranks};
 
 /// The run as a whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -107,16 +106,15 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
         r.round = Some(rd.number);
         r.round_reason = rd.reason.clone();
         r.restarts = rd.restart_count;
-        let sizes: Vec<u32> = rd.members.iter().map(|m| m.local_world_size).collect();
+        let mut ranked: Vec<RoundMember> = rd.members.iter().map(RoundMember::from).collect();
         // The view refuses rounds whose sizes cannot form a group; none get here.
-        let (ranks, world) = ranks::assign(&sizes).unwrap_or_default();
-        r.world_size = world;
+        r.world_size = ranks::rank_members(&mut ranked).unwrap_or_default();
         r.master = v
             .master
             .as_ref()
             .filter(|m| m.round == rd.number)
             .map(|m| format!("{}:{}", m.addr, m.port));
-        for (m, k) in rd.members.iter().zip(ranks) {
+        for m in ranked {
             let state = if done.is_some_and(|d| d.contains(&m.node_id)) {
                 MemberState::Done
             } else if v.members.contains_key(&m.node_id) {
@@ -125,11 +123,11 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
                 MemberState::Missing
             };
             r.members.push(MemberReport {
-                node_id: m.node_id.clone(),
-                addr: m.addr.clone(),
+                group_rank: Some(m.group_rank),
+                base_rank: Some(m.base_rank),
+                node_id: m.node_id,
+                addr: m.addr,
                 nproc: m.local_world_size,
-                group_rank: Some(k.group_rank),
-                base_rank: Some(k.base_rank),
                 state,
             });
         }

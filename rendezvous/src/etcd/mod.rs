@@ -11,6 +11,10 @@
 //! 3. The round's group rank 0 picks a free port and writes `ctl/master`; every member
 //!    that sees the round and its master returns from [`EtcdRendezvous::next_round`].
 //!
+//! Every etcd write of an agent after its lease grant is made by one task, the session
+//! (`session.rs`), which owns the lease; [`EtcdRendezvous`] asks it for writes through
+//! commands and reads the [`View`] it publishes.
+//!
 //! Per round each agent writes its registration once; the coordinator and rank 0 write one
 //! key each: O(N) writes, no key that every node compare-and-swaps in a loop.
 //!
@@ -21,19 +25,19 @@
 //! waiting node). Each agent sees this in its watch ([`detect`]) and stops its workers.
 
 mod connect;
+mod coordinator;
 pub mod inspect;
 mod keys;
 mod session;
 mod view;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
-use fsdp_proto::{SCHEMA_VERSION, v1};
-use prost::Message;
-use tokio::sync::watch;
+use etcd_client::{Client, GetOptions};
+use fsdp_proto::v1;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub use connect::{EtcdOptions, TlsFiles, connect, transient as is_transient};
@@ -42,10 +46,8 @@ pub use session::commit_round;
 pub use view::View;
 
 use crate::seal::SealConfig;
-use crate::{
-    Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember, port, ranks,
-};
-use session::{Session, Shared};
+use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember};
+use session::{Command, Request, Session, Setup};
 
 /// Configuration of one agent's etcd rendezvous.
 #[derive(Debug, Clone)]
@@ -109,14 +111,16 @@ struct Held {
     since: Instant,
 }
 
-/// An agent's handle on the etcd rendezvous.
+/// An agent's handle on the etcd rendezvous. It reads the session's [`View`] and asks the
+/// session (which makes every etcd write) for writes through [`Command`]s.
 pub struct EtcdRendezvous {
     cfg: EtcdConfig,
-    client: Client,
     keys: Keys,
-    shared: Arc<Shared>,
     view: watch::Receiver<View>,
+    commands: mpsc::UnboundedSender<Request>,
     session: JoinHandle<()>,
+    writes: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
     held: Option<Held>,
 }
 
@@ -155,30 +159,28 @@ impl EtcdRendezvous {
                     what: "granting the membership lease",
                     source,
                 })?;
-        let shared = Arc::new(Shared {
-            node_id: cfg.node_id.clone(),
-            lease: AtomicI64::new(grant.id()),
-            member: Mutex::new(None),
-            my_round: Mutex::new(None),
-            writes: AtomicU64::new(1),
-            errors: Arc::new(AtomicU64::new(0)),
-            renewing: tokio::sync::Mutex::new(()),
-        });
+        let writes = Arc::new(AtomicU64::new(1));
+        let errors = Arc::new(AtomicU64::new(0));
         let (tx, mut view) = watch::channel(View::default());
-        let seal = SealConfig {
-            min_nodes: cfg.min_nodes,
-            max_nodes: cfg.max_nodes,
-            last_call: cfg.last_call,
-            straggler_timeout: cfg.straggler_timeout,
+        let (commands, inbox) = mpsc::unbounded_channel();
+        let setup = Setup {
+            client,
+            keys: keys.clone(),
+            node_id: cfg.node_id.clone(),
+            addr: cfg.addr.clone(),
+            local_world_size: cfg.local_world_size,
+            lease: grant.id(),
+            ttl: Duration::from_secs(ttl_s as u64),
+            seal: SealConfig {
+                min_nodes: cfg.min_nodes,
+                max_nodes: cfg.max_nodes,
+                last_call: cfg.last_call,
+                straggler_timeout: cfg.straggler_timeout,
+            },
+            writes: writes.clone(),
+            errors: errors.clone(),
         };
-        let session = Session::new(
-            client.clone(),
-            keys.clone(),
-            shared.clone(),
-            tx,
-            Duration::from_secs(ttl_s as u64),
-            seal,
-        );
+        let session = Session::new(setup, tx, inbox);
         let session = tokio::spawn(session.run());
         let synced = view.wait_for(|v| v.connected);
         if tokio::time::timeout(cfg.options.retry_window, synced)
@@ -192,23 +194,24 @@ impl EtcdRendezvous {
         }
         Ok(Self {
             cfg,
-            client,
             keys,
-            shared,
             view,
+            commands,
             session,
+            writes,
+            errors,
             held: None,
         })
     }
 
     /// This agent's node id.
     pub fn node_id(&self) -> &str {
-        &self.shared.node_id
+        &self.cfg.node_id
     }
 
     /// etcd writes this agent made so far.
     pub fn writes(&self) -> u64 {
-        self.shared.writes.load(Ordering::Relaxed)
+        self.writes.load(Ordering::Relaxed)
     }
 
     /// The key layout of the run.
@@ -221,89 +224,26 @@ impl EtcdRendezvous {
         self.view.borrow().clone()
     }
 
-    async fn put_member(&mut self, wants_round: u64) -> Result<(), RendezvousError> {
-        let member = v1::Member {
-            schema: SCHEMA_VERSION,
-            node_id: self.shared.node_id.clone(),
-            addr: self.cfg.addr.clone(),
-            local_world_size: self.cfg.local_world_size,
-            wants_round,
-        };
-        if let Ok(mut m) = self.shared.member.lock() {
-            *m = Some(member.clone());
-        }
-        // Registering and claiming the coordinator role when nobody holds it is one
-        // transaction: one write per node, however many nodes start at once.
-        let claiming = self.view.borrow().coordinator.is_none();
-        let won = self
-            .with_live_lease("registering this node", |mut client, lease| {
-                let txn = registration(&self.keys, &member, lease, claiming);
-                async move { client.txn(txn).await.map(|r| r.succeeded()) }
+    /// Tells the session `command` without waiting: nothing the handle does next depends on
+    /// it, and a session that ended will say so at the next request.
+    fn tell(&self, command: Command) {
+        let _ = self.commands.send(Request {
+            command,
+            reply: None,
+        });
+    }
+
+    /// Asks the session for `command` and waits for its outcome.
+    async fn ask(&self, command: Command) -> Result<(), RendezvousError> {
+        let (reply, outcome) = oneshot::channel();
+        let ended = || RendezvousError::SessionEnded("its task stopped");
+        self.commands
+            .send(Request {
+                command,
+                reply: Some(reply),
             })
-            .await?;
-        self.shared.wrote();
-        // Whether the claim won is known only here: by now the watch may already have shown
-        // this node its own claim, so the view cannot tell.
-        if claiming && won {
-            tracing::info!(node = %member.node_id, "elected rendezvous coordinator");
-        }
-        Ok(())
-    }
-
-    /// Runs `request` with the current lease; when etcd no longer has that lease (this
-    /// agent was frozen past its TTL, or etcd lost it) a new one is granted and the request
-    /// runs again with it, so the agent rejoins as a new node instead of exiting.
-    async fn with_live_lease<T, F, Fut>(
-        &self,
-        what: &'static str,
-        mut request: F,
-    ) -> Result<T, RendezvousError>
-    where
-        F: FnMut(Client, i64) -> Fut,
-        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
-    {
-        let mut lease = self.shared.lease.load(Ordering::SeqCst);
-        // A second refusal right after a fresh grant is not a stale lease: report it.
-        for attempt in 0..2 {
-            match request(self.client.clone(), lease).await {
-                Err(e) if attempt == 0 && session::lease_not_found(&e) => {
-                    let ttl = Duration::from_secs(self.cfg.keep_alive_ttl.as_secs().max(1));
-                    lease = self
-                        .shared
-                        .renew_lease(&mut self.client.clone(), lease, ttl)
-                        .await
-                        .map_err(|source| RendezvousError::Etcd {
-                            what: "granting a new membership lease",
-                            source,
-                        })?;
-                }
-                r => return r.map_err(|source| RendezvousError::Etcd { what, source }),
-            }
-        }
-        unreachable!("the second attempt always returns")
-    }
-
-    async fn publish_master(&mut self, round: u64) -> Result<(), RendezvousError> {
-        let port = port::free_port(&self.cfg.addr)?;
-        let master = v1::Master {
-            schema: SCHEMA_VERSION,
-            round,
-            addr: self.cfg.addr.clone(),
-            port: u32::from(port),
-        };
-        let key = self.keys.master();
-        self.with_live_lease("publishing the master address", |mut client, lease| {
-            let (key, value) = (key.clone(), master.encode_to_vec());
-            async move {
-                client
-                    .put(key, value, Some(PutOptions::new().with_lease(lease)))
-                    .await
-                    .map(drop)
-            }
-        })
-        .await?;
-        self.shared.wrote();
-        Ok(())
+            .map_err(|_| ended())?;
+        outcome.await.map_err(|_| ended())?
     }
 }
 
@@ -355,35 +295,6 @@ async fn refuse_nesting(
         )));
     }
     Ok(())
-}
-
-/// The registration transaction: this node's member record under `lease`, and, when
-/// `claiming`, the coordinator key if nobody holds it.
-fn registration(keys: &Keys, member: &v1::Member, lease: i64, claiming: bool) -> Txn {
-    let put_member = TxnOp::put(
-        keys.member(&member.node_id),
-        member.encode_to_vec(),
-        Some(PutOptions::new().with_lease(lease)),
-    );
-    if !claiming {
-        return Txn::new().and_then([put_member]);
-    }
-    let key = keys.coordinator();
-    let claim = v1::Coordinator {
-        schema: SCHEMA_VERSION,
-        node_id: member.node_id.clone(),
-    };
-    Txn::new()
-        .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-        .and_then([
-            put_member.clone(),
-            TxnOp::put(
-                key,
-                claim.encode_to_vec(),
-                Some(PutOptions::new().with_lease(lease)),
-            ),
-        ])
-        .or_else([put_member])
 }
 
 /// What `next_round` should do after looking at the view.
@@ -441,33 +352,19 @@ fn step(
             rec.number
         )));
     }
-    let sizes: Vec<u32> = rec.members.iter().map(|m| m.local_world_size).collect();
-    let (all, world_size) = ranks::assign(&sizes)
-        .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
-    let round = Round {
-        number: rec.number,
-        group_rank: all[pos].group_rank,
-        group_world_size: rec.members.len() as u32,
-        base_rank: all[pos].base_rank,
-        world_size,
-        master_addr: master.addr.clone(),
+    let round = Round::new(
+        rec.number,
+        rec.members.iter().map(RoundMember::from).collect(),
+        pos,
         // The view admits only ports 1-65535.
-        master_port: u16::try_from(master.port).unwrap_or_default(),
-        restart_count: rec.restart_count,
-        members: rec
-            .members
-            .iter()
-            .zip(&all)
-            .map(|(m, r)| RoundMember {
-                node_id: m.node_id.clone(),
-                addr: m.addr.clone(),
-                group_rank: r.group_rank,
-                base_rank: r.base_rank,
-                local_world_size: m.local_world_size,
-            })
-            .collect(),
-        reason: rec.reason.clone(),
-    };
+        (
+            master.addr.clone(),
+            u16::try_from(master.port).unwrap_or_default(),
+        ),
+        rec.restart_count,
+        rec.reason.clone(),
+    )
+    .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
     Ok(Step::Done(Box::new((rec.clone(), round))))
 }
 
@@ -516,7 +413,7 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     fn node_id(&self) -> Option<&str> {
-        Some(&self.shared.node_id)
+        Some(&self.cfg.node_id)
     }
 
     fn coordinator(&self) -> Option<String> {
@@ -524,7 +421,7 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     fn error_counter(&self) -> Option<Arc<AtomicU64>> {
-        Some(self.shared.errors.clone())
+        Some(self.errors.clone())
     }
 
     fn run_id(&self) -> &str {
@@ -543,12 +440,12 @@ impl Rendezvous for EtcdRendezvous {
                 .as_ref()
                 .map_or(0, |r| r.record.number + 1),
         };
-        self.put_member(wants).await?;
+        self.ask(Command::Register { wants_round: wants }).await?;
         let mut published = None;
         loop {
             let next = step(
                 &self.view.borrow_and_update(),
-                &self.shared.node_id,
+                &self.cfg.node_id,
                 self.cfg.local_world_size,
                 wants,
                 published,
@@ -557,9 +454,9 @@ impl Rendezvous for EtcdRendezvous {
             match next {
                 Step::Done(done) => {
                     let (record, round) = *done;
-                    if let Ok(mut m) = self.shared.my_round.lock() {
-                        *m = Some(record.clone());
-                    }
+                    self.tell(Command::Running {
+                        round: record.clone(),
+                    });
                     self.held = Some(Held {
                         record,
                         round: round.clone(),
@@ -568,7 +465,7 @@ impl Rendezvous for EtcdRendezvous {
                     return Ok(round);
                 }
                 Step::PublishMaster { round } => {
-                    self.publish_master(round).await?;
+                    self.ask(Command::PublishMaster { round }).await?;
                     published = Some(round);
                     continue;
                 }
@@ -579,13 +476,13 @@ impl Rendezvous for EtcdRendezvous {
                         "the round broke before it started; waiting for the next"
                     );
                     wants = next;
-                    self.put_member(wants).await?;
+                    self.ask(Command::Register { wants_round: wants }).await?;
                     continue;
                 }
                 Step::Spare { next } => {
                     tracing::info!(round = next - 1, "the group is full; waiting as a spare");
                     wants = next;
-                    self.put_member(wants).await?;
+                    self.ask(Command::Register { wants_round: wants }).await?;
                     continue;
                 }
                 Step::Wait => {}
@@ -616,7 +513,7 @@ impl Rendezvous for EtcdRendezvous {
                 if let Some(c) = v.corruption() {
                     return Err(RendezvousError::Corrupt(c));
                 }
-                if let Some(change) = detect(&v, &held.record, &self.shared.node_id, held.since) {
+                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
                     return Ok(change);
                 }
             }
@@ -631,47 +528,18 @@ impl Rendezvous for EtcdRendezvous {
         let Some(held) = &self.held else {
             return Ok(0);
         };
-        let key = self.keys.failure(held.record.number);
-        let failure = v1::Failure {
-            schema: SCHEMA_VERSION,
-            round: held.record.number,
-            node_id: self.shared.node_id.clone(),
-        };
-        let txn = Txn::new()
-            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, failure.encode_to_vec(), None)]);
-        self.client
-            .txn(txn)
-            .await
-            .map_err(|source| RendezvousError::Etcd {
-                what: "reporting a worker failure",
-                source,
-            })?;
-        self.shared.wrote();
-        Ok(held.round.restart_count + 1)
+        let round = held.record.number;
+        let restarts = held.round.restart_count;
+        self.ask(Command::ReportFailure { round }).await?;
+        Ok(restarts + 1)
     }
 
     async fn finish(&mut self, timeout: Duration) -> Result<Finish, RendezvousError> {
         let Some(held) = self.held.clone() else {
             return Ok(Finish::AllDone);
         };
-        let done = v1::Done {
-            schema: SCHEMA_VERSION,
-            round: held.record.number,
-            node_id: self.shared.node_id.clone(),
-        };
-        self.client
-            .put(
-                self.keys.done(held.record.number, &done.node_id),
-                done.encode_to_vec(),
-                None,
-            )
-            .await
-            .map_err(|source| RendezvousError::Etcd {
-                what: "reporting this node finished",
-                source,
-            })?;
-        self.shared.wrote();
+        let round = held.record.number;
+        self.ask(Command::ReportDone { round }).await?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let unfinished: Vec<String> = {
@@ -690,7 +558,7 @@ impl Rendezvous for EtcdRendezvous {
                 if unfinished.is_empty() {
                     return Ok(Finish::AllDone);
                 }
-                if let Some(change) = detect(&v, &held.record, &self.shared.node_id, held.since) {
+                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
                     return Ok(Finish::Changed(change));
                 }
                 unfinished
@@ -703,15 +571,9 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
-        self.session.abort();
-        let lease = self.shared.lease.load(Ordering::SeqCst);
-        // Revoking deletes our registration (and the coordinator key if we held it), so
-        // the others learn within milliseconds instead of a lease TTL.
-        match self.client.lease_revoke(lease).await {
-            Ok(_) => self.shared.wrote(),
-            Err(e) => {
-                tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL")
-            }
+        // The session revokes the lease and ends; leaving never fails the agent.
+        if let Err(e) = self.ask(Command::Depart { how }).await {
+            tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL");
         }
         Ok(())
     }
@@ -720,6 +582,7 @@ impl Rendezvous for EtcdRendezvous {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fsdp_proto::SCHEMA_VERSION;
     use view::RoundEntry;
 
     fn member(id: &str) -> v1::Member {

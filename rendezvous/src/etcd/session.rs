@@ -1,88 +1,60 @@
-//! The background half of an etcd rendezvous: one task per agent that keeps the lease
-//! alive, keeps the [`View`] current through watches, takes part in the coordinator
-//! election and, while coordinator, seals rounds.
+//! The etcd session: one task per agent that owns the agent's lease and makes every etcd
+//! write of the agent. It keeps the lease alive, keeps the [`View`] current through
+//! watches, takes part in the coordinator election, seals rounds while coordinator, and
+//! serves the agent-facing handle's [`Command`]s between watch events.
 //!
-//! Every failure of etcd (a closed stream, a restart, lost data) ends in the same place: a
-//! fresh ranged read, a rebuilt view, and new watches from the read's revision. The
-//! etcd-client lease keeper does not reconnect by itself, so the keep-alive is ours too.
+//! The session is a state machine ([`State`]; drawn in docs/architecture.md, "The etcd
+//! session"). Every failure of etcd (a closed stream, a restart, lost data) ends in the same
+//! place: a fresh ranged read, a rebuilt view, and new watches from the read's revision.
+//! The etcd-client lease keeper does not reconnect by itself, so the keep-alive is ours too.
+//! With one owner of the lease, a lease found gone is replaced exactly once.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType,
-    WatchOptions,
+    Client, Compare, CompareOp, EventType, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
 use fsdp_proto::{SCHEMA_VERSION, v1};
 use prost::Message;
-use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, Interval};
 
+use super::coordinator::{Coordinator, round_record};
 use super::keys::Keys;
 use super::view::View;
-use crate::seal::{self, Candidate, Current, SealConfig, SealDecision, SealState};
+use crate::seal::{SealConfig, SealDecision};
+use crate::{Departure, RendezvousError, port};
 
-/// State shared between the agent-facing handle and the session task. The locks are std
-/// mutexes held for a copy, never across an await.
+type EtcdResult<T> = Result<T, etcd_client::Error>;
+
+/// What the agent-facing handle asks of the session.
 #[derive(Debug)]
-pub struct Shared {
-    pub node_id: String,
-    pub lease: AtomicI64,
-    /// The registration to (re)write whenever the lease is new.
-    pub member: Mutex<Option<v1::Member>>,
-    /// The round this agent is running, republished if etcd comes back without it.
-    pub my_round: Mutex<Option<v1::Round>>,
-    /// Writes this agent made to etcd (puts, transactions, lease grants and revokes).
-    pub writes: AtomicU64,
-    /// etcd errors the session recovered from (lost connections, failed keep-alives).
-    pub errors: Arc<AtomicU64>,
-    /// Held while the lease is being replaced, so that the session and the agent-facing
-    /// handle, finding the lease gone at the same moment, grant one new lease, not two.
-    pub renewing: tokio::sync::Mutex<()>,
+pub enum Command {
+    /// Write this node's registration, ready for `wants_round`; claim the coordinator role
+    /// in the same transaction when nobody holds it (one write per node).
+    Register { wants_round: u64 },
+    /// As the round's group rank 0: publish a free port on this node's address.
+    PublishMaster { round: u64 },
+    /// This node runs `round`: put it back if etcd loses it, and after an outage wait
+    /// for its members, not for strangers. Answered at once.
+    Running { round: v1::Round },
+    /// Charge a failure in `round` to the job (the first report per round wins).
+    ReportFailure { round: u64 },
+    /// This node's workers all succeeded in `round`.
+    ReportDone { round: u64 },
+    /// Revoke the lease (the others learn at once) and end the session.
+    Depart { how: Departure },
 }
 
-impl Shared {
-    /// A copy of the round this agent runs.
-    pub fn my_round(&self) -> Option<v1::Round> {
-        self.my_round.lock().map(|r| r.clone()).unwrap_or(None)
-    }
-
-    /// A copy of this agent's registration.
-    pub fn member(&self) -> Option<v1::Member> {
-        self.member.lock().map(|m| m.clone()).unwrap_or(None)
-    }
-
-    pub fn wrote(&self) {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Replaces the lease `stale`, which etcd no longer has (it expired while this agent
-    /// was frozen, or etcd lost it), unless another task already did. Returns the live id.
-    pub async fn renew_lease(
-        &self,
-        client: &mut Client,
-        stale: i64,
-        ttl: Duration,
-    ) -> EtcdResult<i64> {
-        let _one_at_a_time = self.renewing.lock().await;
-        let current = self.lease.load(Ordering::SeqCst);
-        if current != stale {
-            return Ok(current);
-        }
-        let grant = client
-            .lease_grant(ttl.as_secs().max(1) as i64, None)
-            .await?;
-        self.wrote();
-        self.lease.store(grant.id(), Ordering::SeqCst);
-        tracing::info!(
-            old = stale,
-            new = grant.id(),
-            "the lease was gone; granted a new one"
-        );
-        Ok(grant.id())
-    }
+/// A command and where its outcome goes.
+#[derive(Debug)]
+pub struct Request {
+    pub command: Command,
+    pub reply: Option<oneshot::Sender<Result<(), RendezvousError>>>,
 }
 
 /// Whether etcd refused a request because the lease it names does not exist (any more).
@@ -91,79 +63,198 @@ pub fn lease_not_found(e: &etcd_client::Error) -> bool {
         if s.code() == tonic::Code::NotFound && s.message().contains("lease not found"))
 }
 
-pub struct Session {
+/// What the session is given at start.
+pub struct Setup {
     pub client: Client,
     pub keys: Keys,
-    pub shared: Arc<Shared>,
-    pub view: watch::Sender<View>,
+    pub node_id: String,
+    /// The address this node advertises (registration, master).
+    pub addr: String,
+    pub local_world_size: u32,
+    /// The lease the handle granted at join.
+    pub lease: i64,
     pub ttl: Duration,
     pub seal: SealConfig,
-    synced_once: bool,
-    /// The next resync is ours (not an outage): no grace for missing members.
-    voluntary_resync: bool,
-    absent_check: Option<Instant>,
-    quiet_since: Instant,
-    member_ids: BTreeSet<String>,
-    reform: Option<(u64, Instant)>,
-    recheck: Option<Instant>,
-    last_reason: String,
+    /// etcd writes made (puts, transactions, lease grants and revokes).
+    pub writes: Arc<AtomicU64>,
+    /// etcd errors the session recovered from (lost connections, failed keep-alives).
+    pub errors: Arc<AtomicU64>,
 }
 
-type EtcdResult<T> = Result<T, etcd_client::Error>;
+/// Why the session reads the run again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resync {
+    /// The first read, at join.
+    First,
+    /// This node became or stopped being coordinator: the watches change, nothing was
+    /// lost in between. A pending outage grace carries over.
+    RoleChanged { grace_until: Option<Instant> },
+    /// etcd failed, a stream ended, or the lease was replaced: members get a grace to
+    /// come back before anyone is declared lost.
+    Outage,
+}
+
+/// Which watches the session holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Watches control keys and member departures.
+    Member,
+    /// Also watches registrations, and seals rounds.
+    Coordinator,
+}
+
+/// The session's states.
+pub enum State {
+    /// Read the run, rebuild the view, make sure the lease and registration live, open
+    /// the watches.
+    Syncing(Resync),
+    /// Watches open, lease kept alive; commands served between events.
+    Watching(Box<Watching>),
+    /// etcd failed; commands are still served (and fail or succeed on their own) until
+    /// `until`, then the session syncs again.
+    Disconnected { until: Instant },
+    /// The lease was revoked on request, or the handle is gone: the task ends.
+    Ended,
+}
+
+/// The live part of [`State::Watching`].
+pub struct Watching {
+    role: Role,
+    ctl: WatchStream,
+    members: WatchStream,
+    keeper: LeaseKeeper,
+    kept: LeaseKeepAliveStream,
+    /// The lease the keeper keeps alive.
+    lease: i64,
+    tick: Interval,
+    /// Outage grace: members of our round not back by then are gone.
+    grace_until: Option<Instant>,
+    /// When the coordinator asked to look again.
+    recheck: Option<Instant>,
+}
+
+/// One thing that happened while watching.
+enum Event {
+    Ctl(Option<WatchResponse>),
+    Members(Option<WatchResponse>),
+    Tick,
+    LeaseAnswer(Option<i64>),
+    Timer,
+    Command(Option<Request>),
+}
+
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const LAST_RETRY: Duration = Duration::from_secs(2);
+
+pub struct Session {
+    client: Client,
+    keys: Keys,
+    node_id: String,
+    addr: String,
+    local_world_size: u32,
+    ttl: Duration,
+    view: watch::Sender<View>,
+    commands: mpsc::UnboundedReceiver<Request>,
+    writes: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    /// The lease this node's keys live on; only the session replaces it.
+    lease: i64,
+    /// The registration to write again whenever the lease is new.
+    member: Option<v1::Member>,
+    /// The round this agent runs.
+    running: Option<v1::Round>,
+    coordinator: Coordinator,
+    /// The wait before the next sync after a failure; doubles up to [`LAST_RETRY`].
+    retry: Duration,
+}
 
 impl Session {
     pub fn new(
-        client: Client,
-        keys: Keys,
-        shared: Arc<Shared>,
+        s: Setup,
         view: watch::Sender<View>,
-        ttl: Duration,
-        seal: SealConfig,
+        commands: mpsc::UnboundedReceiver<Request>,
     ) -> Self {
         Self {
-            client,
-            keys,
-            shared,
+            client: s.client,
+            keys: s.keys,
+            node_id: s.node_id,
+            addr: s.addr,
+            local_world_size: s.local_world_size,
+            ttl: s.ttl,
             view,
-            ttl,
-            seal,
-            synced_once: false,
-            voluntary_resync: false,
-            absent_check: None,
-            quiet_since: Instant::now(),
-            member_ids: BTreeSet::new(),
-            reform: None,
-            recheck: None,
-            last_reason: String::new(),
+            commands,
+            writes: s.writes,
+            errors: s.errors,
+            lease: s.lease,
+            member: None,
+            running: None,
+            coordinator: Coordinator::new(s.seal, Instant::now().into_std()),
+            retry: FIRST_RETRY,
         }
     }
 
-    /// Runs until aborted.
+    /// Runs the state machine until the session ends (or the task is aborted).
     pub async fn run(mut self) {
-        let mut delay = Duration::from_millis(100);
+        let mut state = State::Syncing(Resync::First);
         loop {
-            match self.sync_and_watch().await {
-                Ok(()) => delay = Duration::from_millis(100),
-                Err(e) => {
-                    self.view.send_modify(|v| v.connected = false);
-                    self.shared.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %e, retry_in = ?delay, "etcd connection lost; reconnecting");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+            state = match state {
+                State::Syncing(why) => match self.sync(why).await {
+                    Ok(w) => State::Watching(Box::new(w)),
+                    Err(e) => self.lost(e),
+                },
+                State::Watching(mut w) => match self.watch(&mut w).await {
+                    Ok(next) => {
+                        self.retry = FIRST_RETRY;
+                        next
+                    }
+                    Err(e) => self.lost(e),
+                },
+                State::Disconnected { until } => self.disconnected(until).await,
+                State::Ended => return,
+            }
+        }
+    }
+
+    fn lost(&mut self, e: etcd_client::Error) -> State {
+        self.view.send_modify(|v| v.connected = false);
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let delay = self.retry;
+        tracing::warn!(error = %e, retry_in = ?delay, "etcd connection lost; reconnecting");
+        self.retry = (delay * 2).min(LAST_RETRY);
+        State::Disconnected {
+            until: Instant::now() + delay,
+        }
+    }
+
+    /// Serves commands until `until`, then syncs again.
+    async fn disconnected(&mut self, until: Instant) -> State {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return State::Syncing(Resync::Outage),
+                req = self.commands.recv() => {
+                    let Some(req) = req else { return State::Ended };
+                    if self.serve(req).await {
+                        return State::Ended;
+                    }
                 }
             }
         }
     }
 
-    fn me(&self) -> &str {
-        &self.shared.node_id
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn is_coordinator(&self) -> bool {
-        self.view.borrow().coordinator.as_deref() == Some(self.me())
+    fn role(&self) -> Role {
+        if self.view.borrow().coordinator.as_deref() == Some(self.node_id.as_str()) {
+            Role::Coordinator
+        } else {
+            Role::Member
+        }
     }
 
-    async fn sync_and_watch(&mut self) -> EtcdResult<()> {
+    /// [`State::Syncing`]: everything from a ranged read to open watches.
+    async fn sync(&mut self, why: Resync) -> EtcdResult<Watching> {
         let resp = self
             .client
             .get(self.keys.root(), Some(GetOptions::new().with_prefix()))
@@ -171,30 +262,42 @@ impl Session {
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut fresh = View::default();
         for kv in resp.kvs() {
-            fresh.put(
-                &self.keys,
-                kv.key_str().unwrap_or(""),
-                kv.value(),
-                kv.create_revision(),
-                kv.mod_revision(),
-                kv.lease(),
-            );
+            let key = kv.key_str().unwrap_or("");
+            let (value, create, modified) = (kv.value(), kv.create_revision(), kv.mod_revision());
+            fresh.put(&self.keys, key, value, create, modified, kv.lease());
         }
         fresh.connected = true;
-        let resync = self.synced_once;
-        let voluntary = std::mem::take(&mut self.voluntary_resync);
+        self.install(fresh, matches!(why, Resync::RoleChanged { .. }));
+        self.ensure_registered(why != Resync::First).await?;
+        let grace_until = match why {
+            Resync::First => None,
+            Resync::RoleChanged { grace_until } => grace_until,
+            // After an outage, give members a lease TTL to re-register before anyone is
+            // declared lost (etcd may have come back empty).
+            Resync::Outage => Some(Instant::now() + self.ttl + Duration::from_secs(1)),
+        };
+        if why != Resync::First {
+            // On the first sync the agent's registration claims the role if it is free.
+            self.campaign().await?;
+        }
+        let mut w = self.open_watches(rev + 1, grace_until).await?;
+        self.coordinate(&mut w.recheck).await?;
+        Ok(w)
+    }
+
+    /// Replaces the view with `fresh`, keeping the departures already seen. When
+    /// `voluntary` (nothing was lost in between), a member we knew of that the snapshot
+    /// lacks left while we were switching watches.
+    fn install(&mut self, mut fresh: View, voluntary: bool) {
         let now = Instant::now().into_std();
         let mine: Vec<String> = self
-            .shared
-            .my_round()
+            .running
             .iter()
             .flat_map(|r| r.members.iter().map(|m| m.node_id.clone()))
             .collect();
         self.view.send_modify(|v| {
             fresh.departed = std::mem::take(&mut v.departed);
             if voluntary {
-                // Nothing was lost in between: a member we knew of that the snapshot lacks
-                // left while we were switching watches.
                 let known = v.members.keys().cloned().chain(mine);
                 for id in known.filter(|id| !fresh.members.contains_key(id)) {
                     fresh.departed.entry(id).or_insert(now);
@@ -202,176 +305,245 @@ impl Session {
             }
             *v = fresh;
         });
-        self.synced_once = true;
-        self.ensure_registered(resync).await?;
-        if resync && !voluntary {
-            // After an outage, give members a lease TTL to re-register before anyone is
-            // declared lost (etcd may have come back empty).
-            self.absent_check = Some(Instant::now() + self.ttl + Duration::from_secs(1));
-        }
-        if resync {
-            // On the first sync the agent's registration claims the role if it is free.
-            self.campaign().await?;
-        }
-        let full = self.is_coordinator();
-        let mut ctl = self
-            .client
-            .watch(
-                self.keys.ctl(),
-                Some(
-                    WatchOptions::new()
-                        .with_prefix()
-                        .with_start_revision(rev + 1),
-                ),
-            )
-            .await?;
+    }
+
+    /// Opens the watches for this node's role from revision `from`, and the keep-alive.
+    async fn open_watches(
+        &mut self,
+        from: i64,
+        grace_until: Option<Instant>,
+    ) -> EtcdResult<Watching> {
+        let role = self.role();
+        let ctl_opts = WatchOptions::new().with_prefix().with_start_revision(from);
+        let ctl = self.client.watch(self.keys.ctl(), Some(ctl_opts)).await?;
         let mut member_opts = WatchOptions::new()
             .with_prefix()
-            .with_start_revision(rev + 1)
+            .with_start_revision(from)
             .with_prev_key();
-        if !full {
+        if role == Role::Member {
             // Only the coordinator needs registrations; the others learn of new rounds
             // through the round key and of departures through deletes.
             member_opts = member_opts.with_filters([WatchFilterType::NoPut]);
         }
-        let mut members = self
+        let members = self
             .client
             .watch(self.keys.members(), Some(member_opts))
             .await?;
-        let lease = self.shared.lease.load(Ordering::SeqCst);
-        let (mut keeper, mut kept) = self.client.lease_keep_alive(lease).await?;
-        let mut tick = tokio::time::interval(self.ttl / 3);
-        self.coordinate().await?;
+        let (keeper, kept) = self.client.lease_keep_alive(self.lease).await?;
+        Ok(Watching {
+            role,
+            ctl,
+            members,
+            keeper,
+            kept,
+            lease: self.lease,
+            tick: tokio::time::interval(self.ttl / 3),
+            grace_until,
+            recheck: None,
+        })
+    }
+
+    /// [`State::Watching`]: handles events until one calls for another state.
+    async fn watch(&mut self, w: &mut Watching) -> EtcdResult<State> {
         loop {
-            let recheck = [self.recheck, self.absent_check]
-                .into_iter()
-                .flatten()
-                .min();
-            let sleep = async {
-                match recheck {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                msg = ctl.message() => {
-                    let Some(resp) = msg? else { return Ok(()) };
-                    if resp.canceled() { return Ok(()); }
-                    let was = self.is_coordinator();
-                    let coordinator_gone = resp.events().iter().any(|e| {
-                        e.event_type() == EventType::Delete
-                            && e.kv().is_some_and(|kv| kv.key() == self.keys.coordinator().as_bytes())
-                    });
-                    self.apply(resp.events());
-                    if coordinator_gone {
-                        self.campaign().await?;
-                    }
-                    if self.is_coordinator() != was {
-                        // Coordinator now: resync to watch registrations too.
-                        self.voluntary_resync = true;
-                        return Ok(());
-                    }
-                    self.coordinate().await?;
-                }
-                msg = members.message() => {
-                    let Some(resp) = msg? else { return Ok(()) };
-                    if resp.canceled() { return Ok(()); }
-                    self.apply(resp.events());
-                    self.coordinate().await?;
-                }
-                _ = tick.tick() => {
-                    if self.shared.lease.load(Ordering::SeqCst) != lease {
-                        // The agent-facing handle replaced the lease: keep the new one alive.
-                        return Ok(());
-                    }
-                    keeper.keep_alive().await?
-                }
-                msg = kept.message() => {
-                    match msg? {
-                        Some(r) if r.ttl() > 0 => {}
-                        _ => {
-                            tracing::warn!(lease, "lease expired or revoked; registering again");
-                            self.new_lease().await?;
-                            return Ok(());
-                        }
-                    }
-                }
-                () = sleep => {
-                    let now = Instant::now();
-                    if self.absent_check.is_some_and(|at| at <= now) {
-                        self.absent_check = None;
-                        self.check_absent().await?;
-                    }
-                    if self.recheck.is_some_and(|at| at <= now) {
-                        self.recheck = None;
-                        self.coordinate().await?;
-                    }
-                }
+            let event = self.next_event(w).await?;
+            if let Some(next) = self.on_event(w, event).await? {
+                return Ok(next);
             }
         }
     }
 
+    async fn next_event(&mut self, w: &mut Watching) -> EtcdResult<Event> {
+        let timer = [w.recheck, w.grace_until].into_iter().flatten().min();
+        let sleep = async {
+            match timer {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        Ok(tokio::select! {
+            msg = w.ctl.message() => Event::Ctl(msg?.filter(|r| !r.canceled())),
+            msg = w.members.message() => Event::Members(msg?.filter(|r| !r.canceled())),
+            _ = w.tick.tick() => Event::Tick,
+            msg = w.kept.message() => Event::LeaseAnswer(msg?.map(|r| r.ttl())),
+            () = sleep => Event::Timer,
+            req = self.commands.recv() => Event::Command(req),
+        })
+    }
+
+    /// Applies one event; returns the next state when it leaves [`State::Watching`].
+    async fn on_event(&mut self, w: &mut Watching, event: Event) -> EtcdResult<Option<State>> {
+        let outage = || Some(State::Syncing(Resync::Outage));
+        match event {
+            Event::Ctl(None) | Event::Members(None) => return Ok(outage()),
+            Event::Ctl(Some(resp)) => self.on_ctl(&resp).await?,
+            Event::Members(Some(resp)) => self.apply(resp.events()),
+            // A command replaced the lease: keep the new one alive.
+            Event::Tick if self.lease != w.lease => return Ok(outage()),
+            Event::Tick => {
+                w.keeper.keep_alive().await?;
+                return Ok(None);
+            }
+            Event::LeaseAnswer(Some(ttl)) if ttl > 0 => return Ok(None),
+            Event::LeaseAnswer(_) => {
+                tracing::warn!(
+                    lease = w.lease,
+                    "lease expired or revoked; registering again"
+                );
+                self.new_lease().await?;
+                return Ok(outage());
+            }
+            Event::Timer => {
+                if !self.on_timer(w).await? {
+                    return Ok(None);
+                }
+            }
+            Event::Command(None) => return Ok(Some(State::Ended)),
+            Event::Command(Some(req)) => {
+                if self.serve(req).await {
+                    return Ok(Some(State::Ended));
+                }
+                if self.lease != w.lease {
+                    return Ok(outage());
+                }
+                // A registration may have won the coordinator key.
+                return Ok(self.role_changed(w));
+            }
+        }
+        if let Some(next) = self.role_changed(w) {
+            return Ok(Some(next));
+        }
+        self.coordinate(&mut w.recheck).await?;
+        Ok(None)
+    }
+
+    /// A control event: applied, and a campaign if the coordinator key went away.
+    async fn on_ctl(&mut self, resp: &WatchResponse) -> EtcdResult<()> {
+        let coordinator = self.keys.coordinator();
+        let coordinator_gone = resp.events().iter().any(|e| {
+            e.event_type() == EventType::Delete
+                && e.kv().is_some_and(|kv| kv.key() == coordinator.as_bytes())
+        });
+        self.apply(resp.events());
+        if coordinator_gone {
+            self.campaign().await?;
+        }
+        Ok(())
+    }
+
+    /// The watches were opened for another role: open them again for this one.
+    fn role_changed(&self, w: &Watching) -> Option<State> {
+        (self.role() != w.role).then_some(State::Syncing(Resync::RoleChanged {
+            grace_until: w.grace_until,
+        }))
+    }
+
+    /// Handles the timers that are due; returns whether the coordinator asked to look again.
+    async fn on_timer(&mut self, w: &mut Watching) -> EtcdResult<bool> {
+        let now = Instant::now();
+        if w.grace_until.is_some_and(|at| at <= now) {
+            w.grace_until = None;
+            self.check_absent().await?;
+        }
+        let recheck = w.recheck.is_some_and(|at| at <= now);
+        if recheck {
+            w.recheck = None;
+        }
+        Ok(recheck)
+    }
+
     fn apply(&mut self, events: &[etcd_client::Event]) {
         let now = Instant::now().into_std();
-        let keys = self.keys.clone();
+        let keys = &self.keys;
         self.view.send_modify(|v| {
             for ev in events {
                 let Some(kv) = ev.kv() else { continue };
                 let key = kv.key_str().unwrap_or("");
                 match ev.event_type() {
                     EventType::Put => v.put(
-                        &keys,
+                        keys,
                         key,
                         kv.value(),
                         kv.create_revision(),
                         kv.mod_revision(),
                         kv.lease(),
                     ),
-                    EventType::Delete => v.delete(&keys, key, now),
+                    EventType::Delete => v.delete(keys, key, now),
                 }
             }
         });
     }
 
+    /// Replaces the lease, which etcd no longer has (it expired while this agent was
+    /// frozen, or etcd lost it).
+    async fn renew_lease(&mut self) -> EtcdResult<()> {
+        let ttl = self.ttl.as_secs().max(1) as i64;
+        let grant = self.client.lease_grant(ttl, None).await?;
+        self.wrote();
+        tracing::info!(
+            old = self.lease,
+            new = grant.id(),
+            "the lease was gone; granted a new one"
+        );
+        self.lease = grant.id();
+        Ok(())
+    }
+
     async fn new_lease(&mut self) -> EtcdResult<()> {
-        let stale = self.shared.lease.load(Ordering::SeqCst);
-        self.shared
-            .renew_lease(&mut self.client, stale, self.ttl)
-            .await?;
+        self.renew_lease().await?;
         self.register().await
     }
 
     /// Writes this agent's registration with the current lease, if it has one to write.
     async fn register(&mut self) -> EtcdResult<()> {
-        let member = self.shared.member();
-        if let Some(m) = member {
-            let lease = self.shared.lease.load(Ordering::SeqCst);
-            self.client
-                .put(
-                    self.keys.member(&m.node_id),
-                    m.encode_to_vec(),
-                    Some(PutOptions::new().with_lease(lease)),
-                )
-                .await?;
-            self.shared.wrote();
+        if self.member.is_some() {
+            let txn = registration(
+                &self.keys,
+                &self.node_id,
+                self.member.as_ref(),
+                self.lease,
+                false,
+            );
+            self.client.txn(txn).await?;
+            self.wrote();
         }
         Ok(())
+    }
+
+    /// Tries to become coordinator if nobody is (and this node takes part in the run).
+    async fn campaign(&mut self) -> EtcdResult<()> {
+        if self.view.borrow().coordinator.is_some() || self.member.is_none() {
+            return Ok(());
+        }
+        let txn = registration(&self.keys, &self.node_id, None, self.lease, true);
+        let won = self.client.txn(txn).await?.succeeded();
+        self.wrote();
+        if won {
+            self.elected();
+        }
+        Ok(())
+    }
+
+    /// This node's claim on the coordinator key won (the one place that says so).
+    fn elected(&self) {
+        tracing::info!(node = %self.node_id, "elected rendezvous coordinator");
+        let me = self.node_id.clone();
+        self.view.send_modify(|v| v.coordinator = Some(me));
     }
 
     /// After a (re)sync: make sure our lease lives and our registration is there; put back
     /// our round if etcd lost it.
     async fn ensure_registered(&mut self, resync: bool) -> EtcdResult<()> {
-        let lease = self.shared.lease.load(Ordering::SeqCst);
         let alive = self
             .client
-            .lease_time_to_live(lease, None)
+            .lease_time_to_live(self.lease, None)
             .await
             .map(|r| r.ttl() > 0)
             .unwrap_or(false);
         let (present, round_missing, evicted) = {
             let v = self.view.borrow();
-            let present = v.members.contains_key(self.me());
-            let mine = self.shared.my_round();
+            let present = v.members.contains_key(&self.node_id);
+            let mine = self.running.as_ref();
             let round_missing = mine.is_some() && v.round.is_none();
             // Our key is gone while our round is still there: the others saw us leave.
             let evicted = !present
@@ -383,8 +555,7 @@ impl Session {
             (present, round_missing, evicted)
         };
         if evicted {
-            let now = Instant::now().into_std();
-            let me = self.me().to_owned();
+            let (me, now) = (self.node_id.clone(), Instant::now().into_std());
             self.view.send_modify(|v| {
                 v.departed.insert(me, now);
             });
@@ -405,23 +576,20 @@ impl Session {
     /// etcd came back without our round: put the same round back, so no healthy worker
     /// restarts. Every member tries; the create-if-absent makes exactly one write win.
     async fn republish(&mut self, round_missing: bool) -> EtcdResult<()> {
-        if !round_missing {
+        let Some(r) = self.running.clone().filter(|_| round_missing) else {
             return Ok(());
-        }
-        let mine = self.shared.my_round();
-        if let Some(r) = mine {
-            let key = self.keys.round();
-            let txn = Txn::new()
-                .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key, r.encode_to_vec(), None)]);
-            let ok = self.client.txn(txn).await?.succeeded();
-            self.shared.wrote();
-            if ok {
-                tracing::info!(
-                    round = r.number,
-                    "etcd lost the round record; republished the running round"
-                );
-            }
+        };
+        let key = self.keys.round();
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, r.encode_to_vec(), None)]);
+        let ok = self.client.txn(txn).await?.succeeded();
+        self.wrote();
+        if ok {
+            tracing::info!(
+                round = r.number,
+                "etcd lost the round record; republished the running round"
+            );
         }
         Ok(())
     }
@@ -429,145 +597,258 @@ impl Session {
     /// Members of our round that did not come back within the grace after an outage are
     /// gone: record them as departed so the agent re-forms.
     async fn check_absent(&mut self) -> EtcdResult<()> {
-        let Some(mine) = self.shared.my_round() else {
+        let Some(mine) = self.running.clone() else {
             return Ok(());
         };
+        let prefix = self.keys.members();
         let resp = self
             .client
             .get(
-                self.keys.members(),
+                prefix.as_str(),
                 Some(GetOptions::new().with_prefix().with_keys_only()),
             )
             .await?;
-        let present: BTreeSet<String> = resp
+        let present: BTreeSet<&str> = resp
             .kvs()
             .iter()
-            .filter_map(|kv| {
-                kv.key_str()
-                    .ok()
-                    .and_then(|k| k.strip_prefix(&self.keys.members()))
-                    .map(str::to_owned)
-            })
+            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&prefix))
             .collect();
         let now = Instant::now().into_std();
         self.view.send_modify(|v| {
-            for m in &mine.members {
-                if !present.contains(&m.node_id) {
-                    v.departed.insert(m.node_id.clone(), now);
-                }
+            for m in mine
+                .members
+                .iter()
+                .filter(|m| !present.contains(m.node_id.as_str()))
+            {
+                v.departed.insert(m.node_id.clone(), now);
             }
         });
         Ok(())
     }
 
-    /// Tries to become coordinator if nobody is.
-    async fn campaign(&mut self) -> EtcdResult<()> {
-        if self.view.borrow().coordinator.is_some() || self.shared.member().is_none() {
+    /// As coordinator: observe the view, and commit a round if the rule says so.
+    /// `recheck` is when the coordinator wants to look again.
+    async fn coordinate(&mut self, recheck: &mut Option<Instant>) -> EtcdResult<()> {
+        if self.role() != Role::Coordinator {
+            *recheck = None;
             return Ok(());
         }
-        let key = self.keys.coordinator();
-        let claim = v1::Coordinator {
-            schema: SCHEMA_VERSION,
-            node_id: self.me().to_owned(),
+        let now = Instant::now().into_std();
+        let (obs, record) = {
+            let v = self.view.borrow();
+            let obs = self.coordinator.observe(now, &v);
+            let record = match &obs.decision {
+                SealDecision::Seal(p) => Some(round_record(p, &v, &obs.reason)),
+                _ => None,
+            };
+            (obs, record)
         };
-        let lease = self.shared.lease.load(Ordering::SeqCst);
-        let txn = Txn::new()
-            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key,
-                claim.encode_to_vec(),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        if self.client.txn(txn).await?.succeeded() {
-            tracing::info!(node = self.me(), "elected rendezvous coordinator");
-            let me = self.me().to_owned();
-            self.view.send_modify(|v| v.coordinator = Some(me));
+        if obs.new_reason {
+            tracing::info!(reason = %obs.reason, "coordinator");
         }
-        self.shared.wrote();
+        match (obs.decision, record) {
+            (SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at }, _) => {
+                *recheck = recheck_at.map(Instant::from_std);
+            }
+            (SealDecision::Seal(p), Some(record)) => {
+                if commit_round(&mut self.client, &self.keys, obs.fence, &record).await? {
+                    let reason = &obs.reason;
+                    tracing::info!(round = p.number, members = p.members.len(), restart_count = p.restart_count, %reason, "round sealed");
+                }
+                self.wrote();
+            }
+            (SealDecision::Seal(_), None) => {}
+        }
+        Ok(())
+    }
+}
+
+/// Commands: every write the handle asks for.
+impl Session {
+    /// Serves one command and answers it; returns whether the session ends.
+    async fn serve(&mut self, req: Request) -> bool {
+        let ends = matches!(req.command, Command::Depart { .. });
+        let result = match req.command {
+            Command::Register { wants_round } => self.register_for(wants_round).await,
+            Command::PublishMaster { round } => self.publish_master(round).await,
+            Command::Running { round } => {
+                self.running = Some(round);
+                Ok(())
+            }
+            Command::ReportFailure { round } => self.report_failure(round).await,
+            Command::ReportDone { round } => self.report_done(round).await,
+            Command::Depart { how } => {
+                self.depart(how).await;
+                Ok(())
+            }
+        };
+        if let Some(reply) = req.reply {
+            // The handle may have stopped waiting (its future was dropped): nothing to do.
+            let _ = reply.send(result);
+        }
+        ends
+    }
+
+    async fn register_for(&mut self, wants_round: u64) -> Result<(), RendezvousError> {
+        let member = v1::Member {
+            schema: SCHEMA_VERSION,
+            node_id: self.node_id.clone(),
+            addr: self.addr.clone(),
+            local_world_size: self.local_world_size,
+            wants_round,
+        };
+        self.member = Some(member.clone());
+        let claiming = self.view.borrow().coordinator.is_none();
+        let (keys, me) = (self.keys.clone(), self.node_id.clone());
+        let won = self
+            .with_live_lease("registering this node", |mut client, lease| {
+                let txn = registration(&keys, &me, Some(&member), lease, claiming);
+                async move { client.txn(txn).await.map(|r| r.succeeded()) }
+            })
+            .await?;
+        self.wrote();
+        if claiming && won {
+            self.elected();
+        }
         Ok(())
     }
 
-    /// As coordinator: decide whether to seal a round, and commit it if so.
-    async fn coordinate(&mut self) -> EtcdResult<()> {
-        if !self.is_coordinator() {
-            self.recheck = None;
-            return Ok(());
-        }
-        let now = Instant::now();
-        let (decision, reason, fence, records) = {
-            let v = self.view.borrow();
-            let ids: BTreeSet<String> = v.members.keys().cloned().collect();
-            if ids != self.member_ids {
-                self.member_ids = ids;
-                self.quiet_since = now;
-            }
-            let current = v.round.as_ref().map(|r| Current {
-                number: r.record.number,
-                members: r.record.members.iter().map(|m| m.node_id.clone()).collect(),
-                restart_count: r.record.restart_count,
-                failed: v.failures.contains(&r.record.number),
-            });
-            let candidates: Vec<Candidate> = v
-                .members
-                .values()
-                .map(|m| Candidate {
-                    node_id: m.record.node_id.clone(),
-                    joined_rev: m.create_rev,
-                    ready: current
-                        .as_ref()
-                        .is_none_or(|c| m.record.wants_round > c.number),
-                })
-                .collect();
-            if let Some(c) = &current {
-                if self.reform.is_none_or(|(n, _)| n != c.number) {
-                    self.reform = None;
-                }
-            }
-            let state = SealState {
-                current: current.as_ref(),
-                candidates: &candidates,
-                quiet_since: self.quiet_since.into_std(),
-                reform_since: self.reform.map(|(_, t)| t.into_std()),
-            };
-            let (d, reason) = seal::decide(now.into_std(), &state, &self.seal);
-            if matches!(d, SealDecision::Reforming { .. } | SealDecision::Seal(_))
-                && self.reform.is_none()
-            {
-                if let Some(c) = &current {
-                    self.reform = Some((c.number, now));
-                }
-            }
-            let fence = v.round.as_ref().map(|r| r.mod_rev);
-            (d, reason, fence, v.members.clone())
+    async fn publish_master(&mut self, round: u64) -> Result<(), RendezvousError> {
+        let port = port::free_port(&self.addr)?;
+        let master = v1::Master {
+            schema: SCHEMA_VERSION,
+            round,
+            addr: self.addr.clone(),
+            port: u32::from(port),
         };
-        if reason != self.last_reason {
-            tracing::info!(%reason, "coordinator");
-            self.last_reason = reason.clone();
-        }
-        match decision {
-            SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at } => {
-                self.recheck = recheck_at.map(Instant::from_std);
-            }
-            SealDecision::Seal(p) => {
-                let record = v1::Round {
-                    schema: SCHEMA_VERSION,
-                    number: p.number,
-                    members: p
-                        .members
-                        .iter()
-                        .filter_map(|id| records.get(id).map(|m| m.record.clone()))
-                        .collect(),
-                    restart_count: p.restart_count,
-                    reason: reason.clone(),
-                };
-                if commit_round(&mut self.client, &self.keys, fence, &record).await? {
-                    tracing::info!(round = p.number, members = p.members.len(), restart_count = p.restart_count, %reason, "round sealed");
-                }
-                self.shared.wrote();
-            }
-        }
+        let key = self.keys.master();
+        self.with_live_lease("publishing the master address", |mut client, lease| {
+            let (key, value) = (key.clone(), master.encode_to_vec());
+            let opts = PutOptions::new().with_lease(lease);
+            async move { client.put(key, value, Some(opts)).await.map(drop) }
+        })
+        .await?;
+        self.wrote();
         Ok(())
     }
+
+    async fn report_failure(&mut self, round: u64) -> Result<(), RendezvousError> {
+        let key = self.keys.failure(round);
+        let failure = v1::Failure {
+            schema: SCHEMA_VERSION,
+            round,
+            node_id: self.node_id.clone(),
+        };
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, failure.encode_to_vec(), None)]);
+        self.client
+            .txn(txn)
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "reporting a worker failure",
+                source,
+            })?;
+        self.wrote();
+        Ok(())
+    }
+
+    async fn report_done(&mut self, round: u64) -> Result<(), RendezvousError> {
+        let done = v1::Done {
+            schema: SCHEMA_VERSION,
+            round,
+            node_id: self.node_id.clone(),
+        };
+        let key = self.keys.done(round, &done.node_id);
+        self.client
+            .put(key, done.encode_to_vec(), None)
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "reporting this node finished",
+                source,
+            })?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// Revoking deletes our registration (and the coordinator key if we held it), so the
+    /// others learn within milliseconds instead of a lease TTL.
+    async fn depart(&mut self, how: Departure) {
+        match self.client.lease_revoke(self.lease).await {
+            Ok(_) => self.wrote(),
+            Err(e) => {
+                tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL")
+            }
+        }
+    }
+
+    /// Runs `request` with the current lease; when etcd no longer has that lease (this
+    /// agent was frozen past its TTL, or etcd lost it) a new one is granted and the request
+    /// runs again with it, so the agent rejoins as a new node instead of exiting.
+    async fn with_live_lease<T, F, Fut>(
+        &mut self,
+        what: &'static str,
+        mut request: F,
+    ) -> Result<T, RendezvousError>
+    where
+        F: FnMut(Client, i64) -> Fut,
+        Fut: std::future::Future<Output = EtcdResult<T>>,
+    {
+        // A second refusal right after a fresh grant is not a stale lease: report it.
+        for attempt in 0..2 {
+            match request(self.client.clone(), self.lease).await {
+                Err(e) if attempt == 0 && lease_not_found(&e) => {
+                    self.renew_lease()
+                        .await
+                        .map_err(|source| RendezvousError::Etcd {
+                            what: "granting a new membership lease",
+                            source,
+                        })?;
+                }
+                r => return r.map_err(|source| RendezvousError::Etcd { what, source }),
+            }
+        }
+        unreachable!("the second attempt always returns")
+    }
+}
+
+/// This node's registration transaction under `lease`: its member record when given,
+/// and, when `claim`, the coordinator key if nobody holds it (the record is written
+/// either way).
+fn registration(
+    keys: &Keys,
+    node_id: &str,
+    member: Option<&v1::Member>,
+    lease: i64,
+    claim: bool,
+) -> Txn {
+    let put_member: Vec<TxnOp> = member
+        .map(|m| {
+            let opts = PutOptions::new().with_lease(lease);
+            TxnOp::put(keys.member(&m.node_id), m.encode_to_vec(), Some(opts))
+        })
+        .into_iter()
+        .collect();
+    if !claim {
+        return Txn::new().and_then(put_member);
+    }
+    let key = keys.coordinator();
+    let record = v1::Coordinator {
+        schema: SCHEMA_VERSION,
+        node_id: node_id.to_owned(),
+    };
+    let opts = PutOptions::new().with_lease(lease);
+    let claim = TxnOp::put(key.clone(), record.encode_to_vec(), Some(opts));
+    Txn::new()
+        .when([Compare::version(key, CompareOp::Equal, 0)])
+        .and_then(
+            put_member
+                .iter()
+                .cloned()
+                .chain([claim])
+                .collect::<Vec<_>>(),
+        )
+        .or_else(put_member)
 }
 
 /// Commits `record` as the next round, fenced on the round it replaces: the transaction

@@ -1,0 +1,128 @@
+//! The coordinator's bookkeeping around [`seal::decide`]: the clocks and the memory that
+//! turn a stream of [`View`]s into the [`SealState`] the rule needs. No I/O: the session
+//! calls [`Coordinator::observe`] on every change and at the instant it asked to be called
+//! back; the tests call it with hand-built views and chosen clocks.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use fsdp_proto::{SCHEMA_VERSION, v1};
+
+use super::view::View;
+use crate::seal::{self, Candidate, Current, Proposal, SealConfig, SealDecision, SealState};
+
+/// What the coordinator remembers between observations.
+#[derive(Debug, Clone)]
+pub struct Coordinator {
+    cfg: SealConfig,
+    /// When the set of registered nodes last changed: the last call runs from here.
+    quiet_since: Instant,
+    /// The registered nodes at the last observation.
+    member_ids: BTreeSet<String>,
+    /// The round found in need of re-forming, and when: the straggler timeout runs from
+    /// here, once per round, however often the coordinator looks.
+    reform: Option<(u64, Instant)>,
+    /// The last reason given, so that each is logged once.
+    last_reason: String,
+}
+
+/// One observation's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub decision: SealDecision,
+    pub reason: String,
+    /// The reason differs from the previous observation's (worth a log line).
+    pub new_reason: bool,
+    /// The mod revision of the round a commit replaces (`None`: there is none).
+    pub fence: Option<i64>,
+}
+
+impl Coordinator {
+    pub fn new(cfg: SealConfig, now: Instant) -> Self {
+        Self {
+            cfg,
+            quiet_since: now,
+            member_ids: BTreeSet::new(),
+            reform: None,
+            last_reason: String::new(),
+        }
+    }
+
+    /// Updates the clocks from `v` as seen at `now` and asks [`seal::decide`] what to do.
+    pub fn observe(&mut self, now: Instant, v: &View) -> Observation {
+        let ids: BTreeSet<String> = v.members.keys().cloned().collect();
+        if ids != self.member_ids {
+            self.member_ids = ids;
+            self.quiet_since = now;
+        }
+        let current = v.round.as_ref().map(|r| Current {
+            number: r.record.number,
+            members: r.record.members.iter().map(|m| m.node_id.clone()).collect(),
+            restart_count: r.record.restart_count,
+            failed: v.failures.contains(&r.record.number),
+        });
+        let candidates: Vec<Candidate> = v
+            .members
+            .values()
+            .map(|m| Candidate {
+                node_id: m.record.node_id.clone(),
+                joined_rev: m.create_rev,
+                ready: current
+                    .as_ref()
+                    .is_none_or(|c| m.record.wants_round > c.number),
+            })
+            .collect();
+        // A re-form clock belongs to one round: a newer round starts without one.
+        if let Some(c) = &current {
+            if self.reform.is_none_or(|(n, _)| n != c.number) {
+                self.reform = None;
+            }
+        }
+        let state = SealState {
+            current: current.as_ref(),
+            candidates: &candidates,
+            quiet_since: self.quiet_since,
+            reform_since: self.reform.map(|(_, t)| t),
+        };
+        let (decision, reason) = seal::decide(now, &state, &self.cfg);
+        let breaking = matches!(
+            decision,
+            SealDecision::Reforming { .. } | SealDecision::Seal(_)
+        );
+        if let Some(c) = current
+            .as_ref()
+            .filter(|_| breaking && self.reform.is_none())
+        {
+            self.reform = Some((c.number, now));
+        }
+        let new_reason = reason != self.last_reason;
+        if new_reason {
+            self.last_reason.clone_from(&reason);
+        }
+        Observation {
+            decision,
+            reason,
+            new_reason,
+            fence: v.round.as_ref().map(|r| r.mod_rev),
+        }
+    }
+}
+
+/// The round record to commit for `p`: the members' own registrations, in the proposal's
+/// order (every proposed member is registered: proposals are made from registrations).
+pub fn round_record(p: &Proposal, v: &View, reason: &str) -> v1::Round {
+    v1::Round {
+        schema: SCHEMA_VERSION,
+        number: p.number,
+        members: p
+            .members
+            .iter()
+            .filter_map(|id| v.members.get(id).map(|m| m.record.clone()))
+            .collect(),
+        restart_count: p.restart_count,
+        reason: reason.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

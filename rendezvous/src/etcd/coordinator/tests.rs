@@ -1,0 +1,159 @@
+use std::time::Duration;
+
+use super::*;
+use crate::etcd::view::{MemberEntry, RoundEntry};
+
+const S: Duration = Duration::from_secs(1);
+
+fn cfg(min: u32, max: u32) -> SealConfig {
+    SealConfig {
+        min_nodes: min,
+        max_nodes: max,
+        last_call: 30 * S,
+        straggler_timeout: 10 * S,
+    }
+}
+
+/// Registers `id` (joined at revision `rev`) wanting round `wants`.
+fn join(v: &mut View, id: &str, rev: i64, wants: u64) {
+    let record = v1::Member {
+        schema: SCHEMA_VERSION,
+        node_id: id.into(),
+        addr: format!("{id}.local"),
+        local_world_size: 2,
+        wants_round: wants,
+    };
+    v.members.insert(
+        id.into(),
+        MemberEntry {
+            record,
+            create_rev: rev,
+        },
+    );
+}
+
+/// A view whose sealed round 4 (written at revision 40) has `members`, all registered and
+/// running it.
+fn running(members: &[&str]) -> View {
+    let mut v = View::default();
+    for (i, id) in members.iter().enumerate() {
+        join(&mut v, id, i as i64 + 1, 4);
+    }
+    let record = v1::Round {
+        schema: SCHEMA_VERSION,
+        number: 4,
+        members: members
+            .iter()
+            .map(|id| v.members[*id].record.clone())
+            .collect(),
+        restart_count: 1,
+        reason: String::new(),
+    };
+    v.round = Some(RoundEntry {
+        record,
+        mod_rev: 40,
+    });
+    v
+}
+
+fn recheck(o: &Observation) -> Option<Instant> {
+    match o.decision {
+        SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at } => recheck_at,
+        SealDecision::Seal(_) => None,
+    }
+}
+
+fn sealed(o: &Observation) -> &Proposal {
+    match &o.decision {
+        SealDecision::Seal(p) => p,
+        other => panic!("expected a seal, got {other:?} ({})", o.reason),
+    }
+}
+
+#[test]
+fn the_last_call_restarts_whenever_a_node_joins_or_leaves() {
+    let t = Instant::now();
+    let mut c = Coordinator::new(cfg(2, 4), t);
+    let mut v = View::default();
+    join(&mut v, "a", 1, 0);
+    join(&mut v, "b", 2, 0);
+    let o = c.observe(t + 5 * S, &v);
+    assert_eq!(recheck(&o), Some(t + 35 * S), "{}", o.reason);
+    // Looking again without a change keeps the clock.
+    assert_eq!(recheck(&c.observe(t + 20 * S, &v)), Some(t + 35 * S));
+    join(&mut v, "c", 3, 0);
+    assert_eq!(recheck(&c.observe(t + 25 * S, &v)), Some(t + 55 * S));
+    assert!(matches!(
+        c.observe(t + 35 * S, &v).decision,
+        SealDecision::Wait { .. }
+    ));
+    let o = c.observe(t + 55 * S, &v);
+    assert_eq!(sealed(&o).members, ["a", "b", "c"]);
+    assert_eq!(
+        o.fence, None,
+        "the first round is fenced on no round at all"
+    );
+}
+
+#[test]
+fn the_straggler_clock_starts_once_per_round_and_not_again_for_the_next() {
+    let t = Instant::now();
+    let mut c = Coordinator::new(cfg(1, 3), t);
+    let mut v = running(&["a", "b", "c"]);
+    c.observe(t, &v);
+    // c dies; a comes back for round 5, b does not (yet).
+    v.members.remove("c");
+    join(&mut v, "a", 1, 5);
+    let o = c.observe(t + S, &v);
+    assert!(matches!(o.decision, SealDecision::Reforming { .. }));
+    assert_eq!(recheck(&o), Some(t + 11 * S), "{}", o.reason);
+    assert_eq!(recheck(&c.observe(t + 5 * S, &v)), Some(t + 11 * S));
+    let o = c.observe(t + 11 * S, &v);
+    assert_eq!(sealed(&o).members, ["a"], "b is left behind: {}", o.reason);
+    assert_eq!(o.fence, Some(40));
+
+    // Round 5 is sealed and breaks in turn: its clock starts when it is seen broken,
+    // not when round 4 was.
+    let mut v = running(&["a", "b"]);
+    v.round.as_mut().unwrap().record.number = 5;
+    for m in v.members.values_mut() {
+        m.record.wants_round = 5;
+    }
+    let o = c.observe(t + 12 * S, &v);
+    assert!(o.reason.contains("intact"), "{}", o.reason);
+    v.members.remove("b");
+    let o = c.observe(t + 50 * S, &v);
+    assert_eq!(recheck(&o), Some(t + 60 * S), "{}", o.reason);
+}
+
+#[test]
+fn each_reason_is_new_once() {
+    let t = Instant::now();
+    let mut c = Coordinator::new(cfg(1, 2), t);
+    let v = running(&["a", "b"]);
+    let first = c.observe(t, &v);
+    assert!(first.new_reason);
+    assert!(first.reason.contains("intact"), "{}", first.reason);
+    assert!(!c.observe(t + S, &v).new_reason);
+    let mut failed = v.clone();
+    failed.failures.insert(4);
+    assert!(c.observe(t + 2 * S, &failed).new_reason);
+    assert!(c.observe(t + 3 * S, &v).new_reason);
+}
+
+#[test]
+fn a_seal_commits_the_members_own_records_fenced_on_the_round_it_replaces() {
+    let t = Instant::now();
+    let mut c = Coordinator::new(cfg(1, 3), t);
+    let mut v = running(&["a", "b"]);
+    join(&mut v, "new", 9, 5);
+    let o = c.observe(t, &v);
+    let p = sealed(&o);
+    assert_eq!(
+        (p.number, p.members.as_slice(), o.fence),
+        (5, ["a", "b", "new"].map(String::from).as_slice(), Some(40))
+    );
+    let r = round_record(p, &v, &o.reason);
+    assert_eq!(r.members[2], v.members["new"].record);
+    assert_eq!((r.restart_count, r.reason.as_str()), (1, o.reason.as_str()));
+}

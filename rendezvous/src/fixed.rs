@@ -1,0 +1,106 @@
+//! The body the `standalone` and `static` backends share: a group that never changes,
+//! whose rounds differ only in their number, their restart count and (standalone) the port.
+
+use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember};
+
+/// A round's group as a fixed backend lays it out.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// Every node in rank order (ranks are assigned by [`Round::new`]).
+    pub members: Vec<RoundMember>,
+    /// This node's index in `members`.
+    pub me: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+/// What sets one fixed backend apart from the other.
+pub trait Group {
+    /// The backend's name ([`Rendezvous::backend`]).
+    const BACKEND: &'static str;
+
+    fn run_id(&self) -> &str;
+
+    /// The group of the next round; called once per round.
+    fn layout(&self) -> Result<Layout, RendezvousError>;
+}
+
+/// A rendezvous whose every round is the same group: sealed at once, never changed by
+/// another node, failures charged locally (as in torchrun).
+#[derive(Debug)]
+pub struct Fixed<G> {
+    group: G,
+    rounds: u64,
+    restarts: u32,
+}
+
+impl<G> Fixed<G> {
+    pub(crate) fn with(group: G) -> Self {
+        Self {
+            group,
+            rounds: 0,
+            restarts: 0,
+        }
+    }
+}
+
+impl<G: Group> Rendezvous for Fixed<G> {
+    fn backend(&self) -> &'static str {
+        G::BACKEND
+    }
+
+    fn run_id(&self) -> &str {
+        self.group.run_id()
+    }
+
+    async fn next_round(&mut self) -> Result<Round, RendezvousError> {
+        let l = self.group.layout()?;
+        let reason = if self.rounds == 0 {
+            "first round"
+        } else {
+            "restart after a worker failure"
+        };
+        let round = Round::new(
+            self.rounds,
+            l.members,
+            l.me,
+            (l.master_addr, l.master_port),
+            self.restarts,
+            reason.into(),
+        )
+        .map_err(RendezvousError::InvalidConfig)?;
+        self.rounds += 1;
+        Ok(round)
+    }
+
+    async fn changed(&mut self) -> Result<Change, RendezvousError> {
+        std::future::pending().await
+    }
+
+    async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
+        self.restarts += 1;
+        Ok(self.restarts)
+    }
+
+    async fn finish(&mut self, _timeout: std::time::Duration) -> Result<Finish, RendezvousError> {
+        // One node (or nodes that know nothing of each other): nobody else to wait for.
+        Ok(Finish::AllDone)
+    }
+
+    async fn depart(&mut self, _how: Departure) -> Result<(), RendezvousError> {
+        Ok(())
+    }
+}
+
+/// Drives a future that never waits on I/O to completion (for the unit tests).
+#[cfg(test)]
+pub(crate) fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
