@@ -26,6 +26,7 @@ mod tests;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use fsdp_proto::v1::Phase as Shown;
 use fsdp_rendezvous::{Change, Departure, Finish, Rendezvous, RendezvousError, Round};
@@ -52,6 +53,9 @@ pub enum AgentExit {
     /// The agent was told to stop by this signal.
     Signalled(Signal),
 }
+
+/// How long leaving the rendezvous may take before the agent exits without it.
+const DEPART_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Where the loop is; each variant carries what its phase needs.
 enum Phase {
@@ -427,10 +431,14 @@ impl<R: Rendezvous> Loop<'_, R> {
     }
 
     async fn leave(&mut self, how: Departure, exit: AgentExit) -> Result<AgentExit, AgentError> {
-        match Self::interruptible(self.signals, self.rdzv.depart(how)).await {
-            Ok(r) => r?,
-            // Already on the way out: a signal now only skips the goodbye (peers then
-            // notice within a lease TTL instead of at once).
+        // Leaving is a courtesy (peers notice at once instead of after a lease TTL): a hung
+        // etcd or a second signal must not keep the agent from exiting.
+        let depart = tokio::time::timeout(DEPART_PATIENCE, self.rdzv.depart(how));
+        match Self::interruptible(self.signals, depart).await {
+            Ok(Ok(r)) => r?,
+            Ok(Err(_)) => tracing::warn!(
+                "the rendezvous did not take the goodbye within {DEPART_PATIENCE:?}; peers notice within a lease TTL"
+            ),
             Err(sig) => tracing::warn!(signal = %sig, "signal while leaving the run; not waiting"),
         }
         Ok(exit)

@@ -32,6 +32,8 @@ struct Scripted {
     finishes: VecDeque<Finish>,
     /// `record_failure` never answers (to interrupt it).
     failure_hangs: bool,
+    /// `depart` never answers (a hung etcd).
+    depart_hangs: bool,
     calls: Calls,
 }
 
@@ -84,6 +86,9 @@ impl Rendezvous for Scripted {
 
     async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
         self.call(format!("depart {how:?}"));
+        if self.depart_hangs {
+            std::future::pending::<()>().await;
+        }
         Ok(())
     }
 }
@@ -333,4 +338,17 @@ fn a_rendezvous_error_while_workers_run_stops_them_and_is_exit_69() {
     // Reaped by the stop: no such process any more.
     assert!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_rendezvous_that_never_takes_the_goodbye_does_not_keep_the_agent() {
+    let cfg = config(&[], "exit 0");
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0)].into(),
+        depart_hangs: true,
+        ..Scripted::default()
+    };
+    let (result, calls) = play(&cfg, rdzv, None);
+    assert_eq!(result.unwrap(), AgentExit::Finished);
+    assert_eq!(calls, ["next_round", "finish", "depart Finished"]);
 }
