@@ -142,7 +142,7 @@ async fn supervise<R: Rendezvous>(
             console,
             host: &host,
         };
-        let mut group = WorkerGroup::spawn(&spec)?;
+        let mut group = WorkerGroup::spawn(&spec).await?;
         tracing::info!(pids = ?group.pids(), entrypoint = %cfg.entrypoint.display(), "workers started");
         board.workers(&group.statuses(), false);
         board.transition(

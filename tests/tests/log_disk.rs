@@ -108,9 +108,12 @@ fn a_stuck_log_directory_does_not_cost_the_lease() {
         "no warning about the log directory\n{}",
         a.output()
     );
-    until(&a, &b, "the restarted worker's output on node a's console", || {
-        a.stdout().matches("running").count() >= 1
-    });
+    until(
+        &a,
+        &b,
+        "the restarted worker's output on node a's console",
+        || a.stdout().matches("running").count() >= 1,
+    );
     // A few lease TTLs more with the log directory still stuck.
     let settle = Instant::now() + Duration::from_secs(6);
     until(&a, &b, "a few lease TTLs", || Instant::now() > settle);
