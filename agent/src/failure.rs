@@ -186,6 +186,16 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_worker_and_an_unwritten_error_file_are_said_so() {
+        let mut f = failure(0, 1, WorkerExit::Lost, None);
+        f.error_file = Some(PathBuf::from("/logs/attempt_0/0/error.json"));
+        let text = summary("train.py", 0, "node-a", &[f]);
+        assert!(text.contains("exit status unknown"), "{text}");
+        assert!(!text.contains("exit code -1"), "{text}");
+        assert!(text.contains("error_file: <N/A> (decorate"), "{text}");
+    }
+
+    #[test]
     fn garbage_error_file_is_shown_not_trusted() {
         let dir = std::env::temp_dir().join(format!("fsdp-failure-g-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

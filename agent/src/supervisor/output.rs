@@ -179,3 +179,43 @@ pub async fn pump(reader: impl AsyncRead + Unpin, mut sinks: Sinks) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe nobody reads stands for a stalled disk: a write blocks once its buffer is full.
+    #[test]
+    fn a_stalled_log_file_costs_lines_in_the_file_never_the_runtime() {
+        let (read_end, write_end) = nix::unistd::pipe().unwrap();
+        let file = Arc::new(File::from(write_end));
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let disk = Disk::start();
+                // Far more than the pipe's buffer and the queue together.
+                let input: Vec<u8> = (0..20_000)
+                    .flat_map(|i| format!("line {i} of a worker that logs a lot\n").into_bytes())
+                    .collect();
+                let sinks = Sinks {
+                    console: None,
+                    file: Some(file),
+                    filters: Vec::new(),
+                    filtered: None,
+                    disk: disk.clone(),
+                };
+                pump(&input[..], sinks).await;
+                let _ = done.send(disk.dropped());
+            });
+        });
+        let dropped = finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the pump blocked on a log file that cannot be written");
+        assert!(dropped > 0, "nothing was dropped");
+        drop(read_end);
+    }
+}
