@@ -18,6 +18,7 @@
 
 pub mod error;
 pub mod etcd;
+mod host;
 pub mod port;
 pub mod ranks;
 pub mod seal;
@@ -25,6 +26,7 @@ pub mod standalone;
 pub mod static_group;
 
 pub use error::RendezvousError;
+pub use host::hostname;
 
 /// What a node knows about the group once a round is sealed.
 #[derive(Debug, Clone, PartialEq, Eq)]
