@@ -16,6 +16,7 @@
 //!   master are given on the command line, Kubeflow's non-elastic master mode). The etcd v3
 //!   backend implements the same trait.
 
+pub mod backoff;
 pub mod error;
 pub mod etcd;
 mod host;

@@ -736,7 +736,10 @@ impl Resolver<'_> {
                                 .into(),
                         ));
                     };
-                    let addr = a.local_addr.clone().unwrap_or_else(fsdp_rendezvous::hostname);
+                    let addr = a
+                        .local_addr
+                        .clone()
+                        .unwrap_or_else(fsdp_rendezvous::hostname);
                     let m = etcd::build(
                         &a.rdzv_endpoint,
                         run_id,

@@ -140,16 +140,17 @@ impl Session {
 
     /// Runs until aborted.
     pub async fn run(mut self) {
-        let mut delay = Duration::from_millis(100);
+        let (first, cap) = (Duration::from_millis(100), Duration::from_secs(2));
+        let mut delays = crate::backoff::delays(first, cap);
         loop {
             match self.sync_and_watch().await {
-                Ok(()) => delay = Duration::from_millis(100),
+                Ok(()) => delays = crate::backoff::delays(first, cap),
                 Err(e) => {
+                    let delay = delays.next().unwrap_or(cap);
                     self.view.send_modify(|v| v.connected = false);
                     self.shared.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, retry_in = ?delay, "etcd connection lost; reconnecting");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
                 }
             }
         }
