@@ -9,6 +9,8 @@ use std::time::SystemTime;
 pub enum WorkerExit {
     Code(i32),
     Signal(i32),
+    /// It is gone, but the agent could not learn how it ended (waiting for it failed).
+    Lost,
 }
 
 impl WorkerExit {
@@ -18,7 +20,7 @@ impl WorkerExit {
             (Some(c), _) => Self::Code(c),
             (None, Some(s)) => Self::Signal(s),
             // Neither a code nor a signal cannot happen for a reaped process.
-            (None, None) => Self::Code(-1),
+            (None, None) => Self::Lost,
         }
     }
 
@@ -37,6 +39,7 @@ impl fmt::Display for WorkerExit {
                     .unwrap_or("?");
                 write!(f, "signal {s} ({name})")
             }
+            Self::Lost => f.write_str("exit status unknown (the agent lost track of it)"),
         }
     }
 }
@@ -50,6 +53,9 @@ pub struct Failure {
     pub exit: WorkerExit,
     pub at: SystemTime,
     pub error_file: Option<PathBuf>,
+    /// What `error_file` said, read when the worker exited (off the runtime thread);
+    /// `None` when the worker wrote none.
+    pub report: Option<ErrorReport>,
 }
 
 /// What a worker's `TORCHELASTIC_ERROR_FILE` says, as written by torch's `@record`.
@@ -96,14 +102,14 @@ pub fn summary(entrypoint: &str, attempt: u32, host: &str, failures: &[Failure])
             f.rank, f.local_rank, f.pid, f.exit
         );
         match &f.error_file {
-            Some(p) => match read_error_file(p) {
+            Some(p) => match &f.report {
                 Some(report) => {
                     s += &format!(
                         "  error_file: {}\n  message: {}\n",
                         p.display(),
                         report.message
                     );
-                    if let Some(tb) = report.traceback {
+                    if let Some(tb) = &report.traceback {
                         for line in tb.lines() {
                             s += &format!("    {line}\n");
                         }
@@ -137,6 +143,7 @@ mod tests {
     use std::time::Duration;
 
     fn failure(rank: u32, secs: u64, exit: WorkerExit, file: Option<PathBuf>) -> Failure {
+        let report = file.as_deref().and_then(read_error_file);
         Failure {
             local_rank: rank,
             rank: rank + 10,
@@ -144,6 +151,7 @@ mod tests {
             exit,
             at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
             error_file: file,
+            report,
         }
     }
 
@@ -175,6 +183,16 @@ mod tests {
         assert!(text.contains("signal 9 (SIGKILL)"), "{text}");
         assert!(text.contains("attempt 2"), "{text}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_lost_worker_and_an_unwritten_error_file_are_said_so() {
+        let mut f = failure(0, 1, WorkerExit::Lost, None);
+        f.error_file = Some(PathBuf::from("/logs/attempt_0/0/error.json"));
+        let text = summary("train.py", 0, "node-a", &[f]);
+        assert!(text.contains("exit status unknown"), "{text}");
+        assert!(!text.contains("exit code -1"), "{text}");
+        assert!(text.contains("error_file: <N/A> (decorate"), "{text}");
     }
 
     #[test]

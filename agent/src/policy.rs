@@ -39,9 +39,7 @@ pub fn budget(restart_count: u32, max_restarts: u32, last_failure: Option<Worker
 /// Pause before re-forming after the `n`-th failure (0-based): 100 ms doubling to 5 s,
 /// with up to ±50 % jitter so nodes that failed together do not retry in lockstep.
 pub fn restart_backoff(n: u32) -> Duration {
-    let base = Duration::from_millis(100)
-        .saturating_mul(1u32 << n.min(6))
-        .min(Duration::from_secs(5));
+    let base = fsdp_rendezvous::backoff::nth(Duration::from_millis(100), Duration::from_secs(5), n);
     let jitter = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0; // 0..1
     base.mul_f64(0.5 + jitter)
 }

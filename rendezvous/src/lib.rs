@@ -16,9 +16,11 @@
 //!   master are given on the command line, Kubeflow's non-elastic master mode) share one
 //!   body, [`fixed::Fixed`]. The etcd v3 backend implements the same trait.
 
+pub mod backoff;
 pub mod error;
 pub mod etcd;
 pub mod fixed;
+mod host;
 pub mod port;
 pub mod ranks;
 pub mod seal;
@@ -26,6 +28,7 @@ pub mod standalone;
 pub mod static_group;
 
 pub use error::RendezvousError;
+pub use host::hostname;
 
 /// What a node knows about the group once a round is sealed.
 #[derive(Debug, Clone, PartialEq, Eq)]

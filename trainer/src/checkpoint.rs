@@ -3,7 +3,9 @@
 //! checkpoint whole or nothing of it; resume only looks at renamed directories.
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
@@ -83,19 +85,11 @@ pub fn save(
     }
     fs::create_dir(&tmp).map_err(io(&tmp))?;
     let state_file = tmp.join("state.pt");
-    Tensor::save_multi(
-        &[
-            ("params", &state.params),
-            ("adam_m", &state.m),
-            ("adam_v", &state.v),
-        ],
-        &state_file,
-    )
-    .map_err(|e| invalid(&state_file, e.to_string()))?;
+    fs::write(&state_file, serialize(&state_file, state)?).map_err(io(&state_file))?;
     fsync(&state_file)?;
     crash_point(meta.step);
     let meta_file = tmp.join("meta.json");
-    let json = serde_json::to_vec_pretty(meta).map_err(|e| invalid(&meta_file, e.to_string()))?;
+    let json = serde_json::to_vec_pretty(meta).map_err(|e| io(&meta_file)(e.into()))?;
     fs::write(&meta_file, json).map_err(io(&meta_file))?;
     fsync(&meta_file)?;
     fsync(&tmp)?;
@@ -107,6 +101,39 @@ pub fn save(
     fsync(dir)?;
     prune(dir, keep)?;
     Ok(final_path)
+}
+
+/// The state in PyTorch's archive format, in memory. Written to a file by libtorch itself,
+/// a failed write (a full disk) aborts the process: its archive writer throws again from
+/// its destructor. In memory nothing can fail that way, and the file is written by `std`,
+/// whose errors are I/O errors (exit 1), not bad input.
+fn serialize(path: &Path, state: &FullState) -> Result<Vec<u8>, CheckpointError> {
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    Tensor::save_multi_to_stream(
+        &[
+            ("params", &state.params),
+            ("adam_m", &state.m),
+            ("adam_v", &state.v),
+        ],
+        buffer.clone(),
+    )
+    .map_err(|e| io(path)(std::io::Error::other(e.to_string())))?;
+    let bytes = std::mem::take(&mut *buffer.0.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(bytes)
 }
 
 /// Test hook: `FSDP_TRAINER_CRASH_IN_SAVE=<step>` aborts half-way through that step's

@@ -352,6 +352,22 @@ fn bad_input_is_a_clear_error() {
     );
 }
 
+/// A checkpoint that cannot be written (here: every file is capped at a few KiB, with
+/// SIGXFSZ ignored so writes fail with EFBIG, as on a full disk) is an I/O failure, exit
+/// 1, which the agent may retry; not bad input, exit 2.
+#[test]
+fn a_checkpoint_that_cannot_be_written_is_an_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Command::new("/bin/sh");
+    clean(&mut c)
+        .args(["-c", "trap '' XFSZ; ulimit -f 8; exec \"$0\" \"$@\""])
+        .arg(trainer())
+        .args(MODEL)
+        .args(["--max_steps", "2", "--checkpoint_dir"])
+        .arg(dir.path());
+    fails_with(c, 1, "checkpoint I/O at");
+}
+
 #[test]
 fn a_text_file_trains_byte_level() {
     let dir = tempfile::tempdir().unwrap();

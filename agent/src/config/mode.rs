@@ -164,7 +164,10 @@ impl Resolver<'_> {
                     .into(),
             ));
         };
-        let addr = a.local_addr.clone().unwrap_or_else(hostname);
+        let addr = a
+            .local_addr
+            .clone()
+            .unwrap_or_else(fsdp_rendezvous::hostname);
         let m = etcd::build(
             &a.rdzv_endpoint,
             run_id,
@@ -302,11 +305,4 @@ pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
         Some((h, p)) if !h.contains(':') => Ok((h.to_owned(), Some(port(p)?))),
         _ => Ok((s.to_owned(), None)),
     }
-}
-
-/// This host's name, the address a node advertises when `--local-addr` is not given.
-fn hostname() -> String {
-    nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "localhost".into())
 }

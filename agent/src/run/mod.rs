@@ -110,9 +110,7 @@ async fn supervise<R: Rendezvous>(
     console: &Console,
     report: &mut Reporter,
 ) -> Result<AgentExit, AgentError> {
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "localhost".into());
+    let host = fsdp_rendezvous::hostname();
     report.node(rdzv.node_id().unwrap_or(&host), rdzv.error_counter());
     let run_dir = log_root(cfg)?;
     if let Some(dir) = &run_dir {
@@ -133,7 +131,7 @@ async fn supervise<R: Rendezvous>(
     loop {
         phase = match phase {
             Phase::Join => l.join().await?,
-            Phase::Start(round) => l.start(round)?,
+            Phase::Start(round) => l.start(round).await?,
             Phase::Running { round, group } => l.running(round, group).await?,
             Phase::Reform { group, change } => l.reform(group, change).await,
             Phase::Failed {
@@ -240,7 +238,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         Ok(Phase::Start(round))
     }
 
-    fn start(&mut self, round: Round) -> Result<Phase, AgentError> {
+    async fn start(&mut self, round: Round) -> Result<Phase, AgentError> {
         let attempt = match &self.run_dir {
             Some(dir) => Some(attempt_dir(dir, round.restart_count).map_err(|source| {
                 AgentError::LogDir {
@@ -257,7 +255,7 @@ impl<R: Rendezvous> Loop<'_, R> {
             console: self.console,
             host: &self.host,
         };
-        let group = WorkerGroup::spawn(&spec)?;
+        let group = WorkerGroup::spawn(&spec).await?;
         tracing::info!(pids = ?group.pids(), entrypoint = %self.cfg.entrypoint.display(), "workers started");
         self.report.started(&round, &group);
         Ok(Phase::Running { round, group })

@@ -215,6 +215,7 @@ pub fn exit_label(exit: WorkerExit) -> String {
         WorkerExit::Signal(s) => nix::sys::signal::Signal::try_from(s)
             .map(|s| s.as_str().to_owned())
             .unwrap_or_else(|_| format!("signal{s}")),
+        WorkerExit::Lost => "lost".to_owned(),
     }
 }
 
@@ -228,7 +229,7 @@ fn worker_record(w: &WorkerStatus) -> Worker {
     let (exit_code, signal) = match w.exit {
         Some(WorkerExit::Code(c)) => (Some(c), String::new()),
         Some(WorkerExit::Signal(s)) => (Some(128 + s), exit_label(WorkerExit::Signal(s))),
-        None => (None, String::new()),
+        Some(WorkerExit::Lost) | None => (None, String::new()),
     };
     Worker {
         local_rank: w.local_rank,

@@ -5,26 +5,42 @@
 //! is the signal (SIGTERM, or the one the agent received), a grace period, then SIGKILL to
 //! every group still alive.
 
+pub mod disk;
+pub mod files;
 pub mod output;
 pub mod reaper;
 mod unix;
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fsdp_rendezvous::Round;
 use nix::sys::signal::Signal;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::config::{Config, parse::expand_prefix};
-use crate::failure::{Failure, WorkerExit};
+use crate::failure::{ErrorReport, Failure, WorkerExit, read_error_file};
 use crate::worker_env::{GroupEnv, worker_env};
+use disk::Disk;
+use files::{AttemptFiles, Files, Route};
 use output::{Console, Sinks, Stream};
+
+pub use files::{attempt_dir, run_log_dir};
+
+/// How long a group start waits for the log directory (emptying the attempt directory,
+/// creating it, opening the log files) before it starts the workers without log files.
+/// A hung mount delays a group start by this much, never the lease.
+pub const LOG_DIR_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How long the agent waits to read a failed worker's error file before the summary
+/// goes out without it.
+pub const ERROR_FILE_PATIENCE: Duration = Duration::from_secs(2);
 
 /// A worker could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -84,15 +100,25 @@ pub enum GroupEvent {
     Succeeded,
 }
 
+/// A worker's exit, as its waiter reports it.
+struct Exit {
+    index: usize,
+    exit: WorkerExit,
+    at: SystemTime,
+    /// Its error file, read when it failed on its own.
+    report: Option<ErrorReport>,
+}
+
 /// A running group of workers.
 pub struct WorkerGroup {
     workers: Vec<Worker>,
-    exits: mpsc::UnboundedReceiver<(usize, WorkerExit, SystemTime)>,
+    exits: mpsc::UnboundedReceiver<Exit>,
     waiters: JoinSet<()>,
     pumps: JoinSet<()>,
     failures: Vec<Failure>,
     /// Set once the agent sent a stop signal: later exits are not failures of their own.
-    stopping: bool,
+    /// Shared with the waiters, which then skip reading error files.
+    stopping: Arc<AtomicBool>,
     /// Every leader is reaped and its process group was sent SIGKILL: nothing is left.
     settled: bool,
 }
@@ -109,9 +135,10 @@ impl Drop for WorkerGroup {
 }
 
 impl WorkerGroup {
-    /// Starts one worker per local rank. If any cannot be started, the ones already
-    /// running are killed before the error is returned.
-    pub fn spawn(spec: &GroupSpec<'_>) -> Result<Self, SpawnError> {
+    /// Starts one worker per local rank, after the log files are ready (or the log
+    /// directory did not answer within [`LOG_DIR_PATIENCE`]). If any worker cannot be
+    /// started, the ones already running are killed before the error is returned.
+    pub async fn spawn(spec: &GroupSpec<'_>) -> Result<Self, SpawnError> {
         let (tx, exits) = mpsc::unbounded_channel();
         let mut group = Self {
             workers: Vec::new(),
@@ -119,26 +146,22 @@ impl WorkerGroup {
             waiters: JoinSet::new(),
             pumps: JoinSet::new(),
             failures: Vec::new(),
-            stopping: false,
+            stopping: Arc::new(AtomicBool::new(false)),
             settled: false,
         };
-        let filtered =
-            |name: &str, filters: &[String]| -> Result<Option<Arc<Mutex<File>>>, SpawnError> {
-                match (&spec.attempt_dir, filters.is_empty()) {
-                    (Some(dir), false) => {
-                        let path = dir.join(name);
-                        let f = File::create(&path)
-                            .map_err(|source| SpawnError::LogDir { path, source })?;
-                        Ok(Some(Arc::new(Mutex::new(f))))
-                    }
-                    _ => Ok(None),
-                }
-            };
-        let logs = &spec.config.logs;
-        let filtered_out = filtered("filtered_stdout.log", &logs.stdout_filters)?;
-        let filtered_err = filtered("filtered_stderr.log", &logs.stderr_filters)?;
+        let (files, mut opened) = open_files(spec).await?;
         for local_rank in 0..spec.config.nproc_per_node {
-            if let Err(e) = group.spawn_one(spec, local_rank, &tx, [&filtered_out, &filtered_err]) {
+            let streams = opened
+                .ranks
+                .get_mut(local_rank as usize)
+                .map(std::mem::take)
+                .unwrap_or_default();
+            let io = StreamIo {
+                files,
+                opened: streams,
+                filtered: &opened.filtered,
+            };
+            if let Err(e) = group.spawn_one(spec, local_rank, io, &tx) {
                 group.kill_now();
                 return Err(e);
             }
@@ -150,119 +173,18 @@ impl WorkerGroup {
         &mut self,
         spec: &GroupSpec<'_>,
         local_rank: u32,
-        tx: &mpsc::UnboundedSender<(usize, WorkerExit, SystemTime)>,
-        filtered: [&Option<Arc<Mutex<File>>>; 2],
+        io: StreamIo<'_>,
+        tx: &mpsc::UnboundedSender<Exit>,
     ) -> Result<(), SpawnError> {
         let cfg = spec.config;
         let rank = spec.round.base_rank + local_rank;
-        let rank_dir = match &spec.attempt_dir {
-            Some(dir) => {
-                let d = dir.join(local_rank.to_string());
-                std::fs::create_dir_all(&d).map_err(|source| SpawnError::LogDir {
-                    path: d.clone(),
-                    source,
-                })?;
-                Some(d)
-            }
-            None => None,
+        let error_file = match (io.files, &spec.attempt_dir) {
+            (Files::Written, Some(dir)) => Some(files::error_file(dir, local_rank)),
+            _ => None,
         };
-        let error_file = rank_dir.as_ref().map(|d| d.join("error.json"));
-        let env_of = |k: &str| std::env::var(k).ok();
-        let nccl = env_of("TORCH_NCCL_ASYNC_ERROR_HANDLING");
-        let cuda = env_of("CUDA_VISIBLE_DEVICES");
-        let signals = cfg
-            .signals
-            .iter()
-            .map(|s| s.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        let group_env = GroupEnv {
-            round: spec.round,
-            role: &cfg.role,
-            local_world_size: cfg.nproc_per_node,
-            run_id: &cfg.run_id,
-            max_restarts: cfg.max_restarts,
-            virtual_local_rank: cfg.virtual_local_rank,
-            nccl_async_error_handling: nccl.as_deref(),
-            cuda_visible_devices: cuda.as_deref(),
-            omp_threads_default: cfg.omp_threads_default,
-            signals_to_handle: &signals,
-        };
-
-        let mut cmd = Command::new(&cfg.entrypoint.program);
-        let lr = local_rank.to_string();
-        cmd.args(
-            cfg.entrypoint
-                .args
-                .iter()
-                .map(|a| a.replace("${local_rank}", &lr)),
-        )
-        .envs(worker_env(&group_env, local_rank, error_file.as_deref()))
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-        crate::worker_env::scrub(&mut cmd, &cfg.worker_env_scrub);
-        unix::prepare(&mut cmd);
-
-        let prefix = expand_prefix(
-            &cfg.logs.prefix_template,
-            &cfg.role,
-            local_rank,
-            rank,
-            spec.host,
-        );
-        let on_console = cfg
-            .logs
-            .console_ranks
-            .as_ref()
-            .is_none_or(|r| r.contains(&local_rank));
-        let (redirect, tee) = (
-            cfg.logs.redirects.for_rank(local_rank),
-            cfg.logs.tee.for_rank(local_rank),
-        );
-        let mut plans = Vec::new();
-        for (stream, name, to_file, teed, filters, filtered) in [
-            (
-                Stream::Stdout,
-                "stdout.log",
-                redirect.stdout || tee.stdout,
-                tee.stdout,
-                &cfg.logs.stdout_filters,
-                filtered[0],
-            ),
-            (
-                Stream::Stderr,
-                "stderr.log",
-                redirect.stderr || tee.stderr,
-                tee.stderr,
-                &cfg.logs.stderr_filters,
-                filtered[1],
-            ),
-        ] {
-            let file = match (&rank_dir, to_file) {
-                (Some(d), true) => {
-                    let path = d.join(name);
-                    Some(
-                        File::create(&path)
-                            .map_err(|source| SpawnError::LogDir { path, source })?,
-                    )
-                }
-                _ => None,
-            };
-            // A redirected stream leaves the console unless it is also tee'd.
-            let console = (on_console && (!to_file || teed))
-                .then(|| (spec.console.clone(), stream, prefix.clone()));
-            let filtered = if teed { filtered.clone() } else { None };
-            plans.push(Sinks {
-                console,
-                file,
-                filters: filters.clone(),
-                filtered,
-            });
-        }
-        let [out_plan, err_plan]: [Sinks; 2] = plans.try_into().unwrap_or_else(|_| unreachable!());
-        cmd.stdout(stdio_for(&out_plan))
-            .stderr(stdio_for(&err_plan));
-
+        let mut cmd = command(spec, local_rank, error_file.as_deref());
+        let [(out_io, out_sinks), (err_io, err_sinks)] = io.wire(spec, local_rank, rank);
+        cmd.stdout(out_io).stderr(err_io);
         let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
             local_rank,
             program: cfg.entrypoint.program.display().to_string(),
@@ -271,23 +193,19 @@ impl WorkerGroup {
         let pid = child.id().unwrap_or(0);
         // Before any await: the PID-1 reaper must never wait for a worker leader.
         reaper::register(pid);
-        if let Some(out) = child.stdout.take() {
-            self.pumps.spawn(output::pump(out, out_plan));
+        if let (Some(out), Some(sinks)) = (child.stdout.take(), out_sinks) {
+            self.pumps.spawn(output::pump(out, sinks));
         }
-        if let Some(err) = child.stderr.take() {
-            self.pumps.spawn(output::pump(err, err_plan));
+        if let (Some(err), Some(sinks)) = (child.stderr.take(), err_sinks) {
+            self.pumps.spawn(output::pump(err, sinks));
         }
-        let index = self.workers.len();
-        let tx = tx.clone();
-        self.waiters.spawn(async move {
-            let exit = match child.wait().await {
-                Ok(status) => WorkerExit::from_status(status),
-                Err(_) => WorkerExit::Code(-1),
-            };
-            reaper::unregister(pid);
-            // The receiver is gone only when the group was dropped.
-            let _ = tx.send((index, exit, SystemTime::now()));
-        });
+        self.watch(
+            child,
+            pid,
+            error_file.clone(),
+            spec.console.disk().clone(),
+            tx,
+        );
         tracing::debug!(local_rank, rank, pid, "worker started");
         self.workers.push(Worker {
             local_rank,
@@ -297,6 +215,41 @@ impl WorkerGroup {
             error_file,
         });
         Ok(())
+    }
+
+    /// Waits for the worker in a task of its own and reports its exit, with its error
+    /// file when it failed on its own (read off the runtime thread, with a deadline).
+    fn watch(
+        &mut self,
+        mut child: Child,
+        pid: u32,
+        error_file: Option<PathBuf>,
+        disk: Disk,
+        tx: &mpsc::UnboundedSender<Exit>,
+    ) {
+        let index = self.workers.len();
+        let (tx, stopping) = (tx.clone(), self.stopping.clone());
+        self.waiters.spawn(async move {
+            let exit = match child.wait().await {
+                Ok(status) => WorkerExit::from_status(status),
+                Err(_) => WorkerExit::Lost,
+            };
+            let at = SystemTime::now();
+            reaper::unregister(pid);
+            let report = match error_file {
+                Some(path) if !exit.success() && !stopping.load(Ordering::SeqCst) => {
+                    read_report(&disk, path).await
+                }
+                _ => None,
+            };
+            // The receiver is gone only when the group was dropped.
+            let _ = tx.send(Exit {
+                index,
+                exit,
+                at,
+                report,
+            });
+        });
     }
 
     /// Process ids of the workers, by local rank.
@@ -319,11 +272,17 @@ impl WorkerGroup {
             .collect()
     }
 
-    fn record(&mut self, index: usize, exit: WorkerExit, at: SystemTime) -> Option<Failure> {
+    fn record(&mut self, reported: Exit) -> Option<Failure> {
+        let Exit {
+            index,
+            exit,
+            at,
+            report,
+        } = reported;
         let w = &mut self.workers[index];
         w.exit = Some(exit);
         tracing::debug!(local_rank = w.local_rank, pid = w.pid, %exit, "worker exited");
-        if exit.success() || self.stopping {
+        if exit.success() || self.stopping.load(Ordering::SeqCst) {
             return None;
         }
         let failure = Failure {
@@ -333,6 +292,7 @@ impl WorkerGroup {
             exit,
             at,
             error_file: w.error_file.clone(),
+            report,
         };
         self.failures.push(failure.clone());
         Some(failure)
@@ -349,18 +309,19 @@ impl WorkerGroup {
             {
                 return GroupEvent::Succeeded;
             }
-            let Some((index, exit, at)) = self.exits.recv().await else {
+            let Some(reported) = self.exits.recv().await else {
                 // Every waiter is gone without reporting; treat as a failure of rank 0.
                 return GroupEvent::Failed(Failure {
                     local_rank: 0,
                     rank: 0,
                     pid: 0,
-                    exit: WorkerExit::Code(-1),
+                    exit: WorkerExit::Lost,
                     at: SystemTime::now(),
                     error_file: None,
+                    report: None,
                 });
             };
-            let failure = self.record(index, exit, at);
+            let failure = self.record(reported);
             on_exit(&self.statuses());
             if let Some(f) = failure {
                 return GroupEvent::Failed(f);
@@ -385,7 +346,7 @@ impl WorkerGroup {
     }
 
     fn kill_now(&mut self) {
-        self.stopping = true;
+        self.stopping.store(true, Ordering::SeqCst);
         self.signal_all(Signal::SIGKILL);
     }
 
@@ -399,10 +360,10 @@ impl WorkerGroup {
         escalate: impl Future<Output = ()>,
     ) {
         // Exits already queued happened before the stop; they may be failures of their own.
-        while let Ok((index, exit, at)) = self.exits.try_recv() {
-            self.record(index, exit, at);
+        while let Ok(reported) = self.exits.try_recv() {
+            self.record(reported);
         }
-        self.stopping = true;
+        self.stopping.store(true, Ordering::SeqCst);
         if self.running() {
             tracing::info!(%signal, grace_s = grace.as_secs_f64(), "stopping workers");
             self.signal_all(signal);
@@ -413,7 +374,7 @@ impl WorkerGroup {
         let mut killed = false;
         while self.running() {
             tokio::select! {
-                Some((index, exit, at)) = self.exits.recv() => { self.record(index, exit, at); }
+                Some(reported) = self.exits.recv() => { self.record(reported); }
                 () = &mut deadline, if !killed => {
                     tracing::warn!(grace_s = grace.as_secs_f64(), "workers still running after the grace period; sending SIGKILL");
                     self.signal_all(Signal::SIGKILL);
@@ -447,39 +408,156 @@ impl WorkerGroup {
     /// After [`GroupEvent::Succeeded`]: kills what the workers left running in their
     /// process groups (as torchrun does on completion) and waits for the output to drain.
     pub async fn finish(&mut self) {
-        self.stopping = true;
+        self.stopping.store(true, Ordering::SeqCst);
         self.signal_all(Signal::SIGKILL);
         self.settled = true;
         self.drain_output().await;
     }
 }
 
-fn stdio_for(sinks: &Sinks) -> Stdio {
-    match (&sinks.file, &sinks.console, &sinks.filtered) {
-        // Redirect only: the worker writes straight to its file, no copy through the agent.
-        (Some(f), None, None) => f
-            .try_clone()
-            .map(Stdio::from)
-            .unwrap_or_else(|_| Stdio::piped()),
-        (None, None, _) => Stdio::null(),
-        _ => Stdio::piped(),
+/// Prepares the attempt's directory and log files on the log-file thread. A directory that
+/// does not answer within [`LOG_DIR_PATIENCE`] is given up on: the workers start without
+/// log files or error files, their output on the console.
+async fn open_files(spec: &GroupSpec<'_>) -> Result<(Files, AttemptFiles), SpawnError> {
+    let Some(dir) = spec.attempt_dir.clone() else {
+        return Ok((Files::DevNull, AttemptFiles::default()));
+    };
+    let logs = &spec.config.logs;
+    let routes: Vec<[Route; 2]> = (0..spec.config.nproc_per_node)
+        .map(|r| files::routes(logs, r, Files::Written))
+        .collect();
+    let filtered = [
+        !logs.stdout_filters.is_empty(),
+        !logs.stderr_filters.is_empty(),
+    ];
+    let job_dir = dir.clone();
+    let prepared = spec
+        .console
+        .disk()
+        .call(LOG_DIR_PATIENCE, move || {
+            files::prepare(&job_dir, &routes, filtered)
+        })
+        .await;
+    match prepared {
+        Some(Ok(opened)) => Ok((Files::Written, opened)),
+        Some(Err((path, source))) => Err(SpawnError::LogDir { path, source }),
+        None => {
+            tracing::warn!(
+                dir = %dir.display(),
+                patience_s = LOG_DIR_PATIENCE.as_secs(),
+                "the worker log directory did not respond (a hung mount?); starting the workers \
+                 without log files or error files, their output on the console"
+            );
+            Ok((Files::Unavailable, AttemptFiles::default()))
+        }
     }
 }
 
-/// `<base>/<run_id>_<random>`: one directory per agent run, as torchrun lays it out.
-pub fn run_log_dir(base: &Path, run_id: &str) -> std::io::Result<PathBuf> {
-    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let dir = base.join(format!("{run_id}_{suffix}"));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+/// The worker's command: program, arguments, environment, its own process group.
+fn command(spec: &GroupSpec<'_>, local_rank: u32, error_file: Option<&std::path::Path>) -> Command {
+    let cfg = spec.config;
+    let env_of = |k: &str| std::env::var(k).ok();
+    let nccl = env_of("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+    let cuda = env_of("CUDA_VISIBLE_DEVICES");
+    let signals = cfg
+        .signals
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(",");
+    let group_env = GroupEnv {
+        round: spec.round,
+        role: &cfg.role,
+        local_world_size: cfg.nproc_per_node,
+        run_id: &cfg.run_id,
+        max_restarts: cfg.max_restarts,
+        virtual_local_rank: cfg.virtual_local_rank,
+        nccl_async_error_handling: nccl.as_deref(),
+        cuda_visible_devices: cuda.as_deref(),
+        omp_threads_default: cfg.omp_threads_default,
+        signals_to_handle: &signals,
+    };
+    let mut cmd = Command::new(&cfg.entrypoint.program);
+    let lr = local_rank.to_string();
+    cmd.args(
+        cfg.entrypoint
+            .args
+            .iter()
+            .map(|a| a.replace("${local_rank}", &lr)),
+    )
+    .envs(worker_env(&group_env, local_rank, error_file))
+    .stdin(Stdio::null())
+    .kill_on_drop(true);
+    crate::worker_env::scrub(&mut cmd, &cfg.worker_env_scrub);
+    unix::prepare(&mut cmd);
+    cmd
 }
 
-/// `attempt_<n>` under the run's log directory, emptied if a previous round used it.
-pub fn attempt_dir(run_dir: &Path, attempt: u32) -> std::io::Result<PathBuf> {
-    let dir = run_dir.join(format!("attempt_{attempt}"));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
+/// One rank's share of the attempt's log files.
+struct StreamIo<'a> {
+    files: Files,
+    /// Its `stdout.log`, `stderr.log`, when its routes name them.
+    opened: [Option<File>; 2],
+    filtered: &'a [Option<Arc<File>>; 2],
+}
+
+impl StreamIo<'_> {
+    /// What the worker's stdout and stderr are connected to, and the sinks of those that
+    /// are pumped through the agent.
+    fn wire(self, spec: &GroupSpec<'_>, local_rank: u32, rank: u32) -> [(Stdio, Option<Sinks>); 2] {
+        let logs = &spec.config.logs;
+        let prefix = expand_prefix(
+            &logs.prefix_template,
+            &spec.config.role,
+            local_rank,
+            rank,
+            spec.host,
+        );
+        let routes = files::routes(logs, local_rank, self.files);
+        let [out_file, err_file] = self.opened;
+        let wire_one = |i: usize, stream: Stream, file: Option<File>, filters: &Vec<String>| {
+            let route = routes[i];
+            match file {
+                // Redirect only: the worker writes straight to its file, no copy through
+                // the agent.
+                Some(f) if route.file_only() => return (Stdio::from(f), None),
+                _ if !route.file && !route.console && !route.filtered => {
+                    return (Stdio::null(), None);
+                }
+                _ => {}
+            }
+            let sinks = Sinks {
+                console: route
+                    .console
+                    .then(|| (spec.console.clone(), stream, prefix.clone())),
+                file: file.filter(|_| route.file).map(Arc::new),
+                filters: filters.clone(),
+                filtered: self.filtered[i].clone().filter(|_| route.filtered),
+                disk: spec.console.disk().clone(),
+            };
+            (Stdio::piped(), Some(sinks))
+        };
+        [
+            wire_one(0, Stream::Stdout, out_file, &logs.stdout_filters),
+            wire_one(1, Stream::Stderr, err_file, &logs.stderr_filters),
+        ]
     }
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+}
+
+/// A failed worker's error file, read on the log-file thread. One that cannot be read
+/// within [`ERROR_FILE_PATIENCE`] is reported as such instead of stalling the summary.
+async fn read_report(disk: &Disk, path: PathBuf) -> Option<ErrorReport> {
+    match disk
+        .call(ERROR_FILE_PATIENCE, move || read_error_file(&path))
+        .await
+    {
+        Some(report) => report,
+        None => Some(ErrorReport {
+            message: format!(
+                "(not read: the log directory did not answer within {} s)",
+                ERROR_FILE_PATIENCE.as_secs()
+            ),
+            traceback: None,
+        }),
+    }
 }

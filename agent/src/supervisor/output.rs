@@ -2,15 +2,19 @@
 //!
 //! Lines from all workers go through one bounded channel to one console thread. A slow
 //! console therefore slows the workers' pipes (as a terminal would), never the agent's
-//! runtime, and lines from different workers never interleave mid-line.
+//! runtime, and lines from different workers never interleave mid-line. Lines for the log
+//! files go the same way to the log-file thread ([`Disk`]), where a stalled disk costs lines
+//! in the files after a short wait, never the runtime.
 
 use std::fs::File;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
+
+use super::disk::{Backlog, Disk};
 
 /// Which of the agent's streams a line goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,13 +23,15 @@ pub enum Stream {
     Stderr,
 }
 
-/// A handle to the console thread.
+/// A handle to the console thread, and to the log-file thread that goes with it.
 #[derive(Debug, Clone)]
 pub struct Console {
     tx: mpsc::Sender<(Stream, Vec<u8>)>,
+    disk: Disk,
 }
 
-/// Owns the console thread; [`ConsoleThread::close`] writes out every queued line.
+/// Owns the console thread; [`ConsoleThread::close`] writes out every queued line, to the
+/// console and to the log files.
 pub struct ConsoleThread {
     console: Console,
     /// Resolves when the thread has written everything and stopped.
@@ -46,6 +52,18 @@ impl ConsoleThread {
     /// nobody reads the console. Lines still being pumped by workers that outlive this
     /// call are dropped; the agent is exiting.
     pub async fn close(self) {
+        let disk = &self.console.disk;
+        if !disk.flush(CONSOLE_PATIENCE).await {
+            tracing::warn!(
+                "the worker log directory is not answering; dropping the lines still queued for the log files"
+            );
+        }
+        if disk.dropped() > 0 {
+            tracing::warn!(
+                lines = disk.dropped(),
+                "lines of worker output were left out of the log files because the disk did not keep up"
+            );
+        }
         let written = async {
             if self.console.tx.send(CLOSE).await.is_ok() {
                 let _ = self.finished.await;
@@ -75,7 +93,12 @@ impl Console {
             .await;
     }
 
-    /// Starts the console thread.
+    /// The log-file thread, for everything the workers' log directory needs.
+    pub fn disk(&self) -> &Disk {
+        &self.disk
+    }
+
+    /// Starts the console thread and the log-file thread.
     pub fn start() -> (Self, ConsoleThread) {
         let (tx, mut rx) = mpsc::channel::<(Stream, Vec<u8>)>(1024);
         let (done, finished) = tokio::sync::oneshot::channel();
@@ -96,7 +119,10 @@ impl Console {
                 let _ = done.send(());
             })
             .expect("spawning the console thread");
-        let console = Self { tx };
+        let console = Self {
+            tx,
+            disk: Disk::start(),
+        };
         (console.clone(), ConsoleThread { console, finished })
     }
 }
@@ -104,10 +130,12 @@ impl Console {
 /// Where one worker stream's lines go.
 pub struct Sinks {
     pub console: Option<(Console, Stream, String)>,
-    pub file: Option<File>,
+    pub file: Option<Arc<File>>,
     /// Lines containing any of these substrings are also copied to the shared file.
     pub filters: Vec<String>,
-    pub filtered: Option<Arc<Mutex<File>>>,
+    pub filtered: Option<Arc<File>>,
+    /// Writes the files.
+    pub disk: Disk,
 }
 
 /// Longest line kept whole; longer output is split so one runaway worker cannot make the
@@ -118,6 +146,7 @@ const MAX_LINE: u64 = 64 * 1024;
 pub async fn pump(reader: impl AsyncRead + Unpin, mut sinks: Sinks) {
     let mut reader = BufReader::new(reader);
     let mut line = Vec::new();
+    let mut backlog = Backlog::default();
     loop {
         line.clear();
         match (&mut reader)
@@ -131,16 +160,13 @@ pub async fn pump(reader: impl AsyncRead + Unpin, mut sinks: Sinks) {
         if !line.ends_with(b"\n") {
             line.push(b'\n');
         }
-        if let Some(file) = &mut sinks.file {
-            // A full disk must not kill the run; the console still has the line.
-            let _ = file.write_all(&line);
+        if let Some(file) = &sinks.file {
+            sinks.disk.write(file, line.clone(), &mut backlog).await;
         }
         if let Some(filtered) = &sinks.filtered {
             let text = String::from_utf8_lossy(&line);
             if sinks.filters.iter().any(|f| text.contains(f.as_str())) {
-                if let Ok(mut f) = filtered.lock() {
-                    let _ = f.write_all(&line);
-                }
+                sinks.disk.write(filtered, line.clone(), &mut backlog).await;
             }
         }
         if let Some((console, stream, prefix)) = &sinks.console {
@@ -151,5 +177,45 @@ pub async fn pump(reader: impl AsyncRead + Unpin, mut sinks: Sinks) {
                 sinks.console = None;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pipe nobody reads stands for a stalled disk: a write blocks once its buffer is full.
+    #[test]
+    fn a_stalled_log_file_costs_lines_in_the_file_never_the_runtime() {
+        let (read_end, write_end) = nix::unistd::pipe().unwrap();
+        let file = Arc::new(File::from(write_end));
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let disk = Disk::start();
+                // Far more than the pipe's buffer and the queue together.
+                let input: Vec<u8> = (0..20_000)
+                    .flat_map(|i| format!("line {i} of a worker that logs a lot\n").into_bytes())
+                    .collect();
+                let sinks = Sinks {
+                    console: None,
+                    file: Some(file),
+                    filters: Vec::new(),
+                    filtered: None,
+                    disk: disk.clone(),
+                };
+                pump(&input[..], sinks).await;
+                let _ = done.send(disk.dropped());
+            });
+        });
+        let dropped = finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the pump blocked on a log file that cannot be written");
+        assert!(dropped > 0, "nothing was dropped");
+        drop(read_end);
     }
 }

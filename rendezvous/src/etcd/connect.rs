@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::Retryable;
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use crate::RendezvousError;
@@ -183,9 +183,7 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
             Ok::<_, etcd_client::Error>(client)
         }
     };
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(2))
+    let backoff = crate::backoff::exponential(Duration::from_millis(100), Duration::from_secs(2))
         .with_jitter()
         .with_max_times(10_000)
         .with_total_delay(Some(opts.retry_window));

@@ -95,9 +95,7 @@ impl EtcdConfig {
 /// A unique node id: host name, pid and a random suffix, so agents that share a host name
 /// and a pid (PID 1 in containers) are still told apart.
 pub fn new_node_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().replace('/', "_"))
-        .unwrap_or_else(|_| "node".into());
+    let host = crate::hostname().replace('/', "_");
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
     format!("{host}-{}-{suffix}", std::process::id())
 }

@@ -164,8 +164,9 @@ pub struct Session {
     /// The round this agent runs.
     running: Option<v1::Round>,
     coordinator: Coordinator,
-    /// The wait before the next sync after a failure; doubles up to [`LAST_RETRY`].
-    retry: Duration,
+    /// Failures since the last good watch: the next sync waits
+    /// `backoff::nth(FIRST_RETRY, LAST_RETRY, n)`.
+    failures: u32,
 }
 
 impl Session {
@@ -189,7 +190,7 @@ impl Session {
             member: None,
             running: None,
             coordinator: Coordinator::new(s.seal, Instant::now().into_std()),
-            retry: FIRST_RETRY,
+            failures: 0,
         }
     }
 
@@ -204,7 +205,7 @@ impl Session {
                 },
                 State::Watching(mut w) => match self.watch(&mut w).await {
                     Ok(next) => {
-                        self.retry = FIRST_RETRY;
+                        self.failures = 0;
                         next
                     }
                     Err(e) => self.lost(e),
@@ -218,9 +219,9 @@ impl Session {
     fn lost(&mut self, e: etcd_client::Error) -> State {
         self.view.send_modify(|v| v.connected = false);
         self.errors.fetch_add(1, Ordering::Relaxed);
-        let delay = self.retry;
+        let delay = crate::backoff::nth(FIRST_RETRY, LAST_RETRY, self.failures);
         tracing::warn!(error = %e, retry_in = ?delay, "etcd connection lost; reconnecting");
-        self.retry = (delay * 2).min(LAST_RETRY);
+        self.failures = self.failures.saturating_add(1);
         State::Disconnected {
             until: Instant::now() + delay,
         }
