@@ -305,3 +305,37 @@ fn growth_does_not_wait_for_survivors_that_know_nothing_of_it() {
     assert_eq!(p.members, ["a", "b", "n"]);
     assert_eq!(p.restart_count, 1);
 }
+
+#[test]
+fn reasons_name_a_few_nodes_and_count_the_rest() {
+    let t = Instant::now();
+    let members: Vec<String> = (0..1000).map(|i| format!("node-{i}")).collect();
+    let current = Current {
+        number: 3,
+        members: members.clone(),
+        restart_count: 0,
+        failed: false,
+    };
+    // Every member is gone but the first: 999 lost.
+    let candidates = vec![Candidate {
+        node_id: "node-0".into(),
+        joined_rev: 1,
+        ready: true,
+    }];
+    let state = SealState {
+        current: Some(&current),
+        candidates: &candidates,
+        quiet_since: t,
+        reform_since: None,
+    };
+    let cfg = SealConfig {
+        min_nodes: 1,
+        max_nodes: 1000,
+        last_call: Duration::from_secs(30),
+        straggler_timeout: Duration::from_secs(10),
+    };
+    let (d, reason) = decide(t, &state, &cfg);
+    assert!(matches!(d, SealDecision::Seal(_)), "{d:?}");
+    assert!(reason.contains("and 994 more"), "{reason}");
+    assert!(reason.len() < 200, "{} characters: {reason}", reason.len());
+}

@@ -157,3 +157,20 @@ fn a_seal_commits_the_members_own_records_fenced_on_the_round_it_replaces() {
     assert_eq!(r.members[2], v.members["new"].record);
     assert_eq!((r.restart_count, r.reason.as_str()), (1, o.reason.as_str()));
 }
+
+#[test]
+fn counts_alone_do_not_make_a_reason_new_but_time_does() {
+    let t = Instant::now();
+    let mut c = Coordinator::new(cfg(2, 1000), t);
+    let mut v = View::default();
+    join(&mut v, "n1", 1, 0);
+    join(&mut v, "n2", 2, 0);
+    assert!(c.observe(t, &v).new_reason);
+    // More nodes gather: the reason's numbers change, its shape does not.
+    for i in 3..50 {
+        join(&mut v, &format!("n{i}"), i, 0);
+        let o = c.observe(t + S / 10, &v);
+        assert!(!o.new_reason, "{}", o.reason);
+    }
+    assert!(c.observe(t + RELOG_EVERY, &v).new_reason);
+}
