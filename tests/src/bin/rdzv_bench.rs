@@ -3,7 +3,13 @@
 //! `nodes=N seal_s=<seconds> etcd_writes=<count>`: the time from the first join to every
 //! node holding the sealed round, and the writes all nodes made.
 //!
-//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K]
+//! With `--lose leave|kill`, one node then leaves the sealed round — `leave` revokes its
+//! lease (a pod deleted: SIGTERM), `kill` drops it without a word (SIGKILL: its lease
+//! expires after `--ttl`, default 3 s) — and a further line
+//! `nodes=N lose=<how> reform_s=<seconds>` gives the time from the loss to every survivor
+//! holding the next round.
+//!
+//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
 
 use std::time::{Duration, Instant};
 
@@ -13,12 +19,15 @@ use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, connect};
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
+    let (mut lose, mut ttl) = (None::<String>, 3u64);
     while let Some(a) = args.next() {
         let mut v = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
             "--endpoint" => endpoint = Some(v()),
             "--nodes" => nodes = v().parse().expect("--nodes N"),
             "--clients" => clients = Some(v().parse().expect("--clients K")),
+            "--lose" => lose = Some(v()).filter(|h| h == "leave" || h == "kill"),
+            "--ttl" => ttl = v().parse().expect("--ttl seconds"),
             other => {
                 eprintln!(
                     "usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] (unknown {other})"
@@ -40,8 +49,11 @@ fn main() {
         .expect("runtime");
     runtime.block_on(async move {
         let run_id = format!("bench-{}", std::process::id());
-        let mut cfg = EtcdConfig::new(vec![endpoint], &run_id, nodes as u32, nodes as u32);
-        cfg.keep_alive_ttl = Duration::from_secs(10);
+        // MIN one below MAX: the survivors of a loss re-form on their own.
+        let min = if lose.is_some() { nodes - 1 } else { nodes };
+        let mut cfg = EtcdConfig::new(vec![endpoint], &run_id, min.max(1) as u32, nodes as u32);
+        cfg.keep_alive_ttl = Duration::from_secs(if lose.is_some() { ttl } else { 10 });
+        cfg.straggler_timeout = cfg.keep_alive_ttl * 4;
         cfg.join_timeout = Duration::from_secs(300);
         let mut conns = Vec::new();
         for _ in 0..clients {
@@ -72,8 +84,55 @@ fn main() {
         let writes: u64 = held.iter().map(|(n, _)| n.writes()).sum();
         println!("per_node_writes={:.2}", writes as f64 / nodes as f64);
         println!("nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes}");
+        if let Some(how) = lose {
+            let survivors = reform_after_loss(held, &how).await;
+            for mut n in survivors {
+                let _ = n.depart(fsdp_rendezvous::Departure::Finished).await;
+            }
+            return;
+        }
         for (mut n, _) in held {
             let _ = n.depart(fsdp_rendezvous::Departure::Finished).await;
         }
     });
+}
+
+/// Takes one node out of the sealed round (`leave`: revoking its lease; `kill`: dropping
+/// it, so its lease expires) and times the survivors' way to the next round.
+async fn reform_after_loss(
+    mut held: Vec<(EtcdRendezvous, fsdp_rendezvous::Round)>,
+    how: &str,
+) -> Vec<EtcdRendezvous> {
+    let nodes = held.len();
+    // The round's last node: never the coordinator's first claim, a plain member.
+    held.sort_by_key(|(_, r)| r.group_rank);
+    let (mut lost, _) = held.pop().expect("at least one node");
+    let start = Instant::now();
+    if how == "leave" {
+        let _ = lost.depart(fsdp_rendezvous::Departure::Left).await;
+    }
+    drop(lost);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (mut node, _) in held {
+        tasks.spawn(async move {
+            node.changed().await.expect("the loss is seen");
+            let round = node.next_round().await.expect("the next round");
+            (node, round)
+        });
+    }
+    let mut survivors = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        let (node, round) = r.expect("survivor task");
+        assert_eq!(
+            round.world_size as usize,
+            nodes - 1,
+            "the round without the lost node"
+        );
+        survivors.push(node);
+    }
+    println!(
+        "nodes={nodes} lose={how} reform_s={:.3}",
+        start.elapsed().as_secs_f64()
+    );
+    survivors
 }
