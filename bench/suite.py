@@ -151,6 +151,17 @@ def bench_rendezvous(a):
                 out["writes_per_node"][n] = int(m.group(2)) / n
             out["fsdp-agent"][n] = stats(xs)
             log(f"rdzv fsdp-agent {n}: {cell(out['fsdp-agent'][n], '{:.3f}')} s")
+            # Then one node leaves (lease revoked: a pod delete) or dies (lease expires
+            # after --ttl 3 s: SIGKILL) and the survivors re-form.
+            for how in ("leave", "kill"):
+                xs = []
+                for _ in range(a.runs_slow):
+                    r = subprocess.run([a.rdzv_bench, "--endpoint", ep, "--nodes", str(n), "--lose", how,
+                                        "--ttl", "3"], capture_output=True, text=True, check=True, env=QUIET)
+                    m = re.search(r"reform_s=([0-9.]+)", r.stdout.strip().splitlines()[-1])
+                    xs.append(float(m.group(1)))
+                out.setdefault(f"reform {how}", {})[n] = stats(xs)
+                log(f"rdzv re-form after {how} {n}: {cell(out[f'reform {how}'][n], '{:.3f}')} s")
         for n in a.torch_nodes:
             xs = []
             # Sizes that take tens of seconds run once: the suite must stay bounded.
@@ -294,6 +305,13 @@ def report(a, m, r, elapsed):
            f"growing N once a size takes more than {a.torch_rdzv_stop:.0f} s.", "",
            "| N | fsdp-agent s | etcd writes per node | torch etcd-v2 s | ratio |", "|---|---|---|---|---|"]
     sizes = sorted(set(R["fsdp-agent"]) | set(R["torch etcd-v2"]), key=int)
+    reform_rows = ["", "Re-form after one loss, same N: one node then leaves (its lease revoked, as on a pod "
+                   "delete) or dies (no word: its 3 s lease expires, as on SIGKILL); the clock runs from the loss "
+                   "to every survivor holding the next round (`rdzv-bench --nodes N --lose leave|kill --ttl 3`, "
+                   "MIN = N−1).", "", "| N | leave s | kill s (TTL 3 s) |", "|---|---|---|"]
+    for n in sorted(R.get("reform leave", {}), key=int):
+        reform_rows.append(f"| {n} | {cell(R['reform leave'][n], '{:.3f}')} | "
+                           f"{cell(R.get('reform kill', {}).get(n), '{:.3f}')} |")
     for n in sizes:
         o, t = R["fsdp-agent"].get(n), R["torch etcd-v2"].get(n)
         w = R["writes_per_node"].get(n)
@@ -306,6 +324,7 @@ def report(a, m, r, elapsed):
         with open(os.path.join(figs, "rendezvous.svg"), "w") as f:
             f.write(svg.lines_loglog("Time to seal one round vs nodes", "simulated nodes", "seconds", series))
         md += ["", "![rendezvous](bench/rendezvous.svg)", ""]
+    md += reform_rows + [""]
 
     T = r["trainer"]
     sp = T["speed"]

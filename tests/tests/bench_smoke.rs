@@ -57,6 +57,27 @@ fn rendezvous_benchmark_prints_its_summary_line() {
         .expect("a count");
     // Two per node (lease, registration) plus the round commit and the master key.
     assert!(writes <= 3 * 8, "{writes} writes for 8 nodes");
+
+    // One node leaves the sealed round: the seven others hold the next one.
+    let out = Command::new(&bench)
+        .args([
+            "--endpoint",
+            &etcd.endpoint(),
+            "--nodes",
+            "8",
+            "--lose",
+            "leave",
+        ])
+        .output()
+        .expect("run rdzv-bench --lose leave");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("nodes=8 lose=leave reform_s="), "{last}");
 }
 
 /// The whole benchmark suite at tiny sizes: every benchmark runs once, side by side with
@@ -90,6 +111,7 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
         "## 3–5. Multi-node",
         "## 6. Rendezvous at scale",
         "## 7. Trainer throughput and memory",
+        "Re-form after one loss",
         "Machine: ",
     ] {
         assert!(report.contains(heading), "{heading} missing:\n{report}");
