@@ -324,7 +324,8 @@ def report(a, m, r, elapsed):
         with open(os.path.join(figs, "rendezvous.svg"), "w") as f:
             f.write(svg.lines_loglog("Time to seal one round vs nodes", "simulated nodes", "seconds", series))
         md += ["", "![rendezvous](bench/rendezvous.svg)", ""]
-    md += reform_rows + [""]
+    md += reform_rows + ["", "Real agents (processes, not tasks) at 16 to 1,000 nodes: "
+                         "[bench/agents-scale.md](bench/agents-scale.md) (`bench/agents_scale.py`).", ""]
 
     T = r["trainer"]
     sp = T["speed"]

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Real agents at scale: N fsdp-agent processes (one `sleep` worker each) on one local etcd.
+
+Forms one round of N, then takes one node out and times the survivors' re-form from their own
+`group formed` log lines: `--how kill` (SIGKILL: the lost lease expires after the TTL) or
+`--how term` (SIGTERM: the leaving agent revokes its lease). Prints one line per run:
+
+    agents=N how=kill form_s=... reform_s=... exited=0
+
+`exited` counts agents other than the lost one that ended (it must be 0).
+
+Usage: bench/agents_scale.py --agent target/release/fsdp-agent --nodes 256 [--how kill|term]
+       [--ttl 5] [--runs 1]
+"""
+
+import argparse
+import datetime
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stamp(line):
+    """The UTC time at the start of an agent log line, in seconds since the epoch."""
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z", line)
+    if not m:
+        return None
+    t = datetime.datetime.strptime(m.group(1)[:26], "%Y-%m-%dT%H:%M:%S.%f")
+    return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def formed(path, world):
+    """Times of `group formed ... world_size=<world>` lines in an agent's log."""
+    out = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if "group formed" in line and f"world_size={world} " in line:
+                    out.append(stamp(line))
+    except FileNotFoundError:
+        pass
+    return [t for t in out if t]
+
+
+def wait(what, cond, limit):
+    end = time.time() + limit
+    while not cond():
+        if time.time() > end:
+            sys.exit(f"agents_scale: timed out after {limit} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def run(a, tmp):
+    port, peer = free_port(), free_port()
+    etcd = subprocess.Popen(
+        ["etcd", "--name", "s", "--data-dir", os.path.join(tmp, "etcd"),
+         "--listen-client-urls", f"http://127.0.0.1:{port}", "--advertise-client-urls", f"http://127.0.0.1:{port}",
+         "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+         "--initial-cluster", f"s=http://127.0.0.1:{peer}", "--log-level", "error", "--quota-backend-bytes", str(4 << 30)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agents, logs = [], []
+    try:
+        time.sleep(1.5)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+        env.update(RUST_LOG="info", FSDP_STATUS_ADDR="off")
+        start = time.time()
+        for i in range(a.nodes):
+            log = os.path.join(tmp, f"agent{i}.log")
+            logs.append(log)
+            agents.append(subprocess.Popen(
+                [a.agent, "--nnodes", f"{a.nodes - 1}:{a.nodes}", "--nproc-per-node", "1",
+                 "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "scale",
+                 "--rdzv-conf", f"keep_alive_ttl={a.ttl},last_call_timeout=5,straggler_timeout={4 * a.ttl}",
+                 "--local-addr", "127.0.0.1", "--log-dir", "/dev/null", "--no-python", "/bin/sleep", "3600"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env))
+        wait(f"a round of {a.nodes}", lambda: all(formed(p, a.nodes) for p in logs), 300)
+        form_s = max(formed(p, a.nodes)[0] for p in logs) - start
+        time.sleep(2)
+        victim = a.nodes - 1
+        t0 = time.time()
+        agents[victim].send_signal(signal.SIGKILL if a.how == "kill" else signal.SIGTERM)
+        survivors = [p for i, p in enumerate(logs) if i != victim]
+        wait(f"the survivors' round of {a.nodes - 1}", lambda: all(formed(p, a.nodes - 1) for p in survivors),
+             120 + 4 * a.ttl)
+        reform_s = max(formed(p, a.nodes - 1)[0] for p in survivors) - t0
+        exited = sum(1 for i, p in enumerate(agents) if i != victim and p.poll() is not None)
+        print(f"agents={a.nodes} how={a.how} form_s={form_s:.3f} reform_s={reform_s:.3f} exited={exited}",
+              flush=True)
+    finally:
+        for p in agents:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in agents:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        etcd.kill()
+        etcd.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agent", required=True)
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--how", choices=["kill", "term"], default="kill")
+    ap.add_argument("--ttl", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=1)
+    a = ap.parse_args()
+    for _ in range(a.runs):
+        tmp = tempfile.mkdtemp(prefix="agents-scale-")
+        try:
+            run(a, tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
