@@ -38,6 +38,9 @@ pub enum RendezvousError {
     /// The session task that keeps the lease and the view stopped; nothing more will come.
     #[error("the etcd session ended: {0}")]
     SessionEnded(&'static str),
+    /// etcd stayed unreachable longer than the configured bound (`outage_timeout`).
+    #[error("{0}; raise --rdzv-conf outage_timeout to wait longer")]
+    Outage(String),
     /// No round could be formed in time.
     #[error("no round formed within join_timeout ({timeout:?}): {state}")]
     Timeout {

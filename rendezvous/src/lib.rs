@@ -15,10 +15,13 @@
 //!   service) and [`static_group::StaticRendezvous`] (a fixed set of nodes whose ranks and
 //!   master are given on the command line, Kubeflow's non-elastic master mode) share one
 //!   body, [`fixed::Fixed`]. The etcd v3 backend implements the same trait.
+//! * [`fence`] decides when an agent cut off from etcd stops its own workers (before its
+//!   lease can expire), from the pure [`fence::LeaseClock`].
 
 pub mod backoff;
 pub mod error;
 pub mod etcd;
+pub mod fence;
 pub mod fixed;
 mod host;
 pub mod port;
@@ -132,6 +135,14 @@ pub enum Change {
     PeerFailed { restart_count: u32 },
     /// The coordinator sealed a newer round (e.g. to admit a waiting node).
     NewRound { number: u64 },
+    /// This node could not renew its lease and fences itself: its workers stop before
+    /// etcd can expire the lease and the others re-form without it ([`fence`]).
+    /// `stop_within` is how long the workers may take to stop (their SIGTERM grace is cut
+    /// to fit).
+    Fenced {
+        reason: String,
+        stop_within: std::time::Duration,
+    },
 }
 
 /// The outcome of the exit barrier.

@@ -126,6 +126,18 @@ fn timeouts(c: &mut EtcdConfig, conf: &BTreeMap<String, String>) -> Result<(), S
             c.keep_alive_ttl, c.straggler_timeout
         ));
     }
+    if let Some(d) = dur(conf, "outage_timeout")? {
+        c.outage_timeout = d;
+    }
+    c.fence_margin = dur(conf, "fence_margin")?;
+    // The margin is cut from the lease: one that leaves less than a keep-alive interval
+    // (TTL/3) would fence at the first late answer.
+    if let Some(m) = c.fence_margin.filter(|m| *m > c.keep_alive_ttl / 2) {
+        return Err(format!(
+            "--rdzv-conf fence_margin ({m:?}) must be at most half of keep_alive_ttl ({:?})",
+            c.keep_alive_ttl
+        ));
+    }
     Ok(())
 }
 
@@ -504,6 +516,8 @@ mod tests {
             "keep_alive_interval",
             "straggler_timeout",
             "connect_timeout",
+            "fence_margin",
+            "outage_timeout",
         ] {
             let e = err(&[(key, "99999999999999999999999")]).unwrap_err();
             assert!(

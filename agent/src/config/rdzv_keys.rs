@@ -46,6 +46,8 @@ pub const KEYS: &[Key] = &[
     etcd("ssl_cert_key"),
     torchrun("rank"),
     torchrun("cas_backoff_max_seconds"),
+    etcd("fence_margin"),
+    etcd("outage_timeout"),
 ];
 
 /// The known key called `name`.

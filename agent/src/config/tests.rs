@@ -454,7 +454,7 @@ fn rdzv_conf_keys_are_known_or_refused_and_the_password_is_never_shown() {
              password_file, join_timeout, last_call_timeout, close_timeout, heartbeat_timeout, \
              keep_alive_interval, keep_alive_max_attempt, timeout, read_timeout, is_host, \
              store_type, etcd_prefix, protocol, cacert, cert, key, ca_cert, ssl_cert, \
-             ssl_cert_key, rank, cas_backoff_max_seconds"
+             ssl_cert_key, rank, cas_backoff_max_seconds, fence_margin, outage_timeout"
         ),
         "{e}"
     );

@@ -179,14 +179,18 @@ impl<R: Rendezvous> Loop<'_, R> {
         }
     }
 
-    /// Stops the group with `signal`; a signal meanwhile skips the grace. Returns it.
-    async fn stop(&mut self, group: &mut WorkerGroup, signal: Signal) -> Option<Signal> {
+    /// Stops the group with `signal` and `grace`; a signal meanwhile skips the grace.
+    /// Returns it.
+    async fn stop(
+        &mut self,
+        group: &mut WorkerGroup,
+        signal: Signal,
+        grace: Duration,
+    ) -> Option<Signal> {
         let mut late = None;
         let signals = &mut *self.signals;
         group
-            .stop(signal, self.cfg.term_timeout, async {
-                late = Some(signals.recv().await)
-            })
+            .stop(signal, grace, async { late = Some(signals.recv().await) })
             .await;
         late
     }
@@ -271,7 +275,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         match wake {
             Wake::Signal(sig) => {
                 tracing::info!(signal = %sig, "signal received; stopping workers and leaving the run");
-                self.stop(&mut group, sig).await;
+                self.stop(&mut group, sig, self.cfg.term_timeout).await;
                 Ok(signalled(sig))
             }
             Wake::Changed(Ok(change)) => Ok(Phase::Reform { group, change }),
@@ -281,7 +285,8 @@ impl<R: Rendezvous> Loop<'_, R> {
                 tracing::error!(error = %e, "the rendezvous failed; stopping workers");
                 self.report
                     .show(Shown::Stopping, format!("rendezvous failed: {e}"));
-                self.stop(&mut group, Signal::SIGTERM).await;
+                self.stop(&mut group, Signal::SIGTERM, self.cfg.term_timeout)
+                    .await;
                 Err(e.into())
             }
             Wake::Group(GroupEvent::Failed(first)) => Ok(Phase::Failed {
@@ -303,10 +308,24 @@ impl<R: Rendezvous> Loop<'_, R> {
     }
 
     async fn reform(&mut self, mut group: WorkerGroup, change: Change) -> Phase {
-        tracing::info!(?change, "group changed; re-forming");
+        // A fenced node's workers must be gone before etcd can expire its lease and hand
+        // their ranks to others: their grace is cut to half the time left.
+        let grace = match &change {
+            Change::Fenced {
+                reason,
+                stop_within,
+            } => {
+                tracing::warn!(%reason, "fencing: stopping the workers");
+                self.cfg.term_timeout.min(*stop_within / 2)
+            }
+            _ => {
+                tracing::info!(?change, "group changed; re-forming");
+                self.cfg.term_timeout
+            }
+        };
         self.report
             .broke(change_label(&change), Shown::Stopping, describe(&change));
-        let late = self.stop(&mut group, Signal::SIGTERM).await;
+        let late = self.stop(&mut group, Signal::SIGTERM, grace).await;
         self.report.workers(&group, false);
         self.report.show(
             Shown::Rendezvous,
@@ -330,7 +349,9 @@ impl<R: Rendezvous> Loop<'_, R> {
             format!("worker rank {} failed: {}", first.rank, first.exit),
         );
         // A signal during the stop escalates to SIGKILL; it is honoured right after.
-        let late = self.stop(&mut group, Signal::SIGTERM).await;
+        let late = self
+            .stop(&mut group, Signal::SIGTERM, self.cfg.term_timeout)
+            .await;
         self.report.workers(&group, true);
         tracing::error!(
             rank = first.rank,

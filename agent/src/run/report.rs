@@ -112,6 +112,7 @@ pub fn change_label(change: &Change) -> &'static str {
         Change::NodeWaiting { .. } => "node waiting",
         Change::PeerFailed { .. } => "peer failed",
         Change::NewRound { .. } => "new round",
+        Change::Fenced { .. } => "fenced",
     }
 }
 
@@ -124,5 +125,6 @@ pub fn describe(change: &Change) -> String {
             format!("another node's worker failed (restart {restart_count})")
         }
         Change::NewRound { number } => format!("round {number} was sealed"),
+        Change::Fenced { reason, .. } => format!("this node fenced itself: {reason}"),
     }
 }

@@ -63,7 +63,7 @@ fn read(path: &PathBuf, what: &str) -> Result<Vec<u8>, RendezvousError> {
     })
 }
 
-fn urls(opts: &EtcdOptions) -> Vec<String> {
+pub(super) fn urls(opts: &EtcdOptions) -> Vec<String> {
     let scheme = if opts.tls.is_some() { "https" } else { "http" };
     opts.endpoints
         .iter()
@@ -77,7 +77,7 @@ fn urls(opts: &EtcdOptions) -> Vec<String> {
         .collect()
 }
 
-fn options(opts: &EtcdOptions) -> Result<ConnectOptions, RendezvousError> {
+pub(super) fn options(opts: &EtcdOptions) -> Result<ConnectOptions, RendezvousError> {
     let mut o = ConnectOptions::new()
         .with_connect_timeout(opts.connect_timeout)
         .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))

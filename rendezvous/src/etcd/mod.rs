@@ -28,6 +28,7 @@ mod connect;
 mod coordinator;
 pub mod inspect;
 mod keys;
+mod probe;
 mod session;
 mod view;
 
@@ -45,6 +46,7 @@ pub use keys::Keys;
 pub use session::commit_round;
 pub use view::View;
 
+use crate::fence::{self, FenceDecision};
 use crate::seal::SealConfig;
 use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember};
 use session::{Command, Request, Session, Setup};
@@ -70,6 +72,11 @@ pub struct EtcdConfig {
     pub keep_alive_ttl: Duration,
     /// How long a re-form waits for a surviving member that does not come back.
     pub straggler_timeout: Duration,
+    /// How long before its lease can expire an agent that cannot renew it stops its
+    /// workers ([`crate::fence`]); `None`: [`crate::fence::default_margin`] of the TTL.
+    pub fence_margin: Option<Duration>,
+    /// How long etcd may stay unreachable mid-run before the agent gives up.
+    pub outage_timeout: Duration,
 }
 
 impl EtcdConfig {
@@ -88,6 +95,8 @@ impl EtcdConfig {
             join_timeout: Duration::from_secs(600),
             keep_alive_ttl: Duration::from_secs(5),
             straggler_timeout: Duration::from_secs(30),
+            fence_margin: None,
+            outage_timeout: Duration::from_secs(900),
         }
     }
 }
@@ -149,6 +158,7 @@ impl EtcdRendezvous {
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
         refuse_nesting(&mut client, &keys, &cfg.prefix).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
+        let granted_at = std::time::Instant::now();
         let grant =
             client
                 .lease_grant(ttl_s, None)
@@ -168,7 +178,10 @@ impl EtcdRendezvous {
             addr: cfg.addr.clone(),
             local_world_size: cfg.local_world_size,
             lease: grant.id(),
+            granted_at,
             ttl: Duration::from_secs(ttl_s as u64),
+            options: Some(cfg.options.clone()),
+            outage_limit: cfg.outage_timeout,
             seal: SealConfig {
                 min_nodes: cfg.min_nodes,
                 max_nodes: cfg.max_nodes,
@@ -231,10 +244,18 @@ impl EtcdRendezvous {
         });
     }
 
+    /// Why the session is gone: it gave up on etcd, or its task stopped.
+    fn ended(&self) -> RendezvousError {
+        match &self.view.borrow().gave_up {
+            Some(reason) => RendezvousError::Outage(reason.clone()),
+            None => RendezvousError::SessionEnded("its task stopped"),
+        }
+    }
+
     /// Asks the session for `command` and waits for its outcome.
     async fn ask(&self, command: Command) -> Result<(), RendezvousError> {
         let (reply, outcome) = oneshot::channel();
-        let ended = || RendezvousError::SessionEnded("its task stopped");
+        let ended = || self.ended();
         self.commands
             .send(Request {
                 command,
@@ -486,7 +507,7 @@ impl Rendezvous for EtcdRendezvous {
                 Step::Wait => {}
             }
             tokio::select! {
-                r = self.view.changed() => r.map_err(|_| RendezvousError::SessionEnded("its task stopped"))?,
+                r = self.view.changed() => r.map_err(|_| self.ended())?,
                 () = tokio::time::sleep_until(deadline) => {
                     let v = self.view.borrow();
                     let state = format!(
@@ -505,8 +526,12 @@ impl Rendezvous for EtcdRendezvous {
         let Some(held) = self.held.clone() else {
             return std::future::pending().await;
         };
+        let margin = self
+            .cfg
+            .fence_margin
+            .unwrap_or_else(|| fence::default_margin(self.cfg.keep_alive_ttl));
         loop {
-            {
+            let recheck_at = {
                 let v = self.view.borrow_and_update();
                 if let Some(c) = v.corruption() {
                     return Err(RendezvousError::Corrupt(c));
@@ -514,11 +539,32 @@ impl Rendezvous for EtcdRendezvous {
                 if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
                     return Ok(change);
                 }
+                match fence::decide(Instant::now(), v.lease_safe_until, margin) {
+                    FenceDecision::Fence { reason } => {
+                        let stop_within = v.lease_safe_until.map_or(Duration::ZERO, |s| {
+                            s.saturating_duration_since(Instant::now())
+                        });
+                        drop(v);
+                        self.tell(Command::Abandon);
+                        return Ok(Change::Fenced {
+                            reason,
+                            stop_within,
+                        });
+                    }
+                    FenceDecision::Hold { recheck_at } => Some(recheck_at),
+                    FenceDecision::Unknown => None,
+                }
+            };
+            let fence_timer = async {
+                match recheck_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = self.view.changed() => r.map_err(|_| self.ended())?,
+                () = fence_timer => {}
             }
-            self.view
-                .changed()
-                .await
-                .map_err(|_| RendezvousError::SessionEnded("its task stopped"))?;
         }
     }
 
@@ -562,7 +608,7 @@ impl Rendezvous for EtcdRendezvous {
                 unfinished
             };
             tokio::select! {
-                r = self.view.changed() => r.map_err(|_| RendezvousError::SessionEnded("its task stopped"))?,
+                r = self.view.changed() => r.map_err(|_| self.ended())?,
                 () = tokio::time::sleep_until(deadline) => return Ok(Finish::TimedOut { unfinished }),
             }
         }

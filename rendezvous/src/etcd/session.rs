@@ -9,9 +9,9 @@
 //! The etcd-client lease keeper does not reconnect by itself, so the keep-alive is ours too.
 //! With one owner of the lease, a lease found gone is replaced exactly once.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
@@ -23,9 +23,12 @@ use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, Interval};
 
+use super::connect::{EtcdOptions, transient};
 use super::coordinator::{Coordinator, round_record};
 use super::keys::Keys;
+use super::probe::{self, Prober, SharedClock};
 use super::view::View;
+use crate::fence::LeaseClock;
 use crate::seal::{SealConfig, SealDecision};
 use crate::{Departure, RendezvousError, port};
 
@@ -48,6 +51,9 @@ pub enum Command {
     ReportDone { round: u64 },
     /// Revoke the lease (the others learn at once) and end the session.
     Depart { how: Departure },
+    /// This node fenced itself: at the next contact with etcd, revoke the lease (the
+    /// others see it leave instead of waiting out the TTL) and join again on a new one.
+    Abandon,
 }
 
 /// A command and where its outcome goes.
@@ -71,9 +77,15 @@ pub struct Setup {
     /// The address this node advertises (registration, master).
     pub addr: String,
     pub local_world_size: u32,
-    /// The lease the handle granted at join.
+    /// The lease the handle granted at join, and when it asked for it.
     pub lease: i64,
+    pub granted_at: std::time::Instant,
     pub ttl: Duration,
+    /// How to reach etcd, for the prober; `None` when the client was given ready-made
+    /// (simulated nodes sharing one connection): no proofs, the lease clock alone decides.
+    pub options: Option<EtcdOptions>,
+    /// How long etcd may stay unreachable before the session gives up.
+    pub outage_limit: Duration,
     pub seal: SealConfig,
     /// etcd writes made (puts, transactions, lease grants and revokes).
     pub writes: Arc<AtomicU64>,
@@ -153,7 +165,7 @@ pub struct Session {
     addr: String,
     local_world_size: u32,
     ttl: Duration,
-    view: watch::Sender<View>,
+    view: Arc<watch::Sender<View>>,
     commands: mpsc::UnboundedReceiver<Request>,
     writes: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
@@ -167,6 +179,31 @@ pub struct Session {
     /// Failures since the last good watch: the next sync waits
     /// `backoff::nth(FIRST_RETRY, LAST_RETRY, n)`.
     failures: u32,
+    /// Requests whose etcd write failed on a transient error, oldest first: served again
+    /// after the next sync, never answered with the error.
+    pending: VecDeque<Request>,
+    /// Since when etcd has not answered (the first failure of an outage).
+    outage_since: Option<Instant>,
+    outage_limit: Duration,
+    /// The earliest moment etcd could expire the lease (published in the view).
+    clock: SharedClock,
+    options: Option<EtcdOptions>,
+    /// etcd has one member (from its member list at the last sync): only then can the
+    /// prober prove that it has no leader.
+    single_member: bool,
+    /// Looks for that proof while etcd does not answer.
+    prober: Option<Prober>,
+    /// Revoke the lease and take a new one at the next sync (this node fenced itself).
+    abandon: bool,
+}
+
+/// How serving a request went.
+enum Served {
+    Answered,
+    /// The session ends (the lease was revoked on request).
+    Ended,
+    /// etcd failed on the way; the request waits in `pending` for the next sync.
+    Retry(etcd_client::Error),
 }
 
 impl Session {
@@ -175,6 +212,11 @@ impl Session {
         view: watch::Sender<View>,
         commands: mpsc::UnboundedReceiver<Request>,
     ) -> Self {
+        let mut clock = LeaseClock::default();
+        clock.replaced(s.granted_at, s.ttl);
+        let clock = Arc::new(Mutex::new(clock));
+        let view = Arc::new(view);
+        probe::publish(&clock, &view);
         Self {
             client: s.client,
             keys: s.keys,
@@ -191,6 +233,14 @@ impl Session {
             running: None,
             coordinator: Coordinator::new(s.seal, Instant::now().into_std()),
             failures: 0,
+            pending: VecDeque::new(),
+            outage_since: None,
+            outage_limit: s.outage_limit,
+            clock,
+            options: s.options,
+            single_member: false,
+            prober: None,
+            abandon: false,
         }
     }
 
@@ -200,7 +250,15 @@ impl Session {
         loop {
             state = match state {
                 State::Syncing(why) => match self.sync(why).await {
-                    Ok(w) => State::Watching(Box::new(w)),
+                    Ok(w) => match self.drain().await {
+                        Ok(false) => {
+                            self.outage_since = None;
+                            self.prober = None;
+                            State::Watching(Box::new(w))
+                        }
+                        Ok(true) => State::Ended,
+                        Err(e) => self.lost(e),
+                    },
                     Err(e) => self.lost(e),
                 },
                 State::Watching(mut w) => match self.watch(&mut w).await {
@@ -219,7 +277,16 @@ impl Session {
     fn lost(&mut self, e: etcd_client::Error) -> State {
         self.view.send_modify(|v| v.connected = false);
         self.errors.fetch_add(1, Ordering::Relaxed);
-        let delay = crate::backoff::nth(FIRST_RETRY, LAST_RETRY, self.failures);
+        let now = Instant::now();
+        let lasted = now - *self.outage_since.get_or_insert(now);
+        if lasted > self.outage_limit {
+            return self.give_up(lasted, &e);
+        }
+        self.trouble();
+        // Retry well within the fencing margin: a refused probe keeps the lease safe only
+        // for a TTL from when it was sent.
+        let last = LAST_RETRY.min(self.ttl / 4);
+        let delay = crate::backoff::nth(FIRST_RETRY, last, self.failures);
         tracing::warn!(error = %e, retry_in = ?delay, "etcd connection lost; reconnecting");
         self.failures = self.failures.saturating_add(1);
         State::Disconnected {
@@ -227,19 +294,85 @@ impl Session {
         }
     }
 
-    /// Serves commands until `until`, then syncs again.
+    /// etcd has not answered for longer than the outage bound: every waiting request
+    /// gets the reason, the view says it, and the session ends.
+    fn give_up(&mut self, lasted: Duration, last: &etcd_client::Error) -> State {
+        let reason = format!(
+            "etcd has not answered for {:.0}s, longer than outage_timeout ({:.0}s); last error: {last}",
+            lasted.as_secs_f64(),
+            self.outage_limit.as_secs_f64()
+        );
+        tracing::error!(%reason, "giving up on etcd");
+        self.view.send_modify(|v| v.gave_up = Some(reason.clone()));
+        for req in self.pending.drain(..) {
+            if let Some(reply) = req.reply {
+                let _ = reply.send(Err(RendezvousError::Outage(reason.clone())));
+            }
+        }
+        State::Ended
+    }
+
+    /// Until `until`, does what needs no etcd and keeps the rest for the next sync.
     async fn disconnected(&mut self, until: Instant) -> State {
         loop {
             tokio::select! {
                 () = tokio::time::sleep_until(until) => return State::Syncing(Resync::Outage),
                 req = self.commands.recv() => {
                     let Some(req) = req else { return State::Ended };
-                    if self.serve(req).await {
+                    let local = matches!(
+                        req.command,
+                        Command::Running { .. } | Command::Abandon | Command::Depart { .. }
+                    );
+                    if !local {
+                        self.pending.push_back(req);
+                    } else if let Served::Ended = self.serve(req).await {
                         return State::Ended;
                     }
                 }
             }
         }
+    }
+
+    /// Serves the requests that waited for etcd, oldest first; returns whether the
+    /// session ends.
+    async fn drain(&mut self) -> EtcdResult<bool> {
+        while let Some(req) = self.pending.pop_front() {
+            match self.serve(req).await {
+                Served::Answered => {}
+                Served::Ended => return Ok(true),
+                Served::Retry(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+
+    fn publish_lease(&self) {
+        probe::publish(&self.clock, &self.view);
+    }
+
+    /// Changes the lease clock (only the session and the prober do).
+    fn lease_clock<T>(&self, f: impl FnOnce(&mut LeaseClock) -> T) -> T {
+        let mut clock = self.clock.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut clock)
+    }
+
+    /// etcd does not answer: start looking for proof that it has no leader (so the lease
+    /// cannot expire and the workers need not be fenced).
+    fn trouble(&mut self) {
+        if !self.single_member || self.prober.as_ref().is_some_and(|p| !p.finished()) {
+            return;
+        }
+        let Some(opts) = &self.options else { return };
+        let Some(endpoint) = opts.endpoints.first() else {
+            return;
+        };
+        self.prober = Some(Prober::start(
+            endpoint.clone(),
+            opts.clone(),
+            self.ttl,
+            self.clock.clone(),
+            self.view.clone(),
+        ));
     }
 
     fn wrote(&self) {
@@ -256,10 +389,16 @@ impl Session {
 
     /// [`State::Syncing`]: everything from a ranged read to open watches.
     async fn sync(&mut self, why: Resync) -> EtcdResult<Watching> {
+        if self.abandon {
+            // Before the read, so that the watches start after the revoke and this node
+            // does not see its own departure.
+            self.abandon_lease().await?;
+        }
         let resp = self
             .client
             .get(self.keys.root(), Some(GetOptions::new().with_prefix()))
             .await?;
+        self.single_member = self.client.member_list().await?.members().len() == 1;
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut fresh = View::default();
         for kv in resp.kvs() {
@@ -298,6 +437,7 @@ impl Session {
             .collect();
         self.view.send_modify(|v| {
             fresh.departed = std::mem::take(&mut v.departed);
+            fresh.lease_safe_until = v.lease_safe_until;
             if voluntary {
                 let known = v.members.keys().cloned().chain(mine);
                 for id in known.filter(|id| !fresh.members.contains_key(id)) {
@@ -331,6 +471,7 @@ impl Session {
             .watch(self.keys.members(), Some(member_opts))
             .await?;
         let (keeper, kept) = self.client.lease_keep_alive(self.lease).await?;
+        self.lease_clock(LeaseClock::stream_closed);
         Ok(Watching {
             role,
             ctl,
@@ -382,15 +523,31 @@ impl Session {
             // A command replaced the lease: keep the new one alive.
             Event::Tick if self.lease != w.lease => return Ok(outage()),
             Event::Tick => {
+                let now = std::time::Instant::now();
+                let late = self
+                    .lease_clock(|c| c.oldest_unanswered())
+                    .is_some_and(|t| now.duration_since(t) > self.ttl / 3);
+                if late {
+                    self.trouble();
+                }
+                self.lease_clock(|c| c.keep_alive_sent(now));
                 w.keeper.keep_alive().await?;
                 return Ok(None);
             }
-            Event::LeaseAnswer(Some(ttl)) if ttl > 0 => return Ok(None),
+            Event::LeaseAnswer(Some(ttl)) if ttl > 0 => {
+                self.lease_clock(|c| {
+                    c.keep_alive_answered(Duration::from_secs(ttl.unsigned_abs()))
+                });
+                self.publish_lease();
+                self.prober = None;
+                return Ok(None);
+            }
             Event::LeaseAnswer(_) => {
                 tracing::warn!(
                     lease = w.lease,
                     "lease expired or revoked; registering again"
                 );
+                self.lease_gone();
                 self.new_lease().await?;
                 return Ok(outage());
             }
@@ -400,16 +557,15 @@ impl Session {
                 }
             }
             Event::Command(None) => return Ok(Some(State::Ended)),
-            Event::Command(Some(req)) => {
-                if self.serve(req).await {
-                    return Ok(Some(State::Ended));
-                }
-                if self.lease != w.lease {
+            Event::Command(Some(req)) => match self.serve(req).await {
+                Served::Ended => return Ok(Some(State::Ended)),
+                Served::Retry(e) => return Err(e),
+                Served::Answered if self.lease != w.lease || self.abandon => {
                     return Ok(outage());
                 }
                 // A registration may have won the coordinator key.
-                return Ok(self.role_changed(w));
-            }
+                Served::Answered => return Ok(self.role_changed(w)),
+            },
         }
         if let Some(next) = self.role_changed(w) {
             return Ok(Some(next));
@@ -479,8 +635,11 @@ impl Session {
     /// frozen, or etcd lost it).
     async fn renew_lease(&mut self) -> EtcdResult<()> {
         let ttl = self.ttl.as_secs().max(1) as i64;
+        let sent = std::time::Instant::now();
         let grant = self.client.lease_grant(ttl, None).await?;
         self.wrote();
+        self.lease_clock(|c| c.replaced(sent, self.ttl));
+        self.publish_lease();
         tracing::info!(
             old = self.lease,
             new = grant.id(),
@@ -493,6 +652,37 @@ impl Session {
     async fn new_lease(&mut self) -> EtcdResult<()> {
         self.renew_lease().await?;
         self.register().await
+    }
+
+    /// The lease is gone. Before `safe_until` etcd cannot have expired it, so it lost its
+    /// data (an empty restart) and nobody saw this node leave: the round goes on. From
+    /// then on it may have expired and the others re-form without this node: if it runs
+    /// a round, that round is over for it too.
+    fn lease_gone(&mut self) {
+        let now = std::time::Instant::now();
+        let expired = self
+            .lease_clock(|c| c.safe_until())
+            .is_none_or(|s| now >= s);
+        if expired && self.running.is_some() {
+            tracing::warn!("the lease expired while this node ran a round: it was evicted");
+            let me = self.node_id.clone();
+            self.view.send_modify(|v| {
+                v.departed.insert(me, now);
+            });
+        }
+    }
+
+    /// After fencing: revoke the lease (the others see this node leave at once; one that
+    /// expired meanwhile is gone either way) and take a new one.
+    async fn abandon_lease(&mut self) -> EtcdResult<()> {
+        match self.client.lease_revoke(self.lease).await {
+            Ok(_) => self.wrote(),
+            Err(e) if lease_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+        tracing::info!(lease = self.lease, "revoked the fenced lease");
+        self.abandon = false;
+        self.renew_lease().await
     }
 
     /// Writes this agent's registration with the current lease, if it has one to write.
@@ -535,19 +725,27 @@ impl Session {
     /// After a (re)sync: make sure our lease lives and our registration is there; put back
     /// our round if etcd lost it.
     async fn ensure_registered(&mut self, resync: bool) -> EtcdResult<()> {
-        let alive = self
+        let sent = std::time::Instant::now();
+        let ttl = self
             .client
             .lease_time_to_live(self.lease, None)
-            .await
-            .map(|r| r.ttl() > 0)
-            .unwrap_or(false);
+            .await?
+            .ttl();
+        let alive = ttl > 0;
+        if alive {
+            self.lease_clock(|c| c.confirmed(sent, Duration::from_secs(ttl.unsigned_abs())));
+            self.publish_lease();
+        }
         let (present, round_missing, evicted) = {
             let v = self.view.borrow();
             let present = v.members.contains_key(&self.node_id);
             let mine = self.running.as_ref();
             let round_missing = mine.is_some() && v.round.is_none();
-            // Our key is gone while our round is still there: the others saw us leave.
-            let evicted = !present
+            // Our key is gone while our lease lives and our round is still there: someone
+            // deleted it, and the others saw us leave. (A lost lease is judged by the
+            // clock, in `lease_gone`.)
+            let evicted = alive
+                && !present
                 && mine.is_some_and(|r| {
                     v.round
                         .as_ref()
@@ -562,10 +760,9 @@ impl Session {
             });
         }
         if !alive {
-            return self
-                .new_lease()
-                .await
-                .and(self.republish(round_missing).await);
+            self.lease_gone();
+            self.new_lease().await?;
+            return self.republish(round_missing).await;
         }
         // On the first sync the agent writes its own registration when it joins a round.
         if !present && resync {
@@ -666,28 +863,50 @@ impl Session {
 
 /// Commands: every write the handle asks for.
 impl Session {
-    /// Serves one command and answers it; returns whether the session ends.
-    async fn serve(&mut self, req: Request) -> bool {
+    /// Serves one command and answers it, unless etcd failed on the way: then the
+    /// request waits in `pending` for the next sync and the session reconnects.
+    async fn serve(&mut self, req: Request) -> Served {
         let ends = matches!(req.command, Command::Depart { .. });
-        let result = match req.command {
-            Command::Register { wants_round } => self.register_for(wants_round).await,
-            Command::PublishMaster { round } => self.publish_master(round).await,
+        let result = match &req.command {
+            Command::Register { wants_round } => {
+                // Joining a round means the last one is over for this node.
+                self.running = None;
+                self.register_for(*wants_round).await
+            }
+            Command::PublishMaster { round } => self.publish_master(*round).await,
             Command::Running { round } => {
-                self.running = Some(round);
+                self.running = Some(round.clone());
                 Ok(())
             }
-            Command::ReportFailure { round } => self.report_failure(round).await,
-            Command::ReportDone { round } => self.report_done(round).await,
+            Command::ReportFailure { round } => self.report_failure(*round).await,
+            Command::ReportDone { round } => self.report_done(*round).await,
             Command::Depart { how } => {
-                self.depart(how).await;
+                self.depart(*how).await;
                 Ok(())
             }
+            Command::Abandon => {
+                self.running = None;
+                self.abandon = true;
+                Ok(())
+            }
+        };
+        let result = match result {
+            Err(RendezvousError::Etcd { what, source }) if transient(&source) => {
+                tracing::warn!(error = %source, "{what} failed; retrying after reconnecting");
+                self.pending.push_front(req);
+                return Served::Retry(source);
+            }
+            other => other,
         };
         if let Some(reply) = req.reply {
             // The handle may have stopped waiting (its future was dropped): nothing to do.
             let _ = reply.send(result);
         }
-        ends
+        if ends {
+            Served::Ended
+        } else {
+            Served::Answered
+        }
     }
 
     async fn register_for(&mut self, wants_round: u64) -> Result<(), RendezvousError> {
@@ -799,6 +1018,7 @@ impl Session {
         for attempt in 0..2 {
             match request(self.client.clone(), self.lease).await {
                 Err(e) if attempt == 0 && lease_not_found(&e) => {
+                    self.lease_gone();
                     self.renew_lease()
                         .await
                         .map_err(|source| RendezvousError::Etcd {

@@ -40,6 +40,12 @@ pub struct View {
     pub coordinator: Option<String>,
     /// Keys holding values we cannot trust, with the reason.
     pub corrupt: BTreeMap<String, String>,
+    /// The earliest moment etcd could expire this agent's lease ([`crate::fence`]); not
+    /// from the keys but from the session's lease traffic.
+    pub lease_safe_until: Option<Instant>,
+    /// Why the session gave up on etcd (an outage longer than its bound); nothing more
+    /// will come.
+    pub gave_up: Option<String>,
 }
 
 fn decoded<T: Versioned>(

@@ -1,0 +1,165 @@
+//! Looking for proof that etcd has no leader, while the session cannot reach it.
+//!
+//! A lease can only expire through a leader, and a new leader gives every lease a full TTL
+//! again ([`crate::fence`]). So when a one-member etcd is seen *down* at `t` — its port
+//! refuses connections, or accepts them but serves nothing (etcd serves clients only once
+//! it has a leader), or it answers that it has no leader — this agent's lease lives until
+//! at least `t + TTL`, and the agent need not fence its workers: everyone is cut off alike
+//! and nobody can seal a round without it. A connection that times out proves nothing
+//! (this node may be the one cut off), and neither does a member of a larger cluster (the
+//! others may still have a quorum): then the lease clock runs out and the agent fences.
+//!
+//! The prober runs only while the session has trouble (a lost connection, a keep-alive
+//! late), every TTL/4, so that a healthy run costs etcd nothing extra.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use super::connect::EtcdOptions;
+use super::view::View;
+use crate::fence::LeaseClock;
+
+/// What one look at the etcd member found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Nothing listens: no etcd process runs there.
+    Refused,
+    /// The port accepts connections but etcd does not answer: it is starting (it serves
+    /// clients only once it has a leader) or stalled.
+    Silent,
+    /// etcd answered and has no leader.
+    Leaderless,
+    /// etcd answered and has a leader: it works, only this agent's connection did not.
+    Led,
+    /// The connection timed out or failed otherwise: maybe this node is cut off.
+    Unreachable,
+}
+
+impl Probe {
+    /// Whether this finding proves that no leader can expire a lease (for a one-member
+    /// etcd).
+    pub fn proves_no_leader(self) -> bool {
+        matches!(self, Self::Refused | Self::Silent | Self::Leaderless)
+    }
+}
+
+/// `host:port` of an endpoint given as `[scheme://]host:port`.
+pub fn host_port(endpoint: &str) -> &str {
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    rest.trim_end_matches('/')
+}
+
+/// Looks once at the member behind `endpoint`, waiting at most `patience` per step.
+pub async fn probe(endpoint: &str, opts: &EtcdOptions, patience: Duration) -> Probe {
+    match tokio::time::timeout(patience, TcpStream::connect(host_port(endpoint))).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Probe::Refused,
+        Ok(Err(_)) | Err(_) => return Probe::Unreachable,
+    }
+    let mut one = opts.clone();
+    one.endpoints = vec![endpoint.to_owned()];
+    let status = async {
+        let mut client = Client::connect(
+            super::connect::urls(&one),
+            Some(super::connect::options(&one).ok()?),
+        )
+        .await
+        .ok()?;
+        client.status().await.ok()
+    };
+    match tokio::time::timeout(patience, status).await {
+        Ok(Some(s)) if s.leader() == 0 => Probe::Leaderless,
+        Ok(Some(_)) => Probe::Led,
+        // It accepted the connection a moment ago; a TLS or credential problem would have
+        // stopped the agent at start.
+        Ok(None) | Err(_) => Probe::Silent,
+    }
+}
+
+/// The session's lease clock, shared with the prober (which only ever extends it).
+pub type SharedClock = Arc<Mutex<LeaseClock>>;
+
+/// Publishes the clock's `safe_until` in the view.
+pub fn publish(clock: &SharedClock, view: &watch::Sender<View>) {
+    let safe_until = clock.lock().map(|c| c.safe_until()).unwrap_or(None);
+    view.send_modify(|v| v.lease_safe_until = safe_until);
+}
+
+/// A running prober; dropping it stops it.
+pub struct Prober(AbortHandle);
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Prober {
+    /// Probes `endpoint` every `ttl / 4` and extends the lease clock on every proof.
+    pub fn start(
+        endpoint: String,
+        opts: EtcdOptions,
+        ttl: Duration,
+        clock: SharedClock,
+        view: Arc<watch::Sender<View>>,
+    ) -> Self {
+        let every = ttl / 4;
+        let task = tokio::spawn(async move {
+            loop {
+                let sent = Instant::now();
+                let found = probe(&endpoint, &opts, every).await;
+                if found.proves_no_leader() {
+                    if let Ok(mut c) = clock.lock() {
+                        c.no_leader_at(sent, ttl);
+                    }
+                    publish(&clock, &view);
+                }
+                tracing::debug!(?found, %endpoint, "etcd probe");
+                tokio::time::sleep_until((sent + every).into()).await;
+            }
+        });
+        Self(task.abort_handle())
+    }
+
+    pub fn finished(&self) -> bool {
+        self.0.is_finished()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_lose_their_scheme() {
+        assert_eq!(host_port("http://10.0.0.1:2379"), "10.0.0.1:2379");
+        assert_eq!(host_port("https://etcd:2379/"), "etcd:2379");
+        assert_eq!(host_port("etcd:2379"), "etcd:2379");
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_refused_and_a_listener_that_never_answers_is_silent() {
+        let opts = EtcdOptions::new(vec![]);
+        let patience = Duration::from_millis(300);
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let found = probe(&format!("127.0.0.1:{port}"), &opts, patience).await;
+        assert_eq!(found, Probe::Refused);
+        // A socket that accepts (the kernel completes the handshake) and never speaks,
+        // as a starting etcd does.
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = mute.local_addr().unwrap();
+        let found = probe(&addr.to_string(), &opts, patience).await;
+        assert_eq!(found, Probe::Silent);
+        assert!(Probe::Silent.proves_no_leader() && !Probe::Unreachable.proves_no_leader());
+        assert!(!Probe::Led.proves_no_leader());
+    }
+}
