@@ -22,6 +22,8 @@ pub struct Etcd {
     pub data_dir: PathBuf,
     _dir: tempfile::TempDir,
     tls: Option<ServerTls>,
+    /// Another address etcd listens on besides 127.0.0.1 (a test bridge).
+    also_on: Option<String>,
 }
 
 impl Etcd {
@@ -38,9 +40,34 @@ impl Etcd {
             data_dir: dir.path().join("data"),
             _dir: dir,
             tls,
+            also_on: None,
         };
         e.launch();
         e
+    }
+
+    /// An etcd that also listens on `addr` (e.g. a test bridge's address).
+    pub fn start_also_on(addr: &str) -> Self {
+        let mut e = Self::start();
+        e.kill();
+        e.also_on = Some(addr.to_owned());
+        e.launch();
+        e
+    }
+
+    /// `<addr>:<port>`: the endpoint on another address etcd listens on.
+    pub fn endpoint_on(&self, addr: &str) -> String {
+        format!("{addr}:{}", self.client_port)
+    }
+
+    /// The etcd process id (to freeze it).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
+
+    /// Starts etcd again after [`Etcd::kill`], with the data it had.
+    pub fn start_again(&mut self) {
+        self.launch();
     }
 
     /// `127.0.0.1:<port>`.
@@ -50,7 +77,10 @@ impl Etcd {
 
     fn launch(&mut self) {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let client_url = format!("{scheme}://127.0.0.1:{}", self.client_port);
+        let mut client_url = format!("{scheme}://127.0.0.1:{}", self.client_port);
+        if let Some(addr) = &self.also_on {
+            client_url.push_str(&format!(",{scheme}://{addr}:{}", self.client_port));
+        }
         let peer_url = format!("http://127.0.0.1:{}", self.peer_port);
         let log = self._dir.path().join("etcd.log");
         let mut cmd = Command::new("etcd");

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub use tempfile::TempDir;
 
 pub mod etcd;
+pub mod job;
+pub mod netns;
 pub mod pod;
 
 /// The target directory holding the workspace binaries of the current profile.

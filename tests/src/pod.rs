@@ -18,9 +18,27 @@ pub struct Pod {
 impl Pod {
     /// Starts `fsdp-agent <args>` as PID 1 of a new namespace whose host name is `name`.
     pub fn start(dir: &Path, name: &str, args: &[String], env: &[(&str, String)]) -> Self {
+        Self::start_in(None, dir, name, args, env)
+    }
+
+    /// As [`Pod::start`], inside the network namespace `netns` when given.
+    pub fn start_in(
+        netns: Option<&str>,
+        dir: &Path,
+        name: &str,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Self {
         let out = dir.join(format!("{name}.{}.stdout", unique()));
         let err = out.with_extension("stderr");
-        let mut cmd = Command::new("unshare");
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "unshare"]);
+                c
+            }
+            None => Command::new("unshare"),
+        };
         cmd.args([
             "--pid",
             "--uts",

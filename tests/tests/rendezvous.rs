@@ -453,3 +453,139 @@ async fn user_and_password_authentication() {
         "a bad password is not retried for the whole window"
     );
 }
+
+/// Outside testing: an agent whose failure report met an etcd that was down exited 69.
+/// Now the request waits for etcd and goes through, and the others learn of the failure.
+#[tokio::test]
+async fn a_request_made_while_etcd_is_down_waits_for_etcd_instead_of_failing() {
+    let mut etcd = Etcd::start();
+    let mut ns = nodes(&etcd, "outage-request", 2, 2, 2).await;
+    let formed = rounds(&mut ns).await;
+    etcd.kill();
+    let (a, b) = ns.split_at_mut(1);
+    let report = a[0].record_failure();
+    let restart = async {
+        // Down for most of a lease TTL: long enough for the report to fail at once before,
+        // short enough that nothing else happens.
+        tokio::time::sleep(TTL * 3 / 4).await;
+        etcd.start_again();
+    };
+    let (reported, ()) = within(Duration::from_secs(20), "the report", async {
+        tokio::join!(report, restart)
+    })
+    .await;
+    assert_eq!(reported.expect("the report waits for etcd"), 1);
+    let seen = within(Duration::from_secs(10), "the failure", b[0].changed()).await;
+    assert_eq!(
+        seen.unwrap(),
+        Change::PeerFailed {
+            restart_count: formed[0].restart_count + 1
+        }
+    );
+}
+
+/// etcd down (its process gone, or starting and not yet serving) for three lease TTLs:
+/// no lease can expire without an etcd leader, so no agent fences its workers, and the
+/// same round goes on when etcd is back, with or without its data.
+async fn a_long_etcd_outage_fences_no_one(keep_data: bool) {
+    let mut etcd = Etcd::start();
+    let mut ns = nodes(&etcd, "outage-long", 2, 2, 2).await;
+    let before = rounds(&mut ns).await;
+    etcd.kill();
+    if !keep_data {
+        std::fs::remove_dir_all(&etcd.data_dir).unwrap();
+    }
+    let quiet = async {
+        let futs: Vec<_> = ns.iter_mut().map(|n| n.changed()).collect();
+        join_all(futs).await
+    };
+    let outage = async {
+        tokio::time::sleep(TTL * 3).await;
+        etcd.start_again();
+        tokio::time::sleep(TTL * 3).await;
+    };
+    tokio::select! {
+        changes = quiet => panic!("keep_data={keep_data}: agents saw a change: {changes:?}"),
+        () = outage => {}
+    }
+    // The run still works: a leave is noticed at once.
+    ns[1].depart(Departure::Left).await.unwrap();
+    let seen = within(Duration::from_secs(10), "a leave", ns[0].changed()).await;
+    assert_eq!(
+        seen.unwrap(),
+        Change::MemberLost {
+            node: ns[1].node_id().to_owned()
+        }
+    );
+    assert_eq!(before[0].number, before[1].number);
+}
+
+#[tokio::test]
+async fn etcd_down_for_three_lease_ttls_fences_no_one() {
+    a_long_etcd_outage_fences_no_one(true).await;
+}
+
+#[tokio::test]
+async fn etcd_down_for_three_lease_ttls_and_back_empty_fences_no_one() {
+    a_long_etcd_outage_fences_no_one(false).await;
+}
+
+/// A frozen etcd accepts connections and answers nothing, like a starting one: agents
+/// hold (no leader can expire a lease meanwhile), and when it thaws the run goes on as
+/// one group.
+#[tokio::test]
+async fn a_frozen_etcd_stops_no_worker_while_frozen_and_the_run_goes_on_after() {
+    let etcd = Etcd::start();
+    let mut ns = nodes(&etcd, "etcd-frozen", 2, 2, 2).await;
+    rounds(&mut ns).await;
+    let pid = etcd.pid();
+    let signal = |s| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), s).unwrap();
+    signal(nix::sys::signal::Signal::SIGSTOP);
+    let quiet = async {
+        let futs: Vec<_> = ns.iter_mut().map(|n| n.changed()).collect();
+        join_all(futs).await
+    };
+    tokio::select! {
+        changes = quiet => panic!("agents saw a change while etcd was frozen: {changes:?}"),
+        () = tokio::time::sleep(TTL * 3) => {}
+    }
+    signal(nix::sys::signal::Signal::SIGCONT);
+    // The thawed etcd may expire every lease at once; whatever it does, the agents end
+    // up in one group again.
+    let settle = async {
+        let changes = join_all(ns.iter_mut().map(|n| n.changed())).await;
+        changes.into_iter().map(|c| c.unwrap()).collect::<Vec<_>>()
+    };
+    match tokio::time::timeout(TTL * 3, settle).await {
+        Err(_) => {} // nothing changed: the same group goes on
+        Ok(_) => {
+            let rs = within(Duration::from_secs(30), "a new round", rounds(&mut ns)).await;
+            assert_one_group(&rs);
+        }
+    }
+}
+
+/// etcd gone for longer than `outage_timeout`: the agent stops waiting, with an error that
+/// names the bound (the agent exits 69 on it).
+#[tokio::test]
+async fn etcd_gone_longer_than_outage_timeout_ends_the_rendezvous_with_a_clear_error() {
+    let mut etcd = Etcd::start();
+    let mut c = config(&etcd, "outage-bound", 1, 1);
+    c.outage_timeout = Duration::from_secs(3);
+    let mut n = EtcdRendezvous::connect(c).await.unwrap();
+    n.next_round().await.unwrap();
+    etcd.kill();
+    let started = Instant::now();
+    let err = within(Duration::from_secs(20), "giving up", n.changed())
+        .await
+        .expect_err("the rendezvous gives up");
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(matches!(err, RendezvousError::Outage(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("outage_timeout"), "{text}");
+    assert!(!err.is_configuration());
+}

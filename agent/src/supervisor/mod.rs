@@ -390,6 +390,7 @@ impl WorkerGroup {
         // Leaders are gone; SIGKILL anything they left in their groups.
         self.signal_all(Signal::SIGKILL);
         self.settled = true;
+        tracing::info!(killed, "workers stopped");
         self.drain_output().await;
     }
 

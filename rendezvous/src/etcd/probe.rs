@@ -10,7 +10,8 @@
 //! others may still have a quorum): then the lease clock runs out and the agent fences.
 //!
 //! The prober runs only while the session has trouble (a lost connection, a keep-alive
-//! late), every TTL/4, so that a healthy run costs etcd nothing extra.
+//! unanswered after TTL/10), every TTL/4, waiting TTL/8 per step, so that a healthy run
+//! costs etcd nothing extra.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -111,10 +112,13 @@ impl Prober {
         view: Arc<watch::Sender<View>>,
     ) -> Self {
         let every = ttl / 4;
+        // A healthy etcd answers in milliseconds; the proof only counts from when the probe
+        // was sent, so it must come back well within the fencing margin.
+        let patience = ttl / 8;
         let task = tokio::spawn(async move {
             loop {
                 let sent = Instant::now();
-                let found = probe(&endpoint, &opts, every).await;
+                let found = probe(&endpoint, &opts, patience).await;
                 if found.proves_no_leader() {
                     if let Ok(mut c) = clock.lock() {
                         c.no_leader_at(sent, ttl);

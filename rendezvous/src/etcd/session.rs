@@ -356,6 +356,15 @@ impl Session {
         f(&mut clock)
     }
 
+    /// When the oldest unanswered keep-alive becomes late, unless the prober already looks.
+    fn answer_due(&self) -> Option<Instant> {
+        if self.prober.as_ref().is_some_and(|p| !p.finished()) || !self.single_member {
+            return None;
+        }
+        let sent = self.lease_clock(|c| c.oldest_unanswered())?;
+        Some(Instant::from_std(sent + self.ttl / 10))
+    }
+
     /// etcd does not answer: start looking for proof that it has no leader (so the lease
     /// cannot expire and the workers need not be fenced).
     fn trouble(&mut self) {
@@ -496,7 +505,10 @@ impl Session {
     }
 
     async fn next_event(&mut self, w: &mut Watching) -> EtcdResult<Event> {
-        let timer = [w.recheck, w.grace_until].into_iter().flatten().min();
+        let timer = [w.recheck, w.grace_until, self.answer_due()]
+            .into_iter()
+            .flatten()
+            .min();
         let sleep = async {
             match timer {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -524,12 +536,6 @@ impl Session {
             Event::Tick if self.lease != w.lease => return Ok(outage()),
             Event::Tick => {
                 let now = std::time::Instant::now();
-                let late = self
-                    .lease_clock(|c| c.oldest_unanswered())
-                    .is_some_and(|t| now.duration_since(t) > self.ttl / 3);
-                if late {
-                    self.trouble();
-                }
                 self.lease_clock(|c| c.keep_alive_sent(now));
                 w.keeper.keep_alive().await?;
                 return Ok(None);
@@ -598,6 +604,12 @@ impl Session {
     /// Handles the timers that are due; returns whether the coordinator asked to look again.
     async fn on_timer(&mut self, w: &mut Watching) -> EtcdResult<bool> {
         let now = Instant::now();
+        if self.answer_due().is_some_and(|at| at <= now) {
+            // etcd answers a keep-alive in milliseconds: a late one is the first sign of
+            // an outage that leaves the connection open (a frozen or stalled etcd, a cut
+            // network), long before the connection's own keep-alive gives up on it.
+            self.trouble();
+        }
         if w.grace_until.is_some_and(|at| at <= now) {
             w.grace_until = None;
             self.check_absent().await?;
