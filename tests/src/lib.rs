@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub use tempfile::TempDir;
 
 pub mod etcd;
+pub mod etcd_cluster;
 pub mod job;
 pub mod netns;
 pub mod pod;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, Keys, TlsFiles, commit_round, connect};
 use fsdp_rendezvous::{Change, Departure, Rendezvous, RendezvousError, Round};
 use fsdp_tests::etcd::{Etcd, ServerTls};
+use fsdp_tests::etcd_cluster::EtcdCluster;
 use futures::future::join_all;
 
 const TTL: Duration = Duration::from_secs(2);
@@ -588,4 +589,65 @@ async fn etcd_gone_longer_than_outage_timeout_ends_the_rendezvous_with_a_clear_e
     let text = err.to_string();
     assert!(text.contains("outage_timeout"), "{text}");
     assert!(!err.is_configuration());
+}
+
+/// The leader of the member `endpoints` name, found by asking each member.
+async fn leader_endpoint(endpoints: &[String]) -> String {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        for e in endpoints {
+            let opts = fsdp_rendezvous::etcd::EtcdOptions::new(vec![e.clone()]);
+            let Ok(mut c) = connect(&opts).await else {
+                continue;
+            };
+            if let Ok(s) = c.status().await
+                && s.leader() != 0
+                && s.header().is_some_and(|h| h.member_id() == s.leader())
+            {
+                return e.clone();
+            }
+        }
+        assert!(Instant::now() < end, "no etcd leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Outside testing: with the three endpoints of a three-member cluster given and the
+/// leader SIGKILLed (quorum intact), requests kept going to the dead member, keep-alives
+/// missed the TTL and every agent exited 69. A dead endpoint is skipped: nothing changes.
+#[tokio::test]
+async fn losing_the_etcd_leader_of_three_members_changes_nothing() {
+    let mut cluster = EtcdCluster::start(3);
+    let mut endpoints = cluster.endpoints();
+    let leader = leader_endpoint(&endpoints).await;
+    // The leader first: an agent that sticks to its first endpoint meets the death.
+    endpoints.sort_by_key(|e| *e != leader);
+    let mut ns = Vec::new();
+    for _ in 0..2 {
+        let mut c = EtcdConfig::new(endpoints.clone(), "leader-death", 2, 2);
+        c.last_call = Duration::from_millis(300);
+        c.options.retry_window = Duration::from_secs(10);
+        ns.push(EtcdRendezvous::connect(c).await.expect("join"));
+    }
+    let before = rounds(&mut ns).await;
+    cluster.kill(&leader);
+    let ttl = EtcdConfig::new(vec![], "x", 1, 1).keep_alive_ttl;
+    let quiet = async {
+        let futs: Vec<_> = ns.iter_mut().map(|n| n.changed()).collect();
+        join_all(futs).await
+    };
+    tokio::select! {
+        changes = quiet => panic!("agents saw a change: {changes:?}\n{}", cluster.logs()),
+        () = tokio::time::sleep(ttl * 3) => {}
+    }
+    // The run still works on the two members left: a leave is noticed at once.
+    ns[1].depart(Departure::Left).await.unwrap();
+    let seen = within(Duration::from_secs(10), "a leave", ns[0].changed()).await;
+    assert_eq!(
+        seen.unwrap(),
+        Change::MemberLost {
+            node: ns[1].node_id().to_owned()
+        }
+    );
+    assert_eq!(before[0].number, before[1].number);
 }

@@ -171,16 +171,30 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
     }
     let urls = urls(opts);
     let connect_opts = options(opts)?;
+    // One endpoint at a time, in the order given: the client is pinned to the first that
+    // answers (a client balanced over several kept sending to a dead member), and the
+    // session picks another when that one fails ([`pick`]).
     let attempt = || {
         let urls = urls.clone();
         let o = connect_opts.clone();
         async move {
-            let mut client = Client::connect(&urls, Some(o)).await?;
-            // The channel connects lazily; one read proves etcd answers.
-            client
-                .get("/", Some(etcd_client::GetOptions::new().with_count_only()))
-                .await?;
-            Ok::<_, etcd_client::Error>(client)
+            let mut last = None;
+            for url in urls {
+                let one = async {
+                    let mut client = Client::connect([url], Some(o.clone())).await?;
+                    // The channel connects lazily; one read proves etcd answers.
+                    client
+                        .get("/", Some(etcd_client::GetOptions::new().with_count_only()))
+                        .await?;
+                    Ok::<_, etcd_client::Error>(client)
+                };
+                match one.await {
+                    Ok(client) => return Ok(client),
+                    Err(e) if !transient(&e) => return Err(e),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.unwrap_or(etcd_client::Error::EndpointsNotManaged))
         }
     };
     let backoff = crate::backoff::exponential(Duration::from_millis(100), Duration::from_secs(2))
@@ -197,6 +211,31 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
             window: opts.retry_window,
             source,
         })
+}
+
+/// A client pinned to the first endpoint (in the order given) whose member answers within
+/// `patience` and knows a leader, else to the first that answers at all; `None` when none
+/// answers. All are asked at once.
+pub async fn pick(opts: &EtcdOptions, patience: Duration) -> Option<Client> {
+    let o = options(opts).ok()?;
+    let tries = urls(opts).into_iter().map(|url| {
+        let o = o.clone();
+        async move {
+            let ask = async {
+                let mut client = Client::connect([url], Some(o)).await.ok()?;
+                let led = client.status().await.ok()?.leader() != 0;
+                Some((client, led))
+            };
+            tokio::time::timeout(patience, ask).await.ok().flatten()
+        }
+    });
+    let answers: Vec<(Client, bool)> = futures::future::join_all(tries)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let led = answers.iter().position(|(_, led)| *led).unwrap_or(0);
+    answers.into_iter().nth(led).map(|(client, _)| client)
 }
 
 #[cfg(test)]

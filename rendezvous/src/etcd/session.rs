@@ -23,7 +23,7 @@ use prost::Message;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, Interval};
 
-use super::connect::{EtcdOptions, transient};
+use super::connect::{self, EtcdOptions, transient};
 use super::coordinator::{Coordinator, round_record};
 use super::keys::Keys;
 use super::probe::{self, Prober, SharedClock};
@@ -193,6 +193,8 @@ pub struct Session {
     single_member: bool,
     /// Looks for that proof while etcd does not answer.
     prober: Option<Prober>,
+    /// Several endpoints: the client's member failed, pin another at the next sync.
+    reselect: bool,
     /// Revoke the lease and take a new one at the next sync (this node fenced itself).
     abandon: bool,
 }
@@ -240,6 +242,7 @@ impl Session {
             options: s.options,
             single_member: false,
             prober: None,
+            reselect: false,
             abandon: false,
         }
     }
@@ -283,6 +286,7 @@ impl Session {
             return self.give_up(lasted, &e);
         }
         self.trouble();
+        self.reselect = self.several_endpoints();
         // Retry well within the fencing margin: a refused probe keeps the lease safe only
         // for a TTL from when it was sent.
         let last = LAST_RETRY.min(self.ttl / 4);
@@ -356,12 +360,31 @@ impl Session {
         f(&mut clock)
     }
 
-    /// When the oldest unanswered keep-alive becomes late, unless the prober already looks.
+    fn several_endpoints(&self) -> bool {
+        self.options.as_ref().is_some_and(|o| o.endpoints.len() > 1)
+    }
+
+    /// Pins the client to a member that answers (and knows a leader, if one does).
+    async fn pick_endpoint(&mut self) {
+        let Some(opts) = &self.options else { return };
+        let patience = (self.ttl / 4).min(opts.connect_timeout);
+        if let Some(client) = connect::pick(opts, patience).await {
+            self.client = client;
+            self.reselect = false;
+        }
+    }
+
+    /// When the oldest unanswered keep-alive becomes late: for a one-member etcd, when
+    /// the prober should start looking (unless it already does); with several endpoints,
+    /// when the session should try another member.
     fn answer_due(&self) -> Option<Instant> {
+        let sent = self.lease_clock(|c| c.oldest_unanswered())?;
+        if self.several_endpoints() {
+            return Some(Instant::from_std(sent + self.ttl / 4));
+        }
         if self.prober.as_ref().is_some_and(|p| !p.finished()) || !self.single_member {
             return None;
         }
-        let sent = self.lease_clock(|c| c.oldest_unanswered())?;
         Some(Instant::from_std(sent + self.ttl / 10))
     }
 
@@ -398,6 +421,9 @@ impl Session {
 
     /// [`State::Syncing`]: everything from a ranged read to open watches.
     async fn sync(&mut self, why: Resync) -> EtcdResult<Watching> {
+        if self.reselect {
+            self.pick_endpoint().await;
+        }
         if self.abandon {
             // Before the read, so that the watches start after the revoke and this node
             // does not see its own departure.
@@ -607,7 +633,15 @@ impl Session {
         if self.answer_due().is_some_and(|at| at <= now) {
             // etcd answers a keep-alive in milliseconds: a late one is the first sign of
             // an outage that leaves the connection open (a frozen or stalled etcd, a cut
-            // network), long before the connection's own keep-alive gives up on it.
+            // network, a member cut from its leader), long before the connection's own
+            // keep-alive gives up on it.
+            if self.several_endpoints() {
+                let late = std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "a lease keep-alive went unanswered; trying another etcd member",
+                );
+                return Err(etcd_client::Error::IoError(late));
+            }
             self.trouble();
         }
         if w.grace_until.is_some_and(|at| at <= now) {

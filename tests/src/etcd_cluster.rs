@@ -1,0 +1,113 @@
+//! A real three-member etcd cluster on loopback, to kill members of.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+
+struct Member {
+    name: String,
+    client_port: u16,
+    child: Option<Child>,
+}
+
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until each accepts connections.
+    pub fn start(n: usize) -> Self {
+        let dir = tempfile::TempDir::new().expect("etcd cluster dir");
+        let peers: Vec<(String, u16, u16)> = (0..n)
+            .map(|i| (format!("m{i}"), free_port(), free_port()))
+            .collect();
+        let initial = peers
+            .iter()
+            .map(|(name, _, peer)| format!("{name}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for (name, client, peer) in &peers {
+            let client_url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
+            let child = Command::new("etcd")
+                .args(["--name", name, "--data-dir"])
+                .arg(dir.path().join(name))
+                .args(["--listen-client-urls", &client_url])
+                .args(["--advertise-client-urls", &client_url])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &initial])
+                .args(["--initial-cluster-state", "new"])
+                .args([
+                    "--initial-cluster-token",
+                    &format!("t{}", std::process::id()),
+                ])
+                .args(["--log-level", "warn"])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("start etcd (apt install etcd-server)");
+            members.push(Member {
+                name: name.clone(),
+                client_port: *client,
+                child: Some(child),
+            });
+        }
+        let c = Self { members, dir };
+        let end = Instant::now() + Duration::from_secs(30);
+        for m in &c.members {
+            while std::net::TcpStream::connect(("127.0.0.1", m.client_port)).is_err() {
+                assert!(Instant::now() < end, "etcd member {} did not start", m.name);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        c
+    }
+
+    /// Every member's client endpoint, in member order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// SIGKILL of the member whose endpoint is `endpoint`.
+    pub fn kill(&mut self, endpoint: &str) {
+        for m in &mut self.members {
+            if format!("127.0.0.1:{}", m.client_port) == endpoint
+                && let Some(mut c) = m.child.take()
+            {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// Every member's log.
+    pub fn logs(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("{}.log", m.name)));
+                format!("=== {}\n{}", m.name, log.unwrap_or_default())
+            })
+            .collect()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            if let Some(mut c) = m.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
