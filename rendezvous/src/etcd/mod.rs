@@ -101,6 +101,14 @@ impl EtcdConfig {
     }
 }
 
+impl EtcdConfig {
+    /// The fencing margin in effect.
+    pub fn margin(&self) -> Duration {
+        self.fence_margin
+            .unwrap_or_else(|| crate::fence::default_margin(self.keep_alive_ttl))
+    }
+}
+
 /// A unique node id: host name, pid and a random suffix, so agents that share a host name
 /// and a pid (PID 1 in containers) are still told apart.
 pub fn new_node_id() -> String {
@@ -182,6 +190,7 @@ impl EtcdRendezvous {
             ttl: Duration::from_secs(ttl_s as u64),
             options: Some(cfg.options.clone()),
             outage_limit: cfg.outage_timeout,
+            fence_margin: cfg.margin(),
             seal: SealConfig {
                 min_nodes: cfg.min_nodes,
                 max_nodes: cfg.max_nodes,
@@ -526,10 +535,7 @@ impl Rendezvous for EtcdRendezvous {
         let Some(held) = self.held.clone() else {
             return std::future::pending().await;
         };
-        let margin = self
-            .cfg
-            .fence_margin
-            .unwrap_or_else(|| fence::default_margin(self.cfg.keep_alive_ttl));
+        let margin = self.cfg.margin();
         loop {
             let recheck_at = {
                 let v = self.view.borrow_and_update();

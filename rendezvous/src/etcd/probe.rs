@@ -9,9 +9,9 @@
 //! (this node may be the one cut off), and neither does a member of a larger cluster (the
 //! others may still have a quorum): then the lease clock runs out and the agent fences.
 //!
-//! The prober runs only while the session has trouble (a lost connection, a keep-alive
-//! unanswered after TTL/10), every TTL/4, waiting TTL/8 per step, so that a healthy run
-//! costs etcd nothing extra.
+//! The prober runs only while the session has trouble (a lost connection, or no
+//! keep-alive answered when the fence is a quarter TTL away), every TTL/4, waiting TTL/8
+//! per step, so that a healthy run — or a slow one — costs etcd nothing extra.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

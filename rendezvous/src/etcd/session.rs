@@ -86,6 +86,9 @@ pub struct Setup {
     pub options: Option<EtcdOptions>,
     /// How long etcd may stay unreachable before the session gives up.
     pub outage_limit: Duration,
+    /// How long before the lease could expire the agent fences (the prober must have
+    /// found its proof by then).
+    pub fence_margin: Duration,
     pub seal: SealConfig,
     /// etcd writes made (puts, transactions, lease grants and revokes).
     pub writes: Arc<AtomicU64>,
@@ -185,6 +188,7 @@ pub struct Session {
     /// Since when etcd has not answered (the first failure of an outage).
     outage_since: Option<Instant>,
     outage_limit: Duration,
+    fence_margin: Duration,
     /// The earliest moment etcd could expire the lease (published in the view).
     clock: SharedClock,
     options: Option<EtcdOptions>,
@@ -238,6 +242,7 @@ impl Session {
             pending: VecDeque::new(),
             outage_since: None,
             outage_limit: s.outage_limit,
+            fence_margin: s.fence_margin,
             clock,
             options: s.options,
             single_member: false,
@@ -374,18 +379,21 @@ impl Session {
         }
     }
 
-    /// When the oldest unanswered keep-alive becomes late: for a one-member etcd, when
-    /// the prober should start looking (unless it already does); with several endpoints,
-    /// when the session should try another member.
+    /// With several endpoints: when the oldest unanswered keep-alive is late enough to
+    /// try another member. With a one-member etcd: when the fence draws near (a quarter
+    /// TTL before it) without an answer, so the prober should look for its proof — not
+    /// before, so that a slow but working etcd (1,000 agents on two cores) is not probed.
     fn answer_due(&self) -> Option<Instant> {
-        let sent = self.lease_clock(|c| c.oldest_unanswered())?;
+        let (sent, safe_until) = self.lease_clock(|c| (c.oldest_unanswered(), c.safe_until()));
         if self.several_endpoints() {
-            return Some(Instant::from_std(sent + self.ttl / 4));
+            return Some(Instant::from_std(sent? + self.ttl / 4));
         }
         if self.prober.as_ref().is_some_and(|p| !p.finished()) || !self.single_member {
             return None;
         }
-        Some(Instant::from_std(sent + self.ttl / 10))
+        sent?;
+        let near = safe_until?.checked_sub(self.fence_margin + self.ttl / 4)?;
+        Some(Instant::from_std(near))
     }
 
     /// etcd does not answer: start looking for proof that it has no leader (so the lease
