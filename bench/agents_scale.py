@@ -7,7 +7,9 @@ Forms one round of N, then takes one node out and times the survivors' re-form f
 
     agents=N how=kill form_s=... reform_s=... exited=0
 
-`exited` counts agents other than the lost one that ended (it must be 0).
+`exited` counts agents other than the lost one that ended (it must be 0); `fenced`, the
+survivors that fenced themselves because etcd answered their keep-alives too late (0 when
+etcd keeps up).
 
 Usage: bench/agents_scale.py --agent target/release/fsdp-agent --nodes 256 [--how kill|term]
        [--ttl 5] [--runs 1]
@@ -96,8 +98,9 @@ def run(a, tmp):
              120 + 4 * a.ttl)
         reform_s = max(formed(p, a.nodes - 1)[0] for p in survivors) - t0
         exited = sum(1 for i, p in enumerate(agents) if i != victim and p.poll() is not None)
-        print(f"agents={a.nodes} how={a.how} form_s={form_s:.3f} reform_s={reform_s:.3f} exited={exited}",
-              flush=True)
+        fenced = sum(1 for p in survivors if "fencing" in open(p, errors="replace").read())
+        print(f"agents={a.nodes} how={a.how} form_s={form_s:.3f} reform_s={reform_s:.3f} exited={exited} "
+              f"fenced={fenced}", flush=True)
     finally:
         for p in agents:
             if p.poll() is None:
