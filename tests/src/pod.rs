@@ -114,6 +114,14 @@ impl Pod {
         nix::sys::signal::kill(pid, sig).expect("signal the pod's agent");
     }
 
+    /// The agent's exit code if the pod has ended.
+    pub fn exited(&mut self) -> Option<i32> {
+        self.child
+            .try_wait()
+            .expect("try_wait")
+            .map(|s| s.code().unwrap_or(-1))
+    }
+
     /// Waits for the pod to end and returns the agent's exit code.
     pub fn wait(&mut self, limit: Duration) -> i32 {
         let end = std::time::Instant::now() + limit;
