@@ -106,6 +106,49 @@ fn rounds(logs: &[String]) -> BTreeMap<u64, Vec<(u32, u32, String)>> {
     out
 }
 
+/// Moves `slot` on at `now`: a frozen pod thaws when due, a leaving one is checked for its
+/// 143 and recreated `back_in` later, a gone one is recreated when due, an up one that
+/// exited by itself is recorded. `ending`: everything is due now.
+#[allow(clippy::too_many_arguments)]
+fn advance(
+    slot: &mut Slot,
+    i: u8,
+    now: Instant,
+    back_in: Duration,
+    ending: bool,
+    job: &Job,
+    exits: &mut Vec<String>,
+    logs: &mut Vec<String>,
+) {
+    let next = match slot {
+        Slot::Frozen { until, .. } if ending || *until <= now => {
+            let Slot::Frozen { pod, pids, .. } = std::mem::replace(slot, Slot::Down { at: now })
+            else {
+                unreachable!()
+            };
+            signal_all(&pids, Signal::SIGCONT);
+            Some(Slot::Up(pod))
+        }
+        Slot::Leaving(pod) => pod.exited().map(|code| {
+            if code != 143 {
+                exits.push(format!("pod{i} exited {code} after SIGTERM"));
+            }
+            logs.push(pod.stderr());
+            Slot::Down { at: now + back_in }
+        }),
+        Slot::Down { at } if ending || *at <= now => Some(Slot::Up(job.pod(i, &[]))),
+        Slot::Up(pod) => pod.exited().map(|code| {
+            exits.push(format!("pod{i} exited {code} on its own\n{}", pod.output()));
+            logs.push(pod.stderr());
+            Slot::Down { at: now }
+        }),
+        _ => None,
+    };
+    if let Some(s) = next {
+        *slot = s;
+    }
+}
+
 #[test]
 fn chaos_soak_converges_with_one_group_at_a_time_and_no_lost_progress() {
     let secs = env_u64("FSDP_CHAOS_SECS").unwrap_or(60);
@@ -155,45 +198,15 @@ fn chaos_soak_converges_with_one_group_at_a_time_and_no_lost_progress() {
     while Instant::now() < end {
         let now = Instant::now();
         for (i, slot) in slots.iter_mut().enumerate() {
-            let i = i as u8;
-            let replace = match slot {
-                Slot::Frozen { until, .. } if *until <= now => {
-                    let Slot::Frozen { pod, pids, .. } =
-                        std::mem::replace(slot, Slot::Down { at: now })
-                    else {
-                        unreachable!()
-                    };
-                    signal_all(&pids, Signal::SIGCONT);
-                    Some(Slot::Up(pod))
-                }
-                Slot::Leaving(pod) => match pod.exited() {
-                    Some(code) => {
-                        if code != 143 {
-                            exits.push(format!("pod{i} exited {code} after SIGTERM"));
-                        }
-                        logs.push(pod.stderr());
-                        Some(Slot::Down {
-                            at: now + rng.millis(500, 3000),
-                        })
-                    }
-                    None => None,
-                },
-                Slot::Down { at } if *at <= now => Some(Slot::Up(job.pod(i, &[]))),
-                Slot::Up(pod) => pod.exited().map(|code| {
-                    exits.push(format!("pod{i} exited {code} on its own\n{}", pod.output()));
-                    logs.push(pod.stderr());
-                    Slot::Down { at: now }
-                }),
-                _ => None,
-            };
-            if let Some(s) = replace {
-                *slot = s;
-            }
+            let back_in = rng.millis(500, 3000);
+            advance(
+                slot, i as u8, now, back_in, false, &job, &mut exits, &mut logs,
+            );
         }
+        // At most one pod out at a time: the group keeps its MIN of two and a spare.
         let up: Vec<usize> = (0..slots.len())
             .filter(|&i| matches!(slots[i], Slot::Up(_)))
             .collect();
-        // At most one pod out at a time: the group keeps its MIN of two and a spare.
         if now >= next_event && up.len() == PODS as usize {
             let i = up[rng.below(up.len() as u64) as usize];
             let Slot::Up(mut pod) = std::mem::replace(&mut slots[i], Slot::Down { at: now }) else {
@@ -231,35 +244,22 @@ fn chaos_soak_converges_with_one_group_at_a_time_and_no_lost_progress() {
     }
     eprintln!("chaos: {} events: {events:?}", events.len());
 
-    // Let everything come back, then wait for one group of four.
+    // Let everything come back at once, then wait for one group of four.
     let deadline = Instant::now() + LIMIT;
     while !slots.iter().all(|s| matches!(s, Slot::Up(_))) {
         assert!(Instant::now() < deadline, "pods did not all come back");
         let now = Instant::now();
         for (i, slot) in slots.iter_mut().enumerate() {
-            let next = match slot {
-                Slot::Frozen { .. } => {
-                    let Slot::Frozen { pod, pids, .. } =
-                        std::mem::replace(slot, Slot::Down { at: now })
-                    else {
-                        unreachable!()
-                    };
-                    signal_all(&pids, Signal::SIGCONT);
-                    Some(Slot::Up(pod))
-                }
-                Slot::Leaving(pod) => pod.exited().map(|code| {
-                    if code != 143 {
-                        exits.push(format!("pod{i} exited {code} after SIGTERM"));
-                    }
-                    logs.push(pod.stderr());
-                    Slot::Down { at: now }
-                }),
-                Slot::Down { .. } => Some(Slot::Up(job.pod(i as u8, &[]))),
-                Slot::Up(_) => None,
-            };
-            if let Some(s) = next {
-                *slot = s;
-            }
+            advance(
+                slot,
+                i as u8,
+                now,
+                Duration::ZERO,
+                true,
+                &job,
+                &mut exits,
+                &mut logs,
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }

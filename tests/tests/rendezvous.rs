@@ -455,6 +455,18 @@ async fn user_and_password_authentication() {
     );
 }
 
+/// The second node leaves; the first sees it gone within seconds, not a lease TTL.
+async fn a_leave_is_noticed_at_once(ns: &mut [EtcdRendezvous]) {
+    ns[1].depart(Departure::Left).await.unwrap();
+    let seen = within(Duration::from_secs(10), "a leave", ns[0].changed()).await;
+    assert_eq!(
+        seen.unwrap(),
+        Change::MemberLost {
+            node: ns[1].node_id().to_owned()
+        }
+    );
+}
+
 /// Outside testing: an agent whose failure report met an etcd that was down exited 69.
 /// Now the request waits for etcd and goes through, and the others learn of the failure.
 #[tokio::test]
@@ -510,14 +522,7 @@ async fn a_long_etcd_outage_fences_no_one(keep_data: bool) {
         () = outage => {}
     }
     // The run still works: a leave is noticed at once.
-    ns[1].depart(Departure::Left).await.unwrap();
-    let seen = within(Duration::from_secs(10), "a leave", ns[0].changed()).await;
-    assert_eq!(
-        seen.unwrap(),
-        Change::MemberLost {
-            node: ns[1].node_id().to_owned()
-        }
-    );
+    a_leave_is_noticed_at_once(&mut ns).await;
     assert_eq!(before[0].number, before[1].number);
 }
 
@@ -641,13 +646,6 @@ async fn losing_the_etcd_leader_of_three_members_changes_nothing() {
         () = tokio::time::sleep(ttl * 3) => {}
     }
     // The run still works on the two members left: a leave is noticed at once.
-    ns[1].depart(Departure::Left).await.unwrap();
-    let seen = within(Duration::from_secs(10), "a leave", ns[0].changed()).await;
-    assert_eq!(
-        seen.unwrap(),
-        Change::MemberLost {
-            node: ns[1].node_id().to_owned()
-        }
-    );
+    a_leave_is_noticed_at_once(&mut ns).await;
     assert_eq!(before[0].number, before[1].number);
 }

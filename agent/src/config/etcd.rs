@@ -538,6 +538,24 @@ mod tests {
     }
 
     #[test]
+    fn the_outage_bound_and_the_fencing_margin_are_taken_and_checked() {
+        let build = |pairs: &[(&str, &str)]| {
+            build("e", "j", (1, 1), &conf(pairs), "h".into(), 1, None).map(|m| m.rendezvous)
+        };
+        let r = build(&[("outage_timeout", "60"), ("fence_margin", "1.5")]).unwrap();
+        assert_eq!(r.outage_timeout, Duration::from_secs(60));
+        assert_eq!(r.margin(), Duration::from_millis(1500));
+        // Not given: a fifth of the lease, whatever the lease is.
+        let r = build(&[("keep_alive_ttl", "10")]).unwrap();
+        assert_eq!((r.fence_margin, r.margin()), (None, Duration::from_secs(2)));
+        let e = build(&[("keep_alive_ttl", "4"), ("fence_margin", "3")]).unwrap_err();
+        assert!(
+            e.contains("fence_margin") && e.contains("at most half of keep_alive_ttl"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn the_password_comes_from_one_place() {
         let dir = std::env::temp_dir().join(format!("fsdp-pw-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

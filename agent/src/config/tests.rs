@@ -493,7 +493,7 @@ fn every_key_the_table_gives_to_etcd_is_taken_by_the_etcd_rendezvous() {
     let first = "join_timeout=5,last_call_timeout=5,close_timeout=5,keep_alive_ttl=2,\
                  keep_alive_interval=1,keep_alive_max_attempt=2,straggler_timeout=10,\
                  connect_timeout=5,etcd_prefix=/p,protocol=https,cacert=/a,cert=/b,key=/c,\
-                 username=u,password=p";
+                 username=u,password=p,outage_timeout=60,fence_margin=0.5";
     let second = format!(
         "ca_cert=/a,ssl_cert=/b,ssl_cert_key=/c,username=u,password_file={}",
         pw.display()
