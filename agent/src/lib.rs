@@ -142,7 +142,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
     supervisor::reaper::start_if_init();
     let board = status::Board::new(&cfg.run_id, backend, cfg.max_restarts);
     // Before the rendezvous, so liveness probes answer while it connects and waits.
-    start_status_server(cfg, &board).await?;
+    let status_addr = start_status_server(cfg, &board).await?;
     match &cfg.mode {
         Mode::Standalone { master_addr } => {
             let mut rdzv = StandaloneRendezvous::new(
@@ -153,8 +153,10 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
         Mode::Etcd(m) => {
+            let mut rc = m.rendezvous.clone();
+            rc.status_addr = status_addr.map(|bound| advertised(bound, &rc.addr));
             let mut rdzv = tokio::select! {
-                r = EtcdRendezvous::connect(m.rendezvous.clone()) => r?,
+                r = EtcdRendezvous::connect(rc) => r?,
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
             };
             tracing::info!(node_id = rdzv.node_id(), "joined the etcd rendezvous");
@@ -179,14 +181,18 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
     }
 }
 
-async fn start_status_server(cfg: &Config, board: &status::Board) -> Result<(), AgentError> {
+/// Starts the status server; returns where it listens, if it does.
+async fn start_status_server(
+    cfg: &Config,
+    board: &status::Board,
+) -> Result<Option<std::net::SocketAddr>, AgentError> {
     let config::StatusAddr::Listen { addr, required } = cfg.status else {
-        return Ok(());
+        return Ok(None);
     };
     match status::server::start(addr, board.clone()).await {
         Ok(bound) => {
             tracing::info!(addr = %bound, "status server listening (gRPC status and health, HTTP /metrics)");
-            Ok(())
+            Ok(Some(bound))
         }
         Err(e) if !required => {
             tracing::warn!(
@@ -194,9 +200,22 @@ async fn start_status_server(cfg: &Config, board: &status::Board) -> Result<(), 
                 error = %e,
                 "cannot listen on the default status address; running without the status server (set --status-addr)"
             );
-            Ok(())
+            Ok(None)
         }
         Err(source) => Err(AgentError::StatusAddrBusy { addr, source }),
+    }
+}
+
+/// Where peers reach a status server bound at `bound`: a wildcard bind answers at the
+/// node's advertised address.
+fn advertised(bound: std::net::SocketAddr, node_addr: &str) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    if node_addr.contains(':') && !node_addr.starts_with('[') {
+        format!("[{node_addr}]:{}", bound.port())
+    } else {
+        format!("{node_addr}:{}", bound.port())
     }
 }
 

@@ -86,6 +86,7 @@ mod tests {
             addr: "10.0.0.5".into(),
             local_world_size: 8,
             wants_round: 3,
+            ..Default::default()
         }
     }
 

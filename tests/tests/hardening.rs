@@ -342,6 +342,7 @@ fn member(id: &str, local_world_size: u32) -> fsdp_proto::v1::Member {
         addr: "127.0.0.1".into(),
         local_world_size,
         wants_round: 0,
+        ..Default::default()
     }
 }
 

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use axum::http::header;
 use axum::routing::get;
 use fsdp_proto::v1::agent_status_server::{AgentStatus, AgentStatusServer};
-use fsdp_proto::v1::{AgentState, GetStatusRequest};
+use fsdp_proto::v1::{AgentState, GetStatusRequest, Heartbeat, LivenessRequest};
 use tonic_health::ServingStatus;
 
 use super::listener::{self, Limits};
@@ -31,6 +31,14 @@ struct StatusService {
     board: Board,
 }
 
+/// How often a liveness stream says the agent lives (it also keeps the connection busy,
+/// so the port's idle timeout and eviction leave it alone).
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
+type HeartbeatStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<Heartbeat, tonic::Status>> + Send + 'static>,
+>;
+
 #[tonic::async_trait]
 impl AgentStatus for StatusService {
     async fn get_status(
@@ -38,6 +46,29 @@ impl AgentStatus for StatusService {
         _request: tonic::Request<GetStatusRequest>,
     ) -> Result<tonic::Response<AgentState>, tonic::Status> {
         Ok(tonic::Response::new(self.board.snapshot().state))
+    }
+
+    type LivenessStream = HeartbeatStream;
+
+    /// The stream a ring neighbour watches: a heartbeat now, then one a second, for as
+    /// long as this process lives (see `fsdp_rendezvous::etcd::liveness`).
+    async fn liveness(
+        &self,
+        request: tonic::Request<LivenessRequest>,
+    ) -> Result<tonic::Response<HeartbeatStream>, tonic::Status> {
+        tracing::debug!(watcher = %request.get_ref().watcher, "watched by a ring neighbour");
+        let board = self.board.clone();
+        let beats = futures::stream::unfold(true, move |first| {
+            let board = board.clone();
+            async move {
+                if !first {
+                    tokio::time::sleep(HEARTBEAT).await;
+                }
+                let node_id = board.snapshot().state.node_id;
+                Some((Ok(Heartbeat { node_id }), false))
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(beats)))
     }
 }
 

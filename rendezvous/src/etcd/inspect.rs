@@ -268,6 +268,7 @@ mod tests {
             addr: format!("{id}.local"),
             local_world_size: n,
             wants_round: 0,
+            ..Default::default()
         }
     }
 

@@ -28,6 +28,7 @@ mod connect;
 mod coordinator;
 pub mod inspect;
 mod keys;
+pub mod liveness;
 mod probe;
 mod session;
 mod view;
@@ -77,6 +78,9 @@ pub struct EtcdConfig {
     pub fence_margin: Option<Duration>,
     /// How long etcd may stay unreachable mid-run before the agent gives up.
     pub outage_timeout: Duration,
+    /// Where this agent's status port answers (`host:port`), if it serves one: its ring
+    /// neighbour watches it ([`liveness`]).
+    pub status_addr: Option<String>,
 }
 
 impl EtcdConfig {
@@ -97,6 +101,7 @@ impl EtcdConfig {
             straggler_timeout: Duration::from_secs(30),
             fence_margin: None,
             outage_timeout: Duration::from_secs(900),
+            status_addr: None,
         }
     }
 }
@@ -137,6 +142,8 @@ pub struct EtcdRendezvous {
     writes: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
     held: Option<Held>,
+    /// Watches the held round's ring neighbour ([`liveness`]).
+    watcher: Option<liveness::Watcher>,
 }
 
 impl Drop for EtcdRendezvous {
@@ -184,6 +191,7 @@ impl EtcdRendezvous {
             keys: keys.clone(),
             node_id: cfg.node_id.clone(),
             addr: cfg.addr.clone(),
+            status_addr: cfg.status_addr.clone().unwrap_or_default(),
             local_world_size: cfg.local_world_size,
             lease: grant.id(),
             granted_at,
@@ -221,6 +229,7 @@ impl EtcdRendezvous {
             writes,
             errors,
             held: None,
+            watcher: None,
         })
     }
 
@@ -242,6 +251,67 @@ impl EtcdRendezvous {
     /// The agent's current view of the run (a copy).
     pub fn view(&self) -> View {
         self.view.borrow().clone()
+    }
+
+    /// Resolves when the held round is no longer the group's round (or this node must
+    /// fence itself).
+    async fn next_change(&mut self) -> Result<Change, RendezvousError> {
+        let Some(held) = self.held.clone() else {
+            return std::future::pending().await;
+        };
+        let margin = self.cfg.margin();
+        loop {
+            let recheck_at = {
+                let v = self.view.borrow_and_update();
+                if let Some(c) = v.corruption() {
+                    return Err(RendezvousError::Corrupt(c));
+                }
+                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
+                    return Ok(change);
+                }
+                match fence::decide(Instant::now(), v.lease_safe_until, margin) {
+                    FenceDecision::Fence { reason } => {
+                        let stop_within = v.lease_safe_until.map_or(Duration::ZERO, |s| {
+                            s.saturating_duration_since(Instant::now())
+                        });
+                        drop(v);
+                        self.tell(Command::Abandon);
+                        return Ok(Change::Fenced {
+                            reason,
+                            stop_within,
+                        });
+                    }
+                    FenceDecision::Hold { recheck_at } => Some(recheck_at),
+                    FenceDecision::Unknown => None,
+                }
+            };
+            let fence_timer = async {
+                match recheck_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = self.view.changed() => r.map_err(|_| self.ended())?,
+                () = fence_timer => {}
+            }
+        }
+    }
+
+    /// Starts watching `round`'s ring neighbour: proven gone, it is evicted at once.
+    fn watch_neighbour(&mut self, round: &v1::Round) {
+        let me = self.cfg.node_id.clone();
+        self.watcher = liveness::neighbour(round, &me).map(|target| {
+            let commands = self.commands.clone();
+            liveness::Watcher::start(me, target.clone(), move |node, lease, reason| {
+                tracing::warn!(%node, %reason, "ring neighbour gone; revoking its lease");
+                let command = Command::Evict { node, lease };
+                let _ = commands.send(Request {
+                    command,
+                    reply: None,
+                });
+            })
+        });
     }
 
     /// Tells the session `command` without waiting: nothing the handle does next depends on
@@ -457,6 +527,7 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     async fn next_round(&mut self) -> Result<Round, RendezvousError> {
+        self.watcher = None;
         let since = Instant::now();
         let deadline = tokio::time::Instant::now() + self.cfg.join_timeout;
         let mut wants = match &self.held {
@@ -485,6 +556,7 @@ impl Rendezvous for EtcdRendezvous {
                     self.tell(Command::Running {
                         round: record.clone(),
                     });
+                    self.watch_neighbour(&record);
                     self.held = Some(Held {
                         record,
                         round: round.clone(),
@@ -532,46 +604,12 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     async fn changed(&mut self) -> Result<Change, RendezvousError> {
-        let Some(held) = self.held.clone() else {
-            return std::future::pending().await;
-        };
-        let margin = self.cfg.margin();
-        loop {
-            let recheck_at = {
-                let v = self.view.borrow_and_update();
-                if let Some(c) = v.corruption() {
-                    return Err(RendezvousError::Corrupt(c));
-                }
-                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
-                    return Ok(change);
-                }
-                match fence::decide(Instant::now(), v.lease_safe_until, margin) {
-                    FenceDecision::Fence { reason } => {
-                        let stop_within = v.lease_safe_until.map_or(Duration::ZERO, |s| {
-                            s.saturating_duration_since(Instant::now())
-                        });
-                        drop(v);
-                        self.tell(Command::Abandon);
-                        return Ok(Change::Fenced {
-                            reason,
-                            stop_within,
-                        });
-                    }
-                    FenceDecision::Hold { recheck_at } => Some(recheck_at),
-                    FenceDecision::Unknown => None,
-                }
-            };
-            let fence_timer = async {
-                match recheck_at {
-                    Some(at) => tokio::time::sleep_until(at.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                r = self.view.changed() => r.map_err(|_| self.ended())?,
-                () = fence_timer => {}
-            }
+        let change = self.next_change().await;
+        if change.is_ok() {
+            // The round is over for this node: so is watching its neighbour.
+            self.watcher = None;
         }
+        change
     }
 
     async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
@@ -642,6 +680,7 @@ mod tests {
             addr: "a".into(),
             local_world_size: 2,
             wants_round: 3,
+            ..Default::default()
         }
     }
 

@@ -54,6 +54,9 @@ pub enum Command {
     /// This node fenced itself: at the next contact with etcd, revoke the lease (the
     /// others see it leave instead of waiting out the TTL) and join again on a new one.
     Abandon,
+    /// `node`'s agent is proven gone (its status port refused a connection): revoke its
+    /// lease, so every agent sees it leave now rather than after its TTL.
+    Evict { node: String, lease: i64 },
 }
 
 /// A command and where its outcome goes.
@@ -76,6 +79,8 @@ pub struct Setup {
     pub node_id: String,
     /// The address this node advertises (registration, master).
     pub addr: String,
+    /// Where its status port answers (`host:port`), empty when it serves none.
+    pub status_addr: String,
     pub local_world_size: u32,
     /// The lease the handle granted at join, and when it asked for it.
     pub lease: i64,
@@ -166,6 +171,7 @@ pub struct Session {
     keys: Keys,
     node_id: String,
     addr: String,
+    status_addr: String,
     local_world_size: u32,
     ttl: Duration,
     view: Arc<watch::Sender<View>>,
@@ -228,6 +234,7 @@ impl Session {
             keys: s.keys,
             node_id: s.node_id,
             addr: s.addr,
+            status_addr: s.status_addr,
             local_world_size: s.local_world_size,
             ttl: s.ttl,
             view,
@@ -943,6 +950,7 @@ impl Session {
                 self.abandon = true;
                 Ok(())
             }
+            Command::Evict { node, lease } => self.evict(node, *lease).await,
         };
         let result = match result {
             Err(RendezvousError::Etcd { what, source }) if transient(&source) => {
@@ -970,6 +978,9 @@ impl Session {
             addr: self.addr.clone(),
             local_world_size: self.local_world_size,
             wants_round,
+            status_addr: self.status_addr.clone(),
+            // Set to the lease it is written with (`registration`).
+            lease: 0,
         };
         self.member = Some(member.clone());
         let claiming = self.view.borrow().coordinator.is_none();
@@ -1045,6 +1056,23 @@ impl Session {
         Ok(())
     }
 
+    /// Revokes a dead agent's lease: its registration (and the coordinator key, if it
+    /// held it) goes, and every agent sees the delete at once. Already gone: nothing to do.
+    async fn evict(&mut self, node: &str, lease: i64) -> Result<(), RendezvousError> {
+        match self.client.lease_revoke(lease).await {
+            Ok(_) => {
+                self.wrote();
+                tracing::info!(%node, lease, "revoked the lease of a dead agent");
+                Ok(())
+            }
+            Err(e) if lease_not_found(&e) => Ok(()),
+            Err(source) => Err(RendezvousError::Etcd {
+                what: "revoking a dead agent's lease",
+                source,
+            }),
+        }
+    }
+
     /// Revoking deletes our registration (and the coordinator key if we held it), so the
     /// others learn within milliseconds instead of a lease TTL.
     async fn depart(&mut self, how: Departure) {
@@ -1100,7 +1128,8 @@ fn registration(
     let put_member: Vec<TxnOp> = member
         .map(|m| {
             let opts = PutOptions::new().with_lease(lease);
-            TxnOp::put(keys.member(&m.node_id), m.encode_to_vec(), Some(opts))
+            let record = v1::Member { lease, ..m.clone() };
+            TxnOp::put(keys.member(&m.node_id), record.encode_to_vec(), Some(opts))
         })
         .into_iter()
         .collect();

@@ -22,6 +22,7 @@ fn join(v: &mut View, id: &str, rev: i64, wants: u64) {
         addr: format!("{id}.local"),
         local_world_size: 2,
         wants_round: wants,
+        ..Default::default()
     };
     v.members.insert(
         id.into(),

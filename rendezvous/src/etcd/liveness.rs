@@ -1,0 +1,212 @@
+//! Refused means dead: a dead agent is evicted in milliseconds, not a lease TTL.
+//!
+//! When a process dies its kernel closes its sockets. So in a round every member holds a
+//! liveness stream (`AgentStatus/Liveness`, on the status port the agents already serve) to
+//! its ring neighbour: the next member in group-rank order that serves a status port. When
+//! the stream breaks, the watcher reconnects at once, and [`verdict`] reads the outcome:
+//!
+//! - **refused** — nothing listens at that address any more: the agent is gone, and the
+//!   watcher revokes its lease (the lease id is in its registration), so every agent sees
+//!   the delete at once and re-forms;
+//! - **another node answers** (or one that has not joined a run yet) — a restarted pod
+//!   took the address: the watched agent is gone too;
+//! - **it answers as itself** — it lives (only the connection broke): nothing happens;
+//! - **no answer** (a timeout, any other error) proves nothing — a cut network looks the
+//!   same — and the lease TTL decides, as without this path.
+//!
+//! A ring rather than a star (everyone watching the coordinator): at 1,000 nodes each
+//! agent holds one stream and serves one, instead of one agent — the busiest one, the
+//! coordinator — serving 999 and taking 999 reconnections whenever it restarts; every
+//! agent, the coordinator included, is watched by exactly one other. Two neighbours dying
+//! at once leaves the second to its lease TTL.
+
+use std::time::Duration;
+
+use fsdp_proto::v1;
+use fsdp_proto::v1::agent_status_client::AgentStatusClient;
+use tokio::net::TcpStream;
+use tokio::task::AbortHandle;
+
+/// How long one contact may take (connecting, and the first heartbeat).
+pub const PATIENCE: Duration = Duration::from_secs(1);
+/// Between contacts that prove nothing.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// What one contact with the watched agent's status port found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Contact {
+    /// The connection was refused: nothing listens there.
+    Refused,
+    /// An agent answered with this node id (empty: it has not joined a run).
+    Answered { node_id: String },
+    /// No answer in time, or another error: proves nothing.
+    Silent,
+}
+
+/// What to do about the watched agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// It lives, or nothing is proven: keep watching.
+    Keep,
+    /// It is gone: evict it.
+    Gone { reason: String },
+}
+
+/// Reads a contact with the agent of `watched` at `addr`.
+pub fn verdict(watched: &str, addr: &str, contact: &Contact) -> Verdict {
+    match contact {
+        Contact::Refused => Verdict::Gone {
+            reason: format!(
+                "its status port {addr} refused the connection: the agent's process is gone"
+            ),
+        },
+        Contact::Answered { node_id } if node_id != watched => Verdict::Gone {
+            reason: if node_id.is_empty() {
+                format!(
+                    "a new agent that has not joined yet answers at {addr}: the watched one is gone"
+                )
+            } else {
+                format!("node {node_id} answers at {addr}: the watched one is gone")
+            },
+        },
+        Contact::Answered { .. } | Contact::Silent => Verdict::Keep,
+    }
+}
+
+/// The member `me` watches in `round`: the next one in rank order, wrapping around, that
+/// serves a status port and is not `me`.
+pub fn neighbour<'a>(round: &'a v1::Round, me: &str) -> Option<&'a v1::Member> {
+    let pos = round.members.iter().position(|m| m.node_id == me)?;
+    let n = round.members.len();
+    (1..n)
+        .map(|k| &round.members[(pos + k) % n])
+        .find(|m| !m.status_addr.is_empty() && m.node_id != me && m.lease != 0)
+}
+
+type Stream = tonic::Streaming<v1::Heartbeat>;
+
+/// One contact: a TCP connection (refused or not), then a liveness stream and its first
+/// heartbeat.
+async fn contact(addr: &str, me: &str) -> (Contact, Option<Stream>) {
+    match tokio::time::timeout(PATIENCE, TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            return (Contact::Refused, None);
+        }
+        Ok(Err(_)) | Err(_) => return (Contact::Silent, None),
+    }
+    let open = async {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .ok()?
+            .connect_timeout(PATIENCE);
+        let mut client = AgentStatusClient::new(endpoint.connect().await.ok()?);
+        let request = v1::LivenessRequest {
+            watcher: me.to_owned(),
+        };
+        let mut stream = client.liveness(request).await.ok()?.into_inner();
+        let first = stream.message().await.ok()??;
+        Some((first.node_id, stream))
+    };
+    match tokio::time::timeout(PATIENCE, open).await {
+        Ok(Some((node_id, stream))) => (Contact::Answered { node_id }, Some(stream)),
+        _ => (Contact::Silent, None),
+    }
+}
+
+/// A running watcher; dropping it stops it.
+pub struct Watcher(AbortHandle);
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Watcher {
+    /// Watches `target` for `me`; calls `evict(node_id, lease)` once if it proves it gone.
+    pub fn start(
+        me: String,
+        target: v1::Member,
+        evict: impl FnOnce(String, i64, String) + Send + 'static,
+    ) -> Self {
+        let task = tokio::spawn(async move {
+            let addr = target.status_addr.clone();
+            tracing::debug!(node = %target.node_id, %addr, "watching the ring neighbour");
+            loop {
+                let (found, stream) = contact(&addr, &me).await;
+                if let Verdict::Gone { reason } = verdict(&target.node_id, &addr, &found) {
+                    evict(target.node_id, target.lease, reason);
+                    return;
+                }
+                match stream {
+                    // Follow it until it breaks, then look again at once.
+                    Some(mut s) => while let Ok(Some(_)) = s.message().await {},
+                    None => tokio::time::sleep(RETRY).await,
+                }
+            }
+        });
+        Self(task.abort_handle())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fsdp_proto::SCHEMA_VERSION;
+
+    #[test]
+    fn only_a_refusal_or_a_stranger_proves_the_agent_gone() {
+        let gone = |c: &Contact| matches!(verdict("a", "h:1", c), Verdict::Gone { .. });
+        assert!(gone(&Contact::Refused));
+        assert!(gone(&Contact::Answered {
+            node_id: "b".into()
+        }));
+        assert!(gone(&Contact::Answered {
+            node_id: String::new()
+        }));
+        assert!(!gone(&Contact::Answered {
+            node_id: "a".into()
+        }));
+        assert!(!gone(&Contact::Silent));
+    }
+
+    fn round(members: &[(&str, &str)]) -> v1::Round {
+        v1::Round {
+            schema: SCHEMA_VERSION,
+            members: members
+                .iter()
+                .map(|(id, status)| v1::Member {
+                    node_id: (*id).into(),
+                    status_addr: (*status).into(),
+                    lease: 7,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_member_watches_the_next_with_a_status_port_in_a_ring() {
+        let r = round(&[("a", "a:1"), ("b", ""), ("c", "c:1"), ("d", "d:1")]);
+        let watched = |me| neighbour(&r, me).map(|m| m.node_id.as_str());
+        assert_eq!(watched("a"), Some("c"));
+        assert_eq!(watched("b"), Some("c"));
+        assert_eq!(watched("c"), Some("d"));
+        assert_eq!(watched("d"), Some("a"));
+        // Everyone is watched by someone, the coordinator included.
+        assert_eq!(neighbour(&round(&[("a", "a:1")]), "a"), None);
+        assert_eq!(neighbour(&r, "x"), None);
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_refused_and_a_mute_one_proves_nothing() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        assert_eq!(contact(&addr, "me").await.0, Contact::Refused);
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = mute.local_addr().unwrap().to_string();
+        assert_eq!(contact(&addr, "me").await.0, Contact::Silent);
+    }
+}

@@ -1,0 +1,133 @@
+//! Refused means dead (issue 15): a SIGKILLed pod is evicted by its ring neighbour as soon
+//! as its status port refuses a connection, long before its lease (default TTL, 5 s)
+//! expires; a live agent whose liveness connection breaks is never evicted.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fsdp_tests::job::{Job, logged_at, nth_start_world, starts, wait_until};
+use fsdp_tests::pod::Pod;
+
+/// Now, as seconds of the day in UTC: the clock of the agents' log timestamps.
+fn now_of_day() -> f64 {
+    let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    (d.as_secs() % 86_400) as f64 + f64::from(d.subsec_nanos()) / 1e9
+}
+
+/// Three pods with the default lease TTL (5 s).
+fn three(run: &str, net: u8) -> (Job, Vec<Pod>) {
+    let mut job = Job::new(run, "2:3", 0, 1_000_000, net);
+    job.rdzv_conf = "last_call_timeout=1".into();
+    let pods: Vec<Pod> = (0..3).map(|i| job.pod(i, &[])).collect();
+    let all: Vec<&Pod> = pods.iter().collect();
+    wait_until("a group of 3", &all, || {
+        pods.iter().all(|p| nth_start_world(p, 0, 3))
+    });
+    job.progresses(3, &all);
+    (job, pods)
+}
+
+/// SIGKILLs pod `victim`; the survivors must re-form through the refused path, well
+/// before the dead pod's lease could expire. Prints the figure.
+fn a_killed_pod_is_evicted_before_its_lease_expires(run: &str, net: u8, coordinator: bool) {
+    let (job, mut pods) = three(run, net);
+    let victim = if coordinator {
+        let mut c = None;
+        wait_until("etcd to name the coordinator", &[], || {
+            c = job.coordinator();
+            c.is_some()
+        });
+        c.unwrap()
+    } else {
+        job.coordinator().map_or(1, |c| (c + 1) % 3)
+    };
+    let t0 = now_of_day();
+    pods[victim].kill();
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    let all: Vec<&Pod> = survivors.iter().map(|&i| &pods[i]).collect();
+    wait_until("the survivors to re-form", &all, || {
+        survivors.iter().all(|&i| nth_start_world(&pods[i], 1, 2))
+    });
+    let mut slowest = 0.0f64;
+    for &i in &survivors {
+        let formed = logged_at(&pods[i], "group formed", "world_size=2").expect("a group of 2");
+        slowest = slowest.max(formed - t0);
+    }
+    eprintln!(
+        "detection: SIGKILL of pod{victim} ({}) -> survivors re-formed in {slowest:.3} s",
+        if coordinator {
+            "the coordinator"
+        } else {
+            "a member"
+        }
+    );
+    let evicted = survivors.iter().any(|&i| {
+        pods[i]
+            .stderr()
+            .contains("ring neighbour gone; revoking its lease")
+    });
+    let outputs: Vec<String> = survivors.iter().map(|&i| pods[i].output()).collect();
+    assert!(
+        evicted,
+        "no survivor evicted the dead pod\n{}",
+        outputs.join("\n")
+    );
+    // The lease TTL is 5 s: a re-form well inside it came from the refused connection.
+    assert!(
+        slowest < 3.0,
+        "re-formed {slowest:.3} s after the kill\n{}",
+        outputs.join("\n")
+    );
+    job.progresses(5, &all);
+}
+
+#[test]
+fn a_sigkilled_member_is_out_long_before_its_lease_expires() {
+    a_killed_pod_is_evicted_before_its_lease_expires("detect-member", 14, false);
+}
+
+#[test]
+fn a_sigkilled_coordinator_is_out_long_before_its_lease_expires() {
+    a_killed_pod_is_evicted_before_its_lease_expires("detect-coord", 15, true);
+}
+
+/// The liveness connections to a live agent are cut (`ss -K`): its watcher reconnects,
+/// finds it answering as itself, and nothing happens.
+#[test]
+fn a_broken_liveness_connection_to_a_live_agent_evicts_no_one() {
+    let (job, pods) = three("detect-live", 16);
+    let port = pods[1]
+        .stderr()
+        .lines()
+        .find(|l| l.contains("status server listening"))
+        .and_then(|l| l.split("addr=").nth(1))
+        .and_then(|a| a.split_whitespace().next())
+        .and_then(|a| a.rsplit(':').next())
+        .map(str::to_owned)
+        .expect("pod1's status port");
+    // Give the watcher time to be connected, then cut every connection to that port.
+    std::thread::sleep(Duration::from_secs(1));
+    let out = std::process::Command::new("ss")
+        .args(["-K", "-t", "dst", "127.0.0.1", "dport", "=", &port])
+        .output()
+        .expect("ss (iproute2)");
+    let cut = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .count()
+        .saturating_sub(1);
+    assert!(
+        cut >= 1,
+        "no liveness connection to cut: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let all: Vec<&Pod> = pods.iter().collect();
+    job.progresses(5, &all);
+    for p in &pods {
+        assert_eq!(starts(p).len(), 1, "a re-form\n{}", p.output());
+        assert!(
+            !p.stderr().contains("ring neighbour gone"),
+            "a live agent was evicted\n{}",
+            p.output()
+        );
+    }
+}
