@@ -154,7 +154,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
         }
         Mode::Etcd(m) => {
             let mut rc = m.rendezvous.clone();
-            rc.status_addr = status_addr.map(|bound| advertised(bound, &rc.addr));
+            rc.status_addr = status_addr.and_then(|bound| advertised(bound, &rc.addr));
             let mut rdzv = tokio::select! {
                 r = EtcdRendezvous::connect(rc) => r?,
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
@@ -206,16 +206,55 @@ async fn start_status_server(
     }
 }
 
-/// Where peers reach a status server bound at `bound`: a wildcard bind answers at the
-/// node's advertised address.
-fn advertised(bound: std::net::SocketAddr, node_addr: &str) -> String {
-    if !bound.ip().is_unspecified() {
-        return bound.to_string();
+/// Where peers reach a status server bound at `bound`, for the ring neighbour that
+/// watches this agent: a wildcard bind answers at the node's advertised address; a
+/// loopback bind only if the node's own address is loopback too (peers on this host);
+/// otherwise peers cannot reach it and nothing is advertised (the lease alone tells).
+fn advertised(bound: std::net::SocketAddr, node_addr: &str) -> Option<String> {
+    let node_loopback = node_addr
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
+        || node_addr == "localhost";
+    let ip = bound.ip();
+    if ip.is_loopback() && !node_loopback {
+        return None;
     }
-    if node_addr.contains(':') && !node_addr.starts_with('[') {
+    if !ip.is_unspecified() {
+        return Some(bound.to_string());
+    }
+    Some(if node_addr.contains(':') && !node_addr.starts_with('[') {
         format!("[{node_addr}]:{}", bound.port())
     } else {
         format!("{node_addr}:{}", bound.port())
+    })
+}
+
+#[cfg(test)]
+mod advertised_tests {
+    use super::advertised;
+
+    #[test]
+    fn peers_are_given_a_status_address_they_can_reach() {
+        let at = |s: &str| s.parse().unwrap();
+        assert_eq!(
+            advertised(at("0.0.0.0:29450"), "10.0.0.5"),
+            Some("10.0.0.5:29450".into())
+        );
+        assert_eq!(
+            advertised(at("[::]:29450"), "fd00::5"),
+            Some("[fd00::5]:29450".into())
+        );
+        assert_eq!(
+            advertised(at("10.0.0.5:7"), "10.0.0.5"),
+            Some("10.0.0.5:7".into())
+        );
+        // Pods on this host's loopback range reach each other's 127.0.0.1.
+        assert_eq!(
+            advertised(at("127.0.0.1:7"), "127.0.1.2"),
+            Some("127.0.0.1:7".into())
+        );
+        // Seen from another host (or network namespace), 127.0.0.1 is the watcher itself.
+        assert_eq!(advertised(at("127.0.0.1:7"), "10.0.0.5"), None);
     }
 }
 

@@ -145,6 +145,29 @@ pub enum Change {
     },
 }
 
+/// How the loss of a member was noticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detection {
+    /// It left: it revoked its own lease (SIGTERM, a pod delete).
+    Left,
+    /// Its status port refused a connection: its process was gone. `detect` runs from its
+    /// liveness stream breaking to that proof.
+    Refused { detect: std::time::Duration },
+    /// It went silent and its lease expired.
+    LeaseExpiry,
+}
+
+impl Detection {
+    /// The label status and metrics use.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Left => "left",
+            Self::Refused { .. } => "refused",
+            Self::LeaseExpiry => "lease expiry",
+        }
+    }
+}
+
 /// The outcome of the exit barrier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finish {
@@ -195,6 +218,11 @@ pub trait Rendezvous {
     /// Where the backend counts the errors it recovered from by itself (e.g. lost etcd
     /// connections), when it can have any.
     fn error_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+        None
+    }
+
+    /// How the loss of `node` from round `round` was noticed, when the backend can tell.
+    fn detection(&self, _node: &str, _round: u64) -> Option<Detection> {
         None
     }
 

@@ -75,6 +75,8 @@ impl Job {
         let env = [
             ("PYTHON", python().display().to_string()),
             ("GLOO_SOCKET_IFNAME", "eth0".to_string()),
+            // On every address, so that peers reach it at the host's (ring liveness).
+            ("FSDP_STATUS_ADDR", "0.0.0.0:0".to_string()),
         ];
         let name = format!("pod{index}");
         Pod::start_in(Some(&host.ns), self.dir.path(), &name, &args, &env)

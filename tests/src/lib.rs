@@ -338,3 +338,19 @@ pub fn free_port() -> u16 {
         .expect("addr")
         .port()
 }
+
+/// `GET /metrics` from the status port at `addr`: the whole HTTP response, checked to be a
+/// 200.
+pub fn metrics_text(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    resp
+}

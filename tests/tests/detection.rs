@@ -5,7 +5,19 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fsdp_tests::job::{Job, logged_at, nth_start_world, starts, wait_until};
+use fsdp_tests::metrics_text;
 use fsdp_tests::pod::Pod;
+
+/// Where a pod's status server listens (`127.0.0.1:<port>`), from its log.
+fn status_addr(pod: &Pod) -> String {
+    pod.stderr()
+        .lines()
+        .find(|l| l.contains("status server listening"))
+        .and_then(|l| l.split("addr=").nth(1))
+        .and_then(|a| a.split_whitespace().next())
+        .expect("the pod's status address")
+        .to_owned()
+}
 
 /// Now, as seconds of the day in UTC: the clock of the agents' log timestamps.
 fn now_of_day() -> f64 {
@@ -71,6 +83,14 @@ fn a_killed_pod_is_evicted_before_its_lease_expires(run: &str, net: u8, coordina
         "no survivor evicted the dead pod\n{}",
         outputs.join("\n")
     );
+    // Every survivor's /metrics says how the member was lost.
+    for &i in &survivors {
+        let text = metrics_text(&status_addr(&pods[i]));
+        assert!(
+            text.contains("fsdp_agent_member_losses_total{detection=\"refused\"} 1"),
+            "pod{i}: {text}"
+        );
+    }
     // The lease TTL is 5 s: a re-form well inside it came from the refused connection.
     assert!(
         slowest < 3.0,
@@ -95,19 +115,12 @@ fn a_sigkilled_coordinator_is_out_long_before_its_lease_expires() {
 #[test]
 fn a_broken_liveness_connection_to_a_live_agent_evicts_no_one() {
     let (job, pods) = three("detect-live", 16);
-    let port = pods[1]
-        .stderr()
-        .lines()
-        .find(|l| l.contains("status server listening"))
-        .and_then(|l| l.split("addr=").nth(1))
-        .and_then(|a| a.split_whitespace().next())
-        .and_then(|a| a.rsplit(':').next())
-        .map(str::to_owned)
-        .expect("pod1's status port");
+    let addr = status_addr(&pods[1]);
+    let port = addr.rsplit(':').next().unwrap();
     // Give the watcher time to be connected, then cut every connection to that port.
     std::thread::sleep(Duration::from_secs(1));
     let out = std::process::Command::new("ss")
-        .args(["-K", "-t", "dst", "127.0.0.1", "dport", "=", &port])
+        .args(["-K", "-t", "dst", "127.0.0.1", "dport", "=", port])
         .output()
         .expect("ss (iproute2)");
     let cut = String::from_utf8_lossy(&out.stdout)
@@ -128,6 +141,31 @@ fn a_broken_liveness_connection_to_a_live_agent_evicts_no_one() {
             !p.stderr().contains("ring neighbour gone"),
             "a live agent was evicted\n{}",
             p.output()
+        );
+    }
+}
+
+/// A pod delete (SIGTERM): the agent says it leaves before it revokes its lease, and the
+/// survivors report a leave, not a death.
+#[test]
+fn a_deleted_pod_is_reported_as_a_leave() {
+    let (_job, mut pods) = three("detect-leave", 17);
+    pods[2].signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        pods[2].wait(fsdp_tests::job::LIMIT),
+        143,
+        "{}",
+        pods[2].output()
+    );
+    let all: Vec<&Pod> = pods[..2].iter().collect();
+    wait_until("the survivors to re-form", &all, || {
+        pods[..2].iter().all(|p| nth_start_world(p, 1, 2))
+    });
+    for (i, p) in pods[..2].iter().enumerate() {
+        let text = metrics_text(&status_addr(p));
+        assert!(
+            text.contains("fsdp_agent_member_losses_total{detection=\"left\"} 1"),
+            "pod{i}: {text}"
         );
     }
 }

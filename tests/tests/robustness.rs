@@ -53,6 +53,15 @@ fn a_node_cut_off_fences_itself_before_the_others_re_form_and_rejoins_when_heale
         );
     }
     job.progresses(5, &all[..2]);
+    // A silent host is found by its lease, as before.
+    for p in &pods[..2] {
+        assert!(
+            p.stderr().contains("detection=\"lease expiry\""),
+            "{} does not say how the cut node was lost\n{}",
+            p.name,
+            p.output()
+        );
+    }
 
     net.heal(&hosts[2]);
     wait_until("the healed node to rejoin", &all, || {

@@ -2,14 +2,13 @@
 //! shown: not to the workers, not in the agent's log, `--print-config`, errors, the status
 //! reply or the metrics. Against a real etcd with authentication on.
 
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use fsdp_proto::v1::GetStatusRequest;
 use fsdp_proto::v1::agent_status_client::AgentStatusClient;
 use fsdp_tests::etcd::Etcd;
-use fsdp_tests::{AgentCmd, TempDir, wait_for};
+use fsdp_tests::{AgentCmd, TempDir, metrics_text, wait_for};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const SECRET: &str = "Pw-9f2c7e1b-never-shown";
@@ -37,19 +36,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn metrics_text(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    resp
 }
 
 fn status_reply(addr: &str) -> String {

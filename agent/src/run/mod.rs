@@ -126,6 +126,7 @@ async fn supervise<R: Rendezvous>(
         run_dir,
         last_failure: None,
         last_restart_count: 0,
+        lost: None,
     };
     let mut phase = Phase::Join;
     loop {
@@ -157,6 +158,9 @@ struct Loop<'a, R> {
     /// This node's last worker failure: its code is the exit code if the budget runs out.
     last_failure: Option<WorkerExit>,
     last_restart_count: u32,
+    /// A member the group lost, and the round it was lost from: how that was noticed is
+    /// reported once the next round forms (by then every agent has the record).
+    lost: Option<(String, u64)>,
 }
 
 /// Leaving after `sig`: the run goes on without this node.
@@ -201,6 +205,13 @@ impl<R: Rendezvous> Loop<'_, R> {
             Err(sig) => return Ok(signalled(sig)),
         };
         self.report.formed(&round, self.rdzv.coordinator());
+        if let Some((node, from)) = self.lost.take()
+            && self.rdzv.node_id() != Some(node.as_str())
+            && let Some(how) = self.rdzv.detection(&node, from)
+        {
+            tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
+            self.report.lost(&node, from, how);
+        }
         tracing::info!(
             master_addr = %round.master_addr,
             master_port = round.master_port,
@@ -278,7 +289,12 @@ impl<R: Rendezvous> Loop<'_, R> {
                 self.stop(&mut group, sig, self.cfg.term_timeout).await;
                 Ok(signalled(sig))
             }
-            Wake::Changed(Ok(change)) => Ok(Phase::Reform { group, change }),
+            Wake::Changed(Ok(change)) => {
+                if let Change::MemberLost { node } = &change {
+                    self.lost = Some((node.clone(), round.number));
+                }
+                Ok(Phase::Reform { group, change })
+            }
             Wake::Changed(Err(e)) => {
                 // The workers get their grace (a checkpoint on SIGTERM) before the agent
                 // gives up on the rendezvous.

@@ -39,6 +39,11 @@ impl Reporter {
     }
 
     /// A round was sealed with this node in it.
+    /// The group lost `node` from `round`, noticed this way.
+    pub fn lost(&self, node: &str, round: u64, how: fsdp_rendezvous::Detection) {
+        self.board.lost(node, round, how);
+    }
+
     pub fn formed(&mut self, round: &Round, coordinator: Option<String>) {
         self.board.round(round, coordinator);
         let members: Vec<String> = round.members.iter().map(|m| m.node_id.clone()).collect();

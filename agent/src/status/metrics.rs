@@ -82,6 +82,24 @@ pub fn render(s: &Snapshot) -> String {
             escape(reason)
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_member_losses_total Members this node's group lost, by how the loss was noticed (refused: its process was gone; left: it revoked its lease; lease expiry: it went silent).\n\
+         # TYPE fsdp_agent_member_losses_total counter"
+    );
+    for (how, n) in &s.losses {
+        let _ = writeln!(
+            out,
+            "fsdp_agent_member_losses_total{{detection=\"{}\"}} {n}",
+            escape(how)
+        );
+    }
+    summary(
+        &mut out,
+        "fsdp_agent_refused_detect_seconds",
+        "For a member proven dead by a refused connection: from its liveness stream breaking to the proof.",
+        &s.refused_detect,
+    );
     summary(
         &mut out,
         "fsdp_agent_detect_seconds",

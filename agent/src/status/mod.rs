@@ -50,6 +50,11 @@ pub struct Snapshot {
     pub reform: Timing,
     /// Rendezvous errors: the backend's recovered ones plus those the agent saw.
     pub rendezvous_errors: u64,
+    /// Members this node's group lost, by how the loss was noticed.
+    pub losses: BTreeMap<String, u64>,
+    /// For losses proven by a refused connection: from the liveness stream breaking to
+    /// the proof.
+    pub refused_detect: Timing,
 }
 
 struct Inner {
@@ -197,6 +202,25 @@ impl Board {
 
     pub fn observe_detect(&self, d: Duration) {
         self.lock().detect.observe(d);
+    }
+
+    /// The group lost `node` from `round`, noticed this way.
+    pub fn lost(&self, node: &str, round: u64, how: fsdp_rendezvous::Detection) {
+        let mut s = self.lock();
+        *s.losses.entry(how.label().to_owned()).or_default() += 1;
+        let detect = match how {
+            fsdp_rendezvous::Detection::Refused { detect } => {
+                s.refused_detect.observe(detect);
+                detect
+            }
+            _ => Duration::ZERO,
+        };
+        s.state.last_loss = Some(fsdp_proto::v1::Loss {
+            node_id: node.to_owned(),
+            round,
+            detection: how.label().to_owned(),
+            detect_ms: u32::try_from(detect.as_millis()).unwrap_or(u32::MAX),
+        });
     }
 
     pub fn observe_reform(&self, d: Duration) {

@@ -7,6 +7,7 @@
 //! <prefix>/<run_id>/ctl/failures/<n>     Failure      first failure reported in round n
 //! <prefix>/<run_id>/ctl/coordinator      Coordinator  lease-bound election key
 //! <prefix>/<run_id>/ctl/done/<n>/<node>  Done         the node's workers all succeeded in round n
+//! <prefix>/<run_id>/ctl/gone/<n>/<node>  Gone         how the node's loss from round n was noticed
 //! ```
 //!
 //! Members and control keys live under different prefixes so that agents can watch member
@@ -129,6 +130,14 @@ impl Keys {
 
     pub fn done(&self, round: u64, node_id: &str) -> String {
         format!("{}ctl/done/{round:020}/{node_id}", self.root)
+    }
+
+    pub fn gone_prefix(&self) -> String {
+        format!("{}ctl/gone/", self.root)
+    }
+
+    pub fn gone(&self, round: u64, node_id: &str) -> String {
+        format!("{}ctl/gone/{round:020}/{node_id}", self.root)
     }
 
     pub fn coordinator(&self) -> String {

@@ -14,13 +14,17 @@
 //! - **no answer** (a timeout, any other error) proves nothing — a cut network looks the
 //!   same — and the lease TTL decides, as without this path.
 //!
+//! Only an address where the watched agent has answered as itself counts: until then a
+//! refusal or a stranger means the address is wrong from here (a loopback address seen
+//! from another network namespace, say), never that the agent is dead.
+//!
 //! A ring rather than a star (everyone watching the coordinator): at 1,000 nodes each
 //! agent holds one stream and serves one, instead of one agent — the busiest one, the
 //! coordinator — serving 999 and taking 999 reconnections whenever it restarts; every
 //! agent, the coordinator included, is watched by exactly one other. Two neighbours dying
 //! at once leaves the second to its lease TTL.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fsdp_proto::v1;
 use fsdp_proto::v1::agent_status_client::AgentStatusClient;
@@ -52,8 +56,12 @@ pub enum Verdict {
     Gone { reason: String },
 }
 
-/// Reads a contact with the agent of `watched` at `addr`.
-pub fn verdict(watched: &str, addr: &str, contact: &Contact) -> Verdict {
+/// Reads a contact with the agent of `watched` at `addr`; `seen` says whether it has
+/// answered there as itself before.
+pub fn verdict(watched: &str, addr: &str, contact: &Contact, seen: bool) -> Verdict {
+    if !seen {
+        return Verdict::Keep;
+    }
     match contact {
         Contact::Refused => Verdict::Gone {
             reason: format!(
@@ -113,6 +121,14 @@ async fn contact(addr: &str, me: &str) -> (Contact, Option<Stream>) {
     }
 }
 
+/// Why the watched agent is gone, and how long the proof took from the first sign (its
+/// stream breaking; zero when it was found gone at the first contact).
+#[derive(Debug, Clone)]
+pub struct Proof {
+    pub reason: String,
+    pub detect: Duration,
+}
+
 /// A running watcher; dropping it stops it.
 pub struct Watcher(AbortHandle);
 
@@ -123,24 +139,39 @@ impl Drop for Watcher {
 }
 
 impl Watcher {
-    /// Watches `target` for `me`; calls `evict(node_id, lease)` once if it proves it gone.
+    /// Watches `target` for `me`; calls `evict(node_id, lease, proof)` once if it proves
+    /// it gone.
     pub fn start(
         me: String,
         target: v1::Member,
-        evict: impl FnOnce(String, i64, String) + Send + 'static,
+        evict: impl FnOnce(String, i64, Proof) + Send + 'static,
     ) -> Self {
         let task = tokio::spawn(async move {
             let addr = target.status_addr.clone();
             tracing::debug!(node = %target.node_id, %addr, "watching the ring neighbour");
+            let mut broke = None;
+            let mut seen = false;
+            let mut warned = false;
             loop {
                 let (found, stream) = contact(&addr, &me).await;
-                if let Verdict::Gone { reason } = verdict(&target.node_id, &addr, &found) {
-                    evict(target.node_id, target.lease, reason);
+                if let Verdict::Gone { reason } = verdict(&target.node_id, &addr, &found, seen) {
+                    let detect = broke.map_or(Duration::ZERO, |t: Instant| t.elapsed());
+                    evict(target.node_id, target.lease, Proof { reason, detect });
                     return;
                 }
-                match stream {
+                let itself =
+                    matches!(&found, Contact::Answered { node_id } if *node_id == target.node_id);
+                seen |= itself;
+                if !seen && !warned && found != Contact::Silent {
+                    warned = true;
+                    tracing::warn!(node = %target.node_id, %addr, ?found, "the ring neighbour's status address does not reach it from here; its lease alone will tell if it dies");
+                }
+                match stream.filter(|_| itself) {
                     // Follow it until it breaks, then look again at once.
-                    Some(mut s) => while let Ok(Some(_)) = s.message().await {},
+                    Some(mut s) => {
+                        while let Ok(Some(_)) = s.message().await {}
+                        broke = Some(Instant::now());
+                    }
                     None => tokio::time::sleep(RETRY).await,
                 }
             }
@@ -156,7 +187,7 @@ mod tests {
 
     #[test]
     fn only_a_refusal_or_a_stranger_proves_the_agent_gone() {
-        let gone = |c: &Contact| matches!(verdict("a", "h:1", c), Verdict::Gone { .. });
+        let gone = |c: &Contact| matches!(verdict("a", "h:1", c, true), Verdict::Gone { .. });
         assert!(gone(&Contact::Refused));
         assert!(gone(&Contact::Answered {
             node_id: "b".into()
@@ -168,6 +199,13 @@ mod tests {
             node_id: "a".into()
         }));
         assert!(!gone(&Contact::Silent));
+        // An address where it never answered as itself proves nothing: it may be wrong
+        // from here (a loopback address seen from another network namespace).
+        assert_eq!(verdict("a", "h:1", &Contact::Refused, false), Verdict::Keep);
+        let stranger = Contact::Answered {
+            node_id: "b".into(),
+        };
+        assert_eq!(verdict("a", "h:1", &stranger, false), Verdict::Keep);
     }
 
     fn round(members: &[(&str, &str)]) -> v1::Round {

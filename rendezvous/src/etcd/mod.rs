@@ -301,11 +301,19 @@ impl EtcdRendezvous {
     /// Starts watching `round`'s ring neighbour: proven gone, it is evicted at once.
     fn watch_neighbour(&mut self, round: &v1::Round) {
         let me = self.cfg.node_id.clone();
+        let number = round.number;
         self.watcher = liveness::neighbour(round, &me).map(|target| {
             let commands = self.commands.clone();
-            liveness::Watcher::start(me, target.clone(), move |node, lease, reason| {
-                tracing::warn!(%node, %reason, "ring neighbour gone; revoking its lease");
-                let command = Command::Evict { node, lease };
+            liveness::Watcher::start(me, target.clone(), move |node, lease, proof| {
+                let liveness::Proof { reason, detect } = proof;
+                let detect_ms = u32::try_from(detect.as_millis()).unwrap_or(u32::MAX);
+                tracing::warn!(%node, %reason, detect_ms, "ring neighbour gone; revoking its lease");
+                let command = Command::Evict {
+                    node,
+                    lease,
+                    round: number,
+                    detect_ms,
+                };
                 let _ = commands.send(Request {
                     command,
                     reply: None,
@@ -520,6 +528,18 @@ impl Rendezvous for EtcdRendezvous {
 
     fn error_counter(&self) -> Option<Arc<AtomicU64>> {
         Some(self.errors.clone())
+    }
+
+    fn detection(&self, node: &str, round: u64) -> Option<crate::Detection> {
+        let v = self.view.borrow();
+        let found = v.gone.get(node).filter(|g| g.round == round);
+        Some(match found.map(|g| (g.how(), g.detect_ms)) {
+            Some((v1::Detection::Left, _)) => crate::Detection::Left,
+            Some((v1::Detection::Refused, ms)) => crate::Detection::Refused {
+                detect: Duration::from_millis(u64::from(ms)),
+            },
+            _ => crate::Detection::LeaseExpiry,
+        })
     }
 
     fn run_id(&self) -> &str {

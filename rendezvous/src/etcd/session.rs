@@ -56,7 +56,12 @@ pub enum Command {
     Abandon,
     /// `node`'s agent is proven gone (its status port refused a connection): revoke its
     /// lease, so every agent sees it leave now rather than after its TTL.
-    Evict { node: String, lease: i64 },
+    Evict {
+        node: String,
+        lease: i64,
+        round: u64,
+        detect_ms: u32,
+    },
 }
 
 /// A command and where its outcome goes.
@@ -950,7 +955,15 @@ impl Session {
                 self.abandon = true;
                 Ok(())
             }
-            Command::Evict { node, lease } => self.evict(node, *lease).await,
+            Command::Evict {
+                node,
+                lease,
+                round,
+                detect_ms,
+            } => {
+                let gone = gone(*round, node, v1::Detection::Refused, *detect_ms);
+                self.evict(gone, *lease).await
+            }
         };
         let result = match result {
             Err(RendezvousError::Etcd { what, source }) if transient(&source) => {
@@ -1056,9 +1069,25 @@ impl Session {
         Ok(())
     }
 
+    /// Records how a member's loss was noticed, before its lease goes (so that every agent
+    /// has the record when it re-forms).
+    async fn say_gone(&mut self, gone: &v1::Gone) -> EtcdResult<()> {
+        let key = self.keys.gone(gone.round, &gone.node_id);
+        self.client.put(key, gone.encode_to_vec(), None).await?;
+        self.wrote();
+        Ok(())
+    }
+
     /// Revokes a dead agent's lease: its registration (and the coordinator key, if it
     /// held it) goes, and every agent sees the delete at once. Already gone: nothing to do.
-    async fn evict(&mut self, node: &str, lease: i64) -> Result<(), RendezvousError> {
+    async fn evict(&mut self, gone: v1::Gone, lease: i64) -> Result<(), RendezvousError> {
+        let node = gone.node_id.clone();
+        self.say_gone(&gone)
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "recording how a dead agent was found",
+                source,
+            })?;
         match self.client.lease_revoke(lease).await {
             Ok(_) => {
                 self.wrote();
@@ -1076,6 +1105,13 @@ impl Session {
     /// Revoking deletes our registration (and the coordinator key if we held it), so the
     /// others learn within milliseconds instead of a lease TTL.
     async fn depart(&mut self, how: Departure) {
+        // The others learn how: a leave, not a death.
+        if let (Departure::Left, Some(r)) = (how, &self.running) {
+            let record = gone(r.number, &self.node_id, v1::Detection::Left, 0);
+            if let Err(e) = self.say_gone(&record).await {
+                tracing::debug!(error = %e, "could not record the leave");
+            }
+        }
         match self.client.lease_revoke(self.lease).await {
             Ok(_) => self.wrote(),
             Err(e) => {
@@ -1112,6 +1148,17 @@ impl Session {
             }
         }
         unreachable!("the second attempt always returns")
+    }
+}
+
+/// How `node`'s loss from `round` was noticed.
+fn gone(round: u64, node: &str, how: v1::Detection, detect_ms: u32) -> v1::Gone {
+    v1::Gone {
+        schema: SCHEMA_VERSION,
+        round,
+        node_id: node.to_owned(),
+        how: how.into(),
+        detect_ms,
     }
 }
 

@@ -40,6 +40,8 @@ pub struct View {
     pub coordinator: Option<String>,
     /// Keys holding values we cannot trust, with the reason.
     pub corrupt: BTreeMap<String, String>,
+    /// How each lost member's loss was noticed, by node (the latest round's record).
+    pub gone: BTreeMap<String, v1::Gone>,
     /// The earliest moment etcd could expire this agent's lease ([`crate::fence`]); not
     /// from the keys but from the session's lease traffic.
     pub lease_safe_until: Option<Instant>,
@@ -112,6 +114,16 @@ impl View {
         } else if key == keys.coordinator() {
             if let Some(c) = decoded::<v1::Coordinator>(&mut self.corrupt, key, value) {
                 self.coordinator = Some(c.node_id);
+            }
+        } else if key.starts_with(&keys.gone_prefix()) {
+            if let Some(g) = decoded::<v1::Gone>(&mut self.corrupt, key, value) {
+                let newer = self
+                    .gone
+                    .get(&g.node_id)
+                    .is_none_or(|old| old.round <= g.round);
+                if newer {
+                    self.gone.insert(g.node_id.clone(), g);
+                }
             }
         } else if key.starts_with(&keys.done_prefix()) {
             if let Some(d) = decoded::<v1::Done>(&mut self.corrupt, key, value) {
