@@ -229,6 +229,30 @@ fn advertised(bound: std::net::SocketAddr, node_addr: &str) -> Option<String> {
     })
 }
 
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    // RUST_LOG wins; torchrun users set LOGLEVEL.
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .or_else(|| {
+            std::env::var("LOGLEVEL")
+                .ok()
+                .map(|l| l.to_ascii_lowercase())
+        })
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder
+            .with_target(false)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+}
+
 #[cfg(test)]
 mod advertised_tests {
     use super::advertised;
@@ -255,29 +279,5 @@ mod advertised_tests {
         );
         // Seen from another host (or network namespace), 127.0.0.1 is the watcher itself.
         assert_eq!(advertised(at("127.0.0.1:7"), "10.0.0.5"), None);
-    }
-}
-
-fn init_tracing(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    // RUST_LOG wins; torchrun users set LOGLEVEL.
-    let filter = std::env::var("RUST_LOG")
-        .ok()
-        .or_else(|| {
-            std::env::var("LOGLEVEL")
-                .ok()
-                .map(|l| l.to_ascii_lowercase())
-        })
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder
-            .with_target(false)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
     }
 }
