@@ -114,7 +114,7 @@ def launcher_argv(kind, agent, endpoint, run_id, nnodes, index, ckpt):
     worker = [WORKER, ckpt, "1000000"]
     if kind == "fsdp-agent":
         return [agent, "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--nnodes", nnodes,
-                "--nproc-per-node", "1", "--local-addr", addr, "--rdzv-conf", "last_call_timeout=1,keep_alive_ttl=3",
+                "--nproc-per-node", "1", "--local-addr", addr, "--rdzv-conf", "last_call_timeout=1",
                 "--term-timeout", "5"] + worker
     backend = "c10d" if kind == "torchrun-c10d" else "etcd-v2"
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -197,6 +197,9 @@ def main():
     args = ap.parse_args()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", LOGLEVEL="WARNING", RUST_LOG="info", PYTHON=sys.executable,
                PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
+    # Every pod's status server on its own port (they share this host's network); peers
+    # reach it there for the ring liveness check.
+    env.setdefault("FSDP_STATUS_ADDR", "127.0.0.1:0")
     workdir = tempfile.mkdtemp(prefix="bench-elastic-")
     print(f"machine: {os.cpu_count()} cpus; runs={args.runs}; timeout={args.timeout}s")
     results = {}

@@ -265,7 +265,7 @@ def report(a, m, r, elapsed):
            "address, on a real etcd (c10d: pod0 hosts the store, and a different pod is killed). The workers are "
            "`tests/py/elastic_worker.py` (gloo all-reduce loop with a checkpointed step); a worker logs a start line, "
            "and the clock stops when every expected worker has logged one with the expected world size. "
-           f"fsdp-agent runs with `--max-restarts 0` and `keep_alive_ttl=3`; torchrun gets `--max-restarts 3` (it only "
+           f"fsdp-agent runs with `--max-restarts 0` and its default lease TTL (5 s); torchrun gets `--max-restarts 3` (it only "
            f"recovers by restarting its workers) and `--monitor-interval 0.1`. Timeout {a.elastic_timeout:.0f} s.", "",
            "| scenario | " + " | ".join(f"{k} s" for k in kinds) + " | " +
            " | ".join(f"ratio {k}" for k in kinds if k != "fsdp-agent") + " |",
