@@ -12,7 +12,7 @@ survivors that fenced themselves because etcd answered their keep-alives too lat
 etcd keeps up).
 
 Usage: bench/agents_scale.py --agent target/release/fsdp-agent --nodes 256 [--how kill|term]
-       [--ttl 5] [--runs 1]
+       [--ttl 5] [--runs 1] [--no-liveness]
 """
 
 import argparse
@@ -76,7 +76,9 @@ def run(a, tmp):
     try:
         time.sleep(1.5)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
-        env.update(RUST_LOG="info", FSDP_STATUS_ADDR="off")
+        # Each agent serves its status port on its own loopback port: its ring neighbour
+        # watches it there (a SIGKILLed agent is evicted when the port refuses).
+        env.update(RUST_LOG="info", FSDP_STATUS_ADDR="127.0.0.1:0" if a.liveness else "off")
         start = time.time()
         for i in range(a.nodes):
             log = os.path.join(tmp, f"agent{i}.log")
@@ -99,8 +101,8 @@ def run(a, tmp):
         reform_s = max(formed(p, a.nodes - 1)[0] for p in survivors) - t0
         exited = sum(1 for i, p in enumerate(agents) if i != victim and p.poll() is not None)
         fenced = sum(1 for p in survivors if "fencing" in open(p, errors="replace").read())
-        print(f"agents={a.nodes} how={a.how} form_s={form_s:.3f} reform_s={reform_s:.3f} exited={exited} "
-              f"fenced={fenced}", flush=True)
+        print(f"agents={a.nodes} how={a.how} liveness={'on' if a.liveness else 'off'} form_s={form_s:.3f} "
+              f"reform_s={reform_s:.3f} exited={exited} fenced={fenced}", flush=True)
     finally:
         for p in agents:
             if p.poll() is None:
@@ -121,6 +123,8 @@ def main():
     ap.add_argument("--how", choices=["kill", "term"], default="kill")
     ap.add_argument("--ttl", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--no-liveness", dest="liveness", action="store_false",
+                    help="no status ports: a SIGKILL is noticed by the lease alone")
     a = ap.parse_args()
     for _ in range(a.runs):
         tmp = tempfile.mkdtemp(prefix="agents-scale-")

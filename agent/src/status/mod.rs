@@ -102,6 +102,12 @@ impl Board {
     }
 
     /// A copy of the current status.
+    /// This agent's node id (cheap: a liveness heartbeat asks every second, and a
+    /// snapshot copies every member of the round).
+    pub fn node_id(&self) -> String {
+        self.lock().state.node_id.clone()
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let mut s = self.lock().clone();
         if let Some(c) = self

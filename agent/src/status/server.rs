@@ -64,7 +64,7 @@ impl AgentStatus for StatusService {
                 if !first {
                     tokio::time::sleep(HEARTBEAT).await;
                 }
-                let node_id = board.snapshot().state.node_id;
+                let node_id = board.node_id();
                 Some((Ok(Heartbeat { node_id }), false))
             }
         });

@@ -35,6 +35,11 @@ use tokio::task::AbortHandle;
 pub const PATIENCE: Duration = Duration::from_secs(1);
 /// Between contacts that prove nothing.
 const RETRY: Duration = Duration::from_millis(500);
+/// Before the first contact, plus up to as much again at random: a round's forming is
+/// the busiest moment of a run (at 1,000 agents every one of them re-registers and reads
+/// the new round), and connecting 1,000 streams then slowed it by half a second. A death
+/// in that second is found by its lease.
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// What one contact with the watched agent's status port found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +154,8 @@ impl Watcher {
         let task = tokio::spawn(async move {
             let addr = target.status_addr.clone();
             tracing::debug!(node = %target.node_id, %addr, "watching the ring neighbour");
+            let jitter = uuid::Uuid::new_v4().as_u128() % SETTLE.as_millis();
+            tokio::time::sleep(SETTLE + Duration::from_millis(jitter as u64)).await;
             let mut broke = None;
             let mut seen = false;
             let mut warned = false;

@@ -1073,7 +1073,12 @@ impl Session {
     /// has the record when it re-forms).
     async fn say_gone(&mut self, gone: &v1::Gone) -> EtcdResult<()> {
         let key = self.keys.gone(gone.round, &gone.node_id);
-        self.client.put(key, gone.encode_to_vec(), None).await?;
+        // The first word stands: a leaver's own "left" is not overwritten by the
+        // neighbour that then finds its port closed.
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, gone.encode_to_vec(), None)]);
+        self.client.txn(txn).await?;
         self.wrote();
         Ok(())
     }
@@ -1082,6 +1087,10 @@ impl Session {
     /// held it) goes, and every agent sees the delete at once. Already gone: nothing to do.
     async fn evict(&mut self, gone: v1::Gone, lease: i64) -> Result<(), RendezvousError> {
         let node = gone.node_id.clone();
+        if self.view.borrow().departed.contains_key(&node) {
+            // It left (or its lease went) before the proof came: nothing to add.
+            return Ok(());
+        }
         self.say_gone(&gone)
             .await
             .map_err(|source| RendezvousError::Etcd {
@@ -1105,14 +1114,27 @@ impl Session {
     /// Revoking deletes our registration (and the coordinator key if we held it), so the
     /// others learn within milliseconds instead of a lease TTL.
     async fn depart(&mut self, how: Departure) {
-        // The others learn how: a leave, not a death.
-        if let (Departure::Left, Some(r)) = (how, &self.running) {
-            let record = gone(r.number, &self.node_id, v1::Detection::Left, 0);
-            if let Err(e) = self.say_gone(&record).await {
-                tracing::debug!(error = %e, "could not record the leave");
-            }
+        // The others learn how (a leave, not a death) from a record sent beside the
+        // revoke, not before it: under load one more round trip first would delay what
+        // every survivor waits for.
+        let record = match (how, &self.running) {
+            (Departure::Left, Some(r)) => Some(gone(r.number, &self.node_id, v1::Detection::Left, 0)),
+            _ => None,
+        };
+        let (mut client, lease) = (self.client.clone(), self.lease);
+        let (said, revoked) = tokio::join!(
+            async {
+                match &record {
+                    Some(g) => self.say_gone(g).await,
+                    None => Ok(()),
+                }
+            },
+            client.lease_revoke(lease)
+        );
+        if let Err(e) = said {
+            tracing::debug!(error = %e, "could not record the leave");
         }
-        match self.client.lease_revoke(self.lease).await {
+        match revoked {
             Ok(_) => self.wrote(),
             Err(e) => {
                 tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL")
