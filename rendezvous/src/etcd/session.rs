@@ -1118,7 +1118,9 @@ impl Session {
         // revoke, not before it: under load one more round trip first would delay what
         // every survivor waits for.
         let record = match (how, &self.running) {
-            (Departure::Left, Some(r)) => Some(gone(r.number, &self.node_id, v1::Detection::Left, 0)),
+            (Departure::Left, Some(r)) => {
+                Some(gone(r.number, &self.node_id, v1::Detection::Left, 0))
+            }
             _ => None,
         };
         let (mut client, lease) = (self.client.clone(), self.lease);
