@@ -9,6 +9,8 @@ struct Member {
     name: String,
     client_port: u16,
     child: Option<Child>,
+    /// How it was started, to start it again on the same ports and data.
+    args: Vec<String>,
 }
 
 pub struct EtcdCluster {
@@ -32,31 +34,41 @@ impl EtcdCluster {
         for (name, client, peer) in &peers {
             let client_url = format!("http://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
-            let log = std::fs::File::create(dir.path().join(format!("{name}.log"))).unwrap();
-            let child = Command::new("etcd")
-                .args(["--name", name, "--data-dir"])
-                .arg(dir.path().join(name))
-                .args(["--listen-client-urls", &client_url])
-                .args(["--advertise-client-urls", &client_url])
-                .args(["--listen-peer-urls", &peer_url])
-                .args(["--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &initial])
-                .args(["--initial-cluster-state", "new"])
-                .args([
-                    "--initial-cluster-token",
-                    &format!("t{}", std::process::id()),
-                ])
-                .args(["--log-level", "warn"])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .expect("start etcd (apt install etcd-server)");
-            members.push(Member {
+            let data = dir.path().join(name).display().to_string();
+            let token = format!("t{}", std::process::id());
+            let args: Vec<String> = [
+                "--name",
+                name,
+                "--data-dir",
+                &data,
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+                "--initial-cluster",
+                &initial,
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                &token,
+                "--log-level",
+                "warn",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let mut m = Member {
                 name: name.clone(),
                 client_port: *client,
-                child: Some(child),
-            });
+                child: None,
+                args,
+            };
+            m.launch(dir.path());
+            members.push(m);
         }
         let c = Self { members, dir };
         let end = Instant::now() + Duration::from_secs(30);
@@ -77,16 +89,25 @@ impl EtcdCluster {
             .collect()
     }
 
+    fn member(&mut self, endpoint: &str) -> &mut Member {
+        self.members
+            .iter_mut()
+            .find(|m| format!("127.0.0.1:{}", m.client_port) == endpoint)
+            .expect("a member of this cluster")
+    }
+
     /// SIGKILL of the member whose endpoint is `endpoint`.
     pub fn kill(&mut self, endpoint: &str) {
-        for m in &mut self.members {
-            if format!("127.0.0.1:{}", m.client_port) == endpoint
-                && let Some(mut c) = m.child.take()
-            {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+        if let Some(mut c) = self.member(endpoint).child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
         }
+    }
+
+    /// Starts a killed member again, with its data.
+    pub fn start_again(&mut self, endpoint: &str) {
+        let dir = self.dir.path().to_path_buf();
+        self.member(endpoint).launch(&dir);
     }
 
     /// Every member's log.
@@ -98,6 +119,24 @@ impl EtcdCluster {
                 format!("=== {}\n{}", m.name, log.unwrap_or_default())
             })
             .collect()
+    }
+}
+
+impl Member {
+    fn launch(&mut self, dir: &std::path::Path) {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{}.log", self.name)))
+            .unwrap();
+        let child = Command::new("etcd")
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd (apt install etcd-server)");
+        self.child = Some(child);
     }
 }
 

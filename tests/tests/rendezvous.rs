@@ -649,3 +649,45 @@ async fn losing_the_etcd_leader_of_three_members_changes_nothing() {
     a_leave_is_noticed_at_once(&mut ns).await;
     assert_eq!(before[0].number, before[1].number);
 }
+
+/// Two of three etcd members gone: quorum is lost, and a member of a larger cluster proves
+/// nothing about leases, so every agent fences (its workers stop before the others could
+/// be given their ranks). When quorum returns, the job re-forms.
+#[tokio::test]
+async fn losing_etcd_quorum_fences_every_agent_and_the_job_re_forms_when_it_returns() {
+    let mut cluster = EtcdCluster::start(3);
+    let endpoints = cluster.endpoints();
+    let mut ns = Vec::new();
+    for _ in 0..2 {
+        let mut c = EtcdConfig::new(endpoints.clone(), "quorum", 2, 2);
+        c.keep_alive_ttl = TTL;
+        c.last_call = Duration::from_millis(300);
+        c.options.retry_window = Duration::from_secs(10);
+        ns.push(EtcdRendezvous::connect(c).await.expect("join"));
+    }
+    rounds(&mut ns).await;
+    for e in &endpoints[1..] {
+        cluster.kill(e);
+    }
+    let changes = within(TTL * 3, "every agent to fence", async {
+        join_all(ns.iter_mut().map(|n| n.changed())).await
+    })
+    .await;
+    for c in changes {
+        assert!(
+            matches!(c, Ok(Change::Fenced { .. })),
+            "{c:?}\n{}",
+            cluster.logs()
+        );
+    }
+    for e in &endpoints[1..] {
+        cluster.start_again(e);
+    }
+    let rs = within(
+        Duration::from_secs(60),
+        "a round after quorum returns",
+        rounds(&mut ns),
+    )
+    .await;
+    assert_one_group(&rs);
+}
