@@ -2,7 +2,6 @@
 //! `fsdp-agent status` against a real etcd.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,16 +18,8 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// `GET /metrics` over plain HTTP/1.1, parsed into `name{labels}` → value. Checks the
 /// Prometheus text format on the way: every sample's family has a TYPE line before it.
 fn metrics(addr: &str) -> BTreeMap<String, f64> {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to /metrics");
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    let resp = fsdp_tests::metrics_text(addr);
     let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
         head.to_ascii_lowercase()
             .contains("content-type: text/plain; version=0.0.4"),
