@@ -31,6 +31,7 @@ pub mod devices;
 pub mod error;
 pub mod exit_code;
 pub mod failure;
+pub mod hang;
 pub mod policy;
 pub mod run;
 pub mod signals;

@@ -1,0 +1,255 @@
+//! Hangs: a group whose workers are alive but no longer make progress.
+//!
+//! Workers that want to be watched report progress on a Unix datagram socket the agent
+//! names in `FSDP_AGENT_PROGRESS` ([`progress`]): `"<rank> step <n>"` when a step ends,
+//! `"<rank> begin <phase>"` / `"<rank> end <phase>"` around a long phase (a checkpoint,
+//! an evaluation). A rank that never reports is never judged: watching is opt-in by use.
+//!
+//! [`judge`] decides, as a pure function of (now, the ranks' progress, config), whether the
+//! group hangs and which ranks are to blame; the agent loop waits on it beside the workers,
+//! signals and the rendezvous, and a hang ends like a crash: stacks dumped ([`dump`]),
+//! workers stopped, a restart charged.
+
+pub mod dump;
+pub mod progress;
+
+use std::time::{Duration, Instant};
+
+pub use progress::{Progress, RankProgress};
+
+/// How long a rank may go without progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HangTimeout {
+    /// Never judge.
+    Off,
+    /// A fixed allowance per step.
+    Fixed(Duration),
+    /// [`AUTO_FACTOR`] times the slowest recent step, at least `min`.
+    Auto { min: Duration },
+}
+
+/// What [`judge`] needs besides the progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HangConfig {
+    pub timeout: HangTimeout,
+    /// Until a rank's first step after a (re)start: imports, data loading, compilation.
+    pub startup: Duration,
+    /// Inside a named phase (a checkpoint): the phase reports where it is.
+    pub phase: Duration,
+}
+
+/// Steps observed before the automatic timeout trusts their durations.
+pub const AUTO_AFTER_STEPS: usize = 3;
+/// The automatic allowance: this many times the slowest recent step.
+pub const AUTO_FACTOR: u32 = 10;
+
+/// The verdict on a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nobody is late; look again at `recheck_at` (`None`: nobody is judged yet).
+    Healthy { recheck_at: Option<Instant> },
+    /// Some rank is past its allowance. `behind` are the ranks that did not reach the
+    /// furthest step any rank reached (the ones to look at).
+    Hung { behind: Vec<u32>, reason: String },
+}
+
+/// One rank's deadline and what it is waiting for, or `None` if it is not judged.
+fn deadline(p: &RankProgress, group_start: Instant, cfg: &HangConfig) -> Option<(Instant, String)> {
+    if !p.reported {
+        return None;
+    }
+    if let Some((name, since)) = &p.phase {
+        return Some((*since + cfg.phase, format!("in phase '{name}'")));
+    }
+    let Some((step, at)) = p.last_step else {
+        return Some((group_start + cfg.startup, "before its first step".into()));
+    };
+    let allowance = match cfg.timeout {
+        HangTimeout::Off => return None,
+        HangTimeout::Fixed(d) => d,
+        HangTimeout::Auto { min } if p.recent.len() >= AUTO_AFTER_STEPS => {
+            let slowest = p.recent.iter().max().copied().unwrap_or_default();
+            (slowest * AUTO_FACTOR).max(min)
+        }
+        // Too few steps to know what a step takes: the start-up allowance.
+        HangTimeout::Auto { .. } => cfg.startup,
+    };
+    Some((at + allowance, format!("after step {step}")))
+}
+
+/// Decides whether the group of `ranks` (started at `group_start`) hangs at `now`.
+pub fn judge(
+    now: Instant,
+    group_start: Instant,
+    ranks: &[RankProgress],
+    cfg: &HangConfig,
+) -> Verdict {
+    if cfg.timeout == HangTimeout::Off {
+        return Verdict::Healthy { recheck_at: None };
+    }
+    let judged: Vec<(&RankProgress, Instant, String)> = ranks
+        .iter()
+        .filter_map(|p| deadline(p, group_start, cfg).map(|(d, what)| (p, d, what)))
+        .collect();
+    let Some((late, at, what)) = judged
+        .iter()
+        .filter(|(_, d, _)| *d <= now)
+        .min_by_key(|(_, d, _)| *d)
+    else {
+        return Verdict::Healthy {
+            recheck_at: judged.iter().map(|(_, d, _)| *d).min(),
+        };
+    };
+    let furthest = ranks
+        .iter()
+        .filter_map(|p| p.last_step.map(|(s, _)| s))
+        .max();
+    let behind: Vec<u32> = ranks
+        .iter()
+        .filter(|p| p.reported && p.last_step.map(|(s, _)| s) < furthest)
+        .map(|p| p.rank)
+        .collect();
+    let behind = if behind.is_empty() {
+        vec![late.rank]
+    } else {
+        behind
+    };
+    let silent = now.saturating_duration_since(late.last_report.unwrap_or(group_start));
+    let mut reason = format!(
+        "rank {} made no progress {what} for {:.1}s (allowed until {:.1}s ago)",
+        late.rank,
+        silent.as_secs_f64(),
+        now.saturating_duration_since(*at).as_secs_f64()
+    );
+    if let Some(f) = furthest {
+        let names: Vec<String> = behind.iter().map(u32::to_string).collect();
+        reason.push_str(&format!(
+            "; furthest step {f}, behind it: rank {}",
+            names.join(", ")
+        ));
+    }
+    Verdict::Hung { behind, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn cfg(timeout: HangTimeout) -> HangConfig {
+        HangConfig {
+            timeout,
+            startup: 60 * S,
+            phase: 600 * S,
+        }
+    }
+
+    fn stepping(rank: u32, t0: Instant, steps: &[(u64, f64)]) -> RankProgress {
+        let mut p = RankProgress::new(rank);
+        for (n, at) in steps {
+            p.step(*n, t0 + Duration::from_secs_f64(*at));
+        }
+        p
+    }
+
+    #[test]
+    fn a_rank_that_never_reports_is_never_judged() {
+        let t0 = Instant::now();
+        let quiet = [RankProgress::new(0), RankProgress::new(1)];
+        let v = judge(t0 + 10_000 * S, t0, &quiet, &cfg(HangTimeout::Fixed(S)));
+        assert_eq!(v, Verdict::Healthy { recheck_at: None });
+    }
+
+    #[test]
+    fn the_automatic_timeout_follows_the_steps_with_a_floor() {
+        let t0 = Instant::now();
+        // Steps of 0.2 s: the allowance is max(10 × 0.2 s, 1 s) = 2 s after the last.
+        let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
+        let ranks = [stepping(0, t0, &steps), stepping(1, t0, &steps[..4])];
+        let c = cfg(HangTimeout::Auto { min: S });
+        let last = t0 + Duration::from_secs_f64(0.8);
+        match judge(t0 + S, t0, &ranks, &c) {
+            Verdict::Healthy { recheck_at } => {
+                assert_eq!(recheck_at, Some(last + 2 * S));
+            }
+            v => panic!("{v:?}"),
+        }
+        match judge(last + 2 * S, t0, &ranks, &c) {
+            Verdict::Hung { behind, reason } => {
+                assert_eq!(behind, [1]);
+                assert!(
+                    reason.contains("rank 1") && reason.contains("furthest step 5"),
+                    "{reason}"
+                );
+            }
+            v => panic!("{v:?}"),
+        }
+        // The floor: fast steps still get the minimum.
+        let fast: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.001 * n as f64)).collect();
+        let ranks = [stepping(0, t0, &fast)];
+        let c = cfg(HangTimeout::Auto { min: 30 * S });
+        assert!(matches!(
+            judge(t0 + 29 * S, t0, &ranks, &c),
+            Verdict::Healthy { .. }
+        ));
+        assert!(matches!(
+            judge(t0 + 31 * S, t0, &ranks, &c),
+            Verdict::Hung { .. }
+        ));
+    }
+
+    #[test]
+    fn the_first_steps_get_the_startup_allowance() {
+        let t0 = Instant::now();
+        let mut started = RankProgress::new(0);
+        started.phase_begin("load", t0);
+        started.phase_end("load", t0 + S);
+        let c = cfg(HangTimeout::Auto { min: S });
+        assert!(matches!(
+            judge(t0 + 59 * S, t0, &[started.clone()], &c),
+            Verdict::Healthy { .. }
+        ));
+        assert!(matches!(
+            judge(t0 + 61 * S, t0, &[started], &c),
+            Verdict::Hung { .. }
+        ));
+        // One or two steps are not enough to know a step's length.
+        let few = stepping(0, t0, &[(1, 0.1), (2, 0.2)]);
+        assert!(matches!(
+            judge(t0 + 30 * S, t0, &[few], &c),
+            Verdict::Healthy { .. }
+        ));
+    }
+
+    #[test]
+    fn a_long_phase_is_not_a_hang_until_its_own_allowance_runs_out() {
+        let t0 = Instant::now();
+        let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
+        let mut saving = stepping(0, t0, &steps);
+        saving.phase_begin("checkpoint", t0 + S);
+        let c = cfg(HangTimeout::Auto { min: S });
+        // 3× the usual step and far more: still inside the phase allowance.
+        assert!(matches!(
+            judge(t0 + 100 * S, t0, &[saving.clone()], &c),
+            Verdict::Healthy { .. }
+        ));
+        match judge(t0 + 602 * S, t0, &[saving.clone()], &c) {
+            Verdict::Hung { reason, .. } => assert!(reason.contains("checkpoint"), "{reason}"),
+            v => panic!("{v:?}"),
+        }
+        saving.phase_end("checkpoint", t0 + 4 * S);
+        assert!(matches!(
+            judge(t0 + 5 * S, t0, &[saving], &c),
+            Verdict::Healthy { .. }
+        ));
+    }
+
+    #[test]
+    fn off_judges_nobody() {
+        let t0 = Instant::now();
+        let ranks = [stepping(0, t0, &[(1, 0.1)])];
+        let v = judge(t0 + 10_000 * S, t0, &ranks, &cfg(HangTimeout::Off));
+        assert_eq!(v, Verdict::Healthy { recheck_at: None });
+    }
+}
