@@ -4,8 +4,9 @@
 #   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer),
 #        protobuf-compiler (etcd-client compiles etcd's protos at build time),
 #        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux and hostname (pod tests)
-#   pip: torch==2.13.0, numpy and python-etcd (torchrun's etcd-v2 backend, for the
-#        benchmarks) into a cached virtual environment ($FSDP_VENV)
+#   pip: torch==2.13.0, numpy, python-etcd (torchrun's etcd-v2 backend, for the
+#        benchmarks) and py-spy (stack dumps of hung workers) into a cached virtual
+#        environment ($FSDP_VENV)
 set -euo pipefail
 
 FSDP_VENV=${FSDP_VENV:-$HOME/.cache/fsdp-agent/venv}
@@ -30,11 +31,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if ! "$FSDP_VENV/bin/python" -c "import torch, numpy, etcd, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+if ! "$FSDP_VENV/bin/python" -c "import torch, numpy, etcd, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null \
+    || [ ! -x "$FSDP_VENV/bin/py-spy" ]; then
   echo "setup: creating $FSDP_VENV with torch==$TORCH_VERSION (one-time download)"
   python3 -m venv "$FSDP_VENV"
   "$FSDP_VENV/bin/pip" install -q --upgrade pip
-  "$FSDP_VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy python-etcd
+  "$FSDP_VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy python-etcd py-spy
 fi
 
 # The suite is written for nextest (one process per test: the pod and signal tests rely

@@ -247,6 +247,27 @@ pub struct Args {
     #[arg(long = "print-config", visible_alias = "print_config")]
     pub print_config: bool,
 
+    /// Hang detection, for workers that report progress (`FSDP_AGENT_PROGRESS`): `auto`
+    /// (ten times the slowest recent step, at least `--hang-min`), seconds per step, or
+    /// `off`. Workers that never report are never judged.
+    #[arg(
+        long = "hang-timeout",
+        visible_alias = "hang_timeout",
+        env = "FSDP_HANG_TIMEOUT",
+        default_value = "auto"
+    )]
+    pub hang_timeout: String,
+
+    /// The least time an automatic hang timeout allows after a step: seconds, or a
+    /// duration like `500ms`.
+    #[arg(
+        long = "hang-min",
+        visible_alias = "hang_min",
+        env = "FSDP_HANG_MIN",
+        default_value = "30"
+    )]
+    pub hang_min: String,
+
     /// Where the status server listens: gRPC `fsdp.v1.AgentStatus` and `grpc.health.v1`,
     /// and HTTP `GET /metrics`, all on one port. `HOST:PORT`, port 0 for any, or `off`.
     #[arg(

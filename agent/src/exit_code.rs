@@ -10,6 +10,7 @@
 //! | 70        | internal error of the agent (a worker could not be spawned, an I/O error) |
 //! | 75        | this node's workers succeeded but other nodes did not finish within the exit barrier |
 //! | 76        | restart budget spent and no worker exit code of this node to propagate (a peer failed, or a worker was killed by a signal) |
+//! | 77        | restart budget spent, the last failure of this node a hang (a worker stopped reporting progress) |
 //! | 128+n     | the agent itself was stopped by signal n (SIGTERM: 143, SIGINT: 130) |
 //!
 //! A worker that exits with one of 64, 69, 70, 75, 76 or 128+n makes the agent exit with the same
@@ -30,6 +31,8 @@ pub const INTERNAL: u8 = 70;
 pub const BARRIER_TIMEOUT: u8 = 75;
 /// Restart budget spent and no worker code to propagate: a permanent failure.
 pub const BUDGET_EXHAUSTED: u8 = 76;
+/// Restart budget spent on a hang.
+pub const HUNG: u8 = 77;
 
 /// The code for an agent stopped by `signal` (the shell convention).
 pub fn signalled(signal: i32) -> u8 {

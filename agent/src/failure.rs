@@ -11,6 +11,8 @@ pub enum WorkerExit {
     Signal(i32),
     /// It is gone, but the agent could not learn how it ended (waiting for it failed).
     Lost,
+    /// It was alive but made no progress in time (`crate::hang`); the agent stopped it.
+    Hung,
 }
 
 impl WorkerExit {
@@ -40,6 +42,7 @@ impl fmt::Display for WorkerExit {
                 write!(f, "signal {s} ({name})")
             }
             Self::Lost => f.write_str("exit status unknown (the agent lost track of it)"),
+            Self::Hung => f.write_str("hung (no progress reported in time; stopped by the agent)"),
         }
     }
 }

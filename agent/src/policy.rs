@@ -31,6 +31,7 @@ pub fn budget(restart_count: u32, max_restarts: u32, last_failure: Option<Worker
     }
     let exit_code = match last_failure {
         Some(WorkerExit::Code(c)) if (1..=255).contains(&c) => c as u8,
+        Some(WorkerExit::Hung) => exit_code::HUNG,
         _ => exit_code::BUDGET_EXHAUSTED,
     };
     Budget::Spent { exit_code }

@@ -107,6 +107,8 @@ pub struct Config {
     pub role: String,
     pub max_restarts: u32,
     pub term_timeout: Duration,
+    /// When a group that reports progress is hung (`crate::hang`).
+    pub hang: crate::hang::HangConfig,
     pub entrypoint: Entrypoint,
     pub logs: LogConfig,
     pub signals: Vec<Signal>,
@@ -303,6 +305,7 @@ impl Resolver<'_> {
             None => None,
         };
         let term_timeout = self.term_timeout(&a)?;
+        let hang = self.hang(&a.hang_timeout, &a.hang_min)?;
         let signals = self.value("signals-to-handle", &a.signals_to_handle, parse::signals)?;
         let console_events = self.flags_without_effect(&a)?;
         self.value("role", &a.role, |s| match s {
@@ -338,6 +341,7 @@ impl Resolver<'_> {
             role: a.role,
             max_restarts,
             term_timeout,
+            hang,
             entrypoint,
             logs,
             signals,
@@ -366,6 +370,23 @@ impl Resolver<'_> {
             "null" => Ok(false),
             "console" => Ok(true),
             _ => Err("expected null or console".into()),
+        })
+    }
+
+    fn hang(&mut self, timeout: &str, min: &str) -> Result<crate::hang::HangConfig, ConfigError> {
+        use crate::hang::{HangConfig, HangTimeout};
+        let min = self.value("hang-min", min, parse::duration)?;
+        let timeout = self.value("hang-timeout", timeout, |s| match s {
+            "auto" => Ok(HangTimeout::Auto { min }),
+            "off" => Ok(HangTimeout::Off),
+            other => parse::duration(other)
+                .map(HangTimeout::Fixed)
+                .map_err(|e| format!("{e}; or 'auto' or 'off'")),
+        })?;
+        Ok(HangConfig {
+            timeout,
+            startup: crate::hang::STARTUP,
+            phase: crate::hang::PHASE,
         })
     }
 

@@ -38,6 +38,11 @@ pub struct HangConfig {
     pub phase: Duration,
 }
 
+/// Until the first steps after a (re)start: imports, data loading, compilation.
+pub const STARTUP: Duration = Duration::from_secs(600);
+/// Inside a reported phase (a checkpoint, an evaluation).
+pub const PHASE: Duration = Duration::from_secs(1800);
+
 /// Steps observed before the automatic timeout trusts their durations.
 pub const AUTO_AFTER_STEPS: usize = 3;
 /// The automatic allowance: this many times the slowest recent step.

@@ -36,6 +36,7 @@ use crate::config::Config;
 use crate::error::AgentError;
 use crate::exit_code;
 use crate::failure::{Failure, WorkerExit, summary};
+use crate::hang::{self, Progress, Verdict};
 use crate::policy::{Budget, budget, restart_backoff};
 use crate::signals::Signals;
 use crate::status::Board;
@@ -53,6 +54,9 @@ pub enum AgentExit {
     /// The agent was told to stop by this signal.
     Signalled(Signal),
 }
+
+/// How often a running group's progress is judged at the least.
+const HANG_LOOK: Duration = Duration::from_secs(1);
 
 /// How long leaving the rendezvous may take before the agent exits without it.
 const DEPART_PATIENCE: Duration = Duration::from_secs(5);
@@ -84,6 +88,8 @@ enum Wake {
     Group(GroupEvent),
     Signal(Signal),
     Changed(Result<Change, RendezvousError>),
+    /// A rank's progress allowance ran out (it may have reported since: judge again).
+    HangCheck,
 }
 
 /// Runs the job on this node until it ends.
@@ -127,6 +133,9 @@ async fn supervise<R: Rendezvous>(
         last_failure: None,
         last_restart_count: 0,
         lost: None,
+        progress: progress_socket(cfg),
+        group_start: std::time::Instant::now(),
+        attempt: None,
     };
     let mut phase = Phase::Join;
     loop {
@@ -161,6 +170,11 @@ struct Loop<'a, R> {
     /// A member the group lost, and the round it was lost from: how that was noticed is
     /// reported once the next round forms (by then every agent has the record).
     lost: Option<(String, u64)>,
+    /// The workers' progress reports, when hang detection is on.
+    progress: Option<Progress>,
+    /// When the running group started, and its attempt directory (for hang dumps).
+    group_start: std::time::Instant,
+    attempt: Option<PathBuf>,
 }
 
 /// Leaving after `sig`: the run goes on without this node.
@@ -263,12 +277,18 @@ impl<R: Rendezvous> Loop<'_, R> {
             })?),
             None => None,
         };
+        self.attempt = attempt.clone();
+        if let Some(p) = &self.progress {
+            p.reset(round.base_rank..round.base_rank + self.cfg.nproc_per_node);
+        }
+        self.group_start = std::time::Instant::now();
         let spec = GroupSpec {
             config: self.cfg,
             round: &round,
             attempt_dir: attempt,
             console: self.console,
             host: &self.host,
+            progress: self.progress.as_ref().map(Progress::path),
         };
         let group = WorkerGroup::spawn(&spec).await?;
         tracing::info!(pids = ?group.pids(), entrypoint = %self.cfg.entrypoint.display(), "workers started");
@@ -277,13 +297,33 @@ impl<R: Rendezvous> Loop<'_, R> {
     }
 
     async fn running(&mut self, round: Round, mut group: WorkerGroup) -> Result<Phase, AgentError> {
+        let recheck_at = match self.hang_verdict() {
+            Verdict::Hung { behind, reason } => {
+                return Ok(self.hung(round, group, &behind, reason).await);
+            }
+            // Reports arrive without waking the loop: look again at least once a second,
+            // so a rank that starts reporting (or a deadline that moves) is seen.
+            Verdict::Healthy { recheck_at } if self.progress.is_some() => {
+                let soon = std::time::Instant::now() + HANG_LOOK;
+                Some(recheck_at.map_or(soon, |at| at.min(soon)))
+            }
+            Verdict::Healthy { recheck_at } => recheck_at,
+        };
+        let hang_timer = async {
+            match recheck_at {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
         let report = &*self.report;
         let wake = tokio::select! {
             ev = group.next_event(|workers| report.exits(workers)) => Wake::Group(ev),
             sig = self.signals.recv() => Wake::Signal(sig),
             change = self.rdzv.changed() => Wake::Changed(change),
+            () = hang_timer => Wake::HangCheck,
         };
         match wake {
+            Wake::HangCheck => Ok(Phase::Running { round, group }),
             Wake::Signal(sig) => {
                 tracing::info!(signal = %sig, "signal received; stopping workers and leaving the run");
                 self.stop(&mut group, sig, self.cfg.term_timeout).await;
@@ -377,11 +417,17 @@ impl<R: Rendezvous> Loop<'_, R> {
             "worker group failed"
         );
         // Through the console, so it follows the workers' last lines.
+        // A hung worker did not fail on its own: the group has no failure of it.
+        let failures = if group.failures().is_empty() {
+            std::slice::from_ref(&first)
+        } else {
+            group.failures()
+        };
         let text = summary(
             &self.cfg.entrypoint.display(),
             round.restart_count,
             &self.host,
-            group.failures(),
+            failures,
         );
         self.console
             .write(Stream::Stderr, format!("{text}\n").into_bytes())
@@ -413,6 +459,66 @@ impl<R: Rendezvous> Loop<'_, R> {
                 Err(sig) => signalled(sig),
             },
         )
+    }
+
+    /// The hang judge's verdict on the running group now.
+    fn hang_verdict(&self) -> Verdict {
+        match &self.progress {
+            Some(p) => hang::judge(
+                std::time::Instant::now(),
+                self.group_start,
+                &p.snapshot(),
+                &self.cfg.hang,
+            ),
+            None => Verdict::Healthy { recheck_at: None },
+        }
+    }
+
+    /// The group hangs: capture where every worker is, then fail it like a crash (the
+    /// rank behind the others, if it is local, is named as the failing one).
+    async fn hung(
+        &mut self,
+        round: Round,
+        group: WorkerGroup,
+        behind: &[u32],
+        reason: String,
+    ) -> Phase {
+        tracing::error!(%reason, "the worker group is hung");
+        let workers: Vec<(u32, u32)> = group
+            .statuses()
+            .iter()
+            .filter(|w| w.exit.is_none())
+            .map(|w| (w.rank, w.pid))
+            .collect();
+        let dir = self.attempt.clone();
+        let dumps =
+            tokio::task::spawn_blocking(move || hang::dump::dump_all(&workers, dir.as_deref()))
+                .await
+                .unwrap_or_default();
+        for d in &dumps {
+            let path = d.path.as_ref().map(|p| p.display().to_string());
+            tracing::warn!(rank = d.rank, pid = d.pid, dump = ?path, "where the hung worker is:\n{}", d.top(12));
+        }
+        self.report.hung();
+        let statuses = group.statuses();
+        let culprit = statuses
+            .iter()
+            .find(|w| behind.contains(&w.rank))
+            .or(statuses.first());
+        let first = Failure {
+            local_rank: culprit.map_or(0, |w| w.local_rank),
+            rank: culprit.map_or(0, |w| w.rank),
+            pid: culprit.map_or(0, |w| w.pid),
+            exit: WorkerExit::Hung,
+            at: std::time::SystemTime::now(),
+            error_file: None,
+            report: None,
+        };
+        Phase::Failed {
+            round,
+            group,
+            first,
+        }
     }
 
     async fn barrier(&mut self, round: Round) -> Result<Phase, AgentError> {
@@ -477,6 +583,21 @@ impl<R: Rendezvous> Loop<'_, R> {
             Err(sig) => tracing::warn!(signal = %sig, "signal while leaving the run; not waiting"),
         }
         Ok(exit)
+    }
+}
+
+/// The socket workers report progress to, unless hang detection is off (or the socket
+/// cannot be made: then nobody is judged, and the agent says so).
+fn progress_socket(cfg: &Config) -> Option<Progress> {
+    if cfg.hang.timeout == hang::HangTimeout::Off {
+        return None;
+    }
+    match Progress::start(&std::env::temp_dir()) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot open the progress socket; hangs will not be detected");
+            None
+        }
     }
 }
 

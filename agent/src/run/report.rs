@@ -39,6 +39,16 @@ impl Reporter {
     }
 
     /// A round was sealed with this node in it.
+    /// The group hung.
+    pub fn hung(&mut self) {
+        self.broke(
+            "hang",
+            Shown::Stopping,
+            "hang: a worker stopped reporting progress".into(),
+        );
+        self.board.hung();
+    }
+
     /// The group lost `node` from `round`, noticed this way.
     pub fn lost(&self, node: &str, round: u64, how: fsdp_rendezvous::Detection) {
         self.board.lost(node, round, how);

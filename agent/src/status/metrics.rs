@@ -94,6 +94,13 @@ pub fn render(s: &Snapshot) -> String {
             escape(how)
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_hangs_total Times this node's group was found hung (a worker stopped reporting progress).\n\
+         # TYPE fsdp_agent_hangs_total counter\n\
+         fsdp_agent_hangs_total {}",
+        s.hangs
+    );
     summary(
         &mut out,
         "fsdp_agent_refused_detect_seconds",

@@ -52,6 +52,8 @@ pub struct Snapshot {
     pub rendezvous_errors: u64,
     /// Members this node's group lost, by how the loss was noticed.
     pub losses: BTreeMap<String, u64>,
+    /// Times this node's group was found hung.
+    pub hangs: u64,
     /// For losses proven by a refused connection: from the liveness stream breaking to
     /// the proof.
     pub refused_detect: Timing,
@@ -210,6 +212,10 @@ impl Board {
         self.lock().detect.observe(d);
     }
 
+    pub fn hung(&self) {
+        self.lock().hangs += 1;
+    }
+
     /// The group lost `node` from `round`, noticed this way.
     pub fn lost(&self, node: &str, round: u64, how: fsdp_rendezvous::Detection) {
         let mut s = self.lock();
@@ -246,6 +252,7 @@ pub fn exit_label(exit: WorkerExit) -> String {
             .map(|s| s.as_str().to_owned())
             .unwrap_or_else(|_| format!("signal{s}")),
         WorkerExit::Lost => "lost".to_owned(),
+        WorkerExit::Hung => "hung".to_owned(),
     }
 }
 
@@ -259,7 +266,7 @@ fn worker_record(w: &WorkerStatus) -> Worker {
     let (exit_code, signal) = match w.exit {
         Some(WorkerExit::Code(c)) => (Some(c), String::new()),
         Some(WorkerExit::Signal(s)) => (Some(128 + s), exit_label(WorkerExit::Signal(s))),
-        Some(WorkerExit::Lost) | None => (None, String::new()),
+        Some(WorkerExit::Lost | WorkerExit::Hung) | None => (None, String::new()),
     };
     Worker {
         local_rank: w.local_rank,

@@ -68,6 +68,8 @@ pub struct GroupSpec<'a> {
     pub attempt_dir: Option<PathBuf>,
     pub console: &'a Console,
     pub host: &'a str,
+    /// The progress socket the workers may report to (`FSDP_AGENT_PROGRESS`).
+    pub progress: Option<&'a std::path::Path>,
 }
 
 #[derive(Debug)]
@@ -489,6 +491,9 @@ fn command(spec: &GroupSpec<'_>, local_rank: u32, error_file: Option<&std::path:
     .envs(worker_env(&group_env, local_rank, error_file))
     .stdin(Stdio::null())
     .kill_on_drop(true);
+    if let Some(p) = spec.progress {
+        cmd.env(crate::hang::progress::ENV, p);
+    }
     crate::worker_env::scrub(&mut cmd, &cfg.worker_env_scrub);
     unix::prepare(&mut cmd);
     cmd

@@ -1,0 +1,101 @@
+//! Hangs (issue 16): real PyTorch gloo workers that report progress through
+//! `examples/progress.py`; one of them stalls.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fsdp_tests::{AgentCmd, TempDir, python, workspace_file};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// Every file under `dir` called `name`.
+fn find(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            out.extend(find(&p, name));
+        } else if p.file_name().is_some_and(|n| n == name) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn hang_worker(dir: &Path, agent_args: &[&str], worker_args: &[&str]) -> fsdp_tests::Agent {
+    let ckpt = dir.join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    AgentCmd::new(dir, "agent")
+        .env("PYTHON", python())
+        .args(["--standalone", "--nproc-per-node", "2", "--log-dir"])
+        .arg_path(dir.join("logs"))
+        .args(agent_args)
+        .arg_path(workspace_file("tests/py/hang_worker.py"))
+        .arg_path(&ckpt)
+        .args(worker_args)
+        .run(LIMIT)
+}
+
+/// A rank stalls after step 10 (steps of 0.2 s, automatic timeout with a 2 s floor): the
+/// agent finds the group hung within the allowance, names the rank behind, dumps where
+/// each worker is (the stalled one in `stall_forever`), and restarts the group, which
+/// resumes from its checkpoint and finishes.
+#[test]
+fn a_stalled_rank_is_found_named_dumped_and_the_group_restarts_from_its_checkpoint() {
+    let dir = TempDir::new().unwrap();
+    let mut a = hang_worker(
+        dir.path(),
+        &["--hang-min", "2", "--max-restarts", "1"],
+        &["30", "10", "1"],
+    );
+    let (out, err) = (a.stdout(), a.stderr());
+    assert_eq!(a.code(), 0, "{}", a.output());
+    assert!(err.contains("the worker group is hung"), "{err}");
+    assert!(
+        err.contains("behind it: rank 1"),
+        "the stalled rank is not named\n{err}"
+    );
+    let dumps = find(&dir.path().join("logs"), "hang_rank1.txt");
+    assert_eq!(dumps.len(), 1, "{err}");
+    let dump = std::fs::read_to_string(&dumps[0]).unwrap();
+    let py_spy = std::process::Command::new("py-spy")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if py_spy {
+        assert!(dump.contains("stall_forever"), "{dump}");
+    } else {
+        assert!(dump.contains("wchan="), "{dump}");
+    }
+    // The restart resumed from the checkpoint, not from zero.
+    let resumed = out
+        .lines()
+        .filter(|l| l.contains("restart=1"))
+        .filter_map(|l| {
+            l.split("step=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<u32>()
+                .ok()
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        resumed.len() == 2 && resumed.iter().all(|&s| s >= 9),
+        "{out}"
+    );
+}
+
+/// A checkpoint that takes longer than the automatic allowance (3 s against 10 × 0.2 s),
+/// reported as a phase: no hang.
+#[test]
+fn a_long_reported_phase_is_not_a_hang() {
+    let dir = TempDir::new().unwrap();
+    let mut a = hang_worker(
+        dir.path(),
+        &["--hang-min", "0.5", "--max-restarts", "0"],
+        &["12", "0", "9", "5"],
+    );
+    assert_eq!(a.code(), 0, "{}", a.output());
+    assert!(!a.stderr().contains("hung"), "{}", a.output());
+}
