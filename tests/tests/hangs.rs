@@ -99,3 +99,35 @@ fn a_long_reported_phase_is_not_a_hang() {
     assert_eq!(a.code(), 0, "{}", a.output());
     assert!(!a.stderr().contains("hung"), "{}", a.output());
 }
+
+/// torchrun's file timer with PyTorch's own client: the scope that expires gets its
+/// worker SIGKILLed (the client's default signal), as under torchrun, and the group
+/// restarts within the budget and finishes.
+#[test]
+fn an_expired_file_timer_scope_kills_its_worker_and_the_group_restarts() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .env("PYTHON", python())
+        .env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+        ])
+        .arg_path(workspace_file("tests/py/timer_worker.py"))
+        .run(LIMIT);
+    let (out, err) = (a.stdout(), a.stderr());
+    assert_eq!(a.code(), 0, "{}", a.output());
+    assert!(
+        err.contains("a file-timer scope expired; signalling its worker"),
+        "{err}"
+    );
+    assert!(
+        err.contains("signal 9 (SIGKILL)"),
+        "the worker died of the scope's signal\n{err}"
+    );
+    assert_eq!(out.matches("done rank=").count(), 2, "{out}");
+    assert!(out.contains("restart=1"), "{out}");
+}

@@ -11,6 +11,7 @@
 //! workers stopped, a restart charged.
 
 pub mod dump;
+pub mod file_timer;
 pub mod progress;
 
 use std::time::{Duration, Instant};

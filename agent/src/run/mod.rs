@@ -134,6 +134,7 @@ async fn supervise<R: Rendezvous>(
         last_restart_count: 0,
         lost: None,
         progress: progress_socket(cfg),
+        file_timer: file_timer(),
         group_start: std::time::Instant::now(),
         attempt: None,
     };
@@ -172,6 +173,8 @@ struct Loop<'a, R> {
     lost: Option<(String, u64)>,
     /// The workers' progress reports, when hang detection is on.
     progress: Option<Progress>,
+    /// torchrun's file-timer watchdog, when `TORCHELASTIC_ENABLE_FILE_TIMER=1`.
+    file_timer: Option<hang::file_timer::FileTimer>,
     /// When the running group started, and its attempt directory (for hang dumps).
     group_start: std::time::Instant,
     attempt: Option<PathBuf>,
@@ -281,6 +284,9 @@ impl<R: Rendezvous> Loop<'_, R> {
         if let Some(p) = &self.progress {
             p.reset(round.base_rank..round.base_rank + self.cfg.nproc_per_node);
         }
+        if let Some(t) = &self.file_timer {
+            t.reset();
+        }
         self.group_start = std::time::Instant::now();
         let spec = GroupSpec {
             config: self.cfg,
@@ -289,6 +295,7 @@ impl<R: Rendezvous> Loop<'_, R> {
             console: self.console,
             host: &self.host,
             progress: self.progress.as_ref().map(Progress::path),
+            timer_file: self.file_timer.as_ref().map(|t| t.path()),
         };
         let group = WorkerGroup::spawn(&spec).await?;
         tracing::info!(pids = ?group.pids(), entrypoint = %self.cfg.entrypoint.display(), "workers started");
@@ -308,6 +315,13 @@ impl<R: Rendezvous> Loop<'_, R> {
                 Some(recheck_at.map_or(soon, |at| at.min(soon)))
             }
             Verdict::Healthy { recheck_at } => recheck_at,
+        };
+        let recheck_at = match self.reap_expired_scopes(&group) {
+            Some(next) => {
+                let at = std::time::Instant::now() + next;
+                Some(recheck_at.map_or(at, |r| r.min(at)))
+            }
+            None => recheck_at,
         };
         let hang_timer = async {
             match recheck_at {
@@ -461,6 +475,26 @@ impl<R: Rendezvous> Loop<'_, R> {
         )
     }
 
+    /// torchrun's file timer: signals the workers whose scopes expired (the group then
+    /// fails like any crash and restarts); returns how long until the next expires.
+    fn reap_expired_scopes(&mut self, group: &WorkerGroup) -> Option<Duration> {
+        let timer = self.file_timer.as_ref()?;
+        let (expired, next) = timer.expired();
+        let pids = group.pids();
+        for s in expired {
+            if s.signal <= 0 || !hang::file_timer::ours(s.pid, &pids) {
+                continue;
+            }
+            let Ok(signal) = Signal::try_from(s.signal) else {
+                continue;
+            };
+            tracing::warn!(scope = %s.scope_id, pid = s.pid, %signal, "a file-timer scope expired; signalling its worker");
+            self.report.hung();
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.pid), signal);
+        }
+        next
+    }
+
     /// The hang judge's verdict on the running group now.
     fn hang_verdict(&self) -> Verdict {
         match &self.progress {
@@ -596,6 +630,20 @@ fn progress_socket(cfg: &Config) -> Option<Progress> {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::warn!(error = %e, "cannot open the progress socket; hangs will not be detected");
+            None
+        }
+    }
+}
+
+/// torchrun's file-timer server, when the agent's environment asks for it.
+fn file_timer() -> Option<hang::file_timer::FileTimer> {
+    match hang::file_timer::FileTimer::from_env()? {
+        Ok(t) => {
+            tracing::info!(path = %t.path().display(), "serving torchrun's file timer");
+            Some(t)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot make the file-timer FIFO; expired scopes will not be reaped");
             None
         }
     }

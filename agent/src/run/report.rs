@@ -44,7 +44,7 @@ impl Reporter {
         self.broke(
             "hang",
             Shown::Stopping,
-            "hang: a worker stopped reporting progress".into(),
+            "hang: a worker stopped making progress".into(),
         );
         self.board.hung();
     }

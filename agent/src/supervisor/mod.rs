@@ -70,6 +70,8 @@ pub struct GroupSpec<'a> {
     pub host: &'a str,
     /// The progress socket the workers may report to (`FSDP_AGENT_PROGRESS`).
     pub progress: Option<&'a std::path::Path>,
+    /// torchrun's file-timer FIFO (`TORCHELASTIC_TIMER_FILE`), when served.
+    pub timer_file: Option<&'a std::path::Path>,
 }
 
 #[derive(Debug)]
@@ -493,6 +495,9 @@ fn command(spec: &GroupSpec<'_>, local_rank: u32, error_file: Option<&std::path:
     .kill_on_drop(true);
     if let Some(p) = spec.progress {
         cmd.env(crate::hang::progress::ENV, p);
+    }
+    if let Some(p) = spec.timer_file {
+        cmd.env(crate::hang::file_timer::FILE, p);
     }
     crate::worker_env::scrub(&mut cmd, &cfg.worker_env_scrub);
     unix::prepare(&mut cmd);
