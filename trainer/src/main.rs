@@ -21,6 +21,7 @@ mod checkpoint;
 mod data;
 mod launch;
 mod model;
+mod progress;
 mod schedule;
 mod shard;
 mod train;

@@ -48,6 +48,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     };
     let (rank, world) = (comm.rank(), comm.world());
     let lead = rank == 0;
+    let progress = crate::progress::Progress::from_env(rank);
     let say = |msg: String| {
         if lead {
             println!("{msg}");
@@ -155,7 +156,9 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             window_start = Instant::now();
             window_samples = 0;
         }
+        progress.step(done as usize);
         if save {
+            progress.begin("checkpoint");
             let saving = Instant::now();
             let state = opt.full_state(&comm)?;
             if lead {
@@ -181,6 +184,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             }
             // Nobody runs ahead of a save that may still fail.
             comm.barrier()?;
+            progress.end("checkpoint");
             // Speed is training speed: the save's time is not counted.
             window_start += saving.elapsed();
         }

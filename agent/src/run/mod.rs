@@ -495,17 +495,16 @@ impl<R: Rendezvous> Loop<'_, R> {
         next
     }
 
-    /// The hang judge's verdict on the running group now.
+    /// The hang judge's verdict on the running group now (and the ranks' progress, for
+    /// the straggler metrics).
     fn hang_verdict(&self) -> Verdict {
-        match &self.progress {
-            Some(p) => hang::judge(
-                std::time::Instant::now(),
-                self.group_start,
-                &p.snapshot(),
-                &self.cfg.hang,
-            ),
-            None => Verdict::Healthy { recheck_at: None },
-        }
+        let Some(p) = &self.progress else {
+            return Verdict::Healthy { recheck_at: None };
+        };
+        let now = std::time::Instant::now();
+        let ranks = p.snapshot();
+        self.report.ranks(&ranks, now);
+        hang::judge(now, self.group_start, &ranks, &self.cfg.hang)
     }
 
     /// The group hangs: capture where every worker is, then fail it like a crash (the

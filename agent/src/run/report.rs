@@ -39,7 +39,24 @@ impl Reporter {
     }
 
     /// A round was sealed with this node in it.
-    /// The group hung.
+    /// The reporting ranks' progress at `now`, for the straggler metrics.
+    pub fn ranks(&self, ranks: &[crate::hang::RankProgress], now: std::time::Instant) {
+        let views = ranks
+            .iter()
+            .filter(|r| r.reported)
+            .map(|r| crate::status::RankView {
+                rank: r.rank,
+                last_step: r.last_step.map_or(0, |(n, _)| n),
+                step_seconds: r.recent.back().map_or(0.0, |d| d.as_secs_f64()),
+                silent_seconds: r
+                    .last_report
+                    .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64()),
+            })
+            .collect();
+        self.board.ranks(views);
+    }
+
+    /// The group hung (or a file-timer scope expired).
     pub fn hung(&mut self) {
         self.broke(
             "hang",

@@ -101,6 +101,37 @@ pub fn render(s: &Snapshot) -> String {
          fsdp_agent_hangs_total {}",
         s.hangs
     );
+    let families = [
+        (
+            "fsdp_agent_rank_last_step",
+            "The last step each local rank reported finished.",
+            0,
+        ),
+        (
+            "fsdp_agent_rank_step_seconds",
+            "The duration of each local rank's last step (stragglers are slow here).",
+            1,
+        ),
+        (
+            "fsdp_agent_rank_silent_seconds",
+            "Seconds since each local rank's last progress report.",
+            2,
+        ),
+    ];
+    for (name, help, which) in families {
+        if s.ranks.is_empty() {
+            break;
+        }
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for r in &s.ranks {
+            let v = match which {
+                0 => r.last_step as f64,
+                1 => r.step_seconds,
+                _ => r.silent_seconds,
+            };
+            let _ = writeln!(out, "{name}{{rank=\"{}\"}} {v}", r.rank);
+        }
+    }
     summary(
         &mut out,
         "fsdp_agent_refused_detect_seconds",
@@ -197,6 +228,30 @@ mod tests {
             samples.push((name.to_owned(), value.parse().expect("numeric value")));
         }
         samples
+    }
+
+    #[test]
+    fn hangs_and_each_reporting_ranks_progress_are_shown() {
+        let b = Board::new("j", "etcd", 3);
+        let text = render(&b.snapshot());
+        assert!(text.contains("fsdp_agent_hangs_total 0"), "{text}");
+        assert!(!text.contains("fsdp_agent_rank_last_step"), "{text}");
+        b.hung();
+        b.ranks(vec![crate::status::RankView {
+            rank: 3,
+            last_step: 12,
+            step_seconds: 0.25,
+            silent_seconds: 1.5,
+        }]);
+        let text = render(&b.snapshot());
+        for line in [
+            "fsdp_agent_hangs_total 1",
+            "fsdp_agent_rank_last_step{rank=\"3\"} 12",
+            "fsdp_agent_rank_step_seconds{rank=\"3\"} 0.25",
+            "fsdp_agent_rank_silent_seconds{rank=\"3\"} 1.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
     }
 
     #[test]

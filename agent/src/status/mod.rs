@@ -36,6 +36,17 @@ impl Timing {
     }
 }
 
+/// One reporting rank's progress, for metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RankView {
+    pub rank: u32,
+    pub last_step: u64,
+    /// Its last step's duration.
+    pub step_seconds: f64,
+    /// Since its last report.
+    pub silent_seconds: f64,
+}
+
 /// Everything the status server shows, as one consistent copy.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -54,6 +65,8 @@ pub struct Snapshot {
     pub losses: BTreeMap<String, u64>,
     /// Times this node's group was found hung.
     pub hangs: u64,
+    /// The local ranks' progress, for those that report it (the straggler view).
+    pub ranks: Vec<RankView>,
     /// For losses proven by a refused connection: from the liveness stream breaking to
     /// the proof.
     pub refused_detect: Timing,
@@ -214,6 +227,11 @@ impl Board {
 
     pub fn hung(&self) {
         self.lock().hangs += 1;
+    }
+
+    /// The local ranks' progress as last judged.
+    pub fn ranks(&self, ranks: Vec<RankView>) {
+        self.lock().ranks = ranks;
     }
 
     /// The group lost `node` from `round`, noticed this way.
