@@ -31,12 +31,13 @@ def main():
     rank = dist.get_rank()
     restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
     done = int(open(path).read()) if os.path.exists(path) else 0
-    print(f"start rank={rank} step={done} restart={restart}", flush=True)
+    print(f"start rank={rank} step={done} restart={restart} t={time.time():.3f}", flush=True)
     while done < total:
         t = torch.ones(1)
         dist.all_reduce(t)
         done += 1
         if restart == "0" and rank == stall_rank and done == stall_at:
+            print(f"stall rank={rank} step={done} t={time.time():.3f}", flush=True)
             stall_forever()
         step(done)
         if rank == 0:
