@@ -22,6 +22,27 @@ fn find(dir: &Path, name: &str) -> Vec<PathBuf> {
     out
 }
 
+/// `2026-11-25T02:32:12.273482Z` as seconds since the epoch (UTC, no leap seconds).
+fn chrono_like_epoch(stamp: &str) -> Option<f64> {
+    let (date, time) = stamp.trim_end_matches('Z').split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    // Days from 1970-01-01 to y-m-d (Howard Hinnant's civil-from-days, inverted).
+    let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let mut t = time.split(':');
+    let (h, min, s): (f64, f64, f64) = (
+        t.next()?.parse().ok()?,
+        t.next()?.parse().ok()?,
+        t.next()?.parse().ok()?,
+    );
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + s)
+}
+
 fn hang_worker(dir: &Path, agent_args: &[&str], worker_args: &[&str]) -> fsdp_tests::Agent {
     let ckpt = dir.join("ckpt");
     std::fs::create_dir_all(&ckpt).unwrap();
@@ -67,6 +88,32 @@ fn a_stalled_rank_is_found_named_dumped_and_the_group_restarts_from_its_checkpoi
     } else {
         assert!(dump.contains("wchan="), "{dump}");
     }
+    // Found by the automatic timeout that followed the 0.2 s steps (documented bound:
+    // the 2 s floor plus at most 1 s to the next look), not by the 600 s start-up
+    // allowance or a collective timeout: checked loosely, a busy machine is slower.
+    let stalled: f64 = out
+        .lines()
+        .find_map(|l| {
+            l.split("stall rank=1")
+                .nth(1)?
+                .split("t=")
+                .nth(1)?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .expect("the stall's time");
+    let found = err
+        .lines()
+        .find(|l| l.contains("the worker group is hung"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|t| chrono_like_epoch(t))
+        .expect("the hang's time");
+    assert!(
+        found - stalled < 10.0,
+        "found {:.1} s after the stall\n{err}",
+        found - stalled
+    );
     // The restart resumed from the checkpoint, not from zero.
     let resumed = out
         .lines()
@@ -130,4 +177,11 @@ fn an_expired_file_timer_scope_kills_its_worker_and_the_group_restarts() {
     );
     assert_eq!(out.matches("done rank=").count(), 2, "{out}");
     assert!(out.contains("restart=1"), "{out}");
+}
+
+#[test]
+fn log_timestamps_read_as_epoch_seconds() {
+    let t = chrono_like_epoch("2026-11-25T02:32:12.273482Z").unwrap();
+    assert!((t - 1_795_573_932.273_482).abs() < 1e-3, "{t}");
+    assert_eq!(chrono_like_epoch("1970-01-01T00:00:00Z"), Some(0.0));
 }
