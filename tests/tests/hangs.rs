@@ -107,7 +107,7 @@ fn a_stalled_rank_is_found_named_dumped_and_the_group_restarts_from_its_checkpoi
         .lines()
         .find(|l| l.contains("the worker group is hung"))
         .and_then(|l| l.split_whitespace().next())
-        .and_then(|t| chrono_like_epoch(t))
+        .and_then(chrono_like_epoch)
         .expect("the hang's time");
     assert!(
         found - stalled < 10.0,
