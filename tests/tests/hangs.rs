@@ -79,14 +79,12 @@ fn a_stalled_rank_is_found_named_dumped_and_the_group_restarts_from_its_checkpoi
     let dumps = find(&dir.path().join("logs"), "hang_rank1.txt");
     assert_eq!(dumps.len(), 1, "{err}");
     let dump = std::fs::read_to_string(&dumps[0]).unwrap();
-    let py_spy = std::process::Command::new("py-spy")
-        .arg("--version")
-        .output()
-        .is_ok();
-    if py_spy {
-        assert!(dump.contains("stall_forever"), "{dump}");
-    } else {
+    // py-spy (installed by the set-up) shows the Python frame; where it cannot attach
+    // (no ptrace in a container), the kernel's view of every thread stands in.
+    if dump.starts_with("the kernel's view") {
         assert!(dump.contains("wchan="), "{dump}");
+    } else {
+        assert!(dump.contains("stall_forever"), "{dump}");
     }
     // Found by the automatic timeout that followed the 0.2 s steps (documented bound:
     // the 2 s floor plus at most 1 s to the next look), not by the 600 s start-up

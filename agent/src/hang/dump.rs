@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+/// How a dump without Python frames starts.
+pub const KERNEL_VIEW: &str = "the kernel's view";
+
 /// How long one `py-spy dump` may take.
 const PY_SPY_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -56,7 +59,9 @@ fn py_spy(pid: u32) -> Option<String> {
 }
 
 fn kernel_view(pid: u32) -> String {
-    let mut out = format!("py-spy not available; the kernel's view of pid {pid}:\n");
+    let mut out = format!(
+        "{KERNEL_VIEW} of pid {pid} (no Python stack: py-spy is not on PATH or could not attach):\n"
+    );
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
     for task in tasks.into_iter().flatten().flatten() {
         let dir = task.path();
