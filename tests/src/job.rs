@@ -83,6 +83,21 @@ impl Job {
     }
 
     fn args(&self, endpoint: &str, addr: &str, extra: &[&str]) -> Vec<String> {
+        let mut args = self.agent_args(endpoint, addr, "1");
+        args.push(
+            workspace_file("tests/py/elastic_worker.py")
+                .display()
+                .to_string(),
+        );
+        args.push(self.dir.path().join("ckpt").display().to_string());
+        args.push(self.steps.to_string());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        std::fs::create_dir_all(self.dir.path().join("ckpt")).unwrap();
+        args
+    }
+
+    /// The agent's flags for this job, up to the entrypoint.
+    fn agent_args(&self, endpoint: &str, addr: &str, nproc: &str) -> Vec<String> {
         let mut args: Vec<String> = [
             "--rdzv-backend",
             "etcd",
@@ -93,7 +108,7 @@ impl Job {
             "--nnodes",
             &self.nnodes,
             "--nproc-per-node",
-            "1",
+            nproc,
             "--rdzv-conf",
             &self.rdzv_conf,
             "--term-timeout",
@@ -105,16 +120,18 @@ impl Job {
         .map(|s| s.to_string())
         .collect();
         args.extend(["--max-restarts".into(), self.max_restarts.to_string()]);
-        args.push(
-            workspace_file("tests/py/elastic_worker.py")
-                .display()
-                .to_string(),
-        );
-        args.push(self.dir.path().join("ckpt").display().to_string());
-        args.push(self.steps.to_string());
-        args.extend(extra.iter().map(|s| s.to_string()));
-        std::fs::create_dir_all(self.dir.path().join("ckpt")).unwrap();
         args
+    }
+
+    /// Pod `index` on loopback with `nproc` workers running `worker` (a script and its
+    /// arguments), the agent given `extra` flags too.
+    pub fn pod_running(&self, index: u8, nproc: u32, extra: &[&str], worker: &[String]) -> Pod {
+        let addr = format!("127.0.{}.{}", self.net, index + 1);
+        let mut args = self.agent_args(&self.etcd.endpoint(), &addr, &nproc.to_string());
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend(worker.iter().cloned());
+        let env = [("PYTHON", python().display().to_string())];
+        Pod::start(self.dir.path(), &format!("pod{index}"), &args, &env)
     }
 
     /// The index of the pod etcd names as the run's coordinator, read the way a user does:

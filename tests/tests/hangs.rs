@@ -183,3 +183,64 @@ fn log_timestamps_read_as_epoch_seconds() {
     assert!((t - 1_795_573_932.273_482).abs() < 1e-3, "{t}");
     assert_eq!(chrono_like_epoch("1970-01-01T00:00:00Z"), Some(0.0));
 }
+
+/// Two nodes × two ranks on etcd; rank 3 (node 1) stalls after step 10. Every node's
+/// workers stop progressing, the hang is found, the failure is charged job-wide, and both
+/// nodes restart from the checkpoint with the same restart count and finish.
+#[test]
+fn a_stall_on_one_node_restarts_both_from_the_checkpoint() {
+    let mut job = fsdp_tests::job::Job::new("hang2", "2:2", 1, 0, 18);
+    job.rdzv_conf = "last_call_timeout=1,keep_alive_ttl=3".into();
+    let ckpt = job.dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let worker: Vec<String> = vec![
+        workspace_file("tests/py/hang_worker.py")
+            .display()
+            .to_string(),
+        ckpt.display().to_string(),
+        "30".into(),
+        "10".into(),
+        "3".into(),
+    ];
+    let mut pods: Vec<_> = (0..2)
+        .map(|i| job.pod_running(i, 2, &["--hang-min", "2"], &worker))
+        .collect();
+    for p in &mut pods {
+        assert_eq!(p.wait(LIMIT), 0, "{}", p.output());
+    }
+    // Either node may look first: the stalled rank's node names it, the other says the
+    // rank behind is elsewhere (naming it across nodes is not built yet). No node blames
+    // a rank that kept up.
+    let errs: Vec<String> = pods.iter().map(|p| p.stderr()).collect();
+    let declared: Vec<&String> = errs
+        .iter()
+        .filter(|e| e.contains("the worker group is hung"))
+        .collect();
+    assert!(!declared.is_empty(), "{}", errs.join("\n"));
+    for e in declared {
+        assert!(
+            e.contains("behind it: rank 3") || e.contains("the rank behind is on another node"),
+            "{e}"
+        );
+    }
+    for p in &pods {
+        let out = p.stdout();
+        let resumed: Vec<u32> = out
+            .lines()
+            .filter(|l| l.contains("restart=1"))
+            .filter_map(|l| {
+                l.split("step=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        assert!(
+            resumed.len() == 2 && resumed.iter().all(|&s| s >= 9),
+            "{}",
+            p.output()
+        );
+    }
+}

@@ -54,8 +54,9 @@ pub const AUTO_FACTOR: u32 = 10;
 pub enum Verdict {
     /// Nobody is late; look again at `recheck_at` (`None`: nobody is judged yet).
     Healthy { recheck_at: Option<Instant> },
-    /// Some rank is past its allowance. `behind` are the ranks that did not reach the
-    /// furthest step any rank reached (the ones to look at).
+    /// Some rank is past its allowance. `behind` are this node's ranks that did not reach
+    /// the furthest step any of its ranks reached (the ones to look at); empty when they all
+    /// did — then the rank behind is on another node.
     Hung { behind: Vec<u32>, reason: String },
 }
 
@@ -115,11 +116,6 @@ pub fn judge(
         .filter(|p| p.reported && p.last_step.map(|(s, _)| s) < furthest)
         .map(|p| p.rank)
         .collect();
-    let behind = if behind.is_empty() {
-        vec![late.rank]
-    } else {
-        behind
-    };
     let silent = now.saturating_duration_since(late.last_report.unwrap_or(group_start));
     let mut reason = format!(
         "rank {} made no progress {what} for {:.1}s (allowed until {:.1}s ago)",
@@ -127,12 +123,18 @@ pub fn judge(
         silent.as_secs_f64(),
         now.saturating_duration_since(*at).as_secs_f64()
     );
-    if let Some(f) = furthest {
-        let names: Vec<String> = behind.iter().map(u32::to_string).collect();
-        reason.push_str(&format!(
-            "; furthest step {f}, behind it: rank {}",
-            names.join(", ")
-        ));
+    match furthest {
+        Some(f) if behind.is_empty() => reason.push_str(&format!(
+            "; every rank here finished step {f}: the rank behind is on another node"
+        )),
+        Some(f) => {
+            let names: Vec<String> = behind.iter().map(u32::to_string).collect();
+            reason.push_str(&format!(
+                "; furthest step {f}, behind it: rank {}",
+                names.join(", ")
+            ));
+        }
+        None => {}
     }
     Verdict::Hung { behind, reason }
 }
@@ -203,6 +205,21 @@ mod tests {
             judge(t0 + 31 * S, t0, &ranks, &c),
             Verdict::Hung { .. }
         ));
+    }
+
+    #[test]
+    fn ranks_all_at_the_same_step_point_at_another_node() {
+        let t0 = Instant::now();
+        let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
+        let ranks = [stepping(0, t0, &steps), stepping(1, t0, &steps)];
+        let c = cfg(HangTimeout::Auto { min: S });
+        match judge(t0 + 10 * S, t0, &ranks, &c) {
+            Verdict::Hung { behind, reason } => {
+                assert!(behind.is_empty());
+                assert!(reason.contains("on another node"), "{reason}");
+            }
+            v => panic!("{v:?}"),
+        }
     }
 
     #[test]
