@@ -3,7 +3,8 @@
 # python3. Idempotent: a second run only checks.
 #   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer),
 #        protobuf-compiler (etcd-client compiles etcd's protos at build time),
-#        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux and hostname (pod tests)
+#        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux and hostname (pod tests),
+#        iproute2 (network namespaces and ss for the partition and liveness tests)
 #   pip: torch==2.13.0, numpy, python-etcd (torchrun's etcd-v2 backend, for the
 #        benchmarks) and py-spy (stack dumps of hung workers) into a cached virtual
 #        environment ($FSDP_VENV)
@@ -23,6 +24,8 @@ python3 -c "import ensurepip" >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 # Each test pod names itself with hostname(1), absent from some minimal images.
 command -v hostname >/dev/null 2>&1 || need_apt+=(hostname)
+# Partition and liveness tests: network namespaces and veth (ip), cutting connections (ss).
+{ command -v ip && command -v ss; } >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   SUDO=""

@@ -304,25 +304,19 @@ impl<R: Rendezvous> Loop<'_, R> {
     }
 
     async fn running(&mut self, round: Round, mut group: WorkerGroup) -> Result<Phase, AgentError> {
-        let recheck_at = match self.hang_verdict() {
+        let deadline = match self.hang_verdict() {
             Verdict::Hung { behind, reason } => {
                 return Ok(self.hung(round, group, &behind, reason).await);
             }
-            // Reports arrive without waking the loop: look again at least once a second,
-            // so a rank that starts reporting (or a deadline that moves) is seen.
-            Verdict::Healthy { recheck_at } if self.progress.is_some() => {
-                let soon = std::time::Instant::now() + HANG_LOOK;
-                Some(recheck_at.map_or(soon, |at| at.min(soon)))
-            }
             Verdict::Healthy { recheck_at } => recheck_at,
         };
-        let recheck_at = match self.reap_expired_scopes(&group) {
-            Some(next) => {
-                let at = std::time::Instant::now() + next;
-                Some(recheck_at.map_or(at, |r| r.min(at)))
-            }
-            None => recheck_at,
-        };
+        let now = std::time::Instant::now();
+        // Reports arrive without waking the loop: with progress watched, look again at
+        // least once a second, so a rank that starts reporting (or a deadline that moves)
+        // is seen.
+        let look = self.progress.as_ref().map(|_| now + HANG_LOOK);
+        let scope = self.reap_expired_scopes(&group).map(|next| now + next);
+        let recheck_at = [deadline, look, scope].into_iter().flatten().min();
         let hang_timer = async {
             match recheck_at {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -413,8 +407,12 @@ impl<R: Rendezvous> Loop<'_, R> {
         mut group: WorkerGroup,
         first: Failure,
     ) -> Result<Phase, AgentError> {
+        let label = match first.exit {
+            WorkerExit::Hung => "hang",
+            _ => "worker failed",
+        };
         self.report.broke(
-            "worker failed",
+            label,
             Shown::Stopping,
             format!("worker rank {} failed: {}", first.rank, first.exit),
         );

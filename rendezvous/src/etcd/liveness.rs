@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use fsdp_proto::v1;
 use fsdp_proto::v1::agent_status_client::AgentStatusClient;
-use tokio::net::TcpStream;
+
+use super::probe::{Reach, reach};
 use tokio::task::AbortHandle;
 
 /// How long one contact may take (connecting, and the first heartbeat).
@@ -101,12 +102,10 @@ type Stream = tonic::Streaming<v1::Heartbeat>;
 /// One contact: a TCP connection (refused or not), then a liveness stream and its first
 /// heartbeat.
 async fn contact(addr: &str, me: &str) -> (Contact, Option<Stream>) {
-    match tokio::time::timeout(PATIENCE, TcpStream::connect(addr)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            return (Contact::Refused, None);
-        }
-        Ok(Err(_)) | Err(_) => return (Contact::Silent, None),
+    match reach(addr, PATIENCE).await {
+        Reach::Accepted => {}
+        Reach::Refused => return (Contact::Refused, None),
+        Reach::NoAnswer => return (Contact::Silent, None),
     }
     let open = async {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))

@@ -16,12 +16,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::Client;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use super::connect::EtcdOptions;
+use super::connect::{self, EtcdOptions};
 use super::view::View;
 use crate::fence::LeaseClock;
 
@@ -57,30 +56,45 @@ pub fn host_port(endpoint: &str) -> &str {
     rest.trim_end_matches('/')
 }
 
+/// What a plain TCP connection to an address found (the first step of the prober here and
+/// of the liveness watcher in `liveness.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Something listens (the kernel completed the handshake).
+    Accepted,
+    /// Nothing listens there.
+    Refused,
+    /// No answer in time, or another error.
+    NoAnswer,
+}
+
+/// Connects to `addr` (`host:port`) and closes again, waiting at most `patience`.
+pub async fn reach(addr: &str, patience: Duration) -> Reach {
+    match tokio::time::timeout(patience, TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => Reach::Accepted,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Reach::Refused,
+        Ok(Err(_)) | Err(_) => Reach::NoAnswer,
+    }
+}
+
 /// Looks once at the member behind `endpoint`, waiting at most `patience` per step.
 pub async fn probe(endpoint: &str, opts: &EtcdOptions, patience: Duration) -> Probe {
-    match tokio::time::timeout(patience, TcpStream::connect(host_port(endpoint))).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Probe::Refused,
-        Ok(Err(_)) | Err(_) => return Probe::Unreachable,
+    match reach(host_port(endpoint), patience).await {
+        Reach::Accepted => {}
+        Reach::Refused => return Probe::Refused,
+        Reach::NoAnswer => return Probe::Unreachable,
     }
     let mut one = opts.clone();
     one.endpoints = vec![endpoint.to_owned()];
-    let status = async {
-        let mut client = Client::connect(
-            super::connect::urls(&one),
-            Some(super::connect::options(&one).ok()?),
-        )
-        .await
-        .ok()?;
-        client.status().await.ok()
+    let (Some(url), Ok(o)) = (connect::urls(&one).pop(), connect::options(&one)) else {
+        return Probe::Unreachable;
     };
-    match tokio::time::timeout(patience, status).await {
-        Ok(Some(s)) if s.leader() == 0 => Probe::Leaderless,
-        Ok(Some(_)) => Probe::Led,
+    match connect::ask_member(url, o, patience).await {
+        Some((_, false)) => Probe::Leaderless,
+        Some((_, true)) => Probe::Led,
         // It accepted the connection a moment ago; a TLS or credential problem would have
         // stopped the agent at start.
-        Ok(None) | Err(_) => Probe::Silent,
+        None => Probe::Silent,
     }
 }
 

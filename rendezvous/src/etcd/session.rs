@@ -453,7 +453,11 @@ impl Session {
             .client
             .get(self.keys.root(), Some(GetOptions::new().with_prefix()))
             .await?;
-        self.single_member = self.client.member_list().await?.members().len() == 1;
+        // The cluster's size rarely changes: asked at join and after an outage, not at
+        // every coordinator change.
+        if !matches!(why, Resync::RoleChanged { .. }) {
+            self.single_member = self.client.member_list().await?.members().len() == 1;
+        }
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut fresh = View::default();
         for kv in resp.kvs() {
@@ -741,11 +745,7 @@ impl Session {
     /// After fencing: revoke the lease (the others see this node leave at once; one that
     /// expired meanwhile is gone either way) and take a new one.
     async fn abandon_lease(&mut self) -> EtcdResult<()> {
-        match self.client.lease_revoke(self.lease).await {
-            Ok(_) => self.wrote(),
-            Err(e) if lease_not_found(&e) => {}
-            Err(e) => return Err(e),
-        }
+        self.revoke(self.lease).await?;
         tracing::info!(lease = self.lease, "revoked the fenced lease");
         self.abandon = false;
         self.renew_lease().await
@@ -1097,17 +1097,25 @@ impl Session {
                 what: "recording how a dead agent was found",
                 source,
             })?;
+        self.revoke(lease)
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "revoking a dead agent's lease",
+                source,
+            })?;
+        tracing::info!(%node, lease, "revoked the lease of a dead agent");
+        Ok(())
+    }
+
+    /// Revokes `lease`; one etcd no longer has is gone already.
+    async fn revoke(&mut self, lease: i64) -> EtcdResult<()> {
         match self.client.lease_revoke(lease).await {
             Ok(_) => {
                 self.wrote();
-                tracing::info!(%node, lease, "revoked the lease of a dead agent");
                 Ok(())
             }
             Err(e) if lease_not_found(&e) => Ok(()),
-            Err(source) => Err(RendezvousError::Etcd {
-                what: "revoking a dead agent's lease",
-                source,
-            }),
+            Err(e) => Err(e),
         }
     }
 
