@@ -90,8 +90,8 @@ impl LeaseClock {
 pub enum FenceDecision {
     /// The lease is safe; look again at `recheck_at` if nothing happens before.
     Hold { recheck_at: Instant },
-    /// Stop the workers now: etcd may expire the lease within `margin`.
-    Fence { reason: String },
+    /// Stop the workers now, within `left`: etcd may expire the lease then.
+    Fence { reason: String, left: Duration },
     /// No lease confirmed yet (nothing runs before the first round): nothing to fence.
     Unknown,
 }
@@ -116,6 +116,7 @@ pub fn decide(now: Instant, safe_until: Option<Instant>, margin: Duration) -> Fe
             left.as_secs_f64(),
             margin.as_secs_f64()
         ),
+        left,
     }
 }
 
@@ -244,7 +245,8 @@ mod tests {
     #[test]
     fn a_fence_says_why_and_how_long_is_left() {
         let t0 = Instant::now();
-        let FenceDecision::Fence { reason } = decide(at(t0, 4_500), Some(at(t0, 5_000)), MARGIN)
+        let FenceDecision::Fence { reason, left } =
+            decide(at(t0, 4_500), Some(at(t0, 5_000)), MARGIN)
         else {
             panic!("expected a fence")
         };
@@ -252,5 +254,6 @@ mod tests {
             reason.contains("0.5s") && reason.contains("margin 1.0s"),
             "{reason}"
         );
+        assert_eq!(left, Duration::from_millis(500));
     }
 }

@@ -43,6 +43,21 @@ fn chrono_like_epoch(stamp: &str) -> Option<f64> {
     Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + s)
 }
 
+/// The step each worker of the first restart resumed at, from its `start` line.
+fn resumed_steps(out: &str) -> Vec<u32> {
+    out.lines()
+        .filter(|l| l.contains("restart=1"))
+        .filter_map(|l| {
+            l.split("step=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
 fn hang_worker(dir: &Path, agent_args: &[&str], worker_args: &[&str]) -> fsdp_tests::Agent {
     let ckpt = dir.join("ckpt");
     std::fs::create_dir_all(&ckpt).unwrap();
@@ -113,18 +128,7 @@ fn a_stalled_rank_is_found_named_dumped_and_the_group_restarts_from_its_checkpoi
         found - stalled
     );
     // The restart resumed from the checkpoint, not from zero.
-    let resumed = out
-        .lines()
-        .filter(|l| l.contains("restart=1"))
-        .filter_map(|l| {
-            l.split("step=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse::<u32>()
-                .ok()
-        })
-        .collect::<Vec<_>>();
+    let resumed = resumed_steps(&out);
     assert!(
         resumed.len() == 2 && resumed.iter().all(|&s| s >= 9),
         "{out}"
@@ -225,18 +229,7 @@ fn a_stall_on_one_node_restarts_both_from_the_checkpoint() {
     }
     for p in &pods {
         let out = p.stdout();
-        let resumed: Vec<u32> = out
-            .lines()
-            .filter(|l| l.contains("restart=1"))
-            .filter_map(|l| {
-                l.split("step=")
-                    .nth(1)?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .collect();
+        let resumed = resumed_steps(&out);
         assert!(
             resumed.len() == 2 && resumed.iter().all(|&s| s >= 9),
             "{}",

@@ -270,15 +270,12 @@ impl EtcdRendezvous {
                     return Ok(change);
                 }
                 match fence::decide(Instant::now(), v.lease_safe_until, margin) {
-                    FenceDecision::Fence { reason } => {
-                        let stop_within = v.lease_safe_until.map_or(Duration::ZERO, |s| {
-                            s.saturating_duration_since(Instant::now())
-                        });
+                    FenceDecision::Fence { reason, left } => {
                         drop(v);
                         self.tell(Command::Abandon);
                         return Ok(Change::Fenced {
                             reason,
-                            stop_within,
+                            stop_within: left,
                         });
                     }
                     FenceDecision::Hold { recheck_at } => Some(recheck_at),
