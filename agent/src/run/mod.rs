@@ -132,7 +132,7 @@ async fn supervise<R: Rendezvous>(
         run_dir,
         last_failure: None,
         last_restart_count: 0,
-        lost: None,
+        last_round: None,
         progress: progress_socket(cfg),
         file_timer: file_timer(),
         group_start: std::time::Instant::now(),
@@ -168,9 +168,11 @@ struct Loop<'a, R> {
     /// This node's last worker failure: its code is the exit code if the budget runs out.
     last_failure: Option<WorkerExit>,
     last_restart_count: u32,
-    /// A member the group lost, and the round it was lost from: how that was noticed is
-    /// reported once the next round forms (by then every agent has the record).
-    lost: Option<(String, u64)>,
+    /// The last round this node ran, and its members: whoever of them the next round
+    /// lacks was lost, and how that was noticed is reported once the next round forms (by
+    /// then every agent has the record), whatever change woke this node first (a peer's
+    /// death often reaches the survivors' workers, as a failure, before its eviction).
+    last_round: Option<(u64, Vec<String>)>,
     /// The workers' progress reports, when hang detection is on.
     progress: Option<Progress>,
     /// torchrun's file-timer watchdog, when `TORCHELASTIC_ENABLE_FILE_TIMER=1`.
@@ -222,13 +224,7 @@ impl<R: Rendezvous> Loop<'_, R> {
             Err(sig) => return Ok(signalled(sig)),
         };
         self.report.formed(&round, self.rdzv.coordinator());
-        if let Some((node, from)) = self.lost.take()
-            && self.rdzv.node_id() != Some(node.as_str())
-            && let Some(how) = self.rdzv.detection(&node, from)
-        {
-            tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
-            self.report.lost(&node, from, how);
-        }
+        self.report_losses(&round);
         tracing::info!(
             master_addr = %round.master_addr,
             master_port = round.master_port,
@@ -281,6 +277,8 @@ impl<R: Rendezvous> Loop<'_, R> {
             None => None,
         };
         self.attempt = attempt.clone();
+        let members = round.members.iter().map(|m| m.node_id.clone()).collect();
+        self.last_round = Some((round.number, members));
         if let Some(p) = &self.progress {
             p.reset(round.base_rank..round.base_rank + self.cfg.nproc_per_node);
         }
@@ -337,12 +335,7 @@ impl<R: Rendezvous> Loop<'_, R> {
                 self.stop(&mut group, sig, self.cfg.term_timeout).await;
                 Ok(signalled(sig))
             }
-            Wake::Changed(Ok(change)) => {
-                if let Change::MemberLost { node } = &change {
-                    self.lost = Some((node.clone(), round.number));
-                }
-                Ok(Phase::Reform { group, change })
-            }
+            Wake::Changed(Ok(change)) => Ok(Phase::Reform { group, change }),
             Wake::Changed(Err(e)) => {
                 // The workers get their grace (a checkpoint on SIGTERM) before the agent
                 // gives up on the rendezvous.
@@ -471,6 +464,25 @@ impl<R: Rendezvous> Loop<'_, R> {
                 Err(sig) => signalled(sig),
             },
         )
+    }
+
+    /// The members of the last round that `round` lacks were lost: says how each loss was
+    /// noticed.
+    fn report_losses(&mut self, round: &Round) {
+        let Some((from, members)) = self.last_round.take() else {
+            return;
+        };
+        let me = self.rdzv.node_id().map(str::to_owned);
+        let lost = members
+            .iter()
+            .filter(|id| Some(id.as_str()) != me.as_deref())
+            .filter(|id| !round.members.iter().any(|m| &m.node_id == *id));
+        for node in lost {
+            if let Some(how) = self.rdzv.detection(node, from) {
+                tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
+                self.report.lost(node, from, how);
+            }
+        }
     }
 
     /// torchrun's file timer: signals the workers whose scopes expired (the group then
