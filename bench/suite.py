@@ -190,7 +190,11 @@ def bench_trainer(a):
     cmd = [PY, os.path.join(HERE, "trainer.py"), "--runs", str(a.runs_slow), "--agent", a.agent, "--trainer",
            a.trainer] + (["--tiny"] if a.tiny else [])
     log("trainer: " + " ".join(cmd[1:]))
-    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        # Its own output says why (a failed run, a missing binary): show it, then fail.
+        sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
+        r.check_returncode()
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

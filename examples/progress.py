@@ -12,18 +12,28 @@ Without fsdp-agent (FSDP_AGENT_PROGRESS unset) every call does nothing.
 import contextlib
 import os
 import socket
+import time
 
 _path = os.environ.get("FSDP_AGENT_PROGRESS")
 _sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) if _path else None
+if _sock is not None:
+    # A busy agent drops a report; it never stalls training.
+    _sock.setblocking(False)
 _rank = os.environ.get("RANK", "0")
 
 
-def _say(kind, arg):
-    if _sock is not None:
+def _say(kind, arg, tries=1):
+    # A phase's begin and end matter more than one step: they wait up to ~0.1 s for room.
+    for _ in range(tries):
+        if _sock is None:
+            return
         try:
             _sock.sendto(f"{_rank} {kind} {arg}".encode(), _path)
+            return
+        except BlockingIOError:
+            time.sleep(0.002)
         except OSError:
-            pass  # the agent is gone or busy: training goes on
+            return  # the agent is gone: training goes on
 
 
 def step(n):
@@ -34,8 +44,8 @@ def step(n):
 @contextlib.contextmanager
 def phase(name):
     """A long stretch without steps (a checkpoint, an evaluation): judged by its own allowance."""
-    _say("begin", name)
+    _say("begin", name, tries=50)
     try:
         yield
     finally:
-        _say("end", name)
+        _say("end", name, tries=50)

@@ -20,26 +20,41 @@ impl Progress {
 
     /// Reports to the socket at `path`.
     fn to(path: PathBuf, rank: usize) -> Self {
-        let socket = UnixDatagram::unbound().ok().map(|s| (s, path));
+        // Non-blocking: a busy agent drops a report; it never stalls training.
+        let socket = UnixDatagram::unbound()
+            .ok()
+            .filter(|s| s.set_nonblocking(true).is_ok())
+            .map(|s| (s, path));
         Self { socket, rank }
     }
 
-    fn say(&self, what: &str) {
-        if let Some((s, path)) = &self.socket {
-            let _ = s.send_to(format!("{} {what}", self.rank).as_bytes(), path);
+    /// Sends one report, trying `tries` times 2 ms apart while the agent's queue is full.
+    fn say(&self, what: &str, tries: u32) {
+        let Some((s, path)) = &self.socket else {
+            return;
+        };
+        let msg = format!("{} {what}", self.rank);
+        for _ in 0..tries {
+            match s.send_to(msg.as_bytes(), path) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                _ => return,
+            }
         }
     }
 
     pub fn step(&self, n: usize) {
-        self.say(&format!("step {n}"));
+        self.say(&format!("step {n}"), 1);
     }
 
+    // A phase's begin and end matter more than one step: they wait up to ~0.1 s for room.
     pub fn begin(&self, phase: &str) {
-        self.say(&format!("begin {phase}"));
+        self.say(&format!("begin {phase}"), 50);
     }
 
     pub fn end(&self, phase: &str) {
-        self.say(&format!("end {phase}"));
+        self.say(&format!("end {phase}"), 50);
     }
 }
 
