@@ -168,6 +168,28 @@ impl Detection {
     }
 }
 
+/// Where one node's ranks were when a hang was declared in a round (see
+/// [`Rendezvous::report_hang`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HangReport {
+    pub node_id: String,
+    /// This node found the group hung; the others report because it did.
+    pub declared: bool,
+    /// The declaring node's reason; empty for the others.
+    pub reason: String,
+    pub ranks: Vec<RankStep>,
+}
+
+/// One reporting rank's progress in a hung round.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RankStep {
+    pub rank: u32,
+    /// The last step it finished; `None` before its first.
+    pub last_step: Option<u64>,
+    /// The phase it was in, if any.
+    pub phase: Option<String>,
+}
+
 /// The outcome of the exit barrier.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finish {
@@ -224,6 +246,27 @@ pub trait Rendezvous {
     /// How the loss of `node` from round `round` was noticed, when the backend can tell.
     fn detection(&self, _node: &str, _round: u64) -> Option<Detection> {
         None
+    }
+
+    /// Publishes where this node's ranks were in `round`, which hung (one small record per
+    /// node, only on a hang). Backends without shared state keep nothing.
+    async fn report_hang(
+        &mut self,
+        _round: u64,
+        _report: HangReport,
+    ) -> Result<(), RendezvousError> {
+        Ok(())
+    }
+
+    /// The hang reports of `round` published so far, waiting at most `patience` for one
+    /// from every node in `want`.
+    async fn hang_reports(
+        &mut self,
+        _round: u64,
+        _want: &[String],
+        _patience: std::time::Duration,
+    ) -> Vec<HangReport> {
+        Vec::new()
     }
 
     /// Joins the next round and waits until it is sealed.

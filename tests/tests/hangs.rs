@@ -189,10 +189,12 @@ fn log_timestamps_read_as_epoch_seconds() {
 }
 
 /// Two nodes × two ranks on etcd; rank 3 (node 1) stalls after step 10. Every node's
-/// workers stop progressing, the hang is found, the failure is charged job-wide, and both
-/// nodes restart from the checkpoint with the same restart count and finish.
+/// workers stop progressing, the hang is found, the failure is charged job-wide, every
+/// node publishes where its ranks were, the node that declared the hang names rank 3 on
+/// node 1 as the one behind, and both nodes restart from the checkpoint with the same
+/// restart count and finish.
 #[test]
-fn a_stall_on_one_node_restarts_both_from_the_checkpoint() {
+fn a_stall_on_one_node_is_named_across_nodes_and_both_restart_from_the_checkpoint() {
     let mut job = fsdp_tests::job::Job::new("hang2", "2:2", 1, 0, 18);
     job.rdzv_conf = "last_call_timeout=1,keep_alive_ttl=3".into();
     let ckpt = job.dir.path().join("ckpt");
@@ -212,9 +214,6 @@ fn a_stall_on_one_node_restarts_both_from_the_checkpoint() {
     for p in &mut pods {
         assert_eq!(p.wait(LIMIT), 0, "{}", p.output());
     }
-    // Either node may look first: the stalled rank's node names it, the other says the
-    // rank behind is elsewhere (naming it across nodes is not built yet). No node blames
-    // a rank that kept up.
     let errs: Vec<String> = pods.iter().map(|p| p.stderr()).collect();
     let declared: Vec<&String> = errs
         .iter()
@@ -222,11 +221,38 @@ fn a_stall_on_one_node_restarts_both_from_the_checkpoint() {
         .collect();
     assert!(!declared.is_empty(), "{}", errs.join("\n"));
     for e in declared {
+        // Locally, a node sees either its own rank behind or that it is elsewhere...
         assert!(
             e.contains("behind it: rank 3") || e.contains("the rank behind is on another node"),
             "{e}"
         );
+        // ...and across nodes, every declaring node names the rank and its node.
+        let culprit = e
+            .lines()
+            .find(|l| l.contains("the hang's culprit"))
+            .unwrap_or_else(|| panic!("no culprit named\n{}", errs.join("\n")));
+        assert!(
+            // Node ids are "<host>-<pid>-<suffix>", and a pod's host name is its own.
+            culprit.contains("rank 3 on node pod1-")
+                && culprit.contains("last finished step 9; all others finished step 10"),
+            "{culprit}"
+        );
     }
+    // The records stay in etcd: `fsdp-agent status` says who the last hang points at.
+    let (_, table, _) = fsdp_tests::status_cmd(&[
+        "--rdzv-endpoint",
+        &job.etcd.endpoint(),
+        "--rdzv-id",
+        &job.run_id,
+    ]);
+    let last = table
+        .lines()
+        .find(|l| l.starts_with("last hang"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        last.contains("round 0: rank 3 on node pod1-") && last.contains("last finished step 9"),
+        "{table}"
+    );
     for p in &pods {
         let out = p.stdout();
         let resumed = resumed_steps(&out);
@@ -235,5 +261,68 @@ fn a_stall_on_one_node_restarts_both_from_the_checkpoint() {
             "{}",
             p.output()
         );
+    }
+}
+
+/// `fsdp-agent status` shows the straggler view while a job runs: every reporting rank of
+/// the round, asked from its agent, with its node and its last step's time (0.2 s steps).
+#[test]
+fn status_shows_the_slowest_ranks_of_a_running_job() {
+    let mut job = fsdp_tests::job::Job::new("slow2", "2:2", 1, 0, 19);
+    job.rdzv_conf = "last_call_timeout=1".into();
+    let ckpt = job.dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let worker: Vec<String> = vec![
+        workspace_file("tests/py/hang_worker.py")
+            .display()
+            .to_string(),
+        ckpt.display().to_string(),
+        "60".into(),
+        "0".into(),
+        "99".into(),
+    ];
+    let mut pods: Vec<_> = (0..2)
+        .map(|i| job.pod_running(i, 2, &[], &worker))
+        .collect();
+    let refs: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
+    job.progresses(5, &refs);
+    let endpoint = job.etcd.endpoint();
+    let (code, table, err) =
+        fsdp_tests::status_cmd(&["--rdzv-endpoint", &endpoint, "--rdzv-id", &job.run_id]);
+    assert_eq!(code, 0, "{err}");
+    let view: Vec<&str> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("slowest ranks"))
+        .skip(2)
+        .collect();
+    assert_eq!(view.len(), 4, "{table}");
+    let mut ranks: Vec<u32> = Vec::new();
+    for line in &view {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        ranks.push(cells[0].parse().unwrap());
+        assert!(
+            cells[1].starts_with("pod0-") || cells[1].starts_with("pod1-"),
+            "{table}"
+        );
+        let step_time: f64 = cells[3].trim_end_matches('s').parse().unwrap();
+        assert!((0.1..5.0).contains(&step_time), "{table}");
+    }
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1, 2, 3], "{table}");
+    let (_, json, _) = fsdp_tests::status_cmd(&[
+        "--json",
+        "--rdzv-endpoint",
+        &endpoint,
+        "--rdzv-id",
+        &job.run_id,
+    ]);
+    let j: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        j["slowest_ranks"].as_array().map(Vec::len),
+        Some(4),
+        "{json}"
+    );
+    for p in &mut pods {
+        assert_eq!(p.wait(LIMIT), 0, "{}", p.output());
     }
 }

@@ -79,7 +79,7 @@ fn a_node_cut_off_fences_itself_before_the_others_re_form_and_rejoins_when_heale
 /// data: nobody restarts.
 #[test]
 fn an_agent_slow_to_reconnect_to_an_etcd_back_empty_restarts_no_worker() {
-    let mut job = Job::new("stagger", "2:2", 0, 1_000_000, 9);
+    let mut job = Job::new("stagger", "2:2", 0, 1_000_000, 10);
     // A TTL that outlasts the freeze below: the slow agent has no reason to fence.
     job.rdzv_conf = "last_call_timeout=1,keep_alive_ttl=6".into();
     let (p0, p1) = (job.pod(0, &[]), job.pod(1, &[]));

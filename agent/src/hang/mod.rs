@@ -10,6 +10,7 @@
 //! signals and the rendezvous, and a hang ends like a crash: stacks dumped ([`dump`]),
 //! workers stopped, a restart charged.
 
+pub mod culprit;
 pub mod dump;
 pub mod file_timer;
 pub mod progress;

@@ -20,6 +20,7 @@
 //! [`crate::policy`]. A new event (say, "a worker hung") is one more [`Wake`] variant
 //! and the phase it leads to.
 
+mod hang;
 mod report;
 #[cfg(test)]
 mod tests;
@@ -36,7 +37,7 @@ use crate::config::Config;
 use crate::error::AgentError;
 use crate::exit_code;
 use crate::failure::{Failure, WorkerExit, summary};
-use crate::hang::{self, Progress, Verdict};
+use crate::hang::{Progress, Verdict};
 use crate::policy::{Budget, budget, restart_backoff};
 use crate::signals::Signals;
 use crate::status::Board;
@@ -70,7 +71,11 @@ enum Phase {
     /// The workers run: wait for them, the group, or a signal.
     Running { round: Round, group: WorkerGroup },
     /// The group changed: stop the workers, then join the next round.
-    Reform { group: WorkerGroup, change: Change },
+    Reform {
+        round: Round,
+        group: WorkerGroup,
+        change: Change,
+    },
     /// A worker failed: stop the rest, report the failure, back off, join again.
     Failed {
         round: Round,
@@ -133,10 +138,11 @@ async fn supervise<R: Rendezvous>(
         last_failure: None,
         last_restart_count: 0,
         last_round: None,
-        progress: progress_socket(cfg),
-        file_timer: file_timer(),
+        progress: hang::progress_socket(cfg),
+        file_timer: hang::file_timer(),
         group_start: std::time::Instant::now(),
         attempt: None,
+        declared_hang: None,
     };
     let mut phase = Phase::Join;
     loop {
@@ -144,7 +150,11 @@ async fn supervise<R: Rendezvous>(
             Phase::Join => l.join().await?,
             Phase::Start(round) => l.start(round).await?,
             Phase::Running { round, group } => l.running(round, group).await?,
-            Phase::Reform { group, change } => l.reform(group, change).await,
+            Phase::Reform {
+                round,
+                group,
+                change,
+            } => l.reform(round, group, change).await,
             Phase::Failed {
                 round,
                 group,
@@ -176,10 +186,13 @@ struct Loop<'a, R> {
     /// The workers' progress reports, when hang detection is on.
     progress: Option<Progress>,
     /// torchrun's file-timer watchdog, when `TORCHELASTIC_ENABLE_FILE_TIMER=1`.
-    file_timer: Option<hang::file_timer::FileTimer>,
+    file_timer: Option<crate::hang::file_timer::FileTimer>,
     /// When the running group started, and its attempt directory (for hang dumps).
     group_start: std::time::Instant,
     attempt: Option<PathBuf>,
+    /// The round this node found hung, and its members: the culprit is named once every
+    /// node had the chance to say where its ranks were.
+    declared_hang: Option<(u64, Vec<String>)>,
 }
 
 /// Leaving after `sig`: the run goes on without this node.
@@ -225,6 +238,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         };
         self.report.formed(&round, self.rdzv.coordinator());
         self.report_losses(&round);
+        self.name_culprit().await;
         tracing::info!(
             master_addr = %round.master_addr,
             master_port = round.master_port,
@@ -335,7 +349,11 @@ impl<R: Rendezvous> Loop<'_, R> {
                 self.stop(&mut group, sig, self.cfg.term_timeout).await;
                 Ok(signalled(sig))
             }
-            Wake::Changed(Ok(change)) => Ok(Phase::Reform { group, change }),
+            Wake::Changed(Ok(change)) => Ok(Phase::Reform {
+                round,
+                group,
+                change,
+            }),
             Wake::Changed(Err(e)) => {
                 // The workers get their grace (a checkpoint on SIGTERM) before the agent
                 // gives up on the rendezvous.
@@ -364,7 +382,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         }
     }
 
-    async fn reform(&mut self, mut group: WorkerGroup, change: Change) -> Phase {
+    async fn reform(&mut self, round: Round, mut group: WorkerGroup, change: Change) -> Phase {
         // A fenced node's workers must be gone before etcd can expire its lease and hand
         // their ranks to others: their grace is cut to half the time left.
         let grace = match &change {
@@ -384,6 +402,10 @@ impl<R: Rendezvous> Loop<'_, R> {
             .broke(change_label(&change), Shown::Stopping, describe(&change));
         let late = self.stop(&mut group, Signal::SIGTERM, grace).await;
         self.report.workers(&group, false);
+        if matches!(change, Change::PeerFailed { .. }) && late.is_none() {
+            // A node that found the group hung charges a failure after saying so.
+            self.answer_hang(&round).await;
+        }
         self.report.show(
             Shown::Rendezvous,
             format!("re-forming: {}", describe(&change)),
@@ -458,12 +480,12 @@ impl<R: Rendezvous> Loop<'_, R> {
             backoff_ms = pause.as_millis() as u64,
             "worker failure reported; re-forming"
         );
-        Ok(
-            match Self::interruptible(self.signals, tokio::time::sleep(pause)).await {
-                Ok(()) => Phase::Join,
-                Err(sig) => signalled(sig),
-            },
-        )
+        if let Err(sig) = Self::interruptible(self.signals, tokio::time::sleep(pause)).await {
+            return Ok(signalled(sig));
+        }
+        // Our workers may have failed because another node stopped its hung ones.
+        self.answer_hang(&round).await;
+        Ok(Phase::Join)
     }
 
     /// The members of the last round that `round` lacks were lost: says how each loss was
@@ -482,85 +504,6 @@ impl<R: Rendezvous> Loop<'_, R> {
                 tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
                 self.report.lost(node, from, how);
             }
-        }
-    }
-
-    /// torchrun's file timer: signals the workers whose scopes expired (the group then
-    /// fails like any crash and restarts); returns how long until the next expires.
-    fn reap_expired_scopes(&mut self, group: &WorkerGroup) -> Option<Duration> {
-        let timer = self.file_timer.as_ref()?;
-        let (expired, next) = timer.expired();
-        let pids = group.pids();
-        for s in expired {
-            if s.signal <= 0 || !hang::file_timer::ours(s.pid, &pids) {
-                continue;
-            }
-            let Ok(signal) = Signal::try_from(s.signal) else {
-                continue;
-            };
-            tracing::warn!(scope = %s.scope_id, pid = s.pid, %signal, "a file-timer scope expired; signalling its worker");
-            self.report.hung();
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.pid), signal);
-        }
-        next
-    }
-
-    /// The hang judge's verdict on the running group now (and the ranks' progress, for
-    /// the straggler metrics).
-    fn hang_verdict(&self) -> Verdict {
-        let Some(p) = &self.progress else {
-            return Verdict::Healthy { recheck_at: None };
-        };
-        let now = std::time::Instant::now();
-        let ranks = p.snapshot();
-        self.report.ranks(&ranks, now);
-        hang::judge(now, self.group_start, &ranks, &self.cfg.hang)
-    }
-
-    /// The group hangs: capture where every worker is, then fail it like a crash (the
-    /// rank behind the others, if it is local, is named as the failing one).
-    async fn hung(
-        &mut self,
-        round: Round,
-        group: WorkerGroup,
-        behind: &[u32],
-        reason: String,
-    ) -> Phase {
-        tracing::error!(%reason, "the worker group is hung");
-        let workers: Vec<(u32, u32)> = group
-            .statuses()
-            .iter()
-            .filter(|w| w.exit.is_none())
-            .map(|w| (w.rank, w.pid))
-            .collect();
-        let dir = self.attempt.clone();
-        let dumps =
-            tokio::task::spawn_blocking(move || hang::dump::dump_all(&workers, dir.as_deref()))
-                .await
-                .unwrap_or_default();
-        for d in &dumps {
-            let path = d.path.as_ref().map(|p| p.display().to_string());
-            tracing::warn!(rank = d.rank, pid = d.pid, dump = ?path, "where the hung worker is:\n{}", d.top(12));
-        }
-        self.report.hung();
-        let statuses = group.statuses();
-        let culprit = statuses
-            .iter()
-            .find(|w| behind.contains(&w.rank))
-            .or(statuses.first());
-        let first = Failure {
-            local_rank: culprit.map_or(0, |w| w.local_rank),
-            rank: culprit.map_or(0, |w| w.rank),
-            pid: culprit.map_or(0, |w| w.pid),
-            exit: WorkerExit::Hung,
-            at: std::time::SystemTime::now(),
-            error_file: None,
-            report: None,
-        };
-        Phase::Failed {
-            round,
-            group,
-            first,
         }
     }
 
@@ -626,35 +569,6 @@ impl<R: Rendezvous> Loop<'_, R> {
             Err(sig) => tracing::warn!(signal = %sig, "signal while leaving the run; not waiting"),
         }
         Ok(exit)
-    }
-}
-
-/// The socket workers report progress to, unless hang detection is off (or the socket
-/// cannot be made: then nobody is judged, and the agent says so).
-fn progress_socket(cfg: &Config) -> Option<Progress> {
-    if cfg.hang.timeout == hang::HangTimeout::Off {
-        return None;
-    }
-    match Progress::start(&std::env::temp_dir()) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot open the progress socket; hangs will not be detected");
-            None
-        }
-    }
-}
-
-/// torchrun's file-timer server, when the agent's environment asks for it.
-fn file_timer() -> Option<hang::file_timer::FileTimer> {
-    match hang::file_timer::FileTimer::from_env()? {
-        Ok(t) => {
-            tracing::info!(path = %t.path().display(), "serving torchrun's file timer");
-            Some(t)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot make the file-timer FIFO; expired scopes will not be reaped");
-            None
-        }
     }
 }
 

@@ -62,6 +62,11 @@ impl Reporter {
         self.board.hung();
     }
 
+    /// The hang this node declared in `round` points at this (see [`crate::hang::culprit`]).
+    pub fn culprit(&self, round: u64, text: &str) {
+        self.board.culprit(round, text);
+    }
+
     /// The group lost `node` from `round`, noticed this way.
     pub fn lost(&self, node: &str, round: u64, how: fsdp_rendezvous::Detection) {
         self.board.lost(node, round, how);

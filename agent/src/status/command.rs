@@ -92,7 +92,20 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let mut client = fsdp_rendezvous::etcd::connect(&cfg.options).await?;
-        inspect(&mut client, &cfg.prefix, &cfg.run_id).await
+        let Some(run) = inspect(&mut client, &cfg.prefix, &cfg.run_id).await? else {
+            return Ok(None);
+        };
+        let ranks = slowest_ranks(&run).await;
+        let last_hang = run.last_hang.as_ref().map(|h| {
+            let nodes: Vec<String> = h.reports.iter().map(|r| r.node_id.clone()).collect();
+            let blame = crate::hang::culprit::blame(&h.reports, &nodes);
+            format!("round {}: {}", h.round, blame.text)
+        });
+        Ok::<_, fsdp_rendezvous::RendezvousError>(Some(Shown {
+            run,
+            slowest_ranks: ranks,
+            last_hang,
+        }))
     });
     match result {
         Ok(Some(report)) => {
@@ -134,8 +147,145 @@ fn usage(msg: &str) -> ExitCode {
     ExitCode::from(exit_code::CONFIG)
 }
 
-/// The report as a table: the run's facts, then one line per node.
-pub fn table(r: &RunReport) -> String {
+/// What the command shows: the run from etcd, and the slowest ranks as their agents
+/// report them.
+#[derive(Debug, serde::Serialize)]
+pub struct Shown {
+    #[serde(flatten)]
+    pub run: RunReport,
+    /// The reporting ranks of the round, slowest last step first (at most [`SLOWEST`]).
+    pub slowest_ranks: Vec<RankLine>,
+    /// Who the latest hang points at, in words.
+    pub last_hang: Option<String>,
+}
+
+/// One rank in the straggler view.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RankLine {
+    pub rank: u32,
+    pub node_id: String,
+    pub last_step: u64,
+    pub step_seconds: f64,
+    pub silent_seconds: f64,
+}
+
+/// Ranks the straggler view lists.
+pub const SLOWEST: usize = 5;
+/// How long an agent's status port may take to answer: status must answer quickly even
+/// when some agents do not.
+const ASK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Asks every member of the round for its ranks' progress (at once, each within
+/// [`ASK_PATIENCE`]) and keeps the slowest.
+async fn slowest_ranks(run: &RunReport) -> Vec<RankLine> {
+    let asks = run
+        .members
+        .iter()
+        .filter(|m| m.group_rank.is_some() && !m.status_addr.is_empty())
+        .map(|m| async move {
+            let ask = async {
+                let endpoint =
+                    tonic::transport::Endpoint::from_shared(format!("http://{}", m.status_addr))
+                        .ok()?
+                        .connect_timeout(ASK_PATIENCE);
+                let mut client = fsdp_proto::v1::agent_status_client::AgentStatusClient::new(
+                    endpoint.connect().await.ok()?,
+                );
+                let state = client
+                    .get_status(fsdp_proto::v1::GetStatusRequest {})
+                    .await
+                    .ok()?
+                    .into_inner();
+                Some(state.ranks)
+            };
+            let ranks = tokio::time::timeout(ASK_PATIENCE, ask)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            ranks.into_iter().map(|r| RankLine {
+                rank: r.rank,
+                node_id: m.node_id.clone(),
+                last_step: r.last_step,
+                step_seconds: r.step_seconds,
+                silent_seconds: r.silent_seconds,
+            })
+        });
+    let all: Vec<RankLine> = futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    slowest(all)
+}
+
+/// The [`SLOWEST`] ranks by last step time, slowest first (ties: lower rank first).
+pub fn slowest(mut all: Vec<RankLine>) -> Vec<RankLine> {
+    all.sort_by(|a, b| {
+        b.step_seconds
+            .total_cmp(&a.step_seconds)
+            .then(a.rank.cmp(&b.rank))
+    });
+    all.truncate(SLOWEST);
+    all
+}
+
+/// The report as a table: the run's facts, one line per node, then the slowest ranks.
+pub fn table(shown: &Shown) -> String {
+    use std::fmt::Write;
+    let mut out = run_table(&shown.run);
+    if let Some(h) = &shown.last_hang {
+        let _ = writeln!(out, "\n{:<12} {h}", "last hang");
+    }
+    if !shown.slowest_ranks.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nslowest ranks (last step time, as their agents report):"
+        );
+        let rows: Vec<Vec<String>> = shown
+            .slowest_ranks
+            .iter()
+            .map(|r| {
+                vec![
+                    r.rank.to_string(),
+                    r.node_id.clone(),
+                    r.last_step.to_string(),
+                    format!("{:.3}s", r.step_seconds),
+                    format!("{:.1}s", r.silent_seconds),
+                ]
+            })
+            .collect();
+        columns(
+            &mut out,
+            &["RANK", "NODE", "LAST STEP", "STEP TIME", "SILENT"],
+            &rows,
+        );
+    }
+    out
+}
+
+/// Writes `rows` under `header`, each column as wide as its widest cell.
+fn columns(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    use std::fmt::Write;
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+}
+
+/// The run's facts, then one line per node.
+fn run_table(r: &RunReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
@@ -164,33 +314,23 @@ pub fn table(r: &RunReport) -> String {
     for c in &r.corrupt {
         let _ = writeln!(out, "{:<12} {c}", "untrusted");
     }
-    let rows: Vec<[String; 6]> = r.members.iter().map(row).collect();
-    let header = ["NODE", "ADDR", "RANK", "GLOBAL RANKS", "NPROC", "STATE"].map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
-    for row in &rows {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
+    let rows: Vec<Vec<String>> = r.members.iter().map(row).collect();
     let _ = writeln!(out);
-    for row in std::iter::once(&header).chain(&rows) {
-        let line: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-    }
+    columns(
+        &mut out,
+        &["NODE", "ADDR", "RANK", "GLOBAL RANKS", "NPROC", "STATE"],
+        &rows,
+    );
     out
 }
 
-fn row(m: &MemberReport) -> [String; 6] {
+fn row(m: &MemberReport) -> Vec<String> {
     let ranks = match m.base_rank {
         Some(b) if m.nproc > 1 => format!("{b}-{}", b + m.nproc - 1),
         Some(b) => b.to_string(),
         None => "-".into(),
     };
-    [
+    vec![
         m.node_id.clone(),
         m.addr.clone(),
         m.group_rank.map_or("-".into(), |g| g.to_string()),
@@ -198,4 +338,58 @@ fn row(m: &MemberReport) -> [String; 6] {
         m.nproc.to_string(),
         format!("{:?}", m.state).to_lowercase(),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(rank: u32, step_seconds: f64) -> RankLine {
+        RankLine {
+            rank,
+            node_id: format!("n{}", rank / 2),
+            last_step: 10,
+            step_seconds,
+            silent_seconds: 0.1,
+        }
+    }
+
+    #[test]
+    fn the_slowest_ranks_come_first_and_only_a_few() {
+        let all: Vec<RankLine> = [0.2, 0.9, 0.2, 0.5, 0.3, 0.2, 0.4]
+            .iter()
+            .enumerate()
+            .map(|(r, s)| line(r as u32, *s))
+            .collect();
+        let ranks: Vec<u32> = slowest(all).iter().map(|r| r.rank).collect();
+        assert_eq!(ranks, [1, 3, 6, 4, 0]);
+    }
+
+    #[test]
+    fn the_table_shows_the_last_hang_and_the_straggler_view() {
+        let run = RunReport {
+            run_id: "job".into(),
+            round: Some(2),
+            round_reason: String::new(),
+            restarts: 1,
+            world_size: 2,
+            master: None,
+            coordinator: None,
+            members: Vec::new(),
+            health: fsdp_rendezvous::etcd::inspect::Health::Healthy,
+            health_reason: "ok".into(),
+            corrupt: Vec::new(),
+            last_hang: None,
+        };
+        let shown = Shown {
+            run,
+            slowest_ranks: vec![line(1, 0.9), line(0, 0.2)],
+            last_hang: Some("round 1: rank 1 on node n0 last finished step 9".into()),
+        };
+        let t = table(&shown);
+        assert!(t.contains("last hang    round 1: rank 1 on node n0"), "{t}");
+        let view: Vec<&str> = t.lines().skip_while(|l| !l.starts_with("RANK")).collect();
+        assert_eq!(view.len(), 3, "{t}");
+        assert!(view[1].starts_with("1     n0    10         0.900s"), "{t}");
+    }
 }

@@ -231,7 +231,22 @@ impl Board {
 
     /// The local ranks' progress as last judged.
     pub fn ranks(&self, ranks: Vec<RankView>) {
-        self.lock().ranks = ranks;
+        let mut s = self.lock();
+        s.state.ranks = ranks
+            .iter()
+            .map(|r| fsdp_proto::v1::RankStatus {
+                rank: r.rank,
+                last_step: r.last_step,
+                step_seconds: r.step_seconds,
+                silent_seconds: r.silent_seconds,
+            })
+            .collect();
+        s.ranks = ranks;
+    }
+
+    /// Who the hang this node declared in `round` points at.
+    pub fn culprit(&self, round: u64, text: &str) {
+        self.lock().state.last_hang = format!("round {round}: {text}");
     }
 
     /// The group lost `node` from `round`, noticed this way.

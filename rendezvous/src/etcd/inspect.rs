@@ -28,6 +28,15 @@ pub struct RunReport {
     pub health_reason: String,
     /// Keys holding values that cannot be trusted, with the reason.
     pub corrupt: Vec<String>,
+    /// The latest round that hung: where every reporting node's ranks were.
+    pub last_hang: Option<HangRound>,
+}
+
+/// The reports of a round that hung.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HangRound {
+    pub round: u64,
+    pub reports: Vec<crate::HangReport>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -40,6 +49,8 @@ pub struct MemberReport {
     /// Global ranks `base_rank .. base_rank + nproc`.
     pub base_rank: Option<u32>,
     pub state: MemberState,
+    /// Where its agent's status port answers, empty if it serves none.
+    pub status_addr: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -99,6 +110,10 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
         health: Health::Forming,
         health_reason: String::new(),
         corrupt: v.corrupt.values().cloned().collect(),
+        last_hang: v.hangs.last_key_value().map(|(round, h)| HangRound {
+            round: *round,
+            reports: h.values().map(super::hang_report).collect(),
+        }),
     };
     let round = v.round.as_ref().map(|e| &e.record);
     let done = round.and_then(|rd| v.done.get(&rd.number));
@@ -122,7 +137,15 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
             } else {
                 MemberState::Missing
             };
+            let status_addr = v
+                .members
+                .get(&m.node_id)
+                .map(|e| &e.record)
+                .or_else(|| rd.members.iter().find(|x| x.node_id == m.node_id))
+                .map(|x| x.status_addr.clone())
+                .unwrap_or_default();
             r.members.push(MemberReport {
+                status_addr,
                 group_rank: Some(m.group_rank),
                 base_rank: Some(m.base_rank),
                 node_id: m.node_id,
@@ -146,6 +169,7 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
             group_rank: None,
             base_rank: None,
             state: MemberState::Waiting,
+            status_addr: m.record.status_addr.clone(),
         });
     }
     let count = |s: MemberState| r.members.iter().filter(|m| m.state == s).count();

@@ -8,6 +8,7 @@
 //! <prefix>/<run_id>/ctl/coordinator      Coordinator  lease-bound election key
 //! <prefix>/<run_id>/ctl/done/<n>/<node>  Done         the node's workers all succeeded in round n
 //! <prefix>/<run_id>/ctl/gone/<n>/<node>  Gone         how the node's loss from round n was noticed
+//! <prefix>/<run_id>/ctl/hang/<n>/<node>  HangReport   where the node's ranks were when round n hung
 //! ```
 //!
 //! Members and control keys live under different prefixes so that agents can watch member
@@ -138,6 +139,14 @@ impl Keys {
 
     pub fn gone(&self, round: u64, node_id: &str) -> String {
         format!("{}ctl/gone/{round:020}/{node_id}", self.root)
+    }
+
+    pub fn hang_prefix(&self) -> String {
+        format!("{}ctl/hang/", self.root)
+    }
+
+    pub fn hang(&self, round: u64, node_id: &str) -> String {
+        format!("{}ctl/hang/{round:020}/{node_id}", self.root)
     }
 
     pub fn coordinator(&self) -> String {

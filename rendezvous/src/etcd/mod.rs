@@ -510,6 +510,24 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
     }
 }
 
+/// A stored hang report as the agent reads it.
+pub fn hang_report(h: &v1::HangReport) -> crate::HangReport {
+    crate::HangReport {
+        node_id: h.node_id.clone(),
+        declared: h.declared,
+        reason: h.reason.clone(),
+        ranks: h
+            .ranks
+            .iter()
+            .map(|r| crate::RankStep {
+                rank: r.rank,
+                last_step: r.last_step,
+                phase: Some(r.phase.clone()).filter(|p| !p.is_empty()),
+            })
+            .collect(),
+    }
+}
+
 impl Rendezvous for EtcdRendezvous {
     fn backend(&self) -> &'static str {
         "etcd"
@@ -627,6 +645,48 @@ impl Rendezvous for EtcdRendezvous {
             self.watcher = None;
         }
         change
+    }
+
+    async fn report_hang(
+        &mut self,
+        round: u64,
+        report: crate::HangReport,
+    ) -> Result<(), RendezvousError> {
+        let record = v1::HangReport {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round,
+            node_id: self.cfg.node_id.clone(),
+            declared: report.declared,
+            reason: report.reason,
+            ranks: report
+                .ranks
+                .into_iter()
+                .map(|r| v1::RankStep {
+                    rank: r.rank,
+                    last_step: r.last_step,
+                    phase: r.phase.unwrap_or_default(),
+                })
+                .collect(),
+        };
+        self.ask(Command::ReportHang { report: record }).await
+    }
+
+    async fn hang_reports(
+        &mut self,
+        round: u64,
+        want: &[String],
+        patience: Duration,
+    ) -> Vec<crate::HangReport> {
+        let all_in = |v: &View| {
+            let have = v.hangs.get(&round);
+            want.iter().all(|n| have.is_some_and(|h| h.contains_key(n)))
+        };
+        let _ = tokio::time::timeout(patience, self.view.wait_for(all_in)).await;
+        let v = self.view.borrow();
+        v.hangs
+            .get(&round)
+            .map(|h| h.values().map(hang_report).collect())
+            .unwrap_or_default()
     }
 
     async fn record_failure(&mut self) -> Result<u32, RendezvousError> {

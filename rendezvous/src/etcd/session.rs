@@ -49,6 +49,8 @@ pub enum Command {
     ReportFailure { round: u64 },
     /// This node's workers all succeeded in `round`.
     ReportDone { round: u64 },
+    /// Where this node's ranks were when its round hung.
+    ReportHang { report: v1::HangReport },
     /// Revoke the lease (the others learn at once) and end the session.
     Depart { how: Departure },
     /// This node fenced itself: at the next contact with etcd, revoke the lease (the
@@ -946,6 +948,7 @@ impl Session {
             }
             Command::ReportFailure { round } => self.report_failure(*round).await,
             Command::ReportDone { round } => self.report_done(*round).await,
+            Command::ReportHang { report } => self.report_hang(report).await,
             Command::Depart { how } => {
                 self.depart(*how).await;
                 Ok(())
@@ -1045,6 +1048,19 @@ impl Session {
             .await
             .map_err(|source| RendezvousError::Etcd {
                 what: "reporting a worker failure",
+                source,
+            })?;
+        self.wrote();
+        Ok(())
+    }
+
+    async fn report_hang(&mut self, report: &v1::HangReport) -> Result<(), RendezvousError> {
+        let key = self.keys.hang(report.round, &self.node_id);
+        self.client
+            .put(key, report.encode_to_vec(), None)
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "reporting where this node's ranks were in a hang",
                 source,
             })?;
         self.wrote();

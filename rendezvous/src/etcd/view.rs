@@ -23,6 +23,9 @@ pub struct RoundEntry {
     pub mod_rev: i64,
 }
 
+/// Rounds whose hang reports a view keeps.
+const HANG_ROUNDS_KEPT: usize = 4;
+
 #[derive(Debug, Clone, Default)]
 pub struct View {
     /// A watch is established and the view is current.
@@ -42,6 +45,8 @@ pub struct View {
     pub corrupt: BTreeMap<String, String>,
     /// How each lost member's loss was noticed, by node (the latest round's record).
     pub gone: BTreeMap<String, v1::Gone>,
+    /// Hang reports of the latest rounds that hung, by round and node.
+    pub hangs: BTreeMap<u64, BTreeMap<String, v1::HangReport>>,
     /// The earliest moment etcd could expire this agent's lease ([`crate::fence`]); not
     /// from the keys but from the session's lease traffic.
     pub lease_safe_until: Option<Instant>,
@@ -123,6 +128,18 @@ impl View {
                     .is_none_or(|old| old.round <= g.round);
                 if newer {
                     self.gone.insert(g.node_id.clone(), g);
+                }
+            }
+        } else if key.starts_with(&keys.hang_prefix()) {
+            if let Some(h) = decoded::<v1::HangReport>(&mut self.corrupt, key, value) {
+                self.hangs
+                    .entry(h.round)
+                    .or_default()
+                    .insert(h.node_id.clone(), h);
+                // Only the latest hangs matter (the declaring node names the culprit at
+                // the next round; status shows the last one).
+                while self.hangs.len() > HANG_ROUNDS_KEPT {
+                    self.hangs.pop_first();
                 }
             }
         } else if key.starts_with(&keys.done_prefix()) {
@@ -216,6 +233,27 @@ mod tests {
         v.put(&keys, &keys.round(), &good.encode_to_vec(), 1, 2, 0);
         assert_eq!(v.round.as_ref().unwrap().record.number, 3);
         assert!(v.corruption().is_none());
+    }
+
+    #[test]
+    fn hang_reports_are_kept_by_round_for_the_latest_rounds_only() {
+        let keys = Keys::new("/fsdp", "r").unwrap();
+        let mut v = View::default();
+        for round in 0..6u64 {
+            for node in ["a", "b"] {
+                let h = v1::HangReport {
+                    schema: fsdp_proto::SCHEMA_VERSION,
+                    round,
+                    node_id: node.into(),
+                    ..Default::default()
+                };
+                v.put(&keys, &keys.hang(round, node), &h.encode_to_vec(), 1, 1, 0);
+            }
+        }
+        assert!(v.corruption().is_none());
+        let rounds: Vec<u64> = v.hangs.keys().copied().collect();
+        assert_eq!(rounds, [2, 3, 4, 5]);
+        assert_eq!(v.hangs[&5].len(), 2);
     }
 
     #[test]
