@@ -39,7 +39,7 @@ RUN apt-get update \
 RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --upgrade pip \
  && /opt/venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
- && /opt/venv/bin/pip install --no-cache-dir numpy
+ && /opt/venv/bin/pip install --no-cache-dir numpy py-spy
 
 # tch/torch-sys find libtorch through the venv's torch instead of downloading their own.
 ENV PATH=/opt/venv/bin:${PATH} \
@@ -56,7 +56,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && cp target/release/fsdp-agent target/release/fsdp-trainer /out/
 
 FROM ${RUNTIME_BASE} AS runtime
-# python3 for the venv (and for users' own train.py); procps for `ps`/`pkill` when
+# python3 for the venv (and for users' own train.py; py-spy in it dumps hung workers); procps for `ps`/`pkill` when
 # testing resiliency from `kubectl exec`. Nothing else: the wheel ships its own OpenMP
 # and, for CUDA, the nvidia-* wheels ship CUDA's runtime and NCCL.
 RUN apt-get update \
