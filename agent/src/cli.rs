@@ -249,7 +249,9 @@ pub struct Args {
 
     /// Hang detection, for workers that report progress (`FSDP_AGENT_PROGRESS`): `auto`
     /// (ten times the slowest recent step, at least `--hang-min`), seconds per step, or
-    /// `off`. Workers that never report are never judged.
+    /// `off`; then optionally `,startup=D` (before the first step, default 600 s),
+    /// `,phase=D` (inside any reported phase, default 1800 s) and `,NAME=D` (inside the
+    /// phase NAME), e.g. `auto,checkpoint=2h`. Workers that never report are never judged.
     #[arg(
         long = "hang-timeout",
         visible_alias = "hang_timeout",

@@ -374,19 +374,9 @@ impl Resolver<'_> {
     }
 
     fn hang(&mut self, timeout: &str, min: &str) -> Result<crate::hang::HangConfig, ConfigError> {
-        use crate::hang::{HangConfig, HangTimeout};
         let min = self.value("hang-min", min, parse::duration)?;
-        let timeout = self.value("hang-timeout", timeout, |s| match s {
-            "auto" => Ok(HangTimeout::Auto { min }),
-            "off" => Ok(HangTimeout::Off),
-            other => parse::duration(other)
-                .map(HangTimeout::Fixed)
-                .map_err(|e| format!("{e}; or 'auto' or 'off'")),
-        })?;
-        Ok(HangConfig {
-            timeout,
-            startup: crate::hang::STARTUP,
-            phase: crate::hang::PHASE,
+        self.value("hang-timeout", timeout, |s| {
+            crate::hang::HangConfig::parse(s, min, parse::duration)
         })
     }
 

@@ -15,6 +15,7 @@ pub mod dump;
 pub mod file_timer;
 pub mod progress;
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 pub use progress::{Progress, RankProgress};
@@ -31,13 +32,68 @@ pub enum HangTimeout {
 }
 
 /// What [`judge`] needs besides the progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HangConfig {
     pub timeout: HangTimeout,
     /// Until a rank's first step after a (re)start: imports, data loading, compilation.
     pub startup: Duration,
     /// Inside a named phase (a checkpoint): the phase reports where it is.
     pub phase: Duration,
+    /// Allowances of particular phases, by name, instead of `phase`.
+    pub phases: BTreeMap<String, Duration>,
+}
+
+impl HangConfig {
+    /// Parses `--hang-timeout`: `auto`, `off` or seconds per step, then optionally
+    /// `,startup=D`, `,phase=D` (any phase) and `,<name>=D` (the phase of that name), with
+    /// durations as `parse_duration` reads them; `min` is `--hang-min`.
+    pub fn parse(
+        spec: &str,
+        min: Duration,
+        parse_duration: impl Fn(&str) -> Result<Duration, String>,
+    ) -> Result<Self, String> {
+        let mut parts = spec.split(',').map(str::trim);
+        let timeout = match parts.next().unwrap_or_default() {
+            "auto" => HangTimeout::Auto { min },
+            "off" => HangTimeout::Off,
+            other => HangTimeout::Fixed(
+                parse_duration(other).map_err(|e| format!("{e}; or 'auto' or 'off'"))?,
+            ),
+        };
+        let mut cfg = Self {
+            timeout,
+            startup: STARTUP,
+            phase: PHASE,
+            phases: BTreeMap::new(),
+        };
+        for part in parts {
+            let Some((name, value)) = part.split_once('=') else {
+                return Err(format!(
+                    "'{part}' is not NAME=DURATION (e.g. startup=900, phase=3600, checkpoint=2h)"
+                ));
+            };
+            let (name, value) = (name.trim(), value.trim());
+            let d = parse_duration(value).map_err(|e| format!("{name}: {e}"))?;
+            match name {
+                "startup" => cfg.startup = d,
+                "phase" => cfg.phase = d,
+                n if n.is_empty() || n.chars().any(char::is_whitespace) || n.len() > 64 => {
+                    return Err(format!(
+                        "'{n}' is not a phase name (one word of at most 64 characters)"
+                    ));
+                }
+                n => {
+                    cfg.phases.insert(n.to_owned(), d);
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// The allowance of the phase called `name`.
+    fn phase_allowance(&self, name: &str) -> Duration {
+        self.phases.get(name).copied().unwrap_or(self.phase)
+    }
 }
 
 /// Until the first steps after a (re)start: imports, data loading, compilation.
@@ -67,7 +123,10 @@ fn deadline(p: &RankProgress, group_start: Instant, cfg: &HangConfig) -> Option<
         return None;
     }
     if let Some((name, since)) = &p.phase {
-        return Some((*since + cfg.phase, format!("in phase '{name}'")));
+        return Some((
+            *since + cfg.phase_allowance(name),
+            format!("in phase '{name}'"),
+        ));
     }
     let Some((step, at)) = p.last_step else {
         return Some((group_start + cfg.startup, "before its first step".into()));
@@ -151,7 +210,48 @@ mod tests {
             timeout,
             startup: 60 * S,
             phase: 600 * S,
+            phases: BTreeMap::new(),
         }
+    }
+
+    fn secs(s: &str) -> Result<Duration, String> {
+        s.parse::<u64>()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("'{s}' is not a number of seconds"))
+    }
+
+    #[test]
+    fn the_timeout_spec_sets_the_mode_startup_and_each_phase() {
+        let c = HangConfig::parse("auto", 30 * S, secs).unwrap();
+        assert_eq!(c.timeout, HangTimeout::Auto { min: 30 * S });
+        assert_eq!((c.startup, c.phase), (STARTUP, PHASE));
+        let c = HangConfig::parse("120, startup=900,phase=60,checkpoint=7200", S, secs).unwrap();
+        assert_eq!(c.timeout, HangTimeout::Fixed(120 * S));
+        assert_eq!((c.startup, c.phase), (900 * S, 60 * S));
+        assert_eq!(c.phase_allowance("checkpoint"), 7200 * S);
+        assert_eq!(c.phase_allowance("eval"), 60 * S);
+        for bad in ["soon", "auto,checkpoint", "auto,checkpoint=x", "auto,a b=3"] {
+            assert!(HangConfig::parse(bad, S, secs).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_named_phase_gets_its_own_allowance() {
+        let t0 = Instant::now();
+        let mut c = cfg(HangTimeout::Auto { min: S });
+        c.phases.insert("checkpoint".into(), 3000 * S);
+        let mut saving = stepping(0, t0, &[(1, 0.2), (2, 0.4), (3, 0.6), (4, 0.8)]);
+        saving.phase_begin("checkpoint", t0 + S);
+        assert!(matches!(
+            judge(t0 + 1000 * S, t0, &[saving.clone()], &c),
+            Verdict::Healthy { .. }
+        ));
+        let mut eval = stepping(0, t0, &[(1, 0.2), (2, 0.4), (3, 0.6), (4, 0.8)]);
+        eval.phase_begin("eval", t0 + S);
+        assert!(matches!(
+            judge(t0 + 1000 * S, t0, &[eval], &c),
+            Verdict::Hung { .. }
+        ));
     }
 
     fn stepping(rank: u32, t0: Instant, steps: &[(u64, f64)]) -> RankProgress {
