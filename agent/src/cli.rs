@@ -270,6 +270,36 @@ pub struct Args {
     )]
     pub hang_min: String,
 
+    /// Worker exit codes that mean "do not retry": the job ends at once on every node with
+    /// that code, and the restart budget is not spent (comma-separated, e.g. `2,3`).
+    #[arg(
+        long = "no-retry-exit-codes",
+        visible_alias = "no_retry_exit_codes",
+        env = "FSDP_NO_RETRY_EXIT_CODES",
+        default_value = ""
+    )]
+    pub no_retry_exit_codes: String,
+
+    /// Restarts in a row that never get past the step reached before (from progress
+    /// reports) after which the job stops on every node with exit code 78; 0: never.
+    #[arg(
+        long = "no-progress-restarts",
+        visible_alias = "no_progress_restarts",
+        env = "FSDP_NO_PROGRESS_RESTARTS",
+        default_value = "3"
+    )]
+    pub no_progress_restarts: String,
+
+    /// Count `--max-restarts` over a sliding window (e.g. `1h`): only the failure restarts
+    /// charged within it, job-wide, so old failures are forgiven. Default: the whole run.
+    #[arg(
+        long = "restart-window",
+        visible_alias = "restart_window",
+        env = "FSDP_RESTART_WINDOW",
+        default_value = ""
+    )]
+    pub restart_window: String,
+
     /// Where the status server listens: gRPC `fsdp.v1.AgentStatus` and `grpc.health.v1`,
     /// and HTTP `GET /metrics`, all on one port. `HOST:PORT`, port 0 for any, or `off`.
     #[arg(

@@ -11,6 +11,9 @@
 //! | 75        | this node's workers succeeded but other nodes did not finish within the exit barrier |
 //! | 76        | restart budget spent and no worker exit code of this node to propagate (a peer failed, or a worker was killed by a signal) |
 //! | 77        | restart budget spent, the last failure of this node a hang (a worker stopped reporting progress) |
+//! | 78        | no progress: `--no-progress-restarts` restarts in a row never got past the step reached before (every node exits 78) |
+//! | 79        | this node's `--health-check` failed `--health-check-attempts` times in a row: replace the node |
+//! | 80        | this node was quarantined: the failures of several rounds came from it alone |
 //! | 128+n     | the agent itself was stopped by signal n (SIGTERM: 143, SIGINT: 130) |
 //!
 //! A worker that exits with one of 64, 69, 70, 75, 76 or 128+n makes the agent exit with the same
@@ -33,6 +36,12 @@ pub const BARRIER_TIMEOUT: u8 = 75;
 pub const BUDGET_EXHAUSTED: u8 = 76;
 /// Restart budget spent on a hang.
 pub const HUNG: u8 = 77;
+/// Restarts that make no progress: the job halts.
+pub const NO_PROGRESS: u8 = 78;
+/// This node's health check kept failing: replace the node.
+pub const UNHEALTHY: u8 = 79;
+/// This node was quarantined for failing round after round.
+pub const QUARANTINED: u8 = 80;
 
 /// The code for an agent stopped by `signal` (the shell convention).
 pub fn signalled(signal: i32) -> u8 {

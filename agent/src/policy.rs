@@ -37,6 +37,101 @@ pub fn budget(restart_count: u32, max_restarts: u32, last_failure: Option<Worker
     Budget::Spent { exit_code }
 }
 
+/// How failures are judged beyond the restart budget (issue 17's failure policy).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailurePolicy {
+    /// Worker exit codes that mean "do not retry": the run halts with the code.
+    pub no_retry_codes: Vec<u8>,
+    /// Restarts in a row that never get past the best step reached before, after which
+    /// the run halts ([`exit_code::NO_PROGRESS`]); 0: never.
+    pub no_progress_restarts: u32,
+    /// `--max-restarts` counts the restarts charged within this long before a round was
+    /// sealed; `None`: over the whole run (torchrun's rule).
+    pub restart_window: Option<Duration>,
+}
+
+/// The failure restarts `--max-restarts` is held against in `round`: all of them, or those
+/// charged within `window` before the round was sealed. Every node reads the same record,
+/// so every node counts the same.
+pub fn restarts_counted(round: &fsdp_rendezvous::Round, window: Option<Duration>) -> u32 {
+    let Some(w) = window else {
+        return round.restart_count;
+    };
+    let from = round
+        .sealed_at_ms
+        .saturating_sub(u64::try_from(w.as_millis()).unwrap_or(u64::MAX));
+    let within = round.charged_at_ms.iter().filter(|t| **t > from).count();
+    u32::try_from(within).unwrap_or(u32::MAX)
+}
+
+/// What the failure policy says about a failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Charge the budget and restart (the budget decides at the next round).
+    Restart,
+    /// End the run for every node with this code.
+    Halt { exit_code: u8, reason: String },
+}
+
+/// The best step this node's ranks reached over the run's attempts, and how many failed
+/// attempts in a row did not get past it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgressLedger {
+    pub best: Option<u64>,
+    pub stalled: u32,
+}
+
+impl ProgressLedger {
+    /// A failed attempt whose ranks reached `reached` at best (`None`: they reported no
+    /// step, so nothing is known and nothing is judged).
+    pub fn failed_attempt(&mut self, reached: Option<u64>) {
+        let Some(r) = reached else {
+            self.stalled = 0;
+            return;
+        };
+        if self.best.is_none_or(|b| r > b) {
+            self.best = Some(r);
+            self.stalled = 0;
+        } else {
+            self.stalled += 1;
+        }
+    }
+}
+
+/// Decides, after a failed attempt (already entered in `ledger`) whose first failure was
+/// `exit`, whether to restart or to end the run.
+pub fn after_failure(
+    exit: WorkerExit,
+    ledger: &ProgressLedger,
+    policy: &FailurePolicy,
+) -> AfterFailure {
+    if let WorkerExit::Code(c) = exit {
+        if let Some(code) = u8::try_from(c)
+            .ok()
+            .filter(|c| policy.no_retry_codes.contains(c))
+        {
+            return AfterFailure::Halt {
+                exit_code: code,
+                reason: format!(
+                    "a worker exited {code}, which --no-retry-exit-codes marks as not worth a retry"
+                ),
+            };
+        }
+    }
+    let k = policy.no_progress_restarts;
+    if k > 0 && ledger.stalled >= k {
+        return AfterFailure::Halt {
+            exit_code: exit_code::NO_PROGRESS,
+            reason: format!(
+                "{} attempts in a row never got past step {} (--no-progress-restarts {k})",
+                ledger.stalled,
+                ledger.best.unwrap_or_default()
+            ),
+        };
+    }
+    AfterFailure::Restart
+}
+
 /// Pause before re-forming after the `n`-th failure (0-based): 100 ms doubling to 5 s,
 /// with up to ±50 % jitter so nodes that failed together do not retry in lockstep.
 pub fn restart_backoff(n: u32) -> Duration {
@@ -48,6 +143,100 @@ pub fn restart_backoff(n: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_no_retry_code_halts_at_once_and_others_restart() {
+        let policy = FailurePolicy {
+            no_retry_codes: vec![2, 3],
+            ..FailurePolicy::default()
+        };
+        let ledger = ProgressLedger::default();
+        match after_failure(WorkerExit::Code(3), &ledger, &policy) {
+            AfterFailure::Halt { exit_code, reason } => {
+                assert_eq!(exit_code, 3);
+                assert!(reason.contains("--no-retry-exit-codes"), "{reason}");
+            }
+            a => panic!("{a:?}"),
+        }
+        for other in [
+            WorkerExit::Code(1),
+            WorkerExit::Code(259),
+            WorkerExit::Signal(2),
+            WorkerExit::Hung,
+        ] {
+            assert_eq!(
+                after_failure(other, &ledger, &policy),
+                AfterFailure::Restart,
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn restarts_that_never_pass_the_best_step_halt_after_k() {
+        let policy = FailurePolicy {
+            no_progress_restarts: 3,
+            ..FailurePolicy::default()
+        };
+        let mut l = ProgressLedger::default();
+        let exit = WorkerExit::Code(1);
+        // Reaches 10, then resumes from 5 and dies at 10 again, and again.
+        for (reached, verdict_halts) in [(10, false), (10, false), (9, false), (10, true)] {
+            l.failed_attempt(Some(reached));
+            let halts = matches!(
+                after_failure(exit, &l, &policy),
+                AfterFailure::Halt {
+                    exit_code: exit_code::NO_PROGRESS,
+                    ..
+                }
+            );
+            assert_eq!(halts, verdict_halts, "{l:?}");
+        }
+        // Getting past the best step starts the count again; so does not knowing.
+        l.failed_attempt(Some(11));
+        assert_eq!(
+            l,
+            ProgressLedger {
+                best: Some(11),
+                stalled: 0
+            }
+        );
+        l.failed_attempt(Some(11));
+        l.failed_attempt(None);
+        assert_eq!(l.stalled, 0);
+        // 0 turns the rule off.
+        let off = FailurePolicy::default();
+        let stuck = ProgressLedger {
+            best: Some(1),
+            stalled: 100,
+        };
+        assert_eq!(after_failure(exit, &stuck, &off), AfterFailure::Restart);
+    }
+
+    #[test]
+    fn a_restart_window_forgives_old_failures_and_counts_alike_everywhere() {
+        let mut round = fsdp_rendezvous::Round::new(
+            4,
+            vec![fsdp_rendezvous::RoundMember::unranked(
+                "a".into(),
+                "a".into(),
+                1,
+            )],
+            0,
+            ("a".into(), 1),
+            3,
+            String::new(),
+        )
+        .unwrap();
+        let h = 3_600_000;
+        round.sealed_at_ms = 10 * h;
+        round.charged_at_ms = vec![h, 8 * h, 9 * h + 1];
+        assert_eq!(restarts_counted(&round, None), 3);
+        let hour = Duration::from_secs(3600);
+        assert_eq!(restarts_counted(&round, Some(hour)), 1);
+        assert_eq!(restarts_counted(&round, Some(3 * hour)), 2);
+        assert_eq!(restarts_counted(&round, Some(100 * hour)), 3);
+    }
 
     #[test]
     fn rounds_within_the_budget_run() {

@@ -110,6 +110,8 @@ mod tests {
             restart_count: 2,
             members: Vec::new(),
             reason: String::new(),
+            charged_at_ms: Vec::new(),
+            sealed_at_ms: 0,
         }
     }
 

@@ -41,6 +41,9 @@ pub enum RendezvousError {
     /// etcd stayed unreachable longer than the configured bound (`outage_timeout`).
     #[error("{0}; raise --rdzv-conf outage_timeout to wait longer")]
     Outage(String),
+    /// A node ended the run for every node; this one exits with the same code.
+    #[error("{0}; a new run needs another --rdzv-id (or the run's keys deleted)")]
+    Halted(crate::Halt),
     /// No round could be formed in time.
     #[error("no round formed within join_timeout ({timeout:?}): {state}")]
     Timeout {

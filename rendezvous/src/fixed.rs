@@ -32,6 +32,8 @@ pub struct Fixed<G> {
     group: G,
     rounds: u64,
     restarts: u32,
+    /// When each failure was charged (Unix ms), the last [`crate::CHARGES_KEPT`].
+    charged_at_ms: Vec<u64>,
 }
 
 impl<G> Fixed<G> {
@@ -40,6 +42,7 @@ impl<G> Fixed<G> {
             group,
             rounds: 0,
             restarts: 0,
+            charged_at_ms: Vec::new(),
         }
     }
 }
@@ -60,7 +63,7 @@ impl<G: Group> Rendezvous for Fixed<G> {
         } else {
             "restart after a worker failure"
         };
-        let round = Round::new(
+        let mut round = Round::new(
             self.rounds,
             l.members,
             l.me,
@@ -69,6 +72,7 @@ impl<G: Group> Rendezvous for Fixed<G> {
             reason.into(),
         )
         .map_err(RendezvousError::InvalidConfig)?;
+        round.charged_at_ms = self.charged_at_ms.clone();
         self.rounds += 1;
         Ok(round)
     }
@@ -79,6 +83,10 @@ impl<G: Group> Rendezvous for Fixed<G> {
 
     async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
         self.restarts += 1;
+        self.charged_at_ms.push(crate::unix_ms());
+        if self.charged_at_ms.len() > crate::CHARGES_KEPT {
+            self.charged_at_ms.remove(0);
+        }
         Ok(self.restarts)
     }
 

@@ -56,6 +56,22 @@ pub struct Round {
     pub members: Vec<RoundMember>,
     /// Why the round was sealed, in words (for status and logs).
     pub reason: String,
+    /// When each charged failure restart was charged (Unix ms), oldest first; at most the
+    /// last [`CHARGES_KEPT`]. Backends that keep no times leave it empty.
+    pub charged_at_ms: Vec<u64>,
+    /// When the round was sealed (Unix ms): the end of a restart window, the same for
+    /// every node.
+    pub sealed_at_ms: u64,
+}
+
+/// Charged restarts whose times a round keeps.
+pub const CHARGES_KEPT: usize = 1000;
+
+/// Now, in Unix milliseconds.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One node of a sealed round.
@@ -101,6 +117,8 @@ impl Round {
             restart_count,
             members,
             reason,
+            charged_at_ms: Vec::new(),
+            sealed_at_ms: unix_ms(),
         })
     }
 }
@@ -143,6 +161,26 @@ pub enum Change {
         reason: String,
         stop_within: std::time::Duration,
     },
+    /// A node ended the run for everyone ([`Rendezvous::halt`]).
+    Halted(Halt),
+}
+
+/// A node's decision that the run is over for every node, with the code they exit with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Halt {
+    pub node_id: String,
+    pub exit_code: u8,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Halt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "node {} ended the run with exit code {}: {}",
+            self.node_id, self.exit_code, self.reason
+        )
+    }
 }
 
 /// How the loss of a member was noticed.
@@ -246,6 +284,12 @@ pub trait Rendezvous {
     /// How the loss of `node` from round `round` was noticed, when the backend can tell.
     fn detection(&self, _node: &str, _round: u64) -> Option<Detection> {
         None
+    }
+
+    /// Ends the run for every node: each exits with `exit_code` (a failure no restart can
+    /// mend). Single-node backends have nobody else to tell.
+    async fn halt(&mut self, _exit_code: u8, _reason: String) -> Result<(), RendezvousError> {
+        Ok(())
     }
 
     /// Publishes where this node's ranks were in `round`, which hung (one small record per

@@ -364,6 +364,7 @@ async fn a_round_that_gives_this_node_a_forged_worker_count_is_refused() {
             members: vec![member(&me, 5)],
             restart_count: 0,
             reason: "forged".into(),
+            ..Default::default()
         };
         forge(&etcd, keys.round(), round.encode_to_vec()).await;
         let master = fsdp_proto::v1::Master {
@@ -413,6 +414,7 @@ async fn a_master_port_out_of_range_is_refused() {
         members: vec![member(&me, 2)],
         restart_count: 0,
         reason: "forged".into(),
+        ..Default::default()
     };
     forge(&etcd, keys.round(), round.encode_to_vec()).await;
     let master = fsdp_proto::v1::Master {

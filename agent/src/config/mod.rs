@@ -36,7 +36,7 @@ use mode::GroupArgs;
 pub use mode::split_host_port;
 pub use parse::{StreamSpec, Streams};
 pub(crate) use sources::describe;
-use sources::{Resolver, whole_number};
+use sources::{Resolver, exit_codes, whole_number};
 
 /// Default grace between the stop signal and SIGKILL (torchrun's `--shutdown-timeout`).
 pub const DEFAULT_TERM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -109,6 +109,8 @@ pub struct Config {
     pub term_timeout: Duration,
     /// When a group that reports progress is hung (`crate::hang`).
     pub hang: crate::hang::HangConfig,
+    /// Failures the budget does not decide alone (`crate::policy`).
+    pub failure: crate::policy::FailurePolicy,
     pub entrypoint: Entrypoint,
     pub logs: LogConfig,
     pub signals: Vec<Signal>,
@@ -306,6 +308,22 @@ impl Resolver<'_> {
         };
         let term_timeout = self.term_timeout(&a)?;
         let hang = self.hang(&a.hang_timeout, &a.hang_min)?;
+        let failure = crate::policy::FailurePolicy {
+            no_retry_codes: self.value(
+                "no-retry-exit-codes",
+                &a.no_retry_exit_codes,
+                exit_codes,
+            )?,
+            no_progress_restarts: self.value(
+                "no-progress-restarts",
+                &a.no_progress_restarts,
+                whole_number,
+            )?,
+            restart_window: self.value("restart-window", &a.restart_window, |s| match s {
+                "" | "run" => Ok(None),
+                d => parse::duration(d).map(Some),
+            })?,
+        };
         let signals = self.value("signals-to-handle", &a.signals_to_handle, parse::signals)?;
         let console_events = self.flags_without_effect(&a)?;
         self.value("role", &a.role, |s| match s {
@@ -342,6 +360,7 @@ impl Resolver<'_> {
             max_restarts,
             term_timeout,
             hang,
+            failure,
             entrypoint,
             logs,
             signals,

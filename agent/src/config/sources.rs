@@ -166,6 +166,20 @@ pub(super) fn whole_number(s: &str) -> Result<u32, String> {
         .map_err(|_| "expected a whole number ≥ 0".to_owned())
 }
 
+/// A comma-separated list of worker exit codes, 1-255 (`""`: none).
+pub(super) fn exit_codes(s: &str) -> Result<Vec<u8>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            c.parse::<u8>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("'{c}' is not an exit code 1-255 (e.g. 2,3)"))
+        })
+        .collect()
+}
+
 pub(crate) fn describe(s: &Source) -> String {
     match s {
         Source::Flag(f) => format!("flag {f}"),

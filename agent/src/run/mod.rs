@@ -20,6 +20,7 @@
 //! [`crate::policy`]. A new event (say, "a worker hung") is one more [`Wake`] variant
 //! and the phase it leads to.
 
+mod halt;
 mod hang;
 mod report;
 #[cfg(test)]
@@ -38,7 +39,7 @@ use crate::error::AgentError;
 use crate::exit_code;
 use crate::failure::{Failure, WorkerExit, summary};
 use crate::hang::{Progress, Verdict};
-use crate::policy::{Budget, budget, restart_backoff};
+use crate::policy::{AfterFailure, Budget, budget, restart_backoff, restarts_counted};
 use crate::signals::Signals;
 use crate::status::Board;
 use crate::supervisor::output::{Console, Stream};
@@ -143,6 +144,7 @@ async fn supervise<R: Rendezvous>(
         group_start: std::time::Instant::now(),
         attempt: None,
         declared_hang: None,
+        ledger: crate::policy::ProgressLedger::default(),
     };
     let mut phase = Phase::Join;
     loop {
@@ -193,6 +195,8 @@ struct Loop<'a, R> {
     /// The round this node found hung, and its members: the culprit is named once every
     /// node had the chance to say where its ranks were.
     declared_hang: Option<(u64, Vec<String>)>,
+    /// How far the ranks got over the run's failed attempts (the no-progress rule).
+    ledger: crate::policy::ProgressLedger,
 }
 
 /// Leaving after `sig`: the run goes on without this node.
@@ -233,6 +237,7 @@ impl<R: Rendezvous> Loop<'_, R> {
 
     async fn join(&mut self) -> Result<Phase, AgentError> {
         let round = match Self::interruptible(self.signals, self.rdzv.next_round()).await {
+            Ok(Err(RendezvousError::Halted(h))) => return Ok(self.halted(&h)),
             Ok(r) => r?,
             Err(sig) => return Ok(signalled(sig)),
         };
@@ -250,14 +255,13 @@ impl<R: Rendezvous> Loop<'_, R> {
             "group formed"
         );
         // The budget is read from the sealed round, so every node decides alike.
-        match budget(
-            round.restart_count,
-            self.cfg.max_restarts,
-            self.last_failure,
-        ) {
+        let counted = restarts_counted(&round, self.cfg.failure.restart_window);
+        self.report.restarts(counted);
+        match budget(counted, self.cfg.max_restarts, self.last_failure) {
             Budget::Spent { exit_code } => {
                 tracing::error!(
                     restart_count = round.restart_count,
+                    counted,
                     max_restarts = self.cfg.max_restarts,
                     exit_code,
                     "the restart budget is spent; giving up"
@@ -268,9 +272,12 @@ impl<R: Rendezvous> Loop<'_, R> {
                 });
             }
             Budget::Left if round.restart_count > self.last_restart_count => {
+                let window = match self.cfg.failure.restart_window {
+                    Some(w) => format!(" within the last {w:?}"),
+                    None => String::new(),
+                };
                 tracing::warn!(
-                    "restarting the worker group after a failure: restart {} of {}",
-                    round.restart_count,
+                    "restarting the worker group after a failure: restart {counted} of {}{window}",
                     self.cfg.max_restarts
                 );
             }
@@ -402,18 +409,32 @@ impl<R: Rendezvous> Loop<'_, R> {
             .broke(change_label(&change), Shown::Stopping, describe(&change));
         let late = self.stop(&mut group, Signal::SIGTERM, grace).await;
         self.report.workers(&group, false);
-        if matches!(change, Change::PeerFailed { .. }) && late.is_none() {
-            // A node that found the group hung charges a failure after saying so.
-            self.answer_hang(&round).await;
+        if let Some(sig) = late {
+            return signalled(sig);
+        }
+        match &change {
+            Change::Halted(h) => return self.halted(h),
+            Change::PeerFailed { .. } => {
+                // A node that found the group hung charges a failure after saying so.
+                self.answer_hang(&round).await;
+                // A peer's failure ended this attempt too: it counts for the no-progress
+                // rule (the peer judges its own exit code).
+                if let AfterFailure::Halt { exit_code, reason } =
+                    self.judge_failure(WorkerExit::Lost)
+                {
+                    if let Err(sig) = self.announce_halt(exit_code, &reason).await {
+                        return signalled(sig);
+                    }
+                    return self.leave_halted(exit_code, &reason);
+                }
+            }
+            _ => {}
         }
         self.report.show(
             Shown::Rendezvous,
             format!("re-forming: {}", describe(&change)),
         );
-        match late {
-            Some(sig) => signalled(sig),
-            None => Phase::Join,
-        }
+        Phase::Join
     }
 
     async fn failed(
@@ -431,6 +452,13 @@ impl<R: Rendezvous> Loop<'_, R> {
             Shown::Stopping,
             format!("worker rank {} failed: {}", first.rank, first.exit),
         );
+        let verdict = self.judge_failure(first.exit);
+        if let AfterFailure::Halt { exit_code, reason } = &verdict {
+            if let Err(sig) = self.announce_halt(*exit_code, reason).await {
+                self.stop(&mut group, sig, Duration::ZERO).await;
+                return Ok(signalled(sig));
+            }
+        }
         // A signal during the stop escalates to SIGKILL; it is honoured right after.
         let late = self
             .stop(&mut group, Signal::SIGTERM, self.cfg.term_timeout)
@@ -462,6 +490,9 @@ impl<R: Rendezvous> Loop<'_, R> {
         drop(group);
         if let Some(sig) = late {
             return Ok(signalled(sig));
+        }
+        if let AfterFailure::Halt { exit_code, reason } = &verdict {
+            return Ok(self.leave_halted(*exit_code, reason));
         }
         self.last_failure = Some(first.exit);
         self.report.show(
@@ -530,6 +561,7 @@ impl<R: Rendezvous> Loop<'_, R> {
                     exit: AgentExit::Finished,
                 }
             }
+            Finish::Changed(Change::Halted(h)) => self.halted(&h),
             Finish::Changed(change) => {
                 self.report.broke(
                     change_label(&change),

@@ -62,6 +62,11 @@ impl Reporter {
         self.board.hung();
     }
 
+    /// The restarts `--max-restarts` is held against now (all, or those in the window).
+    pub fn restarts(&self, counted: u32) {
+        self.board.restarts(counted);
+    }
+
     /// The hang this node declared in `round` points at this (see [`crate::hang::culprit`]).
     pub fn culprit(&self, round: u64, text: &str) {
         self.board.culprit(round, text);
@@ -146,6 +151,7 @@ pub fn change_label(change: &Change) -> &'static str {
         Change::PeerFailed { .. } => "peer failed",
         Change::NewRound { .. } => "new round",
         Change::Fenced { .. } => "fenced",
+        Change::Halted(_) => "halted",
     }
 }
 
@@ -159,5 +165,6 @@ pub fn describe(change: &Change) -> String {
         }
         Change::NewRound { number } => format!("round {number} was sealed"),
         Change::Fenced { reason, .. } => format!("this node fenced itself: {reason}"),
+        Change::Halted(h) => h.to_string(),
     }
 }

@@ -106,6 +106,8 @@ fn round(number: u64, base_rank: u32, restart_count: u32) -> Round {
         restart_count,
         members: Vec::new(),
         reason: "scripted".into(),
+        charged_at_ms: Vec::new(),
+        sealed_at_ms: 0,
     }
 }
 

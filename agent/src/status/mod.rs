@@ -244,6 +244,13 @@ impl Board {
         s.ranks = ranks;
     }
 
+    /// The restarts `--max-restarts` is held against (all, or those in the window).
+    pub fn restarts(&self, counted: u32) {
+        let mut s = self.lock();
+        s.state.restarts_used = counted;
+        s.state.restarts_left = s.state.max_restarts.saturating_sub(counted);
+    }
+
     /// Who the hang this node declared in `round` points at.
     pub fn culprit(&self, round: u64, text: &str) {
         self.lock().state.last_hang = format!("round {round}: {text}");

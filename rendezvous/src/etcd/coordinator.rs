@@ -125,10 +125,23 @@ impl Coordinator {
     }
 }
 
-/// The round record to commit for `p`: the members' own registrations, in the proposal's
-/// order (every proposed member is registered: proposals are made from registrations).
-pub fn round_record(p: &Proposal, v: &View, reason: &str) -> v1::Round {
+/// The round record to commit for `p` at `now_ms` (Unix ms): the members' own
+/// registrations, in the proposal's order (every proposed member is registered: proposals
+/// are made from registrations), and the charge times carried over, plus `now_ms` when
+/// `p` charges a failure.
+pub fn round_record(p: &Proposal, v: &View, reason: &str, now_ms: u64) -> v1::Round {
+    let previous = v.round.as_ref().map(|r| &r.record);
+    let mut charged_at_ms = previous
+        .map(|r| r.charged_at_ms.clone())
+        .unwrap_or_default();
+    if p.restart_count > previous.map_or(0, |r| r.restart_count) {
+        charged_at_ms.push(now_ms);
+    }
+    let extra = charged_at_ms.len().saturating_sub(crate::CHARGES_KEPT);
+    charged_at_ms.drain(..extra);
     v1::Round {
+        charged_at_ms,
+        sealed_at_ms: now_ms,
         schema: SCHEMA_VERSION,
         number: p.number,
         members: p

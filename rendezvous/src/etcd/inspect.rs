@@ -81,6 +81,8 @@ pub enum Health {
     Stopped,
     /// A value in the run's keys cannot be trusted.
     Corrupt,
+    /// A node ended the run for every node (a failure no restart mends).
+    Halted,
 }
 
 impl Health {
@@ -89,6 +91,7 @@ impl Health {
             Self::Healthy => "healthy",
             Self::Forming => "forming",
             Self::Degraded => "degraded",
+            Self::Halted => "halted",
             Self::Finished => "finished",
             Self::Stopped => "stopped",
             Self::Corrupt => "corrupt",
@@ -178,6 +181,8 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
             Health::Corrupt,
             format!("{} untrusted key(s): {}", r.corrupt.len(), r.corrupt[0]),
         )
+    } else if let Some(h) = v.halted() {
+        (Health::Halted, h.to_string())
     } else if let Some(rd) = round {
         let in_round = rd.members.len();
         if count(MemberState::Done) == in_round {
@@ -306,6 +311,7 @@ mod tests {
                 members: all.clone(),
                 restart_count: 1,
                 reason: "a member was lost".into(),
+                ..Default::default()
             },
             mod_rev: 1,
         });

@@ -9,6 +9,7 @@
 //! <prefix>/<run_id>/ctl/done/<n>/<node>  Done         the node's workers all succeeded in round n
 //! <prefix>/<run_id>/ctl/gone/<n>/<node>  Gone         how the node's loss from round n was noticed
 //! <prefix>/<run_id>/ctl/hang/<n>/<node>  HangReport   where the node's ranks were when round n hung
+//! <prefix>/<run_id>/ctl/halt             Halt         the run is over for every node, with this code
 //! ```
 //!
 //! Members and control keys live under different prefixes so that agents can watch member
@@ -139,6 +140,10 @@ impl Keys {
 
     pub fn gone(&self, round: u64, node_id: &str) -> String {
         format!("{}ctl/gone/{round:020}/{node_id}", self.root)
+    }
+
+    pub fn halt(&self) -> String {
+        format!("{}ctl/halt", self.root)
     }
 
     pub fn hang_prefix(&self) -> String {

@@ -420,6 +420,9 @@ fn step(
     if let Some(c) = v.corruption() {
         return Err(RendezvousError::Corrupt(c));
     }
+    if let Some(h) = v.halted() {
+        return Err(RendezvousError::Halted(h));
+    }
     let Some(r) = v.round.as_ref().filter(|r| r.record.number >= wants) else {
         return Ok(Step::Wait);
     };
@@ -455,7 +458,7 @@ fn step(
             rec.number
         )));
     }
-    let round = Round::new(
+    let mut round = Round::new(
         rec.number,
         rec.members.iter().map(RoundMember::from).collect(),
         pos,
@@ -468,12 +471,20 @@ fn step(
         rec.reason.clone(),
     )
     .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
+    round.charged_at_ms = rec.charged_at_ms.clone();
+    // A record from before the field existed: the charges of the whole run count.
+    if rec.sealed_at_ms > 0 {
+        round.sealed_at_ms = rec.sealed_at_ms;
+    }
     Ok(Step::Done(Box::new((rec.clone(), round))))
 }
 
 /// Whether the round an agent holds is still the group's round: a pure function of the
 /// view, so tests can drive it without etcd.
 pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Change> {
+    if let Some(h) = v.halted() {
+        return Some(Change::Halted(h));
+    }
     // A failure is looked at first: a node that gives up reports its failure and then
     // revokes its lease, and the others must see the failure, not just a departure.
     if v.failures.contains(&held.number) {
@@ -647,6 +658,17 @@ impl Rendezvous for EtcdRendezvous {
         change
     }
 
+    async fn halt(&mut self, exit_code: u8, reason: String) -> Result<(), RendezvousError> {
+        let halt = v1::Halt {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: self.cfg.node_id.clone(),
+            exit_code: u32::from(exit_code),
+            reason,
+            round: self.held.as_ref().map_or(0, |h| h.record.number),
+        };
+        self.ask(Command::Halt { halt }).await
+    }
+
     async fn report_hang(
         &mut self,
         round: u64,
@@ -768,6 +790,7 @@ mod tests {
             members: members.iter().map(|m| member(m)).collect(),
             restart_count: 0,
             reason: String::new(),
+            ..Default::default()
         };
         View {
             round: Some(RoundEntry { record, mod_rev: 7 }),

@@ -51,6 +51,8 @@ pub enum Command {
     ReportDone { round: u64 },
     /// Where this node's ranks were when its round hung.
     ReportHang { report: v1::HangReport },
+    /// End the run for every node (the first halt stands).
+    Halt { halt: v1::Halt },
     /// Revoke the lease (the others learn at once) and end the session.
     Depart { how: Departure },
     /// This node fenced itself: at the next contact with etcd, revoke the lease (the
@@ -904,7 +906,7 @@ impl Session {
             let v = self.view.borrow();
             let obs = self.coordinator.observe(now, &v);
             let record = match &obs.decision {
-                SealDecision::Seal(p) => Some(round_record(p, &v, &obs.reason)),
+                SealDecision::Seal(p) => Some(round_record(p, &v, &obs.reason, crate::unix_ms())),
                 _ => None,
             };
             (obs, record)
@@ -949,6 +951,7 @@ impl Session {
             Command::ReportFailure { round } => self.report_failure(*round).await,
             Command::ReportDone { round } => self.report_done(*round).await,
             Command::ReportHang { report } => self.report_hang(report).await,
+            Command::Halt { halt } => self.halt(halt).await,
             Command::Depart { how } => {
                 self.depart(*how).await;
                 Ok(())
@@ -1040,14 +1043,35 @@ impl Session {
             round,
             node_id: self.node_id.clone(),
         };
+        // Not once the run is halted: a peer's workers that fail because the halting
+        // node's did must not spend the budget the halt leaves untouched.
         let txn = Txn::new()
-            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .when([
+                Compare::version(key.clone(), CompareOp::Equal, 0),
+                Compare::version(self.keys.halt(), CompareOp::Equal, 0),
+            ])
             .and_then([TxnOp::put(key, failure.encode_to_vec(), None)]);
         self.client
             .txn(txn)
             .await
             .map_err(|source| RendezvousError::Etcd {
                 what: "reporting a worker failure",
+                source,
+            })?;
+        self.wrote();
+        Ok(())
+    }
+
+    async fn halt(&mut self, halt: &v1::Halt) -> Result<(), RendezvousError> {
+        let key = self.keys.halt();
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, halt.encode_to_vec(), None)]);
+        self.client
+            .txn(txn)
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "ending the run for every node",
                 source,
             })?;
         self.wrote();

@@ -45,6 +45,8 @@ pub struct View {
     pub corrupt: BTreeMap<String, String>,
     /// How each lost member's loss was noticed, by node (the latest round's record).
     pub gone: BTreeMap<String, v1::Gone>,
+    /// A node ended the run for everyone.
+    pub halt: Option<v1::Halt>,
     /// Hang reports of the latest rounds that hung, by round and node.
     pub hangs: BTreeMap<u64, BTreeMap<String, v1::HangReport>>,
     /// The earliest moment etcd could expire this agent's lease ([`crate::fence`]); not
@@ -73,6 +75,15 @@ fn decoded<T: Versioned>(
 }
 
 impl View {
+    /// The halt of the run, if a node ended it.
+    pub fn halted(&self) -> Option<crate::Halt> {
+        self.halt.as_ref().map(|h| crate::Halt {
+            node_id: h.node_id.clone(),
+            exit_code: u8::try_from(h.exit_code).unwrap_or(u8::MAX),
+            reason: h.reason.clone(),
+        })
+    }
+
     /// Applies a put of `value` at `key`, written under `lease` (0: none).
     pub fn put(
         &mut self,
@@ -130,6 +141,10 @@ impl View {
                     self.gone.insert(g.node_id.clone(), g);
                 }
             }
+        } else if key == keys.halt() {
+            if let Some(h) = decoded::<v1::Halt>(&mut self.corrupt, key, value) {
+                self.halt = Some(h);
+            }
         } else if key.starts_with(&keys.hang_prefix()) {
             if let Some(h) = decoded::<v1::HangReport>(&mut self.corrupt, key, value) {
                 self.hangs
@@ -173,6 +188,8 @@ impl View {
             self.master = None;
         } else if key == keys.coordinator() {
             self.coordinator = None;
+        } else if key == keys.halt() {
+            self.halt = None;
         }
     }
 

@@ -8,6 +8,7 @@
 //! * `--only-local-rank R`: only that local rank fails; the others succeed.
 //! * `--only-if-env VAR`: only fail when the environment has VAR (set per agent).
 //! * `--sleep SECS`: run this long before exiting (failing ranks fail at once).
+//! * `--fail-after SECS`: failing ranks run this long before they fail.
 //! * `--ignore-sigterm`: ignore SIGTERM (the agent must SIGKILL us after its grace).
 //! * `--spawn-child`: start a `sleep` grandchild and record its pid in `child.<..>`.
 //! * `--error-message MSG`: write a torchelastic error file with MSG before failing.
@@ -35,6 +36,7 @@ fn main() {
         (0.0f64, false, false, None);
     let mut only_if_env: Option<String> = None;
     let mut checkpoint_secs: Option<f64> = None;
+    let mut fail_after = 0.0f64;
     while let Some(a) = args.next() {
         let mut val = || args.next().expect("flag needs a value");
         match a.as_str() {
@@ -48,6 +50,7 @@ fn main() {
             "--spawn-child" => spawn_child = true,
             "--error-message" => error_message = Some(val()),
             "--only-if-env" => only_if_env = Some(val()),
+            "--fail-after" => fail_after = val().parse().expect("seconds"),
             "--checkpoint-on-term" => checkpoint_secs = Some(val().parse().expect("seconds")),
             other => {
                 eprintln!("fake-worker: unknown flag {other}");
@@ -105,6 +108,7 @@ fn main() {
         std::thread::sleep(Duration::from_secs_f64(sleep));
     }
     if fails {
+        std::thread::sleep(Duration::from_secs_f64(fail_after));
         if let Some(msg) = error_message {
             let file = var("TORCHELASTIC_ERROR_FILE");
             let body = serde_json::json!({"message": {"message": msg, "extraInfo": {"py_callstack": "fake traceback", "timestamp": "0"}}});

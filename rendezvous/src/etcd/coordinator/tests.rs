@@ -49,6 +49,7 @@ fn running(members: &[&str]) -> View {
             .collect(),
         restart_count: 1,
         reason: String::new(),
+        ..Default::default()
     };
     v.round = Some(RoundEntry {
         record,
@@ -154,7 +155,7 @@ fn a_seal_commits_the_members_own_records_fenced_on_the_round_it_replaces() {
         (p.number, p.members.as_slice(), o.fence),
         (5, ["a", "b", "new"].map(String::from).as_slice(), Some(40))
     );
-    let r = round_record(p, &v, &o.reason);
+    let r = round_record(p, &v, &o.reason, 1_000);
     assert_eq!(r.members[2], v.members["new"].record);
     assert_eq!((r.restart_count, r.reason.as_str()), (1, o.reason.as_str()));
 }

@@ -1,0 +1,141 @@
+//! The failure policy (issue 17): failures that no restart mends end the run on every
+//! node at once, with the budget untouched — real etcd, pods and gloo workers.
+
+use std::time::{Duration, Instant};
+
+use fsdp_tests::job::Job;
+use fsdp_tests::{AgentCmd, TempDir, python, status_cmd, workspace_file};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn worker(job: &Job, script: &str, args: &[&str]) -> Vec<String> {
+    let mut w = vec![
+        workspace_file(script).display().to_string(),
+        job.dir.path().join("ckpt").display().to_string(),
+    ];
+    w.extend(args.iter().map(|s| (*s).to_owned()));
+    std::fs::create_dir_all(job.dir.path().join("ckpt")).unwrap();
+    w
+}
+
+fn status_json(job: &Job) -> serde_json::Value {
+    let (code, json, err) = status_cmd(&[
+        "--json",
+        "--rdzv-endpoint",
+        &job.etcd.endpoint(),
+        "--rdzv-id",
+        &job.run_id,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&json).unwrap()
+}
+
+/// A worker on pod 1 exits 3, a code `--no-retry-exit-codes` marks as not worth a retry:
+/// both pods exit 3 within seconds, though the budget would allow three restarts, and the
+/// run's status shows the budget unspent and who ended the run.
+#[test]
+fn a_no_retry_exit_code_ends_the_run_on_every_node_with_the_budget_unspent() {
+    let job = Job::new("noretry", "2:2", 3, 0, 21);
+    let w = worker(
+        &job,
+        "tests/py/elastic_worker.py",
+        &["1000000", "--fail-on", "pod1"],
+    );
+    let t0 = Instant::now();
+    let mut pods: Vec<_> = (0..2)
+        .map(|i| job.pod_running(i, 1, &["--no-retry-exit-codes", "2,3"], &w))
+        .collect();
+    for p in &mut pods {
+        assert_eq!(p.wait(LIMIT), 3, "{}", p.output());
+    }
+    // Two interpreters' start-up (torch imports) and the halt: seconds, not restarts.
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+    let starts = |p: &fsdp_tests::pod::Pod| p.stdout().matches("]:start ").count();
+    assert!(pods.iter().all(|p| starts(p) == 1), "one attempt each");
+    assert!(
+        pods[0].stderr().contains("another node ended the run"),
+        "{}",
+        pods[0].stderr()
+    );
+    let s = status_json(&job);
+    let outputs: Vec<String> = pods.iter().map(|p| p.output()).collect();
+    assert_eq!(s["restarts"], 0, "{s}\n{}", outputs.join("\n"));
+    assert_eq!(s["health"], "halted", "{s}\n{}", outputs.join("\n"));
+    assert_eq!(s["health"], "halted", "{s}");
+    let why = s["health_reason"].as_str().unwrap();
+    assert!(
+        why.contains("exit code 3") && why.contains("pod1-"),
+        "{why}"
+    );
+}
+
+/// Rank 0 crashes right after step 10, each attempt resuming from the checkpoint of step
+/// 5: after three restarts that never get past step 10 the agent stops with 78, long
+/// before `--max-restarts 20` would.
+#[test]
+fn restarts_that_make_no_progress_stop_with_their_own_code() {
+    let dir = TempDir::new().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .env("PYTHON", python())
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "20",
+        ])
+        .args(["--no-progress-restarts", "3"])
+        .arg_path(workspace_file("tests/py/crashloop_worker.py"))
+        .arg_path(&ckpt)
+        .args(["10"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 78, "{}", a.output());
+    let out = a.stdout();
+    // Attempt 0 from step 0, then restarts 1-3 from step 5; no fifth attempt.
+    let rank0: Vec<&str> = out.lines().filter(|l| l.contains("start rank=0")).collect();
+    assert_eq!(rank0.len(), 4, "{out}");
+    assert!(rank0[1..].iter().all(|l| l.contains("step=5")), "{out}");
+    let err = a.stderr();
+    assert!(
+        err.contains("3 attempts in a row never got past step 10"),
+        "{err}"
+    );
+}
+
+/// A worker that runs a second and fails, four attempts in a row, under `--max-restarts 1`:
+/// with a half-second `--restart-window` each failure is forgiven before the next and the
+/// fifth attempt finishes; counted over the whole run (torchrun's rule) the second failure
+/// ends the job.
+#[test]
+fn failures_spaced_beyond_the_restart_window_never_exhaust_the_budget() {
+    let run = |window: Option<&str>| {
+        let dir = TempDir::new().unwrap();
+        let mut cmd = AgentCmd::new(dir.path(), "agent").args([
+            "--standalone",
+            "--no-python",
+            "--max-restarts",
+            "1",
+        ]);
+        if let Some(w) = window {
+            cmd = cmd.args(["--restart-window", w]);
+        }
+        let mut a = cmd
+            .arg_path(fsdp_tests::fake_worker())
+            .args(["--exit-code", "1", "--fail-until-restart", "4"])
+            .args(["--fail-after", "1.0"])
+            .run(LIMIT);
+        (a.code(), a.stderr())
+    };
+    let (code, err) = run(Some("0.5"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.matches("worker group failed").count(), 4, "{err}");
+    assert!(
+        err.contains("restart 1 of 1 within the last 500ms"),
+        "{err}"
+    );
+    let (code, err) = run(None);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.matches("worker group failed").count(), 2, "{err}");
+}
