@@ -300,6 +300,45 @@ pub struct Args {
     )]
     pub restart_window: String,
 
+    /// A command (run with `sh -c`) that must exit 0 before this node joins a round, e.g.
+    /// a GPU or NIC check. While it fails the node stays out of the group, recorded in
+    /// etcd with the command's last output line; after `--health-check-attempts` failures
+    /// in a row the agent exits 79 so the pod is replaced.
+    #[arg(
+        long = "health-check",
+        visible_alias = "health_check",
+        env = "FSDP_HEALTH_CHECK",
+        default_value = ""
+    )]
+    pub health_check: String,
+
+    /// How long one health check may take (then it counts as failed).
+    #[arg(
+        long = "health-check-timeout",
+        visible_alias = "health_check_timeout",
+        env = "FSDP_HEALTH_CHECK_TIMEOUT",
+        default_value = "60"
+    )]
+    pub health_check_timeout: String,
+
+    /// Failed health checks in a row after which the agent exits 79.
+    #[arg(
+        long = "health-check-attempts",
+        visible_alias = "health_check_attempts",
+        env = "FSDP_HEALTH_CHECK_ATTEMPTS",
+        default_value = "3"
+    )]
+    pub health_check_attempts: String,
+
+    /// How often a node waiting for a round (a spare) runs its health check again.
+    #[arg(
+        long = "health-check-interval",
+        visible_alias = "health_check_interval",
+        env = "FSDP_HEALTH_CHECK_INTERVAL",
+        default_value = "300"
+    )]
+    pub health_check_interval: String,
+
     /// Where the status server listens: gRPC `fsdp.v1.AgentStatus` and `grpc.health.v1`,
     /// and HTTP `GET /metrics`, all on one port. `HOST:PORT`, port 0 for any, or `off`.
     #[arg(

@@ -32,6 +32,7 @@ pub mod error;
 pub mod exit_code;
 pub mod failure;
 pub mod hang;
+pub mod health;
 pub mod policy;
 pub mod run;
 pub mod signals;

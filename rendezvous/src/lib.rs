@@ -286,6 +286,12 @@ pub trait Rendezvous {
         None
     }
 
+    /// This node's health check failed (`failures` times in a row, the last for `reason`):
+    /// it stays out of rounds, and says why, until it joins again.
+    async fn unhealthy(&mut self, _reason: String, _failures: u32) -> Result<(), RendezvousError> {
+        Ok(())
+    }
+
     /// Ends the run for every node: each exits with `exit_code` (a failure no restart can
     /// mend). Single-node backends have nobody else to tell.
     async fn halt(&mut self, _exit_code: u8, _reason: String) -> Result<(), RendezvousError> {

@@ -139,3 +139,91 @@ fn failures_spaced_beyond_the_restart_window_never_exhaust_the_budget() {
     assert_eq!(code, 1, "{err}");
     assert_eq!(err.matches("worker group failed").count(), 2, "{err}");
 }
+
+/// Pod 2's health check fails (a bad GPU, say): pods 0 and 1 form a group of 2 without
+/// it, `fsdp-agent status` names pod 2 and the check's last line, and once the check
+/// passes pod 2 joins and the group grows to 3.
+#[test]
+fn a_node_whose_health_check_fails_stays_out_until_it_passes() {
+    let mut job = Job::new("health", "2:3", 0, 1_000_000, 22);
+    job.rdzv_conf = "last_call_timeout=1".into();
+    let w = worker(&job, "tests/py/elastic_worker.py", &["1000000"]);
+    let ok = job.dir.path().join("pod2-gpu-ok");
+    let check = format!(
+        "test -e {} || {{ echo checking GPUs; echo 'GPU 3: 12 uncorrectable ECC errors'; exit 1; }}",
+        ok.display()
+    );
+    let pods: Vec<_> = (0..2).map(|i| job.pod_running(i, 1, &[], &w)).collect();
+    let bad = job.pod_running(
+        2,
+        1,
+        &["--health-check", &check, "--health-check-attempts", "100"],
+        &w,
+    );
+    let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().chain([&bad]).collect();
+    fsdp_tests::job::wait_until("a group of 2 without pod 2", &all, || {
+        pods.iter()
+            .all(|p| fsdp_tests::job::nth_start_world(p, 0, 2))
+    });
+    assert!(fsdp_tests::job::starts(&bad).is_empty(), "{}", bad.output());
+    let (_, table, _) = status_cmd(&[
+        "--rdzv-endpoint",
+        &job.etcd.endpoint(),
+        "--rdzv-id",
+        &job.run_id,
+    ]);
+    let line = table
+        .lines()
+        .find(|l| l.starts_with("unhealthy"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        line.contains("pod2-") && line.contains("GPU 3: 12 uncorrectable ECC errors (exit code 1)"),
+        "{table}"
+    );
+    std::fs::write(&ok, "").unwrap();
+    fsdp_tests::job::wait_until("pod 2 to join a group of 3", &all, || {
+        all.iter().all(|p| {
+            fsdp_tests::job::starts(p)
+                .last()
+                .is_some_and(|s| s.world == 3)
+        })
+    });
+    let (_, table, _) = status_cmd(&[
+        "--rdzv-endpoint",
+        &job.etcd.endpoint(),
+        "--rdzv-id",
+        &job.run_id,
+    ]);
+    assert!(!table.contains("unhealthy"), "{table}");
+    assert!(
+        bad.stderr().contains("the health check passes again"),
+        "{}",
+        bad.stderr()
+    );
+}
+
+/// A health check that never passes: after `--health-check-attempts` failures in a row the
+/// agent exits 79 (replace the node), having started no worker.
+#[test]
+fn a_health_check_that_keeps_failing_exits_79() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args(["--standalone", "--no-python"])
+        .args(["--health-check", "echo 'NIC mlx5_0 is down'; exit 2"])
+        .args(["--health-check-attempts", "2"])
+        .arg_path(fsdp_tests::fake_worker())
+        .args(["--dir"])
+        .arg_path(dir.path())
+        .run(LIMIT);
+    assert_eq!(a.code(), 79, "{}", a.output());
+    let err = a.stderr();
+    assert!(err.contains("NIC mlx5_0 is down (exit code 2)"), "{err}");
+    assert!(
+        !std::fs::read_dir(dir.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("pid.")),
+        "a worker was started"
+    );
+}

@@ -111,6 +111,8 @@ pub struct Config {
     pub hang: crate::hang::HangConfig,
     /// Failures the budget does not decide alone (`crate::policy`).
     pub failure: crate::policy::FailurePolicy,
+    /// The health gate before each round (`crate::health`), if any.
+    pub health: Option<crate::health::HealthCheck>,
     pub entrypoint: Entrypoint,
     pub logs: LogConfig,
     pub signals: Vec<Signal>,
@@ -308,6 +310,7 @@ impl Resolver<'_> {
         };
         let term_timeout = self.term_timeout(&a)?;
         let hang = self.hang(&a.hang_timeout, &a.hang_min)?;
+        let health = self.health(&a)?;
         let failure = crate::policy::FailurePolicy {
             no_retry_codes: self.value(
                 "no-retry-exit-codes",
@@ -361,6 +364,7 @@ impl Resolver<'_> {
             term_timeout,
             hang,
             failure,
+            health,
             entrypoint,
             logs,
             signals,
@@ -397,6 +401,35 @@ impl Resolver<'_> {
         self.value("hang-timeout", timeout, |s| {
             crate::hang::HangConfig::parse(s, min, parse::duration)
         })
+    }
+
+    fn health(&mut self, a: &Args) -> Result<Option<crate::health::HealthCheck>, ConfigError> {
+        let timeout = self.value(
+            "health-check-timeout",
+            &a.health_check_timeout,
+            parse::duration,
+        )?;
+        let attempts = self.value("health-check-attempts", &a.health_check_attempts, |s| {
+            whole_number(s).and_then(|n| {
+                if n == 0 {
+                    Err("expected at least 1".into())
+                } else {
+                    Ok(n)
+                }
+            })
+        })?;
+        let interval = self.value(
+            "health-check-interval",
+            &a.health_check_interval,
+            parse::duration,
+        )?;
+        let command = self.value("health-check", &a.health_check, |s| Ok(s.trim().to_owned()))?;
+        Ok((!command.is_empty()).then_some(crate::health::HealthCheck {
+            command,
+            timeout,
+            attempts,
+            interval,
+        }))
     }
 
     fn status(&mut self, raw: &str) -> Result<StatusAddr, ConfigError> {

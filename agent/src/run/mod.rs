@@ -20,6 +20,7 @@
 //! [`crate::policy`]. A new event (say, "a worker hung") is one more [`Wake`] variant
 //! and the phase it leads to.
 
+mod gate;
 mod halt;
 mod hang;
 mod report;
@@ -236,10 +237,26 @@ impl<R: Rendezvous> Loop<'_, R> {
     }
 
     async fn join(&mut self) -> Result<Phase, AgentError> {
-        let round = match Self::interruptible(self.signals, self.rdzv.next_round()).await {
-            Ok(Err(RendezvousError::Halted(h))) => return Ok(self.halted(&h)),
-            Ok(r) => r?,
-            Err(sig) => return Ok(signalled(sig)),
+        let round = loop {
+            if let Some(end) = self.gate().await {
+                return Ok(end);
+            }
+            // A node that waits long (a spare) checks its health again now and then.
+            let recheck = self.cfg.health.as_ref().map(|h| h.interval);
+            let recheck = async {
+                match recheck {
+                    Some(every) => tokio::time::sleep(every).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = self.rdzv.next_round() => match r {
+                    Err(RendezvousError::Halted(h)) => return Ok(self.halted(&h)),
+                    r => break r?,
+                },
+                sig = self.signals.recv() => return Ok(signalled(sig)),
+                () = recheck => {}
+            }
         };
         self.report.formed(&round, self.rdzv.coordinator());
         self.report_losses(&round);

@@ -62,6 +62,14 @@ impl Reporter {
         self.board.hung();
     }
 
+    /// The health check failed for `reason`, or passed (`None`).
+    pub fn health(&self, failed: Option<&str>) {
+        self.board.health(failed);
+        if let Some(reason) = failed {
+            self.show(Shown::Rendezvous, format!("health check failed: {reason}"));
+        }
+    }
+
     /// The restarts `--max-restarts` is held against now (all, or those in the window).
     pub fn restarts(&self, counted: u32) {
         self.board.restarts(counted);

@@ -314,6 +314,17 @@ fn run_table(r: &RunReport) -> String {
     for c in &r.corrupt {
         let _ = writeln!(out, "{:<12} {c}", "untrusted");
     }
+    for u in &r.unhealthy {
+        let _ = writeln!(
+            out,
+            "{:<12} {}: {} ({} failed check{} in a row)",
+            "unhealthy",
+            u.node_id,
+            u.reason,
+            u.failures,
+            if u.failures == 1 { "" } else { "s" }
+        );
+    }
     let rows: Vec<Vec<String>> = r.members.iter().map(row).collect();
     let _ = writeln!(out);
     columns(
@@ -380,6 +391,7 @@ mod tests {
             health_reason: "ok".into(),
             corrupt: Vec::new(),
             last_hang: None,
+            unhealthy: Vec::new(),
         };
         let shown = Shown {
             run,

@@ -101,6 +101,17 @@ pub fn render(s: &Snapshot) -> String {
          fsdp_agent_hangs_total {}",
         s.hangs
     );
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_health_check_failures_total Failed --health-check runs of this node.\n\
+         # TYPE fsdp_agent_health_check_failures_total counter\n\
+         fsdp_agent_health_check_failures_total {}\n\
+         # HELP fsdp_agent_unhealthy 1 while this node stays out of rounds because its health check fails.\n\
+         # TYPE fsdp_agent_unhealthy gauge\n\
+         fsdp_agent_unhealthy {}",
+        s.health_failures,
+        u8::from(!s.state.unhealthy.is_empty())
+    );
     let families = [
         (
             "fsdp_agent_rank_last_step",

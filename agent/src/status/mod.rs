@@ -65,6 +65,8 @@ pub struct Snapshot {
     pub losses: BTreeMap<String, u64>,
     /// Times this node's group was found hung.
     pub hangs: u64,
+    /// Failed health checks of this node.
+    pub health_failures: u64,
     /// The local ranks' progress, for those that report it (the straggler view).
     pub ranks: Vec<RankView>,
     /// For losses proven by a refused connection: from the liveness stream breaking to
@@ -249,6 +251,15 @@ impl Board {
         let mut s = self.lock();
         s.state.restarts_used = counted;
         s.state.restarts_left = s.state.max_restarts.saturating_sub(counted);
+    }
+
+    /// The health check failed (`Some(reason)`) or passed (`None`).
+    pub fn health(&self, failed: Option<&str>) {
+        let mut s = self.lock();
+        if failed.is_some() {
+            s.health_failures += 1;
+        }
+        s.state.unhealthy = failed.unwrap_or_default().to_owned();
     }
 
     /// Who the hang this node declared in `round` points at.

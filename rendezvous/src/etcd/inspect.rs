@@ -30,6 +30,18 @@ pub struct RunReport {
     pub corrupt: Vec<String>,
     /// The latest round that hung: where every reporting node's ranks were.
     pub last_hang: Option<HangRound>,
+    /// Live nodes whose health check fails: out of the rounds until it passes.
+    pub unhealthy: Vec<UnhealthyNode>,
+}
+
+/// A node kept out by its health check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UnhealthyNode {
+    pub node_id: String,
+    /// The check's last output line, or how it ended.
+    pub reason: String,
+    /// Failed checks in a row.
+    pub failures: u32,
 }
 
 /// The reports of a round that hung.
@@ -113,6 +125,15 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
         health: Health::Forming,
         health_reason: String::new(),
         corrupt: v.corrupt.values().cloned().collect(),
+        unhealthy: v
+            .unhealthy
+            .values()
+            .map(|u| UnhealthyNode {
+                node_id: u.node_id.clone(),
+                reason: u.reason.clone(),
+                failures: u.failures,
+            })
+            .collect(),
         last_hang: v.hangs.last_key_value().map(|(round, h)| HangRound {
             round: *round,
             reports: h.values().map(super::hang_report).collect(),

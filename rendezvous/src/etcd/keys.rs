@@ -10,6 +10,7 @@
 //! <prefix>/<run_id>/ctl/gone/<n>/<node>  Gone         how the node's loss from round n was noticed
 //! <prefix>/<run_id>/ctl/hang/<n>/<node>  HangReport   where the node's ranks were when round n hung
 //! <prefix>/<run_id>/ctl/halt             Halt         the run is over for every node, with this code
+//! <prefix>/<run_id>/ctl/unhealthy/<node> Unhealthy    lease-bound: the node's health check fails
 //! ```
 //!
 //! Members and control keys live under different prefixes so that agents can watch member
@@ -140,6 +141,14 @@ impl Keys {
 
     pub fn gone(&self, round: u64, node_id: &str) -> String {
         format!("{}ctl/gone/{round:020}/{node_id}", self.root)
+    }
+
+    pub fn unhealthy_prefix(&self) -> String {
+        format!("{}ctl/unhealthy/", self.root)
+    }
+
+    pub fn unhealthy(&self, node_id: &str) -> String {
+        format!("{}ctl/unhealthy/{node_id}", self.root)
     }
 
     pub fn halt(&self) -> String {

@@ -658,6 +658,17 @@ impl Rendezvous for EtcdRendezvous {
         change
     }
 
+    async fn unhealthy(&mut self, reason: String, failures: u32) -> Result<(), RendezvousError> {
+        let record = v1::Unhealthy {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: self.cfg.node_id.clone(),
+            reason,
+            failures,
+            at_ms: crate::unix_ms(),
+        };
+        self.ask(Command::Withdraw { record }).await
+    }
+
     async fn halt(&mut self, exit_code: u8, reason: String) -> Result<(), RendezvousError> {
         let halt = v1::Halt {
             schema: fsdp_proto::SCHEMA_VERSION,

@@ -53,6 +53,9 @@ pub enum Command {
     ReportHang { report: v1::HangReport },
     /// End the run for every node (the first halt stands).
     Halt { halt: v1::Halt },
+    /// This node's health check failed: withdraw its registration (and the coordinator
+    /// role) and say why; it registers again when the check passes.
+    Withdraw { record: v1::Unhealthy },
     /// Revoke the lease (the others learn at once) and end the session.
     Depart { how: Departure },
     /// This node fenced itself: at the next contact with etcd, revoke the lease (the
@@ -952,6 +955,7 @@ impl Session {
             Command::ReportDone { round } => self.report_done(*round).await,
             Command::ReportHang { report } => self.report_hang(report).await,
             Command::Halt { halt } => self.halt(halt).await,
+            Command::Withdraw { record } => self.withdraw(record).await,
             Command::Depart { how } => {
                 self.depart(*how).await;
                 Ok(())
@@ -1056,6 +1060,34 @@ impl Session {
             .await
             .map_err(|source| RendezvousError::Etcd {
                 what: "reporting a worker failure",
+                source,
+            })?;
+        self.wrote();
+        Ok(())
+    }
+
+    async fn withdraw(&mut self, record: &v1::Unhealthy) -> Result<(), RendezvousError> {
+        // Out of every round until it registers again: nothing of ours to put back.
+        self.member = None;
+        self.running = None;
+        let coordinating = self.view.borrow().coordinator.as_deref() == Some(&self.node_id);
+        let mut ops = vec![
+            TxnOp::delete(self.keys.member(&self.node_id), None),
+            TxnOp::put(
+                self.keys.unhealthy(&self.node_id),
+                record.encode_to_vec(),
+                Some(PutOptions::new().with_lease(self.lease)),
+            ),
+        ];
+        if coordinating {
+            // A node out of the rounds does not seal them: a healthy one takes over.
+            ops.push(TxnOp::delete(self.keys.coordinator(), None));
+        }
+        self.client
+            .txn(Txn::new().and_then(ops))
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "withdrawing an unhealthy node",
                 source,
             })?;
         self.wrote();
@@ -1244,13 +1276,18 @@ fn registration(
     lease: i64,
     claim: bool,
 ) -> Txn {
+    // A registration says the node is healthy again: its unhealthy record goes with it.
     let put_member: Vec<TxnOp> = member
         .map(|m| {
             let opts = PutOptions::new().with_lease(lease);
             let record = v1::Member { lease, ..m.clone() };
-            TxnOp::put(keys.member(&m.node_id), record.encode_to_vec(), Some(opts))
+            [
+                TxnOp::put(keys.member(&m.node_id), record.encode_to_vec(), Some(opts)),
+                TxnOp::delete(keys.unhealthy(&m.node_id), None),
+            ]
         })
         .into_iter()
+        .flatten()
         .collect();
     if !claim {
         return Txn::new().and_then(put_member);

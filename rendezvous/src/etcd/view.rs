@@ -45,6 +45,8 @@ pub struct View {
     pub corrupt: BTreeMap<String, String>,
     /// How each lost member's loss was noticed, by node (the latest round's record).
     pub gone: BTreeMap<String, v1::Gone>,
+    /// Nodes whose health check fails, by node.
+    pub unhealthy: BTreeMap<String, v1::Unhealthy>,
     /// A node ended the run for everyone.
     pub halt: Option<v1::Halt>,
     /// Hang reports of the latest rounds that hung, by round and node.
@@ -141,6 +143,10 @@ impl View {
                     self.gone.insert(g.node_id.clone(), g);
                 }
             }
+        } else if let Some(id) = key.strip_prefix(&keys.unhealthy_prefix()) {
+            if let Some(u) = decoded::<v1::Unhealthy>(&mut self.corrupt, key, value) {
+                self.unhealthy.insert(id.to_owned(), u);
+            }
         } else if key == keys.halt() {
             if let Some(h) = decoded::<v1::Halt>(&mut self.corrupt, key, value) {
                 self.halt = Some(h);
@@ -190,6 +196,8 @@ impl View {
             self.coordinator = None;
         } else if key == keys.halt() {
             self.halt = None;
+        } else if let Some(id) = key.strip_prefix(&keys.unhealthy_prefix()) {
+            self.unhealthy.remove(id);
         }
     }
 
