@@ -1,7 +1,9 @@
 """A training stand-in for the fault tests: gloo all-reduce in a loop, rank 0 checkpoints
 the step counter (atomically) to a shared directory, and a restart resumes from it.
 
-usage: elastic_worker.py CKPT_DIR TOTAL_STEPS [--fail-on HOST]
+usage: elastic_worker.py CKPT_DIR TOTAL_STEPS [--fail-on HOST | --fail-first-on-all]
+--fail-on HOST: the worker on HOST exits 3 at every start.
+--fail-first-on-all: every worker exits 3 in the first attempt (restart 0).
 """
 import os
 import socket
@@ -15,6 +17,7 @@ import torch.distributed as dist
 def main():
     ckpt_dir, total = sys.argv[1], int(sys.argv[2])
     fail_on = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--fail-on" else None
+    fail_first = len(sys.argv) > 3 and sys.argv[3] == "--fail-first-on-all"
     path = os.path.join(ckpt_dir, "step")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -22,7 +25,7 @@ def main():
     host = socket.gethostname()
     restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
     print(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()}", flush=True)
-    if fail_on == host:
+    if fail_on == host or (fail_first and restart == "0"):
         raise SystemExit(3)
     while step < total:
         t = torch.ones(1)

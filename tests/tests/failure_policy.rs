@@ -227,3 +227,87 @@ fn a_health_check_that_keeps_failing_exits_79() {
         "a worker was started"
     );
 }
+
+/// Hot spares. `--nnodes 2:2` with three pods: one waits as a spare; SIGKILL a member and
+/// the spare takes its place in the same re-form, so the world stays 2.
+#[test]
+fn a_spare_replaces_a_killed_member_and_the_world_size_stays() {
+    let mut job = Job::new("spare", "2:2", 0, 1_000_000, 23);
+    job.rdzv_conf = "last_call_timeout=1".into();
+    let w = worker(&job, "tests/py/elastic_worker.py", &["1000000"]);
+    let mut pods: Vec<_> = (0..3).map(|i| job.pod_running(i, 1, &[], &w)).collect();
+    let running = |pods: &[fsdp_tests::pod::Pod]| -> Vec<usize> {
+        (0..pods.len())
+            .filter(|&i| !fsdp_tests::job::starts(&pods[i]).is_empty())
+            .collect()
+    };
+    {
+        let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
+        fsdp_tests::job::wait_until("a group of 2", &all, || running(&pods).len() == 2);
+        job.progresses(3, &all);
+    }
+    let members = running(&pods);
+    assert_eq!(members.len(), 2, "one pod is a spare");
+    let spare = (0..3).find(|i| !members.contains(i)).unwrap();
+    let (victim, survivor) = (members[0], members[1]);
+    pods[victim].kill();
+    let live: Vec<&fsdp_tests::pod::Pod> = [&pods[spare], &pods[survivor]].into();
+    fsdp_tests::job::wait_until("the spare to start", &live, || {
+        !fsdp_tests::job::starts(&pods[spare]).is_empty()
+    });
+    job.progresses(3, &live);
+    for i in [spare, survivor] {
+        let worlds: Vec<u32> = fsdp_tests::job::starts(&pods[i])
+            .iter()
+            .map(|s| s.world)
+            .collect();
+        assert!(worlds.iter().all(|&w| w == 2), "pod {i}: {worlds:?}");
+    }
+}
+
+/// Four pods alive with MAX 2 at a re-form (every worker fails once): the new round has
+/// exactly two members, and the two spares keep waiting.
+#[test]
+fn more_live_agents_than_max_at_a_re_form_make_a_round_of_max() {
+    let mut job = Job::new("spares4", "2:2", 1, 1_000_000, 24);
+    job.rdzv_conf = "last_call_timeout=1".into();
+    let w = worker(
+        &job,
+        "tests/py/elastic_worker.py",
+        &["1000000", "--fail-first-on-all"],
+    );
+    let pods: Vec<_> = (0..4).map(|i| job.pod_running(i, 1, &[], &w)).collect();
+    let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
+    let restarted = || {
+        pods.iter()
+            .filter(|p| {
+                fsdp_tests::job::starts(p)
+                    .iter()
+                    .any(|s| s.restart == 1)
+            })
+            .count()
+    };
+    fsdp_tests::job::wait_until("the group to restart", &all, || restarted() >= 2);
+    job.progresses(3, &all);
+    assert_eq!(restarted(), 2);
+    for p in &pods {
+        for s in fsdp_tests::job::starts(p) {
+            assert_eq!(s.world, 2, "{}", p.output());
+        }
+    }
+    let (_, json, _) = status_cmd(&[
+        "--json",
+        "--rdzv-endpoint",
+        &job.etcd.endpoint(),
+        "--rdzv-id",
+        &job.run_id,
+    ]);
+    let s: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let states: Vec<&str> = s["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["running", "running", "waiting", "waiting"], "{json}");
+}
