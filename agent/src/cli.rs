@@ -300,6 +300,36 @@ pub struct Args {
     )]
     pub restart_window: String,
 
+    /// Failed rounds in a row whose first failure came from this node, while no member was
+    /// lost, after which its machine is quarantined and the agent exits 80; 0: never.
+    #[arg(
+        long = "quarantine-after",
+        visible_alias = "quarantine_after",
+        env = "FSDP_QUARANTINE_AFTER",
+        default_value = "3"
+    )]
+    pub quarantine_after: String,
+
+    /// How long a quarantined machine stays out of the run (an agent started there exits 80).
+    #[arg(
+        long = "quarantine-for",
+        visible_alias = "quarantine_for",
+        env = "FSDP_QUARANTINE_FOR",
+        default_value = "1h"
+    )]
+    pub quarantine_for: String,
+
+    /// The machine this agent runs on, for quarantine. Default: the host name; on
+    /// Kubernetes set it from the downward API (`spec.nodeName`), since a pod started again
+    /// keeps its name but may land elsewhere.
+    #[arg(
+        long = "node-name",
+        visible_alias = "node_name",
+        env = "FSDP_NODE_NAME",
+        default_value = ""
+    )]
+    pub node_name: String,
+
     /// A command (run with `sh -c`) that must exit 0 before this node joins a round, e.g.
     /// a GPU or NIC check. While it fails the node stays out of the group, recorded in
     /// etcd with the command's last output line; after `--health-check-attempts` failures

@@ -48,6 +48,51 @@ pub struct FailurePolicy {
     /// `--max-restarts` counts the restarts charged within this long before a round was
     /// sealed; `None`: over the whole run (torchrun's rule).
     pub restart_window: Option<Duration>,
+    /// Failed rounds in a row whose first failure came from one node, after which that
+    /// node's machine is quarantined; 0: never.
+    pub quarantine_after: u32,
+    /// How long a quarantine lasts.
+    pub quarantine_for: Duration,
+    /// The machine this agent runs on (what a quarantine keeps out).
+    pub machine: String,
+}
+
+/// A round that ended in a failure, as quarantine looks at it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedRound {
+    pub round: u64,
+    /// The node whose failure was reported first (`None`: nobody's was, e.g. a hang).
+    pub first: Option<String>,
+    /// The round lost a member: its workers' failures may all be that loss.
+    pub lost_member: bool,
+}
+
+/// Whom to quarantine after the failed rounds `history` (oldest first): the node whose
+/// failure came first in each of the last `after` of them, provided no member was lost
+/// in any — a peer's death surfaces as failures everywhere, and the first of those is
+/// nobody's fault. `None`: nobody.
+pub fn blame(history: &[FailedRound], after: u32) -> Option<(String, String)> {
+    let k = after as usize;
+    if k == 0 || history.len() < k {
+        return None;
+    }
+    let last = &history[history.len() - k..];
+    if last.iter().any(|r| r.lost_member) {
+        return None;
+    }
+    let node = last[0].first.clone()?;
+    if last
+        .iter()
+        .any(|r| r.first.as_deref() != Some(node.as_str()))
+    {
+        return None;
+    }
+    let rounds: Vec<String> = last.iter().map(|r| r.round.to_string()).collect();
+    let reason = format!(
+        "the first failure of rounds {} came from node {node} while the others were fine",
+        rounds.join(", ")
+    );
+    Some((node, reason))
 }
 
 /// The failure restarts `--max-restarts` is held against in `round`: all of them, or those
@@ -236,6 +281,44 @@ mod tests {
         assert_eq!(restarts_counted(&round, Some(hour)), 1);
         assert_eq!(restarts_counted(&round, Some(3 * hour)), 2);
         assert_eq!(restarts_counted(&round, Some(100 * hour)), 3);
+    }
+
+    fn failed(round: u64, first: Option<&str>, lost_member: bool) -> FailedRound {
+        FailedRound {
+            round,
+            first: first.map(str::to_owned),
+            lost_member,
+        }
+    }
+
+    #[test]
+    fn the_node_first_to_fail_round_after_round_is_blamed() {
+        let h = [
+            failed(1, Some("a"), false),
+            failed(2, Some("c"), false),
+            failed(3, Some("c"), false),
+            failed(5, Some("c"), false),
+        ];
+        let (node, reason) = blame(&h, 3).unwrap();
+        assert_eq!(node, "c");
+        assert!(reason.contains("rounds 2, 3, 5"), "{reason}");
+        assert_eq!(blame(&h, 4), None, "a was first once");
+        assert_eq!(blame(&h[..3], 3), None);
+        assert_eq!(blame(&h, 0), None, "0 turns it off");
+    }
+
+    #[test]
+    fn nobody_is_blamed_for_a_round_that_lost_a_member_or_had_no_first() {
+        // A SIGKILLed peer: the survivors' workers fail, one of them first; not its fault.
+        let killed = [
+            failed(1, Some("a"), true),
+            failed(2, Some("a"), true),
+            failed(3, Some("a"), true),
+        ];
+        assert_eq!(blame(&killed, 1), None);
+        assert_eq!(blame(&killed, 3), None);
+        let hang = [failed(1, None, false)];
+        assert_eq!(blame(&hang, 1), None);
     }
 
     #[test]

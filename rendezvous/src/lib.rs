@@ -286,6 +286,34 @@ pub trait Rendezvous {
         None
     }
 
+    /// A worker of this node failed in the current round (`exit`, in words). Called the
+    /// moment the agent sees it, before it stops anything: the order of a round's reports
+    /// tells whose failure came first ([`Rendezvous::first_fault`]).
+    async fn report_fault(&mut self, _exit: String) -> Result<(), RendezvousError> {
+        Ok(())
+    }
+
+    /// The node whose worker failure in `round` was reported first, when the backend can
+    /// tell.
+    fn first_fault(&self, _round: u64) -> Option<String> {
+        None
+    }
+
+    /// Keeps `machine` out of the run until `until_ms` (Unix ms), for `reason`.
+    async fn quarantine(
+        &mut self,
+        _machine: String,
+        _reason: String,
+        _until_ms: u64,
+    ) -> Result<(), RendezvousError> {
+        Ok(())
+    }
+
+    /// Whether `machine` is kept out of the run now: why, and until when (Unix ms).
+    fn quarantined(&self, _machine: &str) -> Option<(String, u64)> {
+        None
+    }
+
     /// This node's health check failed (`failures` times in a row, the last for `reason`):
     /// it stays out of rounds, and says why, until it joins again.
     async fn unhealthy(&mut self, _reason: String, _failures: u32) -> Result<(), RendezvousError> {

@@ -280,11 +280,7 @@ fn more_live_agents_than_max_at_a_re_form_make_a_round_of_max() {
     let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
     let restarted = || {
         pods.iter()
-            .filter(|p| {
-                fsdp_tests::job::starts(p)
-                    .iter()
-                    .any(|s| s.restart == 1)
-            })
+            .filter(|p| fsdp_tests::job::starts(p).iter().any(|s| s.restart == 1))
             .count()
     };
     fsdp_tests::job::wait_until("the group to restart", &all, || restarted() >= 2);
@@ -309,5 +305,100 @@ fn more_live_agents_than_max_at_a_re_form_make_a_round_of_max() {
         .iter()
         .map(|m| m["state"].as_str().unwrap())
         .collect();
-    assert_eq!(states, ["running", "running", "waiting", "waiting"], "{json}");
+    assert_eq!(
+        states,
+        ["running", "running", "waiting", "waiting"],
+        "{json}"
+    );
+}
+
+/// Pod 2's worker fails at every start while pods 0 and 1 are fine (their workers fail
+/// only because pod 2's did): after three such rounds pod 2's machine is quarantined, its
+/// agent exits 80, the other two train on as a group of 2, and an agent started again on
+/// the same machine exits 80 at once.
+#[test]
+fn a_node_that_fails_first_round_after_round_is_quarantined() {
+    let mut job = Job::new("quarantine", "2:3", 10, 1_000_000, 25);
+    job.rdzv_conf = "last_call_timeout=1".into();
+    let w = worker(
+        &job,
+        "tests/py/elastic_worker.py",
+        &["1000000", "--fail-on", "pod2"],
+    );
+    let pods: Vec<_> = (0..2).map(|i| job.pod_running(i, 1, &[], &w)).collect();
+    let mut bad = job.pod_running(2, 1, &[], &w);
+    assert_eq!(bad.wait(LIMIT), 80, "{}", bad.output());
+    let err = bad.stderr();
+    assert!(
+        err.contains("quarantining this machine")
+            && err.contains("came from node pod2-")
+            && err.contains("while the others were fine"),
+        "{err}"
+    );
+    let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
+    fsdp_tests::job::wait_until("a group of 2 without pod 2", &all, || {
+        pods.iter().all(|p| {
+            fsdp_tests::job::starts(p)
+                .last()
+                .is_some_and(|s| s.world == 2)
+        })
+    });
+    job.progresses(3, &all);
+    for p in &pods {
+        assert!(!p.stderr().contains("quarantining"), "{}", p.stderr());
+    }
+    let (_, table, _) = status_cmd(&[
+        "--rdzv-endpoint",
+        &job.etcd.endpoint(),
+        "--rdzv-id",
+        &job.run_id,
+    ]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("quarantined") && l.contains("pod2 (for ")),
+        "{table}"
+    );
+    let mut again = job.pod_running(2, 1, &[], &w);
+    assert_eq!(again.wait(LIMIT), 80, "{}", again.output());
+    assert!(
+        again.stderr().contains("this machine is quarantined"),
+        "{}",
+        again.stderr()
+    );
+    assert!(fsdp_tests::job::starts(&again).is_empty());
+}
+
+/// A SIGKILLed pod makes the survivors' workers fail; one of them reports first. With
+/// `--quarantine-after 1` nobody is blamed for it: the round lost a member.
+#[test]
+fn a_peers_death_is_never_blamed_on_a_survivor() {
+    let mut job = Job::new("nokillblame", "2:3", 3, 1_000_000, 26);
+    job.rdzv_conf = "last_call_timeout=1".into();
+    let w = worker(&job, "tests/py/elastic_worker.py", &["1000000"]);
+    let mut pods: Vec<_> = (0..3)
+        .map(|i| job.pod_running(i, 1, &["--quarantine-after", "1"], &w))
+        .collect();
+    {
+        let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
+        fsdp_tests::job::wait_until("a group of 3", &all, || {
+            pods.iter()
+                .all(|p| fsdp_tests::job::nth_start_world(p, 0, 3))
+        });
+        job.progresses(3, &all);
+    }
+    pods[2].kill();
+    let survivors: Vec<&fsdp_tests::pod::Pod> = pods[..2].iter().collect();
+    fsdp_tests::job::wait_until("a group of 2", &survivors, || {
+        pods[..2].iter().all(|p| {
+            fsdp_tests::job::starts(p)
+                .last()
+                .is_some_and(|s| s.world == 2)
+        })
+    });
+    job.progresses(3, &survivors);
+    for p in &mut pods[..2] {
+        assert_eq!(p.exited(), None, "{}", p.output());
+        assert!(!p.stderr().contains("quarantining"), "{}", p.stderr());
+    }
 }

@@ -326,6 +326,16 @@ impl Resolver<'_> {
                 "" | "run" => Ok(None),
                 d => parse::duration(d).map(Some),
             })?,
+            quarantine_after: self.value("quarantine-after", &a.quarantine_after, whole_number)?,
+            quarantine_for: self.value("quarantine-for", &a.quarantine_for, parse::duration)?,
+            machine: self.value("node-name", &a.node_name, |s| {
+                // One etcd key segment.
+                Ok(match s.trim() {
+                    "" => fsdp_rendezvous::hostname(),
+                    name => name.to_owned(),
+                }
+                .replace('/', "_"))
+            })?,
         };
         let signals = self.value("signals-to-handle", &a.signals_to_handle, parse::signals)?;
         let console_events = self.flags_without_effect(&a)?;

@@ -23,6 +23,7 @@
 mod gate;
 mod halt;
 mod hang;
+mod quarantine;
 mod report;
 #[cfg(test)]
 mod tests;
@@ -146,6 +147,8 @@ async fn supervise<R: Rendezvous>(
         attempt: None,
         declared_hang: None,
         ledger: crate::policy::ProgressLedger::default(),
+        failed: None,
+        failed_rounds: Vec::new(),
     };
     let mut phase = Phase::Join;
     loop {
@@ -198,6 +201,11 @@ struct Loop<'a, R> {
     declared_hang: Option<(u64, Vec<String>)>,
     /// How far the ranks got over the run's failed attempts (the no-progress rule).
     ledger: crate::policy::ProgressLedger,
+    /// The last round, if it ended in a failure, and its members (quarantine judges it
+    /// once the next round forms).
+    failed: Option<(u64, Vec<String>)>,
+    /// The latest failed rounds, oldest first.
+    failed_rounds: Vec<crate::policy::FailedRound>,
 }
 
 /// Leaving after `sig`: the run goes on without this node.
@@ -238,6 +246,9 @@ impl<R: Rendezvous> Loop<'_, R> {
 
     async fn join(&mut self) -> Result<Phase, AgentError> {
         let round = loop {
+            if let Some(end) = self.kept_out() {
+                return Ok(end);
+            }
             if let Some(end) = self.gate().await {
                 return Ok(end);
             }
@@ -261,6 +272,9 @@ impl<R: Rendezvous> Loop<'_, R> {
         self.report.formed(&round, self.rdzv.coordinator());
         self.report_losses(&round);
         self.name_culprit().await;
+        if let Some(end) = self.judge_quarantine(&round).await {
+            return Ok(end);
+        }
         tracing::info!(
             master_addr = %round.master_addr,
             master_port = round.master_port,
@@ -432,6 +446,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         match &change {
             Change::Halted(h) => return self.halted(h),
             Change::PeerFailed { .. } => {
+                self.failed_round(&round);
                 // A node that found the group hung charges a failure after saying so.
                 self.answer_hang(&round).await;
                 // A peer's failure ended this attempt too: it counts for the no-progress
@@ -469,6 +484,7 @@ impl<R: Rendezvous> Loop<'_, R> {
             Shown::Stopping,
             format!("worker rank {} failed: {}", first.rank, first.exit),
         );
+        self.report_fault(&round, first.exit).await;
         let verdict = self.judge_failure(first.exit);
         if let AfterFailure::Halt { exit_code, reason } = &verdict {
             if let Err(sig) = self.announce_halt(*exit_code, reason).await {

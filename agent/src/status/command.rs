@@ -314,6 +314,20 @@ fn run_table(r: &RunReport) -> String {
     for c in &r.corrupt {
         let _ = writeln!(out, "{:<12} {c}", "untrusted");
     }
+    let now = fsdp_rendezvous::unix_ms();
+    for q in &r.quarantined {
+        let left = q.until_ms.saturating_sub(now) / 1000;
+        let until = if left > 0 {
+            format!("for {}m{:02}s more", left / 60, left % 60)
+        } else {
+            "expired".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "{:<12} {} ({until}): {}",
+            "quarantined", q.machine, q.reason
+        );
+    }
     for u in &r.unhealthy {
         let _ = writeln!(
             out,
@@ -392,6 +406,7 @@ mod tests {
             corrupt: Vec::new(),
             last_hang: None,
             unhealthy: Vec::new(),
+            quarantined: Vec::new(),
         };
         let shown = Shown {
             run,

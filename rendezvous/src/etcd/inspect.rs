@@ -32,6 +32,19 @@ pub struct RunReport {
     pub last_hang: Option<HangRound>,
     /// Live nodes whose health check fails: out of the rounds until it passes.
     pub unhealthy: Vec<UnhealthyNode>,
+    /// Machines kept out of the run (expired ones too, with their end).
+    pub quarantined: Vec<QuarantinedMachine>,
+}
+
+/// A machine kept out because its node failed first round after round.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QuarantinedMachine {
+    pub machine: String,
+    /// The node (agent) it was blamed as.
+    pub node_id: String,
+    pub reason: String,
+    /// Unix ms when the quarantine ends.
+    pub until_ms: u64,
 }
 
 /// A node kept out by its health check.
@@ -132,6 +145,16 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
                 node_id: u.node_id.clone(),
                 reason: u.reason.clone(),
                 failures: u.failures,
+            })
+            .collect(),
+        quarantined: v
+            .quarantine
+            .values()
+            .map(|q| QuarantinedMachine {
+                machine: q.machine.clone(),
+                node_id: q.node_id.clone(),
+                reason: q.reason.clone(),
+                until_ms: q.until_ms,
             })
             .collect(),
         last_hang: v.hangs.last_key_value().map(|(round, h)| HangRound {

@@ -11,6 +11,8 @@
 //! <prefix>/<run_id>/ctl/hang/<n>/<node>  HangReport   where the node's ranks were when round n hung
 //! <prefix>/<run_id>/ctl/halt             Halt         the run is over for every node, with this code
 //! <prefix>/<run_id>/ctl/unhealthy/<node> Unhealthy    lease-bound: the node's health check fails
+//! <prefix>/<run_id>/ctl/faults/<n>/<node> Fault       the node saw its own worker fail in round n
+//! <prefix>/<run_id>/ctl/quarantine/<machine> Quarantine the machine is kept out until a time
 //! ```
 //!
 //! Members and control keys live under different prefixes so that agents can watch member
@@ -141,6 +143,22 @@ impl Keys {
 
     pub fn gone(&self, round: u64, node_id: &str) -> String {
         format!("{}ctl/gone/{round:020}/{node_id}", self.root)
+    }
+
+    pub fn faults_prefix(&self) -> String {
+        format!("{}ctl/faults/", self.root)
+    }
+
+    pub fn fault(&self, round: u64, node_id: &str) -> String {
+        format!("{}ctl/faults/{round:020}/{node_id}", self.root)
+    }
+
+    pub fn quarantine_prefix(&self) -> String {
+        format!("{}ctl/quarantine/", self.root)
+    }
+
+    pub fn quarantine(&self, machine: &str) -> String {
+        format!("{}ctl/quarantine/{machine}", self.root)
     }
 
     pub fn unhealthy_prefix(&self) -> String {

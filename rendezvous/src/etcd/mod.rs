@@ -658,6 +658,45 @@ impl Rendezvous for EtcdRendezvous {
         change
     }
 
+    async fn report_fault(&mut self, exit: String) -> Result<(), RendezvousError> {
+        let Some(held) = &self.held else {
+            return Ok(());
+        };
+        let record = v1::Fault {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round: held.record.number,
+            node_id: self.cfg.node_id.clone(),
+            exit,
+        };
+        self.ask(Command::ReportFault { record }).await
+    }
+
+    fn first_fault(&self, round: u64) -> Option<String> {
+        self.view.borrow().first_fault(round)
+    }
+
+    async fn quarantine(
+        &mut self,
+        machine: String,
+        reason: String,
+        until_ms: u64,
+    ) -> Result<(), RendezvousError> {
+        let record = v1::Quarantine {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            machine,
+            node_id: self.cfg.node_id.clone(),
+            reason,
+            until_ms,
+        };
+        self.ask(Command::Quarantine { record }).await
+    }
+
+    fn quarantined(&self, machine: &str) -> Option<(String, u64)> {
+        let v = self.view.borrow();
+        let q = v.quarantine.get(machine)?;
+        (q.until_ms > crate::unix_ms()).then(|| (q.reason.clone(), q.until_ms))
+    }
+
     async fn unhealthy(&mut self, reason: String, failures: u32) -> Result<(), RendezvousError> {
         let record = v1::Unhealthy {
             schema: fsdp_proto::SCHEMA_VERSION,

@@ -53,6 +53,10 @@ pub enum Command {
     ReportHang { report: v1::HangReport },
     /// End the run for every node (the first halt stands).
     Halt { halt: v1::Halt },
+    /// A worker of this node failed in its round (written before anything is stopped).
+    ReportFault { record: v1::Fault },
+    /// Keep this machine out of the run until the record's time.
+    Quarantine { record: v1::Quarantine },
     /// This node's health check failed: withdraw its registration (and the coordinator
     /// role) and say why; it registers again when the check passes.
     Withdraw { record: v1::Unhealthy },
@@ -956,6 +960,16 @@ impl Session {
             Command::ReportHang { report } => self.report_hang(report).await,
             Command::Halt { halt } => self.halt(halt).await,
             Command::Withdraw { record } => self.withdraw(record).await,
+            Command::ReportFault { record } => {
+                let key = self.keys.fault(record.round, &record.node_id);
+                self.put(key, record.encode_to_vec(), "reporting a worker fault")
+                    .await
+            }
+            Command::Quarantine { record } => {
+                let key = self.keys.quarantine(&record.machine);
+                self.put(key, record.encode_to_vec(), "quarantining this machine")
+                    .await
+            }
             Command::Depart { how } => {
                 self.depart(*how).await;
                 Ok(())
@@ -1062,6 +1076,21 @@ impl Session {
                 what: "reporting a worker failure",
                 source,
             })?;
+        self.wrote();
+        Ok(())
+    }
+
+    /// One plain put, as a request's outcome.
+    async fn put(
+        &mut self,
+        key: String,
+        value: Vec<u8>,
+        what: &'static str,
+    ) -> Result<(), RendezvousError> {
+        self.client
+            .put(key, value, None)
+            .await
+            .map_err(|source| RendezvousError::Etcd { what, source })?;
         self.wrote();
         Ok(())
     }

@@ -25,6 +25,8 @@ pub struct RoundEntry {
 
 /// Rounds whose hang reports a view keeps.
 const HANG_ROUNDS_KEPT: usize = 4;
+/// Rounds whose faults a view keeps (quarantine looks at the last few failed rounds).
+const FAULT_ROUNDS_KEPT: usize = 32;
 
 #[derive(Debug, Clone, Default)]
 pub struct View {
@@ -45,6 +47,11 @@ pub struct View {
     pub corrupt: BTreeMap<String, String>,
     /// How each lost member's loss was noticed, by node (the latest round's record).
     pub gone: BTreeMap<String, v1::Gone>,
+    /// Per round, the nodes that saw their own worker fail, with the revision of their
+    /// report (the first is the origin); the latest rounds only.
+    pub faults: BTreeMap<u64, BTreeMap<String, i64>>,
+    /// Machines kept out of the run, by machine.
+    pub quarantine: BTreeMap<String, v1::Quarantine>,
     /// Nodes whose health check fails, by node.
     pub unhealthy: BTreeMap<String, v1::Unhealthy>,
     /// A node ended the run for everyone.
@@ -77,6 +84,15 @@ fn decoded<T: Versioned>(
 }
 
 impl View {
+    /// The node whose fault report for `round` reached etcd first.
+    pub fn first_fault(&self, round: u64) -> Option<String> {
+        self.faults
+            .get(&round)?
+            .iter()
+            .min_by_key(|(node, rev)| (**rev, (*node).clone()))
+            .map(|(node, _)| node.clone())
+    }
+
     /// The halt of the run, if a node ended it.
     pub fn halted(&self) -> Option<crate::Halt> {
         self.halt.as_ref().map(|h| crate::Halt {
@@ -143,6 +159,18 @@ impl View {
                     self.gone.insert(g.node_id.clone(), g);
                 }
             }
+        } else if key.starts_with(&keys.faults_prefix()) {
+            if let Some(f) = decoded::<v1::Fault>(&mut self.corrupt, key, value) {
+                let round = self.faults.entry(f.round).or_default();
+                round.entry(f.node_id).or_insert(mod_rev);
+                while self.faults.len() > FAULT_ROUNDS_KEPT {
+                    self.faults.pop_first();
+                }
+            }
+        } else if let Some(machine) = key.strip_prefix(&keys.quarantine_prefix()) {
+            if let Some(q) = decoded::<v1::Quarantine>(&mut self.corrupt, key, value) {
+                self.quarantine.insert(machine.to_owned(), q);
+            }
         } else if let Some(id) = key.strip_prefix(&keys.unhealthy_prefix()) {
             if let Some(u) = decoded::<v1::Unhealthy>(&mut self.corrupt, key, value) {
                 self.unhealthy.insert(id.to_owned(), u);
@@ -198,6 +226,8 @@ impl View {
             self.halt = None;
         } else if let Some(id) = key.strip_prefix(&keys.unhealthy_prefix()) {
             self.unhealthy.remove(id);
+        } else if let Some(machine) = key.strip_prefix(&keys.quarantine_prefix()) {
+            self.quarantine.remove(machine);
         }
     }
 
