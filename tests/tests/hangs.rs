@@ -220,6 +220,13 @@ fn a_stall_on_one_node_is_named_across_nodes_and_both_restart_from_the_checkpoin
         .filter(|e| e.contains("the worker group is hung"))
         .collect();
     assert!(!declared.is_empty(), "{}", errs.join("\n"));
+    // Ranks follow the join order: rank 3 is on whichever pod joined second. Node ids
+    // are "<host>-<pid>-<suffix>", and a pod's host name is its own.
+    let host = pods
+        .iter()
+        .position(|p| p.stdout().contains("stall rank=3"))
+        .map(|i| format!("rank 3 on node pod{i}-"))
+        .expect("the pod of the stalled rank");
     for e in declared {
         // Locally, a node sees either its own rank behind or that it is elsewhere...
         assert!(
@@ -232,8 +239,7 @@ fn a_stall_on_one_node_is_named_across_nodes_and_both_restart_from_the_checkpoin
             .find(|l| l.contains("the hang's culprit"))
             .unwrap_or_else(|| panic!("no culprit named\n{}", errs.join("\n")));
         assert!(
-            // Node ids are "<host>-<pid>-<suffix>", and a pod's host name is its own.
-            culprit.contains("rank 3 on node pod1-")
+            culprit.contains(&host)
                 && culprit.contains("last finished step 9; all others finished step 10"),
             "{culprit}"
         );
@@ -250,7 +256,7 @@ fn a_stall_on_one_node_is_named_across_nodes_and_both_restart_from_the_checkpoin
         .find(|l| l.starts_with("last hang"))
         .unwrap_or_else(|| panic!("{table}"));
     assert!(
-        last.contains("round 0: rank 3 on node pod1-") && last.contains("last finished step 9"),
+        last.contains("round 0: ") && last.contains(&host) && last.contains("last finished step 9"),
         "{table}"
     );
     for p in &pods {
