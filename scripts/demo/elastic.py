@@ -13,6 +13,7 @@ usage: elastic.py --agent BIN --trainer BIN [--steps N] [--workdir DIR]
 Standard library only.
 """
 import argparse
+import math
 import os
 import re
 import shutil
@@ -72,6 +73,10 @@ class Node:
             "--no-python", d.trainer,
             "--max_steps", str(d.steps), "--logging_freq", "5",
             "--checkpoint_freq", str(d.ckpt_every), "--threads", "1",
+            # Big enough to watch (about 15 steps a second on two cores), small enough
+            # for any machine.
+            "--hidden_width", "128", "--num_layers", "4", "--intermediate_size", "344",
+            "--num_heads", "8", "--num_key_value_heads", "4", "--max_context_width", "64",
             "--checkpoint_dir", d.ckpt, "--resume_from_checkpoint", d.ckpt,
         ]
         env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -100,7 +105,7 @@ class Node:
 class Demo:
     def __init__(self, args):
         self.agent, self.trainer, self.steps = args.agent, args.trainer, args.steps
-        self.ckpt_every = max(5, args.steps // 30 // 5 * 5)
+        self.ckpt_every = max(5, args.steps // 32 // 5 * 5)
         self.workdir = args.workdir or tempfile.mkdtemp(prefix="fsdp-demo-")
         os.makedirs(self.workdir, exist_ok=True)
         self.ckpt = os.path.join(self.workdir, "checkpoints")
@@ -134,17 +139,37 @@ class Demo:
         raise SystemExit("etcd did not start; see " + os.path.join(self.workdir, "etcd.log"))
 
     # --- what the nodes said --------------------------------------------------------
-    def trainer_lines(self):
-        out = []
+    def outputs(self):
+        """{path: lines} of every agent's stdout (its workers' output)."""
+        out = {}
         for n in self.nodes:
             for inc in range(1, n.incarnation + 1):
                 path = os.path.join(self.workdir, f"node{n.index}.{inc}.out")
                 try:
                     with open(path) as f:
-                        out.extend(f.read().splitlines())
+                        out[path] = f.read().splitlines()
                 except OSError:
                     pass
         return out
+
+    def trainer_lines(self):
+        return [l for lines in self.outputs().values() for l in lines]
+
+    def snapshot(self):
+        """How many lines each output has now: what comes later is news."""
+        return {path: len(lines) for path, lines in self.outputs().items()}
+
+    def resumed_since(self, snap):
+        """(step, trained): the checkpoint step rank 0 loaded after `snap`, and whether it
+        logged a step after that; None before it loaded."""
+        for path, lines in self.outputs().items():
+            new = lines[snap.get(path, 0):]
+            for i, l in enumerate(new):
+                m = LOADED.search(l)
+                if m:
+                    trained = any(BATCH.search(x) for x in new[i + 1:])
+                    return int(m.group(1)), trained
+        return None
 
     def step(self):
         """The furthest step any rank 0 logged."""
@@ -163,14 +188,6 @@ class Demo:
                 return t, int(m.group(2))
         return None
 
-    def resumed_after(self, after_step_count):
-        """The step of the n-th 'Loaded checkpoint' line (counting over all nodes)."""
-        loads = [int(m.group(1)) for l in self.trainer_lines() for m in [LOADED.search(l)] if m]
-        return loads[after_step_count] if len(loads) > after_step_count else None
-
-    def loads(self):
-        return sum(1 for l in self.trainer_lines() if LOADED.search(l))
-
     def wait(self, what, cond, limit=120):
         end = time.time() + limit
         while time.time() < end:
@@ -187,51 +204,52 @@ class Demo:
     def until_step(self, s):
         self.wait(f"waiting for step {s}", lambda: self.step() >= s)
 
-    def reform(self, label, cause, survivors, world_from, world_to, t0, at_step, loads_before):
+    def reform(self, label, cause, survivors, world_from, world_to, t0, at_step, snap):
         formed = self.wait(
             f"waiting for the group to re-form after {label}",
             lambda: all(self.formed(self.nodes[i], t0) for i in survivors) and
             [self.formed(self.nodes[i], t0)[1] for i in survivors] == [world_to] * len(survivors))
         took = max(self.formed(self.nodes[i], t0)[0] for i in survivors) - t0
-        resumed = self.wait("waiting for training to resume",
-                            lambda: self.resumed_after(loads_before) is not None or None)
-        resumed = self.resumed_after(loads_before)
+        resumed, _ = self.wait("waiting for training to resume", lambda: self.resumed_since(snap))
+        self.wait("waiting for the first step after the resume",
+                  lambda: self.resumed_since(snap)[1] or None)
+        training = time.time() - t0
         lost = max(0, at_step - resumed)
-        nodes = " and ".join(f"node {i}" for i in survivors)
-        say(f"{cause} at step {at_step} → {nodes} re-formed in {took:.1f} s "
-            f"(world {world_from} → {world_to}), resumed from the checkpoint of step {resumed}"
-            f" ({lost} steps redone)")
-        self.events.append((label, at_step, took, f"{world_from} → {world_to}", resumed, lost))
+        nodes = ", ".join(f"{i}" for i in survivors)
+        say(f"{cause} at step {at_step} → nodes {nodes} re-formed in {took:.2f} s "
+            f"(world {world_from} → {world_to}), resumed from the checkpoint of step {resumed}, "
+            f"training again {training:.1f} s after the event ({lost} steps redone)")
+        self.events.append((label, at_step, took, training, f"{world_from} → {world_to}", resumed, lost))
         del formed
 
     def kill(self, i):
         at = self.step()
-        loads = self.loads()
+        snap = self.snapshot()
         t0 = time.time()
         self.nodes[i].expected_alive = False
         self.nodes[i].signal(signal.SIGKILL)
         survivors = [n.index for n in self.nodes if n.index != i and n.expected_alive]
-        self.reform(f"node {i} killed", f"killed node {i} (SIGKILL)", survivors, 3, 2, t0, at, loads)
+        self.reform(f"node {i} killed", f"killed node {i} (SIGKILL)", survivors, 3, 2, t0, at, snap)
 
     def delete(self, i):
         at = self.step()
-        loads = self.loads()
+        snap = self.snapshot()
         t0 = time.time()
         self.nodes[i].expected_alive = False
         self.nodes[i].signal(signal.SIGTERM)
         survivors = [n.index for n in self.nodes if n.index != i and n.expected_alive]
-        self.reform(f"node {i} deleted", f"deleted node {i} (SIGTERM, as a pod delete)", survivors, 3, 2, t0, at, loads)
+        self.reform(f"node {i} deleted", f"deleted node {i} (SIGTERM, as a pod delete)", survivors, 3, 2, t0, at, snap)
         code = self.nodes[i].proc.wait(timeout=30)
         say(f"node {i}'s agent exited {code} (a pod stopped from outside, not a failure)")
 
     def back(self, i):
         at = self.step()
-        loads = self.loads()
+        snap = self.snapshot()
         t0 = time.time()
         self.nodes[i].expected_alive = True
         self.nodes[i].start()
         everyone = [n.index for n in self.nodes]
-        self.reform(f"node {i} back", f"node {i} back (a new agent)", everyone, 2, 3, t0, at, loads)
+        self.reform(f"node {i} back", f"node {i} back (a new agent)", everyone, 2, 3, t0, at, snap)
 
     def show_status(self):
         out = subprocess.run([self.agent, "status", "--rdzv-endpoint", self.endpoint,
@@ -282,9 +300,11 @@ class Demo:
 
     def summary(self):
         print()
-        print(f"{'event':<16} {'at step':>7} {'re-formed in':>12} {'world':>7} {'resumed from':>12} {'steps redone':>12}")
-        for label, at, took, world, resumed, lost in self.events:
-            print(f"{label:<16} {at:>7} {took:>11.1f}s {world:>7} {resumed:>12} {lost:>12}")
+        print(f"{'event':<16} {'at step':>7} {'re-formed in':>12} {'training again':>14} "
+              f"{'world':>7} {'resumed from':>12} {'steps redone':>12}")
+        for label, at, took, training, world, resumed, lost in self.events:
+            print(f"{label:<16} {at:>7} {took:>11.2f}s {training:>13.1f}s {world:>7} "
+                  f"{resumed:>12} {lost:>12}")
         print()
         curve = {}
         for l in self.trainer_lines():
@@ -294,8 +314,16 @@ class Demo:
         plot(curve, [e[1] for e in self.events])
 
     def cleanup(self):
+        # As a pod delete would: SIGTERM (the agents stop their workers), then SIGKILL.
         for n in self.nodes:
-            if n.alive():
+            n.signal(signal.SIGTERM)
+        end = time.time() + 10
+        for n in self.nodes:
+            if n.proc is None:
+                continue
+            try:
+                n.proc.wait(timeout=max(0.1, end - time.time()))
+            except subprocess.TimeoutExpired:
                 try:
                     os.killpg(n.proc.pid, signal.SIGKILL)
                 except OSError:
@@ -316,6 +344,8 @@ def plot(curve, marks, width=60, height=10):
     if not curve:
         return
     steps = sorted(curve)
+    # A log scale: the first steps' fall would flatten the rest.
+    curve = {s: math.log(max(v, 1e-9)) for s, v in curve.items()}
     lo, hi = min(curve.values()), max(curve.values())
     span = (hi - lo) or 1.0
     first, last = steps[0], steps[-1]
@@ -333,7 +363,8 @@ def plot(curve, marks, width=60, height=10):
         for r in rows:
             if r[c] == " ":
                 r[c] = "|"
-    print(f"loss by step (| marks an event): {hi:.3f} at the top, {lo:.3f} at the bottom")
+    print(f"loss by step, log scale (| marks an event): {math.exp(hi):.3f} at the top, "
+          f"{math.exp(lo):.3f} at the bottom")
     for r in rows:
         print("    " + "".join(r))
     print(f"    step {first}{' ' * (width - len(str(first)) - len(str(last)) - 5)}{last}")
@@ -344,7 +375,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--agent", required=True)
     p.add_argument("--trainer", required=True)
-    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--steps", type=int, default=800)
     p.add_argument("--workdir")
     args = p.parse_args()
     demo = Demo(args)

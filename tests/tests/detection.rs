@@ -169,3 +169,81 @@ fn a_deleted_pod_is_reported_as_a_leave() {
         );
     }
 }
+
+/// A dead peer often reaches the survivors' workers first: their collective fails and
+/// their agents go back to the rendezvous to wait for the next round. Here the
+/// coordinator's agent is frozen, its worker killed (the survivors' workers fail), then the
+/// agent SIGKILLed: the survivors, still watching the old round's neighbours, prove it dead
+/// and re-form well before its lease could expire. The elastic demo found them waiting out
+/// the lease (3.5 s of 5) when the watch ended with the round.
+#[test]
+fn a_peer_whose_workers_died_first_is_still_evicted_when_its_agent_dies() {
+    // A long lease: re-forming within 3 s can only be the eviction.
+    let mut job = Job::new("detect-after", "2:3", 0, 1_000_000, 17);
+    job.rdzv_conf = "last_call_timeout=1,keep_alive_ttl=10".into();
+    let mut pods: Vec<Pod> = (0..3).map(|i| job.pod(i, &[])).collect();
+    {
+        let all: Vec<&Pod> = pods.iter().collect();
+        wait_until("a group of 3", &all, || {
+            pods.iter().all(|p| nth_start_world(p, 0, 3))
+        });
+        job.progresses(3, &all);
+    }
+    let mut c = None;
+    wait_until("etcd to name the coordinator", &[], || {
+        c = job.coordinator();
+        c.is_some()
+    });
+    let victim = c.unwrap();
+    // The worker as the test sees it: the agent's child (its own pid is the pod's).
+    let agent = pods[victim].agent_pid();
+    let worker: i32 = std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the victim's worker pid");
+    pods[victim].signal(nix::sys::signal::Signal::SIGSTOP);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    // The survivors' workers fail and their agents go back to the rendezvous.
+    {
+        let all: Vec<&Pod> = pods.iter().collect();
+        wait_until("the survivors to stop their workers", &all, || {
+            survivors.iter().all(|&i| {
+                let e = pods[i].stderr();
+                e.contains("worker group failed") || e.contains("change=PeerFailed")
+            })
+        });
+    }
+    let t0 = now_of_day();
+    pods[victim].kill();
+    let all: Vec<&Pod> = survivors.iter().map(|&i| &pods[i]).collect();
+    wait_until("a group of 2", &all, || {
+        survivors
+            .iter()
+            .all(|&i| starts(&pods[i]).last().is_some_and(|s| s.world == 2))
+    });
+    let mut slowest = 0.0f64;
+    for &i in &survivors {
+        let formed = logged_at(&pods[i], "group formed", "world_size=2").expect("a group of 2");
+        slowest = slowest.max(formed - t0);
+    }
+    let outputs: Vec<String> = survivors.iter().map(|&i| pods[i].output()).collect();
+    assert!(
+        survivors.iter().any(|&i| pods[i]
+            .stderr()
+            .contains("ring neighbour gone; revoking its lease")),
+        "no survivor evicted the dead agent\n{}",
+        outputs.join("\n")
+    );
+    assert!(
+        slowest < 3.0,
+        "re-formed {slowest:.3} s after the agent's death\n{}",
+        outputs.join("\n")
+    );
+}

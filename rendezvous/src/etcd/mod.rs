@@ -273,6 +273,8 @@ impl EtcdRendezvous {
                     FenceDecision::Fence { reason, left } => {
                         drop(v);
                         self.tell(Command::Abandon);
+                        // Cut off, this node proves nothing about anyone.
+                        self.watcher = None;
                         return Ok(Change::Fenced {
                             reason,
                             stop_within: left,
@@ -573,7 +575,10 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     async fn next_round(&mut self) -> Result<Round, RendezvousError> {
-        self.watcher = None;
+        // The last round's neighbour stays watched until a new round replaces it: a dead
+        // peer often reaches the workers (a failure) before anything else, and the
+        // survivors then wait for the next round, where only its eviction makes the dead
+        // node's absence known before its lease runs out.
         let since = Instant::now();
         let deadline = tokio::time::Instant::now() + self.cfg.join_timeout;
         let mut wants = match &self.held {
@@ -650,12 +655,8 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     async fn changed(&mut self) -> Result<Change, RendezvousError> {
-        let change = self.next_change().await;
-        if change.is_ok() {
-            // The round is over for this node: so is watching its neighbour.
-            self.watcher = None;
-        }
-        change
+        // Watching the neighbour goes on into the re-form (see `next_round`).
+        self.next_change().await
     }
 
     async fn report_fault(&mut self, exit: String) -> Result<(), RendezvousError> {
@@ -808,6 +809,7 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
+        self.watcher = None;
         // The session revokes the lease and ends; leaving never fails the agent.
         if let Err(e) = self.ask(Command::Depart { how }).await {
             tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL");
