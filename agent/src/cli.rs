@@ -21,7 +21,11 @@ pub const DEFAULT_STATUS_ADDR: &str = "0.0.0.0:29450";
     version,
     about,
     max_term_width = 100,
-    allow_negative_numbers = true
+    allow_negative_numbers = true,
+    // As argparse takes them: an unambiguous abbreviation (`--nproc-per`, `--stand`) is the
+    // flag, and a flag given twice keeps its last value.
+    infer_long_args = true,
+    args_override_self = true
 )]
 pub struct Args {
     /// Number of nodes: `N` or `MIN:MAX`.
@@ -414,12 +418,24 @@ pub struct Args {
 /// follows the flag table. Unknown flags are taken as taking no value: clap reports them.
 pub fn script_index(cmd: &clap::Command, argv: &[OsString]) -> Option<usize> {
     let takes_value = |a: &clap::Arg| a.get_action().takes_values();
+    fn names(a: &clap::Arg) -> Vec<&str> {
+        a.get_long()
+            .into_iter()
+            .chain(a.get_all_aliases().unwrap_or_default())
+            .collect()
+    }
+    // A flag by its name, or by an abbreviation that only one flag's names start with (as
+    // clap's `infer_long_args` and argparse decide).
     let long = |name: &str| {
-        cmd.get_arguments().find(|a| {
-            a.get_long() == Some(name)
-                || a.get_all_aliases()
-                    .is_some_and(|aliases| aliases.contains(&name))
-        })
+        cmd.get_arguments()
+            .find(|a| names(a).contains(&name))
+            .or_else(|| {
+                let mut by_prefix = cmd
+                    .get_arguments()
+                    .filter(|a| names(a).iter().any(|n| n.starts_with(name)));
+                let first = by_prefix.next()?;
+                by_prefix.next().is_none().then_some(first)
+            })
     };
     let short = |c: char| {
         cmd.get_arguments().find(|a| {
@@ -491,6 +507,15 @@ mod tests {
         assert_eq!(split("-mr3 pkg.mod"), Some(2));
         assert_eq!(split("--standalone --no-python /bin/echo -r 3"), Some(3));
         assert_eq!(split("--max-restarts -1 train.py"), Some(3));
+    }
+
+    #[test]
+    fn an_unambiguous_abbreviation_is_its_flag() {
+        assert_eq!(split("--nproc-per 2 train.py"), Some(3));
+        assert_eq!(split("--stand train.py"), Some(2));
+        assert_eq!(split("--nproc_per 2 train.py"), Some(3));
+        // `--hang` could be --hang-timeout or --hang-min: clap names the ambiguity.
+        assert_eq!(split("--hang 3 train.py"), Some(2));
     }
 
     #[test]

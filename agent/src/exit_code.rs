@@ -9,12 +9,12 @@
 //! | 69        | the rendezvous is unavailable (e.g. etcd unreachable after the retry window) |
 //! | 70        | internal error of the agent (a worker could not be spawned, an I/O error) |
 //! | 75        | this node's workers succeeded but other nodes did not finish within the exit barrier |
-//! | 76        | restart budget spent and no worker exit code of this node to propagate (a peer failed, or a worker was killed by a signal) |
+//! | 76        | restart budget spent and no worker exit of this node to propagate (a peer failed, or a worker's end is unknown) |
 //! | 77        | restart budget spent, the last failure of this node a hang (a worker stopped reporting progress) |
 //! | 78        | no progress: `--no-progress-restarts` restarts in a row never got past the step reached before (every node exits 78) |
 //! | 79        | this node's `--health-check` failed `--health-check-attempts` times in a row: replace the node |
 //! | 80        | this node was quarantined: the failures of several rounds came from it alone |
-//! | 128+n     | the agent itself was stopped by signal n (SIGTERM: 143, SIGINT: 130) |
+//! | 128+n     | the agent itself was stopped by signal n (SIGTERM: 143, SIGINT: 130), or its failed worker was killed by signal n (SIGSEGV: 139), when that failure ended the job |
 //!
 //! A worker that exits with one of 64, 69, 70, 75, 76 or 128+n makes the agent exit with the same
 //! number; the failure summary in the log says which it was. Kubernetes `podFailurePolicy`

@@ -21,10 +21,11 @@ pub enum Budget {
 
 /// Decides whether a round with `restart_count` failure restarts may run.
 ///
-/// When the budget is spent, a node propagates its own last worker's exit code; a node
-/// whose workers did not fail, or failed by a signal, exits with
-/// [`exit_code::BUDGET_EXHAUSTED`] rather than 128+n, which would read as "the agent was
-/// stopped" and be retried by Kubernetes.
+/// When the budget is spent, a node passes on how its own last worker ended, as a shell
+/// would: its exit code, or 128+n for a worker killed by signal n (a SIGSEGV gives 139).
+/// A node whose workers did not fail (a peer's did) exits
+/// [`exit_code::BUDGET_EXHAUSTED`]; one whose last failure was a hang,
+/// [`exit_code::HUNG`].
 pub fn budget(restart_count: u32, max_restarts: u32, last_failure: Option<WorkerExit>) -> Budget {
     if restart_count <= max_restarts {
         return Budget::Left;
@@ -32,6 +33,7 @@ pub fn budget(restart_count: u32, max_restarts: u32, last_failure: Option<Worker
     let exit_code = match last_failure {
         Some(WorkerExit::Code(c)) if (1..=255).contains(&c) => c as u8,
         Some(WorkerExit::Hung) => exit_code::HUNG,
+        Some(WorkerExit::Signal(s)) => exit_code::signalled(s),
         _ => exit_code::BUDGET_EXHAUSTED,
     };
     Budget::Spent { exit_code }
@@ -345,10 +347,14 @@ mod tests {
             exit_code: exit_code::BUDGET_EXHAUSTED,
         };
         assert_eq!(budget(1, 0, None), permanent, "a node whose peer failed");
+        assert_eq!(budget(1, 0, Some(WorkerExit::Lost)), permanent);
+    }
+
+    #[test]
+    fn a_worker_killed_by_a_signal_gives_128_plus_n_as_a_shell_does() {
         assert_eq!(
-            budget(1, 0, Some(WorkerExit::Signal(9))),
-            permanent,
-            "a worker killed by a signal"
+            budget(1, 0, Some(WorkerExit::Signal(11))),
+            Budget::Spent { exit_code: 139 }
         );
     }
 

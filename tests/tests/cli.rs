@@ -703,3 +703,116 @@ fn agent_flags_after_the_script_reach_the_script_unchanged() {
         assert!(!a.stderr().contains("nnodes=4"), "{}", a.stderr());
     }
 }
+
+/// argparse's habits: a flag given twice keeps its last value, and an unambiguous
+/// abbreviation is the flag; an ambiguous one is a clear error.
+#[test]
+fn repeated_flags_keep_the_last_value_and_abbreviations_are_their_flag() {
+    let dir = fsdp_tests::TempDir::new().unwrap();
+    let script = dir.path().join("x.py");
+    std::fs::write(&script, "").unwrap();
+    let print = |args: &[&str]| {
+        let mut a = AgentCmd::new(dir.path(), "agent")
+            .args(args)
+            .args(["--print-config"])
+            .arg_path(&script)
+            .run(Duration::from_secs(30));
+        (a.code(), a.stdout(), a.stderr())
+    };
+    let (code, out, err) = print(&[
+        "--nproc-per-node",
+        "2",
+        "--nproc-per-node",
+        "3",
+        "--standalone",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("nproc-per-node") && l.contains(" 3 ")),
+        "{out}"
+    );
+    let (code, out, err) = print(&["--nproc-per", "4", "--stand", "--max_rest", "2"]);
+    assert_eq!(code, 0, "{err}");
+    for (flag, value) in [
+        ("nproc-per-node", " 4 "),
+        ("standalone", " true "),
+        ("max-restarts", " 2 "),
+    ] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(flag) && l.contains(value)),
+            "{flag}: {out}"
+        );
+    }
+    let (code, _, err) = print(&["--hang", "3", "--standalone"]);
+    assert_eq!(code, 64);
+    assert!(err.contains("--hang"), "{err}");
+}
+
+/// `venv/bin/fsdp-agent train.py` with no venv activated runs the venv's Python (the one
+/// beside the agent), as torchrun runs its own interpreter; `PYTHON_EXEC` still wins, and
+/// `--print-config` says which and why.
+#[test]
+fn an_agent_in_a_venv_runs_that_venvs_python() {
+    let dir = TempDir::new().unwrap();
+    let venv = dir.path().join("venv");
+    let made = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .expect("python3 -m venv");
+    assert!(made.success());
+    let agent = venv.join("bin/fsdp-agent");
+    std::os::unix::fs::symlink(fsdp_tests::agent_bin(), &agent).unwrap();
+    let script = dir.path().join("where.py");
+    std::fs::write(&script, "import sys; print('prefix=' + sys.prefix)\n").unwrap();
+    let run = |extra_env: &[(&str, &str)], print: bool| {
+        let mut cmd = std::process::Command::new(&agent);
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("FSDP_STATUS_ADDR", "off")
+            .arg("--standalone");
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        if print {
+            cmd.arg("--print-config");
+        }
+        let out = cmd.arg(&script).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = run(&[], false);
+    assert!(
+        out.contains(&format!("prefix={}", venv.display())),
+        "not the venv's python: {out}"
+    );
+    let shown = run(&[], true);
+    let line = shown
+        .lines()
+        .find(|l| l.starts_with("python "))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(line.contains("beside fsdp-agent in"), "{line}");
+    let out = run(&[("PYTHON_EXEC", "/usr/bin/python3")], false);
+    assert!(
+        out.contains("prefix=/usr"),
+        "PYTHON_EXEC comes first: {out}"
+    );
+}
+
+/// A worker killed by a signal ends a single-node job with 128+n, as a shell reports it
+/// (not 76, the code for a node whose peer failed).
+#[test]
+fn a_worker_killed_by_sigsegv_makes_the_agent_exit_139() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args(["--standalone", "--no-python", "sh", "-c", "kill -SEGV $$"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 139, "{}", a.output());
+    assert!(a.stderr().contains("SIGSEGV"), "{}", a.stderr());
+}

@@ -26,6 +26,7 @@ impl Entrypoint {
 const RUN_PATH_SNIPPET: &str =
     "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
 
+/// The workers' command line, and when it runs Python, why that interpreter.
 pub fn resolve(
     script: &str,
     script_args: &[String],
@@ -33,7 +34,8 @@ pub fn resolve(
     no_python: bool,
     run_path: bool,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Entrypoint, ConfigError> {
+    agent_dir: Option<&Path>,
+) -> Result<(Entrypoint, Option<String>), ConfigError> {
     if module && no_python {
         return Err(ConfigError::Conflict(
             "-m/--module and --no-python cannot be combined: a module needs the Python interpreter"
@@ -46,6 +48,12 @@ pub fn resolve(
         )));
     }
     let mut args: Vec<String> = Vec::new();
+    let mut why = None;
+    let mut python = || {
+        let (p, w) = python(env, agent_dir)?;
+        why = Some(w);
+        Ok::<_, ConfigError>(p)
+    };
     // torchrun gives --run-path precedence over --no-python; so do we.
     let program = if run_path {
         require_file(script)?;
@@ -55,19 +63,19 @@ pub fn resolve(
             RUN_PATH_SNIPPET.into(),
             script.into(),
         ]);
-        python(env)?
+        python()?
     } else if no_python {
         find_executable(script, env)?
     } else if module {
         args.extend(["-u".into(), "-m".into(), script.into()]);
-        python(env)?
+        python()?
     } else {
         require_file(script)?;
         args.extend(["-u".into(), script.into()]);
-        python(env)?
+        python()?
     };
     args.extend(script_args.iter().cloned());
-    Ok(Entrypoint { program, args })
+    Ok((Entrypoint { program, args }, why))
 }
 
 fn require_file(script: &str) -> Result<(), ConfigError> {
@@ -89,21 +97,36 @@ fn require_file(script: &str) -> Result<(), ConfigError> {
     )))
 }
 
-/// The interpreter: `PYTHON_EXEC` (torchrun's variable), then `PYTHON`, then the first
-/// `python3` or `python` on `PATH`.
-fn python(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBuf, ConfigError> {
+/// The interpreter, and why: `PYTHON_EXEC` (torchrun's variable), then `PYTHON`, then the
+/// `python3` or `python` beside the agent's own executable (installed in a venv, the agent
+/// runs that venv's Python, as torchrun runs its own interpreter, without the venv being
+/// activated), then the first on `PATH`.
+fn python(
+    env: &dyn Fn(&str) -> Option<String>,
+    agent_dir: Option<&Path>,
+) -> Result<(PathBuf, String), ConfigError> {
     for var in ["PYTHON_EXEC", "PYTHON"] {
         if let Some(p) = env(var).filter(|p| !p.is_empty()) {
-            return find_executable(&p, env).map_err(|_| {
-                ConfigError::Entrypoint(format!(
-                    "{var}={p} does not name an executable Python interpreter"
-                ))
-            });
+            return find_executable(&p, env)
+                .map(|p| (p, format!("${var}")))
+                .map_err(|_| {
+                    ConfigError::Entrypoint(format!(
+                        "{var}={p} does not name an executable Python interpreter"
+                    ))
+                });
+        }
+    }
+    if let Some(dir) = agent_dir {
+        for name in ["python3", "python"] {
+            let p = dir.join(name);
+            if is_executable(&p) {
+                return Ok((p, format!("beside fsdp-agent in {}", dir.display())));
+            }
         }
     }
     for name in ["python3", "python"] {
         if let Ok(p) = find_executable(name, env) {
-            return Ok(p);
+            return Ok((p, format!("the first {name} on PATH")));
         }
     }
     Err(ConfigError::Entrypoint(
@@ -155,7 +178,7 @@ mod tests {
 
     #[test]
     fn module_and_no_python_conflict() {
-        let err = resolve("pkg", &[], true, true, false, &env)
+        let err = resolve("pkg", &[], true, true, false, &env, None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("cannot be combined"), "{err}");
@@ -163,14 +186,15 @@ mod tests {
 
     #[test]
     fn binary_on_path_is_resolved() {
-        let e = resolve("true", &["x".into()], false, true, false, &env).unwrap();
+        let (e, why) = resolve("true", &["x".into()], false, true, false, &env, None).unwrap();
+        assert_eq!(why, None, "no interpreter for a binary");
         assert!(e.program.ends_with("true"));
         assert_eq!(e.args, ["x"]);
     }
 
     #[test]
     fn missing_script_names_the_path() {
-        let err = resolve("nope/train.py", &[], false, false, false, &env)
+        let err = resolve("nope/train.py", &[], false, false, false, &env, None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("nope/train.py"), "{err}");
@@ -182,13 +206,43 @@ mod tests {
             "PYTHON" => Some("/no/such/python".to_owned()),
             _ => std::env::var(k).ok(),
         };
-        let err = resolve("-", &[], true, false, false, &fake)
+        let err = resolve("-", &[], true, false, false, &fake, None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown option"), "{err}");
-        let err = resolve("mod", &[], true, false, false, &fake)
+        let err = resolve("mod", &[], true, false, false, &fake, None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("PYTHON=/no/such/python"), "{err}");
+    }
+
+    #[test]
+    fn the_python_beside_the_agent_comes_before_path_and_after_the_variables() {
+        let venv = tempfile::tempdir().unwrap();
+        let py = venv.path().join("python3");
+        std::fs::write(&py, "").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (p, why) = python(&env, Some(venv.path())).unwrap();
+        assert_eq!(
+            (p, why.starts_with("beside fsdp-agent")),
+            (py.clone(), true)
+        );
+        let exec = |k: &str| match k {
+            "PYTHON_EXEC" => Some("/bin/sh".to_owned()),
+            _ => std::env::var(k).ok(),
+        };
+        let (p, why) = python(&exec, Some(venv.path())).unwrap();
+        assert_eq!(
+            (p, why.as_str()),
+            (PathBuf::from("/bin/sh"), "$PYTHON_EXEC")
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let fallback = |k: &str| match k {
+            "PYTHON_EXEC" | "PYTHON" => None,
+            _ => std::env::var(k).ok(),
+        };
+        let (_, why) = python(&fallback, Some(empty.path())).unwrap();
+        assert!(why.contains("on PATH"), "{why}");
     }
 }

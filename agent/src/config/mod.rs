@@ -173,6 +173,7 @@ pub fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, Result<String, ConfigError>> {
     let command = Args::command();
+    let argv0 = argv.first().map(std::path::PathBuf::from);
     // Only the words up to the script go through clap; the rest are the script's, verbatim.
     let (argv, script_args) = match crate::cli::script_index(&command, &argv) {
         Some(i) => {
@@ -202,6 +203,7 @@ pub fn resolve(
             });
         }
     };
+    let agent_dir = argv0_dir(argv0.as_deref(), env);
     let mut args = Args::from_arg_matches(&matches)
         .map_err(|e| Err(ConfigError::CommandLine(clap_message(&e))))?;
     args.script_args = script_args;
@@ -209,11 +211,33 @@ pub fn resolve(
         command,
         matches,
         env,
+        agent_dir,
         settings: Vec::new(),
         warnings: Vec::new(),
     }
     .resolve(args)
     .map_err(Err)
+}
+
+/// The directory the agent was started from: `argv[0]`'s own when it names a path, else
+/// the `PATH` entry that holds it (as the shell found it). Links are not followed: a venv's
+/// `bin/fsdp-agent` is in that venv, wherever the file really is.
+fn argv0_dir(
+    argv0: Option<&std::path::Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<std::path::PathBuf> {
+    let argv0 = argv0?;
+    if argv0.components().count() > 1 {
+        return argv0.parent().map(|d| {
+            if d.as_os_str().is_empty() {
+                std::path::PathBuf::from(".")
+            } else {
+                d.to_owned()
+            }
+        });
+    }
+    let path = env("PATH")?;
+    std::env::split_paths(&path).find(|d| d.join(argv0).is_file())
 }
 
 /// A clap error as one complete line. clap's own text spreads over several lines (the

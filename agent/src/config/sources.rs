@@ -13,6 +13,9 @@ pub(super) struct Resolver<'a> {
     pub(super) command: clap::Command,
     pub(super) matches: ArgMatches,
     pub(super) env: &'a dyn Fn(&str) -> Option<String>,
+    /// The directory of the agent's executable as it was invoked (`argv[0]`, not resolved
+    /// through links): a venv's `bin` when installed there.
+    pub(super) agent_dir: Option<std::path::PathBuf>,
     pub(super) settings: Vec<Setting>,
     pub(super) warnings: Vec<String>,
 }

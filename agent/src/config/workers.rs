@@ -29,14 +29,22 @@ impl Resolver<'_> {
         a: &Args,
         p: ProgramFlags,
     ) -> Result<Entrypoint, ConfigError> {
-        let entrypoint = entrypoint::resolve(
+        let (entrypoint, python) = entrypoint::resolve(
             &a.training_script,
             &a.script_args,
             p.module,
             p.no_python,
             p.run_path,
             self.env,
+            self.agent_dir.as_deref(),
         )?;
+        if let Some(why) = python {
+            self.record(
+                "python",
+                entrypoint.program.display().to_string(),
+                Source::Derived(why),
+            );
+        }
         self.record(
             "entrypoint",
             entrypoint.display(),
