@@ -178,7 +178,11 @@ impl Job {
 pub fn starts(pod: &Pod) -> Vec<Start> {
     pod.stdout()
         .lines()
-        .filter_map(|l| l.split_once("]:start ").map(|(_, rest)| rest))
+        // Unprefixed by default; `[default0]:start ...` with a prefix.
+        .filter_map(|l| {
+            l.strip_prefix("start ")
+                .or_else(|| l.split_once("]:start ").map(|(_, rest)| rest))
+        })
         .map(|rest| {
             let field = |k: &str| -> u32 {
                 rest.split_whitespace()

@@ -39,6 +39,12 @@ pub fn agent_bin() -> PathBuf {
     p
 }
 
+/// Agent flags that keep several workers' lines whole on the console: by default workers
+/// share the agent's stream unprefixed, as under torchrun, and an unbuffered Python
+/// `print` is two writes, so lines of two ranks can interleave. Tests that parse
+/// per-rank lines ask for prefixes, as a user who parses output would.
+pub const WHOLE_LINES: [&str; 2] = ["--log-line-prefix-template", "[${role_name}${local_rank}]:"];
+
 /// Runs `fsdp-agent status ARGS` with no `PET_RDZV_*` inherited from the test's own
 /// environment: (exit code, stdout, stderr).
 pub fn status_cmd(args: &[&str]) -> (i32, String, String) {

@@ -50,7 +50,7 @@ fn a_no_retry_exit_code_ends_the_run_on_every_node_with_the_budget_unspent() {
     }
     // Two interpreters' start-up (torch imports) and the halt: seconds, not restarts.
     assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
-    let starts = |p: &fsdp_tests::pod::Pod| p.stdout().matches("]:start ").count();
+    let starts = |p: &fsdp_tests::pod::Pod| fsdp_tests::job::starts(p).len();
     assert!(pods.iter().all(|p| starts(p) == 1), "one attempt each");
     assert!(
         pods[0].stderr().contains("another node ended the run"),
@@ -87,6 +87,7 @@ fn restarts_that_make_no_progress_stop_with_their_own_code() {
             "20",
         ])
         .args(["--no-progress-restarts", "3"])
+        .args(fsdp_tests::WHOLE_LINES)
         .arg_path(workspace_file("tests/py/crashloop_worker.py"))
         .arg_path(&ckpt)
         .args(["10"])

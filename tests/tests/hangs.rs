@@ -63,6 +63,7 @@ fn hang_worker(dir: &Path, agent_args: &[&str], worker_args: &[&str]) -> fsdp_te
     std::fs::create_dir_all(&ckpt).unwrap();
     AgentCmd::new(dir, "agent")
         .env("PYTHON", python())
+        .args(fsdp_tests::WHOLE_LINES)
         .args(["--standalone", "--nproc-per-node", "2", "--log-dir"])
         .arg_path(dir.join("logs"))
         .args(agent_args)
@@ -209,7 +210,11 @@ fn a_stall_on_one_node_is_named_across_nodes_and_both_restart_from_the_checkpoin
         "3".into(),
     ];
     let mut pods: Vec<_> = (0..2)
-        .map(|i| job.pod_running(i, 2, &["--hang-min", "2"], &worker))
+        .map(|i| {
+            let mut extra = vec!["--hang-min", "2"];
+            extra.extend(fsdp_tests::WHOLE_LINES);
+            job.pod_running(i, 2, &extra, &worker)
+        })
         .collect();
     for p in &mut pods {
         assert_eq!(p.wait(LIMIT), 0, "{}", p.output());
@@ -288,23 +293,33 @@ fn status_shows_the_slowest_ranks_of_a_running_job() {
         "99".into(),
     ];
     let mut pods: Vec<_> = (0..2)
-        .map(|i| job.pod_running(i, 2, &[], &worker))
+        .map(|i| job.pod_running(i, 2, &fsdp_tests::WHOLE_LINES, &worker))
         .collect();
     let refs: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
     job.progresses(5, &refs);
     let endpoint = job.etcd.endpoint();
-    let (code, table, err) =
-        fsdp_tests::status_cmd(&["--rdzv-endpoint", &endpoint, "--rdzv-id", &job.run_id]);
-    assert_eq!(code, 0, "{err}");
-    let view: Vec<&str> = table
-        .lines()
-        .skip_while(|l| !l.starts_with("slowest ranks"))
-        .skip(2)
-        .collect();
-    assert_eq!(view.len(), 4, "{table}");
+    // The agents refresh what they show once a second, and a step time needs two steps:
+    // ask until every rank has one.
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    let (table, view) = loop {
+        let (code, table, err) =
+            fsdp_tests::status_cmd(&["--rdzv-endpoint", &endpoint, "--rdzv-id", &job.run_id]);
+        assert_eq!(code, 0, "{err}");
+        let view: Vec<Vec<String>> = table
+            .lines()
+            .skip_while(|l| !l.starts_with("slowest ranks"))
+            .skip(2)
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect();
+        let timed = |cells: &Vec<String>| cells[3] != "0.000s";
+        if view.len() == 4 && view.iter().all(timed) {
+            break (table, view);
+        }
+        assert!(std::time::Instant::now() < end, "{table}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
     let mut ranks: Vec<u32> = Vec::new();
-    for line in &view {
-        let cells: Vec<&str> = line.split_whitespace().collect();
+    for cells in &view {
         ranks.push(cells[0].parse().unwrap());
         assert!(
             cells[1].starts_with("pod0-") || cells[1].starts_with("pod1-"),

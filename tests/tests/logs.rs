@@ -35,21 +35,57 @@ fn attempt0(dir: &Path) -> PathBuf {
     run.join("attempt_0")
 }
 
+/// Without -r/-t or a prefix template the workers write to the agent's own stdout and
+/// stderr, unprefixed, as under torchrun; a template asks for prefixes.
 #[test]
-fn console_lines_carry_the_torchrun_prefix() {
+fn console_lines_are_the_workers_own_unless_a_prefix_is_asked_for() {
     let dir = TempDir::new().unwrap();
     let a = run(dir.path(), &[]);
     let (out, err) = (a.stdout(), a.stderr());
+    let lines: Vec<&str> = out.lines().collect();
     assert!(
-        out.contains("[default0]:out-0 loss=1") && out.contains("[default1]:out-1 loss=1"),
+        lines.contains(&"out-0 loss=1") && lines.contains(&"out-1 loss=1"),
         "{out}"
     );
     assert!(
-        err.contains("[default0]:err-0") && err.contains("[default1]:err-1"),
+        err.lines().any(|l| l == "err-0") && err.lines().any(|l| l == "err-1"),
         "{err}"
     );
     // Without -r/-t no stream files are written, only the per-rank dirs for error files.
     assert!(!attempt0(dir.path()).join("0/stdout.log").exists());
+    let a = run(
+        dir.path(),
+        &["--log-line-prefix-template", "[${role_name}${local_rank}]:"],
+    );
+    let out = a.stdout();
+    assert!(
+        out.contains("[default0]:out-0 loss=1") && out.contains("[default1]:out-1 loss=1"),
+        "{out}"
+    );
+}
+
+/// Under a terminal the workers see a terminal (colours, progress bars and pdb work), and
+/// read the agent's stdin.
+#[test]
+fn workers_inherit_the_terminal_and_stdin() {
+    let dir = TempDir::new().unwrap();
+    let agent = fsdp_tests::agent_bin();
+    let inner = format!(
+        "echo typed | {} --standalone --status-addr off --no-python sh -c \
+         'test -t 2 && echo stderr-is-a-tty; read line; echo read=$line'",
+        agent.display()
+    );
+    // util-linux `script` runs the command on a fresh pseudo-terminal.
+    let out = std::process::Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script (util-linux)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("stderr-is-a-tty"), "{text}");
+    assert!(text.contains("read=typed"), "{text}");
 }
 
 #[test]
@@ -63,8 +99,8 @@ fn redirects_send_streams_to_files_only() {
     }
     assert!(!a.stdout().contains("out-"), "{}", a.stdout());
     assert!(
-        a.stderr().contains("[default1]:err-1"),
-        "stderr was not redirected"
+        a.stderr().lines().any(|l| l == "err-1"),
+        "stderr was redirected too"
     );
 }
 
@@ -85,7 +121,12 @@ fn tee_per_rank_writes_files_and_echoes() {
         "err-0\n"
     );
     assert!(!att.join("1/stdout.log").exists(), "rank 1 was not tee'd");
-    assert!(a.stdout().contains("[default0]:out-0") && a.stdout().contains("[default1]:out-1"));
+    // The tee'd rank is echoed with its prefix; the other is the agent's own stream.
+    let out = a.stdout();
+    assert!(
+        out.contains("[default0]:out-0") && out.lines().any(|l| l == "out-1 loss=1"),
+        "{out}"
+    );
     assert_eq!(
         std::fs::read_to_string(att.join("filtered_stdout.log")).unwrap(),
         "out-0 loss=1\n"
@@ -124,5 +165,5 @@ fn log_dir_dev_null_means_no_files_and_an_empty_error_file_variable() {
         ])
         .run(LIMIT);
     assert_eq!(a.code(), 0, "{}", a.output());
-    assert!(a.stdout().contains("[default0]:[]"), "{}", a.stdout());
+    assert!(a.stdout().lines().any(|l| l == "[]"), "{}", a.stdout());
 }

@@ -31,14 +31,14 @@ impl Resolver<'_> {
             |s| Ok(parse::filter_list(s)),
         )?;
         // The default is not recorded: --print-config shows only a template someone set.
-        let prefix_template = self
-            .flag_or_var(
-                "log-line-prefix-template",
-                a.log_line_prefix_template.as_deref(),
-                PREFIX_TEMPLATE_ENV,
-                |t| Ok(t.to_owned()),
-            )?
-            .unwrap_or_else(|| DEFAULT_PREFIX_TEMPLATE.to_owned());
+        let chosen = self.flag_or_var(
+            "log-line-prefix-template",
+            a.log_line_prefix_template.as_deref(),
+            PREFIX_TEMPLATE_ENV,
+            |t| Ok(t.to_owned()),
+        )?;
+        let prefixed = chosen.is_some();
+        let prefix_template = chosen.unwrap_or_else(|| DEFAULT_PREFIX_TEMPLATE.to_owned());
         if let Some(dir) = &a.log_dir {
             self.record_flag("log-dir", dir.display());
         }
@@ -48,6 +48,7 @@ impl Resolver<'_> {
             tee,
             console_ranks,
             prefix_template,
+            prefixed,
             stdout_filters,
             stderr_filters,
         })

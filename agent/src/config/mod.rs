@@ -69,6 +69,10 @@ pub struct LogConfig {
     /// Local ranks whose output reaches the console; `None` means all.
     pub console_ranks: Option<BTreeSet<u32>>,
     pub prefix_template: String,
+    /// A prefix template was asked for (flag or variable): every console line is
+    /// prefixed. Otherwise a stream that only goes to the console is the agent's own,
+    /// inherited unprefixed, as under torchrun.
+    pub prefixed: bool,
     pub stdout_filters: Vec<String>,
     pub stderr_filters: Vec<String>,
 }

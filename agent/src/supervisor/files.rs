@@ -36,6 +36,11 @@ impl Route {
     pub fn file_only(self) -> bool {
         self.file && !self.console && !self.filtered
     }
+
+    /// Only the console.
+    pub fn console_only(self) -> bool {
+        self.console && !self.file && !self.filtered
+    }
 }
 
 /// The routes of one local rank's stdout and stderr.
@@ -152,6 +157,7 @@ mod tests {
             tee: stream_spec(tee).unwrap(),
             console_ranks: Some([0].into()),
             prefix_template: String::new(),
+            prefixed: false,
             stdout_filters: filters.iter().map(|s| s.to_string()).collect(),
             stderr_filters: Vec::new(),
         }

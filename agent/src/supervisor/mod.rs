@@ -491,7 +491,9 @@ fn command(spec: &GroupSpec<'_>, local_rank: u32, error_file: Option<&std::path:
             .map(|a| a.replace("${local_rank}", &lr)),
     )
     .envs(worker_env(&group_env, local_rank, error_file))
-    .stdin(Stdio::null())
+    // The agent's stdin, as under torchrun (each worker leads its own session, so a
+    // terminal there is readable without job control stopping it).
+    .stdin(Stdio::inherit())
     .kill_on_drop(true);
     if let Some(p) = spec.progress {
         cmd.env(crate::hang::progress::ENV, p);
@@ -532,6 +534,12 @@ impl StreamIo<'_> {
                 // Redirect only: the worker writes straight to its file, no copy through
                 // the agent.
                 Some(f) if route.file_only() => return (Stdio::from(f), None),
+                // Console only, unprefixed and unfiltered: the agent's own stream, as
+                // torchrun's workers have it (a terminal stays a terminal: colours,
+                // progress bars, pdb).
+                _ if route.console_only() && !logs.prefixed && logs.console_ranks.is_none() => {
+                    return (Stdio::inherit(), None);
+                }
                 _ if !route.file && !route.console && !route.filtered => {
                     return (Stdio::null(), None);
                 }

@@ -4,24 +4,30 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::Command;
 
-/// Makes `cmd` start its worker as the leader of a new process group, set to receive
-/// SIGKILL when the agent dies.
+/// Makes `cmd` start its worker as the leader of a new session (so of a new process group
+/// too), set to receive SIGKILL when the agent dies. A session of its own, as torchrun's
+/// workers have: the agent's terminal is not the worker's controlling terminal, so a
+/// worker that reads it (pdb) is not stopped by job control for being in the background.
 ///
 /// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the process.
 /// The agent runs on a single-threaded runtime on the main thread and spawns only from it,
 /// so that thread lives as long as the agent does. If the agent died between `fork` and
 /// `prctl`, the parent check below catches it.
 pub fn prepare(cmd: &mut Command) {
-    cmd.process_group(0);
     let parent = std::process::id() as libc::pid_t;
     #[expect(
         unsafe_code,
         reason = "pre_exec is the only way to run prctl in the child before exec"
     )]
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-    // system calls (prctl, getppid, kill); it touches no locks and allocates nothing.
+    // system calls (setsid, prctl, getppid, kill); it touches no locks and allocates
+    // nothing.
     unsafe {
         cmd.pre_exec(move || {
+            // The forked child is never a group leader, so this cannot fail with EPERM.
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             if libc::prctl(
                 libc::PR_SET_PDEATHSIG,
                 libc::SIGKILL as libc::c_ulong,
