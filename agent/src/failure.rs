@@ -93,6 +93,50 @@ pub fn read_error_file(path: &Path) -> Option<ErrorReport> {
     Some(ErrorReport { message, traceback })
 }
 
+/// torchrun's launcher-level error file: `TORCHELASTIC_ERROR_FILE` in the agent's own
+/// environment, where a scheduler reads why the job failed. Like torchrun's `@record` on
+/// its `main`, the root-cause worker's own error file is copied there with `errorCode` set
+/// to `exit_code`; a worker that wrote none gets one in the same format, saying how it
+/// ended (torchrun writes nothing then).
+pub fn write_launcher_error(
+    path: &Path,
+    root: &Failure,
+    host: &str,
+    exit_code: u8,
+) -> std::io::Result<()> {
+    let from_worker = root
+        .error_file
+        .as_deref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .filter(serde_json::Value::is_object);
+    let mut json = from_worker.unwrap_or_else(|| {
+        let at = root
+            .at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        serde_json::json!({
+            "message": {
+                "message": format!(
+                    "worker rank {} (local_rank {}, host {host}, pid {}) failed: {}",
+                    root.rank, root.local_rank, root.pid, root.exit
+                ),
+                "extraInfo": {"py_callstack": "", "timestamp": at.to_string()},
+            }
+        })
+    });
+    json["errorCode"] = serde_json::json!(exit_code);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("fsdp-agent.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec(&json).map_err(std::io::Error::other)?,
+    )?;
+    std::fs::rename(&tmp, path)
+}
+
 /// The summary printed when a group fails: the first observed failure is the root cause.
 pub fn summary(entrypoint: &str, attempt: u32, host: &str, failures: &[Failure]) -> String {
     let bar = "=".repeat(72);

@@ -111,7 +111,7 @@ fn module_and_run_path_run_under_python_like_torchrun() {
     let dir = TempDir::new().unwrap();
     std::fs::write(
         dir.path().join("hello_mod.py"),
-        "import os, sys\nprint('module', __name__, os.environ['RANK'], sys.argv[1:], flush=True)\n",
+        "import os, sys\nprint('module', __name__, os.environ['RANK'], sys.argv[1:], flush=True)\nprint('path0', sys.path[0], flush=True)\n",
     )
     .unwrap();
     let mut a = AgentCmd::new(dir.path(), "module")
@@ -148,5 +148,59 @@ fn module_and_run_path_run_under_python_like_torchrun() {
         a.stdout().contains("module __main__ 0 ['x']"),
         "{}",
         a.stdout()
+    );
+    // torchrun's --run-path workers see the launcher's directory as sys.path[0].
+    let launcher = fsdp_tests::agent_bin();
+    let launcher_dir = launcher.parent().unwrap().display().to_string();
+    assert!(
+        a.stdout()
+            .lines()
+            .any(|l| l == format!("path0 {launcher_dir}")),
+        "{}",
+        a.stdout()
+    );
+}
+
+/// With `TORCHELASTIC_ERROR_FILE` in the agent's own environment (a scheduler's), the root
+/// cause of a failed job is written there in torchrun's format: the worker's own `@record`
+/// file with `errorCode` set, or, when it wrote none, one saying how it ended.
+#[test]
+fn the_launchers_error_file_gets_the_root_cause() {
+    let dir = TempDir::new().unwrap();
+    let launcher = dir.path().join("scheduler/error.json");
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .env("PYTHON", python())
+        .env("TORCHELASTIC_ERROR_FILE", &launcher)
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .arg_path(workspace_file("tests/py/raise_with_record.py"))
+        .run(LIMIT);
+    assert_eq!(a.code(), 1, "{}", a.output());
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&launcher).expect("the launcher's file"))
+            .unwrap();
+    assert_eq!(json["errorCode"], 1, "{json}");
+    let message = json["message"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("ValueError"), "{json}");
+    assert!(
+        json["message"]["extraInfo"]["py_callstack"]
+            .as_str()
+            .is_some_and(|t| t.contains("Traceback")),
+        "{json}"
+    );
+
+    std::fs::remove_file(&launcher).unwrap();
+    let mut a = AgentCmd::new(dir.path(), "plain")
+        .env("TORCHELASTIC_ERROR_FILE", &launcher)
+        .args(["--standalone", "--no-python", "sh", "-c", "exit 3"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 3, "{}", a.output());
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&launcher).unwrap()).unwrap();
+    assert_eq!(json["errorCode"], 3, "{json}");
+    assert!(
+        json["message"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("worker rank 0") && m.contains("exit code 3")),
+        "{json}"
     );
 }

@@ -22,9 +22,11 @@ impl Entrypoint {
 }
 
 /// Runs the script the way torchrun's `--run-path` does, through `runpy.run_path`, in a
-/// plain `python -c` so the worker is still a process we exec and supervise.
-const RUN_PATH_SNIPPET: &str =
-    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+/// plain `python -c` so the worker is still a process we exec and supervise. Its first
+/// argument is `sys.path[0]`: torchrun's workers inherit the launcher's, the directory of
+/// the `torchrun` executable; ours get the agent's directory (a venv's `bin` when the
+/// agent is installed there, as torchrun's would be).
+const RUN_PATH_SNIPPET: &str = "import runpy, sys; sys.path[0] = sys.argv[1]; sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')";
 
 /// The workers' command line, and when it runs Python, why that interpreter.
 pub fn resolve(
@@ -57,10 +59,15 @@ pub fn resolve(
     // torchrun gives --run-path precedence over --no-python; so do we.
     let program = if run_path {
         require_file(script)?;
+        let launcher_dir = agent_dir
+            .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_owned()))
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
         args.extend([
             "-u".into(),
             "-c".into(),
             RUN_PATH_SNIPPET.into(),
+            launcher_dir,
             script.into(),
         ]);
         python()?

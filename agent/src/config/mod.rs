@@ -117,6 +117,9 @@ pub struct Config {
     pub failure: crate::policy::FailurePolicy,
     /// The health gate before each round (`crate::health`), if any.
     pub health: Option<crate::health::HealthCheck>,
+    /// `TORCHELASTIC_ERROR_FILE` in the agent's own environment: where the root cause of a
+    /// failed job is written for the scheduler (`crate::failure::write_launcher_error`).
+    pub launcher_error_file: Option<PathBuf>,
     pub entrypoint: Entrypoint,
     pub logs: LogConfig,
     pub signals: Vec<Signal>,
@@ -339,6 +342,16 @@ impl Resolver<'_> {
         let term_timeout = self.term_timeout(&a)?;
         let hang = self.hang(&a.hang_timeout, &a.hang_min)?;
         let health = self.health(&a)?;
+        let launcher_error_file = (self.env)("TORCHELASTIC_ERROR_FILE")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        if let Some(p) = &launcher_error_file {
+            self.record(
+                "launcher-error-file",
+                p.display(),
+                Source::Env("TORCHELASTIC_ERROR_FILE".into()),
+            );
+        }
         let failure = crate::policy::FailurePolicy {
             no_retry_codes: self.value(
                 "no-retry-exit-codes",
@@ -403,6 +416,7 @@ impl Resolver<'_> {
             hang,
             failure,
             health,
+            launcher_error_file,
             entrypoint,
             logs,
             signals,

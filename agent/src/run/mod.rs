@@ -149,6 +149,7 @@ async fn supervise<R: Rendezvous>(
         ledger: crate::policy::ProgressLedger::default(),
         failed: None,
         failed_rounds: Vec::new(),
+        root_cause: None,
     };
     let mut phase = Phase::Join;
     loop {
@@ -167,7 +168,11 @@ async fn supervise<R: Rendezvous>(
                 first,
             } => l.failed(round, group, first).await?,
             Phase::Barrier { round } => l.barrier(round).await?,
-            Phase::Leave { how, exit } => return l.leave(how, exit).await,
+            Phase::Leave { how, exit } => {
+                let result = l.leave(how, exit).await;
+                l.write_launcher_error(&result);
+                return result;
+            }
         };
     }
 }
@@ -206,6 +211,9 @@ struct Loop<'a, R> {
     failed: Option<(u64, Vec<String>)>,
     /// The latest failed rounds, oldest first.
     failed_rounds: Vec<crate::policy::FailedRound>,
+    /// The first failure of this node's last failed group: the root cause when the job
+    /// ends on it.
+    root_cause: Option<Failure>,
 }
 
 /// Leaving after `sig`: the run goes on without this node.
@@ -485,6 +493,7 @@ impl<R: Rendezvous> Loop<'_, R> {
             format!("worker rank {} failed: {}", first.rank, first.exit),
         );
         self.report_fault(&round, first.exit).await;
+        self.root_cause = Some(first.clone());
         let verdict = self.judge_failure(first.exit);
         if let AfterFailure::Halt { exit_code, reason } = &verdict {
             if let Err(sig) = self.announce_halt(*exit_code, reason).await {
@@ -620,6 +629,24 @@ impl<R: Rendezvous> Loop<'_, R> {
                 }
             }
         })
+    }
+
+    /// The job failed on this node's own worker: tell the scheduler, in torchrun's format,
+    /// through `TORCHELASTIC_ERROR_FILE` if it set one.
+    fn write_launcher_error(&self, result: &Result<AgentExit, AgentError>) {
+        let (Some(path), Some(root), Ok(AgentExit::Failed { exit_code })) =
+            (&self.cfg.launcher_error_file, &self.root_cause, result)
+        else {
+            return;
+        };
+        match crate::failure::write_launcher_error(path, root, &self.host, *exit_code) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "wrote the root cause to the launcher's error file")
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "could not write the launcher's error file")
+            }
+        }
     }
 
     async fn leave(&mut self, how: Departure, exit: AgentExit) -> Result<AgentExit, AgentError> {

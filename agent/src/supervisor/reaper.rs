@@ -23,6 +23,23 @@ pub fn register(pid: u32) {
         .insert(pid);
 }
 
+/// Keeps a child of the agent's own (a health check, a stack dump) from the reaper while it
+/// lives: its exit status is its waiter's. Registered at creation, released on drop.
+pub struct Owned(u32);
+
+impl Owned {
+    pub fn new(pid: u32) -> Self {
+        register(pid);
+        Self(pid)
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        unregister(self.0);
+    }
+}
+
 pub fn unregister(pid: u32) {
     LEADERS
         .lock()
