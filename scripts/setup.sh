@@ -6,8 +6,8 @@
 #        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux and hostname (pod tests),
 #        iproute2 (network namespaces and ss for the partition and liveness tests)
 #   pip: torch==2.13.0, numpy, python-etcd (torchrun's etcd-v2 backend, for the
-#        benchmarks) and py-spy (stack dumps of hung workers) into a cached virtual
-#        environment ($FSDP_VENV)
+#        benchmarks), py-spy (stack dumps of hung workers) and maturin (the wheel test)
+#        into a cached virtual environment ($FSDP_VENV)
 set -euo pipefail
 
 FSDP_VENV=${FSDP_VENV:-$HOME/.cache/fsdp-agent/venv}
@@ -35,11 +35,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 if ! "$FSDP_VENV/bin/python" -c "import torch, numpy, etcd, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null \
-    || [ ! -x "$FSDP_VENV/bin/py-spy" ]; then
+    || [ ! -x "$FSDP_VENV/bin/py-spy" ] || [ ! -x "$FSDP_VENV/bin/maturin" ]; then
   echo "setup: creating $FSDP_VENV with torch==$TORCH_VERSION (one-time download)"
   python3 -m venv "$FSDP_VENV"
   "$FSDP_VENV/bin/pip" install -q --upgrade pip
-  "$FSDP_VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy python-etcd py-spy
+  "$FSDP_VENV/bin/pip" install -q "torch==$TORCH_VERSION" numpy python-etcd py-spy maturin
 fi
 
 # The suite is written for nextest (one process per test: the pod and signal tests rely
