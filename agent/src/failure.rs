@@ -95,8 +95,8 @@ pub fn read_error_file(path: &Path) -> Option<ErrorReport> {
 
 /// torchrun's launcher-level error file: `TORCHELASTIC_ERROR_FILE` in the agent's own
 /// environment, where a scheduler reads why the job failed. Like torchrun's `@record` on
-/// its `main`, the root-cause worker's own error file is copied there with `errorCode` set
-/// to `exit_code`; a worker that wrote none gets one in the same format, saying how it
+/// its `main`, the root-cause worker's own error file is copied there with
+/// `message.errorCode` set to `exit_code`; a worker that wrote none gets one in the same format, saying how it
 /// ended (torchrun writes nothing then).
 pub fn write_launcher_error(
     path: &Path,
@@ -125,7 +125,12 @@ pub fn write_launcher_error(
             }
         })
     });
-    json["errorCode"] = serde_json::json!(exit_code);
+    // Where torchrun's error handler puts it: inside "message" (a bare string message
+    // becomes the object form first).
+    if let Some(text) = json["message"].as_str().map(str::to_owned) {
+        json["message"] = serde_json::json!({"message": text, "extraInfo": {}});
+    }
+    json["message"]["errorCode"] = serde_json::json!(exit_code);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }

@@ -178,7 +178,7 @@ fn the_launchers_error_file_gets_the_root_cause() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&launcher).expect("the launcher's file"))
             .unwrap();
-    assert_eq!(json["errorCode"], 1, "{json}");
+    assert_eq!(json["message"]["errorCode"], 1, "{json}");
     let message = json["message"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("ValueError"), "{json}");
     assert!(
@@ -196,7 +196,7 @@ fn the_launchers_error_file_gets_the_root_cause() {
     assert_eq!(a.code(), 3, "{}", a.output());
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&launcher).unwrap()).unwrap();
-    assert_eq!(json["errorCode"], 3, "{json}");
+    assert_eq!(json["message"]["errorCode"], 3, "{json}");
     assert!(
         json["message"]["message"]
             .as_str()
