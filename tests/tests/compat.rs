@@ -98,8 +98,7 @@ fn the_workers_see_the_same_environment_argv_path_and_directory() {
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_ERROR_FILE",
     ];
-    for rank in 0..2 {
-        let (t, a) = (&dumps["torchrun"][rank], &dumps["agent"][rank]);
+    for (rank, (t, a)) in dumps["torchrun"].iter().zip(&dumps["agent"]).enumerate() {
         for field in ["argv", "path0", "cwd"] {
             assert_eq!(t[field], a[field], "rank {rank}: {field}");
         }
