@@ -222,23 +222,21 @@ class Demo:
         self.events.append((label, at_step, took, training, f"{world_from} → {world_to}", resumed, lost))
         del formed
 
-    def kill(self, i):
+    def lose(self, i, sig, label, cause):
+        """Node `i` gets `sig`; the others must re-form without it."""
         at = self.step()
         snap = self.snapshot()
         t0 = time.time()
         self.nodes[i].expected_alive = False
-        self.nodes[i].signal(signal.SIGKILL)
+        self.nodes[i].signal(sig)
         survivors = [n.index for n in self.nodes if n.index != i and n.expected_alive]
-        self.reform(f"node {i} killed", f"killed node {i} (SIGKILL)", survivors, 3, 2, t0, at, snap)
+        self.reform(label, cause, survivors, 3, 2, t0, at, snap)
+
+    def kill(self, i):
+        self.lose(i, signal.SIGKILL, f"node {i} killed", f"killed node {i} (SIGKILL)")
 
     def delete(self, i):
-        at = self.step()
-        snap = self.snapshot()
-        t0 = time.time()
-        self.nodes[i].expected_alive = False
-        self.nodes[i].signal(signal.SIGTERM)
-        survivors = [n.index for n in self.nodes if n.index != i and n.expected_alive]
-        self.reform(f"node {i} deleted", f"deleted node {i} (SIGTERM, as a pod delete)", survivors, 3, 2, t0, at, snap)
+        self.lose(i, signal.SIGTERM, f"node {i} deleted", f"deleted node {i} (SIGTERM, as a pod delete)")
         code = self.nodes[i].proc.wait(timeout=30)
         say(f"node {i}'s agent exited {code} (a pod stopped from outside, not a failure)")
 

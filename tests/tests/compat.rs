@@ -23,26 +23,31 @@ impl Launcher {
         }
     }
 
-    /// Runs `args` in `dir` with a clean environment (plus `env`): the venv's bin first
-    /// on PATH, so both launchers find the same python.
+    /// Runs `args` in `dir` with a clean environment (plus `env`).
     fn run(self, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let bin = python().parent().unwrap().to_owned();
-        let mut cmd = Command::new(self.program());
-        cmd.env_clear()
-            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-            .env(
-                "HOME",
-                std::env::var("HOME").unwrap_or_else(|_| "/root".into()),
-            )
-            .env("FSDP_STATUS_ADDR", "off")
-            .current_dir(dir)
-            .args(args)
-            .stdin(std::process::Stdio::null());
+        let mut cmd = clean(Command::new(self.program()), dir);
+        cmd.args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
         cmd.output().expect("run the launcher")
     }
+}
+
+/// `cmd` in `dir` with nothing of the test's environment: the venv's bin first on PATH, so
+/// both launchers find the same python, and no status port.
+fn clean(mut cmd: Command, dir: &Path) -> Command {
+    let bin = python().parent().unwrap().to_owned();
+    cmd.env_clear()
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env(
+            "HOME",
+            std::env::var("HOME").unwrap_or_else(|_| "/root".into()),
+        )
+        .env("FSDP_STATUS_ADDR", "off")
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null());
+    cmd
 }
 
 const DUMP: &str = r#"import json, os, sys
@@ -209,23 +214,13 @@ fn the_bytes_workers_write_to_a_terminal_are_the_same() {
     )
     .unwrap();
     let bytes = |launcher: Launcher| {
-        let bin = python().parent().unwrap().to_owned();
         // The launcher's own messages go to stderr, away from the comparison.
         let inner = format!(
             "{} --standalone --nproc-per-node 2 tty.py 2>/dev/null",
             launcher.program().display()
         );
-        let out = Command::new("script")
+        let out = clean(Command::new("script"), dir.path())
             .args(["-qec", &inner, "/dev/null"])
-            .env_clear()
-            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
-            .env(
-                "HOME",
-                std::env::var("HOME").unwrap_or_else(|_| "/root".into()),
-            )
-            .env("FSDP_STATUS_ADDR", "off")
-            .current_dir(dir.path())
-            .stdin(std::process::Stdio::null())
             .output()
             .expect("script (util-linux)");
         assert!(out.status.success(), "{launcher:?}");

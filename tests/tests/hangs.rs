@@ -189,6 +189,28 @@ fn log_timestamps_read_as_epoch_seconds() {
     assert_eq!(chrono_like_epoch("1970-01-01T00:00:00Z"), Some(0.0));
 }
 
+/// A 2:2 job on etcd (`--max-restarts 1`) and its pods' worker: `hang_worker.py` with the
+/// job's checkpoint directory and `args` (total steps, stall step, stalling rank).
+fn two_nodes(
+    run: &str,
+    net: u8,
+    rdzv_conf: &str,
+    args: [&str; 3],
+) -> (fsdp_tests::job::Job, Vec<String>) {
+    let mut job = fsdp_tests::job::Job::new(run, "2:2", 1, 0, net);
+    job.rdzv_conf = rdzv_conf.into();
+    let ckpt = job.dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let mut worker = vec![
+        workspace_file("tests/py/hang_worker.py")
+            .display()
+            .to_string(),
+        ckpt.display().to_string(),
+    ];
+    worker.extend(args.iter().map(|a| (*a).to_owned()));
+    (job, worker)
+}
+
 /// Two nodes × two ranks on etcd; rank 3 (node 1) stalls after step 10. Every node's
 /// workers stop progressing, the hang is found, the failure is charged job-wide, every
 /// node publishes where its ranks were, the node that declared the hang names rank 3 on
@@ -196,19 +218,12 @@ fn log_timestamps_read_as_epoch_seconds() {
 /// restart count and finish.
 #[test]
 fn a_stall_on_one_node_is_named_across_nodes_and_both_restart_from_the_checkpoint() {
-    let mut job = fsdp_tests::job::Job::new("hang2", "2:2", 1, 0, 18);
-    job.rdzv_conf = "last_call_timeout=1,keep_alive_ttl=3".into();
-    let ckpt = job.dir.path().join("ckpt");
-    std::fs::create_dir_all(&ckpt).unwrap();
-    let worker: Vec<String> = vec![
-        workspace_file("tests/py/hang_worker.py")
-            .display()
-            .to_string(),
-        ckpt.display().to_string(),
-        "30".into(),
-        "10".into(),
-        "3".into(),
-    ];
+    let (job, worker) = two_nodes(
+        "hang2",
+        18,
+        "last_call_timeout=1,keep_alive_ttl=3",
+        ["30", "10", "3"],
+    );
     let mut pods: Vec<_> = (0..2)
         .map(|i| {
             let mut extra = vec!["--hang-min", "2"];
@@ -279,19 +294,7 @@ fn a_stall_on_one_node_is_named_across_nodes_and_both_restart_from_the_checkpoin
 /// the round, asked from its agent, with its node and its last step's time (0.2 s steps).
 #[test]
 fn status_shows_the_slowest_ranks_of_a_running_job() {
-    let mut job = fsdp_tests::job::Job::new("slow2", "2:2", 1, 0, 19);
-    job.rdzv_conf = "last_call_timeout=1".into();
-    let ckpt = job.dir.path().join("ckpt");
-    std::fs::create_dir_all(&ckpt).unwrap();
-    let worker: Vec<String> = vec![
-        workspace_file("tests/py/hang_worker.py")
-            .display()
-            .to_string(),
-        ckpt.display().to_string(),
-        "60".into(),
-        "0".into(),
-        "99".into(),
-    ];
+    let (job, worker) = two_nodes("slow2", 19, "last_call_timeout=1", ["60", "0", "99"]);
     let mut pods: Vec<_> = (0..2)
         .map(|i| job.pod_running(i, 2, &fsdp_tests::WHOLE_LINES, &worker))
         .collect();
