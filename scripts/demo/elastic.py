@@ -270,7 +270,7 @@ class Demo:
         self.wait("waiting for the first round",
                   lambda: all((self.formed(n, 0) or (0, 0))[1] == 3 for n in self.nodes))
         took = max(self.formed(n, 0)[0] for n in self.nodes) - t0
-        say(f"group of 3 formed {took:.1f} s after the agents started")
+        say(f"group of 3 formed {took:.2f} s after the agents started")
         s = self.steps
         self.until_step(s * 20 // 100)
         self.kill(2)

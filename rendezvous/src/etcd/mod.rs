@@ -303,8 +303,20 @@ impl EtcdRendezvous {
         let number = round.number;
         self.watcher = liveness::neighbour(round, &me).map(|target| {
             let commands = self.commands.clone();
+            let view = self.view.clone();
             liveness::Watcher::start(me, target.clone(), move |node, lease, proof| {
                 let liveness::Proof { reason, detect } = proof;
+                // A neighbour whose workers all succeeded exits when the job is done: its
+                // port closing is the end of the run, not a death.
+                if view
+                    .borrow()
+                    .done
+                    .get(&number)
+                    .is_some_and(|d| d.contains(&node))
+                {
+                    tracing::debug!(%node, "finished neighbour exited");
+                    return;
+                }
                 let detect_ms = u32::try_from(detect.as_millis()).unwrap_or(u32::MAX);
                 tracing::warn!(%node, %reason, detect_ms, "ring neighbour gone; revoking its lease");
                 let command = Command::Evict {
