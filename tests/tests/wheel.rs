@@ -17,7 +17,9 @@ fn the_wheel_installs_into_a_venv_whose_python_then_runs_the_workers() {
         "{} is missing: run scripts/setup.sh",
         maturin.display()
     );
-    // A debug build reuses the test build's artifacts; a release wheel is the same files.
+    // Its own target directory: maturin's build of the same binary into target/debug would
+    // replace the fsdp-agent every other test is running (seen in the full suite). A debug
+    // build; a release wheel holds the same files.
     let wheels = dir.path().join("wheels");
     let built = Command::new(&maturin)
         .args([
@@ -29,6 +31,7 @@ fn the_wheel_installs_into_a_venv_whose_python_then_runs_the_workers() {
             "-o",
         ])
         .arg(&wheels)
+        .env("CARGO_TARGET_DIR", workspace_file(".").join("target/wheel"))
         .current_dir(workspace_file("."))
         .output()
         .expect("run maturin");
