@@ -44,7 +44,7 @@ impl Reporter {
         let views = ranks
             .iter()
             .filter(|r| r.reported)
-            .map(|r| crate::status::RankView {
+            .map(|r| fsdp_proto::v1::RankStatus {
                 rank: r.rank,
                 last_step: r.last_step.map_or(0, |(n, _)| n),
                 step_seconds: r.recent.back().map_or(0.0, |d| d.as_secs_f64()),

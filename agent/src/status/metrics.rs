@@ -130,11 +130,11 @@ pub fn render(s: &Snapshot) -> String {
         ),
     ];
     for (name, help, which) in families {
-        if s.ranks.is_empty() {
+        if s.state.ranks.is_empty() {
             break;
         }
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for r in &s.ranks {
+        for r in &s.state.ranks {
             let v = match which {
                 0 => r.last_step as f64,
                 1 => r.step_seconds,
@@ -248,7 +248,7 @@ mod tests {
         assert!(text.contains("fsdp_agent_hangs_total 0"), "{text}");
         assert!(!text.contains("fsdp_agent_rank_last_step"), "{text}");
         b.hung();
-        b.ranks(vec![crate::status::RankView {
+        b.ranks(vec![fsdp_proto::v1::RankStatus {
             rank: 3,
             last_step: 12,
             step_seconds: 0.25,

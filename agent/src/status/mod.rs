@@ -36,17 +36,6 @@ impl Timing {
     }
 }
 
-/// One reporting rank's progress, for metrics.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RankView {
-    pub rank: u32,
-    pub last_step: u64,
-    /// Its last step's duration.
-    pub step_seconds: f64,
-    /// Since its last report.
-    pub silent_seconds: f64,
-}
-
 /// Everything the status server shows, as one consistent copy.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
@@ -67,8 +56,6 @@ pub struct Snapshot {
     pub hangs: u64,
     /// Failed health checks of this node.
     pub health_failures: u64,
-    /// The local ranks' progress, for those that report it (the straggler view).
-    pub ranks: Vec<RankView>,
     /// For losses proven by a refused connection: from the liveness stream breaking to
     /// the proof.
     pub refused_detect: Timing,
@@ -231,26 +218,9 @@ impl Board {
         self.lock().hangs += 1;
     }
 
-    /// The local ranks' progress as last judged.
-    pub fn ranks(&self, ranks: Vec<RankView>) {
-        let mut s = self.lock();
-        s.state.ranks = ranks
-            .iter()
-            .map(|r| fsdp_proto::v1::RankStatus {
-                rank: r.rank,
-                last_step: r.last_step,
-                step_seconds: r.step_seconds,
-                silent_seconds: r.silent_seconds,
-            })
-            .collect();
-        s.ranks = ranks;
-    }
-
-    /// The restarts `--max-restarts` is held against (all, or those in the window).
-    pub fn restarts(&self, counted: u32) {
-        let mut s = self.lock();
-        s.state.restarts_used = counted;
-        s.state.restarts_left = s.state.max_restarts.saturating_sub(counted);
+    /// The local ranks' progress as last judged (status and the straggler metrics).
+    pub fn ranks(&self, ranks: Vec<fsdp_proto::v1::RankStatus>) {
+        self.lock().state.ranks = ranks;
     }
 
     /// The health check failed (`Some(reason)`) or passed (`None`).
@@ -260,6 +230,13 @@ impl Board {
             s.health_failures += 1;
         }
         s.state.unhealthy = failed.unwrap_or_default().to_owned();
+    }
+
+    /// The restarts `--max-restarts` is held against (all, or those in the window).
+    pub fn restarts(&self, counted: u32) {
+        let mut s = self.lock();
+        s.state.restarts_used = counted;
+        s.state.restarts_left = s.state.max_restarts.saturating_sub(counted);
     }
 
     /// Who the hang this node declared in `round` points at.
