@@ -184,13 +184,9 @@ async fn slowest_ranks(run: &RunReport) -> Vec<RankLine> {
         .filter(|m| m.group_rank.is_some() && !m.status_addr.is_empty())
         .map(|m| async move {
             let ask = async {
-                let endpoint =
-                    tonic::transport::Endpoint::from_shared(format!("http://{}", m.status_addr))
-                        .ok()?
-                        .connect_timeout(ASK_PATIENCE);
-                let mut client = fsdp_proto::v1::agent_status_client::AgentStatusClient::new(
-                    endpoint.connect().await.ok()?,
-                );
+                let mut client =
+                    fsdp_rendezvous::etcd::liveness::status_client(&m.status_addr, ASK_PATIENCE)
+                        .await?;
                 let state = client
                     .get_status(fsdp_proto::v1::GetStatusRequest {})
                     .await

@@ -99,6 +99,18 @@ pub fn neighbour<'a>(round: &'a v1::Round, me: &str) -> Option<&'a v1::Member> {
 
 type Stream = tonic::Streaming<v1::Heartbeat>;
 
+/// A gRPC client of the agent status service at `addr` (`host:port`), connected within
+/// `patience`; `None` when it cannot be reached.
+pub async fn status_client(
+    addr: &str,
+    patience: std::time::Duration,
+) -> Option<AgentStatusClient<tonic::transport::Channel>> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(patience);
+    Some(AgentStatusClient::new(endpoint.connect().await.ok()?))
+}
+
 /// One contact: a TCP connection (refused or not), then a liveness stream and its first
 /// heartbeat.
 async fn contact(addr: &str, me: &str) -> (Contact, Option<Stream>) {
@@ -108,10 +120,7 @@ async fn contact(addr: &str, me: &str) -> (Contact, Option<Stream>) {
         Reach::NoAnswer => return (Contact::Silent, None),
     }
     let open = async {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .ok()?
-            .connect_timeout(PATIENCE);
-        let mut client = AgentStatusClient::new(endpoint.connect().await.ok()?);
+        let mut client = status_client(addr, PATIENCE).await?;
         let request = v1::LivenessRequest {
             watcher: me.to_owned(),
         };
