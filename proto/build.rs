@@ -12,5 +12,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&descriptors),
     )?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
+
+    // The embedded store serves this subset of etcd's API; the agent talks to it through
+    // etcd-client, so only the server side is generated.
+    let store = "proto/etcdserverpb/store.proto";
+    println!("cargo:rerun-if-changed={store}");
+    tonic_prost_build::configure()
+        .build_client(false)
+        .compile_fds(protox::compile([store], ["proto"])?)?;
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! Protobuf records that fsdp-agent stores in etcd, and its gRPC status service
-//! (`fsdp.v1.AgentStatus`, with generated server and client in [`v1`]).
+//! (`fsdp.v1.AgentStatus`, with generated server and client in [`v1`]); and, in
+//! [`etcdserverpb`], the servers of the part of etcd's v3 API that the embedded store of
+//! `--rdzv-backend c10d` answers.
 //!
 //! Domain code never works on these types directly: the rendezvous crate decodes them with
 //! [`decode`], which checks the schema version and names the key in every error, and then
@@ -8,6 +10,11 @@
 /// Generated types of `fsdp.v1`.
 pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/fsdp.v1.rs"));
+}
+
+/// Generated messages and servers of the etcd v3 API subset (`proto/etcdserverpb/store.proto`).
+pub mod etcdserverpb {
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.rs"));
 }
 
 /// The encoded `FileDescriptorSet` of every `fsdp.v1` file, for gRPC server reflection.

@@ -29,6 +29,7 @@ pub mod ranks;
 pub mod seal;
 pub mod standalone;
 pub mod static_group;
+pub mod store;
 
 pub use error::RendezvousError;
 pub use host::hostname;
