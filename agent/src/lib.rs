@@ -155,6 +155,11 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
         Mode::Etcd(m) => {
+            // c10d: the store is served before anyone joins, by the agent at the endpoint.
+            let store = match &m.store {
+                Some(s) => fsdp_rendezvous::store::host_if_here(&s.host, s.port, s.is_host).await?,
+                None => None,
+            };
             let mut rc = m.rendezvous.clone();
             rc.status_addr = status_addr.and_then(|bound| advertised(bound, &rc.addr));
             let mut rdzv = tokio::select! {
@@ -162,7 +167,12 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
             };
             tracing::info!(node_id = rdzv.node_id(), "joined the etcd rendezvous");
-            run::run(cfg, &mut rdzv, &mut signals, &board).await
+            let exit = run::run(cfg, &mut rdzv, &mut signals, &board).await;
+            if let Some(store) = store {
+                drop(rdzv);
+                store.close(store_patience(&exit, m)).await;
+            }
+            exit
         }
         Mode::Static {
             nnodes,
@@ -180,6 +190,16 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             })?;
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
+    }
+}
+
+/// How long a c10d store host keeps serving after its own run ended, for the agents still
+/// finishing theirs (their last records; a killed one's lease lapsing). None after a
+/// signal: the pod is going, and the others learn it from the store's end.
+fn store_patience(exit: &Result<AgentExit, AgentError>, m: &config::etcd::EtcdMode) -> std::time::Duration {
+    match exit {
+        Ok(AgentExit::Signalled(_)) => std::time::Duration::ZERO,
+        _ => m.rendezvous.keep_alive_ttl + std::time::Duration::from_secs(5),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `--rdzv-backend etcd`: endpoints, run id and `--rdzv-conf` keys turned into the etcd
 //! rendezvous configuration. The keys read here are those marked `etcd` in
-//! [`super::rdzv_keys::KEYS`].
+//! [`super::rdzv_keys::KEYS`]. `--rdzv-backend c10d` runs the same rendezvous on the store
+//! an agent of the job serves ([`build_c10d`]; the keys marked `c10d`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,6 +24,18 @@ pub struct EtcdMode {
     pub rendezvous: EtcdConfig,
     /// How long a finished node waits for the rest of its round (`close_timeout`).
     pub exit_barrier: Duration,
+    /// `--rdzv-backend c10d`: the store is served by the agent at the endpoint, maybe
+    /// this one.
+    pub store: Option<EmbeddedStore>,
+}
+
+/// Where a c10d job's store is served, and whether this agent was told to serve it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbeddedStore {
+    pub host: String,
+    pub port: u16,
+    /// `--rdzv-conf is_host`: unset, the agent whose machine has the address serves.
+    pub is_host: Option<bool>,
 }
 
 /// Builds the etcd configuration; errors name the key or flag at fault and never echo the
@@ -30,19 +43,81 @@ pub struct EtcdMode {
 pub fn build(
     endpoint: &str,
     run_id: &str,
-    (min, max): (u32, u32),
+    nodes: (u32, u32),
     conf: &BTreeMap<String, String>,
     addr: String,
     local_world_size: u32,
     env_password: Option<&str>,
 ) -> Result<EtcdMode, String> {
     let parsed = endpoints(endpoint)?;
-    let mut c = EtcdConfig::new(
-        parsed.iter().map(Endpoint::to_string).collect(),
-        run_id,
-        min,
-        max,
-    );
+    let urls = parsed.iter().map(Endpoint::to_string).collect();
+    let mut m = rendezvous(urls, run_id, nodes, conf, addr, local_world_size)?;
+    if let Some(tls) = tls(conf, &parsed, endpoint)? {
+        m.rendezvous.options.tls = Some(tls);
+    }
+    if let Some(user) = user(conf, env_password)? {
+        m.rendezvous.options.user = Some(user);
+    }
+    Ok(m)
+}
+
+/// `--rdzv-backend c10d`: one `host[:port]` (29400 by default, as torchrun's), served by
+/// the agent whose machine has it. TLS and authentication keys are warned about and
+/// left out: the store speaks plaintext.
+pub fn build_c10d(
+    endpoint: &str,
+    run_id: &str,
+    nodes: (u32, u32),
+    conf: &BTreeMap<String, String>,
+    addr: String,
+    local_world_size: u32,
+) -> Result<EtcdMode, String> {
+    let endpoint = endpoint.trim();
+    if endpoint.is_empty() {
+        return Err("--rdzv-endpoint is required with --rdzv-backend c10d on several nodes: host[:port] of the node whose agent serves the store (port 29400 by default), e.g. the first pod's name".into());
+    }
+    if endpoint.contains(',') {
+        return Err(format!("--rdzv-endpoint {endpoint}: c10d takes one host[:port], the agent that serves the store; several endpoints are for an etcd cluster (--rdzv-backend etcd)"));
+    }
+    let (host, port) = super::mode::split_host_port(endpoint)
+        .map_err(|reason| format!("--rdzv-endpoint '{endpoint}': {reason}"))?;
+    if host.is_empty() || host.contains('/') {
+        return Err(format!(
+            "--rdzv-endpoint '{endpoint}': expected host[:port] for c10d (no scheme)"
+        ));
+    }
+    let port = port.unwrap_or(fsdp_rendezvous::store::DEFAULT_PORT);
+    if let Some(t) = conf.get("store_type").filter(|t| !t.eq_ignore_ascii_case("tcp")) {
+        return Err(format!("--rdzv-conf store_type={t}: only tcp is supported (the agent at --rdzv-endpoint serves the store over TCP)"));
+    }
+    let is_host = conf
+        .get("is_host")
+        .map(|v| parse::env_bool(v).map_err(|e| format!("--rdzv-conf is_host={v}: {e}")))
+        .transpose()?;
+    let url = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let mut m = rendezvous(vec![url], run_id, nodes, conf, addr, local_world_size)?;
+    m.store = Some(EmbeddedStore {
+        host,
+        port,
+        is_host,
+    });
+    Ok(m)
+}
+
+/// What both backends read: the run, the node, the timeouts and the exit barrier.
+fn rendezvous(
+    urls: Vec<String>,
+    run_id: &str,
+    (min, max): (u32, u32),
+    conf: &BTreeMap<String, String>,
+    addr: String,
+    local_world_size: u32,
+) -> Result<EtcdMode, String> {
+    let mut c = EtcdConfig::new(urls, run_id, min, max);
     c.addr = addr;
     c.local_world_size = local_world_size;
     if let Some(p) = conf.get("etcd_prefix") {
@@ -53,16 +128,11 @@ pub fn build(
     Keys::new(&c.prefix, run_id)
         .map_err(|e| format!("--rdzv-conf etcd_prefix / --rdzv-id: {e}"))?;
     timeouts(&mut c, conf)?;
-    if let Some(tls) = tls(conf, &parsed, endpoint)? {
-        c.options.tls = Some(tls);
-    }
-    if let Some(user) = user(conf, env_password)? {
-        c.options.user = Some(user);
-    }
     let exit_barrier = dur(conf, "close_timeout")?.unwrap_or(DEFAULT_EXIT_BARRIER);
     Ok(EtcdMode {
         rendezvous: c,
         exit_barrier,
+        store: None,
     })
 }
 

@@ -1,5 +1,6 @@
-//! Mode selection: standalone, a static group, or the etcd rendezvous (c10d only as
-//! standalone), and the `--rdzv-conf` keys checked against the chosen backend.
+//! Mode selection: standalone, a static group, or the etcd rendezvous (on an etcd, or on
+//! the store a c10d agent serves), and the `--rdzv-conf` keys checked against the chosen
+//! backend.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,9 @@ pub(super) struct GroupArgs {
     pub(super) master_port: Option<u16>,
     pub(super) nproc_per_node: u32,
 }
+
+/// The run id of a c10d job started without `--rdzv-id` (torchrun's default id).
+const C10D_RUN_ID: &str = "none";
 
 fn standalone() -> Mode {
     Mode::Standalone {
@@ -48,7 +52,7 @@ impl Resolver<'_> {
         } else {
             self.backend_mode(a, g, rdzv_conf)?
         };
-        self.check_rdzv_conf(rdzv_conf, matches!(mode, Mode::Etcd(_)))?;
+        self.check_rdzv_conf(rdzv_conf, &mode)?;
         let (desc, source) = self.describe_mode(&mode, standalone, g);
         self.record("rendezvous", desc, source);
         Ok(mode)
@@ -84,11 +88,7 @@ impl Resolver<'_> {
                 );
                 Ok(standalone())
             }
-            "c10d" => Err(ConfigError::Conflict(
-                "--rdzv-backend c10d keeps the rendezvous inside one training pod and is not supported for several nodes; \
-                 use --rdzv-backend etcd --rdzv-endpoint <etcd host:2379>"
-                    .into(),
-            )),
+            "c10d" => self.c10d_mode(a, g, rdzv_conf),
             "etcd" | "etcd-v2" | "etcd-v3" => self.etcd_mode(a, g, rdzv_conf),
             other => Err(self.invalid(
                 "rdzv-backend",
@@ -181,6 +181,32 @@ impl Resolver<'_> {
         Ok(Mode::Etcd(Box::new(m)))
     }
 
+    /// `--rdzv-backend c10d` on several nodes: the etcd rendezvous on a store that the
+    /// agent at the endpoint serves. The run id may be left out, as with torchrun: the
+    /// store belongs to one job.
+    fn c10d_mode(
+        &mut self,
+        a: &Args,
+        g: GroupArgs,
+        rdzv_conf: &BTreeMap<String, String>,
+    ) -> Result<Mode, ConfigError> {
+        let run_id = a.rdzv_id.as_deref().unwrap_or(C10D_RUN_ID);
+        let addr = a
+            .local_addr
+            .clone()
+            .unwrap_or_else(fsdp_rendezvous::hostname);
+        let m = etcd::build_c10d(
+            &a.rdzv_endpoint,
+            run_id,
+            (g.min_nodes, g.max_nodes),
+            rdzv_conf,
+            addr,
+            g.nproc_per_node,
+        )
+        .map_err(ConfigError::Conflict)?;
+        Ok(Mode::Etcd(Box::new(m)))
+    }
+
     /// The `rendezvous` line of `--print-config`.
     fn describe_mode(&self, mode: &Mode, standalone: bool, g: GroupArgs) -> (String, Source) {
         match mode {
@@ -190,6 +216,20 @@ impl Resolver<'_> {
             Mode::Standalone { .. } => (
                 "standalone".to_owned(),
                 Source::Derived("one node and no master port or endpoint".into()),
+            ),
+            Mode::Etcd(m) if m.store.is_some() => (
+                format!(
+                    "c10d store={} (served by the agent there, etcd's protocol) nnodes={}:{} addr={} lease_ttl={:?} last_call={:?}",
+                    m.rendezvous.options.endpoints.join(","),
+                    g.min_nodes,
+                    g.max_nodes,
+                    m.rendezvous.addr,
+                    m.rendezvous.keep_alive_ttl,
+                    m.rendezvous.last_call
+                ),
+                Source::Derived(
+                    "--rdzv-backend c10d with --rdzv-endpoint, --nnodes, --rdzv-conf".into(),
+                ),
             ),
             Mode::Etcd(m) => (
                 format!(
@@ -222,13 +262,18 @@ impl Resolver<'_> {
         }
     }
 
-    /// Known torchrun keys that mean nothing for the chosen backend are reported, not
-    /// silently dropped; unknown keys are an error.
+    /// Known torchrun keys that mean nothing for the chosen backend are reported with why,
+    /// not silently dropped; unknown keys are an error.
     fn check_rdzv_conf(
         &mut self,
         conf: &BTreeMap<String, String>,
-        etcd: bool,
+        mode: &Mode,
     ) -> Result<(), ConfigError> {
+        let (read, backend): (fn(&rdzv_keys::Key) -> bool, &str) = match mode {
+            Mode::Etcd(m) if m.store.is_some() => (|k| k.c10d, "the c10d rendezvous"),
+            Mode::Etcd(_) => (|k| k.etcd, "the etcd rendezvous"),
+            _ => (|_| false, "a single-node or static rendezvous"),
+        };
         let mut unused = Vec::new();
         for key in conf.keys() {
             let Some(known) = rdzv_keys::find(key) else {
@@ -240,19 +285,26 @@ impl Resolver<'_> {
                     reason: format!("unknown key; known keys: {}", known.join(", ")),
                 });
             };
-            if !(etcd && known.etcd) {
-                unused.push(key.as_str());
+            if !read(&known) {
+                unused.push(known);
             }
         }
         if !unused.is_empty() {
-            let backend = if etcd {
-                "the etcd rendezvous"
+            let names: Vec<&str> = unused.iter().map(|k| k.name).collect();
+            // Why each is let go, where the table says; a single-node run reads none.
+            let notes: Vec<String> = unused
+                .iter()
+                .filter(|k| matches!(mode, Mode::Etcd(_)) && !k.note.is_empty())
+                .map(|k| format!("{}: {}", k.name, k.note))
+                .collect();
+            let why = if notes.is_empty() {
+                String::new()
             } else {
-                "a single-node or static rendezvous"
+                format!(" ({})", notes.join("; "))
             };
             self.warn(format!(
-                "--rdzv-conf {} has no effect with {backend}",
-                unused.join(",")
+                "--rdzv-conf {} has no effect with {backend}{why}",
+                names.join(",")
             ));
         }
         Ok(())
@@ -272,6 +324,14 @@ impl Resolver<'_> {
                     Source::Derived("fresh per standalone run".into()),
                 );
                 id
+            }
+            (None, Mode::Etcd(m)) if m.store.is_some() => {
+                self.record(
+                    "rdzv-id",
+                    C10D_RUN_ID,
+                    Source::Derived("torchrun's default; the c10d store is the job's own".into()),
+                );
+                C10D_RUN_ID.into()
             }
             // The etcd mode refuses to start without --rdzv-id; this is its copy.
             (None, Mode::Etcd(m)) => m.rendezvous.run_id.clone(),

@@ -1,53 +1,102 @@
-//! The `--rdzv-conf` keys fsdp-agent knows, written once: which the etcd rendezvous reads,
-//! and which are torchrun's own (accepted so a torchrun command line still starts, and
-//! reported as having no effect).
+//! The `--rdzv-conf` keys fsdp-agent knows, written once: which of our rendezvous read
+//! each (etcd, and c10d's embedded store, which runs the same rendezvous), and for those
+//! that are torchrun's own, what they meant there. Those are accepted so that a torchrun
+//! command line still starts, and the warning says why they change nothing.
 
 /// One known `--rdzv-conf` key.
 #[derive(Debug, Clone, Copy)]
 pub struct Key {
     pub name: &'static str,
-    /// Read by the etcd rendezvous ([`super::etcd::build`]); otherwise torchrun-only.
+    /// Read by the etcd rendezvous ([`super::etcd::build`]).
     pub etcd: bool,
+    /// Read by `--rdzv-backend c10d` ([`super::etcd::build_c10d`]).
+    pub c10d: bool,
+    /// Why a backend that does not read it lets it go (for the warning).
+    pub note: &'static str,
 }
 
-const fn etcd(name: &'static str) -> Key {
-    Key { name, etcd: true }
+/// Read by both: the rendezvous' own timeouts and lease.
+const fn both(name: &'static str) -> Key {
+    Key {
+        name,
+        etcd: true,
+        c10d: true,
+        note: "",
+    }
 }
 
-const fn torchrun(name: &'static str) -> Key {
-    Key { name, etcd: false }
+/// TLS and authentication: a real etcd's; the embedded store serves plaintext.
+const fn etcd_only(name: &'static str) -> Key {
+    Key {
+        name,
+        etcd: true,
+        c10d: false,
+        note: "TLS and authentication are for an etcd server; the c10d store is plaintext on the job's network",
+    }
+}
+
+const fn torchrun(name: &'static str, note: &'static str) -> Key {
+    Key {
+        name,
+        etcd: false,
+        c10d: false,
+        note,
+    }
 }
 
 /// Every known key, in the order the unknown-key error lists them.
 pub const KEYS: &[Key] = &[
-    etcd("keep_alive_ttl"),
-    etcd("straggler_timeout"),
-    etcd("connect_timeout"),
-    etcd("username"),
-    etcd("password"),
-    etcd("password_file"),
-    etcd("join_timeout"),
-    etcd("last_call_timeout"),
-    etcd("close_timeout"),
-    torchrun("heartbeat_timeout"),
-    etcd("keep_alive_interval"),
-    etcd("keep_alive_max_attempt"),
-    torchrun("timeout"),
-    torchrun("read_timeout"),
-    torchrun("is_host"),
-    torchrun("store_type"),
-    etcd("etcd_prefix"),
-    etcd("protocol"),
-    etcd("cacert"),
-    etcd("cert"),
-    etcd("key"),
-    etcd("ca_cert"),
-    etcd("ssl_cert"),
-    etcd("ssl_cert_key"),
-    torchrun("rank"),
-    torchrun("cas_backoff_max_seconds"),
-    etcd("fence_margin"),
-    etcd("outage_timeout"),
+    both("keep_alive_ttl"),
+    both("straggler_timeout"),
+    both("connect_timeout"),
+    etcd_only("username"),
+    etcd_only("password"),
+    etcd_only("password_file"),
+    both("join_timeout"),
+    both("last_call_timeout"),
+    both("close_timeout"),
+    torchrun(
+        "heartbeat_timeout",
+        "a heartbeat write's deadline; the lease (keep_alive_ttl) bounds it here",
+    ),
+    both("keep_alive_interval"),
+    both("keep_alive_max_attempt"),
+    torchrun(
+        "timeout",
+        "torchrun's legacy-etcd and static deadline; the rendezvous deadline here is join_timeout",
+    ),
+    torchrun(
+        "read_timeout",
+        "a store request's timeout; requests here are retried until outage_timeout",
+    ),
+    Key {
+        name: "is_host",
+        etcd: false,
+        c10d: true,
+        note: "only the c10d backend hosts a store",
+    },
+    torchrun(
+        "store_type",
+        "only a TCP store exists (store_type=tcp is torchrun's default)",
+    ),
+    both("etcd_prefix"),
+    etcd_only("protocol"),
+    etcd_only("cacert"),
+    etcd_only("cert"),
+    etcd_only("key"),
+    etcd_only("ca_cert"),
+    etcd_only("ssl_cert"),
+    etcd_only("ssl_cert_key"),
+    torchrun(
+        "rank",
+        "torchrun's legacy-etcd rank hint; the rendezvous assigns ranks",
+    ),
+    torchrun(
+        "cas_backoff_max_seconds",
+        "a back-off between lost compare-and-swaps; nodes here write once per round",
+    ),
+    both("fence_margin"),
+    both("outage_timeout"),
 ];
 
 /// The known key called `name`.

@@ -343,12 +343,76 @@ fn static_groups_are_checked() {
 }
 
 #[test]
-fn c10d_runs_one_node_standalone_and_refuses_several() {
+fn c10d_runs_one_node_standalone_and_several_on_a_store_an_agent_serves() {
     let c = config(&["--rdzv-backend", "c10d"], &[]);
     assert!(matches!(c.mode, Mode::Standalone { .. }));
     assert!(warned(&c, "c10d with one node runs as --standalone"));
-    let e = error(&["--rdzv-backend", "c10d", "--nnodes", "1:2"], &[]);
-    assert!(e.contains("not supported for several nodes"), "{e}");
+    // torchrun's multi-node recipe, and Kubeflow's elastic default.
+    let c = config(
+        &["--rdzv-backend", "c10d", "--nnodes", "1:2", "--rdzv-endpoint", "pod0"],
+        &[],
+    );
+    let m = etcd_mode(&c);
+    assert_eq!(
+        m.store,
+        Some(etcd::EmbeddedStore {
+            host: "pod0".into(),
+            port: 29400,
+            is_host: None
+        })
+    );
+    assert_eq!(m.rendezvous.options.endpoints, ["pod0:29400"]);
+    assert_eq!(c.run_id, "none", "torchrun's default run id");
+    assert!(setting(&c, "rendezvous").0.starts_with("c10d store=pod0:29400"));
+    let c = config(
+        &[
+            "--rdzv-backend",
+            "c10d",
+            "--nnodes",
+            "2:3",
+            "--rdzv-endpoint",
+            "[::1]:1234",
+            "--rdzv-id",
+            "job",
+            "--rdzv-conf",
+            "is_host=0,join_timeout=5,timeout=900",
+        ],
+        &[],
+    );
+    let m = etcd_mode(&c);
+    assert_eq!(m.rendezvous.options.endpoints, ["[::1]:1234"]);
+    assert_eq!(m.store.as_ref().unwrap().is_host, Some(false));
+    assert_eq!(m.rendezvous.join_timeout, Duration::from_secs(5));
+    assert_eq!(c.run_id, "job");
+    assert!(warned(&c, "--rdzv-conf timeout has no effect with the c10d rendezvous (timeout: torchrun's legacy-etcd and static deadline; the rendezvous deadline here is join_timeout)"));
+}
+
+#[test]
+fn c10d_refuses_what_its_store_cannot_be() {
+    let c10d = ["--rdzv-backend", "c10d", "--nnodes", "2"];
+    let e = error(&c10d, &[]);
+    assert!(e.contains("--rdzv-endpoint is required with --rdzv-backend c10d"), "{e}");
+    let e = error(&with(&c10d, &["--rdzv-endpoint", "a:1,b:2"]), &[]);
+    assert!(e.contains("c10d takes one host[:port]"), "{e}");
+    let e = error(&with(&c10d, &["--rdzv-endpoint", "http://a:1"]), &[]);
+    assert!(e.contains("--rdzv-endpoint 'http://a:1'"), "{e}");
+    let e = error(
+        &with(&c10d, &["--rdzv-endpoint", "a", "--rdzv-conf", "store_type=file"]),
+        &[],
+    );
+    assert!(e.contains("store_type=file: only tcp is supported"), "{e}");
+    let e = error(
+        &with(&c10d, &["--rdzv-endpoint", "a", "--rdzv-conf", "is_host=maybe"]),
+        &[],
+    );
+    assert!(e.contains("is_host=maybe"), "{e}");
+    // TLS is an etcd server's: warned about, and the client stays plaintext.
+    let c = config(
+        &with(&c10d, &["--rdzv-endpoint", "a", "--rdzv-conf", "cacert=/ca.pem"]),
+        &[],
+    );
+    assert!(etcd_mode(&c).rendezvous.options.tls.is_none());
+    assert!(warned(&c, "--rdzv-conf cacert has no effect with the c10d rendezvous (cacert: TLS and authentication are for an etcd server"));
 }
 
 #[test]
@@ -480,7 +544,9 @@ fn rdzv_conf_keys_without_effect_are_warned_about() {
     );
     assert_eq!(
         c.warnings,
-        ["--rdzv-conf is_host,store_type has no effect with the etcd rendezvous"]
+        [
+            "--rdzv-conf is_host,store_type has no effect with the etcd rendezvous (is_host: only the c10d backend hosts a store; store_type: only a TCP store exists (store_type=tcp is torchrun's default))"
+        ]
     );
 }
 
@@ -509,6 +575,34 @@ fn every_key_the_table_gives_to_etcd_is_taken_by_the_etcd_rendezvous() {
         assert_eq!(
             taken.iter().any(|k| k == key.name),
             key.etcd,
+            "{}: the table and this test disagree",
+            key.name
+        );
+    }
+}
+
+#[test]
+fn every_key_the_table_gives_to_c10d_is_taken_by_the_c10d_rendezvous() {
+    let conf = "join_timeout=5,last_call_timeout=5,close_timeout=5,keep_alive_ttl=2,\
+                keep_alive_interval=1,keep_alive_max_attempt=2,straggler_timeout=10,\
+                connect_timeout=5,etcd_prefix=/p,outage_timeout=60,fence_margin=0.5,is_host=1";
+    let args = [
+        "--rdzv-backend",
+        "c10d",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        "a",
+        "--rdzv-conf",
+        conf,
+    ];
+    let c = config(&args, &[]);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let taken: Vec<String> = parse::rdzv_conf(conf).unwrap().into_keys().collect();
+    for key in rdzv_keys::KEYS {
+        assert_eq!(
+            taken.iter().any(|k| k == key.name),
+            key.c10d,
             "{}: the table and this test disagree",
             key.name
         );

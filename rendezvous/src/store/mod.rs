@@ -25,7 +25,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use fsdp_proto::etcdserverpb as pb;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use crate::RendezvousError;
@@ -206,9 +206,34 @@ impl Drop for StoreServer {
     }
 }
 
-/// Whether something answers at `addr` (a store already served there).
-pub async fn reachable(addr: SocketAddr) -> bool {
-    TcpStream::connect(addr).await.is_ok()
+/// Serves the store here when this agent is its host ([`decide_host`]); `None` when
+/// another agent serves it. A forced host (`is_host=true`) that cannot listen is a
+/// configuration error.
+pub async fn host_if_here(
+    host: &str,
+    port: u16,
+    is_host: Option<bool>,
+) -> Result<Option<StoreServer>, RendezvousError> {
+    let (bound, listener) = if is_host == Some(false) {
+        (Bind::NotLocal, None)
+    } else {
+        bind(host, port).await?
+    };
+    let (decision, why) = decide_host(is_host, &bound);
+    match (decision, listener) {
+        (Hosting::Serve, Some(listener)) => {
+            let server = StoreServer::start(listener).map_err(|e| {
+                RendezvousError::InvalidConfig(format!("cannot serve the c10d store: {e}"))
+            })?;
+            tracing::info!(addr = %server.addr(), why, "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
+            Ok(Some(server))
+        }
+        (Hosting::Refuse, _) => Err(RendezvousError::InvalidConfig(why)),
+        _ => {
+            tracing::info!(endpoint = %format!("{host}:{port}"), why, "the c10d rendezvous store is served by another agent");
+            Ok(None)
+        }
+    }
 }
 
 #[cfg(test)]
