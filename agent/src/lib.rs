@@ -196,7 +196,10 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
 /// How long a c10d store host keeps serving after its own run ended, for the agents still
 /// finishing theirs (their last records; a killed one's lease lapsing). None after a
 /// signal: the pod is going, and the others learn it from the store's end.
-fn store_patience(exit: &Result<AgentExit, AgentError>, m: &config::etcd::EtcdMode) -> std::time::Duration {
+fn store_patience(
+    exit: &Result<AgentExit, AgentError>,
+    m: &config::etcd::EtcdMode,
+) -> std::time::Duration {
     match exit {
         Ok(AgentExit::Signalled(_)) => std::time::Duration::ZERO,
         _ => m.rendezvous.keep_alive_ttl + std::time::Duration::from_secs(5),

@@ -17,9 +17,11 @@ pub enum RendezvousError {
     InvalidConfig(String),
     /// etcd could not be reached or refused us, after retrying.
     #[error(
-        "etcd at {endpoints} is unreachable or refused the connection (retried for {window:?}); check --rdzv-endpoint, TLS files and credentials"
+        "{store} at {endpoints} is unreachable or refused the connection (retried for {window:?}); check --rdzv-endpoint, TLS files and credentials"
     )]
     Unreachable {
+        /// `etcd`, or the c10d store an agent serves.
+        store: &'static str,
         endpoints: String,
         window: std::time::Duration,
         #[source]

@@ -1,4 +1,5 @@
-//! An elastic job for fault tests: a real etcd, a shared checkpoint directory, and "pods"
+//! An elastic job for fault tests: a real etcd (or, for `--rdzv-backend c10d`, the store
+//! pod 0's agent serves), a shared checkpoint directory, and "pods"
 //! (an agent with its workers in their own PID and UTS namespace, optionally in their own
 //! network namespace) running `tests/py/elastic_worker.py`: real PyTorch gloo workers that
 //! all-reduce in a loop and checkpoint a step counter.
@@ -13,9 +14,17 @@ use crate::{TempDir, python, status_cmd, workspace_file};
 /// How long a fault test waits for anything.
 pub const LIMIT: Duration = Duration::from_secs(90);
 
-/// One job: an etcd, a checkpoint directory and the agent flags every pod shares.
+/// Where a job's rendezvous lives.
+pub enum Rdzv {
+    Etcd(Etcd),
+    /// `--rdzv-backend c10d` with this endpoint: pod 0's address, so pod 0's agent serves
+    /// the store when it starts first.
+    C10d(String),
+}
+
+/// One job: its rendezvous, a checkpoint directory and the agent flags every pod shares.
 pub struct Job {
-    pub etcd: Etcd,
+    pub rdzv: Rdzv,
     pub dir: TempDir,
     pub run_id: String,
     pub nnodes: String,
@@ -48,8 +57,19 @@ impl Job {
         steps: u32,
         net: u8,
     ) -> Self {
+        Self::with_rdzv(Rdzv::Etcd(etcd), run_id, nnodes, max_restarts, steps, net)
+    }
+
+    fn with_rdzv(
+        rdzv: Rdzv,
+        run_id: &str,
+        nnodes: &str,
+        max_restarts: u32,
+        steps: u32,
+        net: u8,
+    ) -> Self {
         Self {
-            etcd,
+            rdzv,
             dir: TempDir::new().unwrap(),
             run_id: run_id.into(),
             nnodes: nnodes.into(),
@@ -60,10 +80,46 @@ impl Job {
         }
     }
 
+    /// A job on `--rdzv-backend c10d`: no etcd at all; pod 0 serves the store.
+    pub fn c10d(run_id: &str, nnodes: &str, max_restarts: u32, steps: u32, net: u8) -> Self {
+        let endpoint = format!("127.0.{net}.1:{}", crate::free_port());
+        Self::with_rdzv(
+            Rdzv::C10d(endpoint),
+            run_id,
+            nnodes,
+            max_restarts,
+            steps,
+            net,
+        )
+    }
+
+    /// The job's etcd; a c10d job has none.
+    pub fn etcd(&self) -> &Etcd {
+        match &self.rdzv {
+            Rdzv::Etcd(e) => e,
+            Rdzv::C10d(_) => panic!("a c10d job has no etcd"),
+        }
+    }
+
+    pub fn etcd_mut(&mut self) -> &mut Etcd {
+        match &mut self.rdzv {
+            Rdzv::Etcd(e) => e,
+            Rdzv::C10d(_) => panic!("a c10d job has no etcd"),
+        }
+    }
+
+    /// `--rdzv-endpoint` as pods on loopback give it.
+    pub fn endpoint(&self) -> String {
+        match &self.rdzv {
+            Rdzv::Etcd(e) => e.endpoint(),
+            Rdzv::C10d(endpoint) => endpoint.clone(),
+        }
+    }
+
     /// Pod `index` on this machine's loopback, at `127.0.<net>.<index + 1>`.
     pub fn pod(&self, index: u8, extra: &[&str]) -> Pod {
         let addr = format!("127.0.{}.{}", self.net, index + 1);
-        let args = self.args(&self.etcd.endpoint(), &addr, extra);
+        let args = self.args(&self.endpoint(), &addr, extra);
         let env = [("PYTHON", python().display().to_string())];
         Pod::start(self.dir.path(), &format!("pod{index}"), &args, &env)
     }
@@ -71,7 +127,7 @@ impl Job {
     /// Pod `index` on `host`, a network namespace: it reaches etcd at `etcd_addr` and its
     /// peers over the host's link.
     pub fn pod_on(&self, host: &Host, etcd_addr: &str, index: u8, extra: &[&str]) -> Pod {
-        let args = self.args(&self.etcd.endpoint_on(etcd_addr), &host.addr, extra);
+        let args = self.args(&self.etcd().endpoint_on(etcd_addr), &host.addr, extra);
         let env = [
             ("PYTHON", python().display().to_string()),
             ("GLOO_SOCKET_IFNAME", "eth0".to_string()),
@@ -98,9 +154,13 @@ impl Job {
 
     /// The agent's flags for this job, up to the entrypoint.
     fn agent_args(&self, endpoint: &str, addr: &str, nproc: &str) -> Vec<String> {
+        let backend = match self.rdzv {
+            Rdzv::Etcd(_) => "etcd",
+            Rdzv::C10d(_) => "c10d",
+        };
         let mut args: Vec<String> = [
             "--rdzv-backend",
-            "etcd",
+            backend,
             "--rdzv-endpoint",
             endpoint,
             "--rdzv-id",
@@ -127,7 +187,7 @@ impl Job {
     /// arguments), the agent given `extra` flags too.
     pub fn pod_running(&self, index: u8, nproc: u32, extra: &[&str], worker: &[String]) -> Pod {
         let addr = format!("127.0.{}.{}", self.net, index + 1);
-        let mut args = self.agent_args(&self.etcd.endpoint(), &addr, &nproc.to_string());
+        let mut args = self.agent_args(&self.endpoint(), &addr, &nproc.to_string());
         args.extend(extra.iter().map(|s| s.to_string()));
         args.extend(worker.iter().cloned());
         let env = [("PYTHON", python().display().to_string())];
@@ -140,7 +200,7 @@ impl Job {
         let (_, json, _) = status_cmd(&[
             "--json",
             "--rdzv-endpoint",
-            &self.etcd.endpoint(),
+            &self.endpoint(),
             "--rdzv-id",
             &self.run_id,
         ]);

@@ -171,7 +171,7 @@ fn an_etcd_restart_does_not_restart_the_workers() {
     });
     for keep_data in [true, false] {
         job.progresses(5, &[&p0, &p1]);
-        job.etcd.restart(keep_data);
+        job.etcd_mut().restart(keep_data);
         // Several lease TTLs pass; training goes on in the same workers.
         std::thread::sleep(Duration::from_secs(8));
         job.progresses(5, &[&p0, &p1]);

@@ -22,7 +22,7 @@ fn status_json(job: &Job) -> serde_json::Value {
     let (code, json, err) = status_cmd(&[
         "--json",
         "--rdzv-endpoint",
-        &job.etcd.endpoint(),
+        &job.endpoint(),
         "--rdzv-id",
         &job.run_id,
     ]);
@@ -167,12 +167,7 @@ fn a_node_whose_health_check_fails_stays_out_until_it_passes() {
             .all(|p| fsdp_tests::job::nth_start_world(p, 0, 2))
     });
     assert!(fsdp_tests::job::starts(&bad).is_empty(), "{}", bad.output());
-    let (_, table, _) = status_cmd(&[
-        "--rdzv-endpoint",
-        &job.etcd.endpoint(),
-        "--rdzv-id",
-        &job.run_id,
-    ]);
+    let (_, table, _) = status_cmd(&["--rdzv-endpoint", &job.endpoint(), "--rdzv-id", &job.run_id]);
     let line = table
         .lines()
         .find(|l| l.starts_with("unhealthy"))
@@ -189,12 +184,7 @@ fn a_node_whose_health_check_fails_stays_out_until_it_passes() {
                 .is_some_and(|s| s.world == 3)
         })
     });
-    let (_, table, _) = status_cmd(&[
-        "--rdzv-endpoint",
-        &job.etcd.endpoint(),
-        "--rdzv-id",
-        &job.run_id,
-    ]);
+    let (_, table, _) = status_cmd(&["--rdzv-endpoint", &job.endpoint(), "--rdzv-id", &job.run_id]);
     assert!(!table.contains("unhealthy"), "{table}");
     assert!(
         bad.stderr().contains("the health check passes again"),
@@ -295,7 +285,7 @@ fn more_live_agents_than_max_at_a_re_form_make_a_round_of_max() {
     let (_, json, _) = status_cmd(&[
         "--json",
         "--rdzv-endpoint",
-        &job.etcd.endpoint(),
+        &job.endpoint(),
         "--rdzv-id",
         &job.run_id,
     ]);
@@ -348,12 +338,7 @@ fn a_node_that_fails_first_round_after_round_is_quarantined() {
     for p in &pods {
         assert!(!p.stderr().contains("quarantining"), "{}", p.stderr());
     }
-    let (_, table, _) = status_cmd(&[
-        "--rdzv-endpoint",
-        &job.etcd.endpoint(),
-        "--rdzv-id",
-        &job.run_id,
-    ]);
+    let (_, table, _) = status_cmd(&["--rdzv-endpoint", &job.endpoint(), "--rdzv-id", &job.run_id]);
     assert!(
         table
             .lines()

@@ -265,12 +265,8 @@ fn a_stall_on_one_node_is_named_across_nodes_and_both_restart_from_the_checkpoin
         );
     }
     // The records stay in etcd: `fsdp-agent status` says who the last hang points at.
-    let (_, table, _) = fsdp_tests::status_cmd(&[
-        "--rdzv-endpoint",
-        &job.etcd.endpoint(),
-        "--rdzv-id",
-        &job.run_id,
-    ]);
+    let (_, table, _) =
+        fsdp_tests::status_cmd(&["--rdzv-endpoint", &job.endpoint(), "--rdzv-id", &job.run_id]);
     let last = table
         .lines()
         .find(|l| l.starts_with("last hang"))
@@ -300,7 +296,7 @@ fn status_shows_the_slowest_ranks_of_a_running_job() {
         .collect();
     let refs: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
     job.progresses(5, &refs);
-    let endpoint = job.etcd.endpoint();
+    let endpoint = job.endpoint();
     // The agents refresh what they show once a second, and a step time needs two steps:
     // ask until every rank has one.
     let end = std::time::Instant::now() + Duration::from_secs(30);

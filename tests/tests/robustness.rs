@@ -91,7 +91,7 @@ fn an_agent_slow_to_reconnect_to_an_etcd_back_empty_restarts_no_worker() {
     // first and puts the round back.
     let slow = Pid::from_raw(p1.agent_pid());
     kill(slow, Signal::SIGSTOP).unwrap();
-    job.etcd.restart(false);
+    job.etcd_mut().restart(false);
     wait_until("p0 to put the round back", &[&p0], || {
         p0.stderr()
             .contains("etcd lost the round record; republished the running round")

@@ -29,6 +29,12 @@ pub struct EtcdMode {
     pub store: Option<EmbeddedStore>,
 }
 
+/// How long a c10d agent waits for a store that stopped answering: long enough for the
+/// host's pod to be restarted in place (its agent then serves an empty store and everyone
+/// registers again, as after an etcd restart), short enough that a host gone for good
+/// ends the job within a minute, as torchrun's c10d does (its `read_timeout`, 60 s).
+pub const C10D_OUTAGE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Where a c10d job's store is served, and whether this agent was told to serve it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmbeddedStore {
@@ -77,7 +83,9 @@ pub fn build_c10d(
         return Err("--rdzv-endpoint is required with --rdzv-backend c10d on several nodes: host[:port] of the node whose agent serves the store (port 29400 by default), e.g. the first pod's name".into());
     }
     if endpoint.contains(',') {
-        return Err(format!("--rdzv-endpoint {endpoint}: c10d takes one host[:port], the agent that serves the store; several endpoints are for an etcd cluster (--rdzv-backend etcd)"));
+        return Err(format!(
+            "--rdzv-endpoint {endpoint}: c10d takes one host[:port], the agent that serves the store; several endpoints are for an etcd cluster (--rdzv-backend etcd)"
+        ));
     }
     let (host, port) = super::mode::split_host_port(endpoint)
         .map_err(|reason| format!("--rdzv-endpoint '{endpoint}': {reason}"))?;
@@ -87,8 +95,13 @@ pub fn build_c10d(
         ));
     }
     let port = port.unwrap_or(fsdp_rendezvous::store::DEFAULT_PORT);
-    if let Some(t) = conf.get("store_type").filter(|t| !t.eq_ignore_ascii_case("tcp")) {
-        return Err(format!("--rdzv-conf store_type={t}: only tcp is supported (the agent at --rdzv-endpoint serves the store over TCP)"));
+    if let Some(t) = conf
+        .get("store_type")
+        .filter(|t| !t.eq_ignore_ascii_case("tcp"))
+    {
+        return Err(format!(
+            "--rdzv-conf store_type={t}: only tcp is supported (the agent at --rdzv-endpoint serves the store over TCP)"
+        ));
     }
     let is_host = conf
         .get("is_host")
@@ -100,6 +113,10 @@ pub fn build_c10d(
         format!("{host}:{port}")
     };
     let mut m = rendezvous(vec![url], run_id, nodes, conf, addr, local_world_size)?;
+    m.rendezvous.options.embedded_store = true;
+    if !conf.contains_key("outage_timeout") {
+        m.rendezvous.outage_timeout = C10D_OUTAGE_TIMEOUT;
+    }
     m.store = Some(EmbeddedStore {
         host,
         port,

@@ -349,7 +349,14 @@ fn c10d_runs_one_node_standalone_and_several_on_a_store_an_agent_serves() {
     assert!(warned(&c, "c10d with one node runs as --standalone"));
     // torchrun's multi-node recipe, and Kubeflow's elastic default.
     let c = config(
-        &["--rdzv-backend", "c10d", "--nnodes", "1:2", "--rdzv-endpoint", "pod0"],
+        &[
+            "--rdzv-backend",
+            "c10d",
+            "--nnodes",
+            "1:2",
+            "--rdzv-endpoint",
+            "pod0",
+        ],
         &[],
     );
     let m = etcd_mode(&c);
@@ -362,8 +369,14 @@ fn c10d_runs_one_node_standalone_and_several_on_a_store_an_agent_serves() {
         })
     );
     assert_eq!(m.rendezvous.options.endpoints, ["pod0:29400"]);
+    assert!(m.rendezvous.options.embedded_store);
+    assert_eq!(m.rendezvous.outage_timeout, etcd::C10D_OUTAGE_TIMEOUT);
     assert_eq!(c.run_id, "none", "torchrun's default run id");
-    assert!(setting(&c, "rendezvous").0.starts_with("c10d store=pod0:29400"));
+    assert!(
+        setting(&c, "rendezvous")
+            .0
+            .starts_with("c10d store=pod0:29400")
+    );
     let c = config(
         &[
             "--rdzv-backend",
@@ -384,35 +397,53 @@ fn c10d_runs_one_node_standalone_and_several_on_a_store_an_agent_serves() {
     assert_eq!(m.store.as_ref().unwrap().is_host, Some(false));
     assert_eq!(m.rendezvous.join_timeout, Duration::from_secs(5));
     assert_eq!(c.run_id, "job");
-    assert!(warned(&c, "--rdzv-conf timeout has no effect with the c10d rendezvous (timeout: torchrun's legacy-etcd and static deadline; the rendezvous deadline here is join_timeout)"));
+    assert!(warned(
+        &c,
+        "--rdzv-conf timeout has no effect with the c10d rendezvous (timeout: torchrun's legacy-etcd and static deadline; the rendezvous deadline here is join_timeout)"
+    ));
 }
 
 #[test]
 fn c10d_refuses_what_its_store_cannot_be() {
     let c10d = ["--rdzv-backend", "c10d", "--nnodes", "2"];
     let e = error(&c10d, &[]);
-    assert!(e.contains("--rdzv-endpoint is required with --rdzv-backend c10d"), "{e}");
+    assert!(
+        e.contains("--rdzv-endpoint is required with --rdzv-backend c10d"),
+        "{e}"
+    );
     let e = error(&with(&c10d, &["--rdzv-endpoint", "a:1,b:2"]), &[]);
     assert!(e.contains("c10d takes one host[:port]"), "{e}");
     let e = error(&with(&c10d, &["--rdzv-endpoint", "http://a:1"]), &[]);
     assert!(e.contains("--rdzv-endpoint 'http://a:1'"), "{e}");
     let e = error(
-        &with(&c10d, &["--rdzv-endpoint", "a", "--rdzv-conf", "store_type=file"]),
+        &with(
+            &c10d,
+            &["--rdzv-endpoint", "a", "--rdzv-conf", "store_type=file"],
+        ),
         &[],
     );
     assert!(e.contains("store_type=file: only tcp is supported"), "{e}");
     let e = error(
-        &with(&c10d, &["--rdzv-endpoint", "a", "--rdzv-conf", "is_host=maybe"]),
+        &with(
+            &c10d,
+            &["--rdzv-endpoint", "a", "--rdzv-conf", "is_host=maybe"],
+        ),
         &[],
     );
     assert!(e.contains("is_host=maybe"), "{e}");
     // TLS is an etcd server's: warned about, and the client stays plaintext.
     let c = config(
-        &with(&c10d, &["--rdzv-endpoint", "a", "--rdzv-conf", "cacert=/ca.pem"]),
+        &with(
+            &c10d,
+            &["--rdzv-endpoint", "a", "--rdzv-conf", "cacert=/ca.pem"],
+        ),
         &[],
     );
     assert!(etcd_mode(&c).rendezvous.options.tls.is_none());
-    assert!(warned(&c, "--rdzv-conf cacert has no effect with the c10d rendezvous (cacert: TLS and authentication are for an etcd server"));
+    assert!(warned(
+        &c,
+        "--rdzv-conf cacert has no effect with the c10d rendezvous (cacert: TLS and authentication are for an etcd server"
+    ));
 }
 
 #[test]

@@ -31,6 +31,8 @@ pub struct EtcdOptions {
     pub connect_timeout: Duration,
     /// Give up after retrying this long.
     pub retry_window: Duration,
+    /// The endpoint is the store a c10d agent serves, not an etcd (for messages).
+    pub embedded_store: bool,
 }
 
 impl std::fmt::Debug for EtcdOptions {
@@ -41,11 +43,21 @@ impl std::fmt::Debug for EtcdOptions {
             .field("tls", &self.tls)
             .field("connect_timeout", &self.connect_timeout)
             .field("retry_window", &self.retry_window)
+            .field("embedded_store", &self.embedded_store)
             .finish()
     }
 }
 
 impl EtcdOptions {
+    /// What the endpoint is, in messages.
+    pub fn store_name(&self) -> &'static str {
+        if self.embedded_store {
+            "the c10d store"
+        } else {
+            "etcd"
+        }
+    }
+
     pub fn new(endpoints: Vec<String>) -> Self {
         Self {
             endpoints,
@@ -53,6 +65,7 @@ impl EtcdOptions {
             tls: None,
             connect_timeout: Duration::from_secs(2),
             retry_window: Duration::from_secs(30),
+            embedded_store: false,
         }
     }
 }
@@ -207,6 +220,7 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         .notify(|e, delay| tracing::warn!(error = %e, retry_in = ?delay, "etcd not reachable yet"))
         .await
         .map_err(|source| RendezvousError::Unreachable {
+            store: opts.store_name(),
             endpoints: opts.endpoints.join(","),
             window: opts.retry_window,
             source,

@@ -329,11 +329,19 @@ impl Session {
     /// etcd has not answered for longer than the outage bound: every waiting request
     /// gets the reason, the view says it, and the session ends.
     fn give_up(&mut self, lasted: Duration, last: &etcd_client::Error) -> State {
-        let reason = format!(
-            "etcd has not answered for {:.0}s, longer than outage_timeout ({:.0}s); last error: {last}",
+        let embedded = self.options.as_ref().is_some_and(|o| o.embedded_store);
+        let store = if embedded { "the c10d store" } else { "etcd" };
+        let mut reason = format!(
+            "{store} has not answered for {:.0}s, longer than outage_timeout ({:.0}s); last error: {last}",
             lasted.as_secs_f64(),
             self.outage_limit.as_secs_f64()
         );
+        if embedded {
+            reason.push_str(
+                "; the agent serving the store at --rdzv-endpoint is gone, and a c10d job cannot outlive it \
+                 (--rdzv-backend etcd can)",
+            );
+        }
         tracing::error!(%reason, "giving up on etcd");
         self.view.send_modify(|v| v.gave_up = Some(reason.clone()));
         for req in self.pending.drain(..) {

@@ -68,7 +68,9 @@ pub fn decide_host(is_host: Option<bool>, bind: &Bind) -> (Hosting, String) {
         ),
         (None, Bind::InUse(addr)) => (
             Hosting::Connect,
-            format!("{addr} is taken on this machine: another agent serves it (the first to bind serves)"),
+            format!(
+                "{addr} is taken on this machine: another agent serves it (the first to bind serves)"
+            ),
         ),
         (None, Bind::NotLocal) => (
             Hosting::Connect,
@@ -84,7 +86,8 @@ pub fn decide_host(is_host: Option<bool>, bind: &Bind) -> (Hosting, String) {
         ),
         (Some(true), Bind::NotLocal) => (
             Hosting::Refuse,
-            "--rdzv-conf is_host=true but the endpoint's host is not an address of this machine".into(),
+            "--rdzv-conf is_host=true but the endpoint's host is not an address of this machine"
+                .into(),
         ),
         (Some(true), Bind::Failed(e)) => (
             Hosting::Refuse,

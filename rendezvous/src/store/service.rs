@@ -37,6 +37,12 @@ pub struct Shared {
     version: &'static str,
 }
 
+impl Default for Shared {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Shared {
     pub fn new() -> Self {
         let state = State::new();
@@ -262,15 +268,10 @@ struct Watcher {
 impl Watch for Shared {
     type WatchStream = Outgoing<pb::WatchResponse>;
 
-    async fn watch(
-        &self,
-        r: Request<Streaming<pb::WatchRequest>>,
-    ) -> Answer<Self::WatchStream> {
+    async fn watch(&self, r: Request<Streaming<pb::WatchRequest>>) -> Answer<Self::WatchStream> {
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(serve_watches(self.clone(), r.into_inner(), tx));
-        Ok(Response::new(Box::pin(
-            tokio_stream_from(rx),
-        )))
+        Ok(Response::new(Box::pin(tokio_stream_from(rx))))
     }
 }
 
@@ -352,7 +353,8 @@ async fn deliver(
 ) -> bool {
     let mut compacted = Vec::new();
     for w in watchers.iter_mut() {
-        let (replay, h) = shared.read(|s| (w.next <= s.revision()).then(|| s.replay(w.next, &w.spec)));
+        let (replay, h) =
+            shared.read(|s| (w.next <= s.revision()).then(|| s.replay(w.next, &w.spec)));
         let Some(replay) = replay else { continue };
         let revision = h.revision;
         match replay {

@@ -217,10 +217,10 @@ impl State {
         };
         for op in ops {
             match &op.request {
-                Some(Request::RequestPut(p)) if p.lease != 0 && !p.ignore_lease => {
-                    if !self.leases.contains_key(&p.lease) {
-                        return Err(StoreError::LeaseNotFound);
-                    }
+                Some(Request::RequestPut(p))
+                    if p.lease != 0 && !p.ignore_lease && !self.leases.contains_key(&p.lease) =>
+                {
+                    return Err(StoreError::LeaseNotFound);
                 }
                 Some(Request::RequestTxn(t)) => self.check_txn(t)?,
                 _ => {}
@@ -242,7 +242,11 @@ impl State {
         found.into_iter().all(|kv| compare_kv(c, kv))
     }
 
-    fn txn_in(&mut self, batch: &mut Batch, r: pb::TxnRequest) -> Result<pb::TxnResponse, StoreError> {
+    fn txn_in(
+        &mut self,
+        batch: &mut Batch,
+        r: pb::TxnRequest,
+    ) -> Result<pb::TxnResponse, StoreError> {
         let succeeded = self.compares(&r.compare);
         let ops = if succeeded { r.success } else { r.failure };
         let mut responses = Vec::with_capacity(ops.len());
@@ -267,7 +271,11 @@ impl State {
         })
     }
 
-    fn put_in(&mut self, batch: &mut Batch, r: pb::PutRequest) -> Result<pb::PutResponse, StoreError> {
+    fn put_in(
+        &mut self,
+        batch: &mut Batch,
+        r: pb::PutRequest,
+    ) -> Result<pb::PutResponse, StoreError> {
         let prev = self.kvs.get(&r.key).cloned();
         if (r.ignore_value || r.ignore_lease) && prev.is_none() {
             return Err(StoreError::KeyNotFound);
@@ -309,7 +317,11 @@ impl State {
         })
     }
 
-    fn delete_in(&mut self, batch: &mut Batch, r: &pb::DeleteRangeRequest) -> pb::DeleteRangeResponse {
+    fn delete_in(
+        &mut self,
+        batch: &mut Batch,
+        r: &pb::DeleteRangeRequest,
+    ) -> pb::DeleteRangeResponse {
         let doomed: Vec<Vec<u8>> = self
             .keys_in(&r.key, &r.range_end)
             .map(|kv| kv.key.clone())
@@ -428,9 +440,7 @@ impl State {
             .filter(|e| {
                 let key = e.kv.as_ref().map_or(&[][..], |kv| &kv.key[..]);
                 let put = e.r#type == pb::event::EventType::Put as i32;
-                in_range(key, &w.key, &w.range_end)
-                    && !(put && w.no_put)
-                    && !(!put && w.no_delete)
+                in_range(key, &w.key, &w.range_end) && if put { !w.no_put } else { !w.no_delete }
             })
             .map(|e| {
                 let mut e = e.clone();

@@ -54,7 +54,10 @@ fn each_write_is_one_revision_and_a_key_counts_its_versions() {
     s.put(put("/a", "2", 0)).unwrap();
     let a = get(&s, "/a").unwrap();
     assert_eq!(s.revision(), first + 2);
-    assert_eq!((a.create_revision, a.mod_revision, a.version), (first + 1, first + 2, 2));
+    assert_eq!(
+        (a.create_revision, a.mod_revision, a.version),
+        (first + 1, first + 2, 2)
+    );
     assert_eq!(a.value, b"2");
     // Deleting nothing writes nothing.
     s.delete_range(&pb::DeleteRangeRequest {
@@ -90,7 +93,11 @@ fn a_transaction_commits_on_its_comparisons_in_one_revision() {
     assert_eq!(get(&s, "/round").unwrap().mod_revision, before + 1);
     assert!(!claim(&mut s, "b"), "the second claim is fenced out");
     assert_eq!(get(&s, "/coord").unwrap().value, b"a");
-    assert_eq!(s.revision(), before + 1, "a failed comparison writes nothing");
+    assert_eq!(
+        s.revision(),
+        before + 1,
+        "a failed comparison writes nothing"
+    );
 }
 
 #[test]
@@ -150,7 +157,12 @@ fn a_lease_takes_its_keys_with_it_when_revoked_or_lapsed() {
     assert!(s.expire(t0 + Duration::from_millis(1500)).is_empty());
     assert_eq!(s.keep_alive(b, t0 + Duration::from_millis(1500)), Some(2));
     assert!(s.expire(t0 + Duration::from_millis(3000)).is_empty());
-    assert_eq!(s.time_to_live(b, t0 + Duration::from_millis(3000)).unwrap().0, 0);
+    assert_eq!(
+        s.time_to_live(b, t0 + Duration::from_millis(3000))
+            .unwrap()
+            .0,
+        0
+    );
     assert_eq!(s.expire(t0 + Duration::from_millis(3500)), vec![b]);
     assert!(get(&s, "/m/b").is_none());
     assert_eq!(s.keep_alive(b, t0 + Duration::from_secs(4)), None);
@@ -168,7 +180,10 @@ fn a_write_under_a_missing_lease_is_refused_whole() {
         failure: vec![],
     });
     assert_eq!(refused, Err(StoreError::LeaseNotFound));
-    assert!(get(&s, "/first").is_none(), "nothing of a refused transaction is written");
+    assert!(
+        get(&s, "/first").is_none(),
+        "nothing of a refused transaction is written"
+    );
     assert_eq!(s.revision(), before);
     // A key moved to another lease leaves the first.
     let (a, _) = s.grant(5, 0, Instant::now()).unwrap();
@@ -199,7 +214,13 @@ fn ranges_read_prefixes_counts_and_keys_only() {
     assert_eq!((some.kvs.len(), some.more, some.count), (2, true, 3));
     r.limit = 0;
     r.keys_only = true;
-    assert!(s.range(&r).unwrap().kvs.iter().all(|kv| kv.value.is_empty()));
+    assert!(
+        s.range(&r)
+            .unwrap()
+            .kvs
+            .iter()
+            .all(|kv| kv.value.is_empty())
+    );
     r.count_only = true;
     let counted = s.range(&r).unwrap();
     assert_eq!((counted.kvs.len(), counted.count), (0, 3));
@@ -233,7 +254,10 @@ fn a_watch_replays_from_its_start_with_its_filters() {
         .map(|e| (e.r#type, &e.kv.as_ref().unwrap().key[..]))
         .collect();
     assert_eq!(kinds, vec![(0, &b"/m/b"[..]), (1, &b"/m/a"[..])]);
-    assert!(all.iter().all(|e| e.prev_kv.is_none()), "prev_kv only on request");
+    assert!(
+        all.iter().all(|e| e.prev_kv.is_none()),
+        "prev_kv only on request"
+    );
     w.no_put = true;
     w.prev_kv = true;
     let Replay::Events(deletes) = s.replay(start, &w) else {

@@ -1,0 +1,128 @@
+//! `--rdzv-backend c10d` on several nodes, with no etcd anywhere: pod 0's agent serves the
+//! store (torchrun's "the agent at the endpoint hosts" rule) and every agent runs the etcd
+//! rendezvous against it. Real pods (PID and UTS namespaces), real gloo workers, real
+//! signals; the harness is `fsdp_tests::job`.
+
+use fsdp_tests::job::{Job, LIMIT, nth_start_world, starts, wait_until};
+use fsdp_tests::pod::Pod;
+
+const SERVING: &str = "serving the c10d rendezvous store";
+
+/// Pod 0 first, serving the store, then the others.
+fn start(job: &Job, n: u8) -> Vec<Pod> {
+    let p0 = job.pod(0, &[]);
+    wait_until("pod 0 to serve the store", &[&p0], || {
+        p0.stderr().contains(SERVING)
+    });
+    let mut pods = vec![p0];
+    pods.extend((1..n).map(|i| job.pod(i, &[])));
+    pods
+}
+
+#[test]
+fn a_third_pod_grows_the_group_and_a_killed_pod_leaves_the_rest_training() {
+    let job = Job::c10d("c10d", "2:3", 0, 1_000_000, 40);
+    let pods = start(&job, 2);
+    let (p0, p1) = (&pods[0], &pods[1]);
+    wait_until("a group of 2", &[p0, p1], || {
+        nth_start_world(p0, 0, 2) && nth_start_world(p1, 0, 2)
+    });
+    assert!(
+        p1.stderr()
+            .contains("the c10d rendezvous store is served by another agent"),
+        "{}",
+        p1.stderr()
+    );
+    job.progresses(5, &[p0, p1]);
+
+    // torchrun's c10d does not grow a running group by default; here a pod that joins a
+    // 2:3 job is taken in at once, without charging the restart budget.
+    let mut p2 = job.pod(2, &[]);
+    wait_until("the group to grow to 3", &[p0, p1, &p2], || {
+        nth_start_world(p0, 1, 3) && nth_start_world(p1, 1, 3) && nth_start_world(&p2, 0, 3)
+    });
+    job.progresses(5, &[p0, p1, &p2]);
+
+    // SIGKILL of a pod that does not serve the store: the others re-form with world 2 and
+    // resume from the checkpoint.
+    p2.kill();
+    wait_until("survivors in a group of 2", &[p0, p1], || {
+        nth_start_world(p0, 2, 2) && nth_start_world(p1, 2, 2)
+    });
+    for p in [p0, p1] {
+        let s = &starts(p)[2];
+        assert!(s.step > 0, "did not resume from the checkpoint: {s:?}");
+        assert_eq!(s.restart, 0, "a pod death consumed the restart budget");
+    }
+    job.progresses(5, &[p0, p1]);
+}
+
+#[test]
+fn a_finished_job_exits_zero_everywhere_and_the_host_serves_until_the_others_are_done() {
+    let job = Job::c10d("c10d-finish", "2:2", 0, 20, 41);
+    let mut pods = start(&job, 2);
+    for p in &mut pods {
+        assert_eq!(p.wait(LIMIT), 0, "{}", p.output());
+    }
+    let (p0, p1) = (&pods[0], &pods[1]);
+    assert!(p0.stdout().contains("done host=pod0") && p1.stdout().contains("done host=pod1"));
+    for p in [p0, p1] {
+        assert!(p.stderr().contains("every node finished"), "{}", p.stderr());
+    }
+    assert!(
+        !p0.stderr().contains("while agents still hold leases"),
+        "the host closed the store under a member: {}",
+        p0.stderr()
+    );
+}
+
+#[test]
+fn the_store_hosts_death_ends_the_job_on_every_node_with_a_clear_error() {
+    let mut job = Job::c10d("c10d-host", "2:2", 3, 1_000_000, 42);
+    job.rdzv_conf = "last_call_timeout=1,keep_alive_ttl=2,outage_timeout=4".into();
+    let mut pods = start(&job, 2);
+    wait_until("a group of 2", &[&pods[0], &pods[1]], || {
+        nth_start_world(&pods[0], 0, 2) && nth_start_world(&pods[1], 0, 2)
+    });
+    job.progresses(3, &[&pods[0], &pods[1]]);
+    let step = job.step();
+    pods[0].kill();
+    // The survivor cannot keep a rendezvous nobody serves: it stops its workers and exits
+    // with the "rendezvous unavailable" code once its outage allowance is spent, naming
+    // what is gone. It does not hang and does not train on alone.
+    let p1 = &mut pods[1];
+    assert_eq!(p1.wait(LIMIT), 69, "{}", p1.output());
+    assert!(
+        p1.stderr().contains("the c10d store has not answered for")
+            && p1.stderr().contains("a c10d job cannot outlive it"),
+        "no reason given: {}",
+        p1.stderr()
+    );
+    assert!(
+        job.step() <= step + 3,
+        "the survivor kept training without the store"
+    );
+}
+
+#[test]
+fn a_store_host_restarted_in_place_brings_the_job_back() {
+    // Kubernetes restarts a failed pod in place, with its name and address: its new agent
+    // serves an empty store, and the survivor registers again as after an etcd restart
+    // without data. torchrun's c10d job ends here (pytorch#67742).
+    let job = Job::c10d("c10d-back", "2:2", 3, 1_000_000, 43);
+    let mut pods = start(&job, 2);
+    wait_until("a group of 2", &[&pods[0], &pods[1]], || {
+        nth_start_world(&pods[0], 0, 2) && nth_start_world(&pods[1], 0, 2)
+    });
+    job.progresses(3, &[&pods[0], &pods[1]]);
+    pods[0].kill();
+    let p0b = job.pod(0, &[]);
+    let p1 = &pods[1];
+    wait_until("the group back at 2 on the new store", &[&p0b, p1], || {
+        nth_start_world(&p0b, 0, 2) && nth_start_world(p1, 1, 2)
+    });
+    assert!(p0b.stderr().contains(SERVING), "{}", p0b.stderr());
+    let s = &starts(p1)[1];
+    assert!(s.step > 0, "did not resume from the checkpoint: {s:?}");
+    job.progresses(3, &[&p0b, p1]);
+}
