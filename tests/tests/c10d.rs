@@ -5,6 +5,7 @@
 
 use fsdp_tests::job::{Job, LIMIT, nth_start_world, starts, wait_until};
 use fsdp_tests::pod::Pod;
+use fsdp_tests::status_cmd;
 
 const SERVING: &str = "serving the c10d rendezvous store";
 
@@ -32,6 +33,23 @@ fn a_third_pod_grows_the_group_and_a_killed_pod_leaves_the_rest_training() {
             .contains("the c10d rendezvous store is served by another agent"),
         "{}",
         p1.stderr()
+    );
+    // `fsdp-agent status` reads the store as it reads an etcd.
+    let (code, json, err) = status_cmd(&[
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        &job.endpoint(),
+        "--rdzv-id",
+        &job.run_id,
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        report["members"].as_array().map(Vec::len),
+        Some(2),
+        "{json}"
     );
     job.progresses(5, &[p0, p1]);
 

@@ -1,4 +1,5 @@
-//! `fsdp-agent status`: a run's state from etcd, as a table or as JSON.
+//! `fsdp-agent status`: a run's state from etcd (or from a c10d job's store), as a table
+//! or as JSON.
 //!
 //! It reads the same keys the agents write (one ranged read) and never writes, so it is
 //! safe against a live run.
@@ -17,16 +18,26 @@ use crate::exit_code;
 #[derive(Debug, Parser)]
 #[command(name = "fsdp-agent status")]
 struct StatusArgs {
-    /// etcd endpoint(s), `host[:port]`, comma-separated.
+    /// `etcd` (also `etcd-v2`, `etcd-v3`), or `c10d` for a job whose agent serves the store.
+    #[arg(
+        long = "rdzv-backend",
+        visible_alias = "rdzv_backend",
+        env = "PET_RDZV_BACKEND",
+        default_value = "etcd"
+    )]
+    rdzv_backend: String,
+    /// etcd endpoint(s), `host[:port]`, comma-separated; with c10d, the store's
+    /// `host[:port]` (29400 by default).
     #[arg(
         long = "rdzv-endpoint",
         visible_alias = "rdzv_endpoint",
         env = "PET_RDZV_ENDPOINT"
     )]
     rdzv_endpoint: String,
-    /// The run id the agents were started with.
+    /// The run id the agents were started with (required with etcd; c10d's default is
+    /// `none`, as the agents').
     #[arg(long = "rdzv-id", visible_alias = "rdzv_id", env = "PET_RDZV_ID")]
-    rdzv_id: String,
+    rdzv_id: Option<String>,
     /// The agents' `--rdzv-conf` (for `etcd_prefix`, TLS files, credentials, `connect_timeout`).
     #[arg(
         long = "rdzv-conf",
@@ -70,15 +81,32 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage(&format!("--rdzv-conf: {e}")),
     };
-    let mut cfg = match etcd::build(
-        &a.rdzv_endpoint,
-        &a.rdzv_id,
-        (1, 1),
-        &conf,
-        String::new(),
-        1,
-        std::env::var(etcd::PASSWORD_ENV).ok().as_deref(),
-    ) {
+    let built = match (a.rdzv_backend.to_ascii_lowercase().as_str(), &a.rdzv_id) {
+        ("c10d", id) => etcd::build_c10d(
+            &a.rdzv_endpoint,
+            id.as_deref().unwrap_or("none"),
+            (1, 1),
+            &conf,
+            String::new(),
+            1,
+        ),
+        ("etcd" | "etcd-v2" | "etcd-v3", Some(id)) => etcd::build(
+            &a.rdzv_endpoint,
+            id,
+            (1, 1),
+            &conf,
+            String::new(),
+            1,
+            std::env::var(etcd::PASSWORD_ENV).ok().as_deref(),
+        ),
+        ("etcd" | "etcd-v2" | "etcd-v3", None) => {
+            Err("--rdzv-id is required with etcd: the run id the agents were started with".into())
+        }
+        (other, _) => Err(format!(
+            "--rdzv-backend {other}: status reads etcd or a c10d job's store"
+        )),
+    };
+    let mut cfg = match built {
         Ok(m) => m.rendezvous,
         Err(e) => return usage(&e),
     };
