@@ -1,4 +1,5 @@
-"""Elastic benchmark: fsdp-agent against torchrun (c10d and etcd-v2 backends), same worker
+"""Elastic benchmark: fsdp-agent (on etcd, and on c10d: the store its pod0 serves) against
+torchrun (c10d and etcd-v2 backends), same worker
 script (tests/py/elastic_worker.py: gloo all-reduce loop with a checkpointed step), same
 machine, same run. Each "pod" is a launcher in its own PID+UTS namespace
 (`unshare --pid --uts --fork --kill-child`), so SIGKILL of a pod kills everything in it.
@@ -112,9 +113,13 @@ class Pod:
 def launcher_argv(kind, agent, endpoint, run_id, nnodes, index, ckpt):
     addr = f"127.0.{10 + index}.1"
     worker = [WORKER, ckpt, "1000000"]
-    if kind == "fsdp-agent":
-        return [agent, "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--nnodes", nnodes,
-                "--nproc-per-node", "1", "--local-addr", addr, "--rdzv-conf", "last_call_timeout=1",
+    if kind.startswith("fsdp-agent"):
+        backend, conf = "etcd", "last_call_timeout=1"
+        if kind == "fsdp-agent-c10d":
+            # As torchrun-c10d below: pod0 serves the store and another pod is killed.
+            backend, conf = "c10d", conf + ",is_host=" + ("1" if index == 0 else "0")
+        return [agent, "--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--nnodes", nnodes,
+                "--nproc-per-node", "1", "--local-addr", addr, "--rdzv-conf", conf,
                 "--term-timeout", "5"] + worker
     backend = "c10d" if kind == "torchrun-c10d" else "etcd-v2"
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -141,8 +146,9 @@ def wait(cond, timeout):
 
 def scenario(kind, name, args, env, workdir):
     """Returns seconds, or None when the launcher did not get there within the timeout."""
-    etcd = Etcd(v2=(kind == "torchrun-etcd-v2"))
-    endpoint = f"127.0.0.1:{etcd.port}" if kind != "torchrun-c10d" else f"127.0.10.1:{free_port()}"
+    c10d = kind.endswith("-c10d")
+    etcd = None if c10d else Etcd(v2=(kind == "torchrun-etcd-v2"))
+    endpoint = f"127.0.10.1:{free_port()}" if c10d else f"127.0.0.1:{etcd.port}"
     ckpt = tempfile.mkdtemp(prefix="bench-ckpt-", dir=workdir)
     run_id = f"b{time.monotonic_ns()}"
     pods = []
@@ -182,7 +188,8 @@ def scenario(kind, name, args, env, workdir):
     finally:
         for p in pods:
             p.kill()
-        etcd.stop()
+        if etcd:
+            etcd.stop()
 
 
 def main():
@@ -192,7 +199,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=60)
     ap.add_argument("--scenarios", default="startup-2,startup-4,reform-TERM,reform-KILL,scaleup-3")
     ap.add_argument("--json", help="also write the results here as JSON")
-    ap.add_argument("--kinds", default="fsdp-agent,torchrun-c10d,torchrun-etcd-v2")
+    ap.add_argument("--kinds", default="fsdp-agent,fsdp-agent-c10d,torchrun-c10d,torchrun-etcd-v2")
     ap.add_argument("--keep", action="store_true", help="keep logs of runs that did not recover")
     args = ap.parse_args()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", LOGLEVEL="WARNING", RUST_LOG="info", PYTHON=sys.executable,

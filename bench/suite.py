@@ -266,7 +266,8 @@ def report(a, m, r, elapsed):
             "scaleup-3": "2 nodes running, a third started → every worker running in a group of 3"}
     md += ["## 3–5. Multi-node: start, re-form, scale-up", "",
            "`bench/elastic.py`: each pod is a launcher in its own PID and UTS namespace with its own 127.0.x.1 "
-           "address, on a real etcd (c10d: pod0 hosts the store, and a different pod is killed). The workers are "
+           "address, on a real etcd (c10d, torchrun's and ours: no etcd, pod0 hosts the store, and a different pod is "
+           "killed). The workers are "
            "`tests/py/elastic_worker.py` (gloo all-reduce loop with a checkpointed step); a worker logs a start line, "
            "and the clock stops when every expected worker has logged one with the expected world size. "
            f"fsdp-agent runs with `--max-restarts 0` and its default lease TTL (5 s); torchrun gets `--max-restarts 3` (it only "
@@ -385,7 +386,7 @@ def main():
         a.runs_slow, a.nprocs = 3, [1, 2, 8]
         a.idle_workers, a.idle_seconds = 8, 10
         a.elastic_plan = [("startup-2,startup-4", 3), ("reform-TERM,reform-KILL,scaleup-3", 2)]
-        a.elastic_kinds, a.elastic_timeout = "fsdp-agent,torchrun-c10d,torchrun-etcd-v2", 40
+        a.elastic_kinds, a.elastic_timeout = "fsdp-agent,fsdp-agent-c10d,torchrun-c10d,torchrun-etcd-v2", 40
         a.rdzv_nodes, a.torch_nodes, a.torch_rdzv_timeout, a.torch_rdzv_stop = [8, 64, 256, 1000], [8, 16, 32, 64, 128], 90, 10
     for p in (a.agent, a.rdzv_bench, a.trainer, TORCHRUN):
         if not os.path.exists(p):
