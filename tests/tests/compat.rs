@@ -62,6 +62,18 @@ fn dump(dir: &Path, rank: u32) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// Every variable of every rank's environment is the same under both launchers, but those
+/// in `skipped`.
+fn assert_same_env(dumps: &BTreeMap<&str, [serde_json::Value; 2]>, skipped: &[&str]) {
+    for (rank, (t, a)) in dumps["torchrun"].iter().zip(&dumps["agent"]).enumerate() {
+        let (te, ae) = (t["env"].as_object().unwrap(), a["env"].as_object().unwrap());
+        let keys: std::collections::BTreeSet<&String> = te.keys().chain(ae.keys()).collect();
+        for k in keys.into_iter().filter(|k| !skipped.contains(&k.as_str())) {
+            assert_eq!(te.get(k), ae.get(k), "rank {rank}: {k}");
+        }
+    }
+}
+
 #[test]
 fn the_workers_see_the_same_environment_argv_path_and_directory() {
     let dir = TempDir::new().unwrap();
@@ -103,18 +115,13 @@ fn the_workers_see_the_same_environment_argv_path_and_directory() {
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_ERROR_FILE",
     ];
+    let skipped: Vec<&str> = differ_by_design.iter().chain(&fresh).copied().collect();
+    assert_same_env(&dumps, &skipped);
     for (rank, (t, a)) in dumps["torchrun"].iter().zip(&dumps["agent"]).enumerate() {
         for field in ["argv", "path0", "cwd"] {
             assert_eq!(t[field], a[field], "rank {rank}: {field}");
         }
         let (te, ae) = (t["env"].as_object().unwrap(), a["env"].as_object().unwrap());
-        let keys: std::collections::BTreeSet<&String> = te.keys().chain(ae.keys()).collect();
-        for k in keys {
-            if differ_by_design.contains(&k.as_str()) || fresh.contains(&k.as_str()) {
-                continue;
-            }
-            assert_eq!(te.get(k), ae.get(k), "rank {rank}: {k}");
-        }
         assert_eq!(te["TORCHELASTIC_USE_AGENT_STORE"], "True");
         assert_eq!(ae["TORCHELASTIC_USE_AGENT_STORE"], "False");
         for env in [te, ae] {
@@ -126,6 +133,69 @@ fn the_workers_see_the_same_environment_argv_path_and_directory() {
                 "{error_file}"
             );
         }
+    }
+}
+
+#[test]
+fn two_c10d_nodes_give_their_workers_the_same_environment() {
+    // torchrun's multi-node recipe without etcd, under both: two launchers on one
+    // endpoint, the first to bind serves the store. MASTER_PORT differs by design: torchrun
+    // hands the workers its rendezvous store's port, we a fresh one for worker rank 0.
+    let dir = TempDir::new().unwrap();
+    std::fs::write(dir.path().join("dump.py"), DUMP).unwrap();
+    let mut dumps = BTreeMap::new();
+    for (name, launcher) in [("torchrun", Launcher::Torchrun), ("agent", Launcher::Agent)] {
+        let out_dir = dir.path().join(name);
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let endpoint = format!("127.0.0.1:{}", fsdp_tests::free_port());
+        let args = [
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            &endpoint,
+            "--rdzv-id",
+            "compat",
+            "--local-addr",
+            "127.0.0.1",
+            "dump.py",
+            out_dir.to_str().unwrap(),
+        ];
+        let nodes: Vec<std::process::Child> = (0..2)
+            .map(|_| {
+                let mut cmd = clean(Command::new(launcher.program()), dir.path());
+                cmd.args(args)
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped());
+                cmd.spawn().expect("start the launcher")
+            })
+            .collect();
+        for node in nodes {
+            let out = node.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        dumps.insert(name, [dump(&out_dir, 0), dump(&out_dir, 1)]);
+    }
+    let differ_by_design = [
+        "FSDP_AGENT_PROGRESS",
+        "FSDP_STATUS_ADDR",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "MASTER_PORT",
+        "TORCHELASTIC_ERROR_FILE",
+    ];
+    assert_same_env(&dumps, &differ_by_design);
+    for a in &dumps["agent"] {
+        let ae = a["env"].as_object().unwrap();
+        assert_eq!(ae["WORLD_SIZE"], "2");
+        assert_eq!(ae["TORCHELASTIC_RUN_ID"], "compat");
+        assert_eq!(ae["TORCHELASTIC_USE_AGENT_STORE"], "False");
     }
 }
 

@@ -88,8 +88,8 @@ impl Resolver<'_> {
                 );
                 Ok(standalone())
             }
-            "c10d" => self.c10d_mode(a, g, rdzv_conf),
-            "etcd" | "etcd-v2" | "etcd-v3" => self.etcd_mode(a, g, rdzv_conf),
+            "c10d" => self.elastic_mode(a, g, rdzv_conf, true),
+            "etcd" | "etcd-v2" | "etcd-v3" => self.elastic_mode(a, g, rdzv_conf, false),
             other => Err(self.invalid(
                 "rdzv-backend",
                 other,
@@ -151,58 +151,47 @@ impl Resolver<'_> {
         })
     }
 
-    fn etcd_mode(
+    /// The etcd rendezvous, on an etcd or (`c10d`) on the store the agent at the endpoint
+    /// serves. With c10d the run id may be left out, as with torchrun: the store belongs
+    /// to one job.
+    fn elastic_mode(
         &mut self,
         a: &Args,
         g: GroupArgs,
         rdzv_conf: &BTreeMap<String, String>,
+        c10d: bool,
     ) -> Result<Mode, ConfigError> {
-        let Some(run_id) = a.rdzv_id.as_deref() else {
-            return Err(ConfigError::Conflict(
-                "--rdzv-id is required with --rdzv-backend etcd: without it every job on this etcd would share one \
-                 rendezvous; pass a name unique to the job (Kubeflow: elasticPolicy.rdzvId)"
-                    .into(),
-            ));
+        let run_id = match a.rdzv_id.as_deref() {
+            Some(id) => id,
+            None if c10d => C10D_RUN_ID,
+            None => {
+                return Err(ConfigError::Conflict(
+                    "--rdzv-id is required with --rdzv-backend etcd: without it every job on this etcd would share one \
+                     rendezvous; pass a name unique to the job (Kubeflow: elasticPolicy.rdzvId)"
+                        .into(),
+                ));
+            }
         };
         let addr = a
             .local_addr
             .clone()
             .unwrap_or_else(fsdp_rendezvous::hostname);
-        let m = etcd::build(
-            &a.rdzv_endpoint,
-            run_id,
-            (g.min_nodes, g.max_nodes),
-            rdzv_conf,
-            addr,
-            g.nproc_per_node,
-            (self.env)(etcd::PASSWORD_ENV).as_deref(),
-        )
-        .map_err(ConfigError::Conflict)?;
-        Ok(Mode::Etcd(Box::new(m)))
-    }
-
-    /// `--rdzv-backend c10d` on several nodes: the etcd rendezvous on a store that the
-    /// agent at the endpoint serves. The run id may be left out, as with torchrun: the
-    /// store belongs to one job.
-    fn c10d_mode(
-        &mut self,
-        a: &Args,
-        g: GroupArgs,
-        rdzv_conf: &BTreeMap<String, String>,
-    ) -> Result<Mode, ConfigError> {
-        let run_id = a.rdzv_id.as_deref().unwrap_or(C10D_RUN_ID);
-        let addr = a
-            .local_addr
-            .clone()
-            .unwrap_or_else(fsdp_rendezvous::hostname);
-        let m = etcd::build_c10d(
-            &a.rdzv_endpoint,
-            run_id,
-            (g.min_nodes, g.max_nodes),
-            rdzv_conf,
-            addr,
-            g.nproc_per_node,
-        )
+        let nodes = (g.min_nodes, g.max_nodes);
+        let (endpoint, lws) = (&a.rdzv_endpoint, g.nproc_per_node);
+        let m = if c10d {
+            etcd::build_c10d(endpoint, run_id, nodes, rdzv_conf, addr, lws)
+        } else {
+            let password = (self.env)(etcd::PASSWORD_ENV);
+            etcd::build(
+                endpoint,
+                run_id,
+                nodes,
+                rdzv_conf,
+                addr,
+                lws,
+                password.as_deref(),
+            )
+        }
         .map_err(ConfigError::Conflict)?;
         Ok(Mode::Etcd(Box::new(m)))
     }
@@ -217,35 +206,33 @@ impl Resolver<'_> {
                 "standalone".to_owned(),
                 Source::Derived("one node and no master port or endpoint".into()),
             ),
-            Mode::Etcd(m) if m.store.is_some() => (
-                format!(
-                    "c10d store={} (served by the agent there, etcd's protocol) nnodes={}:{} addr={} lease_ttl={:?} last_call={:?}",
-                    m.rendezvous.options.endpoints.join(","),
-                    g.min_nodes,
-                    g.max_nodes,
-                    m.rendezvous.addr,
-                    m.rendezvous.keep_alive_ttl,
-                    m.rendezvous.last_call
-                ),
-                Source::Derived(
-                    "--rdzv-backend c10d with --rdzv-endpoint, --nnodes, --rdzv-conf".into(),
-                ),
-            ),
-            Mode::Etcd(m) => (
-                format!(
-                    "etcd endpoints={} nnodes={}:{} addr={} lease_ttl={:?} last_call={:?}",
-                    m.rendezvous.options.endpoints.join(","),
-                    g.min_nodes,
-                    g.max_nodes,
-                    m.rendezvous.addr,
-                    m.rendezvous.keep_alive_ttl,
-                    m.rendezvous.last_call
-                ),
-                Source::Derived(
-                    "--rdzv-backend etcd with --rdzv-endpoint, --rdzv-id, --nnodes, --rdzv-conf"
-                        .into(),
-                ),
-            ),
+            Mode::Etcd(m) => {
+                let (what, served, flags) = if m.store.is_some() {
+                    (
+                        "c10d store=",
+                        " (served by the agent there, etcd's protocol)",
+                        "--rdzv-backend c10d with --rdzv-endpoint, --nnodes, --rdzv-conf",
+                    )
+                } else {
+                    (
+                        "etcd endpoints=",
+                        "",
+                        "--rdzv-backend etcd with --rdzv-endpoint, --rdzv-id, --nnodes, --rdzv-conf",
+                    )
+                };
+                (
+                    format!(
+                        "{what}{}{served} nnodes={}:{} addr={} lease_ttl={:?} last_call={:?}",
+                        m.rendezvous.options.endpoints.join(","),
+                        g.min_nodes,
+                        g.max_nodes,
+                        m.rendezvous.addr,
+                        m.rendezvous.keep_alive_ttl,
+                        m.rendezvous.last_call
+                    ),
+                    Source::Derived(flags.into()),
+                )
+            }
             Mode::Static {
                 nnodes,
                 node_rank,
