@@ -96,27 +96,45 @@ pub fn decide_host(is_host: Option<bool>, bind: &Bind) -> (Hosting, String) {
     }
 }
 
-/// Tries to listen on each of `host:port`'s addresses; the listener when one binds.
-pub async fn bind(host: &str, port: u16) -> Result<(Bind, Option<TcpListener>), RendezvousError> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
-        .await
-        .map_err(|e| {
-            RendezvousError::InvalidConfig(format!(
-                "--rdzv-endpoint {host}:{port}: cannot resolve the host: {e}"
-            ))
-        })?
-        .collect();
+/// Whether `host` names this machine: its host name, or a DNS name whose first label is it
+/// (`worker-0.job.ns.svc` in the pod `worker-0`).
+pub fn names_this_machine(host: &str, hostname: &str) -> bool {
+    let (host, hostname) = (host.to_ascii_lowercase(), hostname.to_ascii_lowercase());
+    !hostname.is_empty()
+        && (host == hostname
+            || host
+                .strip_prefix(&hostname)
+                .is_some_and(|rest| rest.starts_with('.')))
+}
+
+/// Tries to listen on the endpoint; the listener when it binds. A host name that is this
+/// machine's own is served on every address without a lookup: in Kubernetes a pod's DNS
+/// name often resolves only once the pod is ready, which is after its group formed. A
+/// name that does not resolve (yet) is another machine's: the agent connects, and its
+/// client retries until it does.
+pub async fn bind(host: &str, port: u16) -> (Bind, Option<TcpListener>) {
+    let addrs: Vec<SocketAddr> = if names_this_machine(host, &crate::hostname()) {
+        vec![SocketAddr::from(([0, 0, 0, 0], port))]
+    } else {
+        match tokio::net::lookup_host((host, port)).await {
+            Ok(found) => found.collect(),
+            Err(e) => {
+                tracing::debug!(host, error = %e, "the c10d endpoint does not resolve here");
+                Vec::new()
+            }
+        }
+    };
     let mut outcome = Bind::NotLocal;
     for addr in addrs {
         match TcpListener::bind(addr).await {
-            Ok(l) => return Ok((Bind::Bound(l.local_addr().unwrap_or(addr)), Some(l))),
+            Ok(l) => return (Bind::Bound(l.local_addr().unwrap_or(addr)), Some(l)),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => outcome = Bind::InUse(addr),
             Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {}
             Err(e) if matches!(outcome, Bind::NotLocal) => outcome = Bind::Failed(e),
             Err(_) => {}
         }
     }
-    Ok((outcome, None))
+    (outcome, None)
 }
 
 /// A store this agent serves; it stops when [`StoreServer::close`] is called or when it is
@@ -220,7 +238,7 @@ pub async fn host_if_here(
     let (bound, listener) = if is_host == Some(false) {
         (Bind::NotLocal, None)
     } else {
-        bind(host, port).await?
+        bind(host, port).await
     };
     let (decision, why) = decide_host(is_host, &bound);
     match (decision, listener) {
@@ -255,6 +273,15 @@ mod tests {
         assert_eq!(decide_host(None, &Bind::NotLocal).0, Hosting::Connect);
         let denied = Bind::Failed(std::io::Error::from(std::io::ErrorKind::PermissionDenied));
         assert_eq!(decide_host(None, &denied).0, Hosting::Connect);
+    }
+
+    #[test]
+    fn a_pods_own_name_is_this_machine_whatever_the_dns_says() {
+        assert!(names_this_machine("job-worker-0", "job-worker-0"));
+        assert!(names_this_machine("JOB-worker-0.job.ns.svc", "job-worker-0"));
+        assert!(!names_this_machine("job-worker-0", "job-worker-1"));
+        assert!(!names_this_machine("job-worker-01", "job-worker-0"));
+        assert!(!names_this_machine("10.0.0.1", ""));
     }
 
     #[test]
