@@ -278,7 +278,10 @@ mod tests {
     #[test]
     fn a_pods_own_name_is_this_machine_whatever_the_dns_says() {
         assert!(names_this_machine("job-worker-0", "job-worker-0"));
-        assert!(names_this_machine("JOB-worker-0.job.ns.svc", "job-worker-0"));
+        assert!(names_this_machine(
+            "JOB-worker-0.job.ns.svc",
+            "job-worker-0"
+        ));
         assert!(!names_this_machine("job-worker-0", "job-worker-1"));
         assert!(!names_this_machine("job-worker-01", "job-worker-0"));
         assert!(!names_this_machine("10.0.0.1", ""));
