@@ -130,6 +130,21 @@ pub struct Args {
     #[arg(long = "run-path", visible_alias = "run_path")]
     pub run_path: bool,
 
+    /// Keep one spare interpreter per local rank that has already imported
+    /// `--prewarm-modules`, so a (re)start does not wait for the imports. Costs one idle
+    /// interpreter per local rank. (`FSDP_PREWARM`)
+    #[arg(long = "prewarm")]
+    pub prewarm: bool,
+
+    /// The modules a `--prewarm` spare imports, comma-separated.
+    #[arg(
+        long = "prewarm-modules",
+        env = "FSDP_PREWARM_MODULES",
+        default_value = "torch",
+        value_name = "MODULES"
+    )]
+    pub prewarm_modules: String,
+
     /// Base directory for per-attempt worker logs and error files.
     #[arg(long = "log-dir", visible_alias = "log_dir", env = "PET_LOG_DIR")]
     pub log_dir: Option<PathBuf>,

@@ -83,17 +83,6 @@ pub fn worker_env(
     env
 }
 
-/// Applies [`crate::config::Config::worker_env_scrub`] to a worker's command: `Some`
-/// replaces a variable, `None` removes it.
-pub fn scrub(cmd: &mut tokio::process::Command, scrub: &[(String, Option<String>)]) {
-    for (k, v) in scrub {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

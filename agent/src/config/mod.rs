@@ -121,6 +121,8 @@ pub struct Config {
     /// failed job is written for the scheduler (`crate::failure::write_launcher_error`).
     pub launcher_error_file: Option<PathBuf>,
     pub entrypoint: Entrypoint,
+    /// `--prewarm`: the modules each local rank's spare imports (`supervisor::spare`).
+    pub prewarm: Option<Vec<String>>,
     pub logs: LogConfig,
     pub signals: Vec<Signal>,
     pub virtual_local_rank: bool,
@@ -133,7 +135,7 @@ pub struct Config {
     /// Things the user should know that do not stop the run.
     pub warnings: Vec<String>,
     /// Variables of the agent's environment the workers get changed: `Some` replaces the
-    /// value, `None` removes the variable (the etcd password; see `worker_env::scrub`).
+    /// value, `None` removes the variable (the etcd password; see `supervisor::worker_overlay`).
     pub worker_env_scrub: Vec<(String, Option<String>)>,
 }
 
@@ -394,6 +396,7 @@ impl Resolver<'_> {
         let mode = self.mode(&a, standalone, group, &rdzv_conf)?;
         let run_id = self.run_id(&a, &mode);
         let entrypoint = self.entrypoint(&a, program)?;
+        let prewarm = self.prewarm(&a, program)?;
         let logs = self.logs(&a)?;
         let log_format = self.log_format(&a.log_format)?;
         let status = self.status(&a.status_addr)?;
@@ -418,6 +421,7 @@ impl Resolver<'_> {
             health,
             launcher_error_file,
             entrypoint,
+            prewarm,
             logs,
             signals,
             virtual_local_rank,

@@ -456,3 +456,29 @@ mod tests {
         assert!(rank_list("x").is_err());
     }
 }
+
+/// `--prewarm-modules`: comma-separated module names, each a dotted Python identifier
+/// (they are imported by name, never evaluated). Empty: the interpreter alone.
+pub fn modules(s: &str) -> Result<Vec<String>, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    let modules: Vec<String> = s.split(',').map(|m| m.trim().to_owned()).collect();
+    for m in &modules {
+        let ok = !m.is_empty()
+            && m.split('.').all(|part| {
+                let mut chars = part.chars();
+                chars
+                    .next()
+                    .is_some_and(|c| c == '_' || c.is_alphabetic())
+                    && chars.all(|c| c == '_' || c.is_alphanumeric())
+            });
+        if !ok {
+            return Err(format!(
+                "'{m}' is not a module name; expected names like torch,numpy"
+            ));
+        }
+    }
+    Ok(modules)
+}

@@ -53,6 +53,26 @@ impl Resolver<'_> {
         Ok(entrypoint)
     }
 
+    /// `--prewarm` (or `FSDP_PREWARM`): the modules a spare imports, `None` when off.
+    /// Spares run Python, so `--no-python` refuses it.
+    pub(super) fn prewarm(
+        &mut self,
+        a: &Args,
+        p: ProgramFlags,
+    ) -> Result<Option<Vec<String>>, ConfigError> {
+        if !self.flag("prewarm", a.prewarm, "FSDP_PREWARM")? {
+            return Ok(None);
+        }
+        if p.no_python {
+            return Err(ConfigError::Conflict(
+                "--prewarm keeps Python interpreters ready, and --no-python execs a binary; drop one of them"
+                    .into(),
+            ));
+        }
+        self.value("prewarm-modules", &a.prewarm_modules, parse::modules)
+            .map(Some)
+    }
+
     /// `--nproc-per-node`, with `gpu`, `cpu` and `auto` counted on this machine.
     pub(super) fn nproc_per_node(&mut self, raw: &str) -> Result<u32, ConfigError> {
         use parse::NprocRequest::*;

@@ -45,7 +45,10 @@ use crate::policy::{AfterFailure, Budget, budget, restart_backoff, restarts_coun
 use crate::signals::Signals;
 use crate::status::Board;
 use crate::supervisor::output::{Console, Stream};
-use crate::supervisor::{GroupEvent, GroupSpec, WorkerGroup, attempt_dir, run_log_dir};
+use crate::supervisor::spare::Spares;
+use crate::supervisor::{
+    Channels, GroupEvent, GroupSpec, WorkerGroup, attempt_dir, run_log_dir, spare_command,
+};
 use report::{Reporter, change_label, describe};
 
 /// How the agent's run ended.
@@ -150,6 +153,12 @@ async fn supervise<R: Rendezvous>(
         failed: None,
         failed_rounds: Vec::new(),
         root_cause: None,
+        spares: cfg.prewarm.as_ref().map(|modules| {
+            let mut spares = Spares::new(modules, cfg.nproc_per_node);
+            // The first round's spares import while the rendezvous gathers nodes.
+            spares.fill(|local_rank| spare_command(cfg, local_rank));
+            spares
+        }),
     };
     let mut phase = Phase::Join;
     loop {
@@ -214,6 +223,8 @@ struct Loop<'a, R> {
     /// The first failure of this node's last failed group: the root cause when the job
     /// ends on it.
     root_cause: Option<Failure>,
+    /// `--prewarm`'s spare interpreters; dropped (killed) with the loop.
+    spares: Option<Spares>,
 }
 
 /// Leaving after `sig`: the run goes on without this node.
@@ -352,10 +363,17 @@ impl<R: Rendezvous> Loop<'_, R> {
             attempt_dir: attempt,
             console: self.console,
             host: &self.host,
-            progress: self.progress.as_ref().map(Progress::path),
-            timer_file: self.file_timer.as_ref().map(|t| t.path()),
+            channels: Channels {
+                progress: self.progress.as_ref().map(Progress::path),
+                timer_file: self.file_timer.as_ref().map(|t| t.path()),
+            },
         };
-        let group = WorkerGroup::spawn(&spec).await?;
+        let group = WorkerGroup::spawn(&spec, self.spares.as_mut()).await?;
+        if let Some(spares) = &mut self.spares {
+            self.report.starts(spares);
+            // The next start's spares import while this group trains.
+            spares.fill(|local_rank| spare_command(self.cfg, local_rank));
+        }
         tracing::info!(pids = ?group.pids(), entrypoint = %self.cfg.entrypoint.display(), "workers started");
         self.report.started(&round, &group);
         Ok(Phase::Running { round, group })

@@ -52,6 +52,14 @@ pub fn render(s: &Snapshot) -> String {
         "Failure restarts the job used (TORCHELASTIC_RESTART_COUNT).",
         f64::from(st.restarts_used),
     );
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_worker_starts_total Worker starts of this node, warm (from a --prewarm spare) or cold.\n\
+         # TYPE fsdp_agent_worker_starts_total counter\n\
+         fsdp_agent_worker_starts_total{{start=\"warm\"}} {}\n\
+         fsdp_agent_worker_starts_total{{start=\"cold\"}} {}",
+        st.warm_starts, st.cold_starts
+    );
     gauge(
         &mut out,
         "fsdp_agent_restarts_left",

@@ -239,6 +239,14 @@ impl Board {
         s.state.restarts_left = s.state.max_restarts.saturating_sub(counted);
     }
 
+    /// Warm and cold worker starts so far (`--prewarm`), and why the last cold one was.
+    pub fn starts(&self, warm: u32, cold: u32, last_cold: &str) {
+        let mut s = self.lock();
+        s.state.warm_starts = warm;
+        s.state.cold_starts = cold;
+        s.state.last_cold_start = last_cold.to_owned();
+    }
+
     /// Who the hang this node declared in `round` points at.
     pub fn culprit(&self, round: u64, text: &str) {
         self.lock().state.last_hang = format!("round {round}: {text}");

@@ -9,9 +9,11 @@ pub mod disk;
 pub mod files;
 pub mod output;
 pub mod reaper;
+pub mod spare;
 mod unix;
 
 use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use fsdp_rendezvous::Round;
 use nix::sys::signal::Signal;
+use tokio::net::unix::pipe::Receiver;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -27,6 +30,7 @@ use tokio::task::JoinSet;
 use crate::config::{Config, parse::expand_prefix};
 use crate::failure::{ErrorReport, Failure, WorkerExit, read_error_file};
 use crate::worker_env::{GroupEnv, worker_env};
+use spare::{Spares, Start};
 use disk::Disk;
 use files::{AttemptFiles, Files, Route};
 use output::{Console, Sinks, Stream};
@@ -68,10 +72,7 @@ pub struct GroupSpec<'a> {
     pub attempt_dir: Option<PathBuf>,
     pub console: &'a Console,
     pub host: &'a str,
-    /// The progress socket the workers may report to (`FSDP_AGENT_PROGRESS`).
-    pub progress: Option<&'a std::path::Path>,
-    /// torchrun's file-timer FIFO (`TORCHELASTIC_TIMER_FILE`), when served.
-    pub timer_file: Option<&'a std::path::Path>,
+    pub channels: Channels<'a>,
 }
 
 #[derive(Debug)]
@@ -142,7 +143,13 @@ impl WorkerGroup {
     /// Starts one worker per local rank, after the log files are ready (or the log
     /// directory did not answer within [`LOG_DIR_PATIENCE`]). If any worker cannot be
     /// started, the ones already running are killed before the error is returned.
-    pub async fn spawn(spec: &GroupSpec<'_>) -> Result<Self, SpawnError> {
+    ///
+    /// With `spares` (`--prewarm`), each worker is its local rank's spare when
+    /// [`spare::decide`] says so, else a cold start; the reason is logged and counted.
+    pub async fn spawn(
+        spec: &GroupSpec<'_>,
+        mut spares: Option<&mut Spares>,
+    ) -> Result<Self, SpawnError> {
         let (tx, exits) = mpsc::unbounded_channel();
         let mut group = Self {
             workers: Vec::new(),
@@ -165,7 +172,10 @@ impl WorkerGroup {
                 opened: streams,
                 filtered: &opened.filtered,
             };
-            if let Err(e) = group.spawn_one(spec, local_rank, io, &tx) {
+            let started = group
+                .spawn_one(spec, local_rank, io, &tx, spares.as_deref_mut())
+                .await;
+            if let Err(e) = started {
                 group.kill_now();
                 return Err(e);
             }
@@ -173,12 +183,13 @@ impl WorkerGroup {
         Ok(group)
     }
 
-    fn spawn_one(
+    async fn spawn_one(
         &mut self,
         spec: &GroupSpec<'_>,
         local_rank: u32,
         io: StreamIo<'_>,
         tx: &mpsc::UnboundedSender<Exit>,
+        spares: Option<&mut Spares>,
     ) -> Result<(), SpawnError> {
         let cfg = spec.config;
         let rank = spec.round.base_rank + local_rank;
@@ -186,23 +197,63 @@ impl WorkerGroup {
             (Files::Written, Some(dir)) => Some(files::error_file(dir, local_rank)),
             _ => None,
         };
-        let mut cmd = command(spec, local_rank, error_file.as_deref());
-        let [(out_io, out_sinks), (err_io, err_sinks)] = io.wire(spec, local_rank, rank);
-        cmd.stdout(out_io).stderr(err_io);
-        let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
+        let overlay = worker_overlay(
+            cfg,
+            spec.round,
             local_rank,
-            program: cfg.entrypoint.program.display().to_string(),
-            source,
-        })?;
-        let pid = child.id().unwrap_or(0);
-        // Before any await: the PID-1 reaper must never wait for a worker leader.
-        reaper::register(pid);
-        if let (Some(out), Some(sinks)) = (child.stdout.take(), out_sinks) {
-            self.pumps.spawn(output::pump(out, sinks));
-        }
-        if let (Some(err), Some(sinks)) = (child.stderr.take(), err_sinks) {
-            self.pumps.spawn(output::pump(err, sinks));
-        }
+            error_file.as_deref(),
+            spec.channels,
+        );
+        let [(out_wire, out_sinks), (err_wire, err_sinks)] = io.wire(spec, local_rank, rank);
+        let warm = match spares {
+            Some(spares) => {
+                let tried = start_warm(spares, cfg, local_rank, &overlay, [&out_wire, &err_wire]).await;
+                match tried {
+                    Ok(started) => {
+                        spares.counted(true, "");
+                        Some(started)
+                    }
+                    Err(why) => {
+                        tracing::info!(local_rank, reason = %why, "starting the worker cold");
+                        spares.counted(false, &why);
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+        let (child, pid) = match warm {
+            Some((child, [out, err])) => {
+                let pid = child.id().unwrap_or(0);
+                tracing::debug!(local_rank, pid, "worker started warm (a spare took its orders)");
+                if let (Some(out), Some(sinks)) = (out, out_sinks) {
+                    self.pumps.spawn(output::pump(out, sinks));
+                }
+                if let (Some(err), Some(sinks)) = (err, err_sinks) {
+                    self.pumps.spawn(output::pump(err, sinks));
+                }
+                (child, pid)
+            }
+            None => {
+                let mut cmd = command(cfg, local_rank, &overlay);
+                cmd.stdout(out_wire.stdio()).stderr(err_wire.stdio());
+                let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
+                    local_rank,
+                    program: cfg.entrypoint.program.display().to_string(),
+                    source,
+                })?;
+                let pid = child.id().unwrap_or(0);
+                // Before any await: the PID-1 reaper must never wait for a worker leader.
+                reaper::register(pid);
+                if let (Some(out), Some(sinks)) = (child.stdout.take(), out_sinks) {
+                    self.pumps.spawn(output::pump(out, sinks));
+                }
+                if let (Some(err), Some(sinks)) = (child.stderr.take(), err_sinks) {
+                    self.pumps.spawn(output::pump(err, sinks));
+                }
+                (child, pid)
+            }
+        };
         self.watch(
             child,
             pid,
@@ -458,9 +509,15 @@ async fn open_files(spec: &GroupSpec<'_>) -> Result<(Files, AttemptFiles), Spawn
     }
 }
 
-/// The worker's command: program, arguments, environment, its own process group.
-fn command(spec: &GroupSpec<'_>, local_rank: u32, error_file: Option<&std::path::Path>) -> Command {
-    let cfg = spec.config;
+/// What a worker of `round` changes in the agent's environment: torchrun's variables, the
+/// agent's own channels, and what it must not inherit ([`Config::worker_env_scrub`]).
+pub fn worker_overlay(
+    cfg: &Config,
+    round: &Round,
+    local_rank: u32,
+    error_file: Option<&std::path::Path>,
+    channels: Channels<'_>,
+) -> spare::Overlay {
     let env_of = |k: &str| std::env::var(k).ok();
     let nccl = env_of("TORCH_NCCL_ASYNC_ERROR_HANDLING");
     let cuda = env_of("CUDA_VISIBLE_DEVICES");
@@ -471,7 +528,7 @@ fn command(spec: &GroupSpec<'_>, local_rank: u32, error_file: Option<&std::path:
         .collect::<Vec<_>>()
         .join(",");
     let group_env = GroupEnv {
-        round: spec.round,
+        round,
         role: &cfg.role,
         local_world_size: cfg.nproc_per_node,
         run_id: &cfg.run_id,
@@ -482,28 +539,165 @@ fn command(spec: &GroupSpec<'_>, local_rank: u32, error_file: Option<&std::path:
         omp_threads_default: cfg.omp_threads_default,
         signals_to_handle: &signals,
     };
-    let mut cmd = Command::new(&cfg.entrypoint.program);
+    let mut overlay: spare::Overlay = worker_env(&group_env, local_rank, error_file)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), Some(v)))
+        .collect();
+    if let Some(p) = channels.progress {
+        overlay.push((crate::hang::progress::ENV.into(), Some(p.display().to_string())));
+    }
+    if let Some(p) = channels.timer_file {
+        overlay.push((crate::hang::file_timer::FILE.into(), Some(p.display().to_string())));
+    }
+    overlay.extend(cfg.worker_env_scrub.iter().cloned());
+    overlay
+}
+
+/// The agent's channels a worker is told about.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Channels<'a> {
+    /// The progress socket (`FSDP_AGENT_PROGRESS`).
+    pub progress: Option<&'a std::path::Path>,
+    /// torchrun's file-timer FIFO (`TORCHELASTIC_TIMER_FILE`).
+    pub timer_file: Option<&'a std::path::Path>,
+}
+
+/// Worker `local_rank`'s arguments, `${local_rank}` substituted.
+fn worker_args(cfg: &Config, local_rank: u32) -> Vec<String> {
     let lr = local_rank.to_string();
-    cmd.args(
-        cfg.entrypoint
-            .args
-            .iter()
-            .map(|a| a.replace("${local_rank}", &lr)),
+    cfg.entrypoint
+        .args
+        .iter()
+        .map(|a| a.replace("${local_rank}", &lr))
+        .collect()
+}
+
+/// The spare of `local_rank`: the interpreter, the cold arguments, and the environment of
+/// a worker of any round (the per-round variables left out; they come with its orders).
+pub fn spare_command(cfg: &Config, local_rank: u32) -> (PathBuf, Vec<String>, spare::Overlay) {
+    let any_round = Round {
+        number: 0,
+        group_rank: 0,
+        group_world_size: 0,
+        base_rank: 0,
+        world_size: 0,
+        master_addr: String::new(),
+        master_port: 0,
+        restart_count: 0,
+        members: Vec::new(),
+        reason: String::new(),
+        charged_at_ms: Vec::new(),
+        sealed_at_ms: 0,
+    };
+    let mut overlay = worker_overlay(cfg, &any_round, local_rank, None, Channels::default());
+    overlay.retain(|(k, _)| !spare::PER_ROUND.contains(&k.as_str()));
+    (
+        cfg.entrypoint.program.clone(),
+        worker_args(cfg, local_rank),
+        overlay,
     )
-    .envs(worker_env(&group_env, local_rank, error_file))
-    // The agent's stdin, as under torchrun (each worker leads its own session, so a
-    // terminal there is readable without job control stopping it).
-    .stdin(Stdio::inherit())
-    .kill_on_drop(true);
-    if let Some(p) = spec.progress {
-        cmd.env(crate::hang::progress::ENV, p);
+}
+
+/// The worker's cold command: program, arguments, environment, its own process group.
+fn command(cfg: &Config, local_rank: u32, overlay: &spare::Overlay) -> Command {
+    let mut cmd = Command::new(&cfg.entrypoint.program);
+    cmd.args(worker_args(cfg, local_rank))
+        // The agent's stdin, as under torchrun (each worker leads its own session, so a
+        // terminal there is readable without job control stopping it).
+        .stdin(Stdio::inherit())
+        .kill_on_drop(true);
+    for (k, v) in overlay {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
     }
-    if let Some(p) = spec.timer_file {
-        cmd.env(crate::hang::file_timer::FILE, p);
-    }
-    crate::worker_env::scrub(&mut cmd, &cfg.worker_env_scrub);
     unix::prepare(&mut cmd);
     cmd
+}
+
+/// What one of a worker's output streams is connected to.
+enum Wire {
+    /// The agent's own stream.
+    Inherit,
+    Null,
+    /// Straight to its log file.
+    File(File),
+    /// Through the agent, which pumps it to its sinks.
+    Pipe,
+}
+
+impl Wire {
+    /// For a cold start.
+    fn stdio(self) -> Stdio {
+        match self {
+            Wire::Inherit => Stdio::inherit(),
+            Wire::Null => Stdio::null(),
+            Wire::File(f) => Stdio::from(f),
+            Wire::Pipe => Stdio::piped(),
+        }
+    }
+
+    /// For a spare, which puts it in place of its `stream`: a descriptor of its own, and
+    /// the read end the agent pumps when it is a pipe. The wire itself stays usable for a
+    /// cold start should the handoff fail.
+    fn descriptor(&self, stream: Stream) -> std::io::Result<(OwnedFd, Option<Receiver>)> {
+        Ok(match self {
+            Wire::Inherit => match stream {
+                Stream::Stdout => (std::io::stdout().as_fd().try_clone_to_owned()?, None),
+                Stream::Stderr => (std::io::stderr().as_fd().try_clone_to_owned()?, None),
+            },
+            Wire::Null => (File::options().write(true).open("/dev/null")?.into(), None),
+            Wire::File(f) => (f.try_clone()?.into(), None),
+            Wire::Pipe => {
+                let (reader, writer) = std::io::pipe()?;
+                (writer.into(), Some(Receiver::from_owned_fd(reader.into())?))
+            }
+        })
+    }
+}
+
+/// Starts worker `local_rank` from its spare, or says why it must start cold.
+async fn start_warm(
+    spares: &mut Spares,
+    cfg: &Config,
+    local_rank: u32,
+    overlay: &spare::Overlay,
+    wires: [&Wire; 2],
+) -> Result<(Child, [Option<Receiver>; 2]), String> {
+    let Some(mut spare) = spares.take(local_rank) else {
+        return Err(spares.why_none());
+    };
+    loop {
+        let (start, why) = spare::decide(Some(&spare.view()), overlay, spare::READY_PATIENCE);
+        match start {
+            Start::Warm => break,
+            Start::Cold => return Err(why),
+            Start::Wait(patience) => spare.settle(patience).await,
+        }
+    }
+    let opened = |w: &Wire, stream| {
+        w.descriptor(stream)
+            .map_err(|e| format!("could not give the spare its output: {e}"))
+    };
+    let (stdout, out) = opened(wires[0], Stream::Stdout)?;
+    let (stderr, err) = opened(wires[1], Stream::Stderr)?;
+    let mut args = worker_args(cfg, local_rank);
+    if args.first().is_some_and(|a| a == "-u") {
+        args.remove(0);
+    }
+    let orders = spare::Orders {
+        args,
+        env: spare::environment(overlay),
+        cwd: std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?,
+        stdout,
+        stderr,
+    };
+    let child = spare
+        .hand_off(orders)
+        .await
+        .map_err(|e| format!("the spare {e}"))?;
+    Ok((child, [out, err]))
 }
 
 /// One rank's share of the attempt's log files.
@@ -517,7 +711,7 @@ struct StreamIo<'a> {
 impl StreamIo<'_> {
     /// What the worker's stdout and stderr are connected to, and the sinks of those that
     /// are pumped through the agent.
-    fn wire(self, spec: &GroupSpec<'_>, local_rank: u32, rank: u32) -> [(Stdio, Option<Sinks>); 2] {
+    fn wire(self, spec: &GroupSpec<'_>, local_rank: u32, rank: u32) -> [(Wire, Option<Sinks>); 2] {
         let logs = &spec.config.logs;
         let prefix = expand_prefix(
             &logs.prefix_template,
@@ -533,15 +727,15 @@ impl StreamIo<'_> {
             match file {
                 // Redirect only: the worker writes straight to its file, no copy through
                 // the agent.
-                Some(f) if route.file_only() => return (Stdio::from(f), None),
+                Some(f) if route.file_only() => return (Wire::File(f), None),
                 // Console only, unprefixed and unfiltered: the agent's own stream, as
                 // torchrun's workers have it (a terminal stays a terminal: colours,
                 // progress bars, pdb).
                 _ if route.console_only() && !logs.prefixed && logs.console_ranks.is_none() => {
-                    return (Stdio::inherit(), None);
+                    return (Wire::Inherit, None);
                 }
                 _ if !route.file && !route.console && !route.filtered => {
-                    return (Stdio::null(), None);
+                    return (Wire::Null, None);
                 }
                 _ => {}
             }
@@ -554,7 +748,7 @@ impl StreamIo<'_> {
                 filtered: self.filtered[i].clone().filter(|_| route.filtered),
                 disk: spec.console.disk().clone(),
             };
-            (Stdio::piped(), Some(sinks))
+            (Wire::Pipe, Some(sinks))
         };
         [
             wire_one(0, Stream::Stdout, out_file, &logs.stdout_filters),

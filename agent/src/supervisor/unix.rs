@@ -56,3 +56,21 @@ pub fn signal_group(pgid: u32, signal: Signal) {
         }
     }
 }
+
+/// Makes the descriptor `fd` (close-on-exec in the agent, as every descriptor it opens)
+/// survive into the program `cmd` execs, at the same number.
+pub fn inherit_fd(cmd: &mut Command, fd: std::os::fd::RawFd) {
+    #[expect(
+        unsafe_code,
+        reason = "pre_exec is the only way to clear close-on-exec in the child alone"
+    )]
+    // SAFETY: fcntl is async-signal-safe; the closure allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
