@@ -33,6 +33,8 @@ pub struct Job {
     pub net: u8,
     /// The `--rdzv-conf` every pod gets.
     pub rdzv_conf: String,
+    /// More agent flags every pod gets (e.g. `--prewarm`).
+    pub agent_flags: Vec<String>,
 }
 
 /// A worker's `start` line: what the group looked like when it began.
@@ -77,6 +79,7 @@ impl Job {
             steps,
             net,
             rdzv_conf: "last_call_timeout=1,keep_alive_ttl=2".into(),
+            agent_flags: Vec::new(),
         }
     }
 
@@ -180,6 +183,7 @@ impl Job {
         .map(|s| s.to_string())
         .collect();
         args.extend(["--max-restarts".into(), self.max_restarts.to_string()]);
+        args.extend(self.agent_flags.iter().cloned());
         args
     }
 

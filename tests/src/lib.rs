@@ -161,6 +161,11 @@ impl AgentCmd {
         self
     }
 
+    pub fn current_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.cmd.current_dir(dir);
+        self
+    }
+
     pub fn env(mut self, k: &str, v: impl AsRef<std::ffi::OsStr>) -> Self {
         self.cmd.env(k, v);
         self

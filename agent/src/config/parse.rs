@@ -469,9 +469,7 @@ pub fn modules(s: &str) -> Result<Vec<String>, String> {
         let ok = !m.is_empty()
             && m.split('.').all(|part| {
                 let mut chars = part.chars();
-                chars
-                    .next()
-                    .is_some_and(|c| c == '_' || c.is_alphabetic())
+                chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
                     && chars.all(|c| c == '_' || c.is_alphanumeric())
             });
         if !ok {

@@ -73,7 +73,8 @@ impl Reporter {
     /// How many worker starts were warm (`--prewarm`), how many cold, and why the last
     /// cold one was.
     pub fn starts(&self, spares: &crate::supervisor::spare::Spares) {
-        self.board.starts(spares.warm, spares.cold, &spares.last_cold);
+        self.board
+            .starts(spares.warm, spares.cold, &spares.last_cold);
     }
 
     /// The restarts `--max-restarts` is held against now (all, or those in the window).

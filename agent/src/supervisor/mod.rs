@@ -30,10 +30,10 @@ use tokio::task::JoinSet;
 use crate::config::{Config, parse::expand_prefix};
 use crate::failure::{ErrorReport, Failure, WorkerExit, read_error_file};
 use crate::worker_env::{GroupEnv, worker_env};
-use spare::{Spares, Start};
 use disk::Disk;
 use files::{AttemptFiles, Files, Route};
 use output::{Console, Sinks, Stream};
+use spare::{Spares, Start};
 
 pub use files::{attempt_dir, run_log_dir};
 
@@ -207,7 +207,8 @@ impl WorkerGroup {
         let [(out_wire, out_sinks), (err_wire, err_sinks)] = io.wire(spec, local_rank, rank);
         let warm = match spares {
             Some(spares) => {
-                let tried = start_warm(spares, cfg, local_rank, &overlay, [&out_wire, &err_wire]).await;
+                let tried =
+                    start_warm(spares, cfg, local_rank, &overlay, [&out_wire, &err_wire]).await;
                 match tried {
                     Ok(started) => {
                         spares.counted(true, "");
@@ -225,7 +226,7 @@ impl WorkerGroup {
         let (child, pid) = match warm {
             Some((child, [out, err])) => {
                 let pid = child.id().unwrap_or(0);
-                tracing::debug!(local_rank, pid, "worker started warm (a spare took its orders)");
+                tracing::info!(local_rank, pid, "worker started from its spare");
                 if let (Some(out), Some(sinks)) = (out, out_sinks) {
                     self.pumps.spawn(output::pump(out, sinks));
                 }
@@ -544,10 +545,16 @@ pub fn worker_overlay(
         .map(|(k, v)| (k.to_owned(), Some(v)))
         .collect();
     if let Some(p) = channels.progress {
-        overlay.push((crate::hang::progress::ENV.into(), Some(p.display().to_string())));
+        overlay.push((
+            crate::hang::progress::ENV.into(),
+            Some(p.display().to_string()),
+        ));
     }
     if let Some(p) = channels.timer_file {
-        overlay.push((crate::hang::file_timer::FILE.into(), Some(p.display().to_string())));
+        overlay.push((
+            crate::hang::file_timer::FILE.into(),
+            Some(p.display().to_string()),
+        ));
     }
     overlay.extend(cfg.worker_env_scrub.iter().cloned());
     overlay

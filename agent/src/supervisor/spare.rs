@@ -88,7 +88,11 @@ pub enum Start {
 }
 
 /// Warm, wait or cold for one worker, and why. `round` is the overlay the worker needs.
-pub fn decide(spare: Option<&SpareView<'_>>, round: &Overlay, patience: Duration) -> (Start, String) {
+pub fn decide(
+    spare: Option<&SpareView<'_>>,
+    round: &Overlay,
+    patience: Duration,
+) -> (Start, String) {
     let Some(s) = spare else {
         return (Start::Cold, "no spare".into());
     };
@@ -417,7 +421,10 @@ impl Spares {
         self.cold += 1;
         self.last_cold = why.to_owned();
         if why.starts_with("the spare failed") && self.off.is_none() {
-            tracing::warn!(reason = why, "--prewarm: no more spares; workers start cold");
+            tracing::warn!(
+                reason = why,
+                "--prewarm: no more spares; workers start cold"
+            );
             self.off = Some(why.to_owned());
         }
     }

@@ -38,13 +38,25 @@ fn a_changed_device_list_or_a_removed_variable_means_a_cold_start_that_names_it(
     let round = set(&[("CUDA_VISIBLE_DEVICES", "1"), ("LOCAL_RANK", "0")]);
     let (start, why) = decide(Some(&view(Readiness::Ready, 1, &spare)), &round, PATIENCE);
     assert_eq!(start, Start::Cold);
-    assert!(why.contains("CUDA_VISIBLE_DEVICES=0, the round needs CUDA_VISIBLE_DEVICES=1"), "{why}");
+    assert!(
+        why.contains("CUDA_VISIBLE_DEVICES=0, the round needs CUDA_VISIBLE_DEVICES=1"),
+        "{why}"
+    );
 
     let mut scrubbed = spare.clone();
     scrubbed.push(("FSDP_ETCD_PASSWORD".into(), None));
-    let (start, why) = decide(Some(&view(Readiness::Ready, 1, &spare)), &scrubbed, PATIENCE);
+    let (start, why) = decide(
+        Some(&view(Readiness::Ready, 1, &spare)),
+        &scrubbed,
+        PATIENCE,
+    );
     assert_eq!(start, Start::Cold);
-    assert!(why.contains("FSDP_ETCD_PASSWORD as the agent has it, the round needs FSDP_ETCD_PASSWORD removed"), "{why}");
+    assert!(
+        why.contains(
+            "FSDP_ETCD_PASSWORD as the agent has it, the round needs FSDP_ETCD_PASSWORD removed"
+        ),
+        "{why}"
+    );
 }
 
 #[test]
@@ -62,7 +74,10 @@ fn a_dead_or_failed_spare_or_none_means_cold_with_the_reason() {
     let o = set(&[]);
     let gone = view(Readiness::Gone("exited (signal 9 (SIGKILL))".into()), 5, &o);
     let (start, why) = decide(Some(&gone), &o, PATIENCE);
-    assert_eq!((start, why.as_str()), (Start::Cold, "the spare exited (signal 9 (SIGKILL))"));
+    assert_eq!(
+        (start, why.as_str()),
+        (Start::Cold, "the spare exited (signal 9 (SIGKILL))")
+    );
     let failed = view(Readiness::Failed("import nosuch failed".into()), 5, &o);
     let (start, why) = decide(Some(&failed), &o, PATIENCE);
     assert_eq!(start, Start::Cold);
@@ -74,7 +89,11 @@ fn a_dead_or_failed_spare_or_none_means_cold_with_the_reason() {
 fn a_mismatched_environment_is_cold_even_while_the_spare_imports() {
     let spare = set(&[("PYTHONPATH", "/a")]);
     let round = set(&[("PYTHONPATH", "/b")]);
-    let (start, _) = decide(Some(&view(Readiness::Importing, 1, &spare)), &round, PATIENCE);
+    let (start, _) = decide(
+        Some(&view(Readiness::Importing, 1, &spare)),
+        &round,
+        PATIENCE,
+    );
     assert_eq!(start, Start::Cold);
 }
 
