@@ -300,6 +300,13 @@ fn a_killed_spare_means_a_cold_start_that_says_why_and_no_spare_outlives_the_age
         1 + 2,
         "the first round warm, then one of the two\n{err}"
     );
+    let metrics = fsdp_tests::metrics_text(&agent.status_addr());
+    for line in [
+        "fsdp_agent_worker_starts_total{start=\"warm\"} 3",
+        "fsdp_agent_worker_starts_total{start=\"cold\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
 
     // The agent dies without a word: every spare and worker goes with it.
     let mut everyone = Vec::new();
@@ -376,4 +383,60 @@ fn a_crash_restart_is_warm() {
         let err = p.stderr();
         assert_eq!(warm_starts(&err), 2, "{}", p.output());
     }
+}
+
+#[test]
+fn a_spare_starts_with_its_ranks_device_and_without_any_rounds_variables() {
+    let dir = TempDir::new().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let worker = fsdp_tests::workspace_file("tests/py/elastic_worker.py");
+    let agent = AgentCmd::new(dir.path(), "spare-env")
+        .args(["--standalone", "--nproc-per-node", "2", "--prewarm"])
+        .args(["--virtual-local-rank"])
+        .arg_path(&worker)
+        .arg_path(&ckpt)
+        .args(["1000000"])
+        .env("PYTHON", python())
+        .env("CUDA_VISIBLE_DEVICES", "4,5")
+        .spawn();
+    let mut spares = Vec::new();
+    wait_for("the next start's spares", LIMIT, || {
+        spares = spares_of(agent.pid(), &worker_pids(&agent.stderr()));
+        spares.len() == 2
+    });
+    let mut devices = Vec::new();
+    for pid in spares {
+        let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let env: BTreeMap<String, String> = raw
+            .split(|b| *b == 0)
+            .filter_map(|kv| {
+                String::from_utf8_lossy(kv)
+                    .split_once('=')
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            })
+            .collect();
+        for k in [
+            "RANK",
+            "WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "TORCHELASTIC_RESTART_COUNT",
+            "GROUP_RANK",
+        ] {
+            assert!(
+                !env.contains_key(k),
+                "a spare must not see {k} before its round: {env:?}"
+            );
+        }
+        // --virtual-local-rank: the spare already has its one device, as its worker will.
+        assert_eq!(
+            env.get("LOCAL_RANK").map(String::as_str),
+            Some("0"),
+            "{env:?}"
+        );
+        devices.push(env["CUDA_VISIBLE_DEVICES"].clone());
+    }
+    devices.sort();
+    assert_eq!(devices, ["4", "5"]);
 }
