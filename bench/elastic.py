@@ -118,9 +118,10 @@ def launcher_argv(kind, agent, endpoint, run_id, nnodes, index, ckpt):
         if kind == "fsdp-agent-c10d":
             # As torchrun-c10d below: pod0 serves the store and another pod is killed.
             backend, conf = "c10d", conf + ",is_host=" + ("1" if index == 0 else "0")
+        extra = ["--prewarm"] if kind == "fsdp-agent-prewarm" else []
         return [agent, "--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--nnodes", nnodes,
                 "--nproc-per-node", "1", "--local-addr", addr, "--rdzv-conf", conf,
-                "--term-timeout", "5"] + worker
+                "--term-timeout", "5"] + extra + worker
     backend = "c10d" if kind == "torchrun-c10d" else "etcd-v2"
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     # torchrun only recovers from a peer's death when the survivors' workers fail and it

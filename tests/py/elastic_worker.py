@@ -27,11 +27,16 @@ def main():
     print(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()}", flush=True)
     if fail_on == host or (fail_first and restart == "0"):
         raise SystemExit(3)
+    first = True
     while step < total:
         t = torch.ones(1)
         dist.all_reduce(t)
         if t.item() != world:
             raise SystemExit(f"all_reduce gave {t.item()} in a world of {world}")
+        if first:
+            # For the benchmarks: when this group's first collective completed (wall clock).
+            print(f"allreduced host={host} rank={rank} world={world} t={time.time():.6f}", flush=True)
+            first = False
         step += 1
         if rank == 0:
             tmp = f"{path}.tmp"
