@@ -94,7 +94,9 @@ def scenario(kind, name, args, env, workdir):
             return None
         if name == "startup-3":
             return max(min(t for w, t in allreduced(p) if w == n) for p in pods) - t_last
-        time.sleep(3)  # training runs; the spares for the next start are ready
+        # Training runs and the spares for the next start finish importing (a few seconds;
+        # failures come minutes apart, not while the last start's spares still import).
+        time.sleep(args.settle)
         survivors = pods[:2]
         before = [len(allreduced(p)) for p in survivors]
         if name == "reform-TERM":
@@ -151,6 +153,7 @@ def main():
     ap.add_argument("--kinds", default=KINDS)
     ap.add_argument("--json", help="also write the results here as JSON")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--settle", type=float, default=10, help="seconds of training before the fault")
     args = ap.parse_args()
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", LOGLEVEL="WARNING", RUST_LOG="info", PYTHON=sys.executable,
                PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
