@@ -322,6 +322,30 @@ pub fn status_addr(s: &str) -> Result<Option<std::net::SocketAddr>, String> {
         .ok_or_else(|| "the host has no address; expected HOST:PORT or off".into())
 }
 
+/// `--prewarm-modules`: comma-separated module names, each a dotted Python identifier
+/// (they are imported by name, never evaluated). Empty: the interpreter alone.
+pub fn modules(s: &str) -> Result<Vec<String>, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Ok(Vec::new());
+    }
+    let modules: Vec<String> = s.split(',').map(|m| m.trim().to_owned()).collect();
+    for m in &modules {
+        let ok = !m.is_empty()
+            && m.split('.').all(|part| {
+                let mut chars = part.chars();
+                chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
+                    && chars.all(|c| c == '_' || c.is_alphanumeric())
+            });
+        if !ok {
+            return Err(format!(
+                "'{m}' is not a module name; expected names like torch,numpy"
+            ));
+        }
+    }
+    Ok(modules)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,28 +479,17 @@ mod tests {
         assert_eq!(rank_list("0,3").unwrap().unwrap().len(), 2);
         assert!(rank_list("x").is_err());
     }
-}
 
-/// `--prewarm-modules`: comma-separated module names, each a dotted Python identifier
-/// (they are imported by name, never evaluated). Empty: the interpreter alone.
-pub fn modules(s: &str) -> Result<Vec<String>, String> {
-    let s = s.trim();
-    if s.is_empty() {
-        return Ok(Vec::new());
-    }
-    let modules: Vec<String> = s.split(',').map(|m| m.trim().to_owned()).collect();
-    for m in &modules {
-        let ok = !m.is_empty()
-            && m.split('.').all(|part| {
-                let mut chars = part.chars();
-                chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
-                    && chars.all(|c| c == '_' || c.is_alphanumeric())
-            });
-        if !ok {
-            return Err(format!(
-                "'{m}' is not a module name; expected names like torch,numpy"
-            ));
+    #[test]
+    fn prewarm_modules_are_dotted_names_or_nothing() {
+        assert_eq!(
+            modules(" torch, numpy.linalg ").unwrap(),
+            ["torch", "numpy.linalg"]
+        );
+        assert!(modules("").unwrap().is_empty());
+        for bad in ["torch;import os", "1torch", "torch,,numpy", "a..b"] {
+            let err = modules(bad).unwrap_err();
+            assert!(err.contains("is not a module name"), "{bad}: {err}");
         }
     }
-    Ok(modules)
 }

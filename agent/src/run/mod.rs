@@ -368,7 +368,16 @@ impl<R: Rendezvous> Loop<'_, R> {
                 timer_file: self.file_timer.as_ref().map(|t| t.path()),
             },
         };
-        let group = WorkerGroup::spawn(&spec, self.spares.as_mut()).await?;
+        // A start may wait for a spare that is still importing: a signal meanwhile ends it
+        // (the workers already started die with the dropped group).
+        let spawn = WorkerGroup::spawn(&spec, self.spares.as_mut());
+        let group = match Self::interruptible(self.signals, spawn).await {
+            Ok(group) => group?,
+            Err(sig) => {
+                tracing::info!(signal = %sig, "signal received while starting workers; leaving the run");
+                return Ok(signalled(sig));
+            }
+        };
         if let Some(spares) = &mut self.spares {
             self.report.starts(spares);
             // The next start's spares import while this group trains.

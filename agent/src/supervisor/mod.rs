@@ -657,8 +657,8 @@ impl Wire {
             Wire::Null => (File::options().write(true).open("/dev/null")?.into(), None),
             Wire::File(f) => (f.try_clone()?.into(), None),
             Wire::Pipe => {
-                let (reader, writer) = std::io::pipe()?;
-                (writer.into(), Some(Receiver::from_owned_fd(reader.into())?))
+                let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+                (writer, Some(Receiver::from_owned_fd(reader)?))
             }
         })
     }

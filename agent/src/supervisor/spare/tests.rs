@@ -118,5 +118,5 @@ fn orders_are_nul_separated_counts_and_fields() {
         stdout: a.into(),
         stderr: b.into(),
     };
-    assert_eq!(encode(&o), b"2\0train.py\0--lr\01\0A=1=2\0/work".to_vec());
+    assert_eq!(encode(&o), b"2\0train.py\0--lr\x001\0A=1=2\0/work".to_vec());
 }
