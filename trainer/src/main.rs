@@ -9,6 +9,8 @@
 //! * [`model`]: embedding, RMSNorm, rotary GQA attention, SwiGLU MLP.
 //! * [`data`]: samples addressed by a global index, so any world size resumes in place.
 //! * [`shard`]: gradient exchange and AdamW on a flat vector, `no_shard` or `shard_grad_op`.
+//! * [`full_shard`]: `full` sharding, unit by unit with activation checkpointing.
+//! * [`engine`]: one training step interface over both.
 //! * [`checkpoint`]: atomic saves, newest-complete resume, shape checks.
 //! * [`train`]: the loop and its log lines.
 //!
@@ -19,6 +21,8 @@ mod args;
 mod c10d;
 mod checkpoint;
 mod data;
+mod engine;
+mod full_shard;
 mod launch;
 mod model;
 mod progress;
