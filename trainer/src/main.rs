@@ -24,6 +24,7 @@ mod data;
 mod engine;
 mod full_shard;
 mod launch;
+mod malloc;
 mod model;
 mod progress;
 mod schedule;
@@ -40,6 +41,7 @@ use clap::Parser;
 pub struct BadInput(pub String);
 
 fn main() -> ExitCode {
+    malloc::fix_mmap_threshold();
     let args = args::Args::parse();
     if let Err(e) = args.validate() {
         eprintln!("fsdp-trainer: error: {e}");

@@ -141,6 +141,25 @@ impl FullShard {
             .collect()
     }
 
+    /// The unit's parameters as leaves of autograd that share `whole`'s memory, each with
+    /// its `.grad` a view of the flat `grad`, so backward accumulates the unit's gradient
+    /// in place in the layout the reduce-scatter takes. (Views of one leaf `whole` would
+    /// give the same gradient, but each view's backward allocates a zero-filled copy of
+    /// the whole unit.)
+    fn leaves(&self, unit: &Unit, whole: &Tensor, grad: &Tensor) -> Result<Vec<Tensor>, C10dError> {
+        let params = self.views(unit, whole);
+        let grads = self.views(unit, grad);
+        params
+            .into_iter()
+            .zip(grads)
+            .map(|(p, mut g)| {
+                let mut p = p.detach().set_requires_grad(true);
+                c10d::set_grad(&mut p, &mut g)?;
+                Ok(p)
+            })
+            .collect()
+    }
+
     /// Starts gathering unit `u` from every rank's shard of it.
     fn start_gather(&self, comm: &Comm, u: usize) -> Result<Pending, C10dError> {
         let unit = &self.plan[u];
@@ -183,16 +202,17 @@ impl FullShard {
         let mut loss = none.shallow_clone();
         let mut upstream = none.shallow_clone();
         for u in (0..n).rev() {
-            let whole = gathers.next(self, comm)?.set_requires_grad(true);
+            let whole = gathers.next(self, comm)?;
             let unit = &self.plan[u];
-            let w = self.views(unit, &whole);
+            let mut grad = Tensor::zeros([unit.padded(self.world)], (Kind::Float, self.device));
+            let w = self.leaves(unit, &whole, &grad)?;
             let x = match boundary.pop() {
                 Some(x) => x.detach().set_requires_grad(true),
                 None => none.shallow_clone(),
             };
             if u == n - 1 {
-                let l =
-                    model::cross_entropy(&self.config, &model::head(&self.config, &w, &x), targets);
+                let logits = model::head(&self.config, &w, &x);
+                let l = model::cross_entropy(&self.config, &logits, targets);
                 l.backward();
                 loss = l.detach();
             } else {
@@ -202,8 +222,7 @@ impl FullShard {
             if u > 0 {
                 upstream = x.grad();
             }
-            let mut g = whole.grad();
-            comm.reduce_scatter_sum(&mut self.local(&self.grads, unit), &mut g)?;
+            comm.reduce_scatter_sum(&mut self.local(&self.grads, unit), &mut grad)?;
         }
         let norm = self.update(comm, lr, clip)?;
         Ok((loss, norm))
