@@ -41,8 +41,12 @@ use clap::Parser;
 pub struct BadInput(pub String);
 
 fn main() -> ExitCode {
-    malloc::fix_mmap_threshold();
     let args = args::Args::parse();
+    // Only `full` frees and reallocates unit-sized buffers every step; elsewhere the fixed
+    // threshold costs speed (page faults on every large activation) and saves nothing.
+    if args.sharding_strategy == args::Sharding::Full {
+        malloc::fix_mmap_threshold();
+    }
     if let Err(e) = args.validate() {
         eprintln!("fsdp-trainer: error: {e}");
         return ExitCode::from(2);

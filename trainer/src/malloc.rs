@@ -17,7 +17,7 @@ unsafe extern "C" {
 /// glibc's `M_MMAP_THRESHOLD`.
 const M_MMAP_THRESHOLD: c_int = -3;
 
-/// Fixes the mmap threshold at 1 MiB unless `MALLOC_MMAP_THRESHOLD_` sets it already.
+/// Fixes the mmap threshold at 1 MiB (before any thread starts) unless `MALLOC_MMAP_THRESHOLD_` sets it already.
 pub fn fix_mmap_threshold() {
     if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some() {
         return;
