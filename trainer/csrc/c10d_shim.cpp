@@ -3,6 +3,7 @@
 // cross as tch's `at::Tensor*`. Every call catches C++ exceptions and returns the message,
 // so a dead peer becomes an error in Rust rather than an abort.
 
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -16,6 +17,12 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+// A collective in flight (Gloo runs it on its own threads); the tensors stay referenced
+// by the work until it completes.
+struct fsdp_work {
+  c10::intrusive_ptr<c10d::Work> work;
+};
 
 struct fsdp_pg {
   c10::intrusive_ptr<c10d::Store> store;
@@ -128,6 +135,26 @@ int fsdp_all_gather(fsdp_pg* pg, at::Tensor* out, at::Tensor* in, char** err) {
   return 1;
 }
 
+// Starts the same all-gather without waiting for it: `fsdp_work_wait` finishes it.
+fsdp_work* fsdp_all_gather_start(fsdp_pg* pg, at::Tensor* out, at::Tensor* in, char** err) {
+  FSDP_TRY(err, {
+    auto w = new fsdp_work();
+    w->work = pg->backend->_allgather_base(*out, *in);
+    return w;
+  })
+  return nullptr;
+}
+
+int fsdp_work_wait(fsdp_work* w, char** err) {
+  FSDP_TRY(err, {
+    w->work->wait();
+    return 0;
+  })
+  return 1;
+}
+
+void fsdp_work_free(fsdp_work* w) { delete w; }
+
 int fsdp_broadcast(fsdp_pg* pg, at::Tensor* t, int root, char** err) {
   FSDP_TRY(err, {
     std::vector<at::Tensor> ts{*t};
@@ -152,6 +179,16 @@ int fsdp_barrier(fsdp_pg* pg, char** err) {
 int fsdp_set_grad(at::Tensor* param, at::Tensor* grad, char** err) {
   FSDP_TRY(err, {
     param->mutable_grad() = *grad;
+    return 0;
+  })
+  return 1;
+}
+
+// Back-propagates `grad` (the gradient of `out`) into the leaves `out` depends on, as
+// torch.autograd.backward(out, grad): tch only back-propagates from a scalar.
+int fsdp_backward(at::Tensor* out, at::Tensor* grad, char** err) {
+  FSDP_TRY(err, {
+    torch::autograd::backward({*out}, {*grad});
     return 0;
   })
   return 1;

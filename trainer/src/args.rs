@@ -15,9 +15,13 @@ pub enum Sharding {
     /// optimizer state and parameters, then parameters are all-gathered (ZeRO-2).
     #[value(name = "shard_grad_op")]
     ShardGradOp,
-    /// Parameters sharded too (ZeRO-3); refused, see `validate`.
+    /// Parameters sharded too (ZeRO-3): each rank holds 1/world of parameters, gradients
+    /// and optimizer state, and one unit (a layer) whole while it computes.
     #[value(name = "full")]
     Full,
+    /// Full sharding within a node, replicas across nodes; refused, see `validate`.
+    #[value(name = "hybrid_shard")]
+    HybridShard,
 }
 
 /// fsdp-trainer: a Llama-style decoder trained data-parallel on PyTorch's c10d.
@@ -87,6 +91,10 @@ pub struct Args {
     /// Intra-op threads per rank (default: OMP_NUM_THREADS, else PyTorch's choice).
     #[arg(long = "threads")]
     pub threads: Option<i32>,
+    /// With `full`: gather the next unit while the current one computes (two units whole
+    /// at a time instead of one).
+    #[arg(long = "prefetch", default_value_t = true, action = clap::ArgAction::Set)]
+    pub prefetch: bool,
     /// Seconds a collective waits for the other ranks before failing.
     #[arg(long = "collective_timeout", default_value_t = 60)]
     pub collective_timeout: u64,
@@ -149,12 +157,12 @@ impl Args {
         if self.logging_freq == 0 {
             return Err("--logging_freq must be at least 1".into());
         }
-        if self.sharding_strategy == Sharding::Full {
-            // The forward and backward passes hold whole parameters, so sharding them
-            // between steps would only add an all-gather per step: the peak stays the same.
-            return Err("--sharding_strategy full is not supported: it would not lower peak memory in this trainer \
-                        (parameters are gathered whole for every step); use shard_grad_op to shard gradients and \
-                        optimizer state, or no_shard".into());
+        if self.sharding_strategy == Sharding::HybridShard {
+            // It needs a second process group (the node's ranks) beside the world's, which
+            // the c10d shim does not create; on one machine it would be `full` anyway.
+            return Err("--sharding_strategy hybrid_shard is not supported: this trainer has one process group, \
+                        not one per node; use full (sharded across all ranks) or shard_grad_op"
+                .into());
         }
         Ok(())
     }

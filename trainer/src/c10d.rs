@@ -12,6 +12,11 @@ struct RawGroup {
     _private: [u8; 0],
 }
 
+#[repr(C)]
+struct RawWork {
+    _private: [u8; 0],
+}
+
 // `at::Tensor*` on the C++ side; tch's `C_tensor` is that pointer's target.
 use torch_sys::C_tensor as RawTensor;
 
@@ -41,6 +46,15 @@ unsafe extern "C" {
         input: *mut RawTensor,
         err: *mut *mut c_char,
     ) -> c_int;
+    fn fsdp_all_gather_start(
+        pg: *mut RawGroup,
+        out: *mut RawTensor,
+        input: *mut RawTensor,
+        err: *mut *mut c_char,
+    ) -> *mut RawWork;
+    fn fsdp_work_wait(w: *mut RawWork, err: *mut *mut c_char) -> c_int;
+    fn fsdp_work_free(w: *mut RawWork);
+    fn fsdp_backward(out: *mut RawTensor, grad: *mut RawTensor, err: *mut *mut c_char) -> c_int;
     fn fsdp_broadcast(
         pg: *mut RawGroup,
         t: *mut RawTensor,
@@ -61,6 +75,62 @@ pub fn set_grad(param: &mut Tensor, grad: &mut Tensor) -> Result<(), C10dError> 
         Ok(())
     } else {
         Err(take_error("set_grad", err))
+    }
+}
+
+/// Back-propagates `grad`, the gradient of the non-scalar `out`, into the leaves `out`
+/// depends on (tch's own `backward` starts only from a scalar).
+pub fn backward(out: &Tensor, grad: &Tensor) -> Result<(), C10dError> {
+    let (mut out, mut grad) = (out.shallow_clone(), grad.shallow_clone());
+    let mut err = std::ptr::null_mut();
+    // SAFETY: both tensors are alive for the call.
+    let rc = unsafe { fsdp_backward(out.as_mut_ptr(), grad.as_mut_ptr(), &mut err) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(take_error("backward", err))
+    }
+}
+
+/// An all-gather in flight. Its tensors are kept here until it is waited for (or dropped,
+/// which waits too: Gloo must not write into freed memory).
+pub struct Pending {
+    raw: *mut RawWork,
+    out: Tensor,
+    _input: Tensor,
+}
+
+impl Pending {
+    /// Blocks until the collective is done and returns its output.
+    pub fn wait(mut self) -> Result<Tensor, C10dError> {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        if raw.is_null() {
+            return Ok(self.out.shallow_clone());
+        }
+        let mut err = std::ptr::null_mut();
+        // SAFETY: raw came from fsdp_all_gather_start and is freed exactly once here.
+        let rc = unsafe { fsdp_work_wait(raw, &mut err) };
+        unsafe { fsdp_work_free(raw) };
+        if rc == 0 {
+            Ok(self.out.shallow_clone())
+        } else {
+            Err(take_error("all_gather", err))
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            let mut err = std::ptr::null_mut();
+            // SAFETY: as in `wait`; an error here has nobody to go to.
+            unsafe {
+                if fsdp_work_wait(self.raw, &mut err) != 0 {
+                    fsdp_free_error(err);
+                }
+                fsdp_work_free(self.raw);
+            }
+        }
     }
 }
 
@@ -181,6 +251,24 @@ impl ProcessGroup {
         self.check("all_gather", rc, err)
     }
 
+    /// Starts `all_gather(out, input)` and returns at once.
+    pub fn all_gather_start(&self, out: Tensor, input: Tensor) -> Result<Pending, C10dError> {
+        let (mut out, mut input) = (out, input);
+        let mut err = std::ptr::null_mut();
+        // SAFETY: `Pending` keeps both tensors alive until the work is waited for.
+        let raw = unsafe {
+            fsdp_all_gather_start(self.raw, out.as_mut_ptr(), input.as_mut_ptr(), &mut err)
+        };
+        if raw.is_null() {
+            return Err(take_error("all_gather", err));
+        }
+        Ok(Pending {
+            raw,
+            out,
+            _input: input,
+        })
+    }
+
     /// `t` ← rank `root`'s `t`.
     pub fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<(), C10dError> {
         let mut err = std::ptr::null_mut();
@@ -253,6 +341,22 @@ impl Comm {
                 Ok(())
             }
             Self::Group(g) => g.all_gather(out, input),
+        }
+    }
+
+    /// Starts `all_gather(out, input)`; alone, it is done at once.
+    pub fn all_gather_start(&self, out: Tensor, input: Tensor) -> Result<Pending, C10dError> {
+        match self {
+            Self::Single => {
+                let mut out = out;
+                out.copy_(&input);
+                Ok(Pending {
+                    raw: std::ptr::null_mut(),
+                    out,
+                    _input: input,
+                })
+            }
+            Self::Group(g) => g.all_gather_start(out, input),
         }
     }
 

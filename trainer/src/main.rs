@@ -9,6 +9,8 @@
 //! * [`model`]: embedding, RMSNorm, rotary GQA attention, SwiGLU MLP.
 //! * [`data`]: samples addressed by a global index, so any world size resumes in place.
 //! * [`shard`]: gradient exchange and AdamW on a flat vector, `no_shard` or `shard_grad_op`.
+//! * [`full_shard`]: `full` sharding, unit by unit with activation checkpointing.
+//! * [`engine`]: one training step interface over both.
 //! * [`checkpoint`]: atomic saves, newest-complete resume, shape checks.
 //! * [`train`]: the loop and its log lines.
 //!
@@ -19,7 +21,10 @@ mod args;
 mod c10d;
 mod checkpoint;
 mod data;
+mod engine;
+mod full_shard;
 mod launch;
+mod malloc;
 mod model;
 mod progress;
 mod schedule;
@@ -37,6 +42,11 @@ pub struct BadInput(pub String);
 
 fn main() -> ExitCode {
     let args = args::Args::parse();
+    // Only `full` frees and reallocates unit-sized buffers every step; elsewhere the fixed
+    // threshold costs speed (page faults on every large activation) and saves nothing.
+    if args.sharding_strategy == args::Sharding::Full {
+        malloc::fix_mmap_threshold();
+    }
     if let Err(e) = args.validate() {
         eprintln!("fsdp-trainer: error: {e}");
         return ExitCode::from(2);

@@ -1,6 +1,10 @@
 //! The Llama-style decoder: token embedding, RMSNorm, rotary attention with grouped KV
 //! heads, SwiGLU MLP, an untied output head. Parameters are plain tensors in a fixed
-//! order, so the sharding code can treat them as one flat vector.
+//! order, so the sharding code can treat them as one flat vector; the forward pass is
+//! written unit by unit (embedding, each decoder layer, final norm and head), so `full`
+//! sharding can gather, run and free one unit at a time.
+
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -64,6 +68,17 @@ impl ModelConfig {
         out
     }
 
+    /// The units `full` sharding gathers one at a time, as ranges of [`Self::layout`]
+    /// indices: the embedding, each decoder layer, then the final norm with the head.
+    pub fn units(&self) -> Vec<Range<usize>> {
+        let n = 1 + 9 * self.num_layers as usize + 2;
+        let mut out = Vec::with_capacity(self.num_layers as usize + 2);
+        out.push(0..1);
+        out.extend((0..self.num_layers as usize).map(|l| 1 + 9 * l..1 + 9 * (l + 1)));
+        out.push(n - 2..n);
+        out
+    }
+
     /// Differences from `other`, as `name: ours vs theirs`.
     pub fn differences(&self, other: &Self) -> Vec<String> {
         let a = serde_json::to_value(self).unwrap_or_default();
@@ -94,18 +109,10 @@ pub struct Model {
 impl Model {
     /// Initialises from the current RNG state (seed it first: every rank must agree).
     pub fn new(config: ModelConfig, device: Device) -> Self {
-        let opts = (Kind::Float, device);
         let params = config
             .layout()
             .iter()
-            .map(|(name, shape)| {
-                let t = if name.ends_with("norm") {
-                    Tensor::ones(shape.as_slice(), opts)
-                } else {
-                    Tensor::randn(shape.as_slice(), opts) * 0.02
-                };
-                t.set_requires_grad(true)
-            })
+            .map(|(name, shape)| init(name, shape, device).set_requires_grad(true))
             .collect();
         let (cos, sin) = rotary_tables(&config, device);
         Self {
@@ -122,62 +129,109 @@ impl Model {
 
     /// Mean next-token cross-entropy of `tokens[:, 1:]` given `tokens[:, :-1]`.
     pub fn loss(&self, inputs: &Tensor, targets: &Tensor) -> Tensor {
-        let logits = self.forward(inputs);
-        let v = self.config.vocab_size;
-        logits.view([-1, v]).cross_entropy_loss::<Tensor>(
+        cross_entropy(&self.config, &self.forward(inputs), targets)
+    }
+
+    pub fn forward(&self, tokens: &Tensor) -> Tensor {
+        let c = &self.config;
+        let p = &self.params;
+        let rotary = Rotary {
+            cos: self.cos.shallow_clone(),
+            sin: self.sin.shallow_clone(),
+        };
+        let mut x = embed(&p[0], tokens);
+        for unit in &c.units()[1..=c.num_layers as usize] {
+            x = layer(c, &rotary, &p[unit.clone()], &x);
+        }
+        let n = p.len();
+        head(c, &p[n - 2..], &x)
+    }
+}
+
+/// One parameter's initial value, drawn from the current RNG state: ranks that draw the
+/// parameters in layout order from the same seed get the same model, whole or unit by unit.
+pub fn init(name: &str, shape: &[i64], device: Device) -> Tensor {
+    if name.ends_with("norm") {
+        Tensor::ones(shape, (Kind::Float, device))
+    } else {
+        Tensor::randn(shape, (Kind::Float, device)) * 0.02
+    }
+}
+
+/// The rotary tables a decoder layer needs.
+pub struct Rotary {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rotary {
+    pub fn new(c: &ModelConfig, device: Device) -> Self {
+        let (cos, sin) = rotary_tables(c, device);
+        Self { cos, sin }
+    }
+}
+
+/// The embedding unit: token ids to `[batch, time, hidden]`.
+pub fn embed(weight: &Tensor, tokens: &Tensor) -> Tensor {
+    Tensor::embedding(weight, tokens, -1, false, false)
+}
+
+const EPS: f64 = 1e-5;
+
+fn norm(c: &ModelConfig, x: &Tensor, w: &Tensor) -> Tensor {
+    x.rms_norm([c.hidden_width], Some(w), EPS)
+}
+
+/// One decoder layer, `w` its nine parameters in layout order. (No `+=` on tensors: tch's
+/// is an in-place add, which would clobber a value autograd still needs.)
+pub fn layer(c: &ModelConfig, rotary: &Rotary, w: &[Tensor], x: &Tensor) -> Tensor {
+    let (b, t) = (x.size()[0], x.size()[1]);
+    let (nh, nkv, hd) = (c.num_heads, c.num_key_value_heads, c.head_dim());
+    let cos = rotary.cos.narrow(0, 0, t);
+    let sin = rotary.sin.narrow(0, 0, t);
+    let h = norm(c, x, &w[0]);
+    let heads = |wt: &Tensor, n: i64| {
+        h.linear::<Tensor>(wt, None)
+            .view([b, t, n, hd])
+            .transpose(1, 2)
+    };
+    let q = rotate(&heads(&w[1], nh), &cos, &sin);
+    let k = rotate(&heads(&w[2], nkv), &cos, &sin);
+    let v = heads(&w[3], nkv);
+    let att = Tensor::scaled_dot_product_attention::<Tensor>(
+        &q,
+        &k,
+        &v,
+        None,
+        0.0,
+        true,
+        None,
+        nkv != nh,
+    );
+    let att = att.transpose(1, 2).reshape([b, t, c.hidden_width]);
+    let x = x + att.linear::<Tensor>(&w[4], None);
+    let h = norm(c, &x, &w[5]);
+    let gate = h.linear::<Tensor>(&w[6], None).silu();
+    let up = h.linear::<Tensor>(&w[7], None);
+    x + (gate * up).linear::<Tensor>(&w[8], None)
+}
+
+/// The last unit: final norm (`w[0]`) and output head (`w[1]`), to logits.
+pub fn head(c: &ModelConfig, w: &[Tensor], x: &Tensor) -> Tensor {
+    norm(c, x, &w[0]).linear::<Tensor>(&w[1], None)
+}
+
+/// Mean next-token cross-entropy of `logits` against `targets`.
+pub fn cross_entropy(c: &ModelConfig, logits: &Tensor, targets: &Tensor) -> Tensor {
+    logits
+        .view([-1, c.vocab_size])
+        .cross_entropy_loss::<Tensor>(
             &targets.reshape([-1]),
             None,
             tch::Reduction::Mean,
             -100,
             0.0,
         )
-    }
-
-    #[allow(
-        clippy::assign_op_pattern,
-        reason = "tch's `+=` is an in-place add, which would clobber a value autograd still needs"
-    )]
-    pub fn forward(&self, tokens: &Tensor) -> Tensor {
-        let c = &self.config;
-        let (b, t) = (tokens.size()[0], tokens.size()[1]);
-        let (nh, nkv, hd) = (c.num_heads, c.num_key_value_heads, c.head_dim());
-        let eps = 1e-5;
-        let norm = |x: &Tensor, w: &Tensor| x.rms_norm([c.hidden_width], Some(w), eps);
-        let cos = self.cos.narrow(0, 0, t);
-        let sin = self.sin.narrow(0, 0, t);
-        let p = &self.params;
-        let mut x = Tensor::embedding(&p[0], tokens, -1, false, false);
-        for l in 0..c.num_layers as usize {
-            let w = &p[1 + l * 9..1 + (l + 1) * 9];
-            let h = norm(&x, &w[0]);
-            let heads = |wt: &Tensor, n: i64| {
-                h.linear::<Tensor>(wt, None)
-                    .view([b, t, n, hd])
-                    .transpose(1, 2)
-            };
-            let q = rotate(&heads(&w[1], nh), &cos, &sin);
-            let k = rotate(&heads(&w[2], nkv), &cos, &sin);
-            let v = heads(&w[3], nkv);
-            let att = Tensor::scaled_dot_product_attention::<Tensor>(
-                &q,
-                &k,
-                &v,
-                None,
-                0.0,
-                true,
-                None,
-                nkv != nh,
-            );
-            let att = att.transpose(1, 2).reshape([b, t, c.hidden_width]);
-            x = x + att.linear::<Tensor>(&w[4], None);
-            let h = norm(&x, &w[5]);
-            let gate = h.linear::<Tensor>(&w[6], None).silu();
-            let up = h.linear::<Tensor>(&w[7], None);
-            x = x + (gate * up).linear::<Tensor>(&w[8], None);
-        }
-        let n = p.len();
-        norm(&x, &p[n - 2]).linear::<Tensor>(&p[n - 1], None)
-    }
 }
 
 /// cos and sin of position × frequency, `[max_context, head_dim]`, halves repeated.
@@ -199,4 +253,35 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     let x2 = x.narrow(3, half, half);
     let rotated = Tensor::cat(&[&x2.neg(), &x1], -1);
     x * cos + rotated * sin
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(layers: i64) -> ModelConfig {
+        ModelConfig {
+            hidden_width: 8,
+            num_layers: layers,
+            num_heads: 2,
+            num_key_value_heads: 1,
+            intermediate_size: 12,
+            max_context_width: 4,
+            vocab_size: 16,
+            rotary_emb_base: 10000.0,
+        }
+    }
+
+    #[test]
+    fn units_cover_every_parameter_once_in_order() {
+        for layers in [1, 3] {
+            let c = config(layers);
+            let units = c.units();
+            assert_eq!(units.len(), layers as usize + 2);
+            let flat: Vec<usize> = units.iter().flat_map(|u| u.clone()).collect();
+            assert_eq!(flat, (0..c.layout().len()).collect::<Vec<_>>());
+            assert_eq!(units[0], 0..1);
+            assert_eq!(c.layout()[units[layers as usize + 1].start].0, "final_norm");
+        }
+    }
 }

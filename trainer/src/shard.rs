@@ -30,6 +30,51 @@ pub struct AdamW {
     pub weight_decay: f64,
 }
 
+impl AdamW {
+    /// Step `t` (1-based, for bias correction) of AdamW on parameters `p` with gradient
+    /// `g · scale` and moments `m`, `v`, all flat and of one length, in place (as
+    /// torch.optim.AdamW's single-tensor path: decoupled decay first, then the
+    /// bias-corrected Adam step). Done in chunks that stay in cache across the nine passes:
+    /// on a whole vector at once it is memory-bound and about twice as slow as PyTorch's
+    /// per-parameter loop.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site per strategy, all flat tensors"
+    )]
+    pub fn update(
+        &self,
+        t: u64,
+        p: &Tensor,
+        g: &Tensor,
+        m: &Tensor,
+        v: &Tensor,
+        scale: f64,
+        lr: f64,
+    ) {
+        let t = t as i32;
+        let (bc1, bc2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
+        let len = p.numel() as i64;
+        let mut at = 0;
+        tch::no_grad(|| {
+            while at < len {
+                let n = CACHE_CHUNK.min(len - at);
+                let g = g.narrow(0, at, n) * scale;
+                let mut m = m.narrow(0, at, n);
+                let mut v = v.narrow(0, at, n);
+                let _ = m.lerp_(&g, 1.0 - self.beta1);
+                let _ = v.lerp_(&g.square(), 1.0 - self.beta2);
+                let mut denom = v.sqrt();
+                let _ = denom.g_div_scalar_(bc2.sqrt());
+                let _ = denom.g_add_scalar_(self.eps);
+                let mut p = p.narrow(0, at, n);
+                let _ = p.g_mul_scalar_(1.0 - lr * self.weight_decay);
+                let _ = p.addcdiv_(&(&m * (-lr / bc1)), &denom);
+                at += n;
+            }
+        });
+    }
+}
+
 /// Which elements of the flat vector a rank owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Layout {
@@ -225,32 +270,19 @@ impl FlatOptimizer {
         Ok(norm)
     }
 
-    /// AdamW on the owned elements, in place (as torch.optim.AdamW's single-tensor path:
-    /// decoupled decay first, then the bias-corrected Adam step). Done in chunks that stay
-    /// in cache across the nine passes: on the whole vector at once it is memory-bound and
-    /// about twice as slow as PyTorch's per-parameter loop.
+    /// AdamW on the owned elements, in place.
     fn adamw(&mut self, g: &Tensor, scale: f64, lr: f64) {
-        let h = &self.hyper;
         self.adam_step += 1;
-        let t = self.adam_step as i32;
-        let (bc1, bc2) = (1.0 - h.beta1.powi(t), 1.0 - h.beta2.powi(t));
         for (flat_at, own_at, len) in self.layout.runs() {
-            let mut at = 0;
-            while at < len {
-                let n = CACHE_CHUNK.min(len - at);
-                let g = g.narrow(0, own_at + at, n) * scale;
-                let mut m = self.m.narrow(0, own_at + at, n);
-                let mut v = self.v.narrow(0, own_at + at, n);
-                let _ = m.lerp_(&g, 1.0 - h.beta1);
-                let _ = v.lerp_(&g.square(), 1.0 - h.beta2);
-                let mut denom = v.sqrt();
-                let _ = denom.g_div_scalar_(bc2.sqrt());
-                let _ = denom.g_add_scalar_(h.eps);
-                let mut p = self.flat.narrow(0, flat_at + at, n);
-                let _ = p.g_mul_scalar_(1.0 - lr * h.weight_decay);
-                let _ = p.addcdiv_(&(&m * (-lr / bc1)), &denom);
-                at += n;
-            }
+            self.hyper.update(
+                self.adam_step,
+                &self.flat.narrow(0, flat_at, len),
+                &g.narrow(0, own_at, len),
+                &self.m.narrow(0, own_at, len),
+                &self.v.narrow(0, own_at, len),
+                scale,
+                lr,
+            );
         }
     }
 
@@ -318,7 +350,7 @@ impl FlatOptimizer {
 }
 
 /// `t` extended with zeros to `len` elements.
-fn pad(t: &Tensor, len: i64) -> Tensor {
+pub(crate) fn pad(t: &Tensor, len: i64) -> Tensor {
     let n = t.numel() as i64;
     if n == len {
         return t.shallow_clone();

@@ -9,10 +9,11 @@ use crate::args::Args;
 use crate::c10d::{Comm, GroupSpec, ProcessGroup};
 use crate::checkpoint::{self, Meta};
 use crate::data::{Corpus, first_sample};
+use crate::engine::Engine;
 use crate::launch::Launch;
-use crate::model::{Model, ModelConfig};
+use crate::model::ModelConfig;
 use crate::schedule::Schedule;
-use crate::shard::{AdamW, FlatOptimizer};
+use crate::shard::AdamW;
 
 fn device_for(launch: Option<&Launch>) -> (Device, &'static str) {
     #[cfg(feature = "cuda")]
@@ -61,25 +62,27 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     };
     let config = ModelConfig::from_args(args);
     tch::manual_seed(args.seed);
-    let mut model = Model::new(config.clone(), device);
-    // Same seed, same values on every rank; the broadcast makes it a fact, not a hope.
-    for p in &model.params {
-        comm.broadcast(&mut p.detach(), 0)?;
-    }
     let hyper = AdamW {
         beta1: args.beta1,
         beta2: args.beta2,
         eps: 1e-8,
         weight_decay: args.weight_decay,
     };
-    let mut opt = FlatOptimizer::new(&mut model, &comm, args.sharding_strategy, hyper)?;
+    let mut engine = Engine::new(
+        config.clone(),
+        device,
+        &comm,
+        args.sharding_strategy,
+        hyper,
+        args.prefetch,
+    )?;
     say(format!(
-        "Model: {} parameters, {} layers, hidden {}; world size {world}, {:?}, {:.1} MiB optimizer state per rank",
-        model.numel(),
+        "Model: {} parameters, {} layers, hidden {}; world size {world}, {:?}, {}",
+        engine.numel(),
         config.num_layers,
         config.hidden_width,
         args.sharding_strategy,
-        opt.state_bytes() as f64 / (1 << 20) as f64
+        engine.describe()
     ));
 
     let (mut step, mut samples_seen) = (0u64, 0u64);
@@ -91,7 +94,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     {
         Some(Some(path)) => {
             let (meta, state) = checkpoint::load(&path, &config)?;
-            opt.load(&state, meta.adam_step);
+            engine.load(&state, meta.adam_step);
             step = meta.step;
             samples_seen = meta.samples_seen;
             say(format!(
@@ -130,9 +133,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         let lr = schedule.at(step);
         let first = first_sample(samples_seen, rank, per_rank);
         let (inputs, targets) = corpus.batch(first, per_rank, args.max_context_width, device);
-        let loss = model.loss(&inputs, &targets);
-        loss.backward();
-        opt.step(&comm, lr, args.grad_clip)?;
+        let loss = engine.step(&comm, &inputs, &targets, lr, args.grad_clip)?;
         samples_seen += global_batch;
         window_samples += global_batch;
         let done = step + 1;
@@ -140,7 +141,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         let save = args.checkpoint_dir.is_some()
             && (last || (args.checkpoint_freq > 0 && done % args.checkpoint_freq == 0));
         if done % args.logging_freq == 0 || last || save {
-            let mut l = loss.detach().reshape([1]);
+            let mut l = loss.reshape([1]);
             comm.all_reduce_sum(&mut l)?;
             last_loss = l.double_value(&[0]) / world as f64;
             if !last_loss.is_finite() {
@@ -160,13 +161,12 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         if save {
             progress.begin("checkpoint");
             let saving = Instant::now();
-            let state = opt.full_state(&comm)?;
-            if lead {
+            if let Some(state) = engine.full_state(&comm, lead)? {
                 let meta = Meta {
                     format: checkpoint::FORMAT,
                     step: done,
                     samples_seen,
-                    adam_step: opt.adam_step,
+                    adam_step: engine.adam_step(),
                     model: config.clone(),
                     world_size: world,
                     sharding: args.sharding_strategy,

@@ -150,6 +150,112 @@ fn world_1_and_world_2_give_the_same_losses_with_shard_grad_op() {
     equivalence("shard_grad_op");
 }
 
+/// The parameter count and, under `full`, the largest unit's MiB, from the start-up line.
+fn model_line(text: &str) -> (u64, Option<f64>) {
+    let line = text
+        .lines()
+        .find(|l| l.contains("Model: "))
+        .unwrap_or_else(|| panic!("no Model line: {text}"));
+    let rest = &line[line.find("Model: ").unwrap() + 7..];
+    let params = rest.split(' ').next().unwrap().parse().unwrap();
+    let unit = line
+        .split("largest unit ")
+        .nth(1)
+        .map(|r| r.split(' ').next().unwrap().parse().unwrap());
+    (params, unit)
+}
+
+/// `full` is exact data parallelism: the same losses as `no_shard` on one rank, on 2, and
+/// on 3, where no unit's size divides evenly and every shard is padded.
+#[test]
+fn full_sharding_gives_the_no_shard_losses_at_world_1_2_and_3() {
+    let common = ["--max_steps", "20"];
+    let reference = stdout(&run(alone(
+        &[&common[..], &["--train_batch_size", "12"]].concat(),
+    )));
+    let reference = losses(&reference);
+    assert_eq!(reference.len(), 20);
+    for (n, batch) in [(1, "12"), (2, "6"), (3, "4")] {
+        let args = [
+            &common[..],
+            &["--train_batch_size", batch, "--sharding_strategy", "full"],
+        ]
+        .concat();
+        let text = stdout(&run(if n == 1 {
+            alone(&args)
+        } else {
+            launched(n, &args)
+        }));
+        assert!(text.contains(&format!("world size {n}, Full")), "{text}");
+        if n == 3 {
+            let (params, _) = model_line(&text);
+            assert_ne!(params % 3, 0, "the world-3 run must need padding");
+        }
+        assert_close(&reference, &losses(&text), 2e-3);
+    }
+}
+
+/// Per-rank peak RSS (VmHWM) of one model under each strategy at world 2 and 4. Between
+/// steps `no_shard` holds parameters, gradients and both AdamW moments whole (16 bytes a
+/// parameter), `full` 1/world of each; while computing, `full` holds at most three
+/// units whole (the one computing, the one prefetched, the computing one's gradient). So
+/// `full` saves 16·N·(1 − 1/world) − 3·unit bytes against `no_shard`.
+#[test]
+fn full_sharding_has_the_lowest_peak_memory_and_saves_what_the_arithmetic_predicts() {
+    let model = [
+        "--hidden_width",
+        "512",
+        "--num_layers",
+        "8",
+        "--num_heads",
+        "8",
+        "--num_key_value_heads",
+        "4",
+        "--intermediate_size",
+        "1376",
+        "--train_batch_size",
+        "1",
+        "--max_steps",
+        "2",
+    ];
+    let mib = 1024.0 * 1024.0;
+    for world in [2u32, 4] {
+        let mut peak = Vec::new();
+        let mut params = 0;
+        let mut unit = 0.0;
+        for strategy in ["no_shard", "shard_grad_op", "full"] {
+            let text = stdout(&run(launched(
+                world,
+                &[&model[..], &["--sharding_strategy", strategy]].concat(),
+            )));
+            let ranks: Vec<f64> = text
+                .lines()
+                .filter_map(|l| l.split("peak RSS: ").nth(1))
+                .map(|r| r.trim_end_matches(" MiB").parse().unwrap())
+                .collect();
+            assert_eq!(ranks.len(), world as usize, "{text}");
+            let (n, u) = model_line(&text);
+            params = n;
+            if let Some(u) = u {
+                unit = u;
+            }
+            peak.push(ranks.iter().cloned().fold(0.0, f64::max));
+        }
+        let (no_shard, grad_op, full) = (peak[0], peak[1], peak[2]);
+        assert!(
+            full < grad_op && grad_op < no_shard,
+            "world {world}: peaks no_shard {no_shard}, shard_grad_op {grad_op}, full {full} MiB"
+        );
+        let w = f64::from(world);
+        let predicted = 16.0 * params as f64 * (1.0 - 1.0 / w) / mib - 3.0 * unit;
+        let saved = no_shard - full;
+        assert!(
+            (saved - predicted).abs() <= 0.15 * predicted,
+            "world {world}: full saves {saved:.1} MiB against no_shard, the arithmetic says {predicted:.1} MiB"
+        );
+    }
+}
+
 /// Starts `cmd`, waits for a `Batch <at>` line in its stdout file, and SIGKILLs it.
 fn kill_at(mut cmd: Command, dir: &Path, at: u64, agent: bool) -> String {
     let log = dir.join(format!("killed.{at}.{}.out", std::process::id()));
@@ -179,11 +285,13 @@ fn kill_at(mut cmd: Command, dir: &Path, at: u64, agent: bool) -> String {
     std::fs::read_to_string(&log).unwrap()
 }
 
-fn resume_with_another_world(first_nproc: u32, then_nproc: u32) {
+/// Kills a run on `first_nproc` ranks at step 25 (its last checkpoint is step 20),
+/// resumes it on `then_nproc`, and checks the curve goes on as an uninterrupted run's.
+/// `global` samples per step, split evenly over the ranks.
+fn resume_with_another_world(strategy: &str, global: u32, first_nproc: u32, then_nproc: u32) {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
     let ck = ck.to_str().unwrap();
-    let global = 8;
     let batch = |n: u32| (global / n).to_string();
     let base = [
         "--max_steps",
@@ -191,58 +299,46 @@ fn resume_with_another_world(first_nproc: u32, then_nproc: u32) {
         "--checkpoint_freq",
         "10",
         "--sharding_strategy",
-        "shard_grad_op",
+        strategy,
     ];
     let reference = losses(&stdout(&run(alone(
-        &[&base[..], &["--train_batch_size", "8"]].concat(),
+        &[&base[..], &["--train_batch_size", &batch(1)]].concat(),
     ))));
-
-    let b1 = batch(first_nproc);
-    let first_args = [
-        &base[..],
-        &[
-            "--train_batch_size",
-            &b1,
-            "--checkpoint_dir",
-            ck,
-            "--resume_from_checkpoint",
-            ck,
-        ],
-    ]
-    .concat();
-    let first = if first_nproc == 1 {
-        alone(&first_args)
-    } else {
-        launched(first_nproc, &first_args)
+    let args = |n: u32| {
+        [
+            &base[..],
+            &[
+                "--train_batch_size",
+                &batch(n),
+                "--checkpoint_dir",
+                ck,
+                "--resume_from_checkpoint",
+                ck,
+            ],
+        ]
+        .concat()
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>()
     };
-    let killed = kill_at(first, dir.path(), 25, first_nproc > 1);
+    let command = |n: u32| {
+        let a = args(n);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        if n == 1 { alone(&a) } else { launched(n, &a) }
+    };
+    let killed = kill_at(command(first_nproc), dir.path(), 25, first_nproc > 1);
     assert!(
         killed.contains("Saved checkpoint") && killed.contains("step_00000020"),
         "{killed}"
     );
 
-    let b2 = batch(then_nproc);
-    let second_args = [
-        &base[..],
-        &[
-            "--train_batch_size",
-            &b2,
-            "--checkpoint_dir",
-            ck,
-            "--resume_from_checkpoint",
-            ck,
-        ],
-    ]
-    .concat();
-    let second = if then_nproc == 1 {
-        alone(&second_args)
-    } else {
-        launched(then_nproc, &second_args)
-    };
-    let text = stdout(&run(second));
+    let text = stdout(&run(command(then_nproc)));
+    let sample = 20 * global;
     assert!(
-        text.contains("step_00000020 (step 20, sample 160, saved by"),
-        "resumed from the last checkpoint at step 20, sample 160: {text}"
+        text.contains(&format!(
+            "step_00000020 (step 20, sample {sample}, saved by {first_nproc} rank(s)"
+        )),
+        "resumed from the last checkpoint at step 20, sample {sample}: {text}"
     );
     let resumed = losses(&text);
     assert_eq!(resumed.first().map(|x| x.0), Some(20), "{text}");
@@ -253,12 +349,22 @@ fn resume_with_another_world(first_nproc: u32, then_nproc: u32) {
 
 #[test]
 fn a_run_killed_on_two_ranks_resumes_on_one() {
-    resume_with_another_world(2, 1);
+    resume_with_another_world("shard_grad_op", 8, 2, 1);
 }
 
 #[test]
 fn a_run_killed_on_one_rank_resumes_on_two() {
-    resume_with_another_world(1, 2);
+    resume_with_another_world("shard_grad_op", 8, 1, 2);
+}
+
+#[test]
+fn a_fully_sharded_run_killed_on_two_ranks_resumes_on_three() {
+    resume_with_another_world("full", 12, 2, 3);
+}
+
+#[test]
+fn a_fully_sharded_run_killed_on_three_ranks_resumes_on_one() {
+    resume_with_another_world("full", 12, 3, 1);
 }
 
 #[test]
@@ -327,7 +433,11 @@ fn bad_input_is_a_clear_error() {
         2,
         "multiple of --num_key_value_heads",
     );
-    fails_with(alone(&["--sharding_strategy", "full"]), 2, "shard_grad_op");
+    fails_with(
+        alone(&["--sharding_strategy", "hybrid_shard"]),
+        2,
+        "hybrid_shard is not supported",
+    );
     fails_with(
         alone(&["--train_batch_size", "0"]),
         2,
