@@ -193,6 +193,17 @@ def scenario(kind, name, args, env, workdir):
             etcd.stop()
 
 
+def pod_env():
+    """The environment every pod's launcher gets: this interpreter (the one with torch),
+    loopback gloo, quiet torchrun."""
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", LOGLEVEL="WARNING", RUST_LOG="info", PYTHON=sys.executable,
+               PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
+    # Every pod's status server on its own port (they share this host's network); peers
+    # reach it there for the ring liveness check.
+    env.setdefault("FSDP_STATUS_ADDR", "127.0.0.1:0")
+    return env
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
@@ -203,11 +214,7 @@ def main():
     ap.add_argument("--kinds", default="fsdp-agent,fsdp-agent-c10d,torchrun-c10d,torchrun-etcd-v2")
     ap.add_argument("--keep", action="store_true", help="keep logs of runs that did not recover")
     args = ap.parse_args()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", LOGLEVEL="WARNING", RUST_LOG="info", PYTHON=sys.executable,
-               PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
-    # Every pod's status server on its own port (they share this host's network); peers
-    # reach it there for the ring liveness check.
-    env.setdefault("FSDP_STATUS_ADDR", "127.0.0.1:0")
+    env = pod_env()
     workdir = tempfile.mkdtemp(prefix="bench-elastic-")
     print(f"machine: {os.cpu_count()} cpus; runs={args.runs}; timeout={args.timeout}s")
     results = {}

@@ -155,9 +155,7 @@ def main():
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--settle", type=float, default=10, help="seconds of training before the fault")
     args = ap.parse_args()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", LOGLEVEL="WARNING", RUST_LOG="info", PYTHON=sys.executable,
-               PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
-    env.setdefault("FSDP_STATUS_ADDR", "127.0.0.1:0")
+    env = elastic.pod_env()
     workdir = tempfile.mkdtemp(prefix="bench-prewarm-")
     print(f"machine: {os.cpu_count()} cpus; runs={args.runs}; timeout={args.timeout}s")
     results = {}
