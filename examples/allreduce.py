@@ -3,6 +3,7 @@
 Run it under the agent:  fsdp-agent --standalone --nproc-per-node 2 examples/allreduce.py
 """
 import os
+import sys
 import time
 
 import torch
@@ -17,11 +18,13 @@ def main():
     dist.all_reduce(t)
     ms = (time.perf_counter() - start) * 1e3
     expected = world * (world + 1) / 2
-    print(
+    # One write per line: the workers share the launcher's stdout (as under torchrun), and
+    # print() writes the text and its newline separately, so two ranks' lines can mix.
+    sys.stdout.write(
         f"rank {rank}/{world} local_rank {os.environ['LOCAL_RANK']}: "
-        f"all_reduce sum = {t.item():g} (expected {expected:g}) in {ms:.1f} ms",
-        flush=True,
+        f"all_reduce sum = {t.item():g} (expected {expected:g}) in {ms:.1f} ms\n"
     )
+    sys.stdout.flush()
     dist.destroy_process_group()
     if t.item() != expected:
         raise SystemExit(f"wrong sum {t.item()} != {expected}")

@@ -166,7 +166,11 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 r = EtcdRendezvous::connect(rc) => r?,
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
             };
-            tracing::info!(node_id = rdzv.node_id(), "joined the etcd rendezvous");
+            let over = match &m.store {
+                Some(_) => "the c10d store",
+                None => "etcd",
+            };
+            tracing::info!(node_id = rdzv.node_id(), over, "joined the rendezvous");
             let exit = run::run(cfg, &mut rdzv, &mut signals, &board).await;
             if let Some(store) = store {
                 drop(rdzv);

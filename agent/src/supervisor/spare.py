@@ -1,10 +1,11 @@
 # A pre-warmed worker (fsdp-agent --prewarm). The agent starts it as
 #
-#   python -u -c "<launcher>" <this source> <socket fd> <modules> <the worker's arguments>
+#   python -u -c "<launcher>" <source fd> <socket fd> <modules> <the worker's arguments>
 #
 # where the worker's arguments are those a cold start gives the interpreter after its
-# options (`script args`, `-m module args` or `-c code args`). The launcher runs this source
-# in a namespace of its own, so `__main__` stays as a fresh interpreter has it.
+# options (`script args`, `-m module args` or `-c code args`). The launcher reads this
+# source from <source fd> and runs it in a namespace of its own, so `__main__` stays as a
+# fresh interpreter has it.
 #
 # Protocol on the socket (a stream, shared with the agent):
 #   spare -> agent  b"R"                  the modules are imported; waiting for orders
@@ -144,7 +145,8 @@ def _strip(tb):
 
 
 def main():
-    # sys.argv: ["-c", this source, fd, modules, the worker's arguments...]
+    # sys.argv: ["-c", source fd, socket fd, modules, the worker's arguments...]
+    os.close(int(sys.argv[1]))
     fd, modules, args = int(sys.argv[2]), sys.argv[3], sys.argv[4:]
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd)
     why = _unsupported(args)

@@ -11,12 +11,15 @@
 
 use std::ffi::OsString;
 use std::io::IoSlice;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use nix::sys::memfd::{MFdFlags, memfd_create};
 use nix::sys::signal::Signal;
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
@@ -25,10 +28,30 @@ use tokio::process::{Child, Command};
 
 use super::{reaper, unix};
 
-/// The `-c` program of a spare: runs `spare.py` (its first argument) in a namespace of its
-/// own, binding no name in `__main__`.
-const LAUNCHER: &str = "exec(compile(__import__('sys').argv[1], '<fsdp-agent spare>', 'exec'), {'__name__': 'fsdp_agent_spare'})";
+/// The `-c` program of a spare: runs `spare.py`, read from the descriptor `{fd}` (a memfd
+/// the agent fills once), in a namespace of its own, binding no name in `__main__`. The
+/// source stays off the command line, so `ps` shows a short one.
+fn launcher(fd: RawFd) -> String {
+    // pread, not open(): a file object left to the collector warns (ResourceWarning), and
+    // even an ignored warning leaves `__warningregistry__` in `__main__`.
+    let len = SOURCE.len();
+    format!(
+        "exec(compile(__import__('os').pread({fd},{len},0),'<fsdp-agent spare>','exec'),{{'__name__':'fsdp_agent_spare'}})"
+    )
+}
 const SOURCE: &str = include_str!("spare.py");
+
+/// `spare.py` in an anonymous in-memory file, shared by every spare of this agent
+/// (close-on-exec here; each spare inherits it at the same number).
+fn source_fd() -> std::io::Result<RawFd> {
+    static SOURCE_FD: OnceLock<OwnedFd> = OnceLock::new();
+    if let Some(fd) = SOURCE_FD.get() {
+        return Ok(fd.as_raw_fd());
+    }
+    let fd = memfd_create(c"fsdp-agent-spare.py", MFdFlags::MFD_CLOEXEC)?;
+    std::fs::File::from(fd.try_clone()?).write_all(SOURCE.as_bytes())?;
+    Ok(SOURCE_FD.get_or_init(|| fd).as_raw_fd())
+}
 
 /// How long a start waits for a spare that is still importing: it is further along than a
 /// cold start would be, unless its import hangs.
@@ -188,8 +211,10 @@ impl Spare {
         let (mine, theirs) = std::os::unix::net::UnixStream::pair()?;
         mine.set_nonblocking(true)?;
         let fd = theirs.as_raw_fd();
+        let source = source_fd()?;
         let mut cmd = Command::new(program);
-        cmd.args(["-u", "-c", LAUNCHER, SOURCE, &fd.to_string(), modules])
+        cmd.args(["-u", "-c", &launcher(source), &source.to_string()])
+            .args([&fd.to_string(), modules])
             .args(args.iter().skip(1))
             .stdin(Stdio::inherit())
             // Until its orders: what the pre-imports print is not any round's output.
@@ -204,6 +229,7 @@ impl Spare {
         }
         unix::prepare(&mut cmd);
         unix::inherit_fd(&mut cmd, fd);
+        unix::inherit_fd(&mut cmd, source);
         let child = cmd.spawn()?;
         let pid = child.id().unwrap_or(0);
         reaper::register(pid);
