@@ -447,3 +447,48 @@ fn a_spare_starts_with_its_ranks_device_and_without_any_rounds_variables() {
     devices.sort();
     assert_eq!(devices, ["4", "5"]);
 }
+
+#[test]
+fn a_module_the_spare_cannot_import_turns_pre_warming_off_with_one_warning() {
+    let dir = TempDir::new().unwrap();
+    std::fs::write(
+        dir.path().join("hello.py"),
+        "print('hello from', __name__)\n",
+    )
+    .unwrap();
+    let mut agent = AgentCmd::new(dir.path(), "bad-module")
+        .args(["--standalone", "--nproc-per-node", "2", "--prewarm"])
+        .args(["--prewarm-modules", "torch,no_such_module_here"])
+        .arg_path(dir.path().join("hello.py"))
+        .env("PYTHON", python())
+        .run(LIMIT);
+    assert_eq!(agent.code(), 0, "{}", agent.output());
+    let (out, err) = (agent.stdout(), agent.stderr());
+    assert_eq!(out.matches("hello from __main__").count(), 2, "{out}");
+    assert!(
+        err.contains("import no_such_module_here failed: ModuleNotFoundError"),
+        "{err}"
+    );
+    assert_eq!(
+        err.matches("no more spares; workers start cold").count(),
+        1,
+        "{err}"
+    );
+    assert_eq!(warm_starts(&err), 0, "{err}");
+}
+
+#[test]
+fn prewarm_needs_python() {
+    let dir = TempDir::new().unwrap();
+    let mut agent = AgentCmd::new(dir.path(), "no-python")
+        .args(["--standalone", "--prewarm", "--no-python", "true"])
+        .run(LIMIT);
+    assert_eq!(agent.code(), 64, "{}", agent.output());
+    assert!(
+        agent
+            .stderr()
+            .contains("--prewarm keeps Python interpreters ready"),
+        "{}",
+        agent.stderr()
+    );
+}
