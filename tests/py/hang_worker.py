@@ -5,7 +5,9 @@ the step (as a rank stuck in I/O would): the others block in the next all-reduce
 
 usage: hang_worker.py CKPT_DIR TOTAL_STEPS STALL_AT STALL_RANK [CHECKPOINT_EVERY]
 A checkpoint every CHECKPOINT_EVERY steps takes 3 s (15 steps' time, longer than the
-automatic allowance of 10 steps), inside a reported phase.
+automatic allowance of 10 steps), inside a reported phase. FINAL_SAVE=RANK:SECONDS makes
+that rank spend SECONDS after its last step, without reporting a phase, before it finishes
+(a final save written as most scripts write it).
 """
 import os
 import sys
@@ -15,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
-from progress import phase, step  # noqa: E402
+from progress import finish, phase, step  # noqa: E402
 
 
 def stall_forever():
@@ -48,6 +50,12 @@ def main():
             with phase("checkpoint"):
                 time.sleep(3.0)
         time.sleep(0.2)
+    final = os.environ.get("FINAL_SAVE", "")
+    if final and int(final.split(":")[0]) == rank:
+        time.sleep(float(final.split(":")[1]))
+    # The group's teardown is not a step: under load it can take longer than the short
+    # allowance these tests use.
+    finish()
     print(f"done rank={rank} step={done}", flush=True)
     dist.destroy_process_group()
 

@@ -190,6 +190,9 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         }
         step = done;
     }
+    // What follows the last step (the group's teardown) is judged as the end of training,
+    // not timed as a step.
+    progress.begin("finish");
     say(format!(
         "Training finished at step {step}, loss {last_loss:.5}"
     ));

@@ -101,6 +101,13 @@ pub const STARTUP: Duration = Duration::from_secs(600);
 /// Inside a reported phase (a checkpoint, an evaluation).
 pub const PHASE: Duration = Duration::from_secs(1800);
 
+/// The phase of a rank whose training is over: `examples/progress.py` reports it at the
+/// interpreter's exit (or when the script calls `finish()`), and every rank of a group
+/// where a worker already exited 0 is judged by its allowance. What follows the last step
+/// (a final save without a phase, `destroy_process_group`, the interpreter's own teardown)
+/// is not a step and must not be timed as one.
+pub const FINISH: &str = "finish";
+
 /// Steps observed before the automatic timeout trusts their durations.
 pub const AUTO_AFTER_STEPS: usize = 3;
 /// The automatic allowance: this many times the slowest recent step.
@@ -117,11 +124,49 @@ pub enum Verdict {
     Hung { behind: Vec<u32>, reason: String },
 }
 
-/// One rank's deadline and what it is waiting for, or `None` if it is not judged.
-fn deadline(p: &RankProgress, group_start: Instant, cfg: &HangConfig) -> Option<(Instant, String)> {
+/// One rank's deadline and what it is waiting for, or `None` if it is not judged: its own,
+/// or, once the group is finishing, the finish allowance if that is later.
+fn deadline(p: &RankProgress, group: &GroupTimes, cfg: &HangConfig) -> Option<(Instant, String)> {
     if !p.reported {
         return None;
     }
+    let own = own_deadline(p, group.started, cfg);
+    let Some(since) = group.finishing else {
+        return own;
+    };
+    let finish = (
+        since + cfg.phase_allowance(FINISH),
+        "while the group finishes (a worker here exited 0)".to_owned(),
+    );
+    Some(match own {
+        Some(own) if own.0 > finish.0 => own,
+        _ => finish,
+    })
+}
+
+/// When the running group started, and since when it is finishing (a local worker exited
+/// 0; the others are ending too, and the time they take is not a step's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupTimes {
+    pub started: Instant,
+    pub finishing: Option<Instant>,
+}
+
+impl GroupTimes {
+    pub fn started(at: Instant) -> Self {
+        Self {
+            started: at,
+            finishing: None,
+        }
+    }
+}
+
+/// A rank's deadline from its own reports alone.
+fn own_deadline(
+    p: &RankProgress,
+    group_start: Instant,
+    cfg: &HangConfig,
+) -> Option<(Instant, String)> {
     if let Some((name, since)) = &p.phase {
         return Some((
             *since + cfg.phase_allowance(name),
@@ -144,10 +189,11 @@ fn deadline(p: &RankProgress, group_start: Instant, cfg: &HangConfig) -> Option<
     Some((at + allowance, format!("after step {step}")))
 }
 
-/// Decides whether the group of `ranks` (started at `group_start`) hangs at `now`.
+/// Decides whether the group of `ranks` (the ranks of its workers that still run) hangs
+/// at `now`.
 pub fn judge(
     now: Instant,
-    group_start: Instant,
+    group: &GroupTimes,
     ranks: &[RankProgress],
     cfg: &HangConfig,
 ) -> Verdict {
@@ -156,7 +202,7 @@ pub fn judge(
     }
     let judged: Vec<(&RankProgress, Instant, String)> = ranks
         .iter()
-        .filter_map(|p| deadline(p, group_start, cfg).map(|(d, what)| (p, d, what)))
+        .filter_map(|p| deadline(p, group, cfg).map(|(d, what)| (p, d, what)))
         .collect();
     let Some((late, at, what)) = judged
         .iter()
@@ -176,7 +222,7 @@ pub fn judge(
         .filter(|p| p.reported && p.last_step.map(|(s, _)| s) < furthest)
         .map(|p| p.rank)
         .collect();
-    let silent = now.saturating_duration_since(late.last_report.unwrap_or(group_start));
+    let silent = now.saturating_duration_since(late.last_report.unwrap_or(group.started));
     let mut reason = format!(
         "rank {} made no progress {what} for {:.1}s (allowed until {:.1}s ago)",
         late.rank,
@@ -243,13 +289,18 @@ mod tests {
         let mut saving = stepping(0, t0, &[(1, 0.2), (2, 0.4), (3, 0.6), (4, 0.8)]);
         saving.phase_begin("checkpoint", t0 + S);
         assert!(matches!(
-            judge(t0 + 1000 * S, t0, &[saving.clone()], &c),
+            judge(
+                t0 + 1000 * S,
+                &GroupTimes::started(t0),
+                &[saving.clone()],
+                &c
+            ),
             Verdict::Healthy { .. }
         ));
         let mut eval = stepping(0, t0, &[(1, 0.2), (2, 0.4), (3, 0.6), (4, 0.8)]);
         eval.phase_begin("eval", t0 + S);
         assert!(matches!(
-            judge(t0 + 1000 * S, t0, &[eval], &c),
+            judge(t0 + 1000 * S, &GroupTimes::started(t0), &[eval], &c),
             Verdict::Hung { .. }
         ));
     }
@@ -266,7 +317,12 @@ mod tests {
     fn a_rank_that_never_reports_is_never_judged() {
         let t0 = Instant::now();
         let quiet = [RankProgress::new(0), RankProgress::new(1)];
-        let v = judge(t0 + 10_000 * S, t0, &quiet, &cfg(HangTimeout::Fixed(S)));
+        let v = judge(
+            t0 + 10_000 * S,
+            &GroupTimes::started(t0),
+            &quiet,
+            &cfg(HangTimeout::Fixed(S)),
+        );
         assert_eq!(v, Verdict::Healthy { recheck_at: None });
     }
 
@@ -278,13 +334,13 @@ mod tests {
         let ranks = [stepping(0, t0, &steps), stepping(1, t0, &steps[..4])];
         let c = cfg(HangTimeout::Auto { min: S });
         let last = t0 + Duration::from_secs_f64(0.8);
-        match judge(t0 + S, t0, &ranks, &c) {
+        match judge(t0 + S, &GroupTimes::started(t0), &ranks, &c) {
             Verdict::Healthy { recheck_at } => {
                 assert_eq!(recheck_at, Some(last + 2 * S));
             }
             v => panic!("{v:?}"),
         }
-        match judge(last + 2 * S, t0, &ranks, &c) {
+        match judge(last + 2 * S, &GroupTimes::started(t0), &ranks, &c) {
             Verdict::Hung { behind, reason } => {
                 assert_eq!(behind, [1]);
                 assert!(
@@ -299,11 +355,11 @@ mod tests {
         let ranks = [stepping(0, t0, &fast)];
         let c = cfg(HangTimeout::Auto { min: 30 * S });
         assert!(matches!(
-            judge(t0 + 29 * S, t0, &ranks, &c),
+            judge(t0 + 29 * S, &GroupTimes::started(t0), &ranks, &c),
             Verdict::Healthy { .. }
         ));
         assert!(matches!(
-            judge(t0 + 31 * S, t0, &ranks, &c),
+            judge(t0 + 31 * S, &GroupTimes::started(t0), &ranks, &c),
             Verdict::Hung { .. }
         ));
     }
@@ -314,7 +370,7 @@ mod tests {
         let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
         let ranks = [stepping(0, t0, &steps), stepping(1, t0, &steps)];
         let c = cfg(HangTimeout::Auto { min: S });
-        match judge(t0 + 10 * S, t0, &ranks, &c) {
+        match judge(t0 + 10 * S, &GroupTimes::started(t0), &ranks, &c) {
             Verdict::Hung { behind, reason } => {
                 assert!(behind.is_empty());
                 assert!(reason.contains("on another node"), "{reason}");
@@ -331,17 +387,22 @@ mod tests {
         started.phase_end("load", t0 + S);
         let c = cfg(HangTimeout::Auto { min: S });
         assert!(matches!(
-            judge(t0 + 59 * S, t0, &[started.clone()], &c),
+            judge(
+                t0 + 59 * S,
+                &GroupTimes::started(t0),
+                &[started.clone()],
+                &c
+            ),
             Verdict::Healthy { .. }
         ));
         assert!(matches!(
-            judge(t0 + 61 * S, t0, &[started], &c),
+            judge(t0 + 61 * S, &GroupTimes::started(t0), &[started], &c),
             Verdict::Hung { .. }
         ));
         // One or two steps are not enough to know a step's length.
         let few = stepping(0, t0, &[(1, 0.1), (2, 0.2)]);
         assert!(matches!(
-            judge(t0 + 30 * S, t0, &[few], &c),
+            judge(t0 + 30 * S, &GroupTimes::started(t0), &[few], &c),
             Verdict::Healthy { .. }
         ));
     }
@@ -355,17 +416,91 @@ mod tests {
         let c = cfg(HangTimeout::Auto { min: S });
         // 3× the usual step and far more: still inside the phase allowance.
         assert!(matches!(
-            judge(t0 + 100 * S, t0, &[saving.clone()], &c),
+            judge(
+                t0 + 100 * S,
+                &GroupTimes::started(t0),
+                &[saving.clone()],
+                &c
+            ),
             Verdict::Healthy { .. }
         ));
-        match judge(t0 + 602 * S, t0, &[saving.clone()], &c) {
+        match judge(
+            t0 + 602 * S,
+            &GroupTimes::started(t0),
+            &[saving.clone()],
+            &c,
+        ) {
             Verdict::Hung { reason, .. } => assert!(reason.contains("checkpoint"), "{reason}"),
             v => panic!("{v:?}"),
         }
         saving.phase_end("checkpoint", t0 + 4 * S);
         assert!(matches!(
-            judge(t0 + 5 * S, t0, &[saving], &c),
+            judge(t0 + 5 * S, &GroupTimes::started(t0), &[saving], &c),
             Verdict::Healthy { .. }
+        ));
+    }
+
+    #[test]
+    fn once_a_worker_exited_0_the_others_get_the_finish_allowance() {
+        let t0 = Instant::now();
+        let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
+        let saving_at_the_end = [stepping(1, t0, &steps)];
+        let c = cfg(HangTimeout::Auto { min: S });
+        let last = t0 + Duration::from_secs_f64(1.0);
+        // Rank 0 exited 0 right after the last step: rank 1's final save is not a step.
+        let finishing = GroupTimes {
+            started: t0,
+            finishing: Some(last),
+        };
+        assert_eq!(
+            judge(last + 10 * S, &finishing, &saving_at_the_end, &c),
+            Verdict::Healthy {
+                recheck_at: Some(last + 600 * S)
+            }
+        );
+        match judge(last + 601 * S, &finishing, &saving_at_the_end, &c) {
+            Verdict::Hung { reason, .. } => {
+                assert!(reason.contains("while the group finishes"), "{reason}")
+            }
+            v => panic!("{v:?}"),
+        }
+        // Without the exit the same silence is a hang after 10 × 0.2 s.
+        assert!(matches!(
+            judge(
+                last + 10 * S,
+                &GroupTimes::started(t0),
+                &saving_at_the_end,
+                &c
+            ),
+            Verdict::Hung { .. }
+        ));
+        // A phase of its own that runs longer than the finish allowance keeps its deadline.
+        let mut c = c;
+        c.phases.insert("upload".into(), 7200 * S);
+        let mut uploading = stepping(1, t0, &steps);
+        uploading.phase_begin("upload", last);
+        assert!(matches!(
+            judge(last + 3600 * S, &finishing, &[uploading], &c),
+            Verdict::Healthy { .. }
+        ));
+    }
+
+    #[test]
+    fn the_finish_phase_reported_at_exit_has_its_own_allowance() {
+        let t0 = Instant::now();
+        let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
+        let mut exiting = stepping(0, t0, &steps);
+        exiting.phase_begin(FINISH, t0 + S);
+        let mut c = cfg(HangTimeout::Auto { min: S });
+        c.phases.insert(FINISH.into(), 120 * S);
+        let group = GroupTimes::started(t0);
+        assert!(matches!(
+            judge(t0 + 100 * S, &group, &[exiting.clone()], &c),
+            Verdict::Healthy { .. }
+        ));
+        assert!(matches!(
+            judge(t0 + 122 * S, &group, &[exiting], &c),
+            Verdict::Hung { .. }
         ));
     }
 
@@ -373,7 +508,12 @@ mod tests {
     fn off_judges_nobody() {
         let t0 = Instant::now();
         let ranks = [stepping(0, t0, &[(1, 0.1)])];
-        let v = judge(t0 + 10_000 * S, t0, &ranks, &cfg(HangTimeout::Off));
+        let v = judge(
+            t0 + 10_000 * S,
+            &GroupTimes::started(t0),
+            &ranks,
+            &cfg(HangTimeout::Off),
+        );
         assert_eq!(v, Verdict::Healthy { recheck_at: None });
     }
 }

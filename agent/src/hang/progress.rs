@@ -4,6 +4,7 @@
 //! <rank> step <n>        a step finished
 //! <rank> begin <phase>   a long phase starts (checkpoint, eval, ...)
 //! <rank> end <phase>     it ended
+//! <rank> begin finish    training is over (sent at the interpreter's exit by progress.py)
 //! ```
 //!
 //! Datagrams keep a worker's cost to one `sendto` with no connection to hold, and a worker

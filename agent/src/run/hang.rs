@@ -42,16 +42,26 @@ impl<R: Rendezvous> Loop<'_, R> {
         next
     }
 
-    /// The hang judge's verdict on the running group now (and the ranks' progress, for
-    /// the straggler metrics).
-    pub(super) fn hang_verdict(&self) -> Verdict {
+    /// The hang judge's verdict on the running `group` now (and the ranks' progress, for
+    /// the straggler metrics). Ranks whose workers exited are not judged (a crash is the
+    /// group's own event); once one exited 0 the group is finishing.
+    pub(super) fn hang_verdict(&mut self, group: &WorkerGroup) -> Verdict {
         let Some(p) = &self.progress else {
             return Verdict::Healthy { recheck_at: None };
         };
         let now = std::time::Instant::now();
-        let ranks = p.snapshot();
+        let mut ranks = p.snapshot();
         self.report.ranks(&ranks, now);
-        hang::judge(now, self.group_start, &ranks, &self.cfg.hang)
+        let workers = group.statuses();
+        let exited = |rank: u32| workers.iter().any(|w| w.rank == rank && w.exit.is_some());
+        if self.group_times.finishing.is_none()
+            && workers.iter().any(|w| w.exit.is_some_and(|e| e.success()))
+        {
+            // Seen at the latest one look (a second) after the exit: never early.
+            self.group_times.finishing = Some(now);
+        }
+        ranks.retain(|r| !exited(r.rank));
+        hang::judge(now, &self.group_times, &ranks, &self.cfg.hang)
     }
 
     /// The group hangs: capture where every worker is, then fail it like a crash (the

@@ -146,7 +146,7 @@ async fn supervise<R: Rendezvous>(
         last_round: None,
         progress: hang::progress_socket(cfg),
         file_timer: hang::file_timer(),
-        group_start: std::time::Instant::now(),
+        group_times: crate::hang::GroupTimes::started(std::time::Instant::now()),
         attempt: None,
         declared_hang: None,
         ledger: crate::policy::ProgressLedger::default(),
@@ -208,7 +208,7 @@ struct Loop<'a, R> {
     /// torchrun's file-timer watchdog, when `TORCHELASTIC_ENABLE_FILE_TIMER=1`.
     file_timer: Option<crate::hang::file_timer::FileTimer>,
     /// When the running group started, and its attempt directory (for hang dumps).
-    group_start: std::time::Instant,
+    group_times: crate::hang::GroupTimes,
     attempt: Option<PathBuf>,
     /// The round this node found hung, and its members: the culprit is named once every
     /// node had the chance to say where its ranks were.
@@ -356,7 +356,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         if let Some(t) = &self.file_timer {
             t.reset();
         }
-        self.group_start = std::time::Instant::now();
+        self.group_times = crate::hang::GroupTimes::started(std::time::Instant::now());
         let spec = GroupSpec {
             config: self.cfg,
             round: &round,
@@ -389,7 +389,7 @@ impl<R: Rendezvous> Loop<'_, R> {
     }
 
     async fn running(&mut self, round: Round, mut group: WorkerGroup) -> Result<Phase, AgentError> {
-        let deadline = match self.hang_verdict() {
+        let deadline = match self.hang_verdict(&group) {
             Verdict::Hung { behind, reason } => {
                 return Ok(self.hung(round, group, &behind, reason).await);
             }
