@@ -322,7 +322,7 @@ impl FlatOptimizer {
 
     /// The whole state (a collective when sharded: every rank must call it).
     pub fn full_state(&self, comm: &Comm) -> Result<FullState, C10dError> {
-        let cut = |t: Tensor| t.narrow(0, 0, self.total).copy();
+        let cut = |t: Tensor| host_copy(&t.narrow(0, 0, self.total));
         Ok(FullState {
             params: cut(self.flat.shallow_clone()),
             m: cut(self.gather(comm, &self.m)?),
@@ -346,6 +346,17 @@ impl FlatOptimizer {
             self.flat.copy_(&pad(&state.params, padded));
         });
         self.adam_step = adam_step;
+    }
+}
+
+/// An owned copy of `t` in host memory. A checkpoint is written from the host anyway;
+/// kept there, it loads on any device (a GPU run's checkpoint resumes on CPU), and a GPU
+/// rank never holds a second whole state beside the one it trains.
+pub(crate) fn host_copy(t: &Tensor) -> Tensor {
+    if t.device() == tch::Device::Cpu {
+        t.copy()
+    } else {
+        t.to_device(tch::Device::Cpu)
     }
 }
 

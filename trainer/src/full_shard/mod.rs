@@ -254,12 +254,13 @@ impl FullShard {
 
     /// The whole state, world-size independent, on the lead rank (`None` elsewhere). Every
     /// rank must call it: it gathers unit by unit, so the other ranks never hold more
-    /// than one unit; the lead holds the whole state it is about to save.
+    /// than one unit; the lead holds the whole state it is about to save, in host memory
+    /// (on a GPU, the model this sharding makes fit would not fit whole beside it).
     pub fn full_state(&self, comm: &Comm, lead: bool) -> Result<Option<FullState>, C10dError> {
         let total = self.numel();
         let mut out = Vec::new();
         for src in [&self.params, &self.m, &self.v] {
-            let dst = lead.then(|| Tensor::zeros([total], (Kind::Float, self.device)));
+            let dst = lead.then(|| Tensor::zeros([total], (Kind::Float, Device::Cpu)));
             for unit in &self.plan {
                 let mut whole =
                     Tensor::empty([unit.padded(self.world)], (Kind::Float, self.device));
