@@ -86,6 +86,9 @@ fn a_finished_job_exits_zero_everywhere_and_the_host_serves_until_the_others_are
     assert!(p0.stdout().contains("done host=pod0") && p1.stdout().contains("done host=pod1"));
     for p in [p0, p1] {
         assert!(p.stderr().contains("every node finished"), "{}", p.stderr());
+        // The members leaving a finished round end the job: nobody reports a re-form
+        // (the host, which stays longest, saw the others go).
+        assert!(!p.stderr().contains("re-form"), "{}", p.stderr());
     }
     assert!(
         !p0.stderr().contains("while agents still hold leases"),

@@ -219,6 +219,10 @@ fn a_finished_job_exits_zero_everywhere_and_the_run_id_can_be_reused() {
             "{}",
             p0.stderr()
         );
+        // The members leaving a finished round end the job: no node reports a re-form.
+        for p in [&p0, &p1] {
+            assert!(!p.stderr().contains("re-form"), "{}", p.stderr());
+        }
     }
 }
 

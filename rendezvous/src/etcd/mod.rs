@@ -797,14 +797,7 @@ impl Rendezvous for EtcdRendezvous {
                 if let Some(c) = v.corruption() {
                     return Err(RendezvousError::Corrupt(c));
                 }
-                let finished = v.done.get(&held.record.number);
-                let unfinished: Vec<String> = held
-                    .record
-                    .members
-                    .iter()
-                    .filter(|m| !finished.is_some_and(|d| d.contains(&m.node_id)))
-                    .map(|m| m.node_id.clone())
-                    .collect();
+                let unfinished = v.unfinished(&held.record);
                 if unfinished.is_empty() {
                     return Ok(Finish::AllDone);
                 }

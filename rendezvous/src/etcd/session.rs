@@ -917,16 +917,21 @@ impl Session {
             return Ok(());
         }
         let now = Instant::now().into_std();
-        let (obs, record) = {
+        let (obs, record, finished) = {
             let v = self.view.borrow();
             let obs = self.coordinator.observe(now, &v);
             let record = match &obs.decision {
                 SealDecision::Seal(p) => Some(round_record(p, &v, &obs.reason, crate::unix_ms())),
                 _ => None,
             };
-            (obs, record)
+            (obs, record, v.round_finished())
         };
-        if obs.new_reason {
+        // Once every member finished, the members leaving is the job ending: "re-forming
+        // (lost ...)" would read as a failure in the last lines of a successful run. The
+        // decision itself stands (a node joining a finished job still gets a round).
+        if obs.new_reason && finished {
+            tracing::debug!(reason = %obs.reason, "coordinator (the round finished)");
+        } else if obs.new_reason {
             tracing::info!(reason = %obs.reason, "coordinator");
         }
         match (obs.decision, record) {

@@ -84,6 +84,25 @@ fn decoded<T: Versioned>(
 }
 
 impl View {
+    /// The members of `round` whose workers have not all succeeded (none: it finished).
+    pub fn unfinished(&self, round: &v1::Round) -> Vec<String> {
+        let done = self.done.get(&round.number);
+        round
+            .members
+            .iter()
+            .filter(|m| !done.is_some_and(|d| d.contains(&m.node_id)))
+            .map(|m| m.node_id.clone())
+            .collect()
+    }
+
+    /// The current round finished: every member's workers succeeded and the members are
+    /// leaving, so their departures end the job rather than break the round.
+    pub fn round_finished(&self) -> bool {
+        self.round
+            .as_ref()
+            .is_some_and(|r| self.unfinished(&r.record).is_empty())
+    }
+
     /// The node whose fault report for `round` reached etcd first.
     pub fn first_fault(&self, round: u64) -> Option<String> {
         self.faults
@@ -309,6 +328,55 @@ mod tests {
         let rounds: Vec<u64> = v.hangs.keys().copied().collect();
         assert_eq!(rounds, [2, 3, 4, 5]);
         assert_eq!(v.hangs[&5].len(), 2);
+    }
+
+    #[test]
+    fn a_round_is_finished_once_every_member_reported_done() {
+        let keys = Keys::new("/fsdp", "r").unwrap();
+        let mut v = View::default();
+        assert!(!v.round_finished());
+        let member = |id: &str| v1::Member {
+            node_id: id.into(),
+            local_world_size: 1,
+            ..Default::default()
+        };
+        let round = v1::Round {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            number: 4,
+            members: vec![member("a"), member("b")],
+            ..Default::default()
+        };
+        v.put(&keys, &keys.round(), &round.encode_to_vec(), 1, 1, 0);
+        assert!(v.corruption().is_none(), "{:?}", v.corruption());
+        let done = |id: &str| v1::Done {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round: 4,
+            node_id: id.into(),
+        };
+        v.put(
+            &keys,
+            &keys.done(4, "a"),
+            &done("a").encode_to_vec(),
+            1,
+            2,
+            0,
+        );
+        assert_eq!(v.unfinished(&round), ["b"]);
+        assert!(!v.round_finished());
+        // Done in another round does not count.
+        let mut old = done("b");
+        old.round = 3;
+        v.put(&keys, &keys.done(3, "b"), &old.encode_to_vec(), 1, 3, 0);
+        assert!(!v.round_finished());
+        v.put(
+            &keys,
+            &keys.done(4, "b"),
+            &done("b").encode_to_vec(),
+            1,
+            4,
+            0,
+        );
+        assert!(v.unfinished(&round).is_empty() && v.round_finished());
     }
 
     #[test]
