@@ -198,8 +198,10 @@ fn full_sharding_gives_the_no_shard_losses_at_world_1_2_and_3() {
 /// Per-rank peak RSS (VmHWM) of one model under each strategy at world 2 and 4. Between
 /// steps `no_shard` holds parameters, gradients and both AdamW moments whole (16 bytes a
 /// parameter), `full` 1/world of each; while computing, `full` holds at most three
-/// units whole (the one computing, the one prefetched, the computing one's gradient). So
-/// `full` saves 16·N·(1 − 1/world) − 3·unit bytes against `no_shard`.
+/// units whole (the one computing, the one prefetched, the computing one's gradient), and
+/// at least the one computing. So `full` saves 16·N·(1 − 1/world) bytes against
+/// `no_shard`, less between one and three units (how many overlap at the peak depends on
+/// the threads' timing).
 #[test]
 fn full_sharding_has_the_lowest_peak_memory_and_saves_what_the_arithmetic_predicts() {
     let model = [
@@ -247,11 +249,14 @@ fn full_sharding_has_the_lowest_peak_memory_and_saves_what_the_arithmetic_predic
             "world {world}: peaks no_shard {no_shard}, shard_grad_op {grad_op}, full {full} MiB"
         );
         let w = f64::from(world);
-        let predicted = 16.0 * params as f64 * (1.0 - 1.0 / w) / mib - 3.0 * unit;
+        let sharded = 16.0 * params as f64 * (1.0 - 1.0 / w) / mib;
+        let (least, most) = (sharded - 3.0 * unit, sharded - unit);
+        // 10% either side for what the arithmetic does not count (allocator, threads).
+        let slack = 0.1 * least;
         let saved = no_shard - full;
         assert!(
-            (saved - predicted).abs() <= 0.15 * predicted,
-            "world {world}: full saves {saved:.1} MiB against no_shard, the arithmetic says {predicted:.1} MiB"
+            saved >= least - slack && saved <= most + slack,
+            "world {world}: full saves {saved:.1} MiB against no_shard, the arithmetic says {least:.1} to {most:.1} MiB"
         );
     }
 }
