@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 from progress import step  # noqa: E402
+from lines import say  # noqa: E402
 
 
 def main():
@@ -23,7 +24,7 @@ def main():
     rank = dist.get_rank()
     done = int(open(path).read()) if os.path.exists(path) else 0
     restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    print(f"start rank={rank} step={done} restart={restart}", flush=True)
+    say(f"start rank={rank} step={done} restart={restart}")
     while True:
         t = torch.ones(1)
         dist.all_reduce(t)

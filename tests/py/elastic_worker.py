@@ -12,6 +12,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from lines import say
 
 
 def main():
@@ -24,7 +25,7 @@ def main():
     step = int(open(path).read()) if os.path.exists(path) else 0
     host = socket.gethostname()
     restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    print(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()}", flush=True)
+    say(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()}")
     if fail_on == host or (fail_first and restart == "0"):
         raise SystemExit(3)
     first = True
@@ -35,7 +36,7 @@ def main():
             raise SystemExit(f"all_reduce gave {t.item()} in a world of {world}")
         if first:
             # For the benchmarks: when this group's first collective completed (wall clock).
-            print(f"allreduced host={host} rank={rank} world={world} t={time.time():.6f}", flush=True)
+            say(f"allreduced host={host} rank={rank} world={world} t={time.time():.6f}")
             first = False
         step += 1
         if rank == 0:
@@ -44,7 +45,7 @@ def main():
                 f.write(str(step))
             os.replace(tmp, path)
         time.sleep(0.05)
-    print(f"done host={host} rank={rank} world={world} step={step}", flush=True)
+    say(f"done host={host} rank={rank} world={world} step={step}")
     dist.destroy_process_group()
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 from progress import finish, phase, step  # noqa: E402
+from lines import say  # noqa: E402
 
 
 def stall_forever():
@@ -33,13 +34,13 @@ def main():
     rank = dist.get_rank()
     restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
     done = int(open(path).read()) if os.path.exists(path) else 0
-    print(f"start rank={rank} step={done} restart={restart} t={time.time():.3f}", flush=True)
+    say(f"start rank={rank} step={done} restart={restart} t={time.time():.3f}")
     while done < total:
         t = torch.ones(1)
         dist.all_reduce(t)
         done += 1
         if restart == "0" and rank == stall_rank and done == stall_at:
-            print(f"stall rank={rank} step={done} t={time.time():.3f}", flush=True)
+            say(f"stall rank={rank} step={done} t={time.time():.3f}")
             stall_forever()
         step(done)
         if rank == 0:
@@ -56,7 +57,7 @@ def main():
     # The group's teardown is not a step: under load it can take longer than the short
     # allowance these tests use.
     finish()
-    print(f"done rank={rank} step={done}", flush=True)
+    say(f"done rank={rank} step={done}")
     dist.destroy_process_group()
 
 

@@ -6,17 +6,18 @@ import time
 
 import torch.distributed as dist
 from torch.distributed.elastic import timer
+from lines import say
 
 
 def main():
     dist.init_process_group("gloo")
     rank, restart = dist.get_rank(), os.environ["TORCHELASTIC_RESTART_COUNT"]
     timer.configure(timer.FileTimerClient(file_path=os.environ["TORCHELASTIC_TIMER_FILE"]))
-    print(f"start rank={rank} restart={restart}", flush=True)
+    say(f"start rank={rank} restart={restart}")
     with timer.expires(after=1, scope="step"):
         time.sleep(60 if restart == "0" and rank == 1 else 0.1)
     dist.barrier()
-    print(f"done rank={rank}", flush=True)
+    say(f"done rank={rank}")
     dist.destroy_process_group()
 
 
