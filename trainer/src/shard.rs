@@ -350,9 +350,9 @@ impl FlatOptimizer {
 }
 
 /// An owned copy of `t` in host memory. A checkpoint is written from the host anyway;
-/// kept there, it loads on any device (a GPU run's checkpoint resumes on CPU), and a GPU
-/// rank never holds a second whole state beside the one it trains.
-pub(crate) fn host_copy(t: &Tensor) -> Tensor {
+/// kept there, it loads on any device (a GPU run's checkpoint resumes on CPU), and the
+/// saved copy takes no GPU memory.
+fn host_copy(t: &Tensor) -> Tensor {
     if t.device() == tch::Device::Cpu {
         t.copy()
     } else {

@@ -284,23 +284,19 @@ mod tests {
     #[test]
     fn a_named_phase_gets_its_own_allowance() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         let mut c = cfg(HangTimeout::Auto { min: S });
         c.phases.insert("checkpoint".into(), 3000 * S);
         let mut saving = stepping(0, t0, &[(1, 0.2), (2, 0.4), (3, 0.6), (4, 0.8)]);
         saving.phase_begin("checkpoint", t0 + S);
         assert!(matches!(
-            judge(
-                t0 + 1000 * S,
-                &GroupTimes::started(t0),
-                &[saving.clone()],
-                &c
-            ),
+            judge(t0 + 1000 * S, &g, &[saving.clone()], &c),
             Verdict::Healthy { .. }
         ));
         let mut eval = stepping(0, t0, &[(1, 0.2), (2, 0.4), (3, 0.6), (4, 0.8)]);
         eval.phase_begin("eval", t0 + S);
         assert!(matches!(
-            judge(t0 + 1000 * S, &GroupTimes::started(t0), &[eval], &c),
+            judge(t0 + 1000 * S, &g, &[eval], &c),
             Verdict::Hung { .. }
         ));
     }
@@ -316,31 +312,28 @@ mod tests {
     #[test]
     fn a_rank_that_never_reports_is_never_judged() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         let quiet = [RankProgress::new(0), RankProgress::new(1)];
-        let v = judge(
-            t0 + 10_000 * S,
-            &GroupTimes::started(t0),
-            &quiet,
-            &cfg(HangTimeout::Fixed(S)),
-        );
+        let v = judge(t0 + 10_000 * S, &g, &quiet, &cfg(HangTimeout::Fixed(S)));
         assert_eq!(v, Verdict::Healthy { recheck_at: None });
     }
 
     #[test]
     fn the_automatic_timeout_follows_the_steps_with_a_floor() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         // Steps of 0.2 s: the allowance is max(10 × 0.2 s, 1 s) = 2 s after the last.
         let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
         let ranks = [stepping(0, t0, &steps), stepping(1, t0, &steps[..4])];
         let c = cfg(HangTimeout::Auto { min: S });
         let last = t0 + Duration::from_secs_f64(0.8);
-        match judge(t0 + S, &GroupTimes::started(t0), &ranks, &c) {
+        match judge(t0 + S, &g, &ranks, &c) {
             Verdict::Healthy { recheck_at } => {
                 assert_eq!(recheck_at, Some(last + 2 * S));
             }
             v => panic!("{v:?}"),
         }
-        match judge(last + 2 * S, &GroupTimes::started(t0), &ranks, &c) {
+        match judge(last + 2 * S, &g, &ranks, &c) {
             Verdict::Hung { behind, reason } => {
                 assert_eq!(behind, [1]);
                 assert!(
@@ -355,11 +348,11 @@ mod tests {
         let ranks = [stepping(0, t0, &fast)];
         let c = cfg(HangTimeout::Auto { min: 30 * S });
         assert!(matches!(
-            judge(t0 + 29 * S, &GroupTimes::started(t0), &ranks, &c),
+            judge(t0 + 29 * S, &g, &ranks, &c),
             Verdict::Healthy { .. }
         ));
         assert!(matches!(
-            judge(t0 + 31 * S, &GroupTimes::started(t0), &ranks, &c),
+            judge(t0 + 31 * S, &g, &ranks, &c),
             Verdict::Hung { .. }
         ));
     }
@@ -367,10 +360,11 @@ mod tests {
     #[test]
     fn ranks_all_at_the_same_step_point_at_another_node() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
         let ranks = [stepping(0, t0, &steps), stepping(1, t0, &steps)];
         let c = cfg(HangTimeout::Auto { min: S });
-        match judge(t0 + 10 * S, &GroupTimes::started(t0), &ranks, &c) {
+        match judge(t0 + 10 * S, &g, &ranks, &c) {
             Verdict::Hung { behind, reason } => {
                 assert!(behind.is_empty());
                 assert!(reason.contains("on another node"), "{reason}");
@@ -382,27 +376,23 @@ mod tests {
     #[test]
     fn the_first_steps_get_the_startup_allowance() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         let mut started = RankProgress::new(0);
         started.phase_begin("load", t0);
         started.phase_end("load", t0 + S);
         let c = cfg(HangTimeout::Auto { min: S });
         assert!(matches!(
-            judge(
-                t0 + 59 * S,
-                &GroupTimes::started(t0),
-                &[started.clone()],
-                &c
-            ),
+            judge(t0 + 59 * S, &g, &[started.clone()], &c),
             Verdict::Healthy { .. }
         ));
         assert!(matches!(
-            judge(t0 + 61 * S, &GroupTimes::started(t0), &[started], &c),
+            judge(t0 + 61 * S, &g, &[started], &c),
             Verdict::Hung { .. }
         ));
         // One or two steps are not enough to know a step's length.
         let few = stepping(0, t0, &[(1, 0.1), (2, 0.2)]);
         assert!(matches!(
-            judge(t0 + 30 * S, &GroupTimes::started(t0), &[few], &c),
+            judge(t0 + 30 * S, &g, &[few], &c),
             Verdict::Healthy { .. }
         ));
     }
@@ -410,32 +400,23 @@ mod tests {
     #[test]
     fn a_long_phase_is_not_a_hang_until_its_own_allowance_runs_out() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
         let mut saving = stepping(0, t0, &steps);
         saving.phase_begin("checkpoint", t0 + S);
         let c = cfg(HangTimeout::Auto { min: S });
         // 3× the usual step and far more: still inside the phase allowance.
         assert!(matches!(
-            judge(
-                t0 + 100 * S,
-                &GroupTimes::started(t0),
-                &[saving.clone()],
-                &c
-            ),
+            judge(t0 + 100 * S, &g, &[saving.clone()], &c),
             Verdict::Healthy { .. }
         ));
-        match judge(
-            t0 + 602 * S,
-            &GroupTimes::started(t0),
-            &[saving.clone()],
-            &c,
-        ) {
+        match judge(t0 + 602 * S, &g, &[saving.clone()], &c) {
             Verdict::Hung { reason, .. } => assert!(reason.contains("checkpoint"), "{reason}"),
             v => panic!("{v:?}"),
         }
         saving.phase_end("checkpoint", t0 + 4 * S);
         assert!(matches!(
-            judge(t0 + 5 * S, &GroupTimes::started(t0), &[saving], &c),
+            judge(t0 + 5 * S, &g, &[saving], &c),
             Verdict::Healthy { .. }
         ));
     }
@@ -443,6 +424,7 @@ mod tests {
     #[test]
     fn once_a_worker_exited_0_the_others_get_the_finish_allowance() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
         let saving_at_the_end = [stepping(1, t0, &steps)];
         let c = cfg(HangTimeout::Auto { min: S });
@@ -466,12 +448,7 @@ mod tests {
         }
         // Without the exit the same silence is a hang after 10 × 0.2 s.
         assert!(matches!(
-            judge(
-                last + 10 * S,
-                &GroupTimes::started(t0),
-                &saving_at_the_end,
-                &c
-            ),
+            judge(last + 10 * S, &g, &saving_at_the_end, &c),
             Verdict::Hung { .. }
         ));
         // A phase of its own that runs longer than the finish allowance keeps its deadline.
@@ -488,18 +465,18 @@ mod tests {
     #[test]
     fn the_finish_phase_reported_at_exit_has_its_own_allowance() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         let steps: Vec<(u64, f64)> = (1..=5).map(|n| (n, 0.2 * n as f64)).collect();
         let mut exiting = stepping(0, t0, &steps);
         exiting.phase_begin(FINISH, t0 + S);
         let mut c = cfg(HangTimeout::Auto { min: S });
         c.phases.insert(FINISH.into(), 120 * S);
-        let group = GroupTimes::started(t0);
         assert!(matches!(
-            judge(t0 + 100 * S, &group, &[exiting.clone()], &c),
+            judge(t0 + 100 * S, &g, &[exiting.clone()], &c),
             Verdict::Healthy { .. }
         ));
         assert!(matches!(
-            judge(t0 + 122 * S, &group, &[exiting], &c),
+            judge(t0 + 122 * S, &g, &[exiting], &c),
             Verdict::Hung { .. }
         ));
     }
@@ -507,13 +484,9 @@ mod tests {
     #[test]
     fn off_judges_nobody() {
         let t0 = Instant::now();
+        let g = GroupTimes::started(t0);
         let ranks = [stepping(0, t0, &[(1, 0.1)])];
-        let v = judge(
-            t0 + 10_000 * S,
-            &GroupTimes::started(t0),
-            &ranks,
-            &cfg(HangTimeout::Off),
-        );
+        let v = judge(t0 + 10_000 * S, &g, &ranks, &cfg(HangTimeout::Off));
         assert_eq!(v, Verdict::Healthy { recheck_at: None });
     }
 }

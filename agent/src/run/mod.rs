@@ -207,7 +207,8 @@ struct Loop<'a, R> {
     progress: Option<Progress>,
     /// torchrun's file-timer watchdog, when `TORCHELASTIC_ENABLE_FILE_TIMER=1`.
     file_timer: Option<crate::hang::file_timer::FileTimer>,
-    /// When the running group started, and its attempt directory (for hang dumps).
+    /// When the running group started and since when it is finishing (for the hang
+    /// judge), and its attempt directory (for hang dumps).
     group_times: crate::hang::GroupTimes,
     attempt: Option<PathBuf>,
     /// The round this node found hung, and its members: the culprit is named once every

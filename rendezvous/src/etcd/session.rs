@@ -929,10 +929,12 @@ impl Session {
         // Once every member finished, the members leaving is the job ending: "re-forming
         // (lost ...)" would read as a failure in the last lines of a successful run. The
         // decision itself stands (a node joining a finished job still gets a round).
-        if obs.new_reason && finished {
-            tracing::debug!(reason = %obs.reason, "coordinator (the round finished)");
-        } else if obs.new_reason {
-            tracing::info!(reason = %obs.reason, "coordinator");
+        match (obs.new_reason, finished) {
+            (true, true) => {
+                tracing::debug!(reason = %obs.reason, "coordinator (the round finished)")
+            }
+            (true, false) => tracing::info!(reason = %obs.reason, "coordinator"),
+            (false, _) => {}
         }
         match (obs.decision, record) {
             (SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at }, _) => {
