@@ -507,16 +507,16 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
         });
     }
     let done = v.done.get(&held.number);
+    // Only the registration the round was sealed from counts: a node that lost its lease
+    // and registered again is a new registration, and its old one's departure says nothing
+    // about a round sealed with the new one (read as a loss, that departure broke every
+    // later round before it started: a livelock).
     // A member that finished and left is not lost: it is waiting to exit or has exited 0.
-    let departed = |id: &str| {
-        v.departed.get(id).is_some_and(|t| *t >= since) && !done.is_some_and(|d| d.contains(id))
-    };
-    if departed(me) {
-        return Some(Change::MemberLost {
-            node: me.to_owned(),
-        });
-    }
-    if let Some(m) = held.members.iter().find(|m| departed(&m.node_id)) {
+    let departed =
+        |m: &v1::Member| v.departed_since(m, since) && !done.is_some_and(|d| d.contains(&m.node_id));
+    let mine = held.members.iter().find(|m| m.node_id == me);
+    let others = held.members.iter().filter(|m| m.node_id != me);
+    if let Some(m) = mine.into_iter().chain(others).find(|m| departed(m)) {
         return Some(Change::MemberLost {
             node: m.node_id.clone(),
         });
@@ -860,7 +860,7 @@ mod tests {
         let since = Instant::now();
         let mut v = view_with_round(&["ghost", "me"]);
         assert!(matches!(step(&v, "me", 2, 3, None, since), Ok(Step::Wait)));
-        v.departed.insert("ghost".into(), Instant::now());
+        v.depart("ghost", 0, Instant::now());
         match step(&v, "me", 2, 3, None, since) {
             Ok(Step::Broken {
                 next: 4,
@@ -868,6 +868,47 @@ mod tests {
             }) => assert_eq!(node, "ghost"),
             other => panic!("expected a broken round, got {:?}", other.map(|_| ())),
         }
+    }
+
+    /// The livelock outside testing found (issue 26): an agent frozen past its lease saw its
+    /// own old registration deleted while it waited for the next round, and read that
+    /// departure as a loss in every round sealed after it, with its new registration:
+    /// "the round broke before it started" ~600 times a second.
+    #[test]
+    fn a_departure_of_an_earlier_incarnation_breaks_no_later_round() {
+        let since = Instant::now();
+        let mut v = view_with_round(&["me", "peer"]);
+        for m in &mut v.round.as_mut().unwrap().record.members {
+            m.incarnation = 2;
+        }
+        // Both nodes' first registrations went after this agent started waiting (its own
+        // expired lease, a peer's restart), and both registered again.
+        v.depart("me", 1, Instant::now());
+        v.depart("peer", 1, Instant::now());
+        assert!(matches!(
+            step(&v, "me", 2, 3, None, since),
+            Ok(Step::PublishMaster { round: 3 })
+        ));
+        let held = v.round.clone().unwrap().record;
+        assert_eq!(detect(&v, &held, "me", since), None);
+        // The incarnation the round names going (or a later one) is a loss, as before.
+        v.depart("peer", 2, Instant::now());
+        assert_eq!(
+            detect(&v, &held, "me", since),
+            Some(Change::MemberLost { node: "peer".into() })
+        );
+        v.depart("me", 3, Instant::now());
+        assert_eq!(
+            detect(&v, &held, "me", since),
+            Some(Change::MemberLost { node: "me".into() })
+        );
+        // A departure whose incarnation nobody knew (a record of an older agent) counts.
+        let mut v = view_with_round(&["me", "peer"]);
+        v.depart("peer", u64::MAX, Instant::now());
+        assert!(matches!(
+            step(&v, "me", 2, 3, None, since),
+            Ok(Step::Broken { next: 4, .. })
+        ));
     }
 
     #[test]
@@ -907,7 +948,7 @@ mod tests {
         let since = Instant::now();
         let mut v = view_with_round(&["a", "b"]);
         let held = v.round.clone().unwrap().record;
-        v.departed.insert("b".into(), Instant::now());
+        v.depart("b", 0, Instant::now());
         v.done.entry(3).or_default().insert("b".into());
         assert_eq!(detect(&v, &held, "a", since), None);
         v.done.clear();

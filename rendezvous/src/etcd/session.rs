@@ -27,7 +27,7 @@ use super::connect::{self, EtcdOptions, transient};
 use super::coordinator::{Coordinator, round_record};
 use super::keys::Keys;
 use super::probe::{self, Prober, SharedClock};
-use super::view::View;
+use super::view::{Departed, View};
 use crate::fence::LeaseClock;
 use crate::seal::{SealConfig, SealDecision};
 use crate::{Departure, RendezvousError, port};
@@ -198,6 +198,9 @@ pub struct Session {
     lease: i64,
     /// The registration to write again whenever the lease is new.
     member: Option<v1::Member>,
+    /// This agent's registrations so far ([`v1::Member`]'s `incarnation`): a new lease, or
+    /// a registration written again after its key was deleted, is the next one.
+    incarnation: u64,
     /// The round this agent runs.
     running: Option<v1::Round>,
     coordinator: Coordinator,
@@ -259,6 +262,7 @@ impl Session {
             errors: s.errors,
             lease: s.lease,
             member: None,
+            incarnation: 1,
             running: None,
             coordinator: Coordinator::new(s.seal, Instant::now().into_std()),
             failures: 0,
@@ -508,18 +512,21 @@ impl Session {
     /// lacks left while we were switching watches.
     fn install(&mut self, mut fresh: View, voluntary: bool) {
         let now = Instant::now().into_std();
-        let mine: Vec<String> = self
+        let mine: Vec<(String, u64)> = self
             .running
             .iter()
-            .flat_map(|r| r.members.iter().map(|m| m.node_id.clone()))
+            .flat_map(|r| r.members.iter())
+            .map(|m| (m.node_id.clone(), m.incarnation))
             .collect();
         self.view.send_modify(|v| {
             fresh.departed = std::mem::take(&mut v.departed);
             fresh.lease_safe_until = v.lease_safe_until;
             if voluntary {
-                let known = v.members.keys().cloned().chain(mine);
-                for id in known.filter(|id| !fresh.members.contains_key(id)) {
-                    fresh.departed.entry(id).or_insert(now);
+                let known = v.members.iter().map(|(id, m)| (id.clone(), m.record.incarnation));
+                for (id, incarnation) in known.chain(mine) {
+                    if !fresh.members.contains_key(&id) {
+                        fresh.departed.entry(id).or_insert(Departed { at: now, incarnation });
+                    }
                 }
             }
             *v = fresh;
@@ -714,7 +721,10 @@ impl Session {
                         kv.mod_revision(),
                         kv.lease(),
                     ),
-                    EventType::Delete => v.delete(keys, key, now),
+                    EventType::Delete => {
+                        let prev = ev.prev_kv().map(|p| p.value());
+                        v.delete(keys, key, now, prev);
+                    }
                 }
             }
         });
@@ -735,6 +745,7 @@ impl Session {
             "the lease was gone; granted a new one"
         );
         self.lease = grant.id();
+        self.incarnation += 1;
         Ok(())
     }
 
@@ -752,13 +763,18 @@ impl Session {
         let expired = self
             .lease_clock(|c| c.safe_until())
             .is_none_or(|s| now >= s);
-        if expired && self.running.is_some() {
+        if let Some(reg) = self.my_registration().filter(|_| expired) {
             tracing::warn!("the lease expired while this node ran a round: it was evicted");
             let me = self.node_id.clone();
-            self.view.send_modify(|v| {
-                v.departed.insert(me, now);
-            });
+            self.view.send_modify(|v| v.depart(&me, reg, now));
         }
+    }
+
+    /// This node's incarnation in the round it runs, if it runs one.
+    fn my_registration(&self) -> Option<u64> {
+        let r = self.running.as_ref()?;
+        let me = r.members.iter().find(|m| m.node_id == self.node_id)?;
+        Some(me.incarnation)
     }
 
     /// After fencing: revoke the lease (the others see this node leave at once; one that
@@ -777,7 +793,7 @@ impl Session {
                 &self.keys,
                 &self.node_id,
                 self.member.as_ref(),
-                self.lease,
+                (self.lease, self.incarnation),
                 false,
             );
             self.client.txn(txn).await?;
@@ -791,7 +807,7 @@ impl Session {
         if self.view.borrow().coordinator.is_some() || self.member.is_none() {
             return Ok(());
         }
-        let txn = registration(&self.keys, &self.node_id, None, self.lease, true);
+        let txn = registration(&self.keys, &self.node_id, None, (self.lease, 0), true);
         let won = self.client.txn(txn).await?.succeeded();
         self.wrote();
         if won {
@@ -839,10 +855,13 @@ impl Session {
             (present, round_missing, evicted)
         };
         if evicted {
+            // Registered again below, as a new incarnation: the old one's departure is
+            // not the new one's.
+            self.incarnation += 1;
+        }
+        if let Some(reg) = self.my_registration().filter(|_| evicted) {
             let (me, now) = (self.node_id.clone(), Instant::now().into_std());
-            self.view.send_modify(|v| {
-                v.departed.insert(me, now);
-            });
+            self.view.send_modify(|v| v.depart(&me, reg, now));
         }
         if !alive {
             self.lease_gone();
@@ -897,13 +916,15 @@ impl Session {
             .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&prefix))
             .collect();
         let now = Instant::now().into_std();
+        // By node, not by incarnation: after etcd came back empty every member registers
+        // again as a new incarnation, and the round goes on.
         self.view.send_modify(|v| {
             for m in mine
                 .members
                 .iter()
                 .filter(|m| !present.contains(m.node_id.as_str()))
             {
-                v.departed.insert(m.node_id.clone(), now);
+                v.depart(&m.node_id, m.incarnation, now);
             }
         });
         Ok(())
@@ -1031,15 +1052,16 @@ impl Session {
             local_world_size: self.local_world_size,
             wants_round,
             status_addr: self.status_addr.clone(),
-            // Set to the lease it is written with (`registration`).
+            // Set to the lease and incarnation it is written with (`registration`).
             lease: 0,
+            incarnation: 0,
         };
         self.member = Some(member.clone());
         let claiming = self.view.borrow().coordinator.is_none();
         let (keys, me) = (self.keys.clone(), self.node_id.clone());
         let won = self
-            .with_live_lease("registering this node", |mut client, lease| {
-                let txn = registration(&keys, &me, Some(&member), lease, claiming);
+            .with_live_lease("registering this node", |mut client, held| {
+                let txn = registration(&keys, &me, Some(&member), held, claiming);
                 async move { client.txn(txn).await.map(|r| r.succeeded()) }
             })
             .await?;
@@ -1059,7 +1081,7 @@ impl Session {
             port: u32::from(port),
         };
         let key = self.keys.master();
-        self.with_live_lease("publishing the master address", |mut client, lease| {
+        self.with_live_lease("publishing the master address", |mut client, (lease, _)| {
             let (key, value) = (key.clone(), master.encode_to_vec());
             let opts = PutOptions::new().with_lease(lease);
             async move { client.put(key, value, Some(opts)).await.map(drop) }
@@ -1111,9 +1133,11 @@ impl Session {
     }
 
     async fn withdraw(&mut self, record: &v1::Unhealthy) -> Result<(), RendezvousError> {
-        // Out of every round until it registers again: nothing of ours to put back.
+        // Out of every round until it registers again: nothing of ours to put back, and
+        // the next registration is a new incarnation.
         self.member = None;
         self.running = None;
+        self.incarnation += 1;
         let coordinating = self.view.borrow().coordinator.as_deref() == Some(&self.node_id);
         let mut ops = vec![
             TxnOp::delete(self.keys.member(&self.node_id), None),
@@ -1268,7 +1292,7 @@ impl Session {
         }
     }
 
-    /// Runs `request` with the current lease; when etcd no longer has that lease (this
+    /// Runs `request` with the current lease (and this agent's incarnation on it); when etcd no longer has that lease (this
     /// agent was frozen past its TTL, or etcd lost it) a new one is granted and the request
     /// runs again with it, so the agent rejoins as a new node instead of exiting.
     async fn with_live_lease<T, F, Fut>(
@@ -1277,12 +1301,12 @@ impl Session {
         mut request: F,
     ) -> Result<T, RendezvousError>
     where
-        F: FnMut(Client, i64) -> Fut,
+        F: FnMut(Client, (i64, u64)) -> Fut,
         Fut: std::future::Future<Output = EtcdResult<T>>,
     {
         // A second refusal right after a fresh grant is not a stale lease: report it.
         for attempt in 0..2 {
-            match request(self.client.clone(), self.lease).await {
+            match request(self.client.clone(), (self.lease, self.incarnation)).await {
                 Err(e) if attempt == 0 && lease_not_found(&e) => {
                     self.lease_gone();
                     self.renew_lease()
@@ -1317,14 +1341,18 @@ fn registration(
     keys: &Keys,
     node_id: &str,
     member: Option<&v1::Member>,
-    lease: i64,
+    (lease, incarnation): (i64, u64),
     claim: bool,
 ) -> Txn {
     // A registration says the node is healthy again: its unhealthy record goes with it.
     let put_member: Vec<TxnOp> = member
         .map(|m| {
             let opts = PutOptions::new().with_lease(lease);
-            let record = v1::Member { lease, ..m.clone() };
+            let record = v1::Member {
+                lease,
+                incarnation,
+                ..m.clone()
+            };
             [
                 TxnOp::put(keys.member(&m.node_id), record.encode_to_vec(), Some(opts)),
                 TxnOp::delete(keys.unhealthy(&m.node_id), None),

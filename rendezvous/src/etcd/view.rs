@@ -23,6 +23,14 @@ pub struct RoundEntry {
     pub mod_rev: i64,
 }
 
+/// A member key seen deleted: which incarnation of the node went ([`v1::Member`]'s
+/// `incarnation`; `u64::MAX` when unknown, so that it counts for any), and when it was seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Departed {
+    pub at: Instant,
+    pub incarnation: u64,
+}
+
 /// Rounds whose hang reports a view keeps.
 const HANG_ROUNDS_KEPT: usize = 4;
 /// Rounds whose faults a view keeps (quarantine looks at the last few failed rounds).
@@ -35,8 +43,9 @@ pub struct View {
     /// Registered members. Complete for the coordinator; for other agents, the last
     /// snapshot minus departures (they do not receive registrations).
     pub members: BTreeMap<String, MemberEntry>,
-    /// Members whose key was deleted (lease expired or revoked), with when it was seen.
-    pub departed: BTreeMap<String, Instant>,
+    /// Members whose key was deleted (lease expired or revoked): the registration that
+    /// went, and when it was seen. A later registration of the same node is not departed.
+    pub departed: BTreeMap<String, Departed>,
     pub round: Option<RoundEntry>,
     pub master: Option<v1::Master>,
     pub failures: BTreeSet<u64>,
@@ -110,6 +119,26 @@ impl View {
             .iter()
             .min_by_key(|(node, rev)| (**rev, (*node).clone()))
             .map(|(node, _)| node.clone())
+    }
+
+    /// Whether `m` (a member as a round names it) was seen to go at or after `since`: its
+    /// own incarnation or a later one. An earlier incarnation's departure is not: the
+    /// node registered again since, and the round was sealed with the new registration.
+    pub fn departed_since(&self, m: &v1::Member, since: Instant) -> bool {
+        self.departed
+            .get(&m.node_id)
+            .is_some_and(|d| d.at >= since && d.incarnation >= m.incarnation)
+    }
+
+    /// Records that incarnation `incarnation` of `node` went, seen at `now`.
+    pub fn depart(&mut self, node: &str, incarnation: u64, now: Instant) {
+        self.departed.insert(
+            node.to_owned(),
+            Departed {
+                at: now,
+                incarnation,
+            },
+        );
     }
 
     /// The halt of the run, if a node ended it.
@@ -229,12 +258,18 @@ impl View {
         }
     }
 
-    /// Applies a delete of `key`, seen at `now`.
-    pub fn delete(&mut self, keys: &Keys, key: &str, now: Instant) {
+    /// Applies a delete of `key`, seen at `now`; `prev` is the deleted value when the
+    /// event carried it.
+    pub fn delete(&mut self, keys: &Keys, key: &str, now: Instant, prev: Option<&[u8]>) {
         self.corrupt.remove(key);
         if let Some(id) = key.strip_prefix(&keys.members()) {
-            self.members.remove(id);
-            self.departed.insert(id.to_owned(), now);
+            let known = self.members.remove(id).map(|m| m.record.incarnation);
+            let went = prev
+                .and_then(|value| decode::<v1::Member>(key, value).ok())
+                .map(|m| m.incarnation)
+                .or(known)
+                .unwrap_or(u64::MAX);
+            self.depart(id, went, now);
         } else if key == keys.round() {
             self.round = None;
         } else if key == keys.master() {
@@ -387,12 +422,23 @@ mod tests {
             schema: fsdp_proto::SCHEMA_VERSION,
             node_id: "a".into(),
             local_world_size: 1,
+            incarnation: 3,
             ..Default::default()
         };
         v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 5, 5, 7);
         assert!(v.members.contains_key("a"));
-        v.delete(&keys, &keys.member("a"), Instant::now());
+        v.delete(&keys, &keys.member("a"), Instant::now(), None);
         assert!(!v.members.contains_key("a") && v.departed.contains_key("a"));
+        // The incarnation that went is the one the view knew; a later one did not go.
+        let d = v.departed["a"];
+        assert_eq!(d.incarnation, 3);
+        let mut later = m.clone();
+        assert!(v.departed_since(&later, d.at));
+        later.incarnation = 4;
+        assert!(!v.departed_since(&later, d.at));
+        // A delete that carries the old value says which incarnation went.
+        v.delete(&keys, &keys.member("a"), d.at, Some(&later.encode_to_vec()));
+        assert!(v.departed_since(&later, d.at));
     }
 
     #[test]
