@@ -24,6 +24,7 @@ pub mod etcd;
 pub mod fence;
 pub mod fixed;
 mod host;
+pub mod pace;
 pub mod port;
 pub mod ranks;
 pub mod seal;
@@ -63,6 +64,17 @@ pub struct Round {
     /// When the round was sealed (Unix ms): the end of a restart window, the same for
     /// every node.
     pub sealed_at_ms: u64,
+}
+
+/// What a backend counts for the agent's metrics; shared with its tasks.
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// Errors it recovered from by itself (lost etcd connections, failed keep-alives).
+    pub errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Rounds this agent sealed as the coordinator.
+    pub rounds_sealed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Times the coordinator held a round back because rounds came too fast ([`pace`]).
+    pub seals_held: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Charged restarts whose times a round keeps.
@@ -276,9 +288,9 @@ pub trait Rendezvous {
         None
     }
 
-    /// Where the backend counts the errors it recovered from by itself (e.g. lost etcd
-    /// connections), when it can have any.
-    fn error_counter(&self) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+    /// Where the backend counts what the agent's metrics export (errors it recovered from
+    /// by itself, rounds it sealed), when it can have any.
+    fn counters(&self) -> Option<Counters> {
         None
     }
 

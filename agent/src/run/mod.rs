@@ -128,7 +128,7 @@ async fn supervise<R: Rendezvous>(
     report: &mut Reporter,
 ) -> Result<AgentExit, AgentError> {
     let host = fsdp_rendezvous::hostname();
-    report.node(rdzv.node_id().unwrap_or(&host), rdzv.error_counter());
+    report.node(rdzv.node_id().unwrap_or(&host), rdzv.counters());
     let run_dir = log_root(cfg)?;
     if let Some(dir) = &run_dir {
         tracing::info!(log_dir = %dir.display(), "worker logs and error files");
@@ -496,6 +496,16 @@ impl<R: Rendezvous> Loop<'_, R> {
                     return self.leave_halted(exit_code, &reason);
                 }
             }
+            Change::Fenced { .. } => {
+                if let Err(sig) = self.charge_own_loss(&change).await {
+                    return signalled(sig);
+                }
+            }
+            Change::MemberLost { node } if self.rdzv.node_id() == Some(node.as_str()) => {
+                if let Err(sig) = self.charge_own_loss(&change).await {
+                    return signalled(sig);
+                }
+            }
             _ => {}
         }
         self.report.show(
@@ -587,6 +597,25 @@ impl<R: Rendezvous> Loop<'_, R> {
         // Our workers may have failed because another node stopped its hung ones.
         self.answer_hang(&round).await;
         Ok(Phase::Join)
+    }
+
+    /// This node lost its place in its round by its own fault (it fenced itself, or its
+    /// lease expired while it was frozen or cut off): its workers were stopped as if they
+    /// had failed, and the job is charged a restart like a worker failure. The coordinator
+    /// charges it only if the round lost no other member, so the survivors of a group that
+    /// went on without this node are not charged; a node alone in its job is, and its
+    /// workers see the restart count move (without it, a worker whose start freezes its
+    /// node would start again with the same count forever).
+    async fn charge_own_loss(&mut self, change: &Change) -> Result<(), Signal> {
+        tracing::warn!(
+            change = %describe(change),
+            "this node lost its place in the group; charging a restart"
+        );
+        match Self::interruptible(self.signals, self.rdzv.record_failure()).await? {
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not charge the restart"),
+        }
+        Ok(())
     }
 
     /// The members of the last round that `round` lacks were lost: says how each loss was

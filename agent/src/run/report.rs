@@ -2,8 +2,6 @@
 //! metrics) follows the phases through this one reporter, so the loop's decisions carry
 //! no bookkeeping of their own.
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use fsdp_proto::v1::Phase as Shown;
@@ -33,9 +31,9 @@ impl Reporter {
         }
     }
 
-    /// Names this node and where its backend counts the errors it recovered from.
-    pub fn node(&self, node_id: &str, backend_errors: Option<Arc<AtomicU64>>) {
-        self.board.set_node(node_id, backend_errors);
+    /// Names this node and where its backend counts what the metrics export.
+    pub fn node(&self, node_id: &str, counters: Option<fsdp_rendezvous::Counters>) {
+        self.board.set_node(node_id, counters);
     }
 
     /// A round was sealed with this node in it.

@@ -176,6 +176,16 @@ pub fn render(s: &Snapshot) -> String {
          fsdp_agent_rendezvous_errors_total {}",
         s.rendezvous_errors
     );
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_rounds_sealed_total Rounds this agent sealed as the rendezvous coordinator (alert on its rate: a healthy job seals one per membership change).\n\
+         # TYPE fsdp_agent_rounds_sealed_total counter\n\
+         fsdp_agent_rounds_sealed_total {}\n\
+         # HELP fsdp_agent_round_seals_held_total Times the coordinator held a round back because rounds were sealed too fast (a re-form loop).\n\
+         # TYPE fsdp_agent_round_seals_held_total counter\n\
+         fsdp_agent_round_seals_held_total {}",
+        s.rounds_sealed, s.seals_held
+    );
     out
 }
 

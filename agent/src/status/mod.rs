@@ -9,7 +9,7 @@ pub mod metrics;
 pub mod server;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -50,6 +50,10 @@ pub struct Snapshot {
     pub reform: Timing,
     /// Rendezvous errors: the backend's recovered ones plus those the agent saw.
     pub rendezvous_errors: u64,
+    /// Rounds this agent sealed as the rendezvous coordinator.
+    pub rounds_sealed: u64,
+    /// Times this agent, as coordinator, held a round back because rounds came too fast.
+    pub seals_held: u64,
     /// Members this node's group lost, by how the loss was noticed.
     pub losses: BTreeMap<String, u64>,
     /// Times this node's group was found hung.
@@ -63,8 +67,8 @@ pub struct Snapshot {
 
 struct Inner {
     snapshot: Mutex<Snapshot>,
-    /// The backend's own count of errors it recovered from (etcd reconnects).
-    backend_errors: Mutex<Option<Arc<AtomicU64>>>,
+    /// The backend's own counts (etcd reconnects, rounds sealed).
+    backend: Mutex<Option<fsdp_rendezvous::Counters>>,
     /// Readiness, for the health service to follow.
     ready: watch::Sender<bool>,
 }
@@ -91,7 +95,7 @@ impl Board {
                     state,
                     ..Snapshot::default()
                 }),
-                backend_errors: Mutex::new(None),
+                backend: Mutex::new(None),
                 ready: watch::Sender::new(false),
             }),
         }
@@ -116,12 +120,14 @@ impl Board {
         let mut s = self.lock().clone();
         if let Some(c) = self
             .inner
-            .backend_errors
+            .backend
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            s.rendezvous_errors += c.load(Ordering::Relaxed);
+            s.rendezvous_errors += c.errors.load(Ordering::Relaxed);
+            s.rounds_sealed = c.rounds_sealed.load(Ordering::Relaxed);
+            s.seals_held = c.seals_held.load(Ordering::Relaxed);
         }
         s
     }
@@ -131,14 +137,14 @@ impl Board {
         self.inner.ready.subscribe()
     }
 
-    /// Names this node and where its backend counts the errors it recovered from.
-    pub fn set_node(&self, node_id: &str, backend_errors: Option<Arc<AtomicU64>>) {
+    /// Names this node and where its backend counts what the metrics export.
+    pub fn set_node(&self, node_id: &str, counters: Option<fsdp_rendezvous::Counters>) {
         self.lock().state.node_id = node_id.to_owned();
         *self
             .inner
-            .backend_errors
+            .backend
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = backend_errors;
+            .unwrap_or_else(|e| e.into_inner()) = counters;
     }
 
     /// Moves to `to`, remembering why.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use fsdp_proto::{SCHEMA_VERSION, v1};
 
 use super::view::View;
+use crate::pace::{Basis, Pace, PaceConfig, PaceDecision};
 use crate::seal::{self, Candidate, Current, Proposal, SealConfig, SealDecision, SealState};
 
 /// What the coordinator remembers between observations.
@@ -24,6 +25,12 @@ pub struct Coordinator {
     reform: Option<(u64, Instant)>,
     /// The shape of the last reason logged ([`shape`]), and when it was logged.
     last_logged: Option<(String, Instant)>,
+    /// The rounds sealed so far, against a loop ([`crate::pace`]).
+    pace: Pace,
+    /// What the last proposal rests on, for [`Coordinator::sealed`].
+    proposed: Option<Basis>,
+    /// The end of the hold last reported: one error line per hold, not per look.
+    held_until: Option<Instant>,
 }
 
 /// How often a reason of an unchanged shape is logged again (progress while nodes gather).
@@ -49,6 +56,9 @@ pub struct Observation {
     pub new_reason: bool,
     /// The mod revision of the round a commit replaces (`None`: there is none).
     pub fence: Option<i64>,
+    /// The rule said seal, but rounds came too fast: why the round waits ([`crate::pace`]),
+    /// when this hold is new (worth an error line).
+    pub held: Option<String>,
 }
 
 impl Coordinator {
@@ -59,6 +69,16 @@ impl Coordinator {
             member_ids: BTreeSet::new(),
             reform: None,
             last_logged: None,
+            pace: Pace::new(PaceConfig::default()),
+            proposed: None,
+            held_until: None,
+        }
+    }
+
+    /// The proposal of the last observation was committed as round `number` at `now`.
+    pub fn sealed(&mut self, now: Instant, number: u64, reason: &str) {
+        if let Some(basis) = self.proposed.take() {
+            self.pace.sealed(now, number, basis, reason);
         }
     }
 
@@ -98,7 +118,24 @@ impl Coordinator {
             quiet_since: self.quiet_since,
             reform_since: self.reform.map(|(_, t)| t),
         };
-        let (decision, reason) = seal::decide(now, &state, &self.cfg);
+        let (mut decision, reason) = seal::decide(now, &state, &self.cfg);
+        let mut held = None;
+        self.proposed = None;
+        if matches!(decision, SealDecision::Seal(_)) {
+            let basis = basis(v);
+            match self.pace.check(now, basis) {
+                PaceDecision::Go => self.proposed = Some(basis),
+                PaceDecision::Hold { until, why } => {
+                    decision = SealDecision::Reforming {
+                        recheck_at: Some(until),
+                    };
+                    if self.held_until != Some(until) {
+                        self.held_until = Some(until);
+                        held = Some(why);
+                    }
+                }
+            }
+        }
         let breaking = matches!(
             decision,
             SealDecision::Reforming { .. } | SealDecision::Seal(_)
@@ -121,8 +158,20 @@ impl Coordinator {
             reason,
             new_reason,
             fence: v.round.as_ref().map(|r| r.mod_rev),
+            held,
         }
     }
+}
+
+/// What a seal in view `v` rests on: every registration (node, incarnation, create
+/// revision) and every failure reported.
+fn basis(v: &View) -> Basis {
+    Basis::of(
+        v.members
+            .iter()
+            .map(|(id, m)| (id.as_str(), m.record.incarnation, m.create_rev)),
+        v.failures.iter().copied(),
+    )
 }
 
 /// The round record to commit for `p` at `now_ms` (Unix ms): the members' own

@@ -49,7 +49,9 @@ pub use view::View;
 
 use crate::fence::{self, FenceDecision};
 use crate::seal::SealConfig;
-use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember};
+use crate::{
+    Change, Counters, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember,
+};
 use session::{Command, Request, Session, Setup};
 
 /// Configuration of one agent's etcd rendezvous.
@@ -140,7 +142,7 @@ pub struct EtcdRendezvous {
     commands: mpsc::UnboundedSender<Request>,
     session: JoinHandle<()>,
     writes: Arc<AtomicU64>,
-    errors: Arc<AtomicU64>,
+    counters: Counters,
     held: Option<Held>,
     /// Watches the held round's ring neighbour ([`liveness`]).
     watcher: Option<liveness::Watcher>,
@@ -183,7 +185,7 @@ impl EtcdRendezvous {
                     source,
                 })?;
         let writes = Arc::new(AtomicU64::new(1));
-        let errors = Arc::new(AtomicU64::new(0));
+        let counters = Counters::default();
         let (tx, mut view) = watch::channel(View::default());
         let (commands, inbox) = mpsc::unbounded_channel();
         let setup = Setup {
@@ -206,7 +208,7 @@ impl EtcdRendezvous {
                 straggler_timeout: cfg.straggler_timeout,
             },
             writes: writes.clone(),
-            errors: errors.clone(),
+            counters: counters.clone(),
         };
         let session = Session::new(setup, tx, inbox);
         let session = tokio::spawn(session.run());
@@ -227,7 +229,7 @@ impl EtcdRendezvous {
             commands,
             session,
             writes,
-            errors,
+            counters,
             held: None,
             watcher: None,
         })
@@ -566,8 +568,8 @@ impl Rendezvous for EtcdRendezvous {
         self.view.borrow().coordinator.clone()
     }
 
-    fn error_counter(&self) -> Option<Arc<AtomicU64>> {
-        Some(self.errors.clone())
+    fn counters(&self) -> Option<Counters> {
+        Some(self.counters.clone())
     }
 
     fn detection(&self, node: &str, round: u64) -> Option<crate::Detection> {

@@ -113,8 +113,9 @@ pub struct Setup {
     pub seal: SealConfig,
     /// etcd writes made (puts, transactions, lease grants and revokes).
     pub writes: Arc<AtomicU64>,
-    /// etcd errors the session recovered from (lost connections, failed keep-alives).
-    pub errors: Arc<AtomicU64>,
+    /// etcd errors the session recovered from (lost connections, failed keep-alives),
+    /// rounds it sealed, seals it held back.
+    pub counters: crate::Counters,
 }
 
 /// Why the session reads the run again.
@@ -193,7 +194,7 @@ pub struct Session {
     view: Arc<watch::Sender<View>>,
     commands: mpsc::UnboundedReceiver<Request>,
     writes: Arc<AtomicU64>,
-    errors: Arc<AtomicU64>,
+    counters: crate::Counters,
     /// The lease this node's keys live on; only the session replaces it.
     lease: i64,
     /// The registration to write again whenever the lease is new.
@@ -259,7 +260,7 @@ impl Session {
             view,
             commands,
             writes: s.writes,
-            errors: s.errors,
+            counters: s.counters,
             lease: s.lease,
             member: None,
             incarnation: 1,
@@ -311,7 +312,7 @@ impl Session {
 
     fn lost(&mut self, e: etcd_client::Error) -> State {
         self.view.send_modify(|v| v.connected = false);
-        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let lasted = now - *self.outage_since.get_or_insert(now);
         if lasted > self.outage_limit {
@@ -957,6 +958,10 @@ impl Session {
             (true, false) => tracing::info!(reason = %obs.reason, "coordinator"),
             (false, _) => {}
         }
+        if let Some(why) = &obs.held {
+            self.counters.seals_held.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(reason = %obs.reason, held = %why, "rounds are being sealed too fast; is a node re-forming in a loop?");
+        }
         match (obs.decision, record) {
             (SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at }, _) => {
                 *recheck = recheck_at.map(Instant::from_std);
@@ -965,6 +970,11 @@ impl Session {
                 if commit_round(&mut self.client, &self.keys, obs.fence, &record).await? {
                     let reason = &obs.reason;
                     tracing::info!(round = p.number, members = p.members.len(), restart_count = p.restart_count, %reason, "round sealed");
+                    self.counters
+                        .rounds_sealed
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.coordinator
+                        .sealed(Instant::now().into_std(), p.number, reason);
                 }
                 self.wrote();
             }
@@ -1229,6 +1239,28 @@ impl Session {
         let node = gone.node_id.clone();
         if self.view.borrow().departed.contains_key(&node) {
             // It left (or its lease went) before the proof came: nothing to add.
+            return Ok(());
+        }
+        // Only while `lease` is still the one its registration lives on: the proof is about
+        // the process that held it. A node that registered again (a new incarnation), or a
+        // store restarted empty that handed the id to someone else, is not what was found
+        // dead, and revoking the id would evict a live agent.
+        let still = Txn::new().when([Compare::lease(
+            self.keys.member(&node),
+            CompareOp::Equal,
+            lease,
+        )]);
+        let held = self
+            .client
+            .txn(still)
+            .await
+            .map_err(|source| RendezvousError::Etcd {
+                what: "checking a dead agent's lease",
+                source,
+            })?
+            .succeeded();
+        if !held {
+            tracing::info!(%node, lease, "the dead agent's lease no longer holds its registration; nothing to revoke");
             return Ok(());
         }
         self.say_gone(&gone)

@@ -45,7 +45,7 @@ impl Default for Shared {
 
 impl Shared {
     pub fn new() -> Self {
-        let state = State::new();
+        let state = State::with_first_lease(super::state::first_lease_id(crate::unix_ms()));
         let (revision, _) = watch::channel(state.revision());
         Self {
             state: Arc::new(Mutex::new(state)),

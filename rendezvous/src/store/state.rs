@@ -69,6 +69,7 @@ pub struct State {
     history: VecDeque<(i64, Vec<pb::Event>)>,
     /// The newest revision whose events are gone.
     compacted: i64,
+    /// The id the next lease granted without one gets; only grows.
     next_lease: i64,
 }
 
@@ -76,6 +77,14 @@ impl Default for State {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The first lease id of a store started at `unix_ms` (Unix milliseconds): the time
+/// shifted left 20 bits, so that a store restarted a millisecond later starts a million ids
+/// above this one's first, and an id stays positive until the year 6429. etcd's own ids
+/// are just as unique across restarts (its member id and the time).
+pub fn first_lease_id(unix_ms: u64) -> i64 {
+    i64::try_from(unix_ms.min((1 << 42) - 1) << 20).unwrap_or(i64::MAX)
 }
 
 /// Whether `key` lies in `[from, end)` as etcd reads a range: no end is the key alone, an
@@ -95,14 +104,24 @@ struct Batch {
 }
 
 impl State {
+    /// A store whose lease ids start at 1 (tests and the simulation, where ids must repeat
+    /// from run to run).
     pub fn new() -> Self {
+        Self::with_first_lease(1)
+    }
+
+    /// A store whose first lease id is `first`. A store that serves agents starts at
+    /// [`first_lease_id`] of the clock, so that one restarted in place never hands out
+    /// the ids of the leases it had before: an agent holding an old id (a ring watcher
+    /// about to revoke a dead peer's lease) would otherwise name a live one.
+    pub fn with_first_lease(first: i64) -> Self {
         Self {
             revision: 1,
             kvs: BTreeMap::new(),
             leases: HashMap::new(),
             history: VecDeque::new(),
             compacted: 0,
-            next_lease: 1,
+            next_lease: first.max(1),
         }
     }
 

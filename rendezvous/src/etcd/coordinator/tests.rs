@@ -176,3 +176,44 @@ fn counts_alone_do_not_make_a_reason_new_but_time_does() {
     }
     assert!(c.observe(t + RELOG_EVERY, &v).new_reason);
 }
+
+/// The loop outside testing found (issue 26), as the coordinator saw it: one member
+/// registering for the next round right after each seal, on the same registration,
+/// ~600 times a second. Three rounds go at once; the fourth is held, once with an error,
+/// and sealed when the hold ends; a new registration (a real change) goes at once.
+#[test]
+fn a_member_that_stops_its_workers_after_every_seal_is_held_back() {
+    let t = Instant::now();
+    let mut c = Coordinator::new(cfg(1, 1), t);
+    let mut v = running(&["me"]);
+    let mut now = t;
+    for n in 5..8u64 {
+        join(&mut v, "me", 1, n);
+        let o = c.observe(now, &v);
+        assert_eq!(sealed(&o).number, n, "{}", o.reason);
+        assert!(o.reason.contains("me stopped their workers"), "{}", o.reason);
+        c.sealed(now, n, &o.reason);
+        v.round.as_mut().unwrap().record.number = n;
+        now += Duration::from_millis(2);
+    }
+    join(&mut v, "me", 1, 8);
+    let o = c.observe(now, &v);
+    let held = o.held.clone().expect("the fourth seal on one basis is held");
+    assert!(held.contains("3 rounds in a row"), "{held}");
+    assert!(held.contains("round 7: re-form (me stopped their workers)"), "{held}");
+    let until = recheck(&o).expect("a hold says when to look again");
+    assert!(matches!(o.decision, SealDecision::Reforming { .. }));
+    // Looking again within the hold says nothing new.
+    let again = c.observe(now + Duration::from_millis(1), &v);
+    assert!(again.held.is_none() && recheck(&again) == Some(until));
+    // At its end the round is sealed.
+    let o = c.observe(until, &v);
+    assert_eq!(sealed(&o).number, 8);
+    c.sealed(until, 8, &o.reason);
+    v.round.as_mut().unwrap().record.number = 8;
+    // The same node registered anew (a new lease: the next incarnation): a new basis.
+    join(&mut v, "me", 2, 9);
+    v.members.get_mut("me").unwrap().record.incarnation = 2;
+    let o = c.observe(until + Duration::from_secs(1), &v);
+    assert_eq!(sealed(&o).number, 9, "{}", o.reason);
+}

@@ -270,3 +270,25 @@ fn a_watch_replays_from_its_start_with_its_filters() {
     };
     assert!(none.is_empty());
 }
+
+/// Issue 26: a c10d store restarted in place handed out lease 1 again, and a survivor's
+/// ring watcher, revoking the dead host's lease 1, revoked the restarted host's new one.
+#[test]
+fn a_store_restarted_later_never_hands_out_an_id_it_handed_out_before() {
+    use super::first_lease_id;
+    let now = Instant::now();
+    let start = 1_795_000_000_000u64;
+    let mut before = State::with_first_lease(first_lease_id(start));
+    let mut ids = Vec::new();
+    for _ in 0..1000 {
+        ids.push(before.grant(3, 0, now).unwrap().0);
+    }
+    // Restarted one millisecond later (and an hour later): every id is new.
+    for later in [start + 1, start + 3_600_000] {
+        let mut after = State::with_first_lease(first_lease_id(later));
+        let id = after.grant(3, 0, now).unwrap().0;
+        assert!(id > *ids.last().unwrap(), "{id} reuses an id below {ids:?}");
+    }
+    assert!(ids.iter().all(|id| *id > 0));
+    assert!(first_lease_id(u64::MAX) > 0);
+}

@@ -1,0 +1,308 @@
+//! How fast rounds may be sealed: the safety net under every re-form rule, as a pure
+//! function of (now, the seals so far, the basis of the next one) → go, or hold until when
+//! and why.
+//!
+//! [`crate::seal::decide`] seals a round for a reason that the new round should settle (a
+//! member lost, a failure reported, a node waiting, a member that stopped its workers). A
+//! fact that stays true after the round it caused (a stale departure, a registration
+//! written again and again) makes it seal round after round: outside testing saw 600
+//! rounds a second for minutes, with no exit code and etcd growing by megabytes. The root
+//! causes are fixed where they were; this module makes any loop of the future loud and
+//! slow instead of silent and fast:
+//!
+//! * **per basis:** a seal is justified by what the coordinator sees — the registrations
+//!   present (node and incarnation) and the failures reported: its [`Basis`]. The first
+//!   [`PaceConfig::per_basis`] seals on one basis go at once; each further one waits a
+//!   delay that doubles from [`PaceConfig::first_hold`] up to [`PaceConfig::last_hold`]
+//!   after the previous seal. A node that joins, leaves, registers again or fails changes
+//!   the basis and starts afresh.
+//! * **per second:** once [`PaceConfig::per_second`] rounds were sealed within a second,
+//!   the next waits a delay that doubles with every further seal of the last
+//!   [`WINDOW`], whatever the basis.
+//!
+//! A hold is an error in the coordinator's log naming the reasons of the last rounds, and
+//! a count (`fsdp_agent_round_seals_held_total`) beside `fsdp_agent_rounds_sealed_total`.
+
+use std::collections::VecDeque;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+/// How far back the per-second rule looks to grow its delay.
+pub const WINDOW: Duration = Duration::from_secs(10);
+/// Seals remembered: enough for [`WINDOW`] at the most the rules let through, and for the
+/// reasons a hold names.
+const KEPT: usize = 64;
+/// Reasons a hold names (the latest rounds).
+const NAMED: usize = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaceConfig {
+    /// Seals on one basis that go at once.
+    pub per_basis: u32,
+    /// Seals within a second before the per-second rule holds.
+    pub per_second: u32,
+    /// The first hold; each further one doubles, up to `last_hold`.
+    pub first_hold: Duration,
+    pub last_hold: Duration,
+}
+
+impl Default for PaceConfig {
+    fn default() -> Self {
+        Self {
+            per_basis: 3,
+            per_second: 5,
+            first_hold: Duration::from_millis(500),
+            last_hold: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What a seal rests on: the registrations present, each by node and incarnation, and the
+/// failures reported. Kept as a digest: at 1,000 nodes the coordinator computes it on every
+/// change it observes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Basis(u64);
+
+impl Basis {
+    /// The basis of `registrations` (node, incarnation, create revision; in any order the
+    /// caller keeps stable, e.g. by node) and `failures` (the rounds with a failure record).
+    pub fn of<'a>(
+        registrations: impl IntoIterator<Item = (&'a str, u64, i64)>,
+        failures: impl IntoIterator<Item = u64>,
+    ) -> Self {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for r in registrations {
+            r.hash(&mut h);
+        }
+        0xfa11u16.hash(&mut h);
+        for f in failures {
+            f.hash(&mut h);
+        }
+        Self(h.finish())
+    }
+}
+
+/// One round sealed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Sealed {
+    at: Instant,
+    number: u64,
+    basis: Basis,
+    reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PaceDecision {
+    Go,
+    /// Do not seal before `until`; `why` says which rule and the last rounds' reasons.
+    Hold { until: Instant, why: String },
+}
+
+/// The seals so far, newest last.
+#[derive(Debug, Clone, Default)]
+pub struct Pace {
+    cfg: PaceConfig,
+    sealed: VecDeque<Sealed>,
+}
+
+impl Pace {
+    pub fn new(cfg: PaceConfig) -> Self {
+        Self {
+            cfg,
+            sealed: VecDeque::new(),
+        }
+    }
+
+    /// May a round resting on `basis` be sealed at `now`?
+    pub fn check(&self, now: Instant, basis: Basis) -> PaceDecision {
+        let Some(last) = self.sealed.back() else {
+            return PaceDecision::Go;
+        };
+        let mut until = None;
+        let mut rules = Vec::new();
+        let same = self
+            .sealed
+            .iter()
+            .rev()
+            .take_while(|s| s.basis == basis)
+            .count() as u32;
+        if same >= self.cfg.per_basis {
+            let extra = same - self.cfg.per_basis;
+            let at = last.at + self.hold(extra);
+            until = until.max(Some(at));
+            rules.push(format!(
+                "{same} rounds in a row were sealed with no node joining, leaving, registering again or failing"
+            ));
+        }
+        let within = |d: Duration| {
+            self.sealed
+                .iter()
+                .filter(|s| now.saturating_duration_since(s.at) < d)
+                .count() as u32
+        };
+        let last_second = within(Duration::from_secs(1));
+        if last_second >= self.cfg.per_second {
+            let extra = within(WINDOW).saturating_sub(self.cfg.per_second);
+            let at = last.at + self.hold(extra);
+            until = until.max(Some(at));
+            rules.push(format!("{last_second} rounds were sealed within a second"));
+        }
+        match until {
+            Some(until) if until > now => PaceDecision::Hold {
+                until,
+                why: format!(
+                    "{}; holding the next round for {:.1}s (the last rounds: {})",
+                    rules.join(" and "),
+                    (until - now).as_secs_f64(),
+                    self.last_reasons()
+                ),
+            },
+            _ => PaceDecision::Go,
+        }
+    }
+
+    /// Round `number` resting on `basis` was sealed at `now` for `reason`.
+    pub fn sealed(&mut self, now: Instant, number: u64, basis: Basis, reason: &str) {
+        if self.sealed.len() == KEPT {
+            self.sealed.pop_front();
+        }
+        self.sealed.push_back(Sealed {
+            at: now,
+            number,
+            basis,
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// The `n`-th (0-based) hold of a rule that keeps being crossed.
+    fn hold(&self, n: u32) -> Duration {
+        crate::backoff::nth(self.cfg.first_hold, self.cfg.last_hold, n)
+    }
+
+    fn last_reasons(&self) -> String {
+        self.sealed
+            .iter()
+            .rev()
+            .take(NAMED)
+            .map(|s| format!("round {}: {}", s.number, s.reason))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn basis(nodes: &[(&str, u64)], failures: &[u64]) -> Basis {
+        Basis::of(
+            nodes.iter().map(|(n, i)| (*n, *i, 1)),
+            failures.iter().copied(),
+        )
+    }
+
+    fn held(d: &PaceDecision) -> Option<Instant> {
+        match d {
+            PaceDecision::Go => None,
+            PaceDecision::Hold { until, .. } => Some(*until),
+        }
+    }
+
+    #[test]
+    fn a_basis_names_registrations_and_failures() {
+        let a = basis(&[("a", 1), ("b", 1)], &[]);
+        assert_eq!(a, basis(&[("a", 1), ("b", 1)], &[]));
+        assert_ne!(a, basis(&[("a", 2), ("b", 1)], &[]), "a new incarnation");
+        assert_ne!(a, basis(&[("a", 1)], &[]), "a node gone");
+        assert_ne!(a, basis(&[("a", 1), ("b", 1)], &[4]), "a failure reported");
+    }
+
+    /// The livelock's shape: one node registering again and again for the next round on
+    /// one registration, each seal at once. Three go; then the holds double.
+    #[test]
+    fn seals_on_one_basis_go_three_times_then_back_off() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(PaceConfig::default());
+        let b = basis(&[("me", 2)], &[]);
+        // Spread out, so that only the per-basis rule can hold.
+        for n in 0..3u32 {
+            let at = t0 + n * Duration::from_secs(2);
+            assert_eq!(p.check(at, b), PaceDecision::Go, "seal {n}");
+            p.sealed(at, n.into(), b, "re-form (me stopped their workers)");
+        }
+        let last = t0 + Duration::from_secs(4);
+        let PaceDecision::Hold { until, why } = p.check(last + MS, b) else {
+            panic!("a fourth seal on one basis must wait")
+        };
+        assert_eq!(until, last + 500 * MS);
+        assert!(why.contains("3 rounds in a row"), "{why}");
+        assert!(why.contains("round 2: re-form (me stopped their workers)"), "{why}");
+        // Right after the previous seal it waits the first hold; then each doubles.
+        let mut last = last;
+        for (n, hold) in [500u32, 1000, 2000, 4000].into_iter().enumerate() {
+            let at = last + Duration::from_millis(1);
+            assert_eq!(held(&p.check(at, b)), Some(last + hold * MS), "hold {n}");
+            assert_eq!(p.check(last + hold * MS, b), PaceDecision::Go);
+            last += hold * MS;
+            p.sealed(last, 3 + n as u64, b, "again");
+        }
+        // A change of basis (a node joined, one registered again, a failure) goes at once.
+        let other = basis(&[("me", 3)], &[]);
+        assert_eq!(p.check(last + MS, other), PaceDecision::Go);
+        let failed = basis(&[("me", 2)], &[9]);
+        assert_eq!(p.check(last + MS, failed), PaceDecision::Go);
+    }
+
+    #[test]
+    fn more_than_five_seals_a_second_are_held_whatever_their_basis() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(PaceConfig::default());
+        for n in 0..5u64 {
+            let b = basis(&[("n", n)], &[]);
+            let at = t0 + n as u32 * 10 * MS;
+            assert_eq!(p.check(at, b), PaceDecision::Go, "seal {n}");
+            p.sealed(at, n, b, &format!("growth {n}"));
+        }
+        let next = basis(&[("n", 99)], &[]);
+        let now = t0 + 50 * MS;
+        let PaceDecision::Hold { until, why } = p.check(now, next) else {
+            panic!("a sixth seal within a second must wait")
+        };
+        assert_eq!(until, t0 + 40 * MS + 500 * MS);
+        assert!(why.contains("5 rounds were sealed within a second"), "{why}");
+        assert!(why.contains("round 4: growth 4"), "{why}");
+        // Sealed anyway at the end of the hold: the next hold is longer (10 s window).
+        p.sealed(until, 5, next, "growth 5");
+        let again = basis(&[("n", 100)], &[]);
+        assert_eq!(
+            held(&p.check(until + MS, again)),
+            Some(until + 1000 * MS)
+        );
+        // A quiet second later the rate is fine again.
+        assert_eq!(
+            p.check(until + Duration::from_secs(1), again),
+            PaceDecision::Go
+        );
+    }
+
+    #[test]
+    fn the_normal_life_of_a_job_is_never_held() {
+        // Formation, a failure, a loss, a node back, growth: each a new basis, seconds apart.
+        let t0 = Instant::now();
+        let mut p = Pace::new(PaceConfig::default());
+        let steps = [
+            basis(&[("a", 1), ("b", 1)], &[]),
+            basis(&[("a", 1), ("b", 1)], &[0]),
+            basis(&[("a", 1)], &[0]),
+            basis(&[("a", 1), ("b", 2)], &[0]),
+            basis(&[("a", 1), ("b", 2), ("c", 1)], &[0]),
+        ];
+        for (n, b) in steps.into_iter().enumerate() {
+            let at = t0 + Duration::from_millis(300 * n as u64);
+            assert_eq!(p.check(at, b), PaceDecision::Go, "step {n}");
+            p.sealed(at, n as u64, b, "fine");
+        }
+    }
+}
