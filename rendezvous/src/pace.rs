@@ -95,7 +95,10 @@ struct Sealed {
 pub enum PaceDecision {
     Go,
     /// Do not seal before `until`; `why` says which rule and the last rounds' reasons.
-    Hold { until: Instant, why: String },
+    Hold {
+        until: Instant,
+        why: String,
+    },
 }
 
 /// The seals so far, newest last.
@@ -238,7 +241,10 @@ mod tests {
         };
         assert_eq!(until, last + 500 * MS);
         assert!(why.contains("3 rounds in a row"), "{why}");
-        assert!(why.contains("round 2: re-form (me stopped their workers)"), "{why}");
+        assert!(
+            why.contains("round 2: re-form (me stopped their workers)"),
+            "{why}"
+        );
         // Right after the previous seal it waits the first hold; then each doubles.
         let mut last = last;
         for (n, hold) in [500u32, 1000, 2000, 4000].into_iter().enumerate() {
@@ -271,15 +277,15 @@ mod tests {
             panic!("a sixth seal within a second must wait")
         };
         assert_eq!(until, t0 + 40 * MS + 500 * MS);
-        assert!(why.contains("5 rounds were sealed within a second"), "{why}");
+        assert!(
+            why.contains("5 rounds were sealed within a second"),
+            "{why}"
+        );
         assert!(why.contains("round 4: growth 4"), "{why}");
         // Sealed anyway at the end of the hold: the next hold is longer (10 s window).
         p.sealed(until, 5, next, "growth 5");
         let again = basis(&[("n", 100)], &[]);
-        assert_eq!(
-            held(&p.check(until + MS, again)),
-            Some(until + 1000 * MS)
-        );
+        assert_eq!(held(&p.check(until + MS, again)), Some(until + 1000 * MS));
         // A quiet second later the rate is fine again.
         assert_eq!(
             p.check(until + Duration::from_secs(1), again),

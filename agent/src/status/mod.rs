@@ -140,11 +140,7 @@ impl Board {
     /// Names this node and where its backend counts what the metrics export.
     pub fn set_node(&self, node_id: &str, counters: Option<fsdp_rendezvous::Counters>) {
         self.lock().state.node_id = node_id.to_owned();
-        *self
-            .inner
-            .backend
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = counters;
+        *self.inner.backend.lock().unwrap_or_else(|e| e.into_inner()) = counters;
     }
 
     /// Moves to `to`, remembering why.

@@ -44,14 +44,12 @@ use tokio::task::JoinHandle;
 
 pub use connect::{EtcdOptions, TlsFiles, connect, transient as is_transient};
 pub use keys::Keys;
-pub use session::commit_round;
+pub use session::{commit_round, lease_holds};
 pub use view::View;
 
 use crate::fence::{self, FenceDecision};
 use crate::seal::SealConfig;
-use crate::{
-    Change, Counters, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember,
-};
+use crate::{Change, Counters, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember};
 use session::{Command, Request, Session, Setup};
 
 /// Configuration of one agent's etcd rendezvous.
@@ -514,8 +512,9 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
     // about a round sealed with the new one (read as a loss, that departure broke every
     // later round before it started: a livelock).
     // A member that finished and left is not lost: it is waiting to exit or has exited 0.
-    let departed =
-        |m: &v1::Member| v.departed_since(m, since) && !done.is_some_and(|d| d.contains(&m.node_id));
+    let departed = |m: &v1::Member| {
+        v.departed_since(m, since) && !done.is_some_and(|d| d.contains(&m.node_id))
+    };
     let mine = held.members.iter().find(|m| m.node_id == me);
     let others = held.members.iter().filter(|m| m.node_id != me);
     if let Some(m) = mine.into_iter().chain(others).find(|m| departed(m)) {
@@ -897,7 +896,9 @@ mod tests {
         v.depart("peer", 2, Instant::now());
         assert_eq!(
             detect(&v, &held, "me", since),
-            Some(Change::MemberLost { node: "peer".into() })
+            Some(Change::MemberLost {
+                node: "peer".into()
+            })
         );
         v.depart("me", 3, Instant::now());
         assert_eq!(

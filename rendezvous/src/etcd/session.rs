@@ -157,8 +157,10 @@ pub enum State {
 /// The live part of [`State::Watching`].
 pub struct Watching {
     role: Role,
+    /// Control keys; for the coordinator, every key of the run.
     ctl: WatchStream,
-    members: WatchStream,
+    /// Member departures (members only: the coordinator's one watch has them in order).
+    members: Option<WatchStream>,
     keeper: LeaseKeeper,
     kept: LeaseKeepAliveStream,
     /// The lease the keeper keeps alive.
@@ -523,10 +525,16 @@ impl Session {
             fresh.departed = std::mem::take(&mut v.departed);
             fresh.lease_safe_until = v.lease_safe_until;
             if voluntary {
-                let known = v.members.iter().map(|(id, m)| (id.clone(), m.record.incarnation));
+                let known = v
+                    .members
+                    .iter()
+                    .map(|(id, m)| (id.clone(), m.record.incarnation));
                 for (id, incarnation) in known.chain(mine) {
                     if !fresh.members.contains_key(&id) {
-                        fresh.departed.entry(id).or_insert(Departed { at: now, incarnation });
+                        fresh.departed.entry(id).or_insert(Departed {
+                            at: now,
+                            incarnation,
+                        });
                     }
                 }
             }
@@ -542,20 +550,31 @@ impl Session {
     ) -> EtcdResult<Watching> {
         let role = self.role();
         let ctl_opts = WatchOptions::new().with_prefix().with_start_revision(from);
-        let ctl = self.client.watch(self.keys.ctl(), Some(ctl_opts)).await?;
-        let mut member_opts = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(from)
-            .with_prev_key();
-        if role == Role::Member {
+        let (ctl, members) = if role == Role::Coordinator {
+            // One watch over the whole run, so that the view the coordinator seals from is
+            // always etcd's history up to one revision. Two streams (control keys and
+            // registrations) were read in whatever order they became ready: a node's
+            // failure report and its registration for the next round, written in that
+            // order, were seen the other way round, and the round was sealed without
+            // charging the failure. (It knows every registration, so a delete needs no
+            // previous value to say which incarnation went.)
+            let all = self.client.watch(self.keys.root(), Some(ctl_opts)).await?;
+            (all, None)
+        } else {
+            let ctl = self.client.watch(self.keys.ctl(), Some(ctl_opts)).await?;
             // Only the coordinator needs registrations; the others learn of new rounds
             // through the round key and of departures through deletes.
-            member_opts = member_opts.with_filters([WatchFilterType::NoPut]);
-        }
-        let members = self
-            .client
-            .watch(self.keys.members(), Some(member_opts))
-            .await?;
+            let member_opts = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(from)
+                .with_prev_key()
+                .with_filters([WatchFilterType::NoPut]);
+            let members = self
+                .client
+                .watch(self.keys.members(), Some(member_opts))
+                .await?;
+            (ctl, Some(members))
+        };
         let (keeper, kept) = self.client.lease_keep_alive(self.lease).await?;
         self.lease_clock(LeaseClock::stream_closed);
         Ok(Watching {
@@ -592,9 +611,15 @@ impl Session {
                 None => std::future::pending().await,
             }
         };
+        let departures = async {
+            match w.members.as_mut() {
+                Some(m) => m.message().await,
+                None => std::future::pending().await,
+            }
+        };
         Ok(tokio::select! {
             msg = w.ctl.message() => Event::Ctl(msg?.filter(|r| !r.canceled())),
-            msg = w.members.message() => Event::Members(msg?.filter(|r| !r.canceled())),
+            msg = departures => Event::Members(msg?.filter(|r| !r.canceled())),
             _ = w.tick.tick() => Event::Tick,
             msg = w.kept.message() => Event::LeaseAnswer(msg?.map(|r| r.ttl())),
             () = sleep => Event::Timer,
@@ -970,9 +995,7 @@ impl Session {
                 if commit_round(&mut self.client, &self.keys, obs.fence, &record).await? {
                     let reason = &obs.reason;
                     tracing::info!(round = p.number, members = p.members.len(), restart_count = p.restart_count, %reason, "round sealed");
-                    self.counters
-                        .rounds_sealed
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters.rounds_sealed.fetch_add(1, Ordering::Relaxed);
                     self.coordinator
                         .sealed(Instant::now().into_std(), p.number, reason);
                 }
@@ -1245,20 +1268,12 @@ impl Session {
         // the process that held it. A node that registered again (a new incarnation), or a
         // store restarted empty that handed the id to someone else, is not what was found
         // dead, and revoking the id would evict a live agent.
-        let still = Txn::new().when([Compare::lease(
-            self.keys.member(&node),
-            CompareOp::Equal,
-            lease,
-        )]);
-        let held = self
-            .client
-            .txn(still)
+        let held = lease_holds(&mut self.client, &self.keys, &node, lease)
             .await
             .map_err(|source| RendezvousError::Etcd {
                 what: "checking a dead agent's lease",
                 source,
-            })?
-            .succeeded();
+            })?;
         if !held {
             tracing::info!(%node, lease, "the dead agent's lease no longer holds its registration; nothing to revoke");
             return Ok(());
@@ -1413,6 +1428,18 @@ fn registration(
                 .collect::<Vec<_>>(),
         )
         .or_else(put_member)
+}
+
+/// Whether `node`'s registration lives on `lease` now (one comparison, no read).
+pub async fn lease_holds(
+    client: &mut Client,
+    keys: &Keys,
+    node: &str,
+    lease: i64,
+) -> EtcdResult<bool> {
+    let key = keys.member(node);
+    let txn = Txn::new().when([Compare::lease(key, CompareOp::Equal, lease)]);
+    Ok(client.txn(txn).await?.succeeded())
 }
 
 /// Commits `record` as the next round, fenced on the round it replaces: the transaction

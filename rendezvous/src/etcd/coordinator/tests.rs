@@ -191,16 +191,26 @@ fn a_member_that_stops_its_workers_after_every_seal_is_held_back() {
         join(&mut v, "me", 1, n);
         let o = c.observe(now, &v);
         assert_eq!(sealed(&o).number, n, "{}", o.reason);
-        assert!(o.reason.contains("me stopped their workers"), "{}", o.reason);
+        assert!(
+            o.reason.contains("me stopped their workers"),
+            "{}",
+            o.reason
+        );
         c.sealed(now, n, &o.reason);
         v.round.as_mut().unwrap().record.number = n;
         now += Duration::from_millis(2);
     }
     join(&mut v, "me", 1, 8);
     let o = c.observe(now, &v);
-    let held = o.held.clone().expect("the fourth seal on one basis is held");
+    let held = o
+        .held
+        .clone()
+        .expect("the fourth seal on one basis is held");
     assert!(held.contains("3 rounds in a row"), "{held}");
-    assert!(held.contains("round 7: re-form (me stopped their workers)"), "{held}");
+    assert!(
+        held.contains("round 7: re-form (me stopped their workers)"),
+        "{held}"
+    );
     let until = recheck(&o).expect("a hold says when to look again");
     assert!(matches!(o.decision, SealDecision::Reforming { .. }));
     // Looking again within the hold says nothing new.
