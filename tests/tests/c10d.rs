@@ -151,7 +151,12 @@ fn a_store_host_restarted_in_place_brings_the_job_back() {
     // rounds were sealed 300 a second for 90 s).
     let logs = [p0b.stderr(), p1.stderr()];
     let sealed: usize = logs.iter().map(|l| l.matches("round sealed").count()).sum();
-    assert!(sealed <= 5, "{sealed} rounds sealed\n{}\n{}", logs[0], logs[1]);
+    assert!(
+        sealed <= 5,
+        "{sealed} rounds sealed\n{}\n{}",
+        logs[0],
+        logs[1]
+    );
     assert!(
         logs.iter().all(|l| !l.contains("too fast")),
         "{}\n{}",
