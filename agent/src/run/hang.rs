@@ -54,10 +54,17 @@ impl<R: Rendezvous> Loop<'_, R> {
         self.report.ranks(&ranks, now);
         let workers = group.statuses();
         let exited = |rank: u32| workers.iter().any(|w| w.rank == rank && w.exit.is_some());
-        if self.group_times.finishing.is_none()
-            && workers.iter().any(|w| w.exit.is_some_and(|e| e.success()))
-        {
-            // Seen at the latest one look (a second) after the exit: never early.
+        // A worker here exited 0, or a rank here said its training is over (`finish`): a
+        // rank that finished every step proves the others passed every collective too, and
+        // what they do now is their end, not a step. Waiting for the exit alone judged a
+        // slow final save as a hang whenever the finished rank's own teardown (the
+        // interpreter, torch) took longer than a step's allowance, as under load.
+        let finished = workers.iter().any(|w| w.exit.is_some_and(|e| e.success()))
+            || ranks
+                .iter()
+                .any(|r| r.phase.as_ref().is_some_and(|(p, _)| p == hang::FINISH));
+        if self.group_times.finishing.is_none() && finished {
+            // Seen at the latest one look (a second) after it: never early.
             self.group_times.finishing = Some(now);
         }
         ranks.retain(|r| !exited(r.rank));

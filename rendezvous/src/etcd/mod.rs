@@ -26,6 +26,8 @@
 
 mod connect;
 mod coordinator;
+#[cfg(test)]
+mod explore;
 pub mod inspect;
 mod keys;
 pub mod liveness;
