@@ -14,14 +14,23 @@
 //! * an agent acts on what it sees: a waiting one joins the round (or comes back for the
 //!   next when it broke before it started, or it is a spare), a running one stops its
 //!   workers when its round is over; an agent registers for the round it wants;
+//! * a running agent's ring watcher finds its neighbour dead and revokes the lease the
+//!   round names for it; an agent whose lease was revoked under it renews it;
 //! * faults, from a budget: a worker fails (a failure report); an agent's lease expires
 //!   while it is frozen (its key goes) and later it thaws (a new lease: the next
-//!   incarnation, its registration written again); an agent is killed for good.
+//!   incarnation, its registration written again); an agent is killed for good; the store
+//!   restarts empty, alone or with the agent that served it (every live agent renews its
+//!   lease and registers again, in any order; the running round is put back).
 //!
 //! Checked after every event: a sealed round lists distinct members, between `min` and
 //! `max` of them; a round that keeps a member of the one before never lowers the restart
-//! count; and no loop: at most [`SEALS_PER_CHANGE`] rounds are sealed between two faults.
-//! A violation panics with the trace of events that led to it.
+//! count; no live agent is evicted; and no loop: at most [`SEALS_PER_CHANGE`] rounds are
+//! sealed between two faults. A violation panics with the trace of events that led to it.
+//!
+//! Two switches put back what issue 26 fixed, and the search finds both reproductions by
+//! itself: departures read without incarnations (the frozen agent's loop), and the old
+//! store (lease ids from 1 again after a restart, evictions unchecked: a live agent
+//! evicted, the c10d reproduction's root).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::hash::{Hash, Hasher};
@@ -68,35 +77,48 @@ struct World {
     faults_left: u32,
     sealed_since_fault: u32,
     trace: Vec<String>,
+    /// Each agent's lease, and the next id the store grants.
+    lease: BTreeMap<&'static str, i64>,
+    next_lease: i64,
+    /// Lease ids revoked since the store's last start.
+    revoked: BTreeSet<i64>,
+    /// Agents whose lease someone else revoked: they renew it (the next incarnation).
+    lease_lost: BTreeSet<&'static str>,
+    /// The store and ring watcher before issue 26: a store restarted empty grants lease ids
+    /// from 1 again, and a ring watcher revokes the id its round names without checking it
+    /// still holds the dead node's registration.
+    old_store: bool,
+    /// A live agent whose key an eviction deleted (a violation).
+    evicted_live: Option<&'static str>,
 }
 
-fn member(node: &str, wants: u64, incarnation: u64) -> v1::Member {
+fn member(node: &str, wants: u64, incarnation: u64, lease: i64) -> v1::Member {
     v1::Member {
         schema: SCHEMA_VERSION,
         node_id: node.into(),
         addr: format!("{node}.local"),
         local_world_size: 1,
         wants_round: wants,
-        lease: 100 + incarnation as i64,
+        status_addr: format!("{node}.local:29450"),
+        lease,
         incarnation,
-        ..Default::default()
     }
 }
 
 impl World {
     /// Three agents running round 0 together.
-    fn new(cfg: SealConfig, faults: u32) -> Self {
+    fn new(cfg: SealConfig, faults: u32, old_store: bool) -> Self {
         let now = Instant::now();
         let mut view = View {
             connected: true,
             ..View::default()
         };
         let mut rev = 0;
-        for node in NODES {
+        for (i, node) in NODES.iter().enumerate() {
             rev += 1;
-            let record = member(node, 0, 1);
+            let record = member(node, 0, 1, i as i64 + 1);
             view.members.insert(
-                node.into(),
+                (*node).into(),
                 MemberEntry {
                     record,
                     create_rev: rev,
@@ -128,6 +150,16 @@ impl World {
             faults_left: faults,
             sealed_since_fault: 0,
             trace: Vec::new(),
+            lease: NODES
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (*n, i as i64 + 1))
+                .collect(),
+            next_lease: NODES.len() as i64 + 1,
+            revoked: BTreeSet::new(),
+            lease_lost: BTreeSet::new(),
+            old_store,
+            evicted_live: None,
         }
     }
 
@@ -136,7 +168,7 @@ impl World {
     fn key(&self) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         format!(
-            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}",
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}|{}|{:?}|{:?}|{}",
             self.view.members,
             self.view.round.as_ref().map(|r| &r.record),
             self.view.master,
@@ -145,7 +177,10 @@ impl World {
             self.phases,
             self.incarnation,
             self.faults_left,
-            self.sealed_since_fault
+            self.sealed_since_fault,
+            self.lease,
+            self.lease_lost,
+            self.next_lease
         )
         .hash(&mut h);
         h.finish()
@@ -163,8 +198,17 @@ impl World {
         }
     }
 
+    /// A new lease for `node`: the next incarnation.
+    fn renew(&mut self, node: &'static str) {
+        *self.incarnation.get_mut(node).unwrap() += 1;
+        self.lease.insert(node, self.next_lease);
+        self.next_lease += 1;
+        self.lease_lost.remove(node);
+    }
+
     fn register(&mut self, node: &'static str, wants: u64) {
         let inc = self.incarnation[node];
+        let lease = self.lease[node];
         self.rev += 1;
         let create_rev = match self.view.members.get(node) {
             Some(m) if m.record.incarnation == inc => m.create_rev,
@@ -173,7 +217,7 @@ impl World {
         self.view.members.insert(
             node.into(),
             MemberEntry {
-                record: member(node, wants, inc),
+                record: member(node, wants, inc, lease),
                 create_rev,
             },
         );
@@ -315,17 +359,30 @@ impl World {
                     // The other half of the freeze: a change, but no new fault.
                     let mut w = self.clone();
                     w.sealed_since_fault = 0;
-                    *w.incarnation.get_mut(node).unwrap() += 1;
-                    let wants = match before.as_ref() {
-                        Phase::Waiting { wants, .. } => *wants,
-                        Phase::Running(r) => *r,
-                        _ => 0,
-                    };
-                    w.register(node, wants);
+                    w.renew(node);
+                    w.register(node, wants_of(before));
                     w.phases.insert(node, (**before).clone());
                     push(w, format!("FAULT {node} thaws on a new lease"));
                 }
                 Phase::Dead => {}
+            }
+            if self.lease_lost.contains(node) && !matches!(phase, Phase::Frozen(_) | Phase::Dead) {
+                // Its lease was revoked under it: the session grants a new one and writes
+                // its registration again.
+                let mut w = self.clone();
+                w.sealed_since_fault = 0;
+                w.renew(node);
+                w.register(node, wants_of(phase));
+                push(
+                    w,
+                    format!("{node} finds its lease revoked and registers on a new one"),
+                );
+            }
+            if let Some(w) = self.evict_neighbour(node) {
+                let what = w.trace.last().cloned().unwrap_or_default();
+                let mut w = w;
+                w.trace.pop();
+                push(w, what);
             }
             if self.faults_left > 0 && !matches!(phase, Phase::Frozen(_) | Phase::Dead) {
                 let mut w = self.clone();
@@ -344,11 +401,114 @@ impl World {
                 push(w, format!("FAULT {node} killed"));
             }
         }
+        if self.faults_left > 0 {
+            for first in 0..NODES.len() {
+                out.push(self.store_restart(None, first));
+                for victim in NODES {
+                    if matches!(self.phases[victim], Phase::Running(_)) {
+                        out.push(self.store_restart(Some(victim), first));
+                    }
+                }
+            }
+        }
         out
+    }
+
+    /// `node`'s ring watcher proves its neighbour in the round it runs dead (a refused
+    /// connection) and revokes the lease the round names for it, as `Command::Evict` does.
+    fn evict_neighbour(&self, node: &'static str) -> Option<World> {
+        let Phase::Running(_) = self.phases[node] else {
+            return None;
+        };
+        let round = &self.held[node];
+        let target = super::liveness::neighbour(round, node)?;
+        let dead = matches!(self.phases.get(target.node_id.as_str()), Some(Phase::Dead));
+        // It left (or its lease went) before the proof came: nothing to add.
+        if !dead || self.view.departed.contains_key(&target.node_id) {
+            return None;
+        }
+        let lease = target.lease;
+        if self.revoked.contains(&lease) {
+            return None;
+        }
+        let holds = self
+            .view
+            .members
+            .get(&target.node_id)
+            .is_some_and(|m| m.record.lease == lease);
+        if !self.old_store && !holds {
+            return None;
+        }
+        let mut w = self.clone();
+        w.revoked.insert(lease);
+        let victim = w
+            .view
+            .members
+            .iter()
+            .find(|(_, m)| m.record.lease == lease)
+            .map(|(id, _)| id.clone());
+        let mut what = format!("{node} evicts {} (lease {lease})", target.node_id);
+        if let Some(v) = victim {
+            w.delete_member(&v);
+            let v = NODES.into_iter().find(|n| *n == v).unwrap();
+            if !matches!(w.phases[v], Phase::Dead) {
+                w.lease_lost.insert(v);
+                w.evicted_live = Some(v);
+            }
+            what += &format!(": deletes {v}'s key");
+        }
+        w.trace.push(what);
+        Some(w)
+    }
+
+    /// The store restarts empty (`victim`, when given, was serving it and died with it):
+    /// every agent's lease and key are gone, no delete was seen; each live agent grants a
+    /// new lease and registers again, in the order `first` comes first, and the members of
+    /// the running round put it back.
+    fn store_restart(&self, victim: Option<&'static str>, first: usize) -> World {
+        let mut w = self.clone();
+        w.fault();
+        if let Some(v) = victim {
+            w.phases.insert(v, Phase::Dead);
+        }
+        w.view.members.clear();
+        w.view.master = None;
+        w.view.failures.clear();
+        w.revoked.clear();
+        w.rev += 1;
+        if w.old_store {
+            w.next_lease = 1;
+        }
+        let running = NODES
+            .iter()
+            .filter(|n| matches!(w.phases[**n], Phase::Running(_)))
+            .map(|n| w.held[*n].clone())
+            .max_by_key(|r| r.number);
+        w.view.round = running.map(|record| RoundEntry {
+            record,
+            mod_rev: w.rev,
+        });
+        for k in 0..NODES.len() {
+            let node = NODES[(first + k) % NODES.len()];
+            let phase = w.phases[node].clone();
+            if matches!(phase, Phase::Dead | Phase::Frozen(_)) {
+                continue;
+            }
+            w.renew(node);
+            w.register(node, wants_of(&phase));
+        }
+        w.trace.push(match victim {
+            Some(v) => format!("FAULT {v} dies with the store it serves; the store restarts empty ({} reconnects first)", NODES[first]),
+            None => format!("FAULT the store restarts empty ({} reconnects first)", NODES[first]),
+        });
+        w
     }
 
     fn check(&self, cfg: &SealConfig, before: Option<&v1::Round>) {
         let fail = |why: String| panic!("{why}\ntrace:\n  {}", self.trace.join("\n  "));
+        if let Some(v) = self.evicted_live {
+            fail(format!("a ring watcher evicted {v}, which is alive"));
+        }
         if let Some(r) = self.view.round.as_ref().map(|r| &r.record) {
             let ids: BTreeSet<&str> = r.members.iter().map(|m| m.node_id.as_str()).collect();
             if ids.len() != r.members.len() {
@@ -377,6 +537,16 @@ impl World {
     }
 }
 
+/// The round a phase's registration asks for (what the session writes again).
+fn wants_of(phase: &Phase) -> u64 {
+    match phase {
+        Phase::Waiting { wants, .. } => *wants,
+        Phase::Running(r) => *r,
+        Phase::Frozen(before) => wants_of(before),
+        Phase::Dead => 0,
+    }
+}
+
 fn waiting(wants: u64) -> Phase {
     Phase::Waiting {
         wants,
@@ -396,9 +566,9 @@ fn master(round: u64) -> v1::Master {
 
 /// Explores every interleaving up to `depth` events with `faults` faults; returns the
 /// number of states checked.
-fn explore(cfg: SealConfig, faults: u32, depth: usize) -> usize {
+fn explore(cfg: SealConfig, faults: u32, depth: usize, old_store: bool) -> usize {
     let mut seen = HashSet::new();
-    let mut stack = vec![World::new(cfg, faults)];
+    let mut stack = vec![World::new(cfg, faults, old_store)];
     let mut states = 0;
     while let Some(w) = stack.pop() {
         states += 1;
@@ -416,6 +586,9 @@ fn explore(cfg: SealConfig, faults: u32, depth: usize) -> usize {
     states
 }
 
+/// Events per interleaving.
+const DEPTH: usize = 16;
+
 fn cfg() -> SealConfig {
     SealConfig {
         min_nodes: 1,
@@ -427,7 +600,7 @@ fn cfg() -> SealConfig {
 
 #[test]
 fn every_interleaving_of_three_agents_and_two_faults_holds_the_invariants() {
-    let states = explore(cfg(), 2, 18);
+    let states = explore(cfg(), 2, DEPTH, false);
     eprintln!("explored {states} states");
     assert!(states > 1000, "the search explored only {states} states");
 }
@@ -437,10 +610,24 @@ fn every_interleaving_of_three_agents_and_two_faults_holds_the_invariants() {
 #[test]
 fn without_incarnations_the_search_finds_the_frozen_agents_loop() {
     super::view::OLD_DEPARTURES.with(|old| old.set(true));
-    let found = std::panic::catch_unwind(|| explore(cfg(), 2, 18));
+    let found = std::panic::catch_unwind(|| explore(cfg(), 2, DEPTH, false));
     super::view::OLD_DEPARTURES.with(|old| old.set(false));
     let err = found.expect_err("the search must find the loop");
     let text = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(text.contains("a loop"), "{text}");
     assert!(text.contains("broke before it started"), "{text}");
+}
+
+/// With the store and ring watcher as before issue 26 (a store restarted empty grants lease
+/// ids from 1 again; an eviction revokes the id without checking it), the search finds the
+/// c10d reproduction's root: the host dies with its store, the store comes back empty on
+/// the restarted host, a survivor's ring watcher revokes the dead host's old lease id, and
+/// that id is now a live agent's.
+#[test]
+fn with_the_old_store_the_search_finds_a_live_agent_evicted() {
+    let found = std::panic::catch_unwind(|| explore(cfg(), 1, 6, true));
+    let err = found.expect_err("the search must find the eviction");
+    let text = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(text.contains("evicted"), "{text}");
+    assert!(text.contains("dies with the store"), "{text}");
 }
