@@ -646,7 +646,24 @@ impl Rendezvous for EtcdRendezvous {
                     continue;
                 }
                 Step::Spare { next } => {
-                    tracing::info!(round = next - 1, "the group is full; waiting as a spare");
+                    let members = self
+                        .view
+                        .borrow()
+                        .round
+                        .as_ref()
+                        .map_or(0, |r| r.record.members.len());
+                    if members >= self.cfg.max_nodes as usize {
+                        tracing::info!(round = next - 1, "the group is full; waiting as a spare");
+                    } else {
+                        // Sealed before this node registered: the coordinator grows the
+                        // group with it next.
+                        tracing::info!(
+                            round = next - 1,
+                            members,
+                            max = self.cfg.max_nodes,
+                            "the round was sealed without this node; joining the next"
+                        );
+                    }
                     wants = next;
                     self.ask(Command::Register { wants_round: wants }).await?;
                     continue;
