@@ -496,12 +496,7 @@ impl<R: Rendezvous> Loop<'_, R> {
                     return self.leave_halted(exit_code, &reason);
                 }
             }
-            Change::Fenced { .. } => {
-                if let Err(sig) = self.charge_own_loss(&change).await {
-                    return signalled(sig);
-                }
-            }
-            Change::MemberLost { node } if self.rdzv.node_id() == Some(node.as_str()) => {
+            Change::Fenced { .. } | Change::MemberLost { .. } if self.own_loss(&change) => {
                 if let Err(sig) = self.charge_own_loss(&change).await {
                     return signalled(sig);
                 }
@@ -599,13 +594,22 @@ impl<R: Rendezvous> Loop<'_, R> {
         Ok(Phase::Join)
     }
 
-    /// This node lost its place in its round by its own fault (it fenced itself, or its
-    /// lease expired while it was frozen or cut off): its workers were stopped as if they
-    /// had failed, and the job is charged a restart like a worker failure. The coordinator
-    /// charges it only if the round lost no other member, so the survivors of a group that
-    /// went on without this node are not charged; a node alone in its job is, and its
-    /// workers see the restart count move (without it, a worker whose start freezes its
-    /// node would start again with the same count forever).
+    /// Whether `change` is this node losing its place in its round by its own fault: it
+    /// fenced itself, or its lease expired while it was frozen or cut off.
+    fn own_loss(&self, change: &Change) -> bool {
+        match change {
+            Change::Fenced { .. } => true,
+            Change::MemberLost { node } => self.rdzv.node_id() == Some(node.as_str()),
+            _ => false,
+        }
+    }
+
+    /// After an [`Self::own_loss`]: its workers were stopped as if they had failed, and the
+    /// job is charged a restart like a worker failure. The coordinator charges it only if
+    /// the round lost no other member, so the survivors of a group that went on without
+    /// this node are not charged; a node alone in its job is, and its workers see the
+    /// restart count move (without it, a worker whose start freezes its node would start
+    /// again with the same count forever).
     async fn charge_own_loss(&mut self, change: &Change) -> Result<(), Signal> {
         tracing::warn!(
             change = %describe(change),

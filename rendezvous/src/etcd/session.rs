@@ -789,15 +789,15 @@ impl Session {
         let expired = self
             .lease_clock(|c| c.safe_until())
             .is_none_or(|s| now >= s);
-        if let Some(reg) = self.my_registration().filter(|_| expired) {
+        if let Some(went) = self.my_incarnation().filter(|_| expired) {
             tracing::warn!("the lease expired while this node ran a round: it was evicted");
             let me = self.node_id.clone();
-            self.view.send_modify(|v| v.depart(&me, reg, now));
+            self.view.send_modify(|v| v.depart(&me, went, now));
         }
     }
 
     /// This node's incarnation in the round it runs, if it runs one.
-    fn my_registration(&self) -> Option<u64> {
+    fn my_incarnation(&self) -> Option<u64> {
         let r = self.running.as_ref()?;
         let me = r.members.iter().find(|m| m.node_id == self.node_id)?;
         Some(me.incarnation)
@@ -881,13 +881,13 @@ impl Session {
             (present, round_missing, evicted)
         };
         if evicted {
-            // Registered again below, as a new incarnation: the old one's departure is
-            // not the new one's.
+            // The incarnation the round names went; this node registers again below, as
+            // the next one, whose registration that departure does not concern.
+            if let Some(went) = self.my_incarnation() {
+                let (me, now) = (self.node_id.clone(), Instant::now().into_std());
+                self.view.send_modify(|v| v.depart(&me, went, now));
+            }
             self.incarnation += 1;
-        }
-        if let Some(reg) = self.my_registration().filter(|_| evicted) {
-            let (me, now) = (self.node_id.clone(), Instant::now().into_std());
-            self.view.send_modify(|v| v.depart(&me, reg, now));
         }
         if !alive {
             self.lease_gone();
@@ -1339,9 +1339,10 @@ impl Session {
         }
     }
 
-    /// Runs `request` with the current lease (and this agent's incarnation on it); when etcd no longer has that lease (this
-    /// agent was frozen past its TTL, or etcd lost it) a new one is granted and the request
-    /// runs again with it, so the agent rejoins as a new node instead of exiting.
+    /// Runs `request` with the current lease and this agent's incarnation on it; when etcd
+    /// no longer has that lease (this agent was frozen past its TTL, or etcd lost it) a new
+    /// one is granted and the request runs again with it, so the agent rejoins as a new
+    /// incarnation instead of exiting.
     async fn with_live_lease<T, F, Fut>(
         &mut self,
         what: &'static str,
