@@ -27,7 +27,7 @@ use super::connect::{self, EtcdOptions, transient};
 use super::coordinator::{Coordinator, round_record};
 use super::keys::Keys;
 use super::probe::{self, Prober, SharedClock};
-use super::view::{Departed, View};
+use super::view::{View, left_between};
 use crate::fence::LeaseClock;
 use crate::seal::{SealConfig, SealDecision};
 use crate::{Departure, RendezvousError, port};
@@ -515,27 +515,23 @@ impl Session {
     /// lacks left while we were switching watches.
     fn install(&mut self, mut fresh: View, voluntary: bool) {
         let now = Instant::now().into_std();
-        let mine: Vec<(String, u64)> = self
-            .running
-            .iter()
-            .flat_map(|r| r.members.iter())
-            .map(|m| (m.node_id.clone(), m.incarnation))
-            .collect();
+        let running = self.running.as_ref();
         self.view.send_modify(|v| {
+            let left = if voluntary {
+                left_between(v, running, &fresh)
+            } else {
+                Vec::new()
+            };
             fresh.departed = std::mem::take(&mut v.departed);
             fresh.lease_safe_until = v.lease_safe_until;
-            if voluntary {
-                let known = v
-                    .members
-                    .iter()
-                    .map(|(id, m)| (id.clone(), m.record.incarnation));
-                for (id, incarnation) in known.chain(mine) {
-                    if !fresh.members.contains_key(&id) {
-                        fresh.departed.entry(id).or_insert(Departed {
-                            at: now,
-                            incarnation,
-                        });
-                    }
+            for (id, incarnation) in left {
+                // An earlier sighting of this incarnation's departure keeps its time.
+                if fresh
+                    .departed
+                    .get(&id)
+                    .is_none_or(|d| d.incarnation < incarnation)
+                {
+                    fresh.depart(&id, incarnation, now);
                 }
             }
             *v = fresh;

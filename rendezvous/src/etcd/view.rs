@@ -302,6 +302,35 @@ impl View {
     }
 }
 
+/// The members `old` knew of — registrations, its round's members, and those of the round
+/// this agent runs — and the members of the snapshot `fresh`'s round, that `fresh` has no
+/// registration for, each with the latest incarnation known: they left while the watches
+/// were being switched, and no delete event will say so. (A node that only the round
+/// names matters most: a member's view holds registrations from its last snapshot only,
+/// and a rank 0 that left between the snapshot and the switch took the master with it,
+/// leaving the others waiting for a master that never comes.)
+pub fn left_between(old: &View, running: Option<&v1::Round>, fresh: &View) -> Vec<(String, u64)> {
+    let mut known: BTreeMap<&str, u64> = BTreeMap::new();
+    let rounds = [old.round.as_ref(), fresh.round.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|r| &r.record)
+        .chain(running);
+    let named = old
+        .members
+        .values()
+        .map(|m| &m.record)
+        .chain(rounds.flat_map(|r| r.members.iter()));
+    for m in named.filter(|m| !fresh.members.contains_key(&m.node_id)) {
+        let i = known.entry(m.node_id.as_str()).or_default();
+        *i = (*i).max(m.incarnation);
+    }
+    known
+        .into_iter()
+        .map(|(id, i)| (id.to_owned(), i))
+        .collect()
+}
+
 /// A registration is trusted only if it names its own key, is bound to a lease (a live
 /// agent's always is: without one it would never go away) and asks for a sane number of
 /// workers.
@@ -450,6 +479,69 @@ mod tests {
         // A delete that carries the old value says which incarnation went.
         v.delete(&keys, &keys.member("a"), d.at, Some(&later.encode_to_vec()));
         assert!(v.departed_since(&later, d.at));
+    }
+
+    /// A failure under load: the round's rank 0 sealed itself out of the budget and left
+    /// (taking the master) while the last member became coordinator and switched watches;
+    /// its view had no registration of it (members see none after their snapshot), so
+    /// nothing recorded the departure, and the member waited for the master forever.
+    #[test]
+    fn members_that_left_while_the_watches_switched_include_those_only_a_round_names() {
+        let keys = Keys::new("/fsdp", "r").unwrap();
+        let member = |id: &str, incarnation: u64| v1::Member {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: id.into(),
+            local_world_size: 1,
+            incarnation,
+            ..Default::default()
+        };
+        let round = |members: Vec<v1::Member>| RoundEntry {
+            record: v1::Round {
+                schema: fsdp_proto::SCHEMA_VERSION,
+                number: 2,
+                members,
+                ..Default::default()
+            },
+            mod_rev: 9,
+        };
+        let mut old = View::default();
+        old.put(
+            &keys,
+            &keys.member("b"),
+            &member("b", 1).encode_to_vec(),
+            1,
+            1,
+            7,
+        );
+        old.round = Some(round(vec![member("a", 1), member("b", 1)]));
+        let mut fresh = View::default();
+        fresh.put(
+            &keys,
+            &keys.member("b"),
+            &member("b", 1).encode_to_vec(),
+            1,
+            1,
+            7,
+        );
+        fresh.round = Some(round(vec![member("a", 2), member("b", 1), member("c", 1)]));
+        let running = v1::Round {
+            members: vec![member("d", 3)],
+            ..Default::default()
+        };
+        assert_eq!(
+            left_between(&old, Some(&running), &fresh),
+            [
+                ("a".to_owned(), 2),
+                ("c".to_owned(), 1),
+                ("d".to_owned(), 3)
+            ]
+        );
+        // Registered in the snapshot: not gone, whatever the rounds say.
+        assert!(
+            left_between(&fresh, None, &fresh)
+                .iter()
+                .all(|(id, _)| id != "b")
+        );
     }
 
     #[test]
