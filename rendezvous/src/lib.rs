@@ -28,9 +28,13 @@ pub mod pace;
 pub mod port;
 pub mod ranks;
 pub mod seal;
+#[doc(hidden)]
+pub mod sim;
 pub mod standalone;
 pub mod static_group;
 pub mod store;
+#[doc(hidden)]
+pub mod switches;
 
 pub use error::RendezvousError;
 pub use host::hostname;

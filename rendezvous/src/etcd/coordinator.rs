@@ -119,6 +119,15 @@ impl Coordinator {
             reform_since: self.reform.map(|(_, t)| t),
         };
         let (mut decision, reason) = seal::decide(now, &state, &self.cfg);
+        if let SealDecision::Seal(p) = &mut decision {
+            // The first number every member waits for: a member registered for a later
+            // round than the next (it knew rounds that etcd lost with its data) would
+            // otherwise wait out one re-form per number in between.
+            let wanted = p.members.iter().filter_map(|id| v.members.get(id));
+            if let Some(top) = wanted.map(|m| m.record.wants_round).max() {
+                p.number = p.number.max(top);
+            }
+        }
         let mut held = None;
         self.proposed = None;
         if matches!(decision, SealDecision::Seal(_)) {

@@ -609,9 +609,9 @@ fn every_interleaving_of_three_agents_and_two_faults_holds_the_invariants() {
 /// incarnation), the search finds the frozen agent's loop by itself.
 #[test]
 fn without_incarnations_the_search_finds_the_frozen_agents_loop() {
-    super::view::OLD_DEPARTURES.with(|old| old.set(true));
+    crate::switches::OLD_DEPARTURES.with(|old| old.set(true));
     let found = std::panic::catch_unwind(|| explore(cfg(), 2, DEPTH, false));
-    super::view::OLD_DEPARTURES.with(|old| old.set(false));
+    crate::switches::OLD_DEPARTURES.with(|old| old.set(false));
     let err = found.expect_err("the search must find the loop");
     let text = err.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(text.contains("a loop"), "{text}");

@@ -32,7 +32,7 @@ pub mod inspect;
 mod keys;
 pub mod liveness;
 mod probe;
-mod session;
+pub(crate) mod session;
 mod view;
 
 use std::sync::Arc;
@@ -51,8 +51,10 @@ pub use view::View;
 
 use crate::fence::{self, FenceDecision};
 use crate::seal::SealConfig;
-use crate::{Change, Counters, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember};
-use session::{Command, Request, Session, Setup};
+use crate::{
+    Change, Counters, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember, port,
+};
+use session::{Command, Config as SessionConfig, Driver, Machine, Request};
 
 /// Configuration of one agent's etcd rendezvous.
 #[derive(Debug, Clone)]
@@ -176,6 +178,7 @@ impl EtcdRendezvous {
         refuse_nesting(&mut client, &keys, &cfg.prefix).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let granted_at = std::time::Instant::now();
+        let unix_ms_at_grant = crate::unix_ms();
         let grant =
             client
                 .lease_grant(ttl_s, None)
@@ -188,30 +191,35 @@ impl EtcdRendezvous {
         let counters = Counters::default();
         let (tx, mut view) = watch::channel(View::default());
         let (commands, inbox) = mpsc::unbounded_channel();
-        let setup = Setup {
-            client,
-            keys: keys.clone(),
-            node_id: cfg.node_id.clone(),
-            addr: cfg.addr.clone(),
-            status_addr: cfg.status_addr.clone().unwrap_or_default(),
-            local_world_size: cfg.local_world_size,
-            lease: grant.id(),
-            granted_at,
-            ttl: Duration::from_secs(ttl_s as u64),
-            options: Some(cfg.options.clone()),
-            outage_limit: cfg.outage_timeout,
-            fence_margin: cfg.margin(),
-            seal: SealConfig {
-                min_nodes: cfg.min_nodes,
-                max_nodes: cfg.max_nodes,
-                last_call: cfg.last_call,
-                straggler_timeout: cfg.straggler_timeout,
+        let machine = Machine::new(
+            SessionConfig {
+                keys: keys.clone(),
+                node_id: cfg.node_id.clone(),
+                addr: cfg.addr.clone(),
+                status_addr: cfg.status_addr.clone().unwrap_or_default(),
+                local_world_size: cfg.local_world_size,
+                ttl: Duration::from_secs(ttl_s as u64),
+                outage_limit: cfg.outage_timeout,
+                fence_margin: cfg.margin(),
+                seal: SealConfig {
+                    min_nodes: cfg.min_nodes,
+                    max_nodes: cfg.max_nodes,
+                    last_call: cfg.last_call,
+                    straggler_timeout: cfg.straggler_timeout,
+                },
+                several_endpoints: cfg.options.endpoints.len() > 1,
+                can_probe: true,
+                embedded_store: cfg.options.embedded_store,
+                lease: grant.id(),
+                granted_at,
+                unix_ms_at_grant,
+                first_incarnation: session::first_incarnation(unix_ms_at_grant),
             },
-            writes: writes.clone(),
-            counters: counters.clone(),
-        };
-        let session = Session::new(setup, tx, inbox);
-        let session = tokio::spawn(session.run());
+            counters.clone(),
+            writes.clone(),
+        );
+        let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
+        let session = tokio::spawn(driver.run());
         let synced = view.wait_for(|v| v.connected);
         if tokio::time::timeout(cfg.options.retry_window, synced)
             .await
@@ -417,7 +425,7 @@ async fn refuse_nesting(
 }
 
 /// What `next_round` should do after looking at the view.
-enum Step {
+pub(crate) enum Step {
     Wait,
     Spare { next: u64 },
     Broken { next: u64, change: Change },
@@ -425,7 +433,7 @@ enum Step {
     Done(Box<(v1::Round, Round)>),
 }
 
-fn step(
+pub(crate) fn step(
     v: &View,
     me: &str,
     my_workers: u32,
@@ -448,6 +456,16 @@ fn step(
             next: rec.number + 1,
         });
     };
+    if rec.members[pos].incarnation < v.incarnation {
+        // Sealed from a registration of this node that is gone (an earlier process, or a
+        // lease it gave up): the coordinator seals the next round with the current one.
+        return Ok(Step::Broken {
+            next: rec.number + 1,
+            change: Change::MemberLost {
+                node: me.to_owned(),
+            },
+        });
+    }
     let master = v.master.as_ref().filter(|m| m.round == rec.number);
     let Some(master) = master else {
         // The round broke before it started (e.g. rank 0 died before publishing the
@@ -465,6 +483,14 @@ fn step(
             Step::Wait
         });
     };
+    // Broken already (a member left, a failure was reported): workers started now would
+    // only be stopped again.
+    if let Some(change) = detect(v, rec, me, since) {
+        return Ok(Step::Broken {
+            next: rec.number + 1,
+            change,
+        });
+    }
     // A round that gives this node another worker count than it runs would hand its
     // workers a wrong WORLD_SIZE and overlapping ranks: the record is not ours.
     let given = rec.members[pos].local_world_size;
@@ -619,6 +645,18 @@ impl Rendezvous for EtcdRendezvous {
             match next {
                 Step::Done(done) => {
                     let (record, round) = *done;
+                    let safe_until = self.view.borrow().lease_safe_until;
+                    if let FenceDecision::Fence { reason, .. } =
+                        fence::decide(Instant::now(), safe_until, self.cfg.margin())
+                    {
+                        // Workers started now would run under a lease etcd may have
+                        // expired, beside a group that re-forms without this node.
+                        tracing::warn!(round = record.number, %reason, "not starting the round: the lease may be gone; joining the next");
+                        self.tell(Command::Abandon);
+                        wants = record.number + 1;
+                        self.ask(Command::Register { wants_round: wants }).await?;
+                        continue;
+                    }
                     self.tell(Command::Running {
                         round: record.clone(),
                     });
@@ -631,7 +669,8 @@ impl Rendezvous for EtcdRendezvous {
                     return Ok(round);
                 }
                 Step::PublishMaster { round } => {
-                    self.ask(Command::PublishMaster { round }).await?;
+                    let port = port::free_port(&self.cfg.addr)?;
+                    self.ask(Command::PublishMaster { round, port }).await?;
                     published = Some(round);
                     continue;
                 }

@@ -13,16 +13,13 @@
 //! keep-alive answered when the fence is a quarter TTL away), every TTL/4, waiting TTL/8
 //! per step, so that a healthy run — or a slow one — costs etcd nothing extra.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use super::connect::{self, EtcdOptions};
-use super::view::View;
-use crate::fence::LeaseClock;
 
 /// What one look at the etcd member found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,15 +95,6 @@ pub async fn probe(endpoint: &str, opts: &EtcdOptions, patience: Duration) -> Pr
     }
 }
 
-/// The session's lease clock, shared with the prober (which only ever extends it).
-pub type SharedClock = Arc<Mutex<LeaseClock>>;
-
-/// Publishes the clock's `safe_until` in the view.
-pub fn publish(clock: &SharedClock, view: &watch::Sender<View>) {
-    let safe_until = clock.lock().map(|c| c.safe_until()).unwrap_or(None);
-    view.send_modify(|v| v.lease_safe_until = safe_until);
-}
-
 /// A running prober; dropping it stops it.
 pub struct Prober(AbortHandle);
 
@@ -117,13 +105,13 @@ impl Drop for Prober {
 }
 
 impl Prober {
-    /// Probes `endpoint` every `ttl / 4` and extends the lease clock on every proof.
+    /// Probes `endpoint` every `ttl / 4` and sends the time of every look that proves etcd
+    /// has no leader (the session extends its lease clock from it).
     pub fn start(
         endpoint: String,
         opts: EtcdOptions,
         ttl: Duration,
-        clock: SharedClock,
-        view: Arc<watch::Sender<View>>,
+        proofs: mpsc::UnboundedSender<Instant>,
     ) -> Self {
         let every = ttl / 4;
         // A healthy etcd answers in milliseconds; the proof only counts from when the probe
@@ -133,21 +121,14 @@ impl Prober {
             loop {
                 let sent = Instant::now();
                 let found = probe(&endpoint, &opts, patience).await;
-                if found.proves_no_leader() {
-                    if let Ok(mut c) = clock.lock() {
-                        c.no_leader_at(sent, ttl);
-                    }
-                    publish(&clock, &view);
+                if found.proves_no_leader() && proofs.send(sent).is_err() {
+                    return;
                 }
                 tracing::debug!(?found, %endpoint, "etcd probe");
                 tokio::time::sleep_until((sent + every).into()).await;
             }
         });
         Self(task.abort_handle())
-    }
-
-    pub fn finished(&self) -> bool {
-        self.0.is_finished()
     }
 }
 

@@ -31,13 +31,6 @@ pub struct Departed {
     pub incarnation: u64,
 }
 
-#[cfg(test)]
-thread_local! {
-    /// Test-only: read departures as before issue 26 (any departure of a node, whatever
-    /// its incarnation), so that a test can show the search finding the loop it caused.
-    pub static OLD_DEPARTURES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Rounds whose hang reports a view keeps.
 const HANG_ROUNDS_KEPT: usize = 4;
 /// Rounds whose faults a view keeps (quarantine looks at the last few failed rounds).
@@ -77,6 +70,9 @@ pub struct View {
     /// The earliest moment etcd could expire this agent's lease ([`crate::fence`]); not
     /// from the keys but from the session's lease traffic.
     pub lease_safe_until: Option<Instant>,
+    /// This agent's registration now ([`v1::Member`]'s `incarnation`): a round that names
+    /// an older one of this node was sealed from a registration that is gone.
+    pub incarnation: u64,
     /// Why the session gave up on etcd (an outage longer than its bound); nothing more
     /// will come.
     pub gave_up: Option<String>,
@@ -132,8 +128,7 @@ impl View {
     /// own incarnation or a later one. An earlier incarnation's departure is not: the
     /// node registered again since, and the round was sealed with the new registration.
     pub fn departed_since(&self, m: &v1::Member, since: Instant) -> bool {
-        #[cfg(test)]
-        if OLD_DEPARTURES.with(std::cell::Cell::get) {
+        if crate::switches::OLD_DEPARTURES.with(std::cell::Cell::get) {
             return self.departed.get(&m.node_id).is_some_and(|d| d.at >= since);
         }
         self.departed

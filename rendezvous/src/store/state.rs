@@ -431,6 +431,13 @@ impl State {
         Some((left, lease.ttl, lease.keys.iter().cloned().collect()))
     }
 
+    /// Every lease a full TTL again from `now`, as etcd's new leader gives them.
+    pub fn renew_all(&mut self, now: Instant) {
+        for lease in self.leases.values_mut() {
+            lease.deadline = now + secs(lease.ttl);
+        }
+    }
+
     /// Revokes every lease whose deadline has passed; the ids revoked.
     pub fn expire(&mut self, now: Instant) -> Vec<i64> {
         let mut lapsed: Vec<i64> = self

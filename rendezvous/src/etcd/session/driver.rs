@@ -1,0 +1,410 @@
+//! The real driver: carries the machine's effects out with etcd-client and turns what the
+//! streams, the handle, the prober and the clock say into inputs. The only `select!` of
+//! the session.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use etcd_client::{
+    Client, Compare as EtcdCompare, CompareOp, EventType, GetOptions, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+};
+use fsdp_proto::v1;
+use tokio::sync::{mpsc, watch};
+
+use super::io::{Answer, Compare, Effect, Input, Kv, Op, Role, TxnSpec, WatchEvent, Write};
+use super::machine::Machine;
+use super::{Request, records};
+use crate::etcd::connect::{self, EtcdOptions};
+use crate::etcd::keys::Keys;
+use crate::etcd::probe::Prober;
+use crate::etcd::view::View;
+
+type EtcdResult<T> = Result<T, etcd_client::Error>;
+
+/// The streams of [`crate::etcd::session::Phase::Watching`].
+struct Streams {
+    /// Control keys; for the coordinator, every key of the run.
+    ctl: WatchStream,
+    /// Member departures (members only: the coordinator's one watch has them in order).
+    members: Option<WatchStream>,
+    keeper: LeaseKeeper,
+    kept: LeaseKeepAliveStream,
+}
+
+/// The connection to etcd and the streams open on it: what an op needs.
+struct Conn {
+    client: Client,
+    keys: Keys,
+    options: Option<EtcdOptions>,
+    ttl: std::time::Duration,
+    streams: Option<Streams>,
+}
+
+pub struct Driver {
+    conn: Conn,
+    machine: Machine,
+    view: watch::Sender<View>,
+    commands: mpsc::UnboundedReceiver<Request>,
+    replies: HashMap<u64, tokio::sync::oneshot::Sender<Result<(), crate::RendezvousError>>>,
+    next_id: u64,
+    prober: Option<Prober>,
+    proofs: (
+        mpsc::UnboundedSender<Instant>,
+        mpsc::UnboundedReceiver<Instant>,
+    ),
+}
+
+impl Driver {
+    pub fn new(
+        client: Client,
+        options: Option<EtcdOptions>,
+        machine: Machine,
+        view: watch::Sender<View>,
+        commands: mpsc::UnboundedReceiver<Request>,
+    ) -> Self {
+        let (keys, ttl) = (machine.keys().clone(), machine.ttl());
+        Self {
+            conn: Conn {
+                client,
+                keys,
+                options,
+                ttl,
+                streams: None,
+            },
+            machine,
+            view,
+            commands,
+            replies: HashMap::new(),
+            next_id: 0,
+            prober: None,
+            proofs: mpsc::unbounded_channel(),
+        }
+    }
+
+    /// Runs the machine until the session ends (or the task is aborted).
+    pub async fn run(mut self) {
+        let effects = self.machine.start(Instant::now());
+        self.publish();
+        self.carry_out(effects).await;
+        while !self.machine.ended() {
+            let input = self.next_input().await;
+            let effects = self.step(input);
+            self.carry_out(effects).await;
+        }
+    }
+
+    fn step(&mut self, input: Input) -> Vec<Effect> {
+        let effects = self.machine.step(Instant::now(), input);
+        self.publish();
+        effects
+    }
+
+    fn publish(&mut self) {
+        if let Some(v) = self.machine.changed_view() {
+            self.view.send_replace(v.clone());
+        }
+    }
+
+    async fn carry_out(&mut self, effects: Vec<Effect>) {
+        let mut queue = VecDeque::from(effects);
+        while let Some(effect) = queue.pop_front() {
+            match effect {
+                Effect::Etcd(op) => {
+                    // The prober's proofs count while an op waits on a stalled etcd: that
+                    // is when they are needed.
+                    let answer = {
+                        let exec = self.conn.execute(op);
+                        tokio::pin!(exec);
+                        loop {
+                            tokio::select! {
+                                answer = &mut exec => break answer,
+                                Some(sent) = self.proofs.1.recv() => {
+                                    self.machine.step(Instant::now(), Input::NoLeader { sent });
+                                    if let Some(v) = self.machine.changed_view() {
+                                        self.view.send_replace(v.clone());
+                                    }
+                                }
+                            }
+                        }
+                    };
+                    queue.extend(self.step(Input::Answer(answer)));
+                }
+                Effect::Reply(id, result) => {
+                    // The handle may have stopped waiting (its future was dropped).
+                    if let Some(reply) = self.replies.remove(&id) {
+                        let _ = reply.send(result);
+                    }
+                }
+                Effect::CloseWatches => self.conn.streams = None,
+                Effect::Probe(on) => self.prober = on.then(|| self.start_prober()).flatten(),
+            }
+        }
+    }
+
+    fn start_prober(&self) -> Option<Prober> {
+        let opts = self.conn.options.as_ref()?;
+        let endpoint = opts.endpoints.first()?.clone();
+        let proofs = self.proofs.0.clone();
+        Some(Prober::start(endpoint, opts.clone(), self.conn.ttl, proofs))
+    }
+
+    async fn next_input(&mut self) -> Input {
+        let sleep = async {
+            match self.machine.deadline() {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let Self {
+            conn: Conn { streams, .. },
+            commands,
+            proofs,
+            replies,
+            next_id,
+            ..
+        } = self;
+        let (ctl, members, kept) = match streams {
+            Some(s) => (Some(&mut s.ctl), s.members.as_mut(), Some(&mut s.kept)),
+            None => (None, None, None),
+        };
+        tokio::select! {
+            msg = next_watch(ctl) => watch_input(msg),
+            msg = next_watch(members) => watch_input(msg),
+            msg = next_answer(kept) => match msg {
+                Ok(answer) => Input::LeaseAnswer(answer.map(|r| r.ttl())),
+                Err(e) => Input::StreamFailed(e),
+            },
+            () = sleep => Input::Timer,
+            req = commands.recv() => match req {
+                Some(req) => {
+                    *next_id += 1;
+                    if let Some(reply) = req.reply {
+                        replies.insert(*next_id, reply);
+                    }
+                    Input::Command(*next_id, req.command)
+                }
+                None => Input::CommandsClosed,
+            },
+            Some(sent) = proofs.1.recv() => Input::NoLeader { sent },
+        }
+    }
+}
+
+impl Conn {
+    async fn execute(&mut self, op: Op) -> EtcdResult<Answer> {
+        let c = &mut self.client;
+        Ok(match op {
+            Op::Range {
+                key,
+                prefix,
+                keys_only,
+            } => {
+                let mut opts = GetOptions::new();
+                if prefix {
+                    opts = opts.with_prefix();
+                }
+                if keys_only {
+                    opts = opts.with_keys_only();
+                }
+                let resp = c.get(key, Some(opts)).await?;
+                Answer::Range {
+                    revision: resp.header().map_or(0, |h| h.revision()),
+                    kvs: resp.kvs().iter().map(kv).collect(),
+                }
+            }
+            Op::MemberCount => Answer::MemberCount(c.member_list().await?.members().len()),
+            Op::Txn(spec) => Answer::Txn {
+                succeeded: c.txn(txn(spec)).await?.succeeded(),
+            },
+            Op::Put(Write::Put { key, value, lease }) => {
+                c.put(key, value, lease_opts(lease)).await?;
+                Answer::Done
+            }
+            Op::Put(Write::Delete(key)) => {
+                c.delete(key, None).await?;
+                Answer::Done
+            }
+            Op::Grant { ttl } => Answer::Granted {
+                id: c.lease_grant(ttl, None).await?.id(),
+            },
+            Op::Revoke { lease } => {
+                c.lease_revoke(lease).await?;
+                Answer::Done
+            }
+            Op::TimeToLive { lease } => Answer::TimeToLive {
+                ttl: c.lease_time_to_live(lease, None).await?.ttl(),
+            },
+            Op::Watch { role, from, lease } => {
+                self.streams = None;
+                self.streams = Some(self.open(role, from, lease).await?);
+                Answer::Done
+            }
+            Op::KeepAlive => {
+                let Some(s) = self.streams.as_mut() else {
+                    let e = std::io::Error::other("no keep-alive stream is open");
+                    return Err(etcd_client::Error::IoError(e));
+                };
+                s.keeper.keep_alive().await?;
+                Answer::Done
+            }
+            Op::PickEndpoint => {
+                if let Some(opts) = &self.options {
+                    let patience = (self.ttl / 4).min(opts.connect_timeout);
+                    if let Some(client) = connect::pick(opts, patience).await {
+                        self.client = client;
+                    }
+                }
+                Answer::Done
+            }
+            Op::Depart { record, lease } => {
+                let (mut a, mut b) = (c.clone(), c.clone());
+                let said = async move {
+                    match record {
+                        Some(spec) => a.txn(txn(spec)).await.map(drop),
+                        None => Ok(()),
+                    }
+                };
+                let (said, revoked) = tokio::join!(said, b.lease_revoke(lease));
+                Answer::Departed {
+                    said: said.err(),
+                    revoked: revoked.err(),
+                }
+            }
+        })
+    }
+
+    /// Opens the watches for `role` from revision `from`, and the keep-alive.
+    async fn open(&mut self, role: Role, from: i64, lease: i64) -> EtcdResult<Streams> {
+        let c = &mut self.client;
+        let ctl_opts = WatchOptions::new().with_prefix().with_start_revision(from);
+        let (ctl, members) = if role == Role::Coordinator {
+            // One watch over the whole run, so that the view the coordinator seals from is
+            // always etcd's history up to one revision. Two streams (control keys and
+            // registrations) were read in whatever order they became ready: a node's
+            // failure report and its registration for the next round, written in that
+            // order, were seen the other way round, and the round was sealed without
+            // charging the failure. (It knows every registration, so a delete needs no
+            // previous value to say which incarnation went.)
+            let all = c.watch(self.keys.root(), Some(ctl_opts)).await?;
+            (all, None)
+        } else {
+            let ctl = c.watch(self.keys.ctl(), Some(ctl_opts)).await?;
+            // Only the coordinator needs registrations; the others learn of new rounds
+            // through the round key and of departures through deletes.
+            let member_opts = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(from)
+                .with_prev_key()
+                .with_filters([WatchFilterType::NoPut]);
+            let members = c.watch(self.keys.members(), Some(member_opts)).await?;
+            (ctl, Some(members))
+        };
+        let (keeper, kept) = c.lease_keep_alive(lease).await?;
+        Ok(Streams {
+            ctl,
+            members,
+            keeper,
+            kept,
+        })
+    }
+}
+
+async fn next_watch(s: Option<&mut WatchStream>) -> EtcdResult<Option<WatchResponse>> {
+    match s {
+        Some(s) => s.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_answer(
+    s: Option<&mut LeaseKeepAliveStream>,
+) -> EtcdResult<Option<etcd_client::LeaseKeepAliveResponse>> {
+    match s {
+        Some(s) => s.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn watch_input(msg: EtcdResult<Option<WatchResponse>>) -> Input {
+    match msg {
+        Err(e) => Input::StreamFailed(e),
+        Ok(None) => Input::WatchEnded,
+        Ok(Some(r)) if r.canceled() => Input::WatchEnded,
+        Ok(Some(r)) => Input::Watched(
+            r.events()
+                .iter()
+                .filter_map(|ev| {
+                    let kv = ev.kv()?;
+                    Some(match ev.event_type() {
+                        EventType::Put => WatchEvent::Put(self::kv(kv)),
+                        EventType::Delete => WatchEvent::Delete {
+                            key: kv.key_str().unwrap_or("").to_owned(),
+                            prev: ev.prev_kv().map(|p| p.value().to_vec()),
+                        },
+                    })
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn kv(kv: &etcd_client::KeyValue) -> Kv {
+    Kv {
+        key: kv.key_str().unwrap_or("").to_owned(),
+        value: kv.value().to_vec(),
+        create_rev: kv.create_revision(),
+        mod_rev: kv.mod_revision(),
+        lease: kv.lease(),
+    }
+}
+
+fn lease_opts(lease: i64) -> Option<PutOptions> {
+    (lease != 0).then(|| PutOptions::new().with_lease(lease))
+}
+
+fn write(w: Write) -> TxnOp {
+    match w {
+        Write::Put { key, value, lease } => TxnOp::put(key, value, lease_opts(lease)),
+        Write::Delete(key) => TxnOp::delete(key, None),
+    }
+}
+
+/// A [`TxnSpec`] as etcd-client's transaction.
+pub fn txn(spec: TxnSpec) -> Txn {
+    let when: Vec<EtcdCompare> = spec
+        .when
+        .into_iter()
+        .map(|c| match c {
+            Compare::Absent(key) => EtcdCompare::version(key, CompareOp::Equal, 0),
+            Compare::ModRevision(key, rev) => EtcdCompare::mod_revision(key, CompareOp::Equal, rev),
+            Compare::Lease(key, id) => EtcdCompare::lease(key, CompareOp::Equal, id),
+        })
+        .collect();
+    let then: Vec<TxnOp> = spec.then.into_iter().map(write).collect();
+    let otherwise: Vec<TxnOp> = spec.otherwise.into_iter().map(write).collect();
+    Txn::new().when(when).and_then(then).or_else(otherwise)
+}
+
+/// Whether `node`'s registration lives on `lease` now (one comparison, no read).
+pub async fn lease_holds(
+    client: &mut Client,
+    keys: &Keys,
+    node: &str,
+    lease: i64,
+) -> EtcdResult<bool> {
+    let spec = records::lease_holds(keys, node, lease);
+    Ok(client.txn(txn(spec)).await?.succeeded())
+}
+
+/// Commits `record` as the next round, fenced on the round it replaces
+/// ([`records::commit_round`]).
+pub async fn commit_round(
+    client: &mut Client,
+    keys: &Keys,
+    fence: Option<i64>,
+    record: &v1::Round,
+) -> EtcdResult<bool> {
+    let spec = records::commit_round(keys, fence, record);
+    Ok(client.txn(txn(spec)).await?.succeeded())
+}

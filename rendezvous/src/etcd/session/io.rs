@@ -1,0 +1,216 @@
+//! What the session machine asks of the world and what it is told: [`Op`]s and their
+//! [`Answer`]s, the [`Input`]s of [`super::Machine::step`] and the [`Effect`]s it returns.
+//! Plain data: the real driver carries an op out with etcd-client, the simulator with the
+//! pure store (`store::state`).
+
+use std::time::Instant;
+
+use fsdp_proto::v1;
+
+use crate::RendezvousError;
+
+/// A command's number, for its reply.
+pub type CommandId = u64;
+
+/// One key-value as etcd returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kv {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub create_rev: i64,
+    pub mod_rev: i64,
+    pub lease: i64,
+}
+
+/// One event of a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    Put(Kv),
+    /// The key went; `prev` is its last value when the watch asked for it.
+    Delete {
+        key: String,
+        prev: Option<Vec<u8>>,
+    },
+}
+
+/// A condition of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compare {
+    /// The key does not exist.
+    Absent(String),
+    /// The key was last written at this revision.
+    ModRevision(String, i64),
+    /// The key lives on this lease.
+    Lease(String, i64),
+}
+
+/// A write of a transaction (or alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// `lease` 0: no lease.
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: i64,
+    },
+    Delete(String),
+}
+
+/// An etcd transaction: `then` if every comparison holds, else `otherwise`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TxnSpec {
+    pub when: Vec<Compare>,
+    pub then: Vec<Write>,
+    pub otherwise: Vec<Write>,
+}
+
+/// Which watches the session holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Watches control keys and member departures.
+    Member,
+    /// Watches every key of the run, and seals rounds.
+    Coordinator,
+}
+
+/// One request to etcd (or the connection to it). The machine has at most one in flight,
+/// answered by [`Input::Answer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Range {
+        key: String,
+        prefix: bool,
+        keys_only: bool,
+    },
+    /// How many members the etcd cluster has.
+    MemberCount,
+    Txn(TxnSpec),
+    Put(Write),
+    Grant {
+        ttl: i64,
+    },
+    /// Revoke; a lease etcd no longer has counts as revoked.
+    Revoke {
+        lease: i64,
+    },
+    TimeToLive {
+        lease: i64,
+    },
+    /// Open the watches of `role` from revision `from` (replacing any open ones) and the
+    /// keep-alive stream of `lease`.
+    Watch {
+        role: Role,
+        from: i64,
+        lease: i64,
+    },
+    /// Send one keep-alive on the open stream.
+    KeepAlive,
+    /// Pin the connection to a member that answers.
+    PickEndpoint,
+    /// Leave: `record` (the first word on how) beside the revoke of `lease`, both at once.
+    Depart {
+        record: Option<TxnSpec>,
+        lease: i64,
+    },
+}
+
+/// What an [`Op`] returned.
+#[derive(Debug)]
+pub enum Answer {
+    Range {
+        revision: i64,
+        kvs: Vec<Kv>,
+    },
+    MemberCount(usize),
+    Txn {
+        succeeded: bool,
+    },
+    Granted {
+        id: i64,
+    },
+    TimeToLive {
+        ttl: i64,
+    },
+    /// A put, revoke, keep-alive sent, watches opened, endpoint picked.
+    Done,
+    Departed {
+        said: Option<etcd_client::Error>,
+        revoked: Option<etcd_client::Error>,
+    },
+}
+
+/// A command from the agent-facing handle.
+#[derive(Debug, Clone)]
+pub enum Command {
+    /// Write this node's registration, ready for `wants_round`; claim the coordinator role
+    /// in the same transaction when nobody holds it (one write per node).
+    Register { wants_round: u64 },
+    /// As the round's group rank 0: publish `port` (free on this node's address).
+    PublishMaster { round: u64, port: u16 },
+    /// This node runs `round`: put it back if etcd loses it, and after an outage wait
+    /// for its members, not for strangers. Answered at once.
+    Running { round: v1::Round },
+    /// Charge a failure in `round` to the job (the first report per round wins).
+    ReportFailure { round: u64 },
+    /// This node's workers all succeeded in `round`.
+    ReportDone { round: u64 },
+    /// Where this node's ranks were when its round hung.
+    ReportHang { report: v1::HangReport },
+    /// End the run for every node (the first halt stands).
+    Halt { halt: v1::Halt },
+    /// A worker of this node failed in its round (written before anything is stopped).
+    ReportFault { record: v1::Fault },
+    /// Keep this machine out of the run until the record's time.
+    Quarantine { record: v1::Quarantine },
+    /// This node's health check failed: withdraw its registration (and the coordinator
+    /// role) and say why; it registers again when the check passes.
+    Withdraw { record: v1::Unhealthy },
+    /// Revoke the lease (the others learn at once) and end the session.
+    Depart { how: crate::Departure },
+    /// This node fenced itself: at the next contact with etcd, revoke the lease (the
+    /// others see it leave instead of waiting out the TTL) and join again on a new one.
+    Abandon,
+    /// `node`'s agent is proven gone (its status port refused a connection): revoke its
+    /// lease, so every agent sees it leave now rather than after its TTL.
+    Evict {
+        node: String,
+        lease: i64,
+        round: u64,
+        detect_ms: u32,
+    },
+}
+
+/// What happened, told to [`super::Machine::step`].
+#[derive(Debug)]
+pub enum Input {
+    Command(CommandId, Command),
+    /// The handle is gone.
+    CommandsClosed,
+    /// A batch from a watch stream, in etcd's order.
+    Watched(Vec<WatchEvent>),
+    /// A watch stream ended or was cancelled (compaction, a restart).
+    WatchEnded,
+    /// A watch or keep-alive stream failed.
+    StreamFailed(etcd_client::Error),
+    /// The keep-alive stream answered with the lease's TTL left (`None`: it ended).
+    LeaseAnswer(Option<i64>),
+    /// The answer to the op in flight.
+    Answer(Result<Answer, etcd_client::Error>),
+    /// A deadline the machine gave ([`super::Machine::deadline`]) passed.
+    Timer,
+    /// The prober saw etcd without a leader, looking at `sent`.
+    NoLeader {
+        sent: Instant,
+    },
+}
+
+/// What the machine asks its driver to do.
+#[derive(Debug)]
+pub enum Effect {
+    Etcd(Op),
+    Reply(CommandId, Result<(), RendezvousError>),
+    /// Drop the watch and keep-alive streams (their events belong to the past).
+    CloseWatches,
+    /// Start (`true`) or stop looking for proof that etcd has no leader.
+    Probe(bool),
+}

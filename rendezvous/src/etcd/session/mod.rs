@@ -1,0 +1,59 @@
+//! The etcd session: the one owner of an agent's lease and maker of every etcd write of
+//! the agent. It keeps the lease alive, keeps the [`View`] current through watches, takes
+//! part in the coordinator election, seals rounds while coordinator, and serves the
+//! agent-facing handle's [`Command`]s between watch events.
+//!
+//! The protocol is a machine without I/O ([`Machine`], `machine.rs`): `step(now, input)`
+//! returns effects — an etcd op to send (at most one in flight; its answer is the next
+//! input that counts), a reply to a command, watches to close, a prober to start — and
+//! [`Machine::deadline`] says when it wants to be woken. Its parts:
+//!
+//! * `io.rs` — the data that crosses the boundary: [`Op`], [`Answer`], [`Input`],
+//!   [`Effect`], [`Command`];
+//! * `machine.rs` — the phases (syncing, watching, disconnected, ended) and what each does
+//!   with an input: watch batches, keep-alive answers, timers, commands;
+//! * `sync.rs` — the queued steps ([`sync::Todo`]) from a ranged read to open watches,
+//!   and the coordinator's seal;
+//! * `serve.rs` — each command's ops and answers;
+//! * `records.rs` — the transactions, as data;
+//! * `driver.rs` — the real driver: etcd-client, the streams, the prober (the only
+//!   `select!`). The simulator (`crate::sim`) drives the same machine over the pure store.
+//!
+//! Every failure of etcd (a closed stream, a restart, lost data) ends in the same place: a
+//! fresh ranged read, a rebuilt view, and new watches from the read's revision. The
+//! etcd-client lease keeper does not reconnect by itself, so the keep-alive is ours too.
+//! With one owner of the lease, a lease found gone is replaced exactly once.
+
+mod driver;
+mod io;
+mod machine;
+mod records;
+mod serve;
+mod sync;
+#[cfg(test)]
+mod tests;
+
+pub use driver::{Driver, commit_round, lease_holds, txn};
+pub use io::{
+    Answer, Command, CommandId, Compare, Effect, Input, Kv, Op, Role, TxnSpec, WatchEvent, Write,
+};
+pub use machine::{Config, Machine, Phase, Resync, first_incarnation};
+
+use tokio::sync::oneshot;
+
+#[allow(unused_imports)]
+use super::view::View;
+use crate::RendezvousError;
+
+/// A command and where its outcome goes.
+#[derive(Debug)]
+pub struct Request {
+    pub command: Command,
+    pub reply: Option<oneshot::Sender<Result<(), RendezvousError>>>,
+}
+
+/// Whether etcd refused a request because the lease it names does not exist (any more).
+pub fn lease_not_found(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::NotFound && s.message().contains("lease not found"))
+}

@@ -1,0 +1,353 @@
+//! Commands: every write the handle asks for, each a few ops with its own answers.
+
+use fsdp_proto::{SCHEMA_VERSION, v1};
+use prost::Message;
+
+use super::io::{Answer, Command, CommandId, Op};
+use super::machine::{Machine, Phase, Resync, Then};
+use super::records;
+use crate::etcd::connect::transient;
+use crate::etcd::session::lease_not_found;
+use crate::{Departure, RendezvousError};
+
+/// A command being served.
+#[derive(Debug)]
+pub struct Serving {
+    id: CommandId,
+    command: Command,
+    stage: Stage,
+    /// A registration that claims the coordinator key too.
+    claiming: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The command's write; `retried` once the lease was replaced for it.
+    Write {
+        retried: bool,
+    },
+    /// etcd no longer had the lease the write named: a new one.
+    Regrant,
+    /// Eviction: does the dead node's registration still live on that lease?
+    CheckHeld,
+    SayGone,
+    Revoke,
+    Depart,
+}
+
+impl Machine {
+    pub(super) fn serve(&mut self, id: CommandId, command: Command) {
+        let mut s = Serving {
+            id,
+            command,
+            stage: Stage::Write { retried: false },
+            claiming: false,
+        };
+        match &s.command {
+            Command::Running { round } => {
+                self.running = Some(round.clone());
+                return self.served(s, Ok(()));
+            }
+            Command::Abandon => {
+                self.running = None;
+                self.abandon = true;
+                return self.served(s, Ok(()));
+            }
+            Command::Register { wants_round } => {
+                // Joining a round means the last one is over for this node.
+                self.running = None;
+                self.member = Some(self.member_record(*wants_round));
+                s.claiming = self.view.coordinator.is_none();
+            }
+            Command::Withdraw { .. } => {
+                // Out of every round until it registers again: nothing of ours to put
+                // back, and the next registration is a new incarnation. Whether it
+                // coordinates is read before the write.
+                s.claiming = self.view.coordinator.as_deref() == Some(&self.cfg.node_id);
+                self.member = None;
+                self.running = None;
+                self.next_incarnation();
+            }
+            Command::Evict { node, .. } => {
+                if self.view.departed.contains_key(node) {
+                    // It left (or its lease went) before the proof came: nothing to add.
+                    return self.served(s, Ok(()));
+                }
+                s.stage = if crate::switches::OLD_EVICTIONS.with(std::cell::Cell::get) {
+                    Stage::SayGone
+                } else {
+                    Stage::CheckHeld
+                };
+            }
+            Command::Depart { .. } => s.stage = Stage::Depart,
+            _ => {}
+        }
+        self.next_op(s);
+    }
+
+    fn member_record(&self, wants_round: u64) -> v1::Member {
+        v1::Member {
+            schema: SCHEMA_VERSION,
+            node_id: self.cfg.node_id.clone(),
+            addr: self.cfg.addr.clone(),
+            local_world_size: self.cfg.local_world_size,
+            wants_round,
+            status_addr: self.cfg.status_addr.clone(),
+            // Set to the lease and incarnation it is written with (`registration`).
+            lease: 0,
+            incarnation: 0,
+        }
+    }
+
+    /// Sends the op of `s`'s stage.
+    fn next_op(&mut self, s: Serving) {
+        let op = match s.stage {
+            Stage::Write { .. } => self.write_op(&s),
+            Stage::Regrant => Op::Grant {
+                ttl: self.cfg.ttl.as_secs().max(1) as i64,
+            },
+            Stage::CheckHeld | Stage::SayGone | Stage::Revoke => self.evict_op(&s),
+            Stage::Depart => self.depart_op(&s),
+        };
+        self.issue(Then::Command(s), op);
+    }
+
+    /// The one write a command makes, with the current lease and incarnation.
+    fn write_op(&self, s: &Serving) -> Op {
+        let (keys, me, lease) = (&self.cfg.keys, self.cfg.node_id.as_str(), self.lease);
+        match &s.command {
+            Command::Register { .. } => Op::Txn(records::registration(
+                keys,
+                me,
+                self.member.as_ref(),
+                (lease, self.incarnation),
+                s.claiming,
+            )),
+            Command::PublishMaster { round, port } => {
+                let master = v1::Master {
+                    schema: SCHEMA_VERSION,
+                    round: *round,
+                    addr: self.cfg.addr.clone(),
+                    port: u32::from(*port),
+                };
+                Op::Put(records::put(keys.master(), master.encode_to_vec(), lease))
+            }
+            Command::ReportFailure { round } => {
+                let failure = v1::Failure {
+                    schema: SCHEMA_VERSION,
+                    round: *round,
+                    node_id: me.to_owned(),
+                };
+                // Not once the run is halted: a peer's workers that fail because the
+                // halting node's did must not spend the budget the halt leaves untouched.
+                let (key, value) = (keys.failure(*round), failure.encode_to_vec());
+                Op::Txn(records::first_word(key, value, &[keys.halt()]))
+            }
+            Command::ReportDone { round } => {
+                let done = v1::Done {
+                    schema: SCHEMA_VERSION,
+                    round: *round,
+                    node_id: me.to_owned(),
+                };
+                Op::Put(records::put(keys.done(*round, me), done.encode_to_vec(), 0))
+            }
+            Command::ReportHang { report } => {
+                let key = keys.hang(report.round, me);
+                Op::Put(records::put(key, report.encode_to_vec(), 0))
+            }
+            Command::Halt { halt } => {
+                Op::Txn(records::first_word(keys.halt(), halt.encode_to_vec(), &[]))
+            }
+            Command::Withdraw { record } => {
+                Op::Txn(records::withdrawal(keys, me, record, lease, s.claiming))
+            }
+            Command::ReportFault { record } => {
+                let key = keys.fault(record.round, &record.node_id);
+                Op::Put(records::put(key, record.encode_to_vec(), 0))
+            }
+            Command::Quarantine { record } => {
+                let key = keys.quarantine(&record.machine);
+                Op::Put(records::put(key, record.encode_to_vec(), 0))
+            }
+            Command::Running { .. }
+            | Command::Abandon
+            | Command::Depart { .. }
+            | Command::Evict { .. } => unreachable!("no single write"),
+        }
+    }
+
+    fn evict_op(&self, s: &Serving) -> Op {
+        let Command::Evict {
+            node,
+            lease,
+            round,
+            detect_ms,
+        } = &s.command
+        else {
+            unreachable!("only an eviction checks a lease")
+        };
+        match s.stage {
+            // Only while `lease` is still the one its registration lives on: the proof is
+            // about the process that held it. A node that registered again (a new
+            // incarnation), or a store restarted empty that handed the id to someone
+            // else, is not what was found dead, and revoking it would evict a live agent.
+            Stage::CheckHeld => Op::Txn(records::lease_holds(&self.cfg.keys, node, *lease)),
+            Stage::SayGone => {
+                let g = records::gone(*round, node, v1::Detection::Refused, *detect_ms);
+                Op::Txn(records::say_gone(&self.cfg.keys, &g))
+            }
+            _ => Op::Revoke { lease: *lease },
+        }
+    }
+
+    /// Revoking deletes our registration (and the coordinator key if we held it), so the
+    /// others learn within milliseconds instead of a lease TTL. The others learn how (a
+    /// leave, not a death) from a record sent beside the revoke, not before it: under load
+    /// one more round trip first would delay what every survivor waits for.
+    fn depart_op(&self, s: &Serving) -> Op {
+        let Command::Depart { how } = s.command else {
+            unreachable!("only a departure departs")
+        };
+        let record = match (how, &self.running) {
+            (Departure::Left, Some(r)) => {
+                let g = records::gone(r.number, &self.cfg.node_id, v1::Detection::Left, 0);
+                Some(records::say_gone(&self.cfg.keys, &g))
+            }
+            _ => None,
+        };
+        Op::Depart {
+            record,
+            lease: self.lease,
+        }
+    }
+
+    pub(super) fn on_command_answer(
+        &mut self,
+        mut s: Serving,
+        answer: Result<Answer, etcd_client::Error>,
+    ) {
+        let uses_lease = matches!(
+            s.command,
+            Command::Register { .. } | Command::PublishMaster { .. }
+        );
+        match (s.stage, answer) {
+            // etcd no longer has the lease (this agent was frozen past its TTL, or etcd
+            // lost it): a new one, and the write again with it, so the agent rejoins as a
+            // new incarnation instead of exiting. A second refusal right after a fresh
+            // grant is not a stale lease: it is reported.
+            (Stage::Write { retried: false }, Err(e)) if uses_lease && lease_not_found(&e) => {
+                self.lease_gone();
+                s.stage = Stage::Regrant;
+                self.next_op(s);
+            }
+            (Stage::Write { retried: true }, Err(source))
+                if uses_lease && lease_not_found(&source) =>
+            {
+                let what = what(&s.command, s.stage);
+                self.served(s, Err(RendezvousError::Etcd { what, source }));
+            }
+            (Stage::Regrant, Ok(Answer::Granted { id })) => {
+                self.lease_renewed(id);
+                s.stage = Stage::Write { retried: true };
+                self.next_op(s);
+            }
+            (Stage::Write { .. }, Ok(answer)) => {
+                self.wrote();
+                let won = matches!(answer, Answer::Txn { succeeded: true });
+                if matches!(s.command, Command::Register { .. }) && s.claiming && won {
+                    self.elected();
+                }
+                self.served(s, Ok(()));
+            }
+            (Stage::CheckHeld, Ok(Answer::Txn { succeeded: false })) => {
+                if let Command::Evict { node, lease, .. } = &s.command {
+                    tracing::info!(%node, lease, "the dead agent's lease no longer holds its registration; nothing to revoke");
+                }
+                self.served(s, Ok(()));
+            }
+            (Stage::CheckHeld, Ok(_)) => {
+                s.stage = Stage::SayGone;
+                self.next_op(s);
+            }
+            (Stage::SayGone, Ok(_)) => {
+                self.wrote();
+                s.stage = Stage::Revoke;
+                self.next_op(s);
+            }
+            (Stage::Revoke, r) if r.as_ref().is_ok() || r.as_ref().is_err_and(lease_not_found) => {
+                if r.is_ok() {
+                    self.wrote();
+                }
+                if let Command::Evict { node, lease, .. } = &s.command {
+                    tracing::info!(%node, lease, "revoked the lease of a dead agent");
+                }
+                self.served(s, Ok(()));
+            }
+            (Stage::Depart, Ok(Answer::Departed { said, revoked })) => {
+                if let Some(e) = said {
+                    tracing::debug!(error = %e, "could not record the leave");
+                }
+                match revoked {
+                    None => self.wrote(),
+                    Some(e) => {
+                        tracing::warn!(error = %e, "could not revoke the lease; peers will notice after its TTL")
+                    }
+                }
+                self.served(s, Ok(()));
+            }
+            (stage, Err(source)) => self.command_failed(s, stage, source),
+            (_, Ok(other)) => self.unexpected(&other),
+        }
+    }
+
+    /// A command's op failed: a transient failure keeps the command for after the next
+    /// sync (never answered with it); anything else is its answer.
+    fn command_failed(&mut self, s: Serving, stage: Stage, source: etcd_client::Error) {
+        let what = what(&s.command, stage);
+        if transient(&source) {
+            tracing::warn!(error = %source, "{what} failed; retrying after reconnecting");
+            self.pending.push_front((s.id, s.command));
+            return self.lost(source);
+        }
+        self.served(s, Err(RendezvousError::Etcd { what, source }));
+    }
+
+    /// `s` is answered; what follows depends on the phase.
+    fn served(&mut self, s: Serving, result: Result<(), RendezvousError>) {
+        self.reply(s.id, result);
+        if matches!(s.command, Command::Depart { .. }) {
+            self.phase = Phase::Ended;
+            return;
+        }
+        if let Phase::Watching { lease, .. } = self.phase {
+            if self.lease != lease || self.abandon {
+                self.resync_after_watching(Resync::Outage);
+            } else {
+                // A registration may have won the coordinator key.
+                self.role_check();
+            }
+        }
+    }
+}
+
+/// What a command was doing, for its error.
+fn what(command: &Command, stage: Stage) -> &'static str {
+    match (command, stage) {
+        (_, Stage::Regrant) => "granting a new membership lease",
+        (Command::Evict { .. }, Stage::CheckHeld) => "checking a dead agent's lease",
+        (Command::Evict { .. }, Stage::SayGone) => "recording how a dead agent was found",
+        (Command::Evict { .. }, _) => "revoking a dead agent's lease",
+        (Command::Register { .. }, _) => "registering this node",
+        (Command::PublishMaster { .. }, _) => "publishing the master address",
+        (Command::ReportFailure { .. }, _) => "reporting a worker failure",
+        (Command::ReportDone { .. }, _) => "reporting this node finished",
+        (Command::ReportHang { .. }, _) => "reporting where this node's ranks were in a hang",
+        (Command::Halt { .. }, _) => "ending the run for every node",
+        (Command::Withdraw { .. }, _) => "withdrawing an unhealthy node",
+        (Command::ReportFault { .. }, _) => "reporting a worker fault",
+        (Command::Quarantine { .. }, _) => "quarantining this machine",
+        (Command::Running { .. } | Command::Abandon | Command::Depart { .. }, _) => {
+            "leaving the run"
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! The steps of a sync (a ranged read to open watches) and the other work the machine
+//! queues: each a [`Todo`] that runs at once or sends one op and goes on with its answer.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use prost::Message;
+
+use super::io::{Answer, Kv, Op, Role};
+use super::machine::{Machine, Phase, Resync, Then};
+use super::records;
+use crate::etcd::coordinator::round_record;
+use crate::etcd::session::lease_not_found;
+use crate::etcd::view::{View, left_between};
+use crate::seal::SealDecision;
+
+/// One piece of queued work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Todo {
+    /// Pin the connection to a member that answers.
+    PickEndpoint,
+    /// This node fenced itself: revoke its lease (then [`Todo::Grant`] a new one).
+    RevokeFenced,
+    /// A new lease: the next incarnation.
+    Grant,
+    /// The ranged read of the whole run; the view is rebuilt from it.
+    Read,
+    CountMembers,
+    /// Whether the lease lives, then what it takes to be registered again.
+    CheckLease {
+        resync: bool,
+    },
+    /// This node's registration with the current lease, if it has one to write.
+    Register,
+    /// etcd came back without our round: put the same round back.
+    Republish,
+    /// Claim the coordinator key if nobody holds it.
+    Campaign,
+    OpenWatches,
+    Coordinate,
+    /// Serve the commands that waited for etcd, oldest first.
+    Drain,
+    /// Into [`Phase::Watching`].
+    Enter,
+    /// The watches were opened for another role: open them again for this one.
+    RoleCheck,
+    /// Members of our round not back after the outage grace are gone.
+    CheckAbsent,
+    KeepAlive,
+    Resync(Resync),
+}
+
+impl Todo {
+    /// Everything from a ranged read to open watches.
+    pub fn sync(why: Resync, reselect: bool, abandon: bool) -> Vec<Todo> {
+        let mut plan = Vec::new();
+        if reselect {
+            plan.push(Todo::PickEndpoint);
+        }
+        if abandon {
+            // Before the read, so that the watches start after the revoke and this node
+            // does not see its own departure.
+            plan.push(Todo::RevokeFenced);
+        }
+        plan.push(Todo::Read);
+        // The cluster's size rarely changes: asked at join and after an outage, not at
+        // every coordinator change.
+        if !matches!(why, Resync::RoleChanged { .. }) {
+            plan.push(Todo::CountMembers);
+        }
+        plan.push(Todo::CheckLease {
+            resync: why != Resync::First,
+        });
+        if why != Resync::First {
+            // On the first sync the agent's registration claims the role if it is free.
+            plan.push(Todo::Campaign);
+        }
+        plan.extend([
+            Todo::OpenWatches,
+            Todo::Coordinate,
+            Todo::Drain,
+            Todo::Enter,
+            Todo::RoleCheck,
+        ]);
+        plan
+    }
+}
+
+impl Machine {
+    pub(super) fn run(&mut self, todo: Todo) {
+        let keys = &self.cfg.keys;
+        let op = match todo {
+            Todo::PickEndpoint => Op::PickEndpoint,
+            Todo::RevokeFenced => Op::Revoke { lease: self.lease },
+            Todo::Grant => Op::Grant {
+                ttl: self.cfg.ttl.as_secs().max(1) as i64,
+            },
+            Todo::Read => Op::Range {
+                key: keys.root().to_owned(),
+                prefix: true,
+                keys_only: false,
+            },
+            Todo::CountMembers => Op::MemberCount,
+            Todo::CheckLease { .. } => Op::TimeToLive { lease: self.lease },
+            Todo::Register => match &self.member {
+                Some(m) => Op::Txn(records::registration(
+                    keys,
+                    &self.cfg.node_id,
+                    Some(m),
+                    (self.lease, self.incarnation),
+                    false,
+                )),
+                None => return,
+            },
+            Todo::Republish => match self.round_to_put_back() {
+                Some(r) => Op::Txn(records::first_word(keys.round(), r.encode_to_vec(), &[])),
+                None => return,
+            },
+            Todo::Campaign => {
+                if self.view.coordinator.is_some() || self.member.is_none() {
+                    return;
+                }
+                let me = &self.cfg.node_id;
+                Op::Txn(records::registration(keys, me, None, (self.lease, 0), true))
+            }
+            Todo::OpenWatches => {
+                self.watch_role = self.role();
+                Op::Watch {
+                    role: self.watch_role,
+                    from: self.read_rev + 1,
+                    lease: self.lease,
+                }
+            }
+            Todo::CheckAbsent => match &self.running {
+                Some(_) => Op::Range {
+                    key: keys.members(),
+                    prefix: true,
+                    keys_only: true,
+                },
+                None => return,
+            },
+            Todo::KeepAlive => Op::KeepAlive,
+            Todo::Coordinate => return self.coordinate(),
+            Todo::Drain => return self.drain(),
+            Todo::Enter => return self.enter(),
+            Todo::RoleCheck => return self.role_check(),
+            Todo::Resync(why) => return self.begin_sync(why),
+        };
+        self.issue(Then::Todo(todo), op);
+    }
+
+    pub(super) fn on_todo_answer(
+        &mut self,
+        todo: Todo,
+        answer: Result<Answer, etcd_client::Error>,
+    ) {
+        let answer = match (todo, answer) {
+            // A fenced lease that expired meanwhile is gone either way.
+            (Todo::RevokeFenced, Err(e)) if lease_not_found(&e) => Answer::Done,
+            (_, Err(e)) => return self.lost(e),
+            (_, Ok(a)) => a,
+        };
+        match (todo, answer) {
+            (Todo::PickEndpoint, _) => self.reselect = false,
+            (Todo::RevokeFenced, _) => {
+                self.wrote();
+                tracing::info!(lease = self.lease, "revoked the fenced lease");
+                // Its registration went with the lease: a round sealed from it (before the
+                // others saw it go) is not one this agent can run.
+                let (me, went, now) = (self.cfg.node_id.clone(), self.incarnation, self.now);
+                self.view_mut().depart(&me, went, now);
+                self.abandon = false;
+                self.todo.push_front(Todo::Grant);
+            }
+            (Todo::Grant, Answer::Granted { id }) => self.lease_renewed(id),
+            (Todo::Read, Answer::Range { revision, kvs }) => {
+                self.read_rev = revision;
+                let voluntary = matches!(self.phase, Phase::Syncing(Resync::RoleChanged { .. }));
+                self.install(fresh_view(self, &kvs), voluntary);
+            }
+            (Todo::CountMembers, Answer::MemberCount(n)) => self.single_member = n == 1,
+            (Todo::CheckLease { resync }, Answer::TimeToLive { ttl }) => {
+                self.ensure_registered(resync, ttl)
+            }
+            (Todo::Register, Answer::Txn { .. }) => self.wrote(),
+            (Todo::Republish, Answer::Txn { succeeded }) => {
+                self.wrote();
+                if succeeded {
+                    let round = self.round_to_put_back().map(|r| r.number);
+                    tracing::info!(
+                        ?round,
+                        "etcd lost the round record; put the newest round it knew back"
+                    );
+                }
+            }
+            (Todo::Campaign, Answer::Txn { succeeded }) => {
+                self.wrote();
+                if succeeded {
+                    self.elected();
+                }
+            }
+            (Todo::OpenWatches, Answer::Done) => self.clock.stream_closed(),
+            (Todo::CheckAbsent, Answer::Range { kvs, .. }) => self.check_absent(&kvs),
+            (Todo::KeepAlive, Answer::Done) => {}
+            (_, other) => self.unexpected(&other),
+        }
+    }
+
+    /// Replaces the view with `fresh`, keeping the departures already seen. When
+    /// `voluntary` (nothing was lost in between), a member we knew of that the snapshot
+    /// lacks left while we were switching watches.
+    fn install(&mut self, mut fresh: View, voluntary: bool) {
+        let now = self.now;
+        if let Some(r) = &self.view.round {
+            if self
+                .known_round
+                .as_ref()
+                .is_none_or(|k| k.number < r.record.number)
+            {
+                self.known_round = Some(r.record.clone());
+            }
+        }
+        let left = if voluntary {
+            left_between(&self.view, self.running.as_ref(), &fresh)
+        } else {
+            Vec::new()
+        };
+        let v = &mut self.view;
+        fresh.departed = std::mem::take(&mut v.departed);
+        fresh.lease_safe_until = v.lease_safe_until;
+        fresh.incarnation = v.incarnation;
+        fresh.connected = true;
+        for (id, incarnation) in left {
+            // An earlier sighting of this incarnation's departure keeps its time.
+            if fresh
+                .departed
+                .get(&id)
+                .is_none_or(|d| d.incarnation < incarnation)
+            {
+                fresh.depart(&id, incarnation, now);
+            }
+        }
+        *self.view_mut() = fresh;
+    }
+
+    /// After a read: make sure our lease lives and our registration is there; put back
+    /// our round if etcd lost it.
+    fn ensure_registered(&mut self, resync: bool, ttl: i64) {
+        let alive = ttl > 0;
+        if alive {
+            let left = Duration::from_secs(ttl.unsigned_abs());
+            self.clock.confirmed(self.sent, left);
+            self.publish_lease();
+        }
+        let v = &self.view;
+        let present = v.members.contains_key(&self.cfg.node_id);
+        let mine = self.running.as_ref();
+        let round_missing = self.round_to_put_back().is_some() && v.round.is_none();
+        // Our key is gone while our lease lives and our round is still there: someone
+        // deleted it, and the others saw us leave. (A lost lease is judged by the clock,
+        // in `lease_gone`.)
+        let evicted = alive
+            && !present
+            && mine.is_some_and(|r| {
+                v.round
+                    .as_ref()
+                    .is_some_and(|cur| cur.record.number >= r.number)
+            });
+        if evicted {
+            // The incarnation the round names went; this node registers again below, as
+            // the next one, whose registration that departure does not concern.
+            if let Some(went) = self.my_incarnation() {
+                let (me, now) = (self.cfg.node_id.clone(), self.now);
+                self.view_mut().depart(&me, went, now);
+            }
+            self.next_incarnation();
+        }
+        let mut next = Vec::new();
+        if !alive {
+            self.lease_gone();
+            next.extend([Todo::Grant, Todo::Register]);
+        } else if !present && resync {
+            // On the first sync the agent writes its own registration when it joins.
+            next.push(Todo::Register);
+        }
+        if round_missing {
+            next.push(Todo::Republish);
+        }
+        for t in next.into_iter().rev() {
+            self.todo.push_front(t);
+        }
+    }
+
+    /// The newest round this agent knows (the one it runs, or a later one it saw).
+    fn round_to_put_back(&self) -> Option<&fsdp_proto::v1::Round> {
+        [self.running.as_ref(), self.known_round.as_ref()]
+            .into_iter()
+            .flatten()
+            .max_by_key(|r| r.number)
+    }
+
+    /// By node, not by incarnation: after etcd came back empty every member registers
+    /// again as a new incarnation, and the round goes on.
+    fn check_absent(&mut self, present: &[Kv]) {
+        let Some(mine) = self.running.clone() else {
+            return;
+        };
+        let prefix = self.cfg.keys.members();
+        let present: BTreeSet<&str> = present
+            .iter()
+            .filter_map(|kv| kv.key.strip_prefix(&prefix))
+            .collect();
+        let now = self.now;
+        let v = self.view_mut();
+        for m in mine
+            .members
+            .iter()
+            .filter(|m| !present.contains(m.node_id.as_str()))
+        {
+            v.depart(&m.node_id, m.incarnation, now);
+        }
+    }
+
+    fn drain(&mut self) {
+        if let Some((id, command)) = self.pending.pop_front() {
+            self.todo.push_front(Todo::Drain);
+            self.serve(id, command);
+        }
+    }
+
+    fn enter(&mut self) {
+        self.probe(false);
+        self.phase = Phase::Watching {
+            role: self.watch_role,
+            lease: self.lease,
+        };
+        self.keep_alive_at = Some(self.now);
+        self.reset_outage();
+    }
+
+    pub(super) fn role_check(&mut self) {
+        if let Phase::Watching { role, .. } = self.phase {
+            if role != self.role() {
+                let grace_until = self.grace_until;
+                self.resync_after_watching(Resync::RoleChanged { grace_until });
+            }
+        }
+    }
+
+    /// As coordinator: observe the view, and commit a round if the rule says so.
+    fn coordinate(&mut self) {
+        if self.role() != Role::Coordinator {
+            self.recheck = None;
+            return;
+        }
+        let obs = self.coordinator.observe(self.now, &self.view);
+        // Once every member finished, the members leaving is the job ending: "re-forming
+        // (lost ...)" would read as a failure in the last lines of a successful run. The
+        // decision itself stands (a node joining a finished job still gets a round).
+        match (obs.new_reason, self.view.round_finished()) {
+            (true, true) => {
+                tracing::debug!(reason = %obs.reason, "coordinator (the round finished)")
+            }
+            (true, false) => tracing::info!(reason = %obs.reason, "coordinator"),
+            (false, _) => {}
+        }
+        if let Some(why) = &obs.held {
+            self.counters
+                .seals_held
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(reason = %obs.reason, held = %why, "rounds are being sealed too fast; is a node re-forming in a loop?");
+        }
+        match obs.decision {
+            SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at } => {
+                self.recheck = recheck_at;
+            }
+            SealDecision::Seal(p) => {
+                let record = round_record(&p, &self.view, &obs.reason, self.unix_ms());
+                let txn = records::commit_round(&self.cfg.keys, obs.fence, &record);
+                let then = Then::Commit {
+                    number: p.number,
+                    members: p.members.len(),
+                    restart_count: p.restart_count,
+                    reason: obs.reason,
+                };
+                self.issue(then, Op::Txn(txn));
+            }
+        }
+    }
+}
+
+/// The view a ranged read of the run gives.
+fn fresh_view(m: &Machine, kvs: &[Kv]) -> View {
+    let mut fresh = View::default();
+    for kv in kvs {
+        fresh.put(
+            &m.cfg.keys,
+            &kv.key,
+            &kv.value,
+            kv.create_rev,
+            kv.mod_rev,
+            kv.lease,
+        );
+    }
+    fresh
+}

@@ -1,0 +1,187 @@
+//! The invariants, checked after every event; the first broken one ends the seed.
+
+use fsdp_proto::v1;
+
+use super::agent::Life;
+use super::world::{Sealed, World, names};
+
+/// Rounds sealed between two faults before the checker calls it a loop: a membership
+/// change costs at most three rounds.
+pub const SEALS_PER_CHANGE: u32 = 3;
+
+impl World {
+    pub fn violate(&mut self, what: String) {
+        if self.violation.is_none() {
+            self.note(|| format!("VIOLATION: {what}"));
+            self.violation = Some(what);
+        }
+    }
+
+    /// A round was committed: ranks dense and unique, the world size within MIN..MAX, the
+    /// restart count never lower than the round before, no run halted, one record per
+    /// number, and no loop.
+    pub fn on_sealed(&mut self, r: &v1::Round) {
+        let epoch = self.etcd.epoch;
+        let members: Vec<String> = r.members.iter().map(|m| m.node_id.clone()).collect();
+        if let Some(before) = self.sealed.get(&r.number) {
+            if before.members == members && before.restart_count == r.restart_count {
+                // Put back after etcd lost it: the same round.
+                return;
+            }
+            if before.epoch == epoch {
+                let b = before.members.clone();
+                return self.violate(format!(
+                    "two rounds numbered {}: {b:?} and {members:?} (the fence let both through)",
+                    r.number
+                ));
+            }
+        }
+        self.note(|| {
+            format!(
+                "etcd: round {} sealed {:?} restart_count {} ({})",
+                r.number,
+                names(r),
+                r.restart_count,
+                r.reason
+            )
+        });
+        let mut unique = members.clone();
+        unique.sort();
+        unique.dedup();
+        let n = members.len() as u32;
+        if unique.len() != members.len() {
+            return self.violate(format!(
+                "round {} names a node twice: {members:?}",
+                r.number
+            ));
+        }
+        if n < self.opts.min_nodes || n > self.opts.max_nodes {
+            return self.violate(format!(
+                "round {} has {n} nodes, outside {}..{}",
+                r.number, self.opts.min_nodes, self.opts.max_nodes
+            ));
+        }
+        // Within one store epoch: when etcd lost its data, the history survives only if an
+        // agent that knew the last round puts it back before a fresh round is sealed
+        // (docs/simulation.md, "What the model leaves out").
+        if let Some((num, prev)) = self
+            .sealed
+            .iter()
+            .next_back()
+            .filter(|(_, p)| p.epoch == epoch)
+        {
+            if *num > r.number {
+                return self.violate(format!("round {} sealed after round {num}", r.number));
+            }
+            if r.restart_count < prev.restart_count {
+                let p = prev.restart_count;
+                return self.violate(format!(
+                    "round {}'s restart count {} is below round {num}'s {p}",
+                    r.number, r.restart_count
+                ));
+            }
+        }
+        if self.halted() {
+            return self.violate(format!("round {} sealed in a halted run", r.number));
+        }
+        self.sealed.insert(
+            r.number,
+            Sealed {
+                epoch,
+                members,
+                restart_count: r.restart_count,
+            },
+        );
+        self.seals_since_fault += 1;
+        if self.seals_since_fault > SEALS_PER_CHANGE {
+            let n = self.seals_since_fault;
+            self.violate(format!("livelock: {n} rounds sealed since the last fault"));
+        }
+    }
+
+    fn halted(&self) -> bool {
+        let key = self.keys.halt();
+        let req = fsdp_proto::etcdserverpb::RangeRequest {
+            key: key.into_bytes(),
+            ..Default::default()
+        };
+        self.etcd.state.range(&req).is_ok_and(|r| !r.kvs.is_empty())
+    }
+
+    /// Agent `a`'s workers start `round`: not in a halted run, and never with a lower
+    /// restart count than its last round.
+    pub fn check_start(&mut self, a: usize, round: &v1::Round) {
+        if self.halted() {
+            return self.violate(format!(
+                "n{a} started round {} of a halted run",
+                round.number
+            ));
+        }
+        let epoch = self.etcd.epoch;
+        let (seen_in, last) = self.agents[a].last_restart_count;
+        if seen_in == epoch && round.restart_count < last {
+            return self.violate(format!(
+                "n{a}'s restart count went back from {last} to {} (round {})",
+                round.restart_count, round.number
+            ));
+        }
+        self.agents[a].last_restart_count = (epoch, round.restart_count);
+    }
+
+    /// Fencing: no workers run under a lease etcd expired or revoked — the others may
+    /// have re-formed without them.
+    pub fn check_fencing(&mut self) {
+        for a in 0..self.agents.len() {
+            if self.agents[a].life != Life::Up {
+                continue;
+            }
+            let Some(r) = self.agents[a].running() else {
+                continue;
+            };
+            let node = &self.agents[a].node;
+            let Some(me) = r.members.iter().find(|m| &m.node_id == node) else {
+                continue;
+            };
+            let same_epoch = self
+                .sealed
+                .get(&r.number)
+                .is_some_and(|s| s.epoch == self.etcd.epoch);
+            if same_epoch && self.etcd.ended.contains(&me.lease) {
+                let (n, lease) = (r.number, me.lease);
+                return self.violate(format!(
+                    "fencing: n{a}'s workers run round {n} after its lease {lease} ended in etcd"
+                ));
+            }
+        }
+    }
+
+    /// Liveness, once faults are over and the bound passed: every live agent is in one
+    /// running group (as many as MAX allows; spares wait), or fewer than MIN are left.
+    pub fn check_settled(&mut self) {
+        let live: Vec<usize> = (0..self.agents.len())
+            .filter(|a| self.agents[*a].life == Life::Up)
+            .collect();
+        if (live.len() as u32) < self.opts.min_nodes {
+            return;
+        }
+        let running: Vec<(usize, u64)> = live
+            .iter()
+            .filter_map(|a| self.agents[*a].running().map(|r| (*a, r.number)))
+            .collect();
+        let want = live.len().min(self.opts.max_nodes as usize);
+        let rounds: std::collections::BTreeSet<u64> = running.iter().map(|(_, n)| *n).collect();
+        if running.len() != want || rounds.len() != 1 {
+            let waiting: Vec<String> = live
+                .iter()
+                .filter(|a| self.agents[**a].running().is_none())
+                .map(|a| format!("n{a}"))
+                .collect();
+            self.violate(format!(
+                "liveness: {} s after the last fault, {} of {} live agents run ({running:?}); waiting: {waiting:?}",
+                self.opts.liveness_bound().as_secs_f64(),
+                running.len(),
+                want
+            ));
+        }
+    }
+}

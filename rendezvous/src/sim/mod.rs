@@ -1,0 +1,184 @@
+//! Deterministic simulation of the etcd rendezvous (issue 27): N agents, each the real
+//! session [`Machine`](crate::etcd::session::Machine) and the agent loop's rendezvous
+//! part (the real `step`, `detect` and `fence::decide`), over the embedded store's pure
+//! etcd (`store::state`), with a simulated clock and network and simulated workers. A
+//! seeded schedule of faults — kills, SIGTERMs, freezes past the lease, cuts from etcd,
+//! slow links, cancelled watches, failing and halting workers, etcd restarted with its
+//! data or empty, a member of three lost, agents joining late and spares — runs to the
+//! end, and the invariants (`check.rs`) are checked after every event. The same seed
+//! gives the same run byte for byte; a failing one is shrunk to the fewest faults that
+//! still fail it ([`shrink`]).
+//!
+//! * `faults.rs` — the schedule drawn from a seed;
+//! * `world.rs` — the clock, the queue of events, the network between agents and etcd;
+//! * `etcd.rs` — the session's ops against the pure store;
+//! * `agent.rs` — a simulated agent and its workers;
+//! * `check.rs` — the invariants;
+//! * `run.rs` — one seed from start to end.
+//!
+//! `scripts/sim.sh` runs long campaigns; docs/simulation.md says what is modelled and
+//! what is left to the real-process tests.
+
+mod agent;
+mod check;
+mod etcd;
+pub mod faults;
+mod rng;
+mod run;
+mod world;
+
+use std::time::Duration;
+
+pub use faults::Fault;
+pub use run::{mix, run, run_schedule};
+
+/// Fixes switched off, or a fence broken on purpose, to show the checker fails.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Switches {
+    /// Departures read without incarnations (before issue 26).
+    pub old_departures: bool,
+    /// The store and ring watcher before issue 26: lease ids from 1 again after an empty
+    /// restart, and evictions that do not check the lease still holds the registration.
+    pub old_store: bool,
+    /// Agents never fence themselves.
+    pub broken_fence: bool,
+}
+
+/// What a campaign runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub agents: usize,
+    /// Agents started at once (the rest join through the schedule).
+    pub initial: usize,
+    /// Faults per seed.
+    pub faults: usize,
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub ttl: Duration,
+    pub last_call: Duration,
+    pub three_members: bool,
+    pub switches: Switches,
+    /// Keep the trace (for a replay).
+    pub trace: bool,
+}
+
+impl Options {
+    /// The default world: `agents` agents, MIN 2, MAX one fewer than the agents (so one
+    /// is a spare when all run), a 6 s TTL and a 1 s last call.
+    pub fn new(agents: usize) -> Self {
+        let agents = agents.max(2);
+        Self {
+            agents,
+            initial: agents,
+            faults: 200,
+            min_nodes: 2,
+            max_nodes: (agents as u32 - 1).max(2),
+            ttl: Duration::from_secs(6),
+            last_call: Duration::from_secs(1),
+            three_members: false,
+            switches: Switches::default(),
+            trace: false,
+        }
+    }
+
+    /// Once faults stop, every live agent runs within this (the issue's TTL + last call +
+    /// 2 s).
+    pub fn liveness_bound(&self) -> Duration {
+        self.ttl + self.last_call + Duration::from_secs(2)
+    }
+
+    /// The options of `seed`: every fourth seed runs against a three-member etcd.
+    pub fn for_seed(&self, seed: u64) -> Self {
+        let mut o = self.clone();
+        o.three_members = self.three_members || seed % 4 == 3;
+        o
+    }
+}
+
+/// How one seed went.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub seed: u64,
+    pub events: u64,
+    pub faults: u64,
+    pub violation: Option<String>,
+    /// The run, one line per event that matters (when asked for).
+    pub trace: Vec<String>,
+}
+
+/// Runs `seed` with the switches set on this thread.
+pub fn run_seed(seed: u64, opts: &Options) -> Report {
+    let opts = opts.for_seed(seed);
+    crate::switches::OLD_DEPARTURES.with(|s| s.set(opts.switches.old_departures));
+    crate::switches::OLD_EVICTIONS.with(|s| s.set(opts.switches.old_store));
+    let report = run(seed, &opts);
+    crate::switches::before_issue_26(false);
+    report
+}
+
+/// The fewest faults of `seed`'s schedule that still fail it, and their report: faults are
+/// taken out one at a time (halves first) while the run still fails.
+pub fn shrink(seed: u64, opts: &Options) -> (Vec<(u64, Fault)>, Report) {
+    let opts = opts.for_seed(seed);
+    crate::switches::OLD_DEPARTURES.with(|s| s.set(opts.switches.old_departures));
+    crate::switches::OLD_EVICTIONS.with(|s| s.set(opts.switches.old_store));
+    let mut plan = faults::schedule(seed, &mix(seed, &opts));
+    let report = run_schedule(seed, &opts, &plan);
+    let fails = |r: &Report| r.violation.is_some();
+    if !fails(&report) {
+        crate::switches::before_issue_26(false);
+        return (plan, report);
+    }
+    let mut chunk = plan.len() / 2;
+    while chunk >= 1 {
+        let mut i = 0;
+        while i < plan.len() {
+            let mut fewer = plan.clone();
+            fewer.drain(i..(i + chunk).min(plan.len()));
+            let r = run_schedule(seed, &opts, &fewer);
+            if fails(&r) {
+                plan = fewer;
+            } else {
+                i += chunk;
+            }
+        }
+        chunk /= 2;
+    }
+    let mut traced = opts.clone();
+    traced.trace = true;
+    let report = run_schedule(seed, &traced, &plan);
+    crate::switches::before_issue_26(false);
+    (plan, report)
+}
+
+/// Runs seeds `start..start + n` on `threads` threads; `progress` is told of each.
+pub fn campaign(
+    start: u64,
+    n: u64,
+    opts: &Options,
+    threads: usize,
+    progress: &(dyn Fn(&Report) + Sync),
+) -> Vec<Report> {
+    let next = std::sync::atomic::AtomicU64::new(start);
+    let failed = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if seed >= start + n {
+                        return;
+                    }
+                    let r = run_seed(seed, opts);
+                    progress(&r);
+                    if r.violation.is_some() {
+                        failed.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+                    }
+                }
+            });
+        }
+    });
+    let mut failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+    failed.sort_by_key(|r| r.seed);
+    failed
+}

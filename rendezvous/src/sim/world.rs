@@ -1,0 +1,665 @@
+//! The world of one seed: a simulated clock and network, the simulated etcd, the agents,
+//! and the queue of what happens next. Everything is drawn from the seed, so the same seed
+//! gives the same run, event for event.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use fsdp_proto::v1;
+use prost::Message;
+
+use super::Options;
+use super::agent::{Did, Life, Loop, SimAgent, Watching};
+use super::etcd::{SimEtcd, cut, prefix_end};
+use super::faults::Fault;
+use super::rng::Rng;
+use crate::Counters;
+use crate::etcd::Keys;
+use crate::etcd::session::{
+    Answer, Command, Config, Effect, Input, Machine, Op, Role, WatchEvent, Write,
+};
+use crate::seal::SealConfig;
+use crate::store::state::WatchSpec;
+
+/// What happens at a moment.
+#[derive(Debug)]
+pub enum Ev {
+    Fault(Fault),
+    /// An op reaches etcd.
+    Arrive {
+        a: usize,
+        process: u64,
+        op: Op,
+    },
+    /// A keep-alive reaches etcd.
+    KeepAlive {
+        a: usize,
+        streams: u64,
+        lease: i64,
+    },
+    /// An input reaches agent `a`'s process (op answers, timers).
+    Deliver {
+        a: usize,
+        process: u64,
+        input: Input,
+    },
+    /// An input from agent `a`'s open streams.
+    Stream {
+        a: usize,
+        streams: u64,
+        input: Input,
+    },
+    /// Agent `a`'s timer.
+    Timer {
+        a: usize,
+        process: u64,
+    },
+    /// Agent `a`'s ring watcher found `node` dead.
+    Evict {
+        a: usize,
+        process: u64,
+        command: Command,
+    },
+    /// Agent `a`'s prober looks at etcd.
+    Probe {
+        a: usize,
+        process: u64,
+    },
+    /// etcd expires leases.
+    Expire,
+    /// etcd is back from a restart.
+    EtcdBack,
+    /// Faults are over: everything heals.
+    HealAll,
+    /// The liveness bound after the last fault.
+    Settled,
+    End,
+}
+
+pub struct Queued {
+    pub at: u64,
+    pub seq: u64,
+    pub ev: Ev,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Queued {}
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// A round committed to etcd, as the checker keeps it.
+#[derive(Debug, Clone)]
+pub struct Sealed {
+    pub epoch: u32,
+    pub members: Vec<String>,
+    pub restart_count: u32,
+}
+
+pub struct World {
+    pub opts: Options,
+    pub base: Instant,
+    pub now_ms: u64,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Queued>>,
+    pub rng: Rng,
+    pub etcd: SimEtcd,
+    pub agents: Vec<SimAgent>,
+    pub keys: Keys,
+    pub writes: Vec<Arc<AtomicU64>>,
+    /// Rounds committed, by number (a republished round is not a new one).
+    pub sealed: BTreeMap<u64, Sealed>,
+    pub seals_since_fault: u32,
+    pub trace: Option<Vec<String>>,
+    pub events: u64,
+    pub faults_applied: u64,
+    /// The last event in which faults still happen; liveness is checked after it.
+    pub settled: bool,
+    pub violation: Option<String>,
+    /// Last delivery time of each agent's streams (deliveries of one stream keep order).
+    stream_clock: Vec<[u64; 2]>,
+    timer_at: Vec<Option<u64>>,
+}
+
+const UNIX_MS_AT_START: u64 = 1_800_000_000_000;
+
+impl World {
+    pub fn new(opts: Options, seed: u64) -> Self {
+        let keys = Keys::new("/fsdp-sim", "run").expect("a valid prefix");
+        let margin = crate::fence::default_margin(opts.ttl);
+        let agents = (0..opts.agents)
+            .map(|i| SimAgent::new(format!("n{i}"), margin, opts.switches.broken_fence))
+            .collect();
+        let members = if opts.three_members { 3 } else { 1 };
+        Self {
+            etcd: SimEtcd::new(opts.switches.old_store, UNIX_MS_AT_START, members),
+            base: Instant::now(),
+            now_ms: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            rng: Rng::new(seed.wrapping_mul(31).wrapping_add(7)),
+            agents,
+            keys,
+            writes: (0..opts.agents)
+                .map(|_| Arc::new(AtomicU64::new(0)))
+                .collect(),
+            sealed: BTreeMap::new(),
+            seals_since_fault: 0,
+            trace: opts.trace.then(Vec::new),
+            events: 0,
+            faults_applied: 0,
+            settled: false,
+            violation: None,
+            stream_clock: vec![[0; 2]; opts.agents],
+            timer_at: vec![None; opts.agents],
+            opts,
+        }
+    }
+
+    pub fn now(&self) -> Instant {
+        self.base + Duration::from_millis(self.now_ms)
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        let ns = at.saturating_duration_since(self.base).as_nanos();
+        ns.div_ceil(1_000_000) as u64
+    }
+
+    pub fn push(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse(Queued {
+            at: at.max(self.now_ms),
+            seq: self.seq,
+            ev,
+        }));
+    }
+
+    pub fn after(&mut self, delay: u64, ev: Ev) {
+        self.push(self.now_ms + delay, ev);
+    }
+
+    pub fn note(&mut self, what: impl FnOnce() -> String) {
+        if let Some(t) = self.trace.as_mut() {
+            let ms = self.now_ms;
+            t.push(format!("{:>4}.{:03}s {}", ms / 1000, ms % 1000, what()));
+        }
+    }
+
+    pub fn pop(&mut self) -> Option<Queued> {
+        let q = self.queue.pop()?.0;
+        self.now_ms = q.at;
+        self.events += 1;
+        Some(q)
+    }
+
+    fn latency(&mut self, a: usize) -> u64 {
+        if self.agents[a].slow {
+            self.rng.range(200, 1_000)
+        } else {
+            self.rng.range(1, 20)
+        }
+    }
+
+    fn seal_config(&self) -> SealConfig {
+        SealConfig {
+            min_nodes: self.opts.min_nodes,
+            max_nodes: self.opts.max_nodes,
+            last_call: self.opts.last_call,
+            straggler_timeout: self.opts.ttl,
+        }
+    }
+
+    /// Starts agent `a`'s process: a lease granted at etcd, then the machine's first sync.
+    pub fn start(&mut self, a: usize) {
+        if self.agents[a].life != Life::Down {
+            return;
+        }
+        let now = self.now();
+        let pinned = self.agents[a].pinned;
+        if !self.etcd.serves(now, pinned, self.opts.three_members) {
+            // The handle's join retries until etcd answers.
+            self.after(500, Ev::Fault(Fault::Start(a)));
+            return;
+        }
+        let ttl_s = self.opts.ttl.as_secs() as i64;
+        let Ok((lease, _)) = self.etcd.state.grant(ttl_s, 0, now) else {
+            return;
+        };
+        let skew = self.rng.range(0, 2_000);
+        let cfg = Config {
+            keys: self.keys.clone(),
+            node_id: self.agents[a].node.clone(),
+            addr: format!("10.0.0.{a}"),
+            status_addr: format!("10.0.0.{a}:29450"),
+            local_world_size: 1,
+            ttl: self.opts.ttl,
+            outage_limit: Duration::from_secs(60),
+            fence_margin: crate::fence::default_margin(self.opts.ttl),
+            seal: self.seal_config(),
+            several_endpoints: self.opts.three_members,
+            can_probe: true,
+            embedded_store: false,
+            lease,
+            granted_at: now,
+            unix_ms_at_grant: UNIX_MS_AT_START + self.now_ms + skew,
+            first_incarnation: crate::etcd::session::first_incarnation(
+                UNIX_MS_AT_START + self.now_ms,
+            ),
+        };
+        let mut machine = Machine::new(cfg, Counters::default(), self.writes[a].clone());
+        let effects = machine.start(now);
+        let ag = &mut self.agents[a];
+        ag.process += 1;
+        ag.streams += 1;
+        ag.machine = Some(machine);
+        ag.life = Life::Up;
+        ag.lp = Loop::Starting;
+        ag.asked = None;
+        ag.watching = None;
+        ag.probing = false;
+        ag.frozen_inbox.clear();
+        self.note(|| format!("n{a} starts (lease {lease})"));
+        self.carry_out(a, effects);
+        self.after_step(a);
+    }
+
+    /// Gives agent `a` an input (kept for later while it is frozen).
+    pub fn feed(&mut self, a: usize, input: Input) {
+        let now = self.now();
+        let ag = &mut self.agents[a];
+        match ag.life {
+            Life::Frozen => return ag.frozen_inbox.push((None, input)),
+            Life::Up => {}
+            Life::Down | Life::Exited(_) => return,
+        }
+        let Some(m) = ag.machine.as_mut() else { return };
+        let before = self
+            .trace
+            .is_some()
+            .then(|| (m.phase(), m.view().departed.clone(), m.incarnation()));
+        let what = self
+            .trace
+            .is_some()
+            .then(|| format!("{input:?}").chars().take(120).collect::<String>());
+        let effects = m.step(now, input);
+        if let (Some((phase, departed, inc)), Some(what)) = (before, what) {
+            let (p2, d2, i2) = (m.phase(), m.view().departed.clone(), m.incarnation());
+            if phase != p2 || departed != d2 || inc != i2 {
+                let line = format!(
+                    "n{a} machine: {phase:?} -> {p2:?}, incarnation ..{} departed {:?} (after {what})",
+                    i2 % 1_000_000,
+                    d2.iter()
+                        .map(|(k, d)| format!("{k}#..{}", d.incarnation % 1_000_000))
+                        .collect::<Vec<_>>()
+                );
+                self.note(|| line);
+            }
+        }
+        self.carry_out(a, effects);
+        self.after_step(a);
+    }
+
+    /// The loop looks again, and the next timer is set.
+    pub fn after_step(&mut self, a: usize) {
+        loop {
+            let now = self.now();
+            let did = self.agents[a].act(now);
+            if did.is_empty() {
+                break;
+            }
+            for d in did {
+                self.did(a, d);
+            }
+        }
+        let ag = &self.agents[a];
+        let Some(m) = ag.machine.as_ref() else { return };
+        let due = [m.deadline(), ag.recheck].into_iter().flatten().min();
+        if let Some(due) = due {
+            let at = self.ms(due).max(self.now_ms);
+            if self.timer_at[a] != Some(at) {
+                self.timer_at[a] = Some(at);
+                let process = ag.process;
+                self.push(at, Ev::Timer { a, process });
+            }
+        }
+    }
+
+    pub fn did(&mut self, a: usize, d: Did) {
+        match d {
+            Did::Ask(id, command) => {
+                self.note(|| format!("n{a} asks {}", short(&command)));
+                self.feed(a, Input::Command(id, command));
+            }
+            Did::Started(round) => {
+                self.note(|| format!("n{a} runs round {} {:?}", round.number, names(&round)));
+                self.check_start(a, &round);
+            }
+            Did::Stopped(why) => self.note(|| format!("n{a} stops its workers: {why}")),
+            Did::Exited(why) => self.note(|| format!("n{a} exits: {why}")),
+            Did::Note(what) => self.note(|| format!("n{a}: {what}")),
+        }
+    }
+
+    fn carry_out(&mut self, a: usize, effects: Vec<Effect>) {
+        for effect in effects {
+            let process = self.agents[a].process;
+            match effect {
+                Effect::Etcd(Op::KeepAlive) => {
+                    // Sent on the open stream: done at once; the answer comes on the stream.
+                    self.push(
+                        self.now_ms,
+                        Ev::Deliver {
+                            a,
+                            process,
+                            input: Input::Answer(Ok(Answer::Done)),
+                        },
+                    );
+                    let Some(w) = self.agents[a].watching.clone() else {
+                        continue;
+                    };
+                    let lat = self.latency(a);
+                    let streams = self.agents[a].streams;
+                    self.after(
+                        lat,
+                        Ev::KeepAlive {
+                            a,
+                            streams,
+                            lease: w.lease,
+                        },
+                    );
+                }
+                Effect::Etcd(op) => {
+                    let lat = self.latency(a);
+                    self.after(lat, Ev::Arrive { a, process, op });
+                }
+                Effect::Reply(id, result) => {
+                    if let Some(d) = self.agents[a].answered(id, &result) {
+                        self.did(a, d);
+                    }
+                }
+                Effect::CloseWatches => {
+                    let ag = &mut self.agents[a];
+                    ag.watching = None;
+                    ag.streams += 1;
+                }
+                Effect::Probe(on) => {
+                    self.agents[a].probing = on;
+                    if on {
+                        self.after(0, Ev::Probe { a, process });
+                    }
+                }
+            }
+        }
+    }
+
+    /// An op reaches etcd: carried out if it gets through, answered after the way back.
+    pub fn arrive(&mut self, a: usize, process: u64, op: Op) {
+        if self.agents[a].process != process || self.agents[a].machine.is_none() {
+            return;
+        }
+        let now = self.now();
+        let three = self.opts.three_members;
+        if let Op::PickEndpoint = op {
+            if let Some(up) = (0..3).find(|m| self.etcd.members_up[*m]) {
+                self.agents[a].pinned = up;
+            }
+        }
+        let through = !self.agents[a].cut && self.etcd.serves(now, self.agents[a].pinned, three);
+        let answer = if !through {
+            // A cut network times out; a stopped etcd refuses at once.
+            let wait = if self.agents[a].cut {
+                self.rng.range(1_000, 3_000)
+            } else {
+                self.rng.range(1, 20)
+            };
+            return self.after(
+                wait,
+                Ev::Deliver {
+                    a,
+                    process,
+                    input: Input::Answer(Err(cut())),
+                },
+            );
+        } else {
+            self.expire();
+            if let Op::Watch { role, from, lease } = &op {
+                self.agents[a].watching = Some(Watching {
+                    role: *role,
+                    next_rev: *from,
+                    lease: *lease,
+                });
+            }
+            let answer = self.etcd.execute(&op, now);
+            self.after_write(&op, &answer);
+            answer
+        };
+        let lat = self.latency(a);
+        self.after(
+            lat,
+            Ev::Deliver {
+                a,
+                process,
+                input: Input::Answer(answer),
+            },
+        );
+        self.broadcast();
+    }
+
+    /// A keep-alive reaches etcd.
+    pub fn keep_alive(&mut self, a: usize, streams: u64, lease: i64) {
+        let ag = &self.agents[a];
+        let now = self.now();
+        if ag.streams != streams
+            || ag.cut
+            || !self.etcd.serves(now, ag.pinned, self.opts.three_members)
+        {
+            return;
+        }
+        self.expire();
+        let ttl = self.etcd.keep_alive(lease, now);
+        let lat = self.latency(a);
+        self.after(
+            lat,
+            Ev::Stream {
+                a,
+                streams,
+                input: Input::LeaseAnswer(Some(ttl)),
+            },
+        );
+        self.broadcast();
+    }
+
+    /// etcd expires what is due (it needs a leader).
+    pub fn expire(&mut self) {
+        let now = self.now();
+        if !self.etcd.has_leader(now, self.opts.three_members) {
+            return;
+        }
+        let gone = self.etcd.expire(now);
+        if !gone.is_empty() {
+            self.note(|| format!("etcd: leases {gone:?} expired"));
+            self.broadcast();
+        }
+    }
+
+    /// A round key written: the checker sees every commit.
+    fn after_write(&mut self, op: &Op, answer: &Result<Answer, etcd_client::Error>) {
+        let Op::Txn(spec) = op else { return };
+        let Ok(Answer::Txn { succeeded: true }) = answer else {
+            return;
+        };
+        let round_key = self.keys.round();
+        if self.trace.is_some() {
+            let members = self.keys.members();
+            for w in &spec.then {
+                if let Write::Put { key, value, lease } = w {
+                    if key.starts_with(&members) {
+                        if let Ok(m) = v1::Member::decode(value.as_slice()) {
+                            let (id, inc, wants) =
+                                (m.node_id, m.incarnation % 1_000_000, m.wants_round);
+                            self.note(|| {
+                                format!(
+                                    "etcd: {id} registered #..{inc} for round {wants} (lease ..{})",
+                                    lease % 1_000_000
+                                )
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        for w in &spec.then {
+            if let Write::Put { key, value, .. } = w {
+                if *key == round_key {
+                    if let Ok(r) = v1::Round::decode(value.as_slice()) {
+                        self.on_sealed(&r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// New events reach every open watch, by revision, each stream in order.
+    pub fn broadcast(&mut self) {
+        let rev = self.etcd.state.revision();
+        for a in 0..self.agents.len() {
+            let Some(w) = self.agents[a].watching.clone() else {
+                continue;
+            };
+            if w.next_rev > rev || self.agents[a].cut {
+                continue;
+            }
+            let specs = self.specs(w.role);
+            let streams = self.agents[a].streams;
+            for (i, spec) in specs.iter().enumerate() {
+                match self.etcd.replay(w.next_rev, spec) {
+                    None => {
+                        self.after(
+                            1,
+                            Ev::Stream {
+                                a,
+                                streams,
+                                input: Input::WatchEnded,
+                            },
+                        );
+                    }
+                    Some(batches) => {
+                        for (_, batch) in batches {
+                            let lat = self.latency(a);
+                            let at = (self.now_ms + lat).max(self.stream_clock[a][i]);
+                            self.stream_clock[a][i] = at;
+                            self.push(
+                                at,
+                                Ev::Stream {
+                                    a,
+                                    streams,
+                                    input: Input::Watched(batch),
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            if let Some(w) = self.agents[a].watching.as_mut() {
+                w.next_rev = rev + 1;
+            }
+        }
+    }
+
+    /// The watches a role opens (as the driver opens them).
+    fn specs(&self, role: Role) -> Vec<WatchSpec> {
+        let spec = |key: &str, members: bool| WatchSpec {
+            key: key.as_bytes().to_vec(),
+            range_end: prefix_end(key.as_bytes()),
+            no_put: members,
+            no_delete: false,
+            prev_kv: members,
+        };
+        match role {
+            Role::Coordinator => vec![spec(self.keys.root(), false)],
+            Role::Member => vec![
+                spec(&self.keys.ctl(), false),
+                spec(&self.keys.members(), true),
+            ],
+        }
+    }
+
+    /// Streams of agent `a` fail (a cut, an etcd restart) after `delay`.
+    pub fn fail_streams(&mut self, a: usize, delay: u64) {
+        if self.agents[a].watching.is_none() {
+            return;
+        }
+        let streams = self.agents[a].streams;
+        self.after(
+            delay,
+            Ev::Stream {
+                a,
+                streams,
+                input: Input::StreamFailed(cut()),
+            },
+        );
+    }
+
+    pub fn clear_timer(&mut self, a: usize) {
+        self.timer_at[a] = None;
+    }
+
+    pub fn deliver_stream(&mut self, a: usize, streams: u64, input: Input) {
+        if self.agents[a].streams != streams {
+            return;
+        }
+        if self.agents[a].life == Life::Frozen {
+            // Read at the thaw, if the stream is still open then.
+            return self.agents[a].frozen_inbox.push((Some(streams), input));
+        }
+        if let Input::Watched(batch) = &input {
+            let gone: Vec<&str> = batch
+                .iter()
+                .filter_map(|e| match e {
+                    WatchEvent::Delete { key, .. } => Some(key.as_str()),
+                    WatchEvent::Put(_) => None,
+                })
+                .collect();
+            if !gone.is_empty() && self.trace.is_some() {
+                let gone = gone.join(",");
+                self.note(|| format!("n{a} sees deleted {gone}"));
+            }
+        }
+        self.feed(a, input);
+    }
+}
+
+pub fn names(r: &v1::Round) -> Vec<String> {
+    r.members
+        .iter()
+        .map(|m| format!("{}#..{}", m.node_id, m.incarnation % 1_000_000))
+        .collect()
+}
+
+fn short(c: &Command) -> String {
+    match c {
+        Command::Register { wants_round } => format!("register for round {wants_round}"),
+        Command::PublishMaster { round, .. } => format!("publish the master of round {round}"),
+        Command::Running { round } => format!("running round {}", round.number),
+        Command::ReportFailure { round } => format!("report a failure in round {round}"),
+        Command::Halt { .. } => "halt".into(),
+        Command::Depart { how } => format!("depart ({how:?})"),
+        Command::Abandon => "abandon the fenced lease".into(),
+        Command::Evict { node, lease, .. } => format!("evict {node} (lease {lease})"),
+        other => format!("{other:?}"),
+    }
+}
