@@ -66,9 +66,6 @@ pub struct SimAgent {
     pub probing: bool,
     /// Inputs that came while it was frozen, with the streams they came on.
     pub frozen_inbox: Vec<(Option<u64>, crate::etcd::session::Input)>,
-    /// The restart count of the last round it ran, and the store epoch then (it never
-    /// goes back within one).
-    pub last_restart_count: (u32, u32),
     pub fence_margin: Duration,
     /// Test-only: never fence (the checker must catch it).
     pub broken_fence: bool,
@@ -90,6 +87,8 @@ pub struct Watching {
 #[derive(Debug)]
 pub enum Did {
     Ask(CommandId, Command),
+    /// A command nobody waits on.
+    Tell(CommandId, Command),
     /// Its workers started `round`.
     Started(v1::Round),
     /// Its workers stopped.
@@ -116,7 +115,6 @@ impl SimAgent {
             slow: false,
             probing: false,
             frozen_inbox: Vec::new(),
-            last_restart_count: (0, 0),
             fence_margin,
             broken_fence,
             recheck: None,
@@ -259,11 +257,13 @@ impl SimAgent {
                     record: record.clone(),
                     since,
                 };
-                let run = self.ask(
+                // Told, not asked (the handle does not wait for it).
+                let id = self.tell();
+                let run = Did::Tell(
+                    id,
                     Command::Running {
                         round: record.clone(),
                     },
-                    Asked::Plain,
                 );
                 vec![run, Did::Started(record)]
             }

@@ -144,7 +144,8 @@ fn probe(w: &mut World, a: usize, process: u64) {
         return;
     }
     let now = w.now();
-    if !ag.cut && !w.etcd.has_leader(now, w.opts.three_members) {
+    // A frozen process's prober is frozen too: it proves nothing while it sleeps.
+    if ag.life == Life::Up && !ag.cut && !w.etcd.has_leader(now, w.opts.three_members) {
         w.feed(a, Input::NoLeader { sent: now });
     }
     let every = w.opts.ttl.as_millis() as u64 / 4;

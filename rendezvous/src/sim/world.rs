@@ -123,7 +123,10 @@ pub struct World {
     pub writes: Vec<Arc<AtomicU64>>,
     /// Rounds committed, by number (a republished round is not a new one).
     pub sealed: BTreeMap<u64, Sealed>,
+    /// Rounds sealed since the last fault or membership change.
     pub seals_since_fault: u32,
+    /// The revision up to which membership changes were looked for.
+    membership_rev: i64,
     pub trace: Option<Vec<String>>,
     pub events: u64,
     pub faults_applied: u64,
@@ -159,6 +162,7 @@ impl World {
                 .collect(),
             sealed: BTreeMap::new(),
             seals_since_fault: 0,
+            membership_rev: 0,
             trace: opts.trace.then(Vec::new),
             events: 0,
             faults_applied: 0,
@@ -291,16 +295,17 @@ impl World {
             .trace
             .is_some()
             .then(|| (m.phase(), m.view().departed.clone(), m.incarnation()));
-        let what = self
-            .trace
-            .is_some()
-            .then(|| format!("{input:?}").chars().take(120).collect::<String>());
+        let what = self.trace.is_some().then(|| match &input {
+            Input::NoLeader { .. } => "NoLeader".to_owned(),
+            other => format!("{other:?}").chars().take(120).collect::<String>(),
+        });
         let effects = m.step(now, input);
         if let (Some((phase, departed, inc)), Some(what)) = (before, what) {
             let (p2, d2, i2) = (m.phase(), m.view().departed.clone(), m.incarnation());
             if phase != p2 || departed != d2 || inc != i2 {
+                let (phase, p2) = (self.phase(phase), self.phase(p2));
                 let line = format!(
-                    "n{a} machine: {phase:?} -> {p2:?}, incarnation ..{} departed {:?} (after {what})",
+                    "n{a} machine: {phase} -> {p2}, incarnation ..{} departed {:?} (after {what})",
                     i2 % 1_000_000,
                     d2.iter()
                         .map(|(k, d)| format!("{k}#..{}", d.incarnation % 1_000_000))
@@ -340,7 +345,7 @@ impl World {
 
     pub fn did(&mut self, a: usize, d: Did) {
         match d {
-            Did::Ask(id, command) => {
+            Did::Ask(id, command) | Did::Tell(id, command) => {
                 self.note(|| format!("n{a} asks {}", short(&command)));
                 self.feed(a, Input::Command(id, command));
             }
@@ -471,6 +476,14 @@ impl World {
         }
         self.expire();
         let ttl = self.etcd.keep_alive(lease, now);
+        if ttl == 0 {
+            self.note(|| {
+                format!(
+                    "etcd: n{a}'s keep-alive of lease ..{} finds it gone",
+                    lease % 1_000_000
+                )
+            });
+        }
         let lat = self.latency(a);
         self.after(
             lat,
@@ -535,6 +548,7 @@ impl World {
 
     /// New events reach every open watch, by revision, each stream in order.
     pub fn broadcast(&mut self) {
+        self.watch_membership();
         let rev = self.etcd.state.revision();
         for a in 0..self.agents.len() {
             let Some(w) = self.agents[a].watching.clone() else {
@@ -580,6 +594,36 @@ impl World {
         }
     }
 
+    /// A membership change (a registration created or deleted, a failure reported) starts
+    /// the livelock count again: the seals after one must stop by themselves.
+    fn watch_membership(&mut self) {
+        let rev = self.etcd.state.revision();
+        if self.membership_rev > rev {
+            // An empty restart: a new history.
+            self.membership_rev = 0;
+        }
+        let root = self.keys.root().as_bytes().to_vec();
+        let spec = WatchSpec {
+            range_end: prefix_end(&root),
+            key: root,
+            ..WatchSpec::default()
+        };
+        let (members, failures) = (self.keys.members(), self.keys.failures());
+        if let Some(batches) = self.etcd.replay(self.membership_rev + 1, &spec) {
+            let changed = batches.iter().flat_map(|(_, b)| b).any(|e| match e {
+                WatchEvent::Put(kv) => {
+                    (kv.key.starts_with(&members) && kv.create_rev == kv.mod_rev)
+                        || kv.key.starts_with(&failures)
+                }
+                WatchEvent::Delete { key, .. } => key.starts_with(&members),
+            });
+            if changed {
+                self.seals_since_fault = 0;
+            }
+        }
+        self.membership_rev = rev;
+    }
+
     /// The watches a role opens (as the driver opens them).
     fn specs(&self, role: Role) -> Vec<WatchSpec> {
         let spec = |key: &str, members: bool| WatchSpec {
@@ -612,6 +656,17 @@ impl World {
                 input: Input::StreamFailed(cut()),
             },
         );
+    }
+
+    /// A phase as the trace shows it: times from the start of the run.
+    fn phase(&self, p: crate::etcd::session::Phase) -> String {
+        use crate::etcd::session::{Phase, Resync};
+        match p {
+            Phase::Disconnected { until } => format!("Disconnected until {}ms", self.ms(until)),
+            Phase::Syncing(Resync::RoleChanged { .. }) => "Syncing(RoleChanged)".into(),
+            Phase::Watching { role, .. } => format!("Watching({role:?})"),
+            other => format!("{other:?}"),
+        }
     }
 
     pub fn clear_timer(&mut self, a: usize) {

@@ -159,8 +159,9 @@ pub struct Machine {
     pub(super) keep_alive_at: Option<Instant>,
     /// The revision of the last ranged read (the watches start after it).
     pub(super) read_rev: i64,
-    /// The role the watches being opened are for.
+    /// The role and lease the watches being opened are for.
     pub(super) watch_role: Role,
+    pub(super) watch_lease: i64,
 }
 
 impl Machine {
@@ -205,6 +206,7 @@ impl Machine {
             keep_alive_at: None,
             read_rev: 0,
             watch_role: Role::Member,
+            watch_lease: 0,
         }
     }
 

@@ -125,6 +125,7 @@ impl Machine {
             }
             Todo::OpenWatches => {
                 self.watch_role = self.role();
+                self.watch_lease = self.lease;
                 Op::Watch {
                     role: self.watch_role,
                     from: self.read_rev + 1,
@@ -330,9 +331,11 @@ impl Machine {
 
     fn enter(&mut self) {
         self.probe(false);
+        // The lease the keep-alive stream was opened for: a command served since may have
+        // replaced it, and the first keep-alive tick then syncs again for the new one.
         self.phase = Phase::Watching {
             role: self.watch_role,
-            lease: self.lease,
+            lease: self.watch_lease,
         };
         self.keep_alive_at = Some(self.now);
         self.reset_outage();
