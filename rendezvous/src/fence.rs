@@ -74,9 +74,15 @@ impl LeaseClock {
     }
 
     /// etcd was seen without a leader at `sent` (down, starting, or saying so): no leader
-    /// can expire the lease before `sent + ttl`.
+    /// can expire the lease before `sent + ttl` — if the lease still lived at `sent`. A
+    /// look after `safe_until` proves nothing: etcd may have been back meanwhile, with a
+    /// leader that expired the lease this agent could not reach it to renew (found by the
+    /// simulator: an agent cut off past its lease, healed while etcd restarted, joined a
+    /// round on a lease etcd had expired).
     pub fn no_leader_at(&mut self, sent: Instant, ttl: Duration) {
-        self.extend(sent + ttl);
+        if self.safe_until.is_some_and(|s| sent < s) {
+            self.extend(sent + ttl);
+        }
     }
 
     /// When the oldest keep-alive still unanswered was sent.
@@ -213,6 +219,19 @@ mod tests {
         // An older proof never shortens a newer one.
         c.no_leader_at(at(t0, 1_000), TTL);
         assert_eq!(c.safe_until(), Some(at(t0, 11_000)));
+    }
+
+    #[test]
+    fn etcd_seen_without_a_leader_after_the_lease_could_have_expired_proves_nothing() {
+        let t0 = Instant::now();
+        let mut c = LeaseClock::default();
+        c.replaced(t0, TTL);
+        c.no_leader_at(at(t0, 6_000), TTL);
+        assert_eq!(c.safe_until(), Some(at(t0, 5_000)));
+        assert!(matches!(
+            decide(at(t0, 6_000), c.safe_until(), MARGIN),
+            FenceDecision::Fence { .. }
+        ));
     }
 
     #[test]

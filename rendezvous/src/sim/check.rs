@@ -115,13 +115,18 @@ impl World {
         self.etcd.state.range(&req).is_ok_and(|r| !r.kvs.is_empty())
     }
 
-    /// Agent `a`'s workers start `round`: not in a halted run. (Its restart count is the
-    /// sealed record's, checked at the seal.)
+    /// Agent `a`'s workers start `round`: not once it saw the run halted. (One that has
+    /// not seen the halt yet stops when it does; the settled check sees that every agent
+    /// of a halted run exits.)
     pub fn check_start(&mut self, a: usize, round: &v1::Round) {
-        if self.halted() {
+        let saw = self.agents[a]
+            .machine
+            .as_ref()
+            .is_some_and(|m| m.view().halt.is_some());
+        if saw {
+            let n = round.number;
             self.violate(format!(
-                "n{a} started round {} of a halted run",
-                round.number
+                "n{a} started round {n} after it saw the run halted"
             ));
         }
     }
@@ -159,6 +164,15 @@ impl World {
         let live: Vec<usize> = (0..self.agents.len())
             .filter(|a| self.agents[*a].life == Life::Up)
             .collect();
+        if self.halted() {
+            if !live.is_empty() {
+                let live: Vec<String> = live.iter().map(|a| format!("n{a}")).collect();
+                self.violate(format!(
+                    "liveness: the run halted, but {live:?} did not exit"
+                ));
+            }
+            return;
+        }
         if (live.len() as u32) < self.opts.min_nodes {
             return;
         }

@@ -397,6 +397,7 @@ impl World {
                     }
                 }
                 Effect::CloseWatches => {
+                    self.note(|| format!("n{a} closes its watches"));
                     let ag = &mut self.agents[a];
                     ag.watching = None;
                     ag.streams += 1;
@@ -442,6 +443,10 @@ impl World {
         } else {
             self.expire();
             if let Op::Watch { role, from, lease } = &op {
+                let (g, rev) = (self.agents[a].streams, self.etcd.state.revision());
+                self.note(|| {
+                    format!("n{a} watches as {role:?} from {from} (etcd at {rev}, streams {g})")
+                });
                 self.agents[a].watching = Some(Watching {
                     role: *role,
                     next_rev: *from,

@@ -508,7 +508,11 @@ impl Machine {
 
     /// Stream events queued before this moment belong to streams now closed.
     fn close_watches(&mut self) {
-        if matches!(self.phase, Phase::Watching { .. }) {
+        // Also when a sync failed after opening them: their events would otherwise queue
+        // up behind the next sync and be read as the new watches' (found by the
+        // simulator: a coordinator's old stream, without previous values, made every later
+        // incarnation of two nodes look departed, and rounds were sealed in a loop).
+        if !matches!(self.phase, Phase::Disconnected { .. } | Phase::Ended) {
             self.effects.push(Effect::CloseWatches);
         }
         self.keep_alive_at = None;

@@ -99,7 +99,7 @@ pub fn lease_holds(keys: &Keys, node: &str, lease: i64) -> TxnSpec {
 
 /// `record` as the next round, fenced on the round it replaces: it succeeds only if the
 /// round key still has revision `fence` (or does not exist when `fence` is `None`). Two
-/// coordinators racing for the same round cannot both win.
+/// coordinators racing for the same round cannot both win, and no round follows a halt.
 pub fn commit_round(keys: &Keys, fence: Option<i64>, record: &v1::Round) -> TxnSpec {
     let key = keys.round();
     let when = match fence {
@@ -107,7 +107,8 @@ pub fn commit_round(keys: &Keys, fence: Option<i64>, record: &v1::Round) -> TxnS
         None => Compare::Absent(key.clone()),
     };
     TxnSpec {
-        when: vec![when],
+        // Never after a halt, even one this coordinator has not seen yet.
+        when: vec![when, Compare::Absent(keys.halt())],
         then: vec![put(key, record.encode_to_vec(), 0)],
         otherwise: Vec::new(),
     }

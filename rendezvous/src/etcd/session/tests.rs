@@ -611,18 +611,14 @@ fn lease_not_found_on_register_grants_a_new_lease_and_writes_again_as_incarnatio
 }
 
 #[test]
-#[ignore = "bug: after Register → Err(lease not found) → Grant → Granted → Register again → \
-            Err(lease not found), the command is not answered: `command_failed` treats \
-            NotFound as transient, so it is put back in `pending` and the machine goes \
-            Disconnected (serve.rs says 'a second refusal right after a fresh grant ... is \
-            reported')"]
 fn a_second_lease_not_found_after_the_regrant_is_the_reply() {
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.command(1, Command::Register { wants_round: 0 });
     h.fail(no_such_lease());
     h.answer(Answer::Granted { id: 300 });
     let e = h.fail(no_such_lease());
-    no_op(&e);
+    // Answered, and the session syncs again to keep the lease it now holds alive.
+    assert_eq!(the_op(&e), read_root());
     match reply_of(&e, 1) {
         Err(RendezvousError::Etcd { what, .. }) => assert_eq!(*what, "registering this node"),
         other => panic!("expected the refusal as the reply, got {other:?}"),
@@ -1113,7 +1109,11 @@ fn inputs_that_come_while_an_op_is_in_flight_are_handled_after_it_in_order() {
 fn a_coordinator_with_enough_members_commits_a_round_fenced_on_an_absent_round_key() {
     let k = keys();
     let (mut h, spec) = coordinating(0);
-    assert_eq!(spec.when, vec![Compare::Absent(k.round())]);
+    // Never after a halt either.
+    assert_eq!(
+        spec.when,
+        vec![Compare::Absent(k.round()), Compare::Absent(k.halt())]
+    );
     let (value, lease) = put_at(&spec.then, &k.round());
     assert_eq!(lease, 0, "a round outlives its coordinator");
     let r = v1::Round::decode(value).unwrap();
@@ -1152,7 +1152,13 @@ fn a_commit_is_fenced_on_the_mod_revision_of_the_round_it_replaces() {
     ]);
     // Round 1's only member is gone: "a", ready for round 2, gets it.
     let spec = txn(the_op(&rest));
-    assert_eq!(spec.when, vec![Compare::ModRevision(k.round(), 9)]);
+    assert_eq!(
+        spec.when,
+        vec![
+            Compare::ModRevision(k.round(), 9),
+            Compare::Absent(k.halt())
+        ]
+    );
     let r = v1::Round::decode(put_at(&spec.then, &k.round()).0).unwrap();
     assert_eq!(r.number, 2);
     assert_eq!(r.members, vec![me]);
