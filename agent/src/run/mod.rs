@@ -546,22 +546,7 @@ impl<R: Rendezvous> Loop<'_, R> {
             exit = %first.exit,
             "worker group failed"
         );
-        // Through the console, so it follows the workers' last lines.
-        // A hung worker did not fail on its own: the group has no failure of it.
-        let failures = if group.failures().is_empty() {
-            std::slice::from_ref(&first)
-        } else {
-            group.failures()
-        };
-        let text = summary(
-            &self.cfg.entrypoint.display(),
-            round.restart_count,
-            &self.host,
-            failures,
-        );
-        self.console
-            .write(Stream::Stderr, format!("{text}\n").into_bytes())
-            .await;
+        self.print_summary(&round, &group, &first).await;
         drop(group);
         if let Some(sig) = late {
             return Ok(signalled(sig));
@@ -592,6 +577,25 @@ impl<R: Rendezvous> Loop<'_, R> {
         // Our workers may have failed because another node stopped its hung ones.
         self.answer_hang(&round).await;
         Ok(Phase::Join)
+    }
+
+    /// The failure summary, through the console so that it follows the workers' last
+    /// lines. A hung worker did not fail on its own: the group has no failure of it.
+    async fn print_summary(&self, round: &Round, group: &WorkerGroup, first: &Failure) {
+        let failures = if group.failures().is_empty() {
+            std::slice::from_ref(first)
+        } else {
+            group.failures()
+        };
+        let text = summary(
+            &self.cfg.entrypoint.display(),
+            round.restart_count,
+            &self.host,
+            failures,
+        );
+        self.console
+            .write(Stream::Stderr, format!("{text}\n").into_bytes())
+            .await;
     }
 
     /// Whether `change` is this node losing its place in its round by its own fault: it

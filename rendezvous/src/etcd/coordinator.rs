@@ -120,13 +120,7 @@ impl Coordinator {
         };
         let (mut decision, reason) = seal::decide(now, &state, &self.cfg);
         if let SealDecision::Seal(p) = &mut decision {
-            // The first number every member waits for: a member registered for a later
-            // round than the next (it knew rounds that etcd lost with its data) would
-            // otherwise wait out one re-form per number in between.
-            let wanted = p.members.iter().filter_map(|id| v.members.get(id));
-            if let Some(top) = wanted.map(|m| m.record.wants_round).max() {
-                p.number = p.number.max(top);
-            }
+            p.number = first_number_all_wait_for(p, v);
         }
         let mut held = None;
         self.proposed = None;
@@ -187,6 +181,16 @@ fn basis(v: &View) -> Basis {
 /// registrations, in the proposal's order (every proposed member is registered: proposals
 /// are made from registrations), and the charge times carried over, plus `now_ms` when
 /// `p` charges a failure.
+/// The first number every member of `p` waits for: a member registered for a later round
+/// than the next (it knew rounds that etcd lost with its data) would otherwise wait out one
+/// re-form per number in between.
+fn first_number_all_wait_for(p: &seal::Proposal, v: &View) -> u64 {
+    let wanted = p.members.iter().filter_map(|id| v.members.get(id));
+    wanted
+        .map(|m| m.record.wants_round)
+        .fold(p.number, u64::max)
+}
+
 pub fn round_record(p: &Proposal, v: &View, reason: &str, now_ms: u64) -> v1::Round {
     let previous = v.round.as_ref().map(|r| &r.record);
     let mut charged_at_ms = previous

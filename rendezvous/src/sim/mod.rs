@@ -10,7 +10,8 @@
 //! still fail it ([`shrink`]).
 //!
 //! * `faults.rs` — the schedule drawn from a seed;
-//! * `world.rs` — the clock, the queue of events, the network between agents and etcd;
+//! * `world.rs` — the clock, the queue of events, the agents' processes;
+//! * `net.rs` — the network between agents and etcd: ops, keep-alives, watch deliveries;
 //! * `etcd.rs` — the session's ops against the pure store;
 //! * `agent.rs` — a simulated agent and its workers;
 //! * `check.rs` — the invariants;
@@ -23,6 +24,7 @@ mod agent;
 mod check;
 mod etcd;
 pub mod faults;
+mod net;
 mod rng;
 mod run;
 #[cfg(test)]

@@ -227,3 +227,21 @@ fn a_member_that_stops_its_workers_after_every_seal_is_held_back() {
     let o = c.observe(until + Duration::from_secs(1), &v);
     assert_eq!(sealed(&o).number, 9, "{}", o.reason);
 }
+
+/// etcd lost its data; a survivor registered for round 9 (it knew rounds up to 8) and a
+/// newcomer for round 0: the first round sealed is numbered 9, so that both join it at
+/// once (numbered 0, the survivor would wait it out and force one re-form per number).
+#[test]
+fn a_member_waiting_for_a_later_round_gets_it_in_one_seal() {
+    let t = Instant::now();
+    let mut v = View::default();
+    join(&mut v, "survivor", 1, 9);
+    join(&mut v, "newcomer", 2, 0);
+    let mut c = Coordinator::new(cfg(2, 2), t);
+    let obs = c.observe(t, &v);
+    let SealDecision::Seal(p) = obs.decision else {
+        panic!("two of max two seal at once: {}", obs.reason)
+    };
+    assert_eq!(p.number, 9);
+    assert_eq!(p.members.len(), 2);
+}

@@ -257,20 +257,7 @@ impl Conn {
                 }
                 Answer::Done
             }
-            Op::Depart { record, lease } => {
-                let (mut a, mut b) = (c.clone(), c.clone());
-                let said = async move {
-                    match record {
-                        Some(spec) => a.txn(txn(spec)).await.map(drop),
-                        None => Ok(()),
-                    }
-                };
-                let (said, revoked) = tokio::join!(said, b.lease_revoke(lease));
-                Answer::Departed {
-                    said: said.err(),
-                    revoked: revoked.err(),
-                }
-            }
+            Op::Depart { record, lease } => depart(c, record, lease).await,
         })
     }
 
@@ -346,6 +333,23 @@ fn watch_input(msg: EtcdResult<Option<WatchResponse>>) -> Input {
                 })
                 .collect(),
         ),
+    }
+}
+
+/// The first word on how this node left, beside the revoke of its lease (both at once:
+/// one more round trip first would delay what every survivor waits for).
+async fn depart(c: &Client, record: Option<TxnSpec>, lease: i64) -> Answer {
+    let (mut a, mut b) = (c.clone(), c.clone());
+    let said = async move {
+        match record {
+            Some(spec) => a.txn(txn(spec)).await.map(drop),
+            None => Ok(()),
+        }
+    };
+    let (said, revoked) = tokio::join!(said, b.lease_revoke(lease));
+    Answer::Departed {
+        said: said.err(),
+        revoked: revoked.err(),
     }
 }
 

@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 
 use fsdp_proto::v1;
 
-use super::io::{Answer, Command, CommandId, Effect, Input, Op, Role, WatchEvent};
+use super::io::{Answer, Command, CommandId, Effect, Input, Op, Role};
 use super::serve::Serving;
 use super::sync::Todo;
+use crate::Counters;
 use crate::etcd::coordinator::Coordinator;
 use crate::etcd::keys::Keys;
 use crate::etcd::view::View;
 use crate::fence::LeaseClock;
 use crate::seal::SealConfig;
-use crate::{Counters, RendezvousError};
 
 pub(super) const FIRST_RETRY: Duration = Duration::from_millis(100);
 pub(super) const LAST_RETRY: Duration = Duration::from_secs(2);
@@ -110,7 +110,7 @@ pub struct Machine {
     pub(super) cfg: Config,
     pub(super) now: Instant,
     pub(super) view: View,
-    view_changed: bool,
+    pub(super) view_changed: bool,
     pub(super) clock: LeaseClock,
     /// The lease this node's keys live on; only the session replaces it.
     pub(super) lease: i64,
@@ -126,15 +126,15 @@ pub struct Machine {
     pub(super) known_round: Option<v1::Round>,
     pub(super) coordinator: Coordinator,
     pub(super) counters: Counters,
-    writes: Arc<AtomicU64>,
+    pub(super) writes: Arc<AtomicU64>,
     /// Failures since the last good watch: the next sync waits
     /// `backoff::nth(FIRST_RETRY, LAST_RETRY, n)`.
-    failures: u32,
+    pub(super) failures: u32,
     /// Commands waiting for etcd, oldest first: served after the next sync, never
     /// answered with a transient error.
     pub(super) pending: VecDeque<(CommandId, Command)>,
     /// Since when etcd has not answered (the first failure of an outage).
-    outage_since: Option<Instant>,
+    pub(super) outage_since: Option<Instant>,
     /// etcd has one member (from its member list at the last sync): only then can the
     /// prober prove that it has no leader.
     pub(super) single_member: bool,
@@ -148,8 +148,8 @@ pub struct Machine {
     pub(super) todo: VecDeque<Todo>,
     pub(super) awaiting: Option<Then>,
     /// Inputs that came while an op was in flight or work was left.
-    inbox: VecDeque<Input>,
-    effects: Vec<Effect>,
+    pub(super) inbox: VecDeque<Input>,
+    pub(super) effects: Vec<Effect>,
     /// When the op in flight was sent.
     pub(super) sent: Instant,
     /// Outage grace: members of our round not back by then are gone.
@@ -263,10 +263,7 @@ impl Machine {
         self.cfg.ttl
     }
 
-    pub fn node_id(&self) -> &str {
-        &self.cfg.node_id
-    }
-
+    #[cfg(test)]
     pub fn lease(&self) -> i64 {
         self.lease
     }
@@ -351,357 +348,5 @@ impl Machine {
         self.sent = self.now;
         self.awaiting = Some(then);
         self.effects.push(Effect::Etcd(op));
-    }
-
-    fn on_input(&mut self, input: Input) {
-        match (self.phase, input) {
-            (Phase::Ended, _) => {}
-            (_, Input::CommandsClosed) => self.phase = Phase::Ended,
-            (Phase::Watching { .. }, input) => self.on_watching(input),
-            (Phase::Disconnected { until }, Input::Timer) => {
-                if self.now >= until {
-                    self.begin_sync(Resync::Outage);
-                }
-            }
-            (Phase::Disconnected { .. }, Input::Command(id, command)) => {
-                let local = matches!(
-                    command,
-                    Command::Running { .. } | Command::Abandon | Command::Depart { .. }
-                );
-                if local {
-                    self.serve(id, command);
-                } else {
-                    self.pending.push_back((id, command));
-                }
-            }
-            (Phase::Syncing(_), Input::Command(id, command)) => {
-                self.pending.push_back((id, command));
-            }
-            // Streams that closed, and timers of a phase that is over.
-            (_, _) => {}
-        }
-    }
-
-    fn on_watching(&mut self, input: Input) {
-        match input {
-            Input::Watched(events) => {
-                if self.apply(events) {
-                    self.todo.push_back(Todo::Campaign);
-                }
-                self.todo.extend([Todo::RoleCheck, Todo::Coordinate]);
-            }
-            Input::WatchEnded => self.resync_after_watching(Resync::Outage),
-            Input::StreamFailed(e) => self.lost(e),
-            Input::LeaseAnswer(Some(ttl)) if ttl > 0 => {
-                self.clock
-                    .keep_alive_answered(Duration::from_secs(ttl.unsigned_abs()));
-                self.publish_lease();
-                self.probe(false);
-            }
-            Input::LeaseAnswer(_) => {
-                tracing::warn!(
-                    lease = self.lease,
-                    "lease expired or revoked; registering again"
-                );
-                self.lease_gone();
-                self.todo
-                    .extend([Todo::Grant, Todo::Register, Todo::Resync(Resync::Outage)]);
-            }
-            Input::Timer => self.on_timer(),
-            Input::Command(id, command) => self.serve(id, command),
-            Input::Answer(_) | Input::CommandsClosed | Input::NoLeader { .. } => {}
-        }
-    }
-
-    /// The timers that are due.
-    fn on_timer(&mut self) {
-        let Phase::Watching { lease, .. } = self.phase else {
-            return;
-        };
-        let now = self.now;
-        if self.keep_alive_at.is_some_and(|at| at <= now) {
-            // A command replaced the lease: keep the new one alive.
-            if self.lease != lease {
-                return self.resync_after_watching(Resync::Outage);
-            }
-            self.clock.keep_alive_sent(now);
-            self.keep_alive_at = Some(now + self.cfg.ttl / 3);
-            self.todo.push_back(Todo::KeepAlive);
-        }
-        if self.answer_due().is_some_and(|at| at <= now) {
-            // etcd answers a keep-alive in milliseconds: a late one is the first sign of
-            // an outage that leaves the connection open (a frozen or stalled etcd, a cut
-            // network, a member cut from its leader), long before the connection's own
-            // keep-alive gives up on it.
-            if self.cfg.several_endpoints {
-                let late = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "a lease keep-alive went unanswered; trying another etcd member",
-                );
-                return self.lost(etcd_client::Error::IoError(late));
-            }
-            self.trouble();
-        }
-        if self.grace_until.is_some_and(|at| at <= now) {
-            self.grace_until = None;
-            self.todo.push_back(Todo::CheckAbsent);
-        }
-        if self.recheck.is_some_and(|at| at <= now) {
-            self.recheck = None;
-            self.todo.extend([Todo::RoleCheck, Todo::Coordinate]);
-        }
-    }
-
-    /// With several endpoints: when the oldest unanswered keep-alive is late enough to
-    /// try another member. With a one-member etcd: when the fence draws near (a quarter
-    /// TTL before it) without an answer, so the prober should look for its proof — not
-    /// before, so that a slow but working etcd (1,000 agents on two cores) is not probed.
-    pub(super) fn answer_due(&self) -> Option<Instant> {
-        let (sent, safe_until) = (self.clock.oldest_unanswered(), self.clock.safe_until());
-        let ttl = self.cfg.ttl;
-        if self.cfg.several_endpoints {
-            return Some(sent? + ttl / 4);
-        }
-        if self.probing || !self.single_member || !self.cfg.can_probe {
-            return None;
-        }
-        sent?;
-        safe_until?.checked_sub(self.cfg.fence_margin + ttl / 4)
-    }
-
-    /// etcd does not answer: start looking for proof that it has no leader (so the lease
-    /// cannot expire and the workers need not be fenced).
-    pub(super) fn trouble(&mut self) {
-        if self.single_member && self.cfg.can_probe {
-            self.probe(true);
-        }
-    }
-
-    pub(super) fn probe(&mut self, on: bool) {
-        if self.probing != on {
-            self.probing = on;
-            self.effects.push(Effect::Probe(on));
-        }
-    }
-
-    /// Leaves [`Phase::Watching`] without an error (the backoff starts over).
-    pub(super) fn resync_after_watching(&mut self, why: Resync) {
-        self.failures = 0;
-        self.begin_sync(why);
-    }
-
-    /// Starts a sync: whatever was left to do is dropped, and so is every stream event
-    /// not handled yet (the new watches start from the read).
-    pub(super) fn begin_sync(&mut self, why: Resync) {
-        self.close_watches();
-        self.phase = Phase::Syncing(why);
-        self.grace_until = match why {
-            Resync::First => None,
-            Resync::RoleChanged { grace_until } => grace_until,
-            // After an outage, give members a lease TTL to re-register before anyone is
-            // declared lost (etcd may have come back empty).
-            Resync::Outage => Some(self.now + self.cfg.ttl + Duration::from_secs(1)),
-        };
-        self.recheck = None;
-        self.todo = Todo::sync(why, self.reselect, self.abandon).into();
-    }
-
-    /// Stream events queued before this moment belong to streams now closed.
-    fn close_watches(&mut self) {
-        // Also when a sync failed after opening them: their events would otherwise queue
-        // up behind the next sync and be read as the new watches' (found by the
-        // simulator: a coordinator's old stream, without previous values, made every later
-        // incarnation of two nodes look departed, and rounds were sealed in a loop).
-        if !matches!(self.phase, Phase::Disconnected { .. } | Phase::Ended) {
-            self.effects.push(Effect::CloseWatches);
-        }
-        self.keep_alive_at = None;
-        self.inbox.retain(|i| {
-            matches!(
-                i,
-                Input::Command(..) | Input::CommandsClosed | Input::NoLeader { .. }
-            )
-        });
-    }
-
-    /// etcd failed: back off, or give up once the outage lasted too long.
-    pub(super) fn lost(&mut self, e: etcd_client::Error) {
-        self.close_watches();
-        self.todo.clear();
-        self.view_mut().connected = false;
-        self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        let now = self.now;
-        let lasted = now - *self.outage_since.get_or_insert(now);
-        if lasted > self.cfg.outage_limit {
-            return self.give_up(lasted, &e);
-        }
-        self.trouble();
-        self.reselect = self.cfg.several_endpoints;
-        // Retry well within the fencing margin: a refused probe keeps the lease safe only
-        // for a TTL from when it was sent.
-        let last = LAST_RETRY.min(self.cfg.ttl / 4);
-        let delay = crate::backoff::nth(FIRST_RETRY, last, self.failures);
-        tracing::warn!(error = %e, retry_in = ?delay, "etcd connection lost; reconnecting");
-        self.failures = self.failures.saturating_add(1);
-        self.phase = Phase::Disconnected { until: now + delay };
-    }
-
-    /// etcd has not answered for longer than the outage bound: every waiting request
-    /// gets the reason, the view says it, and the session ends.
-    fn give_up(&mut self, lasted: Duration, last: &etcd_client::Error) {
-        let store = if self.cfg.embedded_store {
-            "the c10d store"
-        } else {
-            "etcd"
-        };
-        let mut reason = format!(
-            "{store} has not answered for {:.0}s, longer than outage_timeout ({:.0}s); last error: {last}",
-            lasted.as_secs_f64(),
-            self.cfg.outage_limit.as_secs_f64()
-        );
-        if self.cfg.embedded_store {
-            reason.push_str(
-                "; the agent serving the store at --rdzv-endpoint is gone, and a c10d job cannot outlive it \
-                 (--rdzv-backend etcd can)",
-            );
-        }
-        tracing::error!(%reason, "giving up on etcd");
-        self.view_mut().gave_up = Some(reason);
-        self.phase = Phase::Ended;
-    }
-
-    /// The session ended: whoever still waits hears why.
-    fn end_requests(&mut self) {
-        self.todo.clear();
-        let reason = self.view.gave_up.clone();
-        let waiting: Vec<CommandId> = self
-            .pending
-            .drain(..)
-            .map(|(id, _)| id)
-            .chain(self.inbox.drain(..).filter_map(|i| match i {
-                Input::Command(id, _) => Some(id),
-                _ => None,
-            }))
-            .collect();
-        for id in waiting {
-            let e = match &reason {
-                Some(r) => RendezvousError::Outage(r.clone()),
-                None => RendezvousError::SessionEnded("the session ended"),
-            };
-            self.reply(id, Err(e));
-        }
-    }
-
-    pub(super) fn reset_outage(&mut self) {
-        self.outage_since = None;
-    }
-
-    pub(super) fn reply(&mut self, id: CommandId, result: Result<(), RendezvousError>) {
-        self.effects.push(Effect::Reply(id, result));
-    }
-
-    pub(super) fn wrote(&self) {
-        self.writes.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(super) fn view_mut(&mut self) -> &mut View {
-        self.view_changed = true;
-        &mut self.view
-    }
-
-    pub(super) fn publish_lease(&mut self) {
-        let safe_until = self.clock.safe_until();
-        if self.view.lease_safe_until != safe_until {
-            self.view_mut().lease_safe_until = safe_until;
-        }
-    }
-
-    pub(super) fn role(&self) -> Role {
-        if self.view.coordinator.as_deref() == Some(self.cfg.node_id.as_str()) {
-            Role::Coordinator
-        } else {
-            Role::Member
-        }
-    }
-
-    /// Now in Unix milliseconds, counted on the monotonic clock from the grant.
-    pub(super) fn unix_ms(&self) -> u64 {
-        let since = self.now.saturating_duration_since(self.cfg.granted_at);
-        self.cfg.unix_ms_at_grant + since.as_millis() as u64
-    }
-
-    /// Applies a watch batch; returns whether the coordinator key went.
-    fn apply(&mut self, events: Vec<WatchEvent>) -> bool {
-        let coordinator = self.cfg.keys.coordinator();
-        let now = self.now;
-        let mut coordinator_gone = false;
-        let keys = self.cfg.keys.clone();
-        let v = self.view_mut();
-        for ev in events {
-            match ev {
-                WatchEvent::Put(kv) => v.put(
-                    &keys,
-                    &kv.key,
-                    &kv.value,
-                    kv.create_rev,
-                    kv.mod_rev,
-                    kv.lease,
-                ),
-                WatchEvent::Delete { key, prev } => {
-                    coordinator_gone |= key == coordinator;
-                    v.delete(&keys, &key, now, prev.as_deref());
-                }
-            }
-        }
-        coordinator_gone
-    }
-
-    /// This node's claim on the coordinator key won (the one place that says so).
-    pub(super) fn elected(&mut self) {
-        tracing::info!(node = %self.cfg.node_id, "elected rendezvous coordinator");
-        let me = self.cfg.node_id.clone();
-        self.view_mut().coordinator = Some(me);
-    }
-
-    /// The lease is gone. Before `safe_until` etcd cannot have expired it, so it lost its
-    /// data (an empty restart) and nobody saw this node leave: the round goes on. From
-    /// then on it may have expired and the others re-form without this node: if it runs
-    /// a round, that round is over for it too.
-    pub(super) fn lease_gone(&mut self) {
-        let now = self.now;
-        let expired = self.clock.safe_until().is_none_or(|s| now >= s);
-        if let Some(went) = self.my_incarnation().filter(|_| expired) {
-            tracing::warn!("the lease expired while this node ran a round: it was evicted");
-            let me = self.cfg.node_id.clone();
-            self.view_mut().depart(&me, went, now);
-        }
-    }
-
-    /// This node's incarnation in the round it runs, if it runs one.
-    pub(super) fn my_incarnation(&self) -> Option<u64> {
-        let r = self.running.as_ref()?;
-        let me = r.members.iter().find(|m| m.node_id == self.cfg.node_id)?;
-        Some(me.incarnation)
-    }
-
-    /// A new lease replaced the old one: the next incarnation.
-    pub(super) fn lease_renewed(&mut self, id: i64) {
-        self.wrote();
-        self.clock.replaced(self.sent, self.cfg.ttl);
-        self.publish_lease();
-        tracing::info!(
-            old = self.lease,
-            new = id,
-            "the lease was gone; granted a new one"
-        );
-        self.lease = id;
-        self.next_incarnation();
-    }
-
-    /// This agent's next registration is a new incarnation.
-    pub(super) fn next_incarnation(&mut self) {
-        self.incarnation += 1;
-        let n = self.incarnation;
-        self.view_mut().incarnation = n;
     }
 }

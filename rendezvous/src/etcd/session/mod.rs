@@ -10,14 +10,17 @@
 //!
 //! * `io.rs` — the data that crosses the boundary: [`Op`], [`Answer`], [`Input`],
 //!   [`Effect`], [`Command`];
-//! * `machine.rs` — the phases (syncing, watching, disconnected, ended) and what each does
-//!   with an input: watch batches, keep-alive answers, timers, commands;
+//! * `machine.rs` — the state, [`Machine::step`] and the one op in flight;
+//! * `phases.rs` — the phases (syncing, watching, disconnected, ended) and what each does
+//!   with an input: watch batches, keep-alive answers, timers, commands; outages;
+//! * `state.rs` — small steps on the state: the view, the lease, the incarnation;
 //! * `sync.rs` — the queued steps ([`sync::Todo`]) from a ranged read to open watches,
 //!   and the coordinator's seal;
 //! * `serve.rs` — each command's ops and answers;
 //! * `records.rs` — the transactions, as data;
 //! * `driver.rs` — the real driver: etcd-client, the streams, the prober (the only
-//!   `select!`). The simulator (`crate::sim`) drives the same machine over the pure store.
+//!   `select!`). The simulator (`crate::sim`, docs/simulation.md) drives the same machine
+//!   over the pure store.
 //!
 //! Every failure of etcd (a closed stream, a restart, lost data) ends in the same place: a
 //! fresh ranged read, a rebuilt view, and new watches from the read's revision. The
@@ -27,13 +30,15 @@
 mod driver;
 mod io;
 mod machine;
+mod phases;
 mod records;
 mod serve;
+mod state;
 mod sync;
 #[cfg(test)]
 mod tests;
 
-pub use driver::{Driver, commit_round, lease_holds, txn};
+pub use driver::{Driver, commit_round, lease_holds};
 pub use io::{
     Answer, Command, CommandId, Compare, Effect, Input, Kv, Op, Role, TxnSpec, WatchEvent, Write,
 };

@@ -1,0 +1,336 @@
+//! [`Rendezvous`] for [`EtcdRendezvous`]: the agent loop's calls, each a read of the view
+//! or a command to the session.
+
+use std::time::{Duration, Instant};
+
+use fsdp_proto::v1;
+
+use super::handle::Held;
+use super::session::Command;
+use super::*;
+use crate::fence::{self, FenceDecision};
+use crate::{Change, Counters, Departure, Finish, Rendezvous, RendezvousError, Round, port};
+
+impl Rendezvous for EtcdRendezvous {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn node_id(&self) -> Option<&str> {
+        Some(&self.cfg.node_id)
+    }
+
+    fn coordinator(&self) -> Option<String> {
+        self.view.borrow().coordinator.clone()
+    }
+
+    fn counters(&self) -> Option<Counters> {
+        Some(self.counters.clone())
+    }
+
+    fn detection(&self, node: &str, round: u64) -> Option<crate::Detection> {
+        let v = self.view.borrow();
+        let found = v.gone.get(node).filter(|g| g.round == round);
+        Some(match found.map(|g| (g.how(), g.detect_ms)) {
+            Some((v1::Detection::Left, _)) => crate::Detection::Left,
+            Some((v1::Detection::Refused, ms)) => crate::Detection::Refused {
+                detect: Duration::from_millis(u64::from(ms)),
+            },
+            _ => crate::Detection::LeaseExpiry,
+        })
+    }
+
+    fn run_id(&self) -> &str {
+        &self.cfg.run_id
+    }
+
+    async fn next_round(&mut self) -> Result<Round, RendezvousError> {
+        // The last round's neighbour stays watched until a new round replaces it: a dead
+        // peer often reaches the workers (a failure) before anything else, and the
+        // survivors then wait for the next round, where only its eviction makes the dead
+        // node's absence known before its lease runs out.
+        let since = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.cfg.join_timeout;
+        let mut wants = match &self.held {
+            Some(h) => h.record.number + 1,
+            None => self
+                .view
+                .borrow()
+                .round
+                .as_ref()
+                .map_or(0, |r| r.record.number + 1),
+        };
+        self.ask(Command::Register { wants_round: wants }).await?;
+        let mut published = None;
+        loop {
+            let next = step(
+                &self.view.borrow_and_update(),
+                &self.cfg.node_id,
+                self.cfg.local_world_size,
+                wants,
+                published,
+                since,
+            )?;
+            match next {
+                Step::Done(done) => {
+                    let (record, round) = *done;
+                    if self.lease_may_be_gone(record.number) {
+                        self.tell(Command::Abandon);
+                        wants = record.number + 1;
+                        self.ask(Command::Register { wants_round: wants }).await?;
+                        continue;
+                    }
+                    return Ok(self.hold(record, round, since));
+                }
+                Step::PublishMaster { round } => {
+                    let port = port::free_port(&self.cfg.addr)?;
+                    self.ask(Command::PublishMaster { round, port }).await?;
+                    published = Some(round);
+                    continue;
+                }
+                Step::Broken { next, change } => {
+                    tracing::info!(
+                        round = next - 1,
+                        ?change,
+                        "the round broke before it started; waiting for the next"
+                    );
+                    wants = next;
+                    self.ask(Command::Register { wants_round: wants }).await?;
+                    continue;
+                }
+                Step::Spare { next } => {
+                    self.log_spare(next - 1);
+                    wants = next;
+                    self.ask(Command::Register { wants_round: wants }).await?;
+                    continue;
+                }
+                Step::Wait => {}
+            }
+            tokio::select! {
+                r = self.view.changed() => r.map_err(|_| self.ended())?,
+                () = tokio::time::sleep_until(deadline) => return Err(self.join_timed_out()),
+            }
+        }
+    }
+
+    async fn changed(&mut self) -> Result<Change, RendezvousError> {
+        // Watching the neighbour goes on into the re-form (see `next_round`).
+        self.next_change().await
+    }
+
+    async fn report_fault(&mut self, exit: String) -> Result<(), RendezvousError> {
+        let Some(held) = &self.held else {
+            return Ok(());
+        };
+        let record = v1::Fault {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round: held.record.number,
+            node_id: self.cfg.node_id.clone(),
+            exit,
+        };
+        self.ask(Command::ReportFault { record }).await
+    }
+
+    fn first_fault(&self, round: u64) -> Option<String> {
+        self.view.borrow().first_fault(round)
+    }
+
+    async fn quarantine(
+        &mut self,
+        machine: String,
+        reason: String,
+        until_ms: u64,
+    ) -> Result<(), RendezvousError> {
+        let record = v1::Quarantine {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            machine,
+            node_id: self.cfg.node_id.clone(),
+            reason,
+            until_ms,
+        };
+        self.ask(Command::Quarantine { record }).await
+    }
+
+    fn quarantined(&self, machine: &str) -> Option<(String, u64)> {
+        let v = self.view.borrow();
+        let q = v.quarantine.get(machine)?;
+        (q.until_ms > crate::unix_ms()).then(|| (q.reason.clone(), q.until_ms))
+    }
+
+    async fn unhealthy(&mut self, reason: String, failures: u32) -> Result<(), RendezvousError> {
+        let record = v1::Unhealthy {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: self.cfg.node_id.clone(),
+            reason,
+            failures,
+            at_ms: crate::unix_ms(),
+        };
+        self.ask(Command::Withdraw { record }).await
+    }
+
+    async fn halt(&mut self, exit_code: u8, reason: String) -> Result<(), RendezvousError> {
+        let halt = v1::Halt {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: self.cfg.node_id.clone(),
+            exit_code: u32::from(exit_code),
+            reason,
+            round: self.held.as_ref().map_or(0, |h| h.record.number),
+        };
+        self.ask(Command::Halt { halt }).await
+    }
+
+    async fn report_hang(
+        &mut self,
+        round: u64,
+        report: crate::HangReport,
+    ) -> Result<(), RendezvousError> {
+        let record = v1::HangReport {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round,
+            node_id: self.cfg.node_id.clone(),
+            declared: report.declared,
+            reason: report.reason,
+            ranks: report
+                .ranks
+                .into_iter()
+                .map(|r| v1::RankStep {
+                    rank: r.rank,
+                    last_step: r.last_step,
+                    phase: r.phase.unwrap_or_default(),
+                })
+                .collect(),
+        };
+        self.ask(Command::ReportHang { report: record }).await
+    }
+
+    async fn hang_reports(
+        &mut self,
+        round: u64,
+        want: &[String],
+        patience: Duration,
+    ) -> Vec<crate::HangReport> {
+        let all_in = |v: &View| {
+            let have = v.hangs.get(&round);
+            want.iter().all(|n| have.is_some_and(|h| h.contains_key(n)))
+        };
+        let _ = tokio::time::timeout(patience, self.view.wait_for(all_in)).await;
+        let v = self.view.borrow();
+        v.hangs
+            .get(&round)
+            .map(|h| h.values().map(hang_report).collect())
+            .unwrap_or_default()
+    }
+
+    async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
+        let Some(held) = &self.held else {
+            return Ok(0);
+        };
+        let round = held.record.number;
+        let restarts = held.round.restart_count;
+        self.ask(Command::ReportFailure { round }).await?;
+        Ok(restarts + 1)
+    }
+
+    async fn finish(&mut self, timeout: Duration) -> Result<Finish, RendezvousError> {
+        let Some(held) = self.held.clone() else {
+            return Ok(Finish::AllDone);
+        };
+        let round = held.record.number;
+        self.ask(Command::ReportDone { round }).await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let unfinished: Vec<String> = {
+                let v = self.view.borrow_and_update();
+                if let Some(c) = v.corruption() {
+                    return Err(RendezvousError::Corrupt(c));
+                }
+                let unfinished = v.unfinished(&held.record);
+                if unfinished.is_empty() {
+                    return Ok(Finish::AllDone);
+                }
+                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
+                    return Ok(Finish::Changed(change));
+                }
+                unfinished
+            };
+            tokio::select! {
+                r = self.view.changed() => r.map_err(|_| self.ended())?,
+                () = tokio::time::sleep_until(deadline) => return Ok(Finish::TimedOut { unfinished }),
+            }
+        }
+    }
+
+    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
+        self.watcher = None;
+        // The session revokes the lease and ends; leaving never fails the agent.
+        if let Err(e) = self.ask(Command::Depart { how }).await {
+            tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL");
+        }
+        Ok(())
+    }
+}
+
+/// The steps of `next_round` that are not the loop.
+impl EtcdRendezvous {
+    /// Whether the lease could have expired in etcd: workers started now would run under
+    /// it beside a group that re-forms without this node.
+    fn lease_may_be_gone(&self, round: u64) -> bool {
+        let safe_until = self.view.borrow().lease_safe_until;
+        match fence::decide(Instant::now(), safe_until, self.cfg.margin()) {
+            FenceDecision::Fence { reason, .. } => {
+                tracing::warn!(round, %reason, "not starting the round: the lease may be gone; joining the next");
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// This node runs `record`: the session keeps it, the ring neighbour is watched.
+    fn hold(&mut self, record: v1::Round, round: Round, since: Instant) -> Round {
+        self.tell(Command::Running {
+            round: record.clone(),
+        });
+        self.watch_neighbour(&record);
+        self.held = Some(Held {
+            record,
+            round: round.clone(),
+            since,
+        });
+        round
+    }
+
+    fn log_spare(&self, round: u64) {
+        let members = self
+            .view
+            .borrow()
+            .round
+            .as_ref()
+            .map_or(0, |r| r.record.members.len());
+        if members >= self.cfg.max_nodes as usize {
+            tracing::info!(round, "the group is full; waiting as a spare");
+        } else {
+            // Sealed before this node registered: the coordinator grows the group with it
+            // next.
+            tracing::info!(
+                round,
+                members,
+                max = self.cfg.max_nodes,
+                "the round was sealed without this node; joining the next"
+            );
+        }
+    }
+
+    fn join_timed_out(&self) -> RendezvousError {
+        let v = self.view.borrow();
+        let state = format!(
+            "round {:?}, coordinator {:?}, connected {}",
+            v.round.as_ref().map(|r| r.record.number),
+            v.coordinator,
+            v.connected
+        );
+        RendezvousError::Timeout {
+            timeout: self.cfg.join_timeout,
+            state,
+        }
+    }
+}

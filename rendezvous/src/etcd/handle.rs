@@ -1,0 +1,315 @@
+//! The agent's handle on the etcd rendezvous: joining (a lease, then the session's first
+//! sync), the commands it sends the session, and the ring neighbour's liveness watch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions};
+use fsdp_proto::v1;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::session::{Command, Config as SessionConfig, Driver, Machine, Request};
+use super::*;
+use crate::fence::{self, FenceDecision};
+use crate::seal::SealConfig;
+use crate::{Change, Counters, RendezvousError, Round};
+
+/// The round this agent holds, with what detection needs.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub(super) record: v1::Round,
+    pub(super) round: Round,
+    /// When this agent started waiting for the round: departures after it concern us.
+    pub(super) since: Instant,
+}
+
+/// An agent's handle on the etcd rendezvous. It reads the session's [`View`] and asks the
+/// session (which makes every etcd write) for writes through [`Command`]s.
+pub struct EtcdRendezvous {
+    pub(super) cfg: EtcdConfig,
+    pub(super) keys: Keys,
+    pub(super) view: watch::Receiver<View>,
+    pub(super) commands: mpsc::UnboundedSender<Request>,
+    pub(super) session: JoinHandle<()>,
+    pub(super) writes: Arc<AtomicU64>,
+    pub(super) counters: Counters,
+    pub(super) held: Option<Held>,
+    /// Watches the held round's ring neighbour ([`liveness`]).
+    pub(super) watcher: Option<liveness::Watcher>,
+}
+
+impl Drop for EtcdRendezvous {
+    fn drop(&mut self) {
+        self.session.abort();
+    }
+}
+
+impl EtcdRendezvous {
+    /// Connects (bounded retry) and joins the run.
+    pub async fn connect(cfg: EtcdConfig) -> Result<Self, RendezvousError> {
+        let client = connect::connect(&cfg.options).await?;
+        Self::join(client, cfg).await
+    }
+
+    /// Joins the run over an existing connection (several simulated nodes can share one).
+    pub async fn join(mut client: Client, mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
+        if cfg.min_nodes == 0 || cfg.min_nodes > cfg.max_nodes {
+            return Err(RendezvousError::InvalidConfig(format!(
+                "nnodes {}:{} is not 0 < MIN <= MAX",
+                cfg.min_nodes, cfg.max_nodes
+            )));
+        }
+        if cfg.node_id.is_empty() {
+            cfg.node_id = new_node_id();
+        }
+        let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
+        refuse_nesting(&mut client, &keys, &cfg.prefix).await?;
+        let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
+        let granted_at = std::time::Instant::now();
+        let unix_ms_at_grant = crate::unix_ms();
+        let grant =
+            client
+                .lease_grant(ttl_s, None)
+                .await
+                .map_err(|source| RendezvousError::Etcd {
+                    what: "granting the membership lease",
+                    source,
+                })?;
+        let writes = Arc::new(AtomicU64::new(1));
+        let counters = Counters::default();
+        let (tx, mut view) = watch::channel(View::default());
+        let (commands, inbox) = mpsc::unbounded_channel();
+        let machine = Machine::new(
+            SessionConfig {
+                keys: keys.clone(),
+                node_id: cfg.node_id.clone(),
+                addr: cfg.addr.clone(),
+                status_addr: cfg.status_addr.clone().unwrap_or_default(),
+                local_world_size: cfg.local_world_size,
+                ttl: Duration::from_secs(ttl_s as u64),
+                outage_limit: cfg.outage_timeout,
+                fence_margin: cfg.margin(),
+                seal: SealConfig {
+                    min_nodes: cfg.min_nodes,
+                    max_nodes: cfg.max_nodes,
+                    last_call: cfg.last_call,
+                    straggler_timeout: cfg.straggler_timeout,
+                },
+                several_endpoints: cfg.options.endpoints.len() > 1,
+                can_probe: true,
+                embedded_store: cfg.options.embedded_store,
+                lease: grant.id(),
+                granted_at,
+                unix_ms_at_grant,
+                first_incarnation: session::first_incarnation(unix_ms_at_grant),
+            },
+            counters.clone(),
+            writes.clone(),
+        );
+        let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
+        let session = tokio::spawn(driver.run());
+        let synced = view.wait_for(|v| v.connected);
+        if tokio::time::timeout(cfg.options.retry_window, synced)
+            .await
+            .is_err()
+        {
+            session.abort();
+            return Err(RendezvousError::SessionEnded(
+                "etcd did not answer the first read of the run",
+            ));
+        }
+        Ok(Self {
+            cfg,
+            keys,
+            view,
+            commands,
+            session,
+            writes,
+            counters,
+            held: None,
+            watcher: None,
+        })
+    }
+
+    /// This agent's node id.
+    pub fn node_id(&self) -> &str {
+        &self.cfg.node_id
+    }
+
+    /// etcd writes this agent made so far.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
+    /// The key layout of the run.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The agent's current view of the run (a copy).
+    pub fn view(&self) -> View {
+        self.view.borrow().clone()
+    }
+
+    /// Resolves when the held round is no longer the group's round (or this node must
+    /// fence itself).
+    pub(super) async fn next_change(&mut self) -> Result<Change, RendezvousError> {
+        let Some(held) = self.held.clone() else {
+            return std::future::pending().await;
+        };
+        let margin = self.cfg.margin();
+        loop {
+            let recheck_at = {
+                let v = self.view.borrow_and_update();
+                if let Some(c) = v.corruption() {
+                    return Err(RendezvousError::Corrupt(c));
+                }
+                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
+                    return Ok(change);
+                }
+                match fence::decide(Instant::now(), v.lease_safe_until, margin) {
+                    FenceDecision::Fence { reason, left } => {
+                        drop(v);
+                        self.tell(Command::Abandon);
+                        // Cut off, this node proves nothing about anyone.
+                        self.watcher = None;
+                        return Ok(Change::Fenced {
+                            reason,
+                            stop_within: left,
+                        });
+                    }
+                    FenceDecision::Hold { recheck_at } => Some(recheck_at),
+                    FenceDecision::Unknown => None,
+                }
+            };
+            let fence_timer = async {
+                match recheck_at {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = self.view.changed() => r.map_err(|_| self.ended())?,
+                () = fence_timer => {}
+            }
+        }
+    }
+
+    /// Starts watching `round`'s ring neighbour: proven gone, it is evicted at once.
+    pub(super) fn watch_neighbour(&mut self, round: &v1::Round) {
+        let me = self.cfg.node_id.clone();
+        let number = round.number;
+        self.watcher = liveness::neighbour(round, &me).map(|target| {
+            let commands = self.commands.clone();
+            let view = self.view.clone();
+            liveness::Watcher::start(me, target.clone(), move |node, lease, proof| {
+                let liveness::Proof { reason, detect } = proof;
+                // A neighbour whose workers all succeeded exits when the job is done: its
+                // port closing is the end of the run, not a death.
+                if view
+                    .borrow()
+                    .done
+                    .get(&number)
+                    .is_some_and(|d| d.contains(&node))
+                {
+                    tracing::debug!(%node, "finished neighbour exited");
+                    return;
+                }
+                let detect_ms = u32::try_from(detect.as_millis()).unwrap_or(u32::MAX);
+                tracing::warn!(%node, %reason, detect_ms, "ring neighbour gone; revoking its lease");
+                let command = Command::Evict {
+                    node,
+                    lease,
+                    round: number,
+                    detect_ms,
+                };
+                let _ = commands.send(Request {
+                    command,
+                    reply: None,
+                });
+            })
+        });
+    }
+
+    /// Tells the session `command` without waiting: nothing the handle does next depends on
+    /// it, and a session that ended will say so at the next request.
+    pub(super) fn tell(&self, command: Command) {
+        let _ = self.commands.send(Request {
+            command,
+            reply: None,
+        });
+    }
+
+    /// Why the session is gone: it gave up on etcd, or its task stopped.
+    pub(super) fn ended(&self) -> RendezvousError {
+        match &self.view.borrow().gave_up {
+            Some(reason) => RendezvousError::Outage(reason.clone()),
+            None => RendezvousError::SessionEnded("its task stopped"),
+        }
+    }
+
+    /// Asks the session for `command` and waits for its outcome.
+    pub(super) async fn ask(&self, command: Command) -> Result<(), RendezvousError> {
+        let (reply, outcome) = oneshot::channel();
+        let ended = || self.ended();
+        self.commands
+            .send(Request {
+                command,
+                reply: Some(reply),
+            })
+            .map_err(|_| ended())?;
+        outcome.await.map_err(|_| ended())?
+    }
+}
+
+/// Refuses to start a run whose keys would lie inside another run's (its prefix is
+/// below another run's root) or around one (another run's prefix is below this run's
+/// root): the outer run would read the inner one's keys as its own. Costs one read per
+/// level of the prefix, once, at start.
+pub(super) async fn refuse_nesting(
+    client: &mut Client,
+    keys: &Keys,
+    prefix: &str,
+) -> Result<(), RendezvousError> {
+    let read = |what| move |source| RendezvousError::Etcd { what, source };
+    let fix = "choose an etcd_prefix outside other runs' keys (e.g. the default /fsdp)";
+    for outer in keys.enclosing_roots() {
+        for sub in ["members/", "ctl/"] {
+            let found = client
+                .get(
+                    format!("{outer}{sub}"),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await
+                .map_err(read("checking that the run's keys nest in no other run"))?
+                .count();
+            if found > 0 {
+                return Err(RendezvousError::InvalidConfig(format!(
+                    "etcd_prefix '{prefix}' puts this run's keys ({}) inside those of the run at {outer}; {fix}",
+                    keys.root()
+                )));
+            }
+        }
+    }
+    let inner = client
+        .get(
+            keys.root(),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .map_err(read("checking that no other run nests in this run's keys"))?;
+    if let Some(k) = inner
+        .kvs()
+        .iter()
+        .filter_map(|kv| kv.key_str().ok())
+        .find(|k| keys.nested_run_key(k))
+    {
+        return Err(RendezvousError::InvalidConfig(format!(
+            "another run's keys ({k}) lie inside this run's ({}); give that run or this one a different etcd_prefix or --rdzv-id",
+            keys.root()
+        )));
+    }
+    Ok(())
+}

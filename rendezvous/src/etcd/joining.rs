@@ -1,0 +1,165 @@
+//! Pure functions of the view: what a waiting agent does next ([`step`]), whether the
+//! round an agent holds is still the group's ([`detect`]).
+
+use std::time::Instant;
+
+use fsdp_proto::v1;
+
+use super::View;
+use crate::{Change, RendezvousError, Round, RoundMember};
+
+/// What `next_round` should do after looking at the view.
+pub(crate) enum Step {
+    Wait,
+    Spare { next: u64 },
+    Broken { next: u64, change: Change },
+    PublishMaster { round: u64 },
+    Done(Box<(v1::Round, Round)>),
+}
+
+pub(crate) fn step(
+    v: &View,
+    me: &str,
+    my_workers: u32,
+    wants: u64,
+    published: Option<u64>,
+    since: Instant,
+) -> Result<Step, RendezvousError> {
+    if let Some(c) = v.corruption() {
+        return Err(RendezvousError::Corrupt(c));
+    }
+    if let Some(h) = v.halted() {
+        return Err(RendezvousError::Halted(h));
+    }
+    let Some(r) = v.round.as_ref().filter(|r| r.record.number >= wants) else {
+        return Ok(Step::Wait);
+    };
+    let rec = &r.record;
+    let Some(pos) = rec.members.iter().position(|m| m.node_id == me) else {
+        return Ok(Step::Spare {
+            next: rec.number + 1,
+        });
+    };
+    // A round that gives this node another worker count than it runs would hand its
+    // workers a wrong WORLD_SIZE and overlapping ranks: the record is not ours.
+    let given = rec.members[pos].local_world_size;
+    if given != my_workers {
+        return Err(RendezvousError::Corrupt(format!(
+            "round {} gives this node local_world_size {given}, but it runs {my_workers} workers",
+            rec.number
+        )));
+    }
+    let broken = |change| {
+        Ok(Step::Broken {
+            next: rec.number + 1,
+            change,
+        })
+    };
+    if rec.members[pos].incarnation < v.incarnation {
+        // Sealed from a registration of this node that is gone (an earlier process, or a
+        // lease it gave up): the coordinator seals the next round with the current one.
+        let node = me.to_owned();
+        return broken(Change::MemberLost { node });
+    }
+    // Broken already (a member left, a failure was reported; e.g. rank 0 died before
+    // publishing the master): come back for the next one. Waiting would leave everyone
+    // waiting for a master that never comes while the coordinator waits for them, and
+    // workers started now would only be stopped again.
+    if let Some(change) = detect(v, rec, me, since) {
+        return broken(change);
+    }
+    let master = v.master.as_ref().filter(|m| m.round == rec.number);
+    let Some(master) = master else {
+        return Ok(if pos == 0 && published != Some(rec.number) {
+            Step::PublishMaster { round: rec.number }
+        } else {
+            Step::Wait
+        });
+    };
+    let round = joined(rec, pos, master)?;
+    Ok(Step::Done(Box::new((rec.clone(), round))))
+}
+
+/// Round `rec` as this node, at position `pos`, runs it with `master`.
+fn joined(rec: &v1::Round, pos: usize, master: &v1::Master) -> Result<Round, RendezvousError> {
+    let mut round = Round::new(
+        rec.number,
+        rec.members.iter().map(RoundMember::from).collect(),
+        pos,
+        // The view admits only ports 1-65535.
+        (
+            master.addr.clone(),
+            u16::try_from(master.port).unwrap_or_default(),
+        ),
+        rec.restart_count,
+        rec.reason.clone(),
+    )
+    .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
+    round.charged_at_ms = rec.charged_at_ms.clone();
+    // A record from before the field existed: the charges of the whole run count.
+    if rec.sealed_at_ms > 0 {
+        round.sealed_at_ms = rec.sealed_at_ms;
+    }
+    Ok(round)
+}
+
+/// Whether the round an agent holds is still the group's round: a pure function of the
+/// view, so tests can drive it without etcd.
+pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Change> {
+    if let Some(h) = v.halted() {
+        return Some(Change::Halted(h));
+    }
+    // A failure is looked at first: a node that gives up reports its failure and then
+    // revokes its lease, and the others must see the failure, not just a departure.
+    if v.failures.contains(&held.number) {
+        return Some(Change::PeerFailed {
+            restart_count: held.restart_count + 1,
+        });
+    }
+    let done = v.done.get(&held.number);
+    // Only the registration the round was sealed from counts: a node that lost its lease
+    // and registered again is a new registration, and its old one's departure says nothing
+    // about a round sealed with the new one (read as a loss, that departure broke every
+    // later round before it started: a livelock).
+    // A member that finished and left is not lost: it is waiting to exit or has exited 0.
+    let departed = |m: &v1::Member| {
+        v.departed_since(m, since) && !done.is_some_and(|d| d.contains(&m.node_id))
+    };
+    let mine = held.members.iter().find(|m| m.node_id == me);
+    let others = held.members.iter().filter(|m| m.node_id != me);
+    if let Some(m) = mine.into_iter().chain(others).find(|m| departed(m)) {
+        return Some(Change::MemberLost {
+            node: m.node_id.clone(),
+        });
+    }
+    match v.round.as_ref().map(|r| &r.record) {
+        Some(r) if r.number > held.number => {
+            if r.members.iter().any(|m| m.node_id == me) {
+                Some(Change::NewRound { number: r.number })
+            } else {
+                Some(Change::MemberLost {
+                    node: me.to_owned(),
+                })
+            }
+        }
+        _ => None,
+    }
+}
+
+/// A stored hang report as the agent reads it.
+pub fn hang_report(h: &v1::HangReport) -> crate::HangReport {
+    crate::HangReport {
+        node_id: h.node_id.clone(),
+        declared: h.declared,
+        reason: h.reason.clone(),
+        ranks: h
+            .ranks
+            .iter()
+            .map(|r| crate::RankStep {
+                rank: r.rank,
+                last_step: r.last_step,
+                phase: Some(r.phase.clone()).filter(|p| !p.is_empty()),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,124 @@
+//! Small steps on the machine's state: the view and its publication, the lease and the
+//! incarnation, the coordinator role.
+
+use std::sync::atomic::Ordering;
+
+use super::io::{CommandId, Effect, Role, WatchEvent};
+use super::machine::Machine;
+use crate::RendezvousError;
+use crate::etcd::view::View;
+
+impl Machine {
+    pub(super) fn reset_outage(&mut self) {
+        self.outage_since = None;
+    }
+
+    pub(super) fn reply(&mut self, id: CommandId, result: Result<(), RendezvousError>) {
+        self.effects.push(Effect::Reply(id, result));
+    }
+
+    pub(super) fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn view_mut(&mut self) -> &mut View {
+        self.view_changed = true;
+        &mut self.view
+    }
+
+    pub(super) fn publish_lease(&mut self) {
+        let safe_until = self.clock.safe_until();
+        if self.view.lease_safe_until != safe_until {
+            self.view_mut().lease_safe_until = safe_until;
+        }
+    }
+
+    pub(super) fn role(&self) -> Role {
+        if self.view.coordinator.as_deref() == Some(self.cfg.node_id.as_str()) {
+            Role::Coordinator
+        } else {
+            Role::Member
+        }
+    }
+
+    /// Now in Unix milliseconds, counted on the monotonic clock from the grant.
+    pub(super) fn unix_ms(&self) -> u64 {
+        let since = self.now.saturating_duration_since(self.cfg.granted_at);
+        self.cfg.unix_ms_at_grant + since.as_millis() as u64
+    }
+
+    /// Applies a watch batch; returns whether the coordinator key went.
+    pub(super) fn apply(&mut self, events: Vec<WatchEvent>) -> bool {
+        let coordinator = self.cfg.keys.coordinator();
+        let now = self.now;
+        let mut coordinator_gone = false;
+        let keys = self.cfg.keys.clone();
+        let v = self.view_mut();
+        for ev in events {
+            match ev {
+                WatchEvent::Put(kv) => v.put(
+                    &keys,
+                    &kv.key,
+                    &kv.value,
+                    kv.create_rev,
+                    kv.mod_rev,
+                    kv.lease,
+                ),
+                WatchEvent::Delete { key, prev } => {
+                    coordinator_gone |= key == coordinator;
+                    v.delete(&keys, &key, now, prev.as_deref());
+                }
+            }
+        }
+        coordinator_gone
+    }
+
+    /// This node's claim on the coordinator key won (the one place that says so).
+    pub(super) fn elected(&mut self) {
+        tracing::info!(node = %self.cfg.node_id, "elected rendezvous coordinator");
+        let me = self.cfg.node_id.clone();
+        self.view_mut().coordinator = Some(me);
+    }
+
+    /// The lease is gone. Before `safe_until` etcd cannot have expired it, so it lost its
+    /// data (an empty restart) and nobody saw this node leave: the round goes on. From
+    /// then on it may have expired and the others re-form without this node: if it runs
+    /// a round, that round is over for it too.
+    pub(super) fn lease_gone(&mut self) {
+        let now = self.now;
+        let expired = self.clock.safe_until().is_none_or(|s| now >= s);
+        if let Some(went) = self.my_incarnation().filter(|_| expired) {
+            tracing::warn!("the lease expired while this node ran a round: it was evicted");
+            let me = self.cfg.node_id.clone();
+            self.view_mut().depart(&me, went, now);
+        }
+    }
+
+    /// This node's incarnation in the round it runs, if it runs one.
+    pub(super) fn my_incarnation(&self) -> Option<u64> {
+        let r = self.running.as_ref()?;
+        let me = r.members.iter().find(|m| m.node_id == self.cfg.node_id)?;
+        Some(me.incarnation)
+    }
+
+    /// A new lease replaced the old one: the next incarnation.
+    pub(super) fn lease_renewed(&mut self, id: i64) {
+        self.wrote();
+        self.clock.replaced(self.sent, self.cfg.ttl);
+        self.publish_lease();
+        tracing::info!(
+            old = self.lease,
+            new = id,
+            "the lease was gone; granted a new one"
+        );
+        self.lease = id;
+        self.next_incarnation();
+    }
+
+    /// This agent's next registration is a new incarnation.
+    pub(super) fn next_incarnation(&mut self) {
+        self.incarnation += 1;
+        let n = self.incarnation;
+        self.view_mut().incarnation = n;
+    }
+}

@@ -1,0 +1,187 @@
+//! Registration and the coordinator election, and the writes of the other commands.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------
+// Registration and the coordinator election
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn register_claims_the_coordinator_key_when_nobody_holds_it() {
+    let k = keys();
+    let mut h = Harness::synced();
+    let e = h.command(1, Command::Register { wants_round: 4 });
+    let spec = txn(the_op(&e));
+    assert_eq!(spec.when, vec![Compare::Absent(k.coordinator())]);
+    let (value, lease) = put_at(&spec.then, &k.coordinator());
+    assert_eq!(lease, LEASE);
+    assert_eq!(v1::Coordinator::decode(value).unwrap().node_id, "a");
+    let (value, lease) = put_at(&spec.then, &k.member("a"));
+    assert_eq!(lease, LEASE);
+    let m = v1::Member::decode(value).unwrap();
+    assert_eq!((m.wants_round, m.lease, m.incarnation), (4, LEASE, 1));
+    // The registration is written even when the claim loses.
+    put_at(&spec.otherwise, &k.member("a"));
+    assert!(!touches(&spec.otherwise, &k.coordinator()));
+}
+
+#[test]
+fn winning_the_claim_resyncs_with_coordinator_watches() {
+    let mut h = Harness::synced();
+    h.command(1, Command::Register { wants_round: 0 });
+    let e = h.answer(Answer::Txn { succeeded: true });
+    replied_ok(&e, 1);
+    assert!(closes_watches(&e));
+    assert_eq!(h.m.view().coordinator.as_deref(), Some("a"));
+    assert_eq!(
+        h.m.phase(),
+        Phase::Syncing(Resync::RoleChanged { grace_until: None })
+    );
+    let me = member("a", LEASE, 1, 0);
+    let (ops, _) = h.sync_through(e, &[member_kv(&me, 6), coordinator_kv("a", LEASE)]);
+    // A role change asks nothing of the cluster's size.
+    assert_eq!(
+        ops,
+        vec![
+            read_root(),
+            Op::TimeToLive { lease: LEASE },
+            Op::Watch {
+                role: Role::Coordinator,
+                from: REV + 1,
+                lease: LEASE
+            },
+        ]
+    );
+}
+
+#[test]
+fn register_does_not_claim_when_a_coordinator_is_known() {
+    let k = keys();
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    let e = h.command(1, Command::Register { wants_round: 0 });
+    let spec = txn(the_op(&e));
+    assert!(spec.when.is_empty());
+    assert!(!touches(&spec.then, &k.coordinator()));
+    put_at(&spec.then, &k.member("a"));
+}
+
+#[test]
+fn a_lost_claim_is_still_a_registration_and_keeps_the_member_watches() {
+    let mut h = Harness::synced();
+    h.command(1, Command::Register { wants_round: 0 });
+    let e = h.answer(Answer::Txn { succeeded: false });
+    replied_ok(&e, 1);
+    assert!(!closes_watches(&e));
+    no_op(&e);
+    assert_eq!(h.m.view().coordinator, None);
+    assert_eq!(
+        h.m.phase(),
+        Phase::Watching {
+            role: Role::Member,
+            lease: LEASE
+        }
+    );
+}
+
+#[test]
+fn a_command_is_answered_only_after_its_answer() {
+    let mut h = Harness::synced();
+    let e = h.command(1, Command::ReportDone { round: 3 });
+    assert!(replied(&e).is_empty());
+    let before = h.writes.load(Ordering::Relaxed);
+    let e = h.answer(Answer::Done);
+    replied_ok(&e, 1);
+    assert_eq!(h.writes.load(Ordering::Relaxed), before + 1);
+}
+
+#[test]
+fn lease_not_found_on_register_grants_a_new_lease_and_writes_again_as_incarnation_2() {
+    let k = keys();
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.command(1, Command::Register { wants_round: 0 });
+    let e = h.fail(no_such_lease());
+    assert!(replied(&e).is_empty());
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    let e = h.answer(Answer::Granted { id: 300 });
+    let spec = txn(the_op(&e));
+    let (value, lease) = put_at(&spec.then, &k.member("a"));
+    assert_eq!(lease, 300);
+    let m = v1::Member::decode(value).unwrap();
+    assert_eq!((m.lease, m.incarnation), (300, 2));
+    assert_eq!((h.m.lease(), h.m.incarnation()), (300, 2));
+    let e = h.answer(Answer::Txn { succeeded: true });
+    replied_ok(&e, 1);
+    // The open keep-alive stream is the old lease's: a resync opens one for the new.
+    assert!(closes_watches(&e));
+    assert_eq!(the_op(&e), read_root());
+    assert_eq!(h.m.phase(), Phase::Syncing(Resync::Outage));
+}
+
+#[test]
+fn a_second_lease_not_found_after_the_regrant_is_the_reply() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.command(1, Command::Register { wants_round: 0 });
+    h.fail(no_such_lease());
+    h.answer(Answer::Granted { id: 300 });
+    let e = h.fail(no_such_lease());
+    // Answered, and the session syncs again to keep the lease it now holds alive.
+    assert_eq!(the_op(&e), read_root());
+    match reply_of(&e, 1) {
+        Err(RendezvousError::Etcd { what, .. }) => assert_eq!(*what, "registering this node"),
+        other => panic!("expected the refusal as the reply, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_lease_not_found_after_the_regrant_grants_no_third_lease_at_once() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.command(1, Command::Register { wants_round: 0 });
+    h.fail(no_such_lease());
+    h.answer(Answer::Granted { id: 300 });
+    let e = h.fail(no_such_lease());
+    assert!(
+        !etcd_ops(&e).iter().any(|op| matches!(op, Op::Grant { .. })),
+        "no grant loop: {e:?}"
+    );
+    assert_eq!(h.m.lease(), 300);
+}
+
+// ---------------------------------------------------------------------------------------
+// Other commands' writes
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn report_failure_is_guarded_on_the_halt_key_being_absent() {
+    let k = keys();
+    let mut h = Harness::synced();
+    let e = h.command(1, Command::ReportFailure { round: 3 });
+    let spec = txn(the_op(&e));
+    assert_eq!(
+        spec.when,
+        vec![Compare::Absent(k.failure(3)), Compare::Absent(k.halt())]
+    );
+    let failure = v1::Failure::decode(put_at(&spec.then, &k.failure(3)).0).unwrap();
+    assert_eq!((failure.round, failure.node_id.as_str()), (3, "a"));
+}
+
+#[test]
+fn publish_master_is_written_on_the_lease() {
+    let k = keys();
+    let mut h = Harness::synced();
+    let e = h.command(
+        1,
+        Command::PublishMaster {
+            round: 2,
+            port: 29500,
+        },
+    );
+    let Op::Put(Write::Put { key, value, lease }) = the_op(&e) else {
+        panic!("expected a put: {e:?}")
+    };
+    assert_eq!((key, lease), (k.master(), LEASE));
+    let master = v1::Master::decode(value.as_slice()).unwrap();
+    assert_eq!(
+        (master.round, master.addr.as_str(), master.port),
+        (2, "10.0.0.1", 29500)
+    );
+}

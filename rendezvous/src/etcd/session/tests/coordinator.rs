@@ -1,0 +1,148 @@
+//! The coordinator's seal: its commits and their fences, and withdrawing.
+
+use super::*;
+
+fn unhealthy() -> v1::Unhealthy {
+    v1::Unhealthy {
+        schema: SCHEMA_VERSION,
+        node_id: "a".into(),
+        reason: "gpu check failed".into(),
+        failures: 1,
+        at_ms: 0,
+    }
+}
+
+/// A node that registered first and won the coordinator key, at `at_ms`: its role-change
+/// sync opened the coordinator's watches and its first commit is in flight.
+fn coordinating(at_ms: u64) -> (Harness, TxnSpec) {
+    let mut h = Harness::synced();
+    h.at_ms(at_ms);
+    h.command(1, Command::Register { wants_round: 0 });
+    let e = h.answer(Answer::Txn { succeeded: true });
+    let me = member("a", LEASE, 1, 0);
+    let (ops, e) = h.sync_through(e, &[member_kv(&me, 6), coordinator_kv("a", LEASE)]);
+    assert!(ops.contains(&Op::Watch {
+        role: Role::Coordinator,
+        from: REV + 1,
+        lease: LEASE
+    }));
+    let spec = txn(the_op(&e));
+    (h, spec)
+}
+
+// ---------------------------------------------------------------------------------------
+// The coordinator's seal
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn a_coordinator_with_enough_members_commits_a_round_fenced_on_an_absent_round_key() {
+    let k = keys();
+    let (mut h, spec) = coordinating(0);
+    // Never after a halt either.
+    assert_eq!(
+        spec.when,
+        vec![Compare::Absent(k.round()), Compare::Absent(k.halt())]
+    );
+    let (value, lease) = put_at(&spec.then, &k.round());
+    assert_eq!(lease, 0, "a round outlives its coordinator");
+    let r = v1::Round::decode(value).unwrap();
+    assert_eq!(r.number, 0);
+    assert_eq!(r.members, vec![member("a", LEASE, 1, 0)]);
+    assert_eq!(h.counters.rounds_sealed.load(Ordering::Relaxed), 0);
+    h.answer(Answer::Txn { succeeded: true });
+    assert_eq!(h.counters.rounds_sealed.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        h.m.phase(),
+        Phase::Watching {
+            role: Role::Coordinator,
+            lease: LEASE
+        }
+    );
+}
+
+#[test]
+fn a_failed_commit_does_not_count_as_sealed() {
+    let (mut h, _) = coordinating(0);
+    let e = h.answer(Answer::Txn { succeeded: false });
+    no_op(&e);
+    assert_eq!(h.counters.rounds_sealed.load(Ordering::Relaxed), 0);
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+}
+
+#[test]
+fn a_commit_is_fenced_on_the_mod_revision_of_the_round_it_replaces() {
+    let k = keys();
+    let old = round(1, &[("b", 1)]);
+    let me = member("a", LEASE, 1, 2);
+    let (_, rest) = Harness::new().first_sync(&[
+        round_kv(&old, 9),
+        member_kv(&me, 4),
+        coordinator_kv("a", LEASE),
+    ]);
+    // Round 1's only member is gone: "a", ready for round 2, gets it.
+    let spec = txn(the_op(&rest));
+    assert_eq!(
+        spec.when,
+        vec![
+            Compare::ModRevision(k.round(), 9),
+            Compare::Absent(k.halt())
+        ]
+    );
+    let r = v1::Round::decode(put_at(&spec.then, &k.round()).0).unwrap();
+    assert_eq!(r.number, 2);
+    assert_eq!(r.members, vec![me]);
+}
+
+#[test]
+fn unix_ms_counts_from_unix_ms_at_grant() {
+    let k = keys();
+    let (_, spec) = coordinating(2_345);
+    let r = v1::Round::decode(put_at(&spec.then, &k.round()).0).unwrap();
+    assert_eq!(r.sealed_at_ms, UNIX_MS_AT_GRANT + 2_345);
+}
+
+#[test]
+fn withdraw_as_coordinator_deletes_the_coordinator_key() {
+    let k = keys();
+    let (mut h, _) = coordinating(0);
+    h.answer(Answer::Txn { succeeded: true });
+    let e = h.command(
+        5,
+        Command::Withdraw {
+            record: unhealthy(),
+        },
+    );
+    let spec = txn(the_op(&e));
+    assert_eq!(
+        spec.then,
+        vec![
+            Write::Delete(k.member("a")),
+            Write::Put {
+                key: k.unhealthy("a"),
+                value: unhealthy().encode_to_vec(),
+                lease: LEASE
+            },
+            Write::Delete(k.coordinator()),
+        ]
+    );
+    // The next registration is a new incarnation.
+    assert_eq!(h.m.incarnation(), 2);
+    let e = h.answer(Answer::Txn { succeeded: true });
+    replied_ok(&e, 5);
+}
+
+#[test]
+fn withdraw_as_a_member_leaves_the_coordinator_key() {
+    let k = keys();
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 0, true);
+    let e = h.command(
+        2,
+        Command::Withdraw {
+            record: unhealthy(),
+        },
+    );
+    let spec = txn(the_op(&e));
+    assert!(touches(&spec.then, &k.member("a")));
+    assert!(!touches(&spec.then, &k.coordinator()));
+}

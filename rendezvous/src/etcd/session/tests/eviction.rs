@@ -1,0 +1,208 @@
+//! Abandon, eviction and departure.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------
+// Abandon, eviction and departure
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn abandon_makes_the_next_sync_revoke_then_grant_then_read() {
+    let mut h = Harness::synced();
+    let e = h.command(1, Command::Abandon);
+    replied_ok(&e, 1);
+    assert!(closes_watches(&e));
+    assert_eq!(the_op(&e), Op::Revoke { lease: LEASE });
+    let e = h.answer(Answer::Done);
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    let e = h.answer(Answer::Granted { id: 300 });
+    assert_eq!((h.m.lease(), h.m.incarnation()), (300, 2));
+    let (ops, rest) = h.sync_through(e, &[]);
+    no_op(&rest);
+    assert_eq!(
+        ops,
+        vec![
+            read_root(),
+            Op::MemberCount,
+            Op::TimeToLive { lease: 300 },
+            Op::Watch {
+                role: Role::Member,
+                from: REV + 1,
+                lease: 300
+            },
+        ]
+    );
+    assert_eq!(
+        h.m.phase(),
+        Phase::Watching {
+            role: Role::Member,
+            lease: 300
+        }
+    );
+}
+
+#[test]
+fn a_revoke_answered_lease_not_found_still_grants_and_reads() {
+    let mut h = Harness::synced();
+    let e = h.command(1, Command::Abandon);
+    assert_eq!(the_op(&e), Op::Revoke { lease: LEASE });
+    // The fenced lease expired meanwhile: gone either way.
+    let e = h.fail(no_such_lease());
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    let e = h.answer(Answer::Granted { id: 300 });
+    assert_eq!(the_op(&e), read_root());
+    assert_eq!(h.counters.errors.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn abandon_while_disconnected_revokes_first_at_the_next_sync() {
+    let mut h = Harness::synced();
+    h.disconnect();
+    let e = h.command(1, Command::Abandon);
+    replied_ok(&e, 1);
+    no_op(&e);
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::Revoke { lease: LEASE });
+}
+
+fn evict_b() -> Command {
+    Command::Evict {
+        node: "b".into(),
+        lease: 200,
+        round: 1,
+        detect_ms: 5,
+    }
+}
+
+#[test]
+fn evicting_a_node_already_departed_needs_no_op() {
+    let k = keys();
+    let mut h = Harness::synced();
+    let prev = member("b", 200, 1, 1).encode_to_vec();
+    h.step(Input::Watched(vec![WatchEvent::Delete {
+        key: k.member("b"),
+        prev: Some(prev),
+    }]));
+    assert!(h.m.view().departed.contains_key("b"));
+    let e = h.command(1, evict_b());
+    replied_ok(&e, 1);
+    no_op(&e);
+}
+
+#[test]
+fn evicting_a_node_whose_lease_no_longer_holds_its_registration_takes_one_txn() {
+    let k = keys();
+    let mut h = Harness::synced();
+    let e = h.command(1, evict_b());
+    assert!(replied(&e).is_empty());
+    assert_eq!(
+        txn(the_op(&e)),
+        TxnSpec {
+            when: vec![Compare::Lease(k.member("b"), 200)],
+            ..TxnSpec::default()
+        }
+    );
+    let e = h.answer(Answer::Txn { succeeded: false });
+    replied_ok(&e, 1);
+    no_op(&e);
+}
+
+#[test]
+fn evicting_a_node_that_holds_says_gone_then_revokes() {
+    let k = keys();
+    let mut h = Harness::synced();
+    h.command(1, evict_b());
+    let e = h.answer(Answer::Txn { succeeded: true });
+    let spec = txn(the_op(&e));
+    let key = k.gone(1, "b");
+    assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
+    let gone = v1::Gone::decode(put_at(&spec.then, &key).0).unwrap();
+    assert_eq!(
+        (
+            gone.round,
+            gone.node_id.as_str(),
+            gone.how(),
+            gone.detect_ms
+        ),
+        (1, "b", v1::Detection::Refused, 5)
+    );
+    let e = h.answer(Answer::Txn { succeeded: true });
+    assert!(replied(&e).is_empty());
+    assert_eq!(the_op(&e), Op::Revoke { lease: 200 });
+    let e = h.answer(Answer::Done);
+    replied_ok(&e, 1);
+    no_op(&e);
+}
+
+#[test]
+fn evicting_a_node_whose_lease_went_during_the_revoke_is_answered_ok() {
+    let mut h = Harness::synced();
+    h.command(1, evict_b());
+    h.answer(Answer::Txn { succeeded: true });
+    h.answer(Answer::Txn { succeeded: true });
+    let e = h.fail(no_such_lease());
+    replied_ok(&e, 1);
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+}
+
+#[test]
+fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
+    let k = keys();
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 4, true);
+    h.command(
+        2,
+        Command::Running {
+            round: round(4, &[("a", 1), ("b", 1)]),
+        },
+    );
+    let e = h.command(
+        3,
+        Command::Depart {
+            how: Departure::Left,
+        },
+    );
+    let Op::Depart {
+        record: Some(spec),
+        lease,
+    } = the_op(&e)
+    else {
+        panic!("expected a departure with its record: {e:?}")
+    };
+    assert_eq!(lease, LEASE);
+    let key = k.gone(4, "a");
+    assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
+    let gone = v1::Gone::decode(put_at(&spec.then, &key).0).unwrap();
+    assert_eq!(gone.how(), v1::Detection::Left);
+    let e = h.answer(Answer::Departed {
+        said: None,
+        revoked: None,
+    });
+    replied_ok(&e, 3);
+    assert_eq!(h.m.phase(), Phase::Ended);
+    assert_eq!(h.m.deadline(), None);
+}
+
+#[test]
+fn depart_after_finishing_sends_no_gone_record() {
+    let mut h = Harness::synced();
+    h.command(
+        1,
+        Command::Running {
+            round: round(4, &[("a", 1)]),
+        },
+    );
+    let e = h.command(
+        2,
+        Command::Depart {
+            how: Departure::Finished,
+        },
+    );
+    assert_eq!(
+        the_op(&e),
+        Op::Depart {
+            record: None,
+            lease: LEASE
+        }
+    );
+}

@@ -1,0 +1,177 @@
+//! Keep-alives, the lease clock and the prober.
+
+use super::*;
+
+fn probes(effects: &[Effect]) -> Vec<bool> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Probe(on) => Some(*on),
+            _ => None,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Keep-alives, the lease clock and the prober
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn the_first_timer_sends_a_keep_alive_and_the_next_is_a_third_of_the_ttl_later() {
+    let mut h = Harness::synced();
+    assert_eq!(
+        h.m.deadline(),
+        Some(h.t0),
+        "due as soon as the watches open"
+    );
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::KeepAlive);
+    let e = h.answer(Answer::Done);
+    no_op(&e);
+    assert_eq!(h.m.deadline(), Some(h.t0 + TTL / 3));
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::KeepAlive);
+}
+
+#[test]
+fn an_answered_keep_alive_extends_lease_safe_until_from_when_it_was_sent() {
+    let mut h = Harness::synced();
+    assert_eq!(h.m.view().lease_safe_until, Some(h.t0 + TTL));
+    h.at_ms(1_000);
+    let e = h.timer();
+    assert_eq!(the_op(&e), Op::KeepAlive);
+    h.answer(Answer::Done);
+    let _ = h.m.changed_view();
+    h.at_ms(1_050);
+    h.step(Input::LeaseAnswer(Some(6)));
+    assert_eq!(h.m.view().lease_safe_until, Some(h.t0 + SECOND + TTL));
+    assert!(h.m.changed_view().is_some(), "the driver publishes it");
+}
+
+#[test]
+fn a_lease_answer_of_none_grants_registers_and_resyncs() {
+    let k = keys();
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 0, true);
+    let e = h.step(Input::LeaseAnswer(None));
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    let e = h.answer(Answer::Granted { id: 300 });
+    let spec = txn(the_op(&e));
+    let (value, lease) = put_at(&spec.then, &k.member("a"));
+    assert_eq!(lease, 300);
+    assert_eq!(v1::Member::decode(value).unwrap().incarnation, 2);
+    let e = h.answer(Answer::Txn { succeeded: true });
+    assert!(closes_watches(&e));
+    assert_eq!(the_op(&e), read_root());
+    assert_eq!(h.m.phase(), Phase::Syncing(Resync::Outage));
+}
+
+#[test]
+fn a_lease_answer_of_none_without_a_registration_only_grants_and_resyncs() {
+    let mut h = Harness::synced();
+    let e = h.step(Input::LeaseAnswer(None));
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    let e = h.answer(Answer::Granted { id: 300 });
+    assert_eq!(the_op(&e), read_root());
+}
+
+#[test]
+fn a_lease_gone_after_safe_until_while_running_records_this_nodes_departure() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 1, true);
+    h.command(
+        2,
+        Command::Running {
+            round: round(1, &[("a", 1), ("b", 1)]),
+        },
+    );
+    // Safe until t0 + 6 s: from then on etcd may have expired it.
+    h.at_ms(6_500);
+    h.step(Input::LeaseAnswer(None));
+    assert_eq!(
+        h.m.view().departed.get("a"),
+        Some(&Departed {
+            at: h.now,
+            incarnation: 1
+        })
+    );
+}
+
+#[test]
+fn a_lease_gone_before_safe_until_records_no_departure() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 1, true);
+    h.command(
+        2,
+        Command::Running {
+            round: round(1, &[("a", 1), ("b", 1)]),
+        },
+    );
+    // etcd cannot have expired it yet: it lost its data, and nobody saw this node leave.
+    h.at_ms(3_000);
+    let e = h.step(Input::LeaseAnswer(None));
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    assert!(h.m.view().departed.is_empty());
+}
+
+#[test]
+fn with_one_member_a_keep_alive_unanswered_near_the_fence_starts_the_probe() {
+    let mut h = Harness::synced();
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::KeepAlive);
+    h.answer(Answer::Done);
+    let e = h.fire();
+    assert_eq!(h.now, h.t0 + TTL / 3);
+    assert_eq!(the_op(&e), Op::KeepAlive);
+    h.answer(Answer::Done);
+    // Safe until t0 + 6 s; the probe starts a margin (1 s) and a quarter TTL before.
+    let due = h.t0 + TTL - SECOND - TTL / 4;
+    assert_eq!(h.m.deadline(), Some(due));
+    let e = h.fire();
+    no_op(&e);
+    assert_eq!(probes(&e), vec![true]);
+    // Probing: the next wake-up is the next keep-alive, not the answer again.
+    assert_eq!(h.m.deadline(), Some(h.t0 + 2 * TTL / 3));
+}
+
+#[test]
+fn an_answered_keep_alive_stops_the_probe() {
+    let mut h = Harness::synced();
+    h.fire();
+    h.answer(Answer::Done);
+    h.fire();
+    h.answer(Answer::Done);
+    let e = h.fire();
+    assert_eq!(probes(&e), vec![true]);
+    let e = h.step(Input::LeaseAnswer(Some(6)));
+    assert_eq!(probes(&e), vec![false]);
+}
+
+#[test]
+fn no_leader_extends_lease_safe_until() {
+    let mut h = Harness::synced();
+    h.at_ms(3_500);
+    h.step(Input::NoLeader {
+        sent: h.t0 + 3 * SECOND,
+    });
+    assert_eq!(h.m.view().lease_safe_until, Some(h.t0 + 3 * SECOND + TTL));
+}
+
+#[test]
+fn with_several_endpoints_a_late_keep_alive_drops_the_connection_and_the_next_sync_picks_an_endpoint()
+ {
+    let (mut h, rest) = Harness::with(|c| c.several_endpoints = true).first_sync(&[]);
+    no_op(&rest);
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::KeepAlive);
+    h.answer(Answer::Done);
+    assert_eq!(h.m.deadline(), Some(h.t0 + TTL / 4));
+    let e = h.fire();
+    no_op(&e);
+    assert!(closes_watches(&e));
+    assert!(matches!(h.m.phase(), Phase::Disconnected { .. }));
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::PickEndpoint);
+    let e = h.answer(Answer::Done);
+    assert_eq!(the_op(&e), read_root());
+}

@@ -1,0 +1,408 @@
+//! The session machine without etcd: inputs in, effects out, the clock in the test's hand.
+//!
+//! The harness drives one node ("a") whose handle granted lease [`LEASE`] at `t0`; every op
+//! the machine sends is answered by the test, as the driver would answer it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fsdp_proto::{SCHEMA_VERSION, v1};
+use prost::Message;
+
+use super::{
+    Answer, Command, CommandId, Compare, Config, Effect, Input, Kv, Machine, Op, Phase, Resync,
+    Role, TxnSpec, WatchEvent, Write,
+};
+use crate::etcd::keys::Keys;
+use crate::etcd::view::Departed;
+use crate::seal::SealConfig;
+use crate::{Counters, Departure, RendezvousError};
+
+mod commands;
+mod coordinator;
+mod eviction;
+mod lease;
+mod outage;
+mod sync;
+
+pub(super) const TTL: Duration = Duration::from_secs(6);
+pub(super) const SECOND: Duration = Duration::from_secs(1);
+/// The lease the handle granted at join.
+pub(super) const LEASE: i64 = 100;
+/// The revision of every ranged read the harness answers.
+pub(super) const REV: i64 = 5;
+pub(super) const UNIX_MS_AT_GRANT: u64 = 1_700_000_000_000;
+
+// ---------------------------------------------------------------------------------------
+// Records and errors
+// ---------------------------------------------------------------------------------------
+
+pub(super) fn keys() -> Keys {
+    Keys::new("/fsdp", "r").unwrap()
+}
+
+fn config(t0: Instant) -> Config {
+    Config {
+        keys: keys(),
+        node_id: "a".into(),
+        addr: "10.0.0.1".into(),
+        status_addr: String::new(),
+        local_world_size: 2,
+        ttl: TTL,
+        outage_limit: Duration::from_secs(60),
+        fence_margin: SECOND,
+        seal: SealConfig {
+            min_nodes: 1,
+            max_nodes: 2,
+            last_call: Duration::ZERO,
+            straggler_timeout: Duration::from_secs(10),
+        },
+        several_endpoints: false,
+        can_probe: true,
+        embedded_store: false,
+        lease: LEASE,
+        granted_at: t0,
+        unix_ms_at_grant: UNIX_MS_AT_GRANT,
+        // Incarnations 1, 2, ... keep the expectations readable.
+        first_incarnation: 1,
+    }
+}
+
+/// etcd no longer has the lease a request named.
+pub(super) fn no_such_lease() -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::not_found(
+        "etcdserver: requested lease not found",
+    ))
+}
+
+/// A connection that broke: transient.
+pub(super) fn cut() -> etcd_client::Error {
+    etcd_client::Error::IoError(std::io::Error::other("cut"))
+}
+
+pub(super) fn member(id: &str, lease: i64, incarnation: u64, wants_round: u64) -> v1::Member {
+    v1::Member {
+        schema: SCHEMA_VERSION,
+        node_id: id.into(),
+        addr: format!("{id}.local"),
+        local_world_size: 2,
+        wants_round,
+        status_addr: String::new(),
+        lease,
+        incarnation,
+    }
+}
+
+/// Round `number` of `members` (node, incarnation).
+pub(super) fn round(number: u64, members: &[(&str, u64)]) -> v1::Round {
+    v1::Round {
+        schema: SCHEMA_VERSION,
+        number,
+        members: members
+            .iter()
+            .map(|(id, inc)| member(id, LEASE, *inc, number))
+            .collect(),
+        restart_count: 0,
+        reason: "test".into(),
+        ..Default::default()
+    }
+}
+
+pub(super) fn member_kv(m: &v1::Member, create_rev: i64) -> Kv {
+    Kv {
+        key: keys().member(&m.node_id),
+        value: m.encode_to_vec(),
+        create_rev,
+        mod_rev: create_rev,
+        lease: m.lease,
+    }
+}
+
+pub(super) fn coordinator_kv(id: &str, lease: i64) -> Kv {
+    let c = v1::Coordinator {
+        schema: SCHEMA_VERSION,
+        node_id: id.into(),
+    };
+    Kv {
+        key: keys().coordinator(),
+        value: c.encode_to_vec(),
+        create_rev: 2,
+        mod_rev: 2,
+        lease,
+    }
+}
+
+pub(super) fn round_kv(r: &v1::Round, mod_rev: i64) -> Kv {
+    Kv {
+        key: keys().round(),
+        value: r.encode_to_vec(),
+        create_rev: 1,
+        mod_rev,
+        lease: 0,
+    }
+}
+
+pub(super) fn read_root() -> Op {
+    Op::Range {
+        key: keys().root().to_owned(),
+        prefix: true,
+        keys_only: false,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Effects
+// ---------------------------------------------------------------------------------------
+
+pub(super) fn etcd_ops(effects: &[Effect]) -> Vec<Op> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Etcd(op) => Some(op.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The one etcd op among `effects`.
+#[track_caller]
+pub(super) fn the_op(effects: &[Effect]) -> Op {
+    let ops = etcd_ops(effects);
+    assert_eq!(ops.len(), 1, "expected one etcd op in {effects:?}");
+    ops.into_iter().next().unwrap()
+}
+
+#[track_caller]
+pub(super) fn no_op(effects: &[Effect]) {
+    assert!(
+        etcd_ops(effects).is_empty(),
+        "expected no etcd op in {effects:?}"
+    );
+}
+
+#[track_caller]
+pub(super) fn txn(op: Op) -> TxnSpec {
+    match op {
+        Op::Txn(spec) => spec,
+        other => panic!("expected a transaction, got {other:?}"),
+    }
+}
+
+pub(super) fn replied(effects: &[Effect]) -> Vec<CommandId> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Reply(id, _) => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The one reply to command `id` among `effects`.
+#[track_caller]
+pub(super) fn reply_of(effects: &[Effect], id: CommandId) -> &Result<(), RendezvousError> {
+    let found: Vec<_> = effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Reply(i, r) if *i == id => Some(r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "expected one reply to {id} in {effects:?}");
+    found[0]
+}
+
+#[track_caller]
+pub(super) fn replied_ok(effects: &[Effect], id: CommandId) {
+    let r = reply_of(effects, id);
+    assert!(r.is_ok(), "command {id} answered {r:?}");
+}
+
+pub(super) fn closes_watches(effects: &[Effect]) -> bool {
+    effects.iter().any(|e| matches!(e, Effect::CloseWatches))
+}
+
+/// The value and lease of the put of `key` among `writes`.
+#[track_caller]
+pub(super) fn put_at<'a>(writes: &'a [Write], key: &str) -> (&'a [u8], i64) {
+    writes
+        .iter()
+        .find_map(|w| match w {
+            Write::Put {
+                key: k,
+                value,
+                lease,
+            } if k == key => Some((value.as_slice(), *lease)),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no put of {key} in {writes:?}"))
+}
+
+pub(super) fn touches(writes: &[Write], key: &str) -> bool {
+    writes.iter().any(|w| match w {
+        Write::Put { key: k, .. } | Write::Delete(k) => k == key,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The harness
+// ---------------------------------------------------------------------------------------
+
+pub(super) struct Harness {
+    pub(super) m: Machine,
+    pub(super) t0: Instant,
+    pub(super) now: Instant,
+    pub(super) counters: Counters,
+    pub(super) writes: Arc<AtomicU64>,
+}
+
+impl Harness {
+    pub(super) fn with(edit: impl FnOnce(&mut Config)) -> Self {
+        let t0 = Instant::now();
+        let mut cfg = config(t0);
+        edit(&mut cfg);
+        let counters = Counters::default();
+        let writes = Arc::new(AtomicU64::new(0));
+        Self {
+            m: Machine::new(cfg, counters.clone(), writes.clone()),
+            t0,
+            now: t0,
+            counters,
+            writes,
+        }
+    }
+
+    pub(super) fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    /// A machine through its first sync of a run holding `kvs`, watching.
+    pub(super) fn synced_with(kvs: &[Kv]) -> Self {
+        let (h, rest) = Self::new().first_sync(kvs);
+        no_op(&rest);
+        assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+        h
+    }
+
+    pub(super) fn synced() -> Self {
+        Self::synced_with(&[])
+    }
+
+    /// Starts the machine and answers its first sync; returns the effects after the
+    /// watches opened.
+    pub(super) fn first_sync(mut self, kvs: &[Kv]) -> (Self, Vec<Effect>) {
+        let effects = self.m.start(self.now);
+        let (ops, rest) = self.sync_through(effects, kvs);
+        assert!(
+            matches!(ops.last(), Some(Op::Watch { .. })),
+            "the first sync stopped early: {ops:?} then {rest:?}"
+        );
+        (self, rest)
+    }
+
+    /// Answers the ops of one sync — reads of the run with `kvs` at [`REV`], one etcd
+    /// member, a live lease, watches opened, an endpoint picked — until the watches are
+    /// open or an op of another kind comes. Returns the ops answered and the effects that
+    /// came last (they hold the other op, if one came).
+    pub(super) fn sync_through(
+        &mut self,
+        mut effects: Vec<Effect>,
+        kvs: &[Kv],
+    ) -> (Vec<Op>, Vec<Effect>) {
+        let mut seen = Vec::new();
+        loop {
+            let ops = etcd_ops(&effects);
+            let Some(op) = ops.first() else {
+                return (seen, effects);
+            };
+            assert_eq!(ops.len(), 1, "one op at a time: {effects:?}");
+            let answer = match op {
+                Op::PickEndpoint | Op::Watch { .. } => Answer::Done,
+                Op::Range {
+                    keys_only: false, ..
+                } if *op == read_root() => Answer::Range {
+                    revision: REV,
+                    kvs: kvs.to_vec(),
+                },
+                Op::MemberCount => Answer::MemberCount(1),
+                Op::TimeToLive { .. } => Answer::TimeToLive { ttl: 6 },
+                _ => return (seen, effects),
+            };
+            let watch = matches!(op, Op::Watch { .. });
+            seen.push(op.clone());
+            effects = self.answer(answer);
+            if watch {
+                return (seen, effects);
+            }
+        }
+    }
+
+    pub(super) fn at_ms(&mut self, ms: u64) {
+        self.now = self.t0 + Duration::from_millis(ms);
+    }
+
+    pub(super) fn later(&mut self, d: Duration) {
+        self.now += d;
+    }
+
+    pub(super) fn step(&mut self, input: Input) -> Vec<Effect> {
+        self.m.step(self.now, input)
+    }
+
+    pub(super) fn answer(&mut self, answer: Answer) -> Vec<Effect> {
+        self.step(Input::Answer(Ok(answer)))
+    }
+
+    pub(super) fn fail(&mut self, e: etcd_client::Error) -> Vec<Effect> {
+        self.step(Input::Answer(Err(e)))
+    }
+
+    pub(super) fn command(&mut self, id: CommandId, command: Command) -> Vec<Effect> {
+        self.step(Input::Command(id, command))
+    }
+
+    pub(super) fn timer(&mut self) -> Vec<Effect> {
+        self.step(Input::Timer)
+    }
+
+    /// Moves the clock to the machine's deadline and fires it.
+    #[track_caller]
+    pub(super) fn fire(&mut self) -> Vec<Effect> {
+        let at = self.m.deadline().expect("a deadline");
+        self.now = self.now.max(at);
+        self.timer()
+    }
+
+    /// Registers for `wants_round`; etcd answers the transaction with `succeeded`.
+    pub(super) fn register(
+        &mut self,
+        id: CommandId,
+        wants_round: u64,
+        succeeded: bool,
+    ) -> Vec<Effect> {
+        let e = self.command(id, Command::Register { wants_round });
+        assert!(matches!(the_op(&e), Op::Txn(_)));
+        let e = self.answer(Answer::Txn { succeeded });
+        replied_ok(&e, id);
+        e
+    }
+
+    /// How long the machine waits before it syncs again, in ms (the backoff computes in
+    /// floating point: a few nanoseconds either way are no difference).
+    #[track_caller]
+    pub(super) fn retry_in_ms(&self) -> u64 {
+        let Phase::Disconnected { until } = self.m.phase() else {
+            panic!("not disconnected: {:?}", self.m.phase())
+        };
+        assert_eq!(self.m.deadline(), Some(until));
+        (until.duration_since(self.now).as_secs_f64() * 1e3).round() as u64
+    }
+
+    /// etcd lost the connection under the watches: the machine waits to retry.
+    pub(super) fn disconnect(&mut self) -> Vec<Effect> {
+        let e = self.step(Input::StreamFailed(cut()));
+        assert!(matches!(self.m.phase(), Phase::Disconnected { .. }));
+        e
+    }
+}

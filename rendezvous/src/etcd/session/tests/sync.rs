@@ -1,0 +1,165 @@
+//! The first sync, and what the machine does with watch events and with inputs that come
+//! while an op is in flight.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------
+// The first sync
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn the_first_sync_reads_counts_members_checks_the_lease_and_watches_from_the_next_revision() {
+    let mut h = Harness::new();
+    let e = h.m.start(h.now);
+    let (ops, rest) = h.sync_through(e, &[]);
+    assert_eq!(
+        ops,
+        vec![
+            read_root(),
+            Op::MemberCount,
+            Op::TimeToLive { lease: LEASE },
+            Op::Watch {
+                role: Role::Member,
+                from: REV + 1,
+                lease: LEASE
+            },
+        ]
+    );
+    // On the first sync the registration claims the role: no campaign of its own.
+    no_op(&rest);
+    assert_eq!(
+        h.m.phase(),
+        Phase::Watching {
+            role: Role::Member,
+            lease: LEASE
+        }
+    );
+}
+
+#[test]
+fn the_view_is_connected_once_the_first_sync_opened_the_watches() {
+    let mut h = Harness::new();
+    let e = h.m.start(h.now);
+    assert!(!h.m.view().connected);
+    let (_, rest) = h.sync_through(e, &[coordinator_kv("b", 200)]);
+    no_op(&rest);
+    let v = h.m.changed_view().expect("the sync changed the view");
+    assert!(v.connected);
+    assert_eq!(v.coordinator.as_deref(), Some("b"));
+    assert!(h.m.changed_view().is_none(), "reported once");
+}
+
+#[test]
+fn deadline_is_none_while_an_op_is_in_flight() {
+    let mut h = Harness::new();
+    h.m.start(h.now);
+    assert_eq!(h.m.deadline(), None);
+    let mut h = Harness::synced();
+    assert!(h.m.deadline().is_some());
+    h.command(1, Command::ReportDone { round: 1 });
+    assert!(h.m.busy());
+    assert_eq!(h.m.deadline(), None);
+    h.answer(Answer::Done);
+    assert!(h.m.deadline().is_some());
+}
+
+// ---------------------------------------------------------------------------------------
+// Watch events
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn a_deleted_coordinator_key_makes_a_registered_node_campaign() {
+    let k = keys();
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 0, true);
+    let e = h.step(Input::Watched(vec![WatchEvent::Delete {
+        key: k.coordinator(),
+        prev: None,
+    }]));
+    let spec = txn(the_op(&e));
+    assert_eq!(spec.when, vec![Compare::Absent(k.coordinator())]);
+    let (value, lease) = put_at(&spec.then, &k.coordinator());
+    assert_eq!(lease, LEASE);
+    assert_eq!(v1::Coordinator::decode(value).unwrap().node_id, "a");
+    // The campaign claims the role only; the registration stands as it was.
+    assert!(!touches(&spec.then, &k.member("a")));
+    let e = h.answer(Answer::Txn { succeeded: true });
+    assert_eq!(h.m.view().coordinator.as_deref(), Some("a"));
+    assert!(closes_watches(&e));
+    assert_eq!(the_op(&e), read_root());
+}
+
+#[test]
+fn an_unregistered_node_does_not_campaign() {
+    let k = keys();
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    let e = h.step(Input::Watched(vec![WatchEvent::Delete {
+        key: k.coordinator(),
+        prev: None,
+    }]));
+    no_op(&e);
+    assert_eq!(h.m.view().coordinator, None);
+}
+
+#[test]
+fn stale_watch_events_queued_before_a_resync_are_dropped() {
+    let k = keys();
+    let mut h = Harness::synced();
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::KeepAlive);
+    // All three wait for the keep-alive's answer.
+    assert!(h.step(Input::WatchEnded).is_empty());
+    let stale = WatchEvent::Put(round_kv(&round(1, &[("b", 1)]), 8));
+    assert!(h.step(Input::Watched(vec![stale])).is_empty());
+    assert!(h.command(1, Command::ReportDone { round: 1 }).is_empty());
+    let e = h.answer(Answer::Done);
+    assert!(closes_watches(&e));
+    assert_eq!(the_op(&e), read_root());
+    let (_, e) = h.sync_through(e, &[]);
+    // The put came from the closed watch: the read says there is no round.
+    assert!(h.m.view().round.is_none());
+    // The command is not stream traffic: it survives the resync.
+    let Op::Put(Write::Put { key, .. }) = the_op(&e) else {
+        panic!("expected the done record: {e:?}")
+    };
+    assert_eq!(key, k.done(1, "a"));
+}
+
+#[test]
+fn inputs_that_come_while_an_op_is_in_flight_are_handled_after_it_in_order() {
+    let k = keys();
+    let mut h = Harness::synced();
+    let e = h.command(1, Command::ReportDone { round: 1 });
+    assert!(matches!(the_op(&e), Op::Put(_)));
+    assert!(
+        h.command(
+            2,
+            Command::PublishMaster {
+                round: 1,
+                port: 29500
+            }
+        )
+        .is_empty()
+    );
+    let halt = v1::Halt {
+        schema: SCHEMA_VERSION,
+        node_id: "a".into(),
+        exit_code: 3,
+        reason: "stop".into(),
+        round: 1,
+    };
+    assert!(h.command(3, Command::Halt { halt }).is_empty());
+    let e = h.answer(Answer::Done);
+    assert_eq!(replied(&e), vec![1]);
+    let Op::Put(Write::Put { key, .. }) = the_op(&e) else {
+        panic!("expected the master: {e:?}")
+    };
+    assert_eq!(key, k.master());
+    let e = h.answer(Answer::Done);
+    assert_eq!(replied(&e), vec![2]);
+    let spec = txn(the_op(&e));
+    put_at(&spec.then, &k.halt());
+    let e = h.answer(Answer::Txn { succeeded: true });
+    assert_eq!(replied(&e), vec![3]);
+    no_op(&e);
+}

@@ -1,0 +1,145 @@
+//! The pure parts of the handle, tested on hand-built views.
+
+use std::time::Instant;
+
+use fsdp_proto::{SCHEMA_VERSION, v1};
+
+use super::joining::{Step, detect, step};
+use super::view::{RoundEntry, View};
+use crate::Change;
+
+fn member(id: &str) -> v1::Member {
+    v1::Member {
+        schema: SCHEMA_VERSION,
+        node_id: id.into(),
+        addr: "a".into(),
+        local_world_size: 2,
+        wants_round: 3,
+        ..Default::default()
+    }
+}
+
+fn view_with_round(members: &[&str]) -> View {
+    let record = v1::Round {
+        schema: SCHEMA_VERSION,
+        number: 3,
+        members: members.iter().map(|m| member(m)).collect(),
+        restart_count: 0,
+        reason: String::new(),
+        ..Default::default()
+    };
+    View {
+        round: Some(RoundEntry { record, mod_rev: 7 }),
+        ..View::default()
+    }
+}
+
+#[test]
+fn a_round_whose_rank_0_died_before_publishing_the_master_is_skipped() {
+    let since = Instant::now();
+    let mut v = view_with_round(&["ghost", "me"]);
+    assert!(matches!(step(&v, "me", 2, 3, None, since), Ok(Step::Wait)));
+    v.depart("ghost", 0, Instant::now());
+    match step(&v, "me", 2, 3, None, since) {
+        Ok(Step::Broken {
+            next: 4,
+            change: Change::MemberLost { node },
+        }) => assert_eq!(node, "ghost"),
+        other => panic!("expected a broken round, got {:?}", other.map(|_| ())),
+    }
+}
+
+/// The livelock outside testing found (issue 26): an agent frozen past its lease saw its
+/// own old registration deleted while it waited for the next round, and read that
+/// departure as a loss in every round sealed after it, with its new registration:
+/// "the round broke before it started" ~600 times a second.
+#[test]
+fn a_departure_of_an_earlier_incarnation_breaks_no_later_round() {
+    let since = Instant::now();
+    let mut v = view_with_round(&["me", "peer"]);
+    for m in &mut v.round.as_mut().unwrap().record.members {
+        m.incarnation = 2;
+    }
+    // Both nodes' first registrations went after this agent started waiting (its own
+    // expired lease, a peer's restart), and both registered again.
+    v.depart("me", 1, Instant::now());
+    v.depart("peer", 1, Instant::now());
+    assert!(matches!(
+        step(&v, "me", 2, 3, None, since),
+        Ok(Step::PublishMaster { round: 3 })
+    ));
+    let held = v.round.clone().unwrap().record;
+    assert_eq!(detect(&v, &held, "me", since), None);
+    // The incarnation the round names going (or a later one) is a loss, as before.
+    v.depart("peer", 2, Instant::now());
+    assert_eq!(
+        detect(&v, &held, "me", since),
+        Some(Change::MemberLost {
+            node: "peer".into()
+        })
+    );
+    v.depart("me", 3, Instant::now());
+    assert_eq!(
+        detect(&v, &held, "me", since),
+        Some(Change::MemberLost { node: "me".into() })
+    );
+    // A departure whose incarnation nobody knew (a record of an older agent) counts.
+    let mut v = view_with_round(&["me", "peer"]);
+    v.depart("peer", u64::MAX, Instant::now());
+    assert!(matches!(
+        step(&v, "me", 2, 3, None, since),
+        Ok(Step::Broken { next: 4, .. })
+    ));
+}
+
+#[test]
+fn rank_0_publishes_the_master_and_ranks_follow_worker_counts() {
+    let since = Instant::now();
+    let mut v = view_with_round(&["me", "other"]);
+    assert!(matches!(
+        step(&v, "me", 2, 3, None, since),
+        Ok(Step::PublishMaster { round: 3 })
+    ));
+    assert!(matches!(
+        step(&v, "me", 2, 3, Some(3), since),
+        Ok(Step::Wait)
+    ));
+    v.master = Some(v1::Master {
+        schema: SCHEMA_VERSION,
+        round: 3,
+        addr: "10.0.0.1".into(),
+        port: 29400,
+    });
+    let Ok(Step::Done(done)) = step(&v, "other", 2, 3, None, since) else {
+        panic!("a sealed round with a master")
+    };
+    let (_, round) = *done;
+    assert_eq!(
+        (round.group_rank, round.base_rank, round.world_size),
+        (1, 2, 4)
+    );
+    assert_eq!(
+        (round.master_addr.as_str(), round.master_port),
+        ("10.0.0.1", 29400)
+    );
+}
+
+#[test]
+fn a_finished_member_that_leaves_is_not_a_loss_but_an_unfinished_one_is() {
+    let since = Instant::now();
+    let mut v = view_with_round(&["a", "b"]);
+    let held = v.round.clone().unwrap().record;
+    v.depart("b", 0, Instant::now());
+    v.done.entry(3).or_default().insert("b".into());
+    assert_eq!(detect(&v, &held, "a", since), None);
+    v.done.clear();
+    assert_eq!(
+        detect(&v, &held, "a", since),
+        Some(Change::MemberLost { node: "b".into() })
+    );
+    v.failures.insert(3);
+    assert_eq!(
+        detect(&v, &held, "a", since),
+        Some(Change::PeerFailed { restart_count: 1 })
+    );
+}

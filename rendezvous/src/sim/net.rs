@@ -1,0 +1,265 @@
+//! The network between the agents and the simulated etcd: ops that get through or time
+//! out, keep-alives, lease expiry, and watch events delivered by revision, in order on each
+//! stream.
+
+use fsdp_proto::v1;
+use prost::Message;
+
+use super::agent::Watching;
+use super::etcd::{cut, prefix_end};
+use super::world::{Ev, World};
+use crate::etcd::session::{Answer, Input, Op, Role, WatchEvent, Write};
+use crate::store::state::WatchSpec;
+
+impl World {
+    /// An op reaches etcd: carried out if it gets through, answered after the way back.
+    pub fn arrive(&mut self, a: usize, process: u64, op: Op) {
+        if self.agents[a].process != process || self.agents[a].machine.is_none() {
+            return;
+        }
+        let now = self.now();
+        let three = self.opts.three_members;
+        if let Op::PickEndpoint = op {
+            if let Some(up) = (0..3).find(|m| self.etcd.members_up[*m]) {
+                self.agents[a].pinned = up;
+            }
+        }
+        let through = !self.agents[a].cut && self.etcd.serves(now, self.agents[a].pinned, three);
+        let answer = if !through {
+            // A cut network times out; a stopped etcd refuses at once.
+            let wait = if self.agents[a].cut {
+                self.rng.range(1_000, 3_000)
+            } else {
+                self.rng.range(1, 20)
+            };
+            return self.after(
+                wait,
+                Ev::Deliver {
+                    a,
+                    process,
+                    input: Input::Answer(Err(cut())),
+                },
+            );
+        } else {
+            self.expire();
+            if let Op::Watch { role, from, lease } = &op {
+                let (g, rev) = (self.agents[a].streams, self.etcd.state.revision());
+                self.note(|| {
+                    format!("n{a} watches as {role:?} from {from} (etcd at {rev}, streams {g})")
+                });
+                self.agents[a].watching = Some(Watching {
+                    role: *role,
+                    next_rev: *from,
+                    lease: *lease,
+                });
+            }
+            let answer = self.etcd.execute(&op, now);
+            self.after_write(&op, &answer);
+            answer
+        };
+        let lat = self.latency(a);
+        self.after(
+            lat,
+            Ev::Deliver {
+                a,
+                process,
+                input: Input::Answer(answer),
+            },
+        );
+        self.broadcast();
+    }
+
+    /// A keep-alive reaches etcd.
+    pub fn keep_alive(&mut self, a: usize, streams: u64, lease: i64) {
+        let ag = &self.agents[a];
+        let now = self.now();
+        if ag.streams != streams
+            || ag.cut
+            || !self.etcd.serves(now, ag.pinned, self.opts.three_members)
+        {
+            return;
+        }
+        self.expire();
+        let ttl = self.etcd.keep_alive(lease, now);
+        if ttl == 0 {
+            self.note(|| {
+                format!(
+                    "etcd: n{a}'s keep-alive of lease ..{} finds it gone",
+                    lease % 1_000_000
+                )
+            });
+        }
+        let lat = self.latency(a);
+        self.after(
+            lat,
+            Ev::Stream {
+                a,
+                streams,
+                input: Input::LeaseAnswer(Some(ttl)),
+            },
+        );
+        self.broadcast();
+    }
+
+    /// etcd expires what is due (it needs a leader).
+    pub fn expire(&mut self) {
+        let now = self.now();
+        if !self.etcd.has_leader(now, self.opts.three_members) {
+            return;
+        }
+        let gone = self.etcd.expire(now);
+        if !gone.is_empty() {
+            self.note(|| format!("etcd: leases {gone:?} expired"));
+            self.broadcast();
+        }
+    }
+
+    /// A round key written: the checker sees every commit.
+    pub(super) fn after_write(&mut self, op: &Op, answer: &Result<Answer, etcd_client::Error>) {
+        let Op::Txn(spec) = op else { return };
+        let Ok(Answer::Txn { succeeded: true }) = answer else {
+            return;
+        };
+        let round_key = self.keys.round();
+        if self.trace.is_some() {
+            let members = self.keys.members();
+            for w in &spec.then {
+                if let Write::Put { key, value, lease } = w {
+                    if key.starts_with(&members) {
+                        if let Ok(m) = v1::Member::decode(value.as_slice()) {
+                            let (id, inc, wants) =
+                                (m.node_id, m.incarnation % 1_000_000, m.wants_round);
+                            self.note(|| {
+                                format!(
+                                    "etcd: {id} registered #..{inc} for round {wants} (lease ..{})",
+                                    lease % 1_000_000
+                                )
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        for w in &spec.then {
+            if let Write::Put { key, value, .. } = w {
+                if *key == round_key {
+                    if let Ok(r) = v1::Round::decode(value.as_slice()) {
+                        self.on_sealed(&r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// New events reach every open watch, by revision, each stream in order.
+    pub fn broadcast(&mut self) {
+        self.watch_membership();
+        let rev = self.etcd.state.revision();
+        for a in 0..self.agents.len() {
+            let Some(w) = self.agents[a].watching.clone() else {
+                continue;
+            };
+            if w.next_rev > rev || self.agents[a].cut {
+                continue;
+            }
+            let specs = self.specs(w.role);
+            let streams = self.agents[a].streams;
+            for (i, spec) in specs.iter().enumerate() {
+                match self.etcd.replay(w.next_rev, spec) {
+                    None => {
+                        self.after(
+                            1,
+                            Ev::Stream {
+                                a,
+                                streams,
+                                input: Input::WatchEnded,
+                            },
+                        );
+                    }
+                    Some(batches) => {
+                        for (_, batch) in batches {
+                            let lat = self.latency(a);
+                            let at = (self.now_ms + lat).max(self.stream_clock[a][i]);
+                            self.stream_clock[a][i] = at;
+                            self.push(
+                                at,
+                                Ev::Stream {
+                                    a,
+                                    streams,
+                                    input: Input::Watched(batch),
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+            if let Some(w) = self.agents[a].watching.as_mut() {
+                w.next_rev = rev + 1;
+            }
+        }
+    }
+
+    /// A membership change (a registration created or deleted, a failure reported) starts
+    /// the livelock count again: the seals after one must stop by themselves.
+    pub(super) fn watch_membership(&mut self) {
+        let rev = self.etcd.state.revision();
+        if self.membership_rev > rev {
+            // An empty restart: a new history.
+            self.membership_rev = 0;
+        }
+        let root = self.keys.root().as_bytes().to_vec();
+        let spec = WatchSpec {
+            range_end: prefix_end(&root),
+            key: root,
+            ..WatchSpec::default()
+        };
+        let (members, failures) = (self.keys.members(), self.keys.failures());
+        if let Some(batches) = self.etcd.replay(self.membership_rev + 1, &spec) {
+            let changed = batches.iter().flat_map(|(_, b)| b).any(|e| match e {
+                WatchEvent::Put(kv) => {
+                    (kv.key.starts_with(&members) && kv.create_rev == kv.mod_rev)
+                        || kv.key.starts_with(&failures)
+                }
+                WatchEvent::Delete { key, .. } => key.starts_with(&members),
+            });
+            if changed {
+                self.seals_since_fault = 0;
+            }
+        }
+        self.membership_rev = rev;
+    }
+
+    /// The watches a role opens (as the driver opens them).
+    pub(super) fn specs(&self, role: Role) -> Vec<WatchSpec> {
+        let spec = |key: &str, members: bool| WatchSpec {
+            key: key.as_bytes().to_vec(),
+            range_end: prefix_end(key.as_bytes()),
+            no_put: members,
+            no_delete: false,
+            prev_kv: members,
+        };
+        match role {
+            Role::Coordinator => vec![spec(self.keys.root(), false)],
+            Role::Member => vec![
+                spec(&self.keys.ctl(), false),
+                spec(&self.keys.members(), true),
+            ],
+        }
+    }
+
+    /// Streams of agent `a` fail (a cut, an etcd restart) after `delay`.
+    pub fn fail_streams(&mut self, a: usize, delay: u64) {
+        if self.agents[a].watching.is_none() {
+            return;
+        }
+        let streams = self.agents[a].streams;
+        self.after(
+            delay,
+            Ev::Stream {
+                a,
+                streams,
+                input: Input::StreamFailed(cut()),
+            },
+        );
+    }
+}
