@@ -177,7 +177,7 @@ impl Machine {
         Self {
             incarnation: cfg.first_incarnation,
             lease: cfg.lease,
-            coordinator: Coordinator::new(cfg.seal.clone(), now),
+            coordinator: Coordinator::new(cfg.seal, now),
             cfg,
             now,
             view,
