@@ -17,6 +17,7 @@ pub mod etcd;
 mod logs;
 mod mode;
 pub mod parse;
+mod policy;
 mod print;
 mod rdzv_keys;
 mod sources;
@@ -344,42 +345,8 @@ impl Resolver<'_> {
         let term_timeout = self.term_timeout(&a)?;
         let hang = self.hang(&a.hang_timeout, &a.hang_min)?;
         let health = self.health(&a)?;
-        let launcher_error_file = (self.env)("TORCHELASTIC_ERROR_FILE")
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from);
-        if let Some(p) = &launcher_error_file {
-            self.record(
-                "launcher-error-file",
-                p.display(),
-                Source::Env("TORCHELASTIC_ERROR_FILE".into()),
-            );
-        }
-        let failure = crate::policy::FailurePolicy {
-            no_retry_codes: self.value(
-                "no-retry-exit-codes",
-                &a.no_retry_exit_codes,
-                exit_codes,
-            )?,
-            no_progress_restarts: self.value(
-                "no-progress-restarts",
-                &a.no_progress_restarts,
-                whole_number,
-            )?,
-            restart_window: self.value("restart-window", &a.restart_window, |s| match s {
-                "" | "run" => Ok(None),
-                d => parse::duration(d).map(Some),
-            })?,
-            quarantine_after: self.value("quarantine-after", &a.quarantine_after, whole_number)?,
-            quarantine_for: self.value("quarantine-for", &a.quarantine_for, parse::duration)?,
-            machine: self.value("node-name", &a.node_name, |s| {
-                // One etcd key segment.
-                Ok(match s.trim() {
-                    "" => fsdp_rendezvous::hostname(),
-                    name => name.to_owned(),
-                }
-                .replace('/', "_"))
-            })?,
-        };
+        let launcher_error_file = self.launcher_error_file();
+        let failure = self.failure_policy(&a)?;
         let signals = self.value("signals-to-handle", &a.signals_to_handle, parse::signals)?;
         let console_events = self.flags_without_effect(&a)?;
         self.value("role", &a.role, |s| match s {
