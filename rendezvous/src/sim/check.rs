@@ -5,12 +5,20 @@ use fsdp_proto::v1;
 use super::agent::Life;
 use super::world::{Sealed, World, names};
 
-/// Rounds sealed with no fault and no membership change in between (no registration
-/// created or deleted, no failure reported) before the checker calls it a loop: a change
-/// costs at most three rounds.
+/// Rounds a fault or a membership change (a registration created or deleted, a failure
+/// reported) may cost: each adds this many to the budget seals spend, so that a burst of
+/// changes (every agent registering again after etcd came back empty) may be sealed one by
+/// one, and rounds sealed with nothing changing run it out: a loop.
 pub const SEALS_PER_CHANGE: u32 = 3;
 
 impl World {
+    /// A fault or a membership change: up to [`SEALS_PER_CHANGE`] more rounds (the budget
+    /// never holds more than one change per agent's worth).
+    pub fn changed(&mut self, changes: u32) {
+        let cap = SEALS_PER_CHANGE * self.agents.len() as u32;
+        self.seal_budget = (self.seal_budget + SEALS_PER_CHANGE * changes).min(cap);
+    }
+
     pub fn violate(&mut self, what: String) {
         if self.violation.is_none() {
             self.note(|| format!("VIOLATION: {what}"));
@@ -97,13 +105,13 @@ impl World {
                 restart_count: r.restart_count,
             },
         );
-        self.seals_since_fault += 1;
-        if self.seals_since_fault > SEALS_PER_CHANGE {
-            let n = self.seals_since_fault;
+        if self.seal_budget == 0 {
             self.violate(format!(
-                "livelock: {n} rounds sealed since the last fault or membership change"
+                "livelock: more than {SEALS_PER_CHANGE} rounds sealed per fault or membership change (round {})",
+                r.number
             ));
         }
+        self.seal_budget = self.seal_budget.saturating_sub(1);
     }
 
     fn halted(&self) -> bool {

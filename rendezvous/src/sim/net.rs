@@ -53,6 +53,19 @@ impl World {
                     lease: *lease,
                 });
             }
+            if let Op::Watch { .. } = &op {
+                // The watch's first answer: the revision etcd is at.
+                let (streams, revision) = (self.agents[a].streams, self.etcd.state.revision());
+                let lat = self.latency(a);
+                self.after(
+                    lat + 1,
+                    Ev::Stream {
+                        a,
+                        streams,
+                        input: Input::WatchCreated { revision },
+                    },
+                );
+            }
             let answer = self.etcd.execute(&op, now);
             self.after_write(&op, &answer);
             answer
@@ -215,16 +228,15 @@ impl World {
         };
         let (members, failures) = (self.keys.members(), self.keys.failures());
         if let Some(batches) = self.etcd.replay(self.membership_rev + 1, &spec) {
-            let changed = batches.iter().flat_map(|(_, b)| b).any(|e| match e {
+            let changes = batches.iter().flat_map(|(_, b)| b).filter(|e| match e {
                 WatchEvent::Put(kv) => {
                     (kv.key.starts_with(&members) && kv.create_rev == kv.mod_rev)
                         || kv.key.starts_with(&failures)
                 }
                 WatchEvent::Delete { key, .. } => key.starts_with(&members),
             });
-            if changed {
-                self.seals_since_fault = 0;
-            }
+            let n = changes.count() as u32;
+            self.changed(n);
         }
         self.membership_rev = rev;
     }

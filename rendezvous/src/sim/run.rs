@@ -154,7 +154,7 @@ fn probe(w: &mut World, a: usize, process: u64) {
 
 fn fault(w: &mut World, f: Fault) {
     w.faults_applied += 1;
-    w.seals_since_fault = 0;
+    w.changed(1);
     let now = w.now();
     w.note(|| format!("fault: {f:?}"));
     match f {

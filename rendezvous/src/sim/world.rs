@@ -119,8 +119,8 @@ pub struct World {
     pub writes: Vec<Arc<AtomicU64>>,
     /// Rounds committed, by number (a republished round is not a new one).
     pub sealed: BTreeMap<u64, Sealed>,
-    /// Rounds sealed since the last fault or membership change.
-    pub seals_since_fault: u32,
+    /// Rounds the faults and membership changes so far may still cost (`check.rs`).
+    pub seal_budget: u32,
     /// The revision up to which membership changes were looked for.
     pub(super) membership_rev: i64,
     pub trace: Option<Vec<String>>,
@@ -155,7 +155,7 @@ impl World {
                 .map(|_| Arc::new(AtomicU64::new(0)))
                 .collect(),
             sealed: BTreeMap::new(),
-            seals_since_fault: 0,
+            seal_budget: 0,
             membership_rev: 0,
             trace: opts.trace.then(Vec::new),
             events: 0,

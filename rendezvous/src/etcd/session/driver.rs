@@ -318,6 +318,9 @@ fn watch_input(msg: EtcdResult<Option<WatchResponse>>) -> Input {
         Err(e) => Input::StreamFailed(e),
         Ok(None) => Input::WatchEnded,
         Ok(Some(r)) if r.canceled() => Input::WatchEnded,
+        Ok(Some(r)) if r.created() && r.events().is_empty() => Input::WatchCreated {
+            revision: r.header().map_or(0, |h| h.revision()),
+        },
         Ok(Some(r)) => Input::Watched(
             r.events()
                 .iter()

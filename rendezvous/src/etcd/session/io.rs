@@ -188,6 +188,10 @@ pub enum Input {
     CommandsClosed,
     /// A batch from a watch stream, in etcd's order.
     Watched(Vec<WatchEvent>),
+    /// A watch was created when etcd was at `revision` (its first answer).
+    WatchCreated {
+        revision: i64,
+    },
     /// A watch stream ended or was cancelled (compaction, a restart).
     WatchEnded,
     /// A watch or keep-alive stream failed.

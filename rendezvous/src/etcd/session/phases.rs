@@ -48,6 +48,19 @@ impl Machine {
                 self.todo.extend([Todo::RoleCheck, Todo::Coordinate]);
             }
             Input::WatchEnded => self.resync_after_watching(Resync::Outage),
+            // etcd went back: it lost its data between the read and the watch, which would
+            // wait for a revision the new history reaches only later, and miss everything
+            // before it (found by the simulator: an agent that never saw the next round).
+            Input::WatchCreated { revision } if revision < self.read_rev => {
+                let read = self.read_rev;
+                tracing::warn!(
+                    revision,
+                    read,
+                    "etcd is behind the revision read (its data was lost); reading again"
+                );
+                self.resync_after_watching(Resync::Outage);
+            }
+            Input::WatchCreated { .. } => {}
             Input::StreamFailed(e) => self.lost(e),
             Input::LeaseAnswer(Some(ttl)) if ttl > 0 => {
                 self.clock
