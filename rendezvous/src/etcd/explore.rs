@@ -120,7 +120,7 @@ impl World {
         for (i, node) in NODES.iter().enumerate() {
             rev += 1;
             let record = member(node, 0, 1, i as i64 + 1);
-            view.members.insert(
+            view.members_mut().insert(
                 (*node).into(),
                 MemberEntry {
                     record,
@@ -195,7 +195,7 @@ impl World {
     }
 
     fn delete_member(&mut self, node: &str) {
-        if let Some(m) = self.view.members.remove(node) {
+        if let Some(m) = self.view.members_mut().remove(node) {
             self.rev += 1;
             self.view.depart(node, m.record.incarnation, self.now);
         }
@@ -217,7 +217,7 @@ impl World {
             Some(m) if m.record.incarnation == inc => m.create_rev,
             _ => self.rev,
         };
-        self.view.members.insert(
+        self.view.members_mut().insert(
             node.into(),
             MemberEntry {
                 record: member(node, wants, inc, lease),

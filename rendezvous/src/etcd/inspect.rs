@@ -366,7 +366,7 @@ mod tests {
             port: 29500,
         });
         for (i, id) in live.iter().enumerate() {
-            v.members.insert(
+            v.members_mut().insert(
                 (*id).into(),
                 MemberEntry {
                     record: member(id, 2),

@@ -42,7 +42,7 @@ pub struct View {
     pub connected: bool,
     /// Registered members. Complete for the coordinator; for other agents, the last
     /// snapshot minus departures (they do not receive registrations).
-    pub members: BTreeMap<String, MemberEntry>,
+    pub members: std::sync::Arc<BTreeMap<String, MemberEntry>>,
     /// Members whose key was deleted (lease expired or revoked): the registration that
     /// went, and when it was seen. A later registration of the same node is not departed.
     pub departed: BTreeMap<String, Departed>,
@@ -96,6 +96,14 @@ fn decoded<T: Versioned>(
 }
 
 impl View {
+    /// The registrations, to change. Shared with the views published before (a view is
+    /// cloned to every reader of the session at each change; with a thousand members, a
+    /// copy per change of every agent was most of a re-form's time): copied on the first
+    /// change after a publish, not at each.
+    pub fn members_mut(&mut self) -> &mut BTreeMap<String, MemberEntry> {
+        std::sync::Arc::make_mut(&mut self.members)
+    }
+
     /// The members of `round` whose workers have not all succeeded (none: it finished).
     pub fn unfinished(&self, round: &v1::Round) -> Vec<String> {
         let done = self.done.get(&round.number);
@@ -173,7 +181,7 @@ impl View {
                         .insert(key.to_owned(), format!("member record at {key} {why}"));
                     return;
                 }
-                self.members
+                self.members_mut()
                     .insert(id.to_owned(), MemberEntry { record, create_rev });
             }
         } else if key == keys.round() {
@@ -269,7 +277,7 @@ impl View {
     pub fn delete(&mut self, keys: &Keys, key: &str, now: Instant, prev: Option<&[u8]>) {
         self.corrupt.remove(key);
         if let Some(id) = key.strip_prefix(&keys.members()) {
-            let known = self.members.remove(id).map(|m| m.record.incarnation);
+            let known = self.members_mut().remove(id).map(|m| m.record.incarnation);
             let went = prev
                 .and_then(|value| decode::<v1::Member>(key, value).ok())
                 .map(|m| m.incarnation)

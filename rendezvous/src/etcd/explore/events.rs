@@ -258,7 +258,7 @@ impl World {
         if let Some(v) = victim {
             w.phases.insert(v, Phase::Dead);
         }
-        w.view.members.clear();
+        w.view.members_mut().clear();
         w.view.master = None;
         w.view.failures.clear();
         w.revoked.clear();
