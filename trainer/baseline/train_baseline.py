@@ -165,6 +165,10 @@ def main():
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"Rank {rank} peak RSS: {peak:.1f} MiB", flush=True)
     if world > 1:
+        # Every rank reaches the teardown before any tears gloo down: a rank that destroyed
+        # its group while a peer still used it aborted that peer at exit ("terminate called
+        # without an active exception", SIGABRT), twice in a loaded test run.
+        dist.barrier()
         dist.destroy_process_group()
 
 
