@@ -1,5 +1,5 @@
 //! The etcd session: the one owner of an agent's lease and maker of every etcd write of
-//! the agent. It keeps the lease alive, keeps the [`View`] current through watches, takes
+//! the agent. It keeps the lease alive, keeps the [`View`](super::View) current through watches, takes
 //! part in the coordinator election, seals rounds while coordinator, and serves the
 //! agent-facing handle's [`Command`]s between watch events.
 //!
@@ -46,8 +46,6 @@ pub use machine::{Config, Machine, Phase, Resync, first_incarnation};
 
 use tokio::sync::oneshot;
 
-#[allow(unused_imports)]
-use super::view::View;
 use crate::RendezvousError;
 
 /// A command and where its outcome goes.
