@@ -91,9 +91,13 @@ fn a_rendezvous_error_mid_run_stops_every_worker_process_group() {
             .await
             .unwrap();
         let keys = Keys::new("/fsdp", "errexit").unwrap();
-        c.put(keys.round(), b"\xde\xad not a round".to_vec(), None)
-            .await
-            .unwrap();
+        c.put(
+            keys.key::<fsdp_proto::v1::Round>(""),
+            b"\xde\xad not a round".to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
     });
     assert_eq!(a.code(), 69, "{}", a.output());
     assert!(
@@ -366,14 +370,24 @@ async fn a_round_that_gives_this_node_a_forged_worker_count_is_refused() {
             reason: "forged".into(),
             ..Default::default()
         };
-        forge(&etcd, keys.round(), round.encode_to_vec()).await;
+        forge(
+            &etcd,
+            keys.key::<fsdp_proto::v1::Round>(""),
+            round.encode_to_vec(),
+        )
+        .await;
         let master = fsdp_proto::v1::Master {
             schema: fsdp_proto::SCHEMA_VERSION,
             round: 0,
             addr: "127.0.0.1".into(),
             port: 29_999,
         };
-        forge(&etcd, keys.master(), master.encode_to_vec()).await;
+        forge(
+            &etcd,
+            keys.key::<fsdp_proto::v1::Master>(""),
+            master.encode_to_vec(),
+        )
+        .await;
     };
     let (text, ()) = tokio::join!(
         expect_corrupt(&mut n, "local_world_size 5 for a node of 2"),
@@ -389,7 +403,7 @@ async fn a_member_without_a_lease_or_with_a_huge_worker_count_is_refused() {
     // 2^32-1 workers would wrap the rank arithmetic of a u32.
     forge(
         &etcd,
-        keys.member("ghost"),
+        keys.key::<fsdp_proto::v1::Member>("ghost"),
         member("ghost", u32::MAX).encode_to_vec(),
     )
     .await;
@@ -416,14 +430,24 @@ async fn a_master_port_out_of_range_is_refused() {
         reason: "forged".into(),
         ..Default::default()
     };
-    forge(&etcd, keys.round(), round.encode_to_vec()).await;
+    forge(
+        &etcd,
+        keys.key::<fsdp_proto::v1::Round>(""),
+        round.encode_to_vec(),
+    )
+    .await;
     let master = fsdp_proto::v1::Master {
         schema: fsdp_proto::SCHEMA_VERSION,
         round: 5,
         addr: "127.0.0.1".into(),
         port: 65_536 + 80,
     };
-    forge(&etcd, keys.master(), master.encode_to_vec()).await;
+    forge(
+        &etcd,
+        keys.key::<fsdp_proto::v1::Master>(""),
+        master.encode_to_vec(),
+    )
+    .await;
     let text = expect_corrupt(&mut n, "master port 65616").await;
     assert!(text.contains("port"), "{text}");
 }

@@ -95,9 +95,13 @@ fn a_lease_is_revoked_for_a_dead_node_only_while_it_holds_that_nodes_registratio
         let old = c.lease_grant(30, None).await.unwrap().id();
         let new = c.lease_grant(30, None).await.unwrap().id();
         let put = |lease| etcd_client::PutOptions::new().with_lease(lease);
-        c.put(keys.member("a"), b"a".to_vec(), Some(put(old)))
-            .await
-            .unwrap();
+        c.put(
+            keys.key::<fsdp_proto::v1::Member>("a"),
+            b"a".to_vec(),
+            Some(put(old)),
+        )
+        .await
+        .unwrap();
         assert!(lease_holds(&mut c, &keys, "a", old).await.unwrap());
         assert!(!lease_holds(&mut c, &keys, "a", new).await.unwrap());
         assert!(
@@ -105,9 +109,13 @@ fn a_lease_is_revoked_for_a_dead_node_only_while_it_holds_that_nodes_registratio
             "no key"
         );
         // The node registered again on a new lease: the old id proves nothing any more.
-        c.put(keys.member("a"), b"a".to_vec(), Some(put(new)))
-            .await
-            .unwrap();
+        c.put(
+            keys.key::<fsdp_proto::v1::Member>("a"),
+            b"a".to_vec(),
+            Some(put(new)),
+        )
+        .await
+        .unwrap();
         assert!(!lease_holds(&mut c, &keys, "a", old).await.unwrap());
         assert!(lease_holds(&mut c, &keys, "a", new).await.unwrap());
     });

@@ -213,7 +213,10 @@ async fn racing_commits_of_the_same_round_have_exactly_one_winner() {
         let fence = if round == 0 {
             None
         } else {
-            let r = a.get(keys.round(), None).await.unwrap();
+            let r = a
+                .get(keys.key::<fsdp_proto::v1::Round>(""), None)
+                .await
+                .unwrap();
             Some(r.kvs()[0].mod_revision())
         };
         let (ra, rb) = (record(round, "a"), record(round, "b"));
@@ -306,9 +309,15 @@ async fn survives_etcd_restart(keep_data: bool) {
     let opts = config(&etcd, "restart", 2, 2).options;
     let mut c = connect(&opts).await.unwrap();
     let keys = Keys::new("/fsdp", "restart").unwrap();
-    let resp = c.get(keys.round(), None).await.unwrap();
-    let round: fsdp_proto::v1::Round =
-        fsdp_proto::decode(&keys.round(), resp.kvs()[0].value()).unwrap();
+    let resp = c
+        .get(keys.key::<fsdp_proto::v1::Round>(""), None)
+        .await
+        .unwrap();
+    let round: fsdp_proto::v1::Round = fsdp_proto::decode(
+        &keys.key::<fsdp_proto::v1::Round>(""),
+        resp.kvs()[0].value(),
+    )
+    .unwrap();
     assert_eq!(round.number, before[0].number);
     let mut ids: Vec<String> = round.members.iter().map(|m| m.node_id.clone()).collect();
     let mut expect: Vec<String> = ns.iter().map(|n| n.node_id().to_owned()).collect();
@@ -343,7 +352,7 @@ async fn garbage_in_a_rendezvous_key_is_a_clear_error() {
     let mut c = connect(&opts).await.unwrap();
     let keys = Keys::new("/fsdp", "garbage").unwrap();
     c.put(
-        keys.round(),
+        keys.key::<fsdp_proto::v1::Round>(""),
         b"\xde\xad\xbe\xef not a protobuf".to_vec(),
         None,
     )

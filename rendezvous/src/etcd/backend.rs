@@ -84,7 +84,13 @@ impl Rendezvous for EtcdRendezvous {
                 }
                 Step::PublishMaster { round } => {
                     let port = port::free_port(&self.cfg.addr)?;
-                    self.ask(Command::PublishMaster { round, port }).await?;
+                    let master = v1::Master {
+                        schema: fsdp_proto::SCHEMA_VERSION,
+                        round,
+                        addr: self.cfg.addr.clone(),
+                        port: u32::from(port),
+                    };
+                    self.write(&master).await?;
                     published = Some(round);
                     continue;
                 }
@@ -128,7 +134,7 @@ impl Rendezvous for EtcdRendezvous {
             node_id: self.cfg.node_id.clone(),
             exit,
         };
-        self.ask(Command::ReportFault { record }).await
+        self.write(&record).await
     }
 
     fn first_fault(&self, round: u64) -> Option<String> {
@@ -148,7 +154,7 @@ impl Rendezvous for EtcdRendezvous {
             reason,
             until_ms,
         };
-        self.ask(Command::Quarantine { record }).await
+        self.write(&record).await
     }
 
     fn quarantined(&self, machine: &str) -> Option<(String, u64)> {
@@ -176,7 +182,7 @@ impl Rendezvous for EtcdRendezvous {
             reason,
             round: self.held.as_ref().map_or(0, |h| h.record.number),
         };
-        self.ask(Command::Halt { halt }).await
+        self.write(&halt).await
     }
 
     async fn report_hang(
@@ -200,7 +206,7 @@ impl Rendezvous for EtcdRendezvous {
                 })
                 .collect(),
         };
-        self.ask(Command::ReportHang { report: record }).await
+        self.write(&record).await
     }
 
     async fn hang_reports(
@@ -227,7 +233,12 @@ impl Rendezvous for EtcdRendezvous {
         };
         let round = held.record.number;
         let restarts = held.round.restart_count;
-        self.ask(Command::ReportFailure { round }).await?;
+        let failure = v1::Failure {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round,
+            node_id: self.cfg.node_id.clone(),
+        };
+        self.write(&failure).await?;
         Ok(restarts + 1)
     }
 
@@ -236,7 +247,12 @@ impl Rendezvous for EtcdRendezvous {
             return Ok(Finish::AllDone);
         };
         let round = held.record.number;
-        self.ask(Command::ReportDone { round }).await?;
+        let done = v1::Done {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round,
+            node_id: self.cfg.node_id.clone(),
+        };
+        self.write(&done).await?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let unfinished: Vec<String> = {

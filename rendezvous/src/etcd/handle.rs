@@ -10,6 +10,7 @@ use fsdp_proto::v1;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use super::record::{Outgoing, Record};
 use super::session::{Command, Config as SessionConfig, Driver, Machine, Request};
 use super::*;
 use crate::fence::{self, FenceDecision};
@@ -251,6 +252,12 @@ impl EtcdRendezvous {
     }
 
     /// Asks the session for `command` and waits for its outcome.
+    /// Asks the session to write `record` as its declaration says.
+    pub(super) async fn write<R: Record>(&self, record: &R) -> Result<(), RendezvousError> {
+        self.ask(Command::Write(Outgoing::of(&self.keys, record)))
+            .await
+    }
+
     pub(super) async fn ask(&self, command: Command) -> Result<(), RendezvousError> {
         let (reply, outcome) = oneshot::channel();
         let ended = || self.ended();

@@ -1,22 +1,11 @@
-//! The key layout of one run (documented in docs/rendezvous.md).
+//! The keys of one run: its root `<prefix>/<run_id>/`, and each record's key under it as
+//! the record declares it ([`super::record`]; the layout is in docs/rendezvous.md).
 //!
-//! ```text
-//! <prefix>/<run_id>/members/<node_id>    Member       lease-bound: present while the agent lives
-//! <prefix>/<run_id>/ctl/round            Round        the sealed round, fenced by its mod revision
-//! <prefix>/<run_id>/ctl/master           Master       where the round's workers meet
-//! <prefix>/<run_id>/ctl/failures/<n>     Failure      first failure reported in round n
-//! <prefix>/<run_id>/ctl/coordinator      Coordinator  lease-bound election key
-//! <prefix>/<run_id>/ctl/done/<n>/<node>  Done         the node's workers all succeeded in round n
-//! <prefix>/<run_id>/ctl/gone/<n>/<node>  Gone         how the node's loss from round n was noticed
-//! <prefix>/<run_id>/ctl/hang/<n>/<node>  HangReport   where the node's ranks were when round n hung
-//! <prefix>/<run_id>/ctl/halt             Halt         the run is over for every node, with this code
-//! <prefix>/<run_id>/ctl/unhealthy/<node> Unhealthy    lease-bound: the node's health check fails
-//! <prefix>/<run_id>/ctl/faults/<n>/<node> Fault       the node saw its own worker fail in round n
-//! <prefix>/<run_id>/ctl/quarantine/<machine> Quarantine the machine is kept out until a time
-//! ```
-//!
-//! Members and control keys live under different prefixes so that agents can watch member
-//! departures without receiving every registration (only the coordinator needs those).
+//! Members and control keys live under different prefixes (`members/`, `ctl/`) so that
+//! agents can watch member departures without receiving every registration (only the
+//! coordinator needs those).
+
+use super::record::{Place, Record};
 
 /// The segments a run's own keys use under its root.
 pub const RESERVED: &[&str] = &["members", "ctl"];
@@ -101,88 +90,30 @@ impl Keys {
         &self.root
     }
 
+    /// The prefix of every registration (`members/`), watched apart from the rest.
     pub fn members(&self) -> String {
-        format!("{}members/", self.root)
+        self.key::<fsdp_proto::v1::Member>("")
     }
 
-    pub fn member(&self, node_id: &str) -> String {
-        format!("{}members/{node_id}", self.root)
-    }
-
+    /// The prefix of every other record (`ctl/`).
     pub fn ctl(&self) -> String {
         format!("{}ctl/", self.root)
     }
 
-    pub fn round(&self) -> String {
-        format!("{}ctl/round", self.root)
+    /// The key of an `R` whose tail is `tail` (what it names, [`Record::tail`]); with an
+    /// empty tail, an `R` of a fixed place, or the prefix of every `R`.
+    pub fn key<R: Record>(&self, tail: &str) -> String {
+        self.place(R::PLACE, tail)
     }
 
-    pub fn master(&self) -> String {
-        format!("{}ctl/master", self.root)
+    /// The key `record` is written at.
+    pub fn of<R: Record>(&self, record: &R) -> String {
+        self.key::<R>(&record.tail())
     }
 
-    pub fn failures(&self) -> String {
-        format!("{}ctl/failures/", self.root)
-    }
-
-    pub fn failure(&self, round: u64) -> String {
-        format!("{}ctl/failures/{round:020}", self.root)
-    }
-
-    pub fn done_prefix(&self) -> String {
-        format!("{}ctl/done/", self.root)
-    }
-
-    pub fn done(&self, round: u64, node_id: &str) -> String {
-        format!("{}ctl/done/{round:020}/{node_id}", self.root)
-    }
-
-    pub fn gone_prefix(&self) -> String {
-        format!("{}ctl/gone/", self.root)
-    }
-
-    pub fn gone(&self, round: u64, node_id: &str) -> String {
-        format!("{}ctl/gone/{round:020}/{node_id}", self.root)
-    }
-
-    pub fn faults_prefix(&self) -> String {
-        format!("{}ctl/faults/", self.root)
-    }
-
-    pub fn fault(&self, round: u64, node_id: &str) -> String {
-        format!("{}ctl/faults/{round:020}/{node_id}", self.root)
-    }
-
-    pub fn quarantine_prefix(&self) -> String {
-        format!("{}ctl/quarantine/", self.root)
-    }
-
-    pub fn quarantine(&self, machine: &str) -> String {
-        format!("{}ctl/quarantine/{machine}", self.root)
-    }
-
-    pub fn unhealthy_prefix(&self) -> String {
-        format!("{}ctl/unhealthy/", self.root)
-    }
-
-    pub fn unhealthy(&self, node_id: &str) -> String {
-        format!("{}ctl/unhealthy/{node_id}", self.root)
-    }
-
-    pub fn halt(&self) -> String {
-        format!("{}ctl/halt", self.root)
-    }
-
-    pub fn hang_prefix(&self) -> String {
-        format!("{}ctl/hang/", self.root)
-    }
-
-    pub fn hang(&self, round: u64, node_id: &str) -> String {
-        format!("{}ctl/hang/{round:020}/{node_id}", self.root)
-    }
-
-    pub fn coordinator(&self) -> String {
-        format!("{}ctl/coordinator", self.root)
+    /// The key at `tail` of `place`.
+    pub fn place(&self, place: Place, tail: &str) -> String {
+        format!("{}{}{tail}", self.root, place.path())
     }
 }
 
@@ -192,14 +123,29 @@ mod tests {
 
     #[test]
     fn layout() {
+        use fsdp_proto::v1;
         let k = Keys::new("/fsdp/", "job42").unwrap();
-        assert_eq!(k.member("n1"), "/fsdp/job42/members/n1");
-        assert_eq!(k.round(), "/fsdp/job42/ctl/round");
+        assert_eq!(k.key::<v1::Member>("n1"), "/fsdp/job42/members/n1");
+        assert_eq!(k.key::<v1::Round>(""), "/fsdp/job42/ctl/round");
+        let failure = v1::Failure {
+            round: 7,
+            ..Default::default()
+        };
         assert_eq!(
-            k.failure(7),
+            k.of(&failure),
             "/fsdp/job42/ctl/failures/00000000000000000007"
         );
-        assert!(k.failure(7).starts_with(&k.failures()));
+        assert!(k.of(&failure).starts_with(&k.key::<v1::Failure>("")));
+        let fault = v1::Fault {
+            round: 7,
+            node_id: "n1".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            k.of(&fault),
+            "/fsdp/job42/ctl/faults/00000000000000000007/n1"
+        );
+        assert!(k.of(&fault).starts_with(&k.ctl()));
         assert!(Keys::new("/fsdp", "a/b").is_err());
         assert!(Keys::new("/fsdp", "").is_err());
     }

@@ -35,6 +35,7 @@ mod joining;
 mod keys;
 pub mod liveness;
 mod probe;
+pub mod record;
 pub(crate) mod session;
 #[cfg(test)]
 mod tests;

@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use fsdp_proto::{Versioned, decode, v1};
+use fsdp_proto::v1;
 
 use super::keys::Keys;
-use crate::ranks;
+use super::record::{self, At};
 
 /// A registered member and the revision that created its key (its join order).
 #[derive(Debug, Clone)]
@@ -30,11 +30,6 @@ pub struct Departed {
     pub at: Instant,
     pub incarnation: u64,
 }
-
-/// Rounds whose hang reports a view keeps.
-const HANG_ROUNDS_KEPT: usize = 4;
-/// Rounds whose faults a view keeps (quarantine looks at the last few failed rounds).
-const FAULT_ROUNDS_KEPT: usize = 32;
 
 #[derive(Debug, Clone, Default)]
 pub struct View {
@@ -76,23 +71,6 @@ pub struct View {
     /// Why the session gave up on etcd (an outage longer than its bound); nothing more
     /// will come.
     pub gave_up: Option<String>,
-}
-
-fn decoded<T: Versioned>(
-    corrupt: &mut BTreeMap<String, String>,
-    key: &str,
-    value: &[u8],
-) -> Option<T> {
-    match decode::<T>(key, value) {
-        Ok(r) => {
-            corrupt.remove(key);
-            Some(r)
-        }
-        Err(e) => {
-            corrupt.insert(key.to_owned(), e.to_string());
-            None
-        }
-    }
 }
 
 impl View {
@@ -164,7 +142,8 @@ impl View {
         })
     }
 
-    /// Applies a put of `value` at `key`, written under `lease` (0: none).
+    /// Applies a put of `value` at `key`, written under `lease` (0: none): what it does is
+    /// the record's declaration ([`super::record`]).
     pub fn put(
         &mut self,
         keys: &Keys,
@@ -174,129 +153,18 @@ impl View {
         mod_rev: i64,
         lease: i64,
     ) {
-        if let Some(id) = key.strip_prefix(&keys.members()) {
-            if let Some(record) = decoded::<v1::Member>(&mut self.corrupt, key, value) {
-                if let Err(why) = check_member(id, &record, lease) {
-                    self.corrupt
-                        .insert(key.to_owned(), format!("member record at {key} {why}"));
-                    return;
-                }
-                self.members_mut()
-                    .insert(id.to_owned(), MemberEntry { record, create_rev });
-            }
-        } else if key == keys.round() {
-            if let Some(record) = decoded::<v1::Round>(&mut self.corrupt, key, value) {
-                if let Err(why) = check_round(&record) {
-                    self.corrupt
-                        .insert(key.to_owned(), format!("round record at {key} {why}"));
-                    return;
-                }
-                self.round = Some(RoundEntry { record, mod_rev });
-            }
-        } else if key == keys.master() {
-            match decoded::<v1::Master>(&mut self.corrupt, key, value) {
-                Some(m) if !(1..=u32::from(u16::MAX)).contains(&m.port) || m.addr.is_empty() => {
-                    self.corrupt.insert(
-                        key.to_owned(),
-                        format!(
-                            "master record at {key} has address '{}' and port {}, not a host and a port 1-65535",
-                            m.addr, m.port
-                        ),
-                    );
-                }
-                Some(m) => self.master = Some(m),
-                None => {}
-            }
-        } else if key == keys.coordinator() {
-            if let Some(c) = decoded::<v1::Coordinator>(&mut self.corrupt, key, value) {
-                self.coordinator = Some(c.node_id);
-            }
-        } else if key.starts_with(&keys.gone_prefix()) {
-            if let Some(g) = decoded::<v1::Gone>(&mut self.corrupt, key, value) {
-                let newer = self
-                    .gone
-                    .get(&g.node_id)
-                    .is_none_or(|old| old.round <= g.round);
-                if newer {
-                    self.gone.insert(g.node_id.clone(), g);
-                }
-            }
-        } else if key.starts_with(&keys.faults_prefix()) {
-            if let Some(f) = decoded::<v1::Fault>(&mut self.corrupt, key, value) {
-                let round = self.faults.entry(f.round).or_default();
-                round.entry(f.node_id).or_insert(mod_rev);
-                while self.faults.len() > FAULT_ROUNDS_KEPT {
-                    self.faults.pop_first();
-                }
-            }
-        } else if let Some(machine) = key.strip_prefix(&keys.quarantine_prefix()) {
-            if let Some(q) = decoded::<v1::Quarantine>(&mut self.corrupt, key, value) {
-                self.quarantine.insert(machine.to_owned(), q);
-            }
-        } else if let Some(id) = key.strip_prefix(&keys.unhealthy_prefix()) {
-            if let Some(u) = decoded::<v1::Unhealthy>(&mut self.corrupt, key, value) {
-                self.unhealthy.insert(id.to_owned(), u);
-            }
-        } else if key == keys.halt() {
-            if let Some(h) = decoded::<v1::Halt>(&mut self.corrupt, key, value) {
-                self.halt = Some(h);
-            }
-        } else if key.starts_with(&keys.hang_prefix()) {
-            if let Some(h) = decoded::<v1::HangReport>(&mut self.corrupt, key, value) {
-                self.hangs
-                    .entry(h.round)
-                    .or_default()
-                    .insert(h.node_id.clone(), h);
-                // Only the latest hangs matter (the declaring node names the culprit at
-                // the next round; status shows the last one).
-                while self.hangs.len() > HANG_ROUNDS_KEPT {
-                    self.hangs.pop_first();
-                }
-            }
-        } else if key.starts_with(&keys.done_prefix()) {
-            if let Some(d) = decoded::<v1::Done>(&mut self.corrupt, key, value) {
-                self.done.entry(d.round).or_default().insert(d.node_id);
-            }
-        } else if key.starts_with(&keys.failures()) {
-            if let Some(f) = decoded::<v1::Failure>(&mut self.corrupt, key, value) {
-                self.failures.insert(f.round);
-            }
-        } else if keys.nested_run_key(key) {
-            // Another run whose prefix lies under ours: its keys are not ours to judge
-            // (agents refuse to start such a run; this keeps a race harmless).
-        } else {
-            self.corrupt.insert(
-                key.to_owned(),
-                format!("unexpected key {key} under the run's prefix"),
-            );
-        }
+        let at = At {
+            create_rev,
+            mod_rev,
+            lease,
+        };
+        record::put(self, keys, key, value, at);
     }
 
     /// Applies a delete of `key`, seen at `now`; `prev` is the deleted value when the
     /// event carried it.
     pub fn delete(&mut self, keys: &Keys, key: &str, now: Instant, prev: Option<&[u8]>) {
-        self.corrupt.remove(key);
-        if let Some(id) = key.strip_prefix(&keys.members()) {
-            let known = self.members_mut().remove(id).map(|m| m.record.incarnation);
-            let went = prev
-                .and_then(|value| decode::<v1::Member>(key, value).ok())
-                .map(|m| m.incarnation)
-                .or(known)
-                .unwrap_or(u64::MAX);
-            self.depart(id, went, now);
-        } else if key == keys.round() {
-            self.round = None;
-        } else if key == keys.master() {
-            self.master = None;
-        } else if key == keys.coordinator() {
-            self.coordinator = None;
-        } else if key == keys.halt() {
-            self.halt = None;
-        } else if let Some(id) = key.strip_prefix(&keys.unhealthy_prefix()) {
-            self.unhealthy.remove(id);
-        } else if let Some(machine) = key.strip_prefix(&keys.quarantine_prefix()) {
-            self.quarantine.remove(machine);
-        }
+        record::delete(self, keys, key, now, prev);
     }
 
     /// The first untrusted value, as an error message naming its key.
@@ -332,37 +200,6 @@ pub fn left_between(old: &View, running: Option<&v1::Round>, fresh: &View) -> Ve
         .into_iter()
         .map(|(id, i)| (id.to_owned(), i))
         .collect()
-}
-
-/// A registration is trusted only if it names its own key, is bound to a lease (a live
-/// agent's always is: without one it would never go away) and asks for a sane number of
-/// workers.
-fn check_member(id: &str, m: &v1::Member, lease: i64) -> Result<(), String> {
-    if m.node_id != id {
-        return Err(format!("names another node ({})", m.node_id));
-    }
-    if lease == 0 {
-        return Err("is not bound to a lease (agents always register under theirs)".into());
-    }
-    if m.local_world_size == 0 || m.local_world_size > ranks::MAX_LOCAL_WORLD_SIZE {
-        return Err(format!(
-            "has local_world_size {}, outside 1..={}",
-            m.local_world_size,
-            ranks::MAX_LOCAL_WORLD_SIZE
-        ));
-    }
-    Ok(())
-}
-
-/// A round is trusted only if its members are distinct and their worker counts form a
-/// group without overflowing the rank arithmetic.
-fn check_round(r: &v1::Round) -> Result<(), String> {
-    let mut seen = BTreeSet::new();
-    if let Some(dup) = r.members.iter().find(|m| !seen.insert(m.node_id.as_str())) {
-        return Err(format!("lists node {} twice", dup.node_id));
-    }
-    let sizes: Vec<u32> = r.members.iter().map(|m| m.local_world_size).collect();
-    ranks::assign(&sizes).map(drop)
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use fsdp_proto::{SCHEMA_VERSION, v1};
 
+use crate::etcd::Keys;
+use crate::etcd::record::{Outgoing, Record};
 use crate::etcd::session::{Command, CommandId, Machine};
 use crate::etcd::{Step, detect, step};
 use crate::fence::{self, FenceDecision};
@@ -50,6 +52,8 @@ pub enum Asked {
 
 pub struct SimAgent {
     pub node: String,
+    /// The run's keys, to address what it writes.
+    keys: Keys,
     pub machine: Option<Machine>,
     pub life: Life,
     pub lp: Loop,
@@ -99,9 +103,10 @@ pub enum Did {
 }
 
 impl SimAgent {
-    pub fn new(node: String, fence_margin: Duration, broken_fence: bool) -> Self {
+    pub fn new(node: String, keys: Keys, fence_margin: Duration, broken_fence: bool) -> Self {
         Self {
             node,
+            keys,
             machine: None,
             life: Life::Down,
             lp: Loop::Starting,
@@ -127,6 +132,11 @@ impl SimAgent {
             (Life::Up | Life::Frozen, Loop::Running { record, .. }) => Some(record),
             _ => None,
         }
+    }
+
+    /// The command that writes `record` as its declaration says.
+    fn write<R: Record>(&self, record: &R) -> Command {
+        Command::Write(Outgoing::of(&self.keys, record))
     }
 
     fn ask(&mut self, command: Command, kind: Asked) -> Did {
@@ -274,13 +284,13 @@ impl SimAgent {
                     published: Some(round),
                     registered: true,
                 };
-                vec![self.ask(
-                    Command::PublishMaster {
-                        round,
-                        port: 29_500,
-                    },
-                    Asked::Plain,
-                )]
+                let master = v1::Master {
+                    schema: SCHEMA_VERSION,
+                    round,
+                    addr: self.node.clone(),
+                    port: 29_500,
+                };
+                vec![self.ask(self.write(&master), Asked::Plain)]
             }
             Step::Broken { next, change } => {
                 self.lp = Loop::Waiting {
@@ -369,12 +379,12 @@ impl SimAgent {
             return Vec::new();
         };
         let stopped = self.stop_workers(now, "a worker failed");
-        let ask = self.ask(
-            Command::ReportFailure {
-                round: record.number,
-            },
-            Asked::Plain,
-        );
+        let failure = v1::Failure {
+            schema: SCHEMA_VERSION,
+            round: record.number,
+            node_id: self.node.clone(),
+        };
+        let ask = self.ask(self.write(&failure), Asked::Plain);
         [stopped, Some(ask)].into_iter().flatten().collect()
     }
 
@@ -392,7 +402,7 @@ impl SimAgent {
             ..Default::default()
         };
         self.exit_after = Some("it halted the run".into());
-        let ask = self.ask(Command::Halt { halt }, Asked::Last);
+        let ask = self.ask(self.write(&halt), Asked::Last);
         [stopped, Some(ask)].into_iter().flatten().collect()
     }
 

@@ -115,7 +115,7 @@ impl World {
     }
 
     fn halted(&self) -> bool {
-        let key = self.keys.halt();
+        let key = self.keys.key::<v1::Halt>("");
         let req = fsdp_proto::etcdserverpb::RangeRequest {
             key: key.into_bytes(),
             ..Default::default()

@@ -133,7 +133,7 @@ impl World {
         let Ok(Answer::Txn { succeeded: true }) = answer else {
             return;
         };
-        let round_key = self.keys.round();
+        let round_key = self.keys.key::<v1::Round>("");
         if self.trace.is_some() {
             let members = self.keys.members();
             for w in &spec.then {
@@ -226,7 +226,7 @@ impl World {
             key: root,
             ..WatchSpec::default()
         };
-        let (members, failures) = (self.keys.members(), self.keys.failures());
+        let (members, failures) = (self.keys.members(), self.keys.key::<v1::Failure>(""));
         if let Some(batches) = self.etcd.replay(self.membership_rev + 1, &spec) {
             let changes = batches.iter().flat_map(|(_, b)| b).filter(|e| match e {
                 WatchEvent::Put(kv) => {

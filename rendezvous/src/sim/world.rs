@@ -139,7 +139,14 @@ impl World {
         let keys = Keys::new("/fsdp-sim", "run").expect("a valid prefix");
         let margin = crate::fence::default_margin(opts.ttl);
         let agents = (0..opts.agents)
-            .map(|i| SimAgent::new(format!("n{i}"), margin, opts.switches.broken_fence))
+            .map(|i| {
+                SimAgent::new(
+                    format!("n{i}"),
+                    keys.clone(),
+                    margin,
+                    opts.switches.broken_fence,
+                )
+            })
             .collect();
         let members = if opts.three_members { 3 } else { 1 };
         Self {
@@ -455,10 +462,8 @@ pub fn names(r: &v1::Round) -> Vec<String> {
 fn short(c: &Command) -> String {
     match c {
         Command::Register { wants_round } => format!("register for round {wants_round}"),
-        Command::PublishMaster { round, .. } => format!("publish the master of round {round}"),
         Command::Running { round } => format!("running round {}", round.number),
-        Command::ReportFailure { round } => format!("report a failure in round {round}"),
-        Command::Halt { .. } => "halt".into(),
+        Command::Write(o) => format!("{} ({})", o.writing, o.key),
         Command::Depart { how } => format!("depart ({how:?})"),
         Command::Abandon => "abandon the fenced lease".into(),
         Command::Evict { node, lease, .. } => format!("evict {node} (lease {lease})"),

@@ -8,6 +8,7 @@ use std::time::Instant;
 use fsdp_proto::v1;
 
 use crate::RendezvousError;
+use crate::etcd::record::Outgoing;
 
 /// A command's number, for its reply.
 pub type CommandId = u64;
@@ -145,23 +146,12 @@ pub enum Command {
     /// Write this node's registration, ready for `wants_round`; claim the coordinator role
     /// in the same transaction when nobody holds it (one write per node).
     Register { wants_round: u64 },
-    /// As the round's group rank 0: publish `port` (free on this node's address).
-    PublishMaster { round: u64, port: u16 },
+    /// Write one record as its declaration says ([`crate::etcd::record`]): the master
+    /// address, a failure, a fault, a finish, a hang report, a halt, a quarantine.
+    Write(Outgoing),
     /// This node runs `round`: put it back if etcd loses it, and after an outage wait
     /// for its members, not for strangers. Answered at once.
     Running { round: v1::Round },
-    /// Charge a failure in `round` to the job (the first report per round wins).
-    ReportFailure { round: u64 },
-    /// This node's workers all succeeded in `round`.
-    ReportDone { round: u64 },
-    /// Where this node's ranks were when its round hung.
-    ReportHang { report: v1::HangReport },
-    /// End the run for every node (the first halt stands).
-    Halt { halt: v1::Halt },
-    /// A worker of this node failed in its round (written before anything is stopped).
-    ReportFault { record: v1::Fault },
-    /// Keep this machine out of the run until the record's time.
-    Quarantine { record: v1::Quarantine },
     /// This node's health check failed: withdraw its registration (and the coordinator
     /// role) and say why; it registers again when the check passes.
     Withdraw { record: v1::Unhealthy },

@@ -1,11 +1,13 @@
-//! The transactions the session writes, as data ([`TxnSpec`]): who may write what, and on
-//! which condition.
+//! The writes the session makes, as data ([`Op`], [`TxnSpec`]): a record written as its
+//! declaration's [`Mode`] says, and the transactions of the records written their own way
+//! (the registration with its election, the fenced round, the withdrawal).
 
 use fsdp_proto::{SCHEMA_VERSION, v1};
 use prost::Message;
 
-use super::io::{Compare, TxnSpec, Write};
+use super::io::{Compare, Op, TxnSpec, Write};
 use crate::etcd::keys::Keys;
+use crate::etcd::record::{Mode, Outgoing};
 
 /// A put of `value` at `key`, on `lease` (0: none).
 pub fn put(key: String, value: Vec<u8>, lease: i64) -> Write {
@@ -26,6 +28,20 @@ pub fn first_word(key: String, value: Vec<u8>, unless: &[String]) -> TxnSpec {
     }
 }
 
+/// The op that writes `o` as its mode says, on `lease` when leased.
+pub fn write(keys: &Keys, o: &Outgoing, lease: i64) -> Op {
+    let (key, value) = (o.key.clone(), o.value.clone());
+    match o.mode {
+        Mode::Put => Op::Put(put(key, value, 0)),
+        Mode::Leased => Op::Put(put(key, value, lease)),
+        Mode::FirstWord { unless } => {
+            let unless: Vec<String> = unless.iter().map(|p| keys.place(*p, "")).collect();
+            Op::Txn(first_word(key, value, &unless))
+        }
+        Mode::Own => unreachable!("`Outgoing::of` refuses records written their own way"),
+    }
+}
+
 /// How `node`'s loss from `round` was noticed.
 pub fn gone(round: u64, node: &str, how: v1::Detection, detect_ms: u32) -> v1::Gone {
     v1::Gone {
@@ -37,10 +53,12 @@ pub fn gone(round: u64, node: &str, how: v1::Detection, detect_ms: u32) -> v1::G
     }
 }
 
-/// The record of how a member's loss was noticed; the first word stands (a leaver's own
-/// "left" is not overwritten by the neighbour that then finds its port closed).
+/// The record of how a member's loss was noticed (its declaration: the first word stands).
 pub fn say_gone(keys: &Keys, g: &v1::Gone) -> TxnSpec {
-    first_word(keys.gone(g.round, &g.node_id), g.encode_to_vec(), &[])
+    match write(keys, &Outgoing::of(keys, g), 0) {
+        Op::Txn(t) => t,
+        _ => unreachable!("a loss is recorded first word first"),
+    }
 }
 
 /// This node's registration under `lease`: its member record when given (stamped with the
@@ -62,8 +80,8 @@ pub fn registration(
                 ..m.clone()
             };
             [
-                put(keys.member(&m.node_id), record.encode_to_vec(), lease),
-                Write::Delete(keys.unhealthy(&m.node_id)),
+                put(keys.of(&record), record.encode_to_vec(), lease),
+                Write::Delete(keys.key::<v1::Unhealthy>(&m.node_id)),
             ]
         })
         .into_iter()
@@ -75,7 +93,7 @@ pub fn registration(
             ..TxnSpec::default()
         };
     }
-    let key = keys.coordinator();
+    let key = keys.key::<v1::Coordinator>("");
     let record = v1::Coordinator {
         schema: SCHEMA_VERSION,
         node_id: node_id.to_owned(),
@@ -92,7 +110,7 @@ pub fn registration(
 /// Whether `node`'s registration lives on `lease` now (one comparison, no read).
 pub fn lease_holds(keys: &Keys, node: &str, lease: i64) -> TxnSpec {
     TxnSpec {
-        when: vec![Compare::Lease(keys.member(node), lease)],
+        when: vec![Compare::Lease(keys.key::<v1::Member>(node), lease)],
         ..TxnSpec::default()
     }
 }
@@ -101,14 +119,14 @@ pub fn lease_holds(keys: &Keys, node: &str, lease: i64) -> TxnSpec {
 /// round key still has revision `fence` (or does not exist when `fence` is `None`). Two
 /// coordinators racing for the same round cannot both win, and no round follows a halt.
 pub fn commit_round(keys: &Keys, fence: Option<i64>, record: &v1::Round) -> TxnSpec {
-    let key = keys.round();
+    let key = keys.key::<v1::Round>("");
     let when = match fence {
         Some(rev) => Compare::ModRevision(key.clone(), rev),
         None => Compare::Absent(key.clone()),
     };
     TxnSpec {
         // Never after a halt, even one this coordinator has not seen yet.
-        when: vec![when, Compare::Absent(keys.halt())],
+        when: vec![when, Compare::Absent(keys.key::<v1::Halt>(""))],
         then: vec![put(key, record.encode_to_vec(), 0)],
         otherwise: Vec::new(),
     }
@@ -125,11 +143,11 @@ pub fn withdrawal(
     coordinating: bool,
 ) -> TxnSpec {
     let mut then = vec![
-        Write::Delete(keys.member(node)),
-        put(keys.unhealthy(node), record.encode_to_vec(), lease),
+        Write::Delete(keys.key::<v1::Member>(node)),
+        put(keys.of(record), record.encode_to_vec(), lease),
     ];
     if coordinating {
-        then.push(Write::Delete(keys.coordinator()));
+        then.push(Write::Delete(keys.key::<v1::Coordinator>("")));
     }
     TxnSpec {
         then,

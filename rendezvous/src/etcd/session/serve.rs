@@ -1,12 +1,12 @@
 //! Commands: every write the handle asks for, each a few ops with its own answers.
 
 use fsdp_proto::{SCHEMA_VERSION, v1};
-use prost::Message;
 
 use super::io::{Answer, Command, CommandId, Op};
 use super::machine::{Machine, Phase, Resync, Then};
 use super::records;
 use crate::etcd::connect::transient;
+use crate::etcd::record::{Mode, Record};
 use crate::etcd::session::lease_not_found;
 use crate::{Departure, RendezvousError};
 
@@ -123,51 +123,9 @@ impl Machine {
                 (lease, self.incarnation),
                 s.claiming,
             )),
-            Command::PublishMaster { round, port } => {
-                let master = v1::Master {
-                    schema: SCHEMA_VERSION,
-                    round: *round,
-                    addr: self.cfg.addr.clone(),
-                    port: u32::from(*port),
-                };
-                Op::Put(records::put(keys.master(), master.encode_to_vec(), lease))
-            }
-            Command::ReportFailure { round } => {
-                let failure = v1::Failure {
-                    schema: SCHEMA_VERSION,
-                    round: *round,
-                    node_id: me.to_owned(),
-                };
-                // Not once the run is halted: a peer's workers that fail because the
-                // halting node's did must not spend the budget the halt leaves untouched.
-                let (key, value) = (keys.failure(*round), failure.encode_to_vec());
-                Op::Txn(records::first_word(key, value, &[keys.halt()]))
-            }
-            Command::ReportDone { round } => {
-                let done = v1::Done {
-                    schema: SCHEMA_VERSION,
-                    round: *round,
-                    node_id: me.to_owned(),
-                };
-                Op::Put(records::put(keys.done(*round, me), done.encode_to_vec(), 0))
-            }
-            Command::ReportHang { report } => {
-                let key = keys.hang(report.round, me);
-                Op::Put(records::put(key, report.encode_to_vec(), 0))
-            }
-            Command::Halt { halt } => {
-                Op::Txn(records::first_word(keys.halt(), halt.encode_to_vec(), &[]))
-            }
+            Command::Write(o) => records::write(keys, o, lease),
             Command::Withdraw { record } => {
                 Op::Txn(records::withdrawal(keys, me, record, lease, s.claiming))
-            }
-            Command::ReportFault { record } => {
-                let key = keys.fault(record.round, &record.node_id);
-                Op::Put(records::put(key, record.encode_to_vec(), 0))
-            }
-            Command::Quarantine { record } => {
-                let key = keys.quarantine(&record.machine);
-                Op::Put(records::put(key, record.encode_to_vec(), 0))
             }
             Command::Running { .. }
             | Command::Abandon
@@ -226,10 +184,11 @@ impl Machine {
         mut s: Serving,
         answer: Result<Answer, etcd_client::Error>,
     ) {
-        let uses_lease = matches!(
-            s.command,
-            Command::Register { .. } | Command::PublishMaster { .. }
-        );
+        let uses_lease = match &s.command {
+            Command::Register { .. } => true,
+            Command::Write(o) => o.mode == Mode::Leased,
+            _ => false,
+        };
         match (s.stage, answer) {
             // etcd no longer has the lease (this agent was frozen past its TTL, or etcd
             // lost it): a new one, and the write again with it, so the agent rejoins as a
@@ -337,15 +296,9 @@ fn what(command: &Command, stage: Stage) -> &'static str {
         (Command::Evict { .. }, Stage::CheckHeld) => "checking a dead agent's lease",
         (Command::Evict { .. }, Stage::SayGone) => "recording how a dead agent was found",
         (Command::Evict { .. }, _) => "revoking a dead agent's lease",
-        (Command::Register { .. }, _) => "registering this node",
-        (Command::PublishMaster { .. }, _) => "publishing the master address",
-        (Command::ReportFailure { .. }, _) => "reporting a worker failure",
-        (Command::ReportDone { .. }, _) => "reporting this node finished",
-        (Command::ReportHang { .. }, _) => "reporting where this node's ranks were in a hang",
-        (Command::Halt { .. }, _) => "ending the run for every node",
-        (Command::Withdraw { .. }, _) => "withdrawing an unhealthy node",
-        (Command::ReportFault { .. }, _) => "reporting a worker fault",
-        (Command::Quarantine { .. }, _) => "quarantining this machine",
+        (Command::Register { .. }, _) => <v1::Member as Record>::WRITING,
+        (Command::Write(o), _) => o.writing,
+        (Command::Withdraw { .. }, _) => <v1::Unhealthy as Record>::WRITING,
         (Command::Running { .. } | Command::Abandon | Command::Depart { .. }, _) => {
             "leaving the run"
         }

@@ -49,7 +49,7 @@ impl Machine {
 
     /// Applies a watch batch; returns whether the coordinator key went.
     pub(super) fn apply(&mut self, events: Vec<WatchEvent>) -> bool {
-        let coordinator = self.cfg.keys.coordinator();
+        let coordinator = self.cfg.keys.key::<fsdp_proto::v1::Coordinator>("");
         let now = self.now;
         let mut coordinator_gone = false;
         let keys = self.cfg.keys.clone();

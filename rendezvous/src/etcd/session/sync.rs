@@ -113,7 +113,11 @@ impl Machine {
                 None => return,
             },
             Todo::Republish => match self.round_to_put_back() {
-                Some(r) => Op::Txn(records::first_word(keys.round(), r.encode_to_vec(), &[])),
+                Some(r) => Op::Txn(records::first_word(
+                    keys.key::<fsdp_proto::v1::Round>(""),
+                    r.encode_to_vec(),
+                    &[],
+                )),
                 None => return,
             },
             Todo::Campaign => {

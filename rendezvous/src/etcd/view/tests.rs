@@ -8,7 +8,14 @@ use prost::Message;
 fn garbage_is_recorded_with_its_key_and_cleared_by_a_good_value() {
     let keys = Keys::new("/fsdp", "r").unwrap();
     let mut v = View::default();
-    v.put(&keys, &keys.round(), b"\x08\xff\xff garbage", 1, 1, 0);
+    v.put(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Round>(""),
+        b"\x08\xff\xff garbage",
+        1,
+        1,
+        0,
+    );
     assert!(v.round.is_none());
     assert!(v.corruption().unwrap().contains("/fsdp/r/ctl/round"));
     let good = v1::Round {
@@ -16,7 +23,14 @@ fn garbage_is_recorded_with_its_key_and_cleared_by_a_good_value() {
         number: 3,
         ..Default::default()
     };
-    v.put(&keys, &keys.round(), &good.encode_to_vec(), 1, 2, 0);
+    v.put(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Round>(""),
+        &good.encode_to_vec(),
+        1,
+        2,
+        0,
+    );
     assert_eq!(v.round.as_ref().unwrap().record.number, 3);
     assert!(v.corruption().is_none());
 }
@@ -33,7 +47,16 @@ fn hang_reports_are_kept_by_round_for_the_latest_rounds_only() {
                 node_id: node.into(),
                 ..Default::default()
             };
-            v.put(&keys, &keys.hang(round, node), &h.encode_to_vec(), 1, 1, 0);
+            v.put(
+                &keys,
+                &keys.key::<fsdp_proto::v1::HangReport>(&crate::etcd::record::per_round(
+                    round, node,
+                )),
+                &h.encode_to_vec(),
+                1,
+                1,
+                0,
+            );
         }
     }
     assert!(v.corruption().is_none());
@@ -58,7 +81,14 @@ fn a_round_is_finished_once_every_member_reported_done() {
         members: vec![member("a"), member("b")],
         ..Default::default()
     };
-    v.put(&keys, &keys.round(), &round.encode_to_vec(), 1, 1, 0);
+    v.put(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Round>(""),
+        &round.encode_to_vec(),
+        1,
+        1,
+        0,
+    );
     assert!(v.corruption().is_none(), "{:?}", v.corruption());
     let done = |id: &str| v1::Done {
         schema: fsdp_proto::SCHEMA_VERSION,
@@ -67,7 +97,7 @@ fn a_round_is_finished_once_every_member_reported_done() {
     };
     v.put(
         &keys,
-        &keys.done(4, "a"),
+        &keys.key::<fsdp_proto::v1::Done>(&crate::etcd::record::per_round(4, "a")),
         &done("a").encode_to_vec(),
         1,
         2,
@@ -78,11 +108,18 @@ fn a_round_is_finished_once_every_member_reported_done() {
     // Done in another round does not count.
     let mut old = done("b");
     old.round = 3;
-    v.put(&keys, &keys.done(3, "b"), &old.encode_to_vec(), 1, 3, 0);
+    v.put(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Done>(&crate::etcd::record::per_round(3, "b")),
+        &old.encode_to_vec(),
+        1,
+        3,
+        0,
+    );
     assert!(!v.round_finished());
     v.put(
         &keys,
-        &keys.done(4, "b"),
+        &keys.key::<fsdp_proto::v1::Done>(&crate::etcd::record::per_round(4, "b")),
         &done("b").encode_to_vec(),
         1,
         4,
@@ -102,9 +139,21 @@ fn deletes_of_members_are_remembered_as_departures() {
         incarnation: 3,
         ..Default::default()
     };
-    v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 5, 5, 7);
+    v.put(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Member>("a"),
+        &m.encode_to_vec(),
+        5,
+        5,
+        7,
+    );
     assert!(v.members.contains_key("a"));
-    v.delete(&keys, &keys.member("a"), Instant::now(), None);
+    v.delete(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Member>("a"),
+        Instant::now(),
+        None,
+    );
     assert!(!v.members.contains_key("a") && v.departed.contains_key("a"));
     // The incarnation that went is the one the view knew; a later one did not go.
     let d = v.departed["a"];
@@ -114,7 +163,12 @@ fn deletes_of_members_are_remembered_as_departures() {
     later.incarnation = 4;
     assert!(!v.departed_since(&later, d.at));
     // A delete that carries the old value says which incarnation went.
-    v.delete(&keys, &keys.member("a"), d.at, Some(&later.encode_to_vec()));
+    v.delete(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Member>("a"),
+        d.at,
+        Some(&later.encode_to_vec()),
+    );
     assert!(v.departed_since(&later, d.at));
 }
 
@@ -144,7 +198,7 @@ fn members_that_left_while_the_watches_switched_include_those_only_a_round_names
     let mut old = View::default();
     old.put(
         &keys,
-        &keys.member("b"),
+        &keys.key::<fsdp_proto::v1::Member>("b"),
         &member("b", 1).encode_to_vec(),
         1,
         1,
@@ -154,7 +208,7 @@ fn members_that_left_while_the_watches_switched_include_those_only_a_round_names
     let mut fresh = View::default();
     fresh.put(
         &keys,
-        &keys.member("b"),
+        &keys.key::<fsdp_proto::v1::Member>("b"),
         &member("b", 1).encode_to_vec(),
         1,
         1,
@@ -192,7 +246,14 @@ fn foreign_keys_and_mislabelled_members_are_not_trusted() {
         node_id: "b".into(),
         ..Default::default()
     };
-    v.put(&keys, &keys.member("a"), &m.encode_to_vec(), 1, 1, 7);
+    v.put(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Member>("a"),
+        &m.encode_to_vec(),
+        1,
+        1,
+        7,
+    );
     assert!(!v.members.contains_key("a"));
 }
 
@@ -208,7 +269,7 @@ fn records_that_decode_are_still_checked() {
     let mut v = View::default();
     v.put(
         &keys,
-        &keys.member("a"),
+        &keys.key::<fsdp_proto::v1::Member>("a"),
         &member(2).encode_to_vec(),
         1,
         1,
@@ -217,7 +278,7 @@ fn records_that_decode_are_still_checked() {
     assert!(v.corruption().unwrap().contains("lease"));
     v.put(
         &keys,
-        &keys.member("a"),
+        &keys.key::<fsdp_proto::v1::Member>("a"),
         &member(u32::MAX).encode_to_vec(),
         1,
         1,
@@ -226,7 +287,7 @@ fn records_that_decode_are_still_checked() {
     assert!(v.corruption().unwrap().contains("local_world_size"));
     v.put(
         &keys,
-        &keys.member("a"),
+        &keys.key::<fsdp_proto::v1::Member>("a"),
         &member(2).encode_to_vec(),
         1,
         1,
@@ -240,7 +301,14 @@ fn records_that_decode_are_still_checked() {
         members: vec![member(2), member(2)],
         ..Default::default()
     };
-    v.put(&keys, &keys.round(), &round.encode_to_vec(), 1, 1, 0);
+    v.put(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Round>(""),
+        &round.encode_to_vec(),
+        1,
+        1,
+        0,
+    );
     assert!(v.corruption().unwrap().contains("twice"));
     let master = v1::Master {
         schema: fsdp_proto::SCHEMA_VERSION,
@@ -248,8 +316,15 @@ fn records_that_decode_are_still_checked() {
         addr: "h".into(),
         port: 70_000,
     };
-    v.put(&keys, &keys.master(), &master.encode_to_vec(), 1, 1, 0);
-    assert!(v.corrupt[&keys.master()].contains("70000"));
+    v.put(
+        &keys,
+        &keys.key::<fsdp_proto::v1::Master>(""),
+        &master.encode_to_vec(),
+        1,
+        1,
+        0,
+    );
+    assert!(v.corrupt[&keys.key::<fsdp_proto::v1::Master>("")].contains("70000"));
 }
 
 #[test]

@@ -12,17 +12,20 @@ fn register_claims_the_coordinator_key_when_nobody_holds_it() {
     let mut h = Harness::synced();
     let e = h.command(1, Command::Register { wants_round: 4 });
     let spec = txn(the_op(&e));
-    assert_eq!(spec.when, vec![Compare::Absent(k.coordinator())]);
-    let (value, lease) = put_at(&spec.then, &k.coordinator());
+    assert_eq!(
+        spec.when,
+        vec![Compare::Absent(k.key::<v1::Coordinator>(""))]
+    );
+    let (value, lease) = put_at(&spec.then, &k.key::<v1::Coordinator>(""));
     assert_eq!(lease, LEASE);
     assert_eq!(v1::Coordinator::decode(value).unwrap().node_id, "a");
-    let (value, lease) = put_at(&spec.then, &k.member("a"));
+    let (value, lease) = put_at(&spec.then, &k.key::<v1::Member>("a"));
     assert_eq!(lease, LEASE);
     let m = v1::Member::decode(value).unwrap();
     assert_eq!((m.wants_round, m.lease, m.incarnation), (4, LEASE, 1));
     // The registration is written even when the claim loses.
-    put_at(&spec.otherwise, &k.member("a"));
-    assert!(!touches(&spec.otherwise, &k.coordinator()));
+    put_at(&spec.otherwise, &k.key::<v1::Member>("a"));
+    assert!(!touches(&spec.otherwise, &k.key::<v1::Coordinator>("")));
 }
 
 #[test]
@@ -61,8 +64,8 @@ fn register_does_not_claim_when_a_coordinator_is_known() {
     let e = h.command(1, Command::Register { wants_round: 0 });
     let spec = txn(the_op(&e));
     assert!(spec.when.is_empty());
-    assert!(!touches(&spec.then, &k.coordinator()));
-    put_at(&spec.then, &k.member("a"));
+    assert!(!touches(&spec.then, &k.key::<v1::Coordinator>("")));
+    put_at(&spec.then, &k.key::<v1::Member>("a"));
 }
 
 #[test]
@@ -86,7 +89,7 @@ fn a_lost_claim_is_still_a_registration_and_keeps_the_member_watches() {
 #[test]
 fn a_command_is_answered_only_after_its_answer() {
     let mut h = Harness::synced();
-    let e = h.command(1, Command::ReportDone { round: 3 });
+    let e = h.command(1, report_done(3));
     assert!(replied(&e).is_empty());
     let before = h.writes.load(Ordering::Relaxed);
     let e = h.answer(Answer::Done);
@@ -104,7 +107,7 @@ fn lease_not_found_on_register_grants_a_new_lease_and_writes_again_as_incarnatio
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     let e = h.answer(Answer::Granted { id: 300 });
     let spec = txn(the_op(&e));
-    let (value, lease) = put_at(&spec.then, &k.member("a"));
+    let (value, lease) = put_at(&spec.then, &k.key::<v1::Member>("a"));
     assert_eq!(lease, 300);
     let m = v1::Member::decode(value).unwrap();
     assert_eq!((m.lease, m.incarnation), (300, 2));
@@ -154,13 +157,18 @@ fn a_second_lease_not_found_after_the_regrant_grants_no_third_lease_at_once() {
 fn report_failure_is_guarded_on_the_halt_key_being_absent() {
     let k = keys();
     let mut h = Harness::synced();
-    let e = h.command(1, Command::ReportFailure { round: 3 });
+    let e = h.command(1, report_failure(3));
     let spec = txn(the_op(&e));
     assert_eq!(
         spec.when,
-        vec![Compare::Absent(k.failure(3)), Compare::Absent(k.halt())]
+        vec![
+            Compare::Absent(k.key::<v1::Failure>(&format!("{:020}", 3))),
+            Compare::Absent(k.key::<v1::Halt>(""))
+        ]
     );
-    let failure = v1::Failure::decode(put_at(&spec.then, &k.failure(3)).0).unwrap();
+    let failure =
+        v1::Failure::decode(put_at(&spec.then, &k.key::<v1::Failure>(&format!("{:020}", 3))).0)
+            .unwrap();
     assert_eq!((failure.round, failure.node_id.as_str()), (3, "a"));
 }
 
@@ -170,15 +178,17 @@ fn publish_master_is_written_on_the_lease() {
     let mut h = Harness::synced();
     let e = h.command(
         1,
-        Command::PublishMaster {
+        write(&v1::Master {
+            schema: SCHEMA_VERSION,
             round: 2,
+            addr: "10.0.0.1".into(),
             port: 29500,
-        },
+        }),
     );
     let Op::Put(Write::Put { key, value, lease }) = the_op(&e) else {
         panic!("expected a put: {e:?}")
     };
-    assert_eq!((key, lease), (k.master(), LEASE));
+    assert_eq!((key, lease), (k.key::<v1::Master>(""), LEASE));
     let master = v1::Master::decode(value.as_slice()).unwrap();
     assert_eq!(
         (master.round, master.addr.as_str(), master.port),

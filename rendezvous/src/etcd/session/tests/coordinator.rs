@@ -41,9 +41,12 @@ fn a_coordinator_with_enough_members_commits_a_round_fenced_on_an_absent_round_k
     // Never after a halt either.
     assert_eq!(
         spec.when,
-        vec![Compare::Absent(k.round()), Compare::Absent(k.halt())]
+        vec![
+            Compare::Absent(k.key::<v1::Round>("")),
+            Compare::Absent(k.key::<v1::Halt>(""))
+        ]
     );
-    let (value, lease) = put_at(&spec.then, &k.round());
+    let (value, lease) = put_at(&spec.then, &k.key::<v1::Round>(""));
     assert_eq!(lease, 0, "a round outlives its coordinator");
     let r = v1::Round::decode(value).unwrap();
     assert_eq!(r.number, 0);
@@ -84,11 +87,11 @@ fn a_commit_is_fenced_on_the_mod_revision_of_the_round_it_replaces() {
     assert_eq!(
         spec.when,
         vec![
-            Compare::ModRevision(k.round(), 9),
-            Compare::Absent(k.halt())
+            Compare::ModRevision(k.key::<v1::Round>(""), 9),
+            Compare::Absent(k.key::<v1::Halt>(""))
         ]
     );
-    let r = v1::Round::decode(put_at(&spec.then, &k.round()).0).unwrap();
+    let r = v1::Round::decode(put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
     assert_eq!(r.number, 2);
     assert_eq!(r.members, vec![me]);
 }
@@ -97,7 +100,7 @@ fn a_commit_is_fenced_on_the_mod_revision_of_the_round_it_replaces() {
 fn unix_ms_counts_from_unix_ms_at_grant() {
     let k = keys();
     let (_, spec) = coordinating(2_345);
-    let r = v1::Round::decode(put_at(&spec.then, &k.round()).0).unwrap();
+    let r = v1::Round::decode(put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
     assert_eq!(r.sealed_at_ms, UNIX_MS_AT_GRANT + 2_345);
 }
 
@@ -116,13 +119,13 @@ fn withdraw_as_coordinator_deletes_the_coordinator_key() {
     assert_eq!(
         spec.then,
         vec![
-            Write::Delete(k.member("a")),
+            Write::Delete(k.key::<v1::Member>("a")),
             Write::Put {
-                key: k.unhealthy("a"),
+                key: k.key::<v1::Unhealthy>("a"),
                 value: unhealthy().encode_to_vec(),
                 lease: LEASE
             },
-            Write::Delete(k.coordinator()),
+            Write::Delete(k.key::<v1::Coordinator>("")),
         ]
     );
     // The next registration is a new incarnation.
@@ -143,6 +146,6 @@ fn withdraw_as_a_member_leaves_the_coordinator_key() {
         },
     );
     let spec = txn(the_op(&e));
-    assert!(touches(&spec.then, &k.member("a")));
-    assert!(!touches(&spec.then, &k.coordinator()));
+    assert!(touches(&spec.then, &k.key::<v1::Member>("a")));
+    assert!(!touches(&spec.then, &k.key::<v1::Coordinator>("")));
 }

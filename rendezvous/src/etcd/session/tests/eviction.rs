@@ -80,7 +80,7 @@ fn evicting_a_node_already_departed_needs_no_op() {
     let mut h = Harness::synced();
     let prev = member("b", 200, 1, 1).encode_to_vec();
     h.step(Input::Watched(vec![WatchEvent::Delete {
-        key: k.member("b"),
+        key: k.key::<v1::Member>("b"),
         prev: Some(prev),
     }]));
     assert!(h.m.view().departed.contains_key("b"));
@@ -98,7 +98,7 @@ fn evicting_a_node_whose_lease_no_longer_holds_its_registration_takes_one_txn() 
     assert_eq!(
         txn(the_op(&e)),
         TxnSpec {
-            when: vec![Compare::Lease(k.member("b"), 200)],
+            when: vec![Compare::Lease(k.key::<v1::Member>("b"), 200)],
             ..TxnSpec::default()
         }
     );
@@ -114,7 +114,7 @@ fn evicting_a_node_that_holds_says_gone_then_revokes() {
     h.command(1, evict_b());
     let e = h.answer(Answer::Txn { succeeded: true });
     let spec = txn(the_op(&e));
-    let key = k.gone(1, "b");
+    let key = k.key::<v1::Gone>(&crate::etcd::record::per_round(1, "b"));
     assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
     let gone = v1::Gone::decode(put_at(&spec.then, &key).0).unwrap();
     assert_eq!(
@@ -170,7 +170,7 @@ fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
         panic!("expected a departure with its record: {e:?}")
     };
     assert_eq!(lease, LEASE);
-    let key = k.gone(4, "a");
+    let key = k.key::<v1::Gone>(&crate::etcd::record::per_round(4, "a"));
     assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
     let gone = v1::Gone::decode(put_at(&spec.then, &key).0).unwrap();
     assert_eq!(gone.how(), v1::Detection::Left);

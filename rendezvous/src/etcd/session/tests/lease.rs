@@ -57,7 +57,7 @@ fn a_lease_answer_of_none_grants_registers_and_resyncs() {
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     let e = h.answer(Answer::Granted { id: 300 });
     let spec = txn(the_op(&e));
-    let (value, lease) = put_at(&spec.then, &k.member("a"));
+    let (value, lease) = put_at(&spec.then, &k.key::<v1::Member>("a"));
     assert_eq!(lease, 300);
     assert_eq!(v1::Member::decode(value).unwrap().incarnation, 2);
     let e = h.answer(Answer::Txn { succeeded: true });

@@ -15,6 +15,7 @@ use super::{
     Role, TxnSpec, WatchEvent, Write,
 };
 use crate::etcd::keys::Keys;
+use crate::etcd::record::{Outgoing, Record};
 use crate::etcd::view::Departed;
 use crate::seal::SealConfig;
 use crate::{Counters, Departure, RendezvousError};
@@ -69,6 +70,29 @@ fn config(t0: Instant) -> Config {
     }
 }
 
+/// The command that writes `record` as its declaration says.
+pub(super) fn write<R: Record>(record: &R) -> Command {
+    Command::Write(Outgoing::of(&keys(), record))
+}
+
+/// "a"'s workers all succeeded in `round`.
+pub(super) fn report_done(round: u64) -> Command {
+    write(&v1::Done {
+        schema: SCHEMA_VERSION,
+        round,
+        node_id: "a".into(),
+    })
+}
+
+/// A failure in `round`, charged by "a".
+pub(super) fn report_failure(round: u64) -> Command {
+    write(&v1::Failure {
+        schema: SCHEMA_VERSION,
+        round,
+        node_id: "a".into(),
+    })
+}
+
 /// etcd no longer has the lease a request named.
 pub(super) fn no_such_lease() -> etcd_client::Error {
     etcd_client::Error::GRpcStatus(tonic::Status::not_found(
@@ -111,7 +135,7 @@ pub(super) fn round(number: u64, members: &[(&str, u64)]) -> v1::Round {
 
 pub(super) fn member_kv(m: &v1::Member, create_rev: i64) -> Kv {
     Kv {
-        key: keys().member(&m.node_id),
+        key: keys().key::<v1::Member>(&m.node_id),
         value: m.encode_to_vec(),
         create_rev,
         mod_rev: create_rev,
@@ -125,7 +149,7 @@ pub(super) fn coordinator_kv(id: &str, lease: i64) -> Kv {
         node_id: id.into(),
     };
     Kv {
-        key: keys().coordinator(),
+        key: keys().key::<v1::Coordinator>(""),
         value: c.encode_to_vec(),
         create_rev: 2,
         mod_rev: 2,
@@ -135,7 +159,7 @@ pub(super) fn coordinator_kv(id: &str, lease: i64) -> Kv {
 
 pub(super) fn round_kv(r: &v1::Round, mod_rev: i64) -> Kv {
     Kv {
-        key: keys().round(),
+        key: keys().key::<v1::Round>(""),
         value: r.encode_to_vec(),
         create_rev: 1,
         mod_rev,

@@ -17,7 +17,7 @@ fn denied() -> etcd_client::Error {
 fn a_transient_error_keeps_the_command_until_the_next_sync_serves_it() {
     let k = keys();
     let mut h = Harness::synced();
-    h.command(1, Command::ReportDone { round: 3 });
+    h.command(1, report_done(3));
     let e = h.fail(cut());
     assert!(
         replied(&e).is_empty(),
@@ -40,7 +40,10 @@ fn a_transient_error_keeps_the_command_until_the_next_sync_serves_it() {
     let Op::Put(Write::Put { key, .. }) = the_op(&e) else {
         panic!("expected the done record again: {e:?}")
     };
-    assert_eq!(key, k.done(3, "a"));
+    assert_eq!(
+        key,
+        k.key::<v1::Done>(&crate::etcd::record::per_round(3, "a"))
+    );
     let e = h.answer(Answer::Done);
     replied_ok(&e, 1);
     assert!(matches!(h.m.phase(), Phase::Watching { .. }));
@@ -50,7 +53,7 @@ fn a_transient_error_keeps_the_command_until_the_next_sync_serves_it() {
 #[test]
 fn a_permanent_error_is_the_reply() {
     let mut h = Harness::synced();
-    h.command(1, Command::ReportDone { round: 3 });
+    h.command(1, report_done(3));
     let e = h.fail(denied());
     no_op(&e);
     match reply_of(&e, 1) {
@@ -78,14 +81,9 @@ fn running_and_abandon_are_served_while_disconnected_and_other_commands_wait() {
     let e = h.command(2, Command::Abandon);
     replied_ok(&e, 2);
     no_op(&e);
-    let e = h.command(3, Command::ReportDone { round: 2 });
+    let e = h.command(3, report_done(2));
     assert!(e.is_empty(), "waits for etcd: {e:?}");
-    let e = h.command(
-        4,
-        Command::Halt {
-            halt: v1::Halt::default(),
-        },
-    );
+    let e = h.command(4, write(&v1::Halt::default()));
     assert!(e.is_empty(), "waits for etcd: {e:?}");
     assert!(matches!(h.m.phase(), Phase::Disconnected { .. }));
 }
@@ -144,7 +142,7 @@ fn a_timer_before_the_retry_deadline_does_nothing() {
 fn the_session_gives_up_after_the_outage_limit_and_answers_the_waiting_commands() {
     let mut h = Harness::synced();
     h.disconnect();
-    let e = h.command(7, Command::ReportDone { round: 1 });
+    let e = h.command(7, report_done(1));
     assert!(e.is_empty());
     h.later(Duration::from_secs(61));
     let e = h.timer();
@@ -160,7 +158,7 @@ fn the_session_gives_up_after_the_outage_limit_and_answers_the_waiting_commands(
     );
     assert_eq!(h.m.deadline(), None);
     // A command after the end hears the same.
-    let e = h.command(8, Command::ReportDone { round: 1 });
+    let e = h.command(8, report_done(1));
     assert!(matches!(reply_of(&e, 8), Err(RendezvousError::Outage(_))));
 }
 
@@ -196,7 +194,7 @@ fn a_watch_that_ended_resyncs_without_raising_the_backoff() {
 fn commands_closed_ends_the_session_and_answers_waiting_commands() {
     let mut h = Harness::synced();
     h.disconnect();
-    h.command(1, Command::ReportDone { round: 1 });
+    h.command(1, report_done(1));
     let e = h.step(Input::CommandsClosed);
     assert_eq!(h.m.phase(), Phase::Ended);
     assert!(matches!(
@@ -255,7 +253,7 @@ fn after_an_outage_the_grace_timer_reads_member_keys_and_departs_absent_round_me
         }
     );
     let present = Kv {
-        key: k.member("a"),
+        key: k.key::<v1::Member>("a"),
         value: Vec::new(),
         create_rev: 6,
         mod_rev: 6,
@@ -292,11 +290,11 @@ fn a_running_round_missing_after_a_resync_is_republished() {
     // etcd came back empty: neither our registration nor our round is there.
     let (_, e) = h.sync_through(e, &[]);
     let spec = txn(the_op(&e));
-    put_at(&spec.then, &k.member("a"));
+    put_at(&spec.then, &k.key::<v1::Member>("a"));
     let e = h.answer(Answer::Txn { succeeded: true });
     let spec = txn(the_op(&e));
-    assert_eq!(spec.when, vec![Compare::Absent(k.round())]);
-    let (value, _) = put_at(&spec.then, &k.round());
+    assert_eq!(spec.when, vec![Compare::Absent(k.key::<v1::Round>(""))]);
+    let (value, _) = put_at(&spec.then, &k.key::<v1::Round>(""));
     assert_eq!(value, mine.encode_to_vec().as_slice());
 }
 
@@ -331,7 +329,7 @@ fn an_evicted_node_records_its_departure_and_registers_as_the_next_incarnation()
         })
     );
     let spec = txn(the_op(&e));
-    let (value, lease) = put_at(&spec.then, &k.member("a"));
+    let (value, lease) = put_at(&spec.then, &k.key::<v1::Member>("a"));
     assert_eq!(lease, LEASE);
     let m = v1::Member::decode(value).unwrap();
     assert_eq!((m.lease, m.incarnation), (LEASE, 2));

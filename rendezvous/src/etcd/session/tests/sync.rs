@@ -56,7 +56,7 @@ fn deadline_is_none_while_an_op_is_in_flight() {
     assert_eq!(h.m.deadline(), None);
     let mut h = Harness::synced();
     assert!(h.m.deadline().is_some());
-    h.command(1, Command::ReportDone { round: 1 });
+    h.command(1, report_done(1));
     assert!(h.m.busy());
     assert_eq!(h.m.deadline(), None);
     h.answer(Answer::Done);
@@ -73,16 +73,19 @@ fn a_deleted_coordinator_key_makes_a_registered_node_campaign() {
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.register(1, 0, true);
     let e = h.step(Input::Watched(vec![WatchEvent::Delete {
-        key: k.coordinator(),
+        key: k.key::<v1::Coordinator>(""),
         prev: None,
     }]));
     let spec = txn(the_op(&e));
-    assert_eq!(spec.when, vec![Compare::Absent(k.coordinator())]);
-    let (value, lease) = put_at(&spec.then, &k.coordinator());
+    assert_eq!(
+        spec.when,
+        vec![Compare::Absent(k.key::<v1::Coordinator>(""))]
+    );
+    let (value, lease) = put_at(&spec.then, &k.key::<v1::Coordinator>(""));
     assert_eq!(lease, LEASE);
     assert_eq!(v1::Coordinator::decode(value).unwrap().node_id, "a");
     // The campaign claims the role only; the registration stands as it was.
-    assert!(!touches(&spec.then, &k.member("a")));
+    assert!(!touches(&spec.then, &k.key::<v1::Member>("a")));
     let e = h.answer(Answer::Txn { succeeded: true });
     assert_eq!(h.m.view().coordinator.as_deref(), Some("a"));
     assert!(closes_watches(&e));
@@ -94,7 +97,7 @@ fn an_unregistered_node_does_not_campaign() {
     let k = keys();
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     let e = h.step(Input::Watched(vec![WatchEvent::Delete {
-        key: k.coordinator(),
+        key: k.key::<v1::Coordinator>(""),
         prev: None,
     }]));
     no_op(&e);
@@ -111,7 +114,7 @@ fn stale_watch_events_queued_before_a_resync_are_dropped() {
     assert!(h.step(Input::WatchEnded).is_empty());
     let stale = WatchEvent::Put(round_kv(&round(1, &[("b", 1)]), 8));
     assert!(h.step(Input::Watched(vec![stale])).is_empty());
-    assert!(h.command(1, Command::ReportDone { round: 1 }).is_empty());
+    assert!(h.command(1, report_done(1)).is_empty());
     let e = h.answer(Answer::Done);
     assert!(closes_watches(&e));
     assert_eq!(the_op(&e), read_root());
@@ -122,22 +125,27 @@ fn stale_watch_events_queued_before_a_resync_are_dropped() {
     let Op::Put(Write::Put { key, .. }) = the_op(&e) else {
         panic!("expected the done record: {e:?}")
     };
-    assert_eq!(key, k.done(1, "a"));
+    assert_eq!(
+        key,
+        k.key::<v1::Done>(&crate::etcd::record::per_round(1, "a"))
+    );
 }
 
 #[test]
 fn inputs_that_come_while_an_op_is_in_flight_are_handled_after_it_in_order() {
     let k = keys();
     let mut h = Harness::synced();
-    let e = h.command(1, Command::ReportDone { round: 1 });
+    let e = h.command(1, report_done(1));
     assert!(matches!(the_op(&e), Op::Put(_)));
     assert!(
         h.command(
             2,
-            Command::PublishMaster {
+            write(&v1::Master {
+                schema: SCHEMA_VERSION,
                 round: 1,
+                addr: "10.0.0.1".into(),
                 port: 29500
-            }
+            })
         )
         .is_empty()
     );
@@ -148,17 +156,17 @@ fn inputs_that_come_while_an_op_is_in_flight_are_handled_after_it_in_order() {
         reason: "stop".into(),
         round: 1,
     };
-    assert!(h.command(3, Command::Halt { halt }).is_empty());
+    assert!(h.command(3, write(&halt)).is_empty());
     let e = h.answer(Answer::Done);
     assert_eq!(replied(&e), vec![1]);
     let Op::Put(Write::Put { key, .. }) = the_op(&e) else {
         panic!("expected the master: {e:?}")
     };
-    assert_eq!(key, k.master());
+    assert_eq!(key, k.key::<v1::Master>(""));
     let e = h.answer(Answer::Done);
     assert_eq!(replied(&e), vec![2]);
     let spec = txn(the_op(&e));
-    put_at(&spec.then, &k.halt());
+    put_at(&spec.then, &k.key::<v1::Halt>(""));
     let e = h.answer(Answer::Txn { succeeded: true });
     assert_eq!(replied(&e), vec![3]);
     no_op(&e);

@@ -1,0 +1,302 @@
+//! The records of a run, each declared once: its place, its write mode and how it applies
+//! to the [`View`].
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use fsdp_proto::{decode, v1};
+
+use super::{At, Mode, Place, Record};
+use crate::etcd::view::{MemberEntry, RoundEntry, View};
+use crate::ranks;
+
+/// Rounds whose hang reports a view keeps.
+const HANG_ROUNDS_KEPT: usize = 4;
+/// Rounds whose faults a view keeps (quarantine looks at the last few failed rounds).
+const FAULT_ROUNDS_KEPT: usize = 32;
+
+const HALT: Place = Place::Fixed("ctl/halt");
+
+/// The tail of a record about `node` in `round`: rounds zero-padded, so that keys sort by
+/// round.
+pub fn per_round(round: u64, node: &str) -> String {
+    format!("{round:020}/{node}")
+}
+
+impl Record for v1::Member {
+    const PLACE: Place = Place::Under("members/");
+    const MODE: Mode = Mode::Own;
+    const WRITING: &'static str = "registering this node";
+
+    fn tail(&self) -> String {
+        self.node_id.clone()
+    }
+
+    fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String> {
+        check_member(tail, &self, at.lease)?;
+        view.members_mut().insert(
+            tail.to_owned(),
+            MemberEntry {
+                record: self,
+                create_rev: at.create_rev,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove(view: &mut View, tail: &str, now: Instant, prev: Option<&[u8]>) {
+        let known = view
+            .members_mut()
+            .remove(tail)
+            .map(|m| m.record.incarnation);
+        // Which registration went: the event's old value says, else the one we knew, else
+        // any (so that it counts against every incarnation).
+        let went = prev
+            .and_then(|value| decode::<v1::Member>(tail, value).ok())
+            .map(|m| m.incarnation)
+            .or(known)
+            .unwrap_or(u64::MAX);
+        view.depart(tail, went, now);
+    }
+}
+
+impl Record for v1::Round {
+    const PLACE: Place = Place::Fixed("ctl/round");
+    const MODE: Mode = Mode::Own;
+    const WRITING: &'static str = "sealing a round";
+
+    fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
+        check_round(&self)?;
+        view.round = Some(RoundEntry {
+            record: self,
+            mod_rev: at.mod_rev,
+        });
+        Ok(())
+    }
+
+    fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
+        view.round = None;
+    }
+}
+
+impl Record for v1::Master {
+    const PLACE: Place = Place::Fixed("ctl/master");
+    const MODE: Mode = Mode::Leased;
+    const WRITING: &'static str = "publishing the master address";
+
+    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        if !(1..=u32::from(u16::MAX)).contains(&self.port) || self.addr.is_empty() {
+            return Err(format!(
+                "has address '{}' and port {}, not a host and a port 1-65535",
+                self.addr, self.port
+            ));
+        }
+        view.master = Some(self);
+        Ok(())
+    }
+
+    fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
+        view.master = None;
+    }
+}
+
+impl Record for v1::Coordinator {
+    const PLACE: Place = Place::Fixed("ctl/coordinator");
+    const MODE: Mode = Mode::Own;
+    const WRITING: &'static str = "claiming the coordinator role";
+
+    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        view.coordinator = Some(self.node_id);
+        Ok(())
+    }
+
+    fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
+        view.coordinator = None;
+    }
+}
+
+impl Record for v1::Failure {
+    const PLACE: Place = Place::Under("ctl/failures/");
+    // Not once the run is halted: a peer's workers that fail because the halting node's
+    // did must not spend the budget the halt leaves untouched.
+    const MODE: Mode = Mode::FirstWord { unless: &[HALT] };
+    const WRITING: &'static str = "reporting a worker failure";
+
+    fn tail(&self) -> String {
+        format!("{:020}", self.round)
+    }
+
+    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        view.failures.insert(self.round);
+        Ok(())
+    }
+}
+
+impl Record for v1::Done {
+    const PLACE: Place = Place::Under("ctl/done/");
+    const MODE: Mode = Mode::Put;
+    const WRITING: &'static str = "reporting this node finished";
+
+    fn tail(&self) -> String {
+        per_round(self.round, &self.node_id)
+    }
+
+    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        view.done
+            .entry(self.round)
+            .or_default()
+            .insert(self.node_id);
+        Ok(())
+    }
+}
+
+impl Record for v1::Gone {
+    const PLACE: Place = Place::Under("ctl/gone/");
+    // A leaver's own "left" is not overwritten by the neighbour that then finds its port
+    // closed.
+    const MODE: Mode = Mode::FirstWord { unless: &[] };
+    const WRITING: &'static str = "recording how a member was lost";
+
+    fn tail(&self) -> String {
+        per_round(self.round, &self.node_id)
+    }
+
+    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        let newer = view
+            .gone
+            .get(&self.node_id)
+            .is_none_or(|old| old.round <= self.round);
+        if newer {
+            view.gone.insert(self.node_id.clone(), self);
+        }
+        Ok(())
+    }
+}
+
+impl Record for v1::HangReport {
+    const PLACE: Place = Place::Under("ctl/hang/");
+    const MODE: Mode = Mode::Put;
+    const WRITING: &'static str = "reporting where this node's ranks were in a hang";
+
+    fn tail(&self) -> String {
+        per_round(self.round, &self.node_id)
+    }
+
+    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        view.hangs
+            .entry(self.round)
+            .or_default()
+            .insert(self.node_id.clone(), self);
+        // Only the latest hangs matter (the declaring node names the culprit at the next
+        // round; status shows the last one).
+        while view.hangs.len() > HANG_ROUNDS_KEPT {
+            view.hangs.pop_first();
+        }
+        Ok(())
+    }
+}
+
+impl Record for v1::Halt {
+    const PLACE: Place = HALT;
+    const MODE: Mode = Mode::FirstWord { unless: &[] };
+    const WRITING: &'static str = "ending the run for every node";
+
+    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        view.halt = Some(self);
+        Ok(())
+    }
+
+    fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
+        view.halt = None;
+    }
+}
+
+impl Record for v1::Unhealthy {
+    const PLACE: Place = Place::Under("ctl/unhealthy/");
+    // Leased, in the transaction that withdraws the registration.
+    const MODE: Mode = Mode::Own;
+    const WRITING: &'static str = "withdrawing an unhealthy node";
+
+    fn tail(&self) -> String {
+        self.node_id.clone()
+    }
+
+    fn apply(self, view: &mut View, tail: &str, _: At) -> Result<(), String> {
+        view.unhealthy.insert(tail.to_owned(), self);
+        Ok(())
+    }
+
+    fn remove(view: &mut View, tail: &str, _: Instant, _: Option<&[u8]>) {
+        view.unhealthy.remove(tail);
+    }
+}
+
+impl Record for v1::Fault {
+    const PLACE: Place = Place::Under("ctl/faults/");
+    const MODE: Mode = Mode::Put;
+    const WRITING: &'static str = "reporting a worker fault";
+
+    fn tail(&self) -> String {
+        per_round(self.round, &self.node_id)
+    }
+
+    fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
+        // The revision orders the reports: the first is the origin of the failure.
+        let round = view.faults.entry(self.round).or_default();
+        round.entry(self.node_id).or_insert(at.mod_rev);
+        while view.faults.len() > FAULT_ROUNDS_KEPT {
+            view.faults.pop_first();
+        }
+        Ok(())
+    }
+}
+
+impl Record for v1::Quarantine {
+    const PLACE: Place = Place::Under("ctl/quarantine/");
+    const MODE: Mode = Mode::Put;
+    const WRITING: &'static str = "quarantining this machine";
+
+    fn tail(&self) -> String {
+        self.machine.clone()
+    }
+
+    fn apply(self, view: &mut View, tail: &str, _: At) -> Result<(), String> {
+        view.quarantine.insert(tail.to_owned(), self);
+        Ok(())
+    }
+
+    fn remove(view: &mut View, tail: &str, _: Instant, _: Option<&[u8]>) {
+        view.quarantine.remove(tail);
+    }
+}
+
+/// A registration is trusted only if it names its own key, is bound to a lease (a live
+/// agent's always is: without one it would never go away) and asks for a sane number of
+/// workers.
+fn check_member(id: &str, m: &v1::Member, lease: i64) -> Result<(), String> {
+    if m.node_id != id {
+        return Err(format!("names another node ({})", m.node_id));
+    }
+    if lease == 0 {
+        return Err("is not bound to a lease (agents always register under theirs)".into());
+    }
+    if m.local_world_size == 0 || m.local_world_size > ranks::MAX_LOCAL_WORLD_SIZE {
+        return Err(format!(
+            "has local_world_size {}, outside 1..={}",
+            m.local_world_size,
+            ranks::MAX_LOCAL_WORLD_SIZE
+        ));
+    }
+    Ok(())
+}
+
+/// A round is trusted only if its members are distinct and their worker counts form a
+/// group without overflowing the rank arithmetic.
+fn check_round(r: &v1::Round) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    if let Some(dup) = r.members.iter().find(|m| !seen.insert(m.node_id.as_str())) {
+        return Err(format!("lists node {} twice", dup.node_id));
+    }
+    let sizes: Vec<u32> = r.members.iter().map(|m| m.local_world_size).collect();
+    ranks::assign(&sizes).map(drop)
+}
