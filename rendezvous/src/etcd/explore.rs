@@ -120,7 +120,7 @@ impl World {
         for (i, node) in NODES.iter().enumerate() {
             rev += 1;
             let record = member(node, 0, 1, i as i64 + 1);
-            view.members_mut().insert(
+            view.members.insert(
                 (*node).into(),
                 MemberEntry {
                     record,
@@ -137,7 +137,7 @@ impl World {
         coordinator.sealed(now, 0, &obs.reason);
         rev += 1;
         view.round = Some(RoundEntry {
-            record: record.clone(),
+            record: record.clone().into(),
             mod_rev: rev,
         });
         view.master = Some(master(0));
@@ -195,7 +195,7 @@ impl World {
     }
 
     fn delete_member(&mut self, node: &str) {
-        if let Some(m) = self.view.members_mut().remove(node) {
+        if let Some(m) = self.view.members.remove(node) {
             self.rev += 1;
             self.view.depart(node, m.record.incarnation, self.now);
         }
@@ -217,7 +217,7 @@ impl World {
             Some(m) if m.record.incarnation == inc => m.create_rev,
             _ => self.rev,
         };
-        self.view.members_mut().insert(
+        self.view.members.insert(
             node.into(),
             MemberEntry {
                 record: member(node, wants, inc, lease),
@@ -297,7 +297,7 @@ fn explore(cfg: SealConfig, faults: u32, depth: usize, old_store: bool) -> usize
         if w.trace.len() >= depth {
             continue;
         }
-        let before = w.view.round.as_ref().map(|r| r.record.clone());
+        let before = w.view.round.as_ref().map(|r| (*r.record).clone());
         for next in w.next() {
             next.check(&cfg, before.as_ref());
             if seen.insert((next.key(), next.trace.len())) {

@@ -349,14 +349,14 @@ mod tests {
         let mut v = View::default();
         let all: Vec<_> = round_members.iter().map(|(id, n)| member(id, *n)).collect();
         v.round = Some(RoundEntry {
-            record: v1::Round {
+            record: std::sync::Arc::new(v1::Round {
                 schema: 1,
                 number: 4,
                 members: all.clone(),
                 restart_count: 1,
                 reason: "a member was lost".into(),
                 ..Default::default()
-            },
+            }),
             mod_rev: 1,
         });
         v.master = Some(v1::Master {
@@ -366,7 +366,7 @@ mod tests {
             port: 29500,
         });
         for (i, id) in live.iter().enumerate() {
-            v.members_mut().insert(
+            v.members.insert(
                 (*id).into(),
                 MemberEntry {
                     record: member(id, 2),

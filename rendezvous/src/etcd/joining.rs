@@ -77,7 +77,7 @@ pub(crate) fn step(
         });
     };
     let round = joined(rec, pos, master)?;
-    Ok(Step::Done(Box::new((rec.clone(), round))))
+    Ok(Step::Done(Box::new((v1::Round::clone(rec), round))))
 }
 
 /// Round `rec` as this node, at position `pos`, runs it with `master`.

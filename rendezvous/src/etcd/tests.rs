@@ -29,7 +29,10 @@ fn view_with_round(members: &[&str]) -> View {
         ..Default::default()
     };
     View {
-        round: Some(RoundEntry { record, mod_rev: 7 }),
+        round: Some(RoundEntry {
+            record: record.into(),
+            mod_rev: 7,
+        }),
         ..View::default()
     }
 }
@@ -57,7 +60,7 @@ fn a_round_whose_rank_0_died_before_publishing_the_master_is_skipped() {
 fn a_departure_of_an_earlier_incarnation_breaks_no_later_round() {
     let since = Instant::now();
     let mut v = view_with_round(&["me", "peer"]);
-    for m in &mut v.round.as_mut().unwrap().record.members {
+    for m in &mut std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).members {
         m.incarnation = 2;
     }
     // Both nodes' first registrations went after this agent started waiting (its own

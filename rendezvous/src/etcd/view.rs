@@ -19,7 +19,9 @@ pub struct MemberEntry {
 /// The sealed round and the revision that wrote it (the fence for the next commit).
 #[derive(Debug, Clone)]
 pub struct RoundEntry {
-    pub record: v1::Round,
+    /// Shared: the view is copied to the handle at every change, and a round of a
+    /// thousand members copied each time was most of a re-form's time at that size.
+    pub record: std::sync::Arc<v1::Round>,
     pub mod_rev: i64,
 }
 
@@ -36,8 +38,9 @@ pub struct View {
     /// A watch is established and the view is current.
     pub connected: bool,
     /// Registered members. Complete for the coordinator; for other agents, the last
-    /// snapshot minus departures (they do not receive registrations).
-    pub members: std::sync::Arc<BTreeMap<String, MemberEntry>>,
+    /// snapshot minus departures (they do not receive registrations). The machine's
+    /// only: the view published to the handle has none ([`View::for_handle`]).
+    pub members: BTreeMap<String, MemberEntry>,
     /// Members whose key was deleted (lease expired or revoked): the registration that
     /// went, and when it was seen. A later registration of the same node is not departed.
     pub departed: BTreeMap<String, Departed>,
@@ -74,12 +77,53 @@ pub struct View {
 }
 
 impl View {
-    /// The registrations, to change. Shared with the views published before (a view is
-    /// cloned to every reader of the session at each change; with a thousand members, a
-    /// copy per change of every agent was most of a re-form's time): copied on the first
-    /// change after a publish, not at each.
-    pub fn members_mut(&mut self) -> &mut BTreeMap<String, MemberEntry> {
-        std::sync::Arc::make_mut(&mut self.members)
+    /// The view the agent loop's handle reads: all of it but the registrations, which
+    /// only the machine reads (the coordinator's seal runs there). The session publishes a
+    /// copy at each change; with the registrations in it, a coordinator of a thousand
+    /// nodes copied a thousand entries for each registration it received, and every agent
+    /// a thousand for each departure.
+    pub fn for_handle(&self) -> View {
+        // Every field named, so that a new one is a decision here.
+        let View {
+            connected,
+            members: _,
+            departed,
+            round,
+            master,
+            failures,
+            done,
+            coordinator,
+            corrupt,
+            gone,
+            faults,
+            quarantine,
+            unhealthy,
+            halt,
+            hangs,
+            lease_safe_until,
+            incarnation,
+            gave_up,
+        } = self;
+        View {
+            connected: *connected,
+            members: BTreeMap::new(),
+            departed: departed.clone(),
+            round: round.clone(),
+            master: master.clone(),
+            failures: failures.clone(),
+            done: done.clone(),
+            coordinator: coordinator.clone(),
+            corrupt: corrupt.clone(),
+            gone: gone.clone(),
+            faults: faults.clone(),
+            quarantine: quarantine.clone(),
+            unhealthy: unhealthy.clone(),
+            halt: halt.clone(),
+            hangs: hangs.clone(),
+            lease_safe_until: *lease_safe_until,
+            incarnation: *incarnation,
+            gave_up: gave_up.clone(),
+        }
     }
 
     /// The members of `round` whose workers have not all succeeded (none: it finished).
@@ -185,7 +229,7 @@ pub fn left_between(old: &View, running: Option<&v1::Round>, fresh: &View) -> Ve
     let rounds = [old.round.as_ref(), fresh.round.as_ref()]
         .into_iter()
         .flatten()
-        .map(|r| &r.record)
+        .map(|r| &*r.record)
         .chain(running);
     let named = old
         .members

@@ -24,7 +24,7 @@ fn join(v: &mut View, id: &str, rev: i64, wants: u64) {
         wants_round: wants,
         ..Default::default()
     };
-    v.members_mut().insert(
+    v.members.insert(
         id.into(),
         MemberEntry {
             record,
@@ -52,7 +52,7 @@ fn running(members: &[&str]) -> View {
         ..Default::default()
     };
     v.round = Some(RoundEntry {
-        record,
+        record: record.into(),
         mod_rev: 40,
     });
     v
@@ -104,7 +104,7 @@ fn the_straggler_clock_starts_once_per_round_and_not_again_for_the_next() {
     let mut v = running(&["a", "b", "c"]);
     c.observe(t, &v);
     // c dies; a comes back for round 5, b does not (yet).
-    v.members_mut().remove("c");
+    v.members.remove("c");
     join(&mut v, "a", 1, 5);
     let o = c.observe(t + S, &v);
     assert!(matches!(o.decision, SealDecision::Reforming { .. }));
@@ -117,13 +117,13 @@ fn the_straggler_clock_starts_once_per_round_and_not_again_for_the_next() {
     // Round 5 is sealed and breaks in turn: its clock starts when it is seen broken,
     // not when round 4 was.
     let mut v = running(&["a", "b"]);
-    v.round.as_mut().unwrap().record.number = 5;
-    for m in v.members_mut().values_mut() {
+    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).number = 5;
+    for m in v.members.values_mut() {
         m.record.wants_round = 5;
     }
     let o = c.observe(t + 12 * S, &v);
     assert!(o.reason.contains("intact"), "{}", o.reason);
-    v.members_mut().remove("b");
+    v.members.remove("b");
     let o = c.observe(t + 50 * S, &v);
     assert_eq!(recheck(&o), Some(t + 60 * S), "{}", o.reason);
 }
@@ -197,7 +197,7 @@ fn a_member_that_stops_its_workers_after_every_seal_is_held_back() {
             o.reason
         );
         c.sealed(now, n, &o.reason);
-        v.round.as_mut().unwrap().record.number = n;
+        std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).number = n;
         now += Duration::from_millis(2);
     }
     join(&mut v, "me", 1, 8);
@@ -220,10 +220,10 @@ fn a_member_that_stops_its_workers_after_every_seal_is_held_back() {
     let o = c.observe(until, &v);
     assert_eq!(sealed(&o).number, 8);
     c.sealed(until, 8, &o.reason);
-    v.round.as_mut().unwrap().record.number = 8;
+    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).number = 8;
     // The same node registered anew (a new lease: the next incarnation): a new basis.
     join(&mut v, "me", 2, 9);
-    v.members_mut().get_mut("me").unwrap().record.incarnation = 2;
+    v.members.get_mut("me").unwrap().record.incarnation = 2;
     let o = c.observe(until + Duration::from_secs(1), &v);
     assert_eq!(sealed(&o).number, 9, "{}", o.reason);
 }

@@ -28,7 +28,7 @@ impl World {
                 let record = round_record(p, &w.view, &obs.reason, 0);
                 w.rev += 1;
                 w.view.round = Some(RoundEntry {
-                    record,
+                    record: record.into(),
                     mod_rev: w.rev,
                 });
                 w.view.master = None;
@@ -258,7 +258,7 @@ impl World {
         if let Some(v) = victim {
             w.phases.insert(v, Phase::Dead);
         }
-        w.view.members_mut().clear();
+        w.view.members.clear();
         w.view.master = None;
         w.view.failures.clear();
         w.revoked.clear();
@@ -272,7 +272,7 @@ impl World {
             .map(|n| w.held[*n].clone())
             .max_by_key(|r| r.number);
         w.view.round = running.map(|record| RoundEntry {
-            record,
+            record: record.into(),
             mod_rev: w.rev,
         });
         for k in 0..NODES.len() {

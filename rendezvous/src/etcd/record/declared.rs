@@ -34,7 +34,7 @@ impl Record for v1::Member {
 
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String> {
         check_member(tail, &self, at.lease)?;
-        view.members_mut().insert(
+        view.members.insert(
             tail.to_owned(),
             MemberEntry {
                 record: self,
@@ -45,10 +45,7 @@ impl Record for v1::Member {
     }
 
     fn remove(view: &mut View, tail: &str, now: Instant, prev: Option<&[u8]>) {
-        let known = view
-            .members_mut()
-            .remove(tail)
-            .map(|m| m.record.incarnation);
+        let known = view.members.remove(tail).map(|m| m.record.incarnation);
         // Which registration went: the event's old value says, else the one we knew, else
         // any (so that it counts against every incarnation).
         let went = prev
@@ -68,7 +65,7 @@ impl Record for v1::Round {
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
         check_round(&self)?;
         view.round = Some(RoundEntry {
-            record: self,
+            record: std::sync::Arc::new(self),
             mod_rev: at.mod_rev,
         });
         Ok(())

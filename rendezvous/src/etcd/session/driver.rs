@@ -102,7 +102,7 @@ impl Driver {
 
     fn publish(&mut self) {
         if let Some(v) = self.machine.changed_view() {
-            self.view.send_replace(v.clone());
+            self.view.send_replace(v.for_handle());
         }
     }
 
@@ -122,7 +122,7 @@ impl Driver {
                                 Some(sent) = self.proofs.1.recv() => {
                                     self.machine.step(Instant::now(), Input::NoLeader { sent });
                                     if let Some(v) = self.machine.changed_view() {
-                                        self.view.send_replace(v.clone());
+                                        self.view.send_replace(v.for_handle());
                                     }
                                 }
                             }

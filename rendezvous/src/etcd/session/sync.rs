@@ -222,7 +222,7 @@ impl Machine {
                 .as_ref()
                 .is_none_or(|k| k.number < r.record.number)
             {
-                self.known_round = Some(r.record.clone());
+                self.known_round = Some((*r.record).clone());
             }
         }
         let left = if voluntary {

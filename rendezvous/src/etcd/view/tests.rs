@@ -187,12 +187,12 @@ fn members_that_left_while_the_watches_switched_include_those_only_a_round_names
         ..Default::default()
     };
     let round = |members: Vec<v1::Member>| RoundEntry {
-        record: v1::Round {
+        record: std::sync::Arc::new(v1::Round {
             schema: fsdp_proto::SCHEMA_VERSION,
             number: 2,
             members,
             ..Default::default()
-        },
+        }),
         mod_rev: 9,
     };
     let mut old = View::default();
