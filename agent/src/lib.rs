@@ -45,6 +45,7 @@ use std::process::ExitCode;
 
 use config::{Config, LogFormat, Mode};
 use error::AgentError;
+use fsdp_rendezvous::RendezvousError;
 use fsdp_rendezvous::etcd::EtcdRendezvous;
 use fsdp_rendezvous::standalone::StandaloneRendezvous;
 use fsdp_rendezvous::static_group::{StaticConfig, StaticRendezvous};
@@ -157,7 +158,12 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
         Mode::Etcd(m) => {
             // c10d: the store is served before anyone joins, by the agent at the endpoint.
             let store = match &m.store {
-                Some(s) => fsdp_rendezvous::store::host_if_here(&s.host, s.port, s.is_host).await?,
+                Some(s) => {
+                    let hostname = fsdp_rendezvous::hostname();
+                    fsdp_store::host_if_here(&s.host, s.port, s.is_host, &hostname)
+                        .await
+                        .map_err(RendezvousError::from)?
+                }
                 None => None,
             };
             let mut rc = m.rendezvous.clone();

@@ -94,7 +94,7 @@ pub fn build_c10d(
             "--rdzv-endpoint '{endpoint}': expected host[:port] for c10d (no scheme)"
         ));
     }
-    let port = port.unwrap_or(fsdp_rendezvous::store::DEFAULT_PORT);
+    let port = port.unwrap_or(fsdp_store::DEFAULT_PORT);
     if let Some(t) = conf
         .get("store_type")
         .filter(|t| !t.eq_ignore_ascii_case("tcp"))

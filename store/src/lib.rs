@@ -16,7 +16,11 @@
 //! * [`state`]: the keys, revisions, leases and watch history, pure.
 //! * [`service`]: the gRPC services over that state.
 //! * [`decide_host`]: whether this agent serves, as a pure function of what binding the
-//!   endpoint found ([`host`] does the binding).
+//!   endpoint found ([`bind`] does the binding, [`host_if_here`] both).
+//!
+//! A crate of its own, below the rendezvous: the agent serves it, and the rendezvous
+//! crate's deterministic simulator runs [`state`] as its etcd. It knows nothing of the
+//! rendezvous; what it needs from the agent (this machine's host name) is passed in.
 
 pub mod service;
 pub mod state;
@@ -28,7 +32,16 @@ use fsdp_proto::etcdserverpb as pb;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use crate::RendezvousError;
+/// Why this agent cannot host the store it was asked to host (a configuration error: the
+/// agent exits 64).
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// `is_host=true` cannot be honoured; why, in words.
+    #[error("{0}")]
+    Refused(String),
+    #[error("cannot serve the c10d store: {0}")]
+    Serve(#[source] std::io::Error),
+}
 
 /// torchrun's default port for `--rdzv-backend c10d`.
 pub const DEFAULT_PORT: u16 = 29400;
@@ -111,9 +124,9 @@ pub fn names_this_machine(host: &str, hostname: &str) -> bool {
 /// machine's own is served on every address without a lookup: in Kubernetes a pod's DNS
 /// name often resolves only once the pod is ready, which is after its group formed. A
 /// name that does not resolve (yet) is another machine's: the agent connects, and its
-/// client retries until it does.
-pub async fn bind(host: &str, port: u16) -> (Bind, Option<TcpListener>) {
-    let addrs: Vec<SocketAddr> = if names_this_machine(host, &crate::hostname()) {
+/// client retries until it does. `hostname` is this machine's.
+pub async fn bind(host: &str, port: u16, hostname: &str) -> (Bind, Option<TcpListener>) {
+    let addrs: Vec<SocketAddr> = if names_this_machine(host, hostname) {
         vec![SocketAddr::from(([0, 0, 0, 0], port))]
     } else {
         match tokio::net::lookup_host((host, port)).await {
@@ -229,27 +242,26 @@ impl Drop for StoreServer {
 
 /// Serves the store here when this agent is its host ([`decide_host`]); `None` when
 /// another agent serves it. A forced host (`is_host=true`) that cannot listen is a
-/// configuration error.
+/// configuration error. `hostname` is this machine's ([`bind`]).
 pub async fn host_if_here(
     host: &str,
     port: u16,
     is_host: Option<bool>,
-) -> Result<Option<StoreServer>, RendezvousError> {
+    hostname: &str,
+) -> Result<Option<StoreServer>, HostError> {
     let (bound, listener) = if is_host == Some(false) {
         (Bind::NotLocal, None)
     } else {
-        bind(host, port).await
+        bind(host, port, hostname).await
     };
     let (decision, why) = decide_host(is_host, &bound);
     match (decision, listener) {
         (Hosting::Serve, Some(listener)) => {
-            let server = StoreServer::start(listener).map_err(|e| {
-                RendezvousError::InvalidConfig(format!("cannot serve the c10d store: {e}"))
-            })?;
+            let server = StoreServer::start(listener).map_err(HostError::Serve)?;
             tracing::info!(addr = %server.addr(), why, "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
             Ok(Some(server))
         }
-        (Hosting::Refuse, _) => Err(RendezvousError::InvalidConfig(why)),
+        (Hosting::Refuse, _) => Err(HostError::Refused(why)),
         _ => {
             tracing::info!(endpoint = %format!("{host}:{port}"), why, "the c10d rendezvous store is served by another agent");
             Ok(None)
