@@ -1,5 +1,5 @@
-//! The simulated etcd: the embedded store's pure state ([`fsdp_store::state`], the same rules
-//! the c10d store serves) behind the session's [`Op`]s, with the faults etcd has: a
+//! The simulated etcd: the embedded store's pure state ([`fsdp_store::state`], the same
+//! rules the c10d store serves) behind the session's [`Op`]s, with the faults etcd has: a
 //! restart with its data (every lease a full TTL again, as a new leader gives them) or
 //! empty, a member of three lost, and the old store of issue 26 (lease ids from 1 again).
 
