@@ -35,6 +35,7 @@ pub mod hang;
 pub mod health;
 pub mod policy;
 pub mod run;
+mod runtime;
 pub mod signals;
 pub mod status;
 pub mod supervisor;
@@ -91,7 +92,7 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
-    let runtime = match runtime("fsdp-agent") {
+    let runtime = match runtime::build("fsdp-agent") {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -106,18 +107,6 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
-}
-
-/// The agent's one runtime: current-thread, on the main thread (see "One thread" above).
-/// `who` names the command in the error message.
-pub(crate) fn runtime(who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("{who}: error: cannot start the async runtime: {e}");
-            ExitCode::from(exit_code::INTERNAL)
-        })
 }
 
 async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
