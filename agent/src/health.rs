@@ -72,7 +72,7 @@ pub async fn check(cfg: &HealthCheck) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("could not start `sh -c {}`: {e}", cfg.command))?;
     // An agent that runs as PID 1 reaps orphans; this exit status is ours.
-    let _owned = child.id().map(crate::supervisor::reaper::Owned::new);
+    let _owned = child.id().map(crate::reaper::Owned::new);
     let pgid = child.id().and_then(|p| i32::try_from(p).ok());
     let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
     let run = async {

@@ -34,6 +34,7 @@ pub mod failure;
 pub mod hang;
 pub mod health;
 pub mod policy;
+pub mod reaper;
 pub mod run;
 mod runtime;
 pub mod signals;
@@ -131,7 +132,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
         Mode::Static { .. } => "static",
         Mode::Etcd(_) => "etcd",
     };
-    supervisor::reaper::start_if_init();
+    reaper::start_if_init();
     let board = status::Board::new(&cfg.run_id, backend, cfg.max_restarts);
     // Before the rendezvous, so liveness probes answer while it connects and waits.
     let status_addr = start_status_server(cfg, &board).await?;
