@@ -87,7 +87,7 @@ pub fn build_c10d(
             "--rdzv-endpoint {endpoint}: c10d takes one host[:port], the agent that serves the store; several endpoints are for an etcd cluster (--rdzv-backend etcd)"
         ));
     }
-    let (host, port) = super::mode::split_host_port(endpoint)
+    let (host, port) = parse::split_host_port(endpoint)
         .map_err(|reason| format!("--rdzv-endpoint '{endpoint}': {reason}"))?;
     if host.is_empty() || host.contains('/') {
         return Err(format!(

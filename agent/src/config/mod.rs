@@ -15,7 +15,8 @@
 //! ([`HealthCheck`]) and `policy` ([`FailurePolicy`]).
 //!
 //! Configuration is plain data below the modules it configures: they use its types, it
-//! uses none of theirs.
+//! uses none of theirs. In here too the arrows go one way (`mode` uses `etcd`, both use
+//! `parse` and `sources`).
 
 mod entrypoint;
 pub mod etcd;
@@ -43,8 +44,7 @@ pub use entrypoint::Entrypoint;
 pub use hang::{HangConfig, HangTimeout};
 pub use health::HealthCheck;
 use mode::GroupArgs;
-pub use mode::split_host_port;
-pub use parse::{StreamSpec, Streams};
+pub use parse::{StreamSpec, Streams, split_host_port};
 pub use policy::FailurePolicy;
 pub(crate) use sources::describe;
 use sources::{Resolver, exit_codes, whole_number};
@@ -349,7 +349,7 @@ impl Resolver<'_> {
         let rdzv_conf = self.rdzv_conf(&a.rdzv_conf)?;
         let node_rank = self.value("node-rank", &a.node_rank, whole_number)?;
         let master_port = match &a.master_port {
-            Some(p) => Some(self.value("master-port", p, mode::port)?),
+            Some(p) => Some(self.value("master-port", p, parse::port)?),
             None => None,
         };
         let term_timeout = self.term_timeout(&a)?;
