@@ -13,20 +13,8 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
+use crate::config::HealthCheck;
 use crate::exit_code;
-
-/// The health gate's settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthCheck {
-    /// Run with `sh -c`.
-    pub command: String,
-    /// How long one check may take.
-    pub timeout: Duration,
-    /// Failed checks in a row after which the agent exits [`exit_code::UNHEALTHY`].
-    pub attempts: u32,
-    /// How often a node waiting for a round (a spare) checks again.
-    pub interval: Duration,
-}
 
 /// What to do after a failed check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +60,7 @@ pub async fn check(cfg: &HealthCheck) -> Result<(), String> {
         .spawn()
         .map_err(|e| format!("could not start `sh -c {}`: {e}", cfg.command))?;
     // An agent that runs as PID 1 reaps orphans; this exit status is ours.
-    let _owned = child.id().map(crate::supervisor::reaper::Owned::new);
+    let _owned = child.id().map(crate::reaper::Owned::new);
     let pgid = child.id().and_then(|p| i32::try_from(p).ok());
     let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
     let run = async {

@@ -34,7 +34,9 @@ pub mod failure;
 pub mod hang;
 pub mod health;
 pub mod policy;
+pub mod reaper;
 pub mod run;
+mod runtime;
 pub mod signals;
 pub mod status;
 pub mod supervisor;
@@ -45,6 +47,7 @@ use std::process::ExitCode;
 
 use config::{Config, LogFormat, Mode};
 use error::AgentError;
+use fsdp_rendezvous::RendezvousError;
 use fsdp_rendezvous::etcd::EtcdRendezvous;
 use fsdp_rendezvous::standalone::StandaloneRendezvous;
 use fsdp_rendezvous::static_group::{StaticConfig, StaticRendezvous};
@@ -90,7 +93,7 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
-    let runtime = match runtime("fsdp-agent") {
+    let runtime = match runtime::build("fsdp-agent") {
         Ok(rt) => rt,
         Err(code) => return code,
     };
@@ -105,18 +108,6 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
-}
-
-/// The agent's one runtime: current-thread, on the main thread (see "One thread" above).
-/// `who` names the command in the error message.
-pub(crate) fn runtime(who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("{who}: error: cannot start the async runtime: {e}");
-            ExitCode::from(exit_code::INTERNAL)
-        })
 }
 
 async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
@@ -141,7 +132,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
         Mode::Static { .. } => "static",
         Mode::Etcd(_) => "etcd",
     };
-    supervisor::reaper::start_if_init();
+    reaper::start_if_init();
     let board = status::Board::new(&cfg.run_id, backend, cfg.max_restarts);
     // Before the rendezvous, so liveness probes answer while it connects and waits.
     let status_addr = start_status_server(cfg, &board).await?;
@@ -157,7 +148,12 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
         Mode::Etcd(m) => {
             // c10d: the store is served before anyone joins, by the agent at the endpoint.
             let store = match &m.store {
-                Some(s) => fsdp_rendezvous::store::host_if_here(&s.host, s.port, s.is_host).await?,
+                Some(s) => {
+                    let hostname = fsdp_rendezvous::hostname();
+                    fsdp_store::host_if_here(&s.host, s.port, s.is_host, &hostname)
+                        .await
+                        .map_err(RendezvousError::from)?
+                }
                 None => None,
             };
             let mut rc = m.rendezvous.clone();

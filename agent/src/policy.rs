@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::config::FailurePolicy;
 use crate::exit_code;
 use crate::failure::WorkerExit;
 
@@ -37,26 +38,6 @@ pub fn budget(restart_count: u32, max_restarts: u32, last_failure: Option<Worker
         _ => exit_code::BUDGET_EXHAUSTED,
     };
     Budget::Spent { exit_code }
-}
-
-/// How failures are judged beyond the restart budget (issue 17's failure policy).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FailurePolicy {
-    /// Worker exit codes that mean "do not retry": the run halts with the code.
-    pub no_retry_codes: Vec<u8>,
-    /// Restarts in a row that never get past the best step reached before, after which
-    /// the run halts ([`exit_code::NO_PROGRESS`]); 0: never.
-    pub no_progress_restarts: u32,
-    /// `--max-restarts` counts the restarts charged within this long before a round was
-    /// sealed; `None`: over the whole run (torchrun's rule).
-    pub restart_window: Option<Duration>,
-    /// Failed rounds in a row whose first failure came from one node, after which that
-    /// node's machine is quarantined; 0: never.
-    pub quarantine_after: u32,
-    /// How long a quarantine lasts.
-    pub quarantine_for: Duration,
-    /// The machine this agent runs on (what a quarantine keeps out).
-    pub machine: String,
 }
 
 /// A round that ended in a failure, as quarantine looks at it.

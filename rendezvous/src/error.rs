@@ -54,6 +54,14 @@ pub enum RendezvousError {
     },
 }
 
+/// A store this agent must host and cannot is the user's configuration, as every other
+/// refused rendezvous setting.
+impl From<fsdp_store::HostError> for RendezvousError {
+    fn from(e: fsdp_store::HostError) -> Self {
+        Self::InvalidConfig(e.to_string())
+    }
+}
+
 impl RendezvousError {
     /// Whether the error is the user's configuration (exit 64: fix the command line)
     /// rather than etcd being unavailable (exit 69: retry later). A refused credential or

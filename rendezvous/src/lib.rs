@@ -32,7 +32,6 @@ pub mod seal;
 pub mod sim;
 pub mod standalone;
 pub mod static_group;
-pub mod store;
 #[doc(hidden)]
 pub mod switches;
 

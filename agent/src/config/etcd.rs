@@ -87,14 +87,14 @@ pub fn build_c10d(
             "--rdzv-endpoint {endpoint}: c10d takes one host[:port], the agent that serves the store; several endpoints are for an etcd cluster (--rdzv-backend etcd)"
         ));
     }
-    let (host, port) = super::mode::split_host_port(endpoint)
+    let (host, port) = parse::split_host_port(endpoint)
         .map_err(|reason| format!("--rdzv-endpoint '{endpoint}': {reason}"))?;
     if host.is_empty() || host.contains('/') {
         return Err(format!(
             "--rdzv-endpoint '{endpoint}': expected host[:port] for c10d (no scheme)"
         ));
     }
-    let port = port.unwrap_or(fsdp_rendezvous::store::DEFAULT_PORT);
+    let port = port.unwrap_or(fsdp_store::DEFAULT_PORT);
     if let Some(t) = conf
         .get("store_type")
         .filter(|t| !t.eq_ignore_ascii_case("tcp"))

@@ -10,10 +10,18 @@
 //! One concern per file: `sources` (where each value came from, the [`Setting`]s),
 //! `mode` (standalone, static, etcd, c10d), `logs` (worker output and the agent's log
 //! format), `workers` (program, count, stop grace, devices, scrubbed environment),
-//! `rdzv_keys` (the known `--rdzv-conf` keys), `etcd`, `parse`, `entrypoint`, `print`.
+//! `rdzv_keys` (the known `--rdzv-conf` keys), `etcd`, `parse`, `entrypoint`, `print`;
+//! the settings of the parts the configuration feeds: `hang` ([`HangConfig`]), `health`
+//! ([`HealthCheck`]) and `policy` ([`FailurePolicy`]).
+//!
+//! Configuration is plain data below the modules it configures: they use its types, it
+//! uses none of theirs. In here too the arrows go one way (`mode` uses `etcd`, both use
+//! `parse` and `sources`).
 
 mod entrypoint;
 pub mod etcd;
+mod hang;
+mod health;
 mod logs;
 mod mode;
 pub mod parse;
@@ -33,9 +41,11 @@ use nix::sys::signal::Signal;
 
 use crate::cli::Args;
 pub use entrypoint::Entrypoint;
+pub use hang::{HangConfig, HangTimeout};
+pub use health::HealthCheck;
 use mode::GroupArgs;
-pub use mode::split_host_port;
-pub use parse::{StreamSpec, Streams};
+pub use parse::{StreamSpec, Streams, split_host_port};
+pub use policy::FailurePolicy;
 pub(crate) use sources::describe;
 use sources::{Resolver, exit_codes, whole_number};
 
@@ -113,11 +123,11 @@ pub struct Config {
     pub max_restarts: u32,
     pub term_timeout: Duration,
     /// When a group that reports progress is hung (`crate::hang`).
-    pub hang: crate::hang::HangConfig,
+    pub hang: HangConfig,
     /// Failures the budget does not decide alone (`crate::policy`).
-    pub failure: crate::policy::FailurePolicy,
+    pub failure: FailurePolicy,
     /// The health gate before each round (`crate::health`), if any.
-    pub health: Option<crate::health::HealthCheck>,
+    pub health: Option<HealthCheck>,
     /// `TORCHELASTIC_ERROR_FILE` in the agent's own environment: where the root cause of a
     /// failed job is written for the scheduler (`crate::failure::write_launcher_error`).
     pub launcher_error_file: Option<PathBuf>,
@@ -339,7 +349,7 @@ impl Resolver<'_> {
         let rdzv_conf = self.rdzv_conf(&a.rdzv_conf)?;
         let node_rank = self.value("node-rank", &a.node_rank, whole_number)?;
         let master_port = match &a.master_port {
-            Some(p) => Some(self.value("master-port", p, mode::port)?),
+            Some(p) => Some(self.value("master-port", p, parse::port)?),
             None => None,
         };
         let term_timeout = self.term_timeout(&a)?;
@@ -417,42 +427,6 @@ impl Resolver<'_> {
             "console" => Ok(true),
             _ => Err("expected null or console".into()),
         })
-    }
-
-    fn hang(&mut self, timeout: &str, min: &str) -> Result<crate::hang::HangConfig, ConfigError> {
-        let min = self.value("hang-min", min, parse::duration)?;
-        self.value("hang-timeout", timeout, |s| {
-            crate::hang::HangConfig::parse(s, min, parse::duration)
-        })
-    }
-
-    fn health(&mut self, a: &Args) -> Result<Option<crate::health::HealthCheck>, ConfigError> {
-        let timeout = self.value(
-            "health-check-timeout",
-            &a.health_check_timeout,
-            parse::duration,
-        )?;
-        let attempts = self.value("health-check-attempts", &a.health_check_attempts, |s| {
-            whole_number(s).and_then(|n| {
-                if n == 0 {
-                    Err("expected at least 1".into())
-                } else {
-                    Ok(n)
-                }
-            })
-        })?;
-        let interval = self.value(
-            "health-check-interval",
-            &a.health_check_interval,
-            parse::duration,
-        )?;
-        let command = self.value("health-check", &a.health_check, |s| Ok(s.trim().to_owned()))?;
-        Ok((!command.is_empty()).then_some(crate::health::HealthCheck {
-            command,
-            timeout,
-            attempts,
-            interval,
-        }))
     }
 
     fn status(&mut self, raw: &str) -> Result<StatusAddr, ConfigError> {

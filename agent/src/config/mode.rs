@@ -129,7 +129,7 @@ impl Resolver<'_> {
                 master_port.unwrap_or(DEFAULT_MASTER_PORT),
             )
         } else {
-            let (h, p) = split_host_port(endpoint)
+            let (h, p) = parse::split_host_port(endpoint)
                 .map_err(|reason| self.invalid("rdzv-endpoint", endpoint, reason))?;
             (h, p.or(master_port).unwrap_or(DEFAULT_MASTER_PORT))
         };
@@ -327,29 +327,5 @@ impl Resolver<'_> {
                 "none".into()
             }
         }
-    }
-}
-
-pub(super) fn port(s: &str) -> Result<u16, String> {
-    match s.trim().parse::<u16>() {
-        Ok(0) | Err(_) => Err("expected a port number 1-65535".into()),
-        Ok(p) => Ok(p),
-    }
-}
-
-/// `host[:port]`, with IPv6 written `[addr]:port`.
-pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let (host, tail) = rest.split_once(']').ok_or("unclosed '[' in IPv6 address")?;
-        let port = match tail.strip_prefix(':') {
-            Some(p) => Some(port(p)?),
-            None if tail.is_empty() => None,
-            None => return Err(format!("unexpected '{tail}' after ']'")),
-        };
-        return Ok((host.to_owned(), port));
-    }
-    match s.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => Ok((h.to_owned(), Some(port(p)?))),
-        _ => Ok((s.to_owned(), None)),
     }
 }

@@ -346,6 +346,31 @@ pub fn modules(s: &str) -> Result<Vec<String>, String> {
     Ok(modules)
 }
 
+/// A TCP port, 1-65535 (`--master-port`, the port of an endpoint).
+pub fn port(s: &str) -> Result<u16, String> {
+    match s.trim().parse::<u16>() {
+        Ok(0) | Err(_) => Err("expected a port number 1-65535".into()),
+        Ok(p) => Ok(p),
+    }
+}
+
+/// `host[:port]`, with IPv6 written `[addr]:port`.
+pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (host, tail) = rest.split_once(']').ok_or("unclosed '[' in IPv6 address")?;
+        let port = match tail.strip_prefix(':') {
+            Some(p) => Some(port(p)?),
+            None if tail.is_empty() => None,
+            None => return Err(format!("unexpected '{tail}' after ']'")),
+        };
+        return Ok((host.to_owned(), port));
+    }
+    match s.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => Ok((h.to_owned(), Some(port(p)?))),
+        _ => Ok((s.to_owned(), None)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,9 +2,30 @@
 //! quarantine) and the launcher's error file, resolved in `--print-config` order.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::{ConfigError, Resolver, Source, exit_codes, parse, whole_number};
 use crate::cli::Args;
+
+/// How failures are judged beyond the restart budget (issue 17's failure policy).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailurePolicy {
+    /// Worker exit codes that mean "do not retry": the run halts with the code.
+    pub no_retry_codes: Vec<u8>,
+    /// Restarts in a row that never get past the best step reached before, after which
+    /// the run halts ([`exit_code::NO_PROGRESS`](crate::exit_code::NO_PROGRESS)); 0: never.
+    pub no_progress_restarts: u32,
+    /// `--max-restarts` counts the restarts charged within this long before a round was
+    /// sealed; `None`: over the whole run (torchrun's rule).
+    pub restart_window: Option<Duration>,
+    /// Failed rounds in a row whose first failure came from one node, after which that
+    /// node's machine is quarantined; 0: never.
+    pub quarantine_after: u32,
+    /// How long a quarantine lasts.
+    pub quarantine_for: Duration,
+    /// The machine this agent runs on (what a quarantine keeps out).
+    pub machine: String,
+}
 
 impl Resolver<'_> {
     /// `TORCHELASTIC_ERROR_FILE`, where a launcher above this one wants the root cause.
@@ -22,11 +43,8 @@ impl Resolver<'_> {
         file
     }
 
-    pub(super) fn failure_policy(
-        &mut self,
-        a: &Args,
-    ) -> Result<crate::policy::FailurePolicy, ConfigError> {
-        Ok(crate::policy::FailurePolicy {
+    pub(super) fn failure_policy(&mut self, a: &Args) -> Result<FailurePolicy, ConfigError> {
+        Ok(FailurePolicy {
             no_retry_codes: self.value(
                 "no-retry-exit-codes",
                 &a.no_retry_exit_codes,

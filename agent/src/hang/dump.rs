@@ -41,7 +41,7 @@ fn py_spy(pid: u32) -> Option<String> {
         .spawn()
         .ok()?;
     // An agent that runs as PID 1 reaps orphans; this exit status is ours.
-    let _owned = crate::supervisor::reaper::Owned::new(child.id());
+    let _owned = crate::reaper::Owned::new(child.id());
     let end = std::time::Instant::now() + PY_SPY_PATIENCE;
     loop {
         match child.try_wait() {

@@ -9,97 +9,20 @@
 //! group hangs and which ranks are to blame; the agent loop waits on it beside the workers,
 //! signals and the rendezvous, and a hang ends like a crash: stacks dumped ([`dump`]),
 //! workers stopped, a restart charged.
+//!
+//! Its settings ([`HangConfig`]: `--hang-timeout`, `--hang-min`) are parsed in
+//! `config::hang`; this module only judges by them.
 
 pub mod culprit;
 pub mod dump;
 pub mod file_timer;
 pub mod progress;
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub use progress::{Progress, RankProgress};
 
-/// How long a rank may go without progress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HangTimeout {
-    /// Never judge.
-    Off,
-    /// A fixed allowance per step.
-    Fixed(Duration),
-    /// [`AUTO_FACTOR`] times the slowest recent step, at least `min`.
-    Auto { min: Duration },
-}
-
-/// What [`judge`] needs besides the progress.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HangConfig {
-    pub timeout: HangTimeout,
-    /// Until a rank's first step after a (re)start: imports, data loading, compilation.
-    pub startup: Duration,
-    /// Inside a named phase (a checkpoint): the phase reports where it is.
-    pub phase: Duration,
-    /// Allowances of particular phases, by name, instead of `phase`.
-    pub phases: BTreeMap<String, Duration>,
-}
-
-impl HangConfig {
-    /// Parses `--hang-timeout`: `auto`, `off` or seconds per step, then optionally
-    /// `,startup=D`, `,phase=D` (any phase) and `,<name>=D` (the phase of that name), with
-    /// durations as `parse_duration` reads them; `min` is `--hang-min`.
-    pub fn parse(
-        spec: &str,
-        min: Duration,
-        parse_duration: impl Fn(&str) -> Result<Duration, String>,
-    ) -> Result<Self, String> {
-        let mut parts = spec.split(',').map(str::trim);
-        let timeout = match parts.next().unwrap_or_default() {
-            "auto" => HangTimeout::Auto { min },
-            "off" => HangTimeout::Off,
-            other => HangTimeout::Fixed(
-                parse_duration(other).map_err(|e| format!("{e}; or 'auto' or 'off'"))?,
-            ),
-        };
-        let mut cfg = Self {
-            timeout,
-            startup: STARTUP,
-            phase: PHASE,
-            phases: BTreeMap::new(),
-        };
-        for part in parts {
-            let Some((name, value)) = part.split_once('=') else {
-                return Err(format!(
-                    "'{part}' is not NAME=DURATION (e.g. startup=900, phase=3600, checkpoint=2h)"
-                ));
-            };
-            let (name, value) = (name.trim(), value.trim());
-            let d = parse_duration(value).map_err(|e| format!("{name}: {e}"))?;
-            match name {
-                "startup" => cfg.startup = d,
-                "phase" => cfg.phase = d,
-                n if n.is_empty() || n.chars().any(char::is_whitespace) || n.len() > 64 => {
-                    return Err(format!(
-                        "'{n}' is not a phase name (one word of at most 64 characters)"
-                    ));
-                }
-                n => {
-                    cfg.phases.insert(n.to_owned(), d);
-                }
-            }
-        }
-        Ok(cfg)
-    }
-
-    /// The allowance of the phase called `name`.
-    fn phase_allowance(&self, name: &str) -> Duration {
-        self.phases.get(name).copied().unwrap_or(self.phase)
-    }
-}
-
-/// Until the first steps after a (re)start: imports, data loading, compilation.
-pub const STARTUP: Duration = Duration::from_secs(600);
-/// Inside a reported phase (a checkpoint, an evaluation).
-pub const PHASE: Duration = Duration::from_secs(1800);
+use crate::config::{HangConfig, HangTimeout};
 
 /// The phase of a rank whose training is over: `examples/progress.py` reports it at the
 /// interpreter's exit (or when the script calls `finish()`), and every rank of a group
@@ -247,6 +170,9 @@ pub fn judge(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
@@ -257,27 +183,6 @@ mod tests {
             startup: 60 * S,
             phase: 600 * S,
             phases: BTreeMap::new(),
-        }
-    }
-
-    fn secs(s: &str) -> Result<Duration, String> {
-        s.parse::<u64>()
-            .map(Duration::from_secs)
-            .map_err(|_| format!("'{s}' is not a number of seconds"))
-    }
-
-    #[test]
-    fn the_timeout_spec_sets_the_mode_startup_and_each_phase() {
-        let c = HangConfig::parse("auto", 30 * S, secs).unwrap();
-        assert_eq!(c.timeout, HangTimeout::Auto { min: 30 * S });
-        assert_eq!((c.startup, c.phase), (STARTUP, PHASE));
-        let c = HangConfig::parse("120, startup=900,phase=60,checkpoint=7200", S, secs).unwrap();
-        assert_eq!(c.timeout, HangTimeout::Fixed(120 * S));
-        assert_eq!((c.startup, c.phase), (900 * S, 60 * S));
-        assert_eq!(c.phase_allowance("checkpoint"), 7200 * S);
-        assert_eq!(c.phase_allowance("eval"), 60 * S);
-        for bad in ["soon", "auto,checkpoint", "auto,checkpoint=x", "auto,a b=3"] {
-            assert!(HangConfig::parse(bad, S, secs).is_err(), "{bad}");
         }
     }
 

@@ -9,7 +9,7 @@ use fsdp_rendezvous::{HangReport, RankStep, Rendezvous, Round};
 use nix::sys::signal::Signal;
 
 use super::{Loop, Phase};
-use crate::config::Config;
+use crate::config::{Config, HangTimeout};
 use crate::failure::{Failure, WorkerExit};
 use crate::hang::{self, Progress, Verdict};
 use crate::supervisor::WorkerGroup;
@@ -201,7 +201,7 @@ impl<R: Rendezvous> Loop<'_, R> {
 /// The socket workers report progress to, unless hang detection is off (or the socket
 /// cannot be made: then nobody is judged, and the agent says so).
 pub(super) fn progress_socket(cfg: &Config) -> Option<Progress> {
-    if cfg.hang.timeout == hang::HangTimeout::Off {
+    if cfg.hang.timeout == HangTimeout::Off {
         return None;
     }
     match Progress::start(&std::env::temp_dir()) {

@@ -114,7 +114,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     if !conf.contains_key("connect_timeout") {
         cfg.options.retry_window = Duration::from_secs(5);
     }
-    let runtime = match crate::runtime("fsdp-agent status") {
+    let runtime = match crate::runtime::build("fsdp-agent status") {
         Ok(rt) => rt,
         Err(code) => return code,
     };

@@ -8,7 +8,6 @@
 pub mod disk;
 pub mod files;
 pub mod output;
-pub mod reaper;
 pub mod spare;
 mod unix;
 
@@ -29,6 +28,7 @@ use tokio::task::JoinSet;
 
 use crate::config::{Config, parse::expand_prefix};
 use crate::failure::{ErrorReport, Failure, WorkerExit, read_error_file};
+use crate::reaper;
 use crate::worker_env::{GroupEnv, worker_env};
 use disk::Disk;
 use files::{AttemptFiles, Files, Route};

@@ -26,7 +26,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 
-use super::{reaper, unix};
+use super::unix;
+use crate::reaper;
 
 /// The `-c` program of a spare: runs `spare.py`, read from the descriptor `{fd}` (a memfd
 /// the agent fills once), in a namespace of its own, binding no name in `__main__`. The

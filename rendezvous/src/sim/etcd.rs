@@ -1,16 +1,16 @@
-//! The simulated etcd: the embedded store's pure state (`store::state`, the same rules
-//! the c10d store serves) behind the session's [`Op`]s, with the faults etcd has: a
+//! The simulated etcd: the embedded store's pure state ([`fsdp_store::state`], the same
+//! rules the c10d store serves) behind the session's [`Op`]s, with the faults etcd has: a
 //! restart with its data (every lease a full TTL again, as a new leader gives them) or
 //! empty, a member of three lost, and the old store of issue 26 (lease ids from 1 again).
 
 use std::time::{Duration, Instant};
 
 use fsdp_proto::etcdserverpb as pb;
+use fsdp_store::state::{Replay, State, StoreError, WatchSpec, first_lease_id};
 use pb::compare::{CompareResult, CompareTarget, TargetUnion};
 use pb::request_op::Request;
 
 use crate::etcd::session::{Answer, Compare, Kv, Op, TxnSpec, WatchEvent, Write};
-use crate::store::state::{Replay, State, StoreError, WatchSpec, first_lease_id};
 
 /// The etcd of one simulated run.
 pub struct SimEtcd {

@@ -1,8 +1,8 @@
 //! Deterministic simulation of the etcd rendezvous (issue 27): N agents, each the real
 //! session [`Machine`](crate::etcd::session::Machine) and the agent loop's rendezvous
 //! part (the real `step`, `detect` and `fence::decide`), over the embedded store's pure
-//! etcd (`store::state`), with a simulated clock and network and simulated workers. A
-//! seeded schedule of faults — kills, SIGTERMs, freezes past the lease, cuts from etcd,
+//! etcd ([`fsdp_store::state`]), with a simulated clock and network and simulated
+//! workers. A seeded schedule of faults — kills, SIGTERMs, freezes past the lease, cuts from etcd,
 //! slow links, cancelled watches, failing and halting workers, etcd restarted with its
 //! data or empty, a member of three lost, agents joining late and spares — runs to the
 //! end, and the invariants (`check.rs`) are checked after every event. The same seed

@@ -3,13 +3,13 @@
 //! stream.
 
 use fsdp_proto::v1;
+use fsdp_store::state::WatchSpec;
 use prost::Message;
 
 use super::agent::Watching;
 use super::etcd::{cut, prefix_end};
 use super::world::{Ev, World};
 use crate::etcd::session::{Answer, Input, Op, Role, WatchEvent, Write};
-use crate::store::state::WatchSpec;
 
 impl World {
     /// An op reaches etcd: carried out if it gets through, answered after the way back.

@@ -1,7 +1,7 @@
 //! What the session machine asks of the world and what it is told: [`Op`]s and their
 //! [`Answer`]s, the [`Input`]s of [`super::Machine::step`] and the [`Effect`]s it returns.
 //! Plain data: the real driver carries an op out with etcd-client, the simulator with the
-//! pure store (`store::state`).
+//! pure store ([`fsdp_store::state`]).
 
 use std::time::Instant;
 

@@ -5,6 +5,10 @@
 //! Worker leaders stay tokio's to reap (their exit status is the agent's business), so
 //! they are registered in [`LEADERS`] right after spawn, before the runtime can switch to
 //! the reaper, and only other children are waited for.
+//!
+//! A leaf beside the supervisor rather than inside it: the supervisor registers its
+//! workers here, and the health check and the stack dumps (which spawn children of their
+//! own) keep theirs with [`Owned`], without reaching into the supervisor.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;

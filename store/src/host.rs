@@ -1,34 +1,23 @@
-//! The embedded store of `--rdzv-backend c10d`: multi-node training without an etcd.
-//!
-//! torchrun's c10d backend keeps the rendezvous in a TCP store served by the agent whose
-//! host matches `--rdzv-endpoint`. We keep that deployment (same flag, same endpoint, same
-//! "who hosts" rule) but not a second protocol: the agent that hosts serves the part of
-//! etcd's v3 API the rendezvous uses, and every agent, the host included, runs the etcd
-//! rendezvous against it through its ordinary etcd client. Fenced rounds, leases, re-forms,
-//! the restart budget and the status view are the etcd backend's, unchanged.
-//!
-//! What it cannot survive is the host: the store lives in one agent's memory, so when that
-//! agent dies the others lose the rendezvous (as every torchrun c10d job does). A host
-//! that comes back within the others' outage window serves an empty store, and they
-//! register again as they would after an etcd restart without data; otherwise the job
-//! ends. etcd is the resilient choice.
-//!
-//! * [`state`]: the keys, revisions, leases and watch history, pure.
-//! * [`service`]: the gRPC services over that state.
-//! * [`decide_host`]: whether this agent serves, as a pure function of what binding the
-//!   endpoint found ([`host`] does the binding).
-
-pub mod service;
-pub mod state;
+//! Who serves the store: torchrun's "who hosts" rule as a pure function of what binding
+//! the endpoint found ([`decide_host`]), the binding itself ([`bind`]), and the two
+//! together ([`host_if_here`]).
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use fsdp_proto::etcdserverpb as pb;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
-use crate::RendezvousError;
+use crate::server::StoreServer;
+
+/// Why this agent cannot host the store it was asked to host (a configuration error: the
+/// agent exits 64).
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// `is_host=true` cannot be honoured; why, in words.
+    #[error("{0}")]
+    Refused(String),
+    #[error("cannot serve the c10d store: {0}")]
+    Serve(#[source] std::io::Error),
+}
 
 /// torchrun's default port for `--rdzv-backend c10d`.
 pub const DEFAULT_PORT: u16 = 29400;
@@ -111,9 +100,9 @@ pub fn names_this_machine(host: &str, hostname: &str) -> bool {
 /// machine's own is served on every address without a lookup: in Kubernetes a pod's DNS
 /// name often resolves only once the pod is ready, which is after its group formed. A
 /// name that does not resolve (yet) is another machine's: the agent connects, and its
-/// client retries until it does.
-pub async fn bind(host: &str, port: u16) -> (Bind, Option<TcpListener>) {
-    let addrs: Vec<SocketAddr> = if names_this_machine(host, &crate::hostname()) {
+/// client retries until it does. `hostname` is this machine's.
+pub async fn bind(host: &str, port: u16, hostname: &str) -> (Bind, Option<TcpListener>) {
+    let addrs: Vec<SocketAddr> = if names_this_machine(host, hostname) {
         vec![SocketAddr::from(([0, 0, 0, 0], port))]
     } else {
         match tokio::net::lookup_host((host, port)).await {
@@ -137,119 +126,28 @@ pub async fn bind(host: &str, port: u16) -> (Bind, Option<TcpListener>) {
     (outcome, None)
 }
 
-/// A store this agent serves; it stops when [`StoreServer::close`] is called or when it is
-/// dropped.
-pub struct StoreServer {
-    shared: service::Shared,
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    served: tokio::task::JoinHandle<()>,
-}
-
-impl StoreServer {
-    /// Serves the store on `listener`.
-    pub fn start(listener: TcpListener) -> std::io::Result<Self> {
-        use pb::{
-            cluster_server::ClusterServer, kv_server::KvServer, lease_server::LeaseServer,
-            maintenance_server::MaintenanceServer, watch_server::WatchServer,
-        };
-        let addr = listener.local_addr()?;
-        let shared = service::Shared::new();
-        let incoming = futures::stream::unfold(listener, |l| async move {
-            let conn = l.accept().await.map(|(s, _)| {
-                // Rendezvous requests are small and latency-bound.
-                let _ = s.set_nodelay(true);
-                s
-            });
-            Some((conn, l))
-        });
-        let (stop, stopped) = oneshot::channel::<()>();
-        let router = tonic::transport::Server::builder()
-            .add_service(KvServer::new(shared.clone()))
-            .add_service(WatchServer::new(shared.clone()))
-            .add_service(LeaseServer::new(shared.clone()))
-            .add_service(ClusterServer::new(shared.clone()))
-            .add_service(MaintenanceServer::new(shared.clone()));
-        let expiry = shared.clone().expire_leases();
-        let served = tokio::spawn(async move {
-            let serve = router.serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            });
-            tokio::select! {
-                r = serve => if let Err(e) = r {
-                    tracing::error!(error = %e, "embedded rendezvous store stopped");
-                },
-                () = expiry => {}
-            }
-        });
-        Ok(Self {
-            shared,
-            addr,
-            stop: Some(stop),
-            served,
-        })
-    }
-
-    /// Where the store listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Leases still held: agents of the job that have not left.
-    pub fn leases(&self) -> usize {
-        self.shared.leases()
-    }
-
-    /// Keeps serving until every agent has left (its lease revoked or lapsed), at most
-    /// `patience`, then stops. The host's own run ending must not take the store from
-    /// agents still finishing theirs (their last records, their exit barrier).
-    pub async fn close(mut self, patience: Duration) {
-        let deadline = tokio::time::Instant::now() + patience;
-        while self.leases() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if self.leases() > 0 {
-            tracing::warn!(
-                agents = self.leases(),
-                "closing the embedded rendezvous store while agents still hold leases"
-            );
-        }
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.served).await;
-    }
-}
-
-impl Drop for StoreServer {
-    fn drop(&mut self) {
-        self.served.abort();
-    }
-}
-
 /// Serves the store here when this agent is its host ([`decide_host`]); `None` when
 /// another agent serves it. A forced host (`is_host=true`) that cannot listen is a
-/// configuration error.
+/// configuration error. `hostname` is this machine's ([`bind`]).
 pub async fn host_if_here(
     host: &str,
     port: u16,
     is_host: Option<bool>,
-) -> Result<Option<StoreServer>, RendezvousError> {
+    hostname: &str,
+) -> Result<Option<StoreServer>, HostError> {
     let (bound, listener) = if is_host == Some(false) {
         (Bind::NotLocal, None)
     } else {
-        bind(host, port).await
+        bind(host, port, hostname).await
     };
     let (decision, why) = decide_host(is_host, &bound);
     match (decision, listener) {
         (Hosting::Serve, Some(listener)) => {
-            let server = StoreServer::start(listener).map_err(|e| {
-                RendezvousError::InvalidConfig(format!("cannot serve the c10d store: {e}"))
-            })?;
+            let server = StoreServer::start(listener).map_err(HostError::Serve)?;
             tracing::info!(addr = %server.addr(), why, "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
             Ok(Some(server))
         }
-        (Hosting::Refuse, _) => Err(RendezvousError::InvalidConfig(why)),
+        (Hosting::Refuse, _) => Err(HostError::Refused(why)),
         _ => {
             tracing::info!(endpoint = %format!("{host}:{port}"), why, "the c10d rendezvous store is served by another agent");
             Ok(None)

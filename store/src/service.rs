@@ -45,7 +45,10 @@ impl Default for Shared {
 
 impl Shared {
     pub fn new() -> Self {
-        let state = State::with_first_lease(super::state::first_lease_id(crate::unix_ms()));
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let state = State::with_first_lease(super::state::first_lease_id(now_ms));
         let (revision, _) = watch::channel(state.revision());
         Self {
             state: Arc::new(Mutex::new(state)),

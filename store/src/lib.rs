@@ -1,0 +1,32 @@
+//! The embedded store of `--rdzv-backend c10d`: multi-node training without an etcd.
+//!
+//! torchrun's c10d backend keeps the rendezvous in a TCP store served by the agent whose
+//! host matches `--rdzv-endpoint`. We keep that deployment (same flag, same endpoint, same
+//! "who hosts" rule) but not a second protocol: the agent that hosts serves the part of
+//! etcd's v3 API the rendezvous uses, and every agent, the host included, runs the etcd
+//! rendezvous against it through its ordinary etcd client. Fenced rounds, leases, re-forms,
+//! the restart budget and the status view are the etcd backend's, unchanged.
+//!
+//! What it cannot survive is the host: the store lives in one agent's memory, so when that
+//! agent dies the others lose the rendezvous (as every torchrun c10d job does). A host
+//! that comes back within the others' outage window serves an empty store, and they
+//! register again as they would after an etcd restart without data; otherwise the job
+//! ends. etcd is the resilient choice.
+//!
+//! * [`state`]: the keys, revisions, leases and watch history, pure.
+//! * [`service`]: the gRPC services over that state.
+//! * [`server`]: [`StoreServer`], those services on a listener, and how it closes.
+//! * [`host`]: whether this agent serves ([`decide_host`], a pure function of what binding
+//!   the endpoint found; [`host::bind`] does the binding, [`host_if_here`] both).
+//!
+//! A crate of its own, below the rendezvous: the agent serves it, and the rendezvous
+//! crate's deterministic simulator runs [`state`] as its etcd. It knows nothing of the
+//! rendezvous; what it needs from the agent (this machine's host name) is passed in.
+
+pub mod host;
+pub mod server;
+pub mod service;
+pub mod state;
+
+pub use host::{DEFAULT_PORT, HostError, decide_host, host_if_here};
+pub use server::StoreServer;
