@@ -2,7 +2,7 @@
 //! stays out of the group, recorded in etcd with the reason; after too many failures in a
 //! row it leaves with [`crate::exit_code::UNHEALTHY`] so the pod is replaced.
 
-use fsdp_rendezvous::{Departure, Rendezvous};
+use fsdp_rendezvous::{Departure, JobRecords, Rendezvous};
 
 use super::{AgentExit, DEPART_PATIENCE, Loop, Phase, signalled};
 use crate::health::{self, Verdict};
@@ -27,14 +27,17 @@ impl<R: Rendezvous> Loop<'_, R> {
             failures += 1;
             tracing::warn!(%reason, failures, command = %check.command, "the health check failed; staying out of the group");
             self.report.health(Some(&reason));
-            let say = tokio::time::timeout(DEPART_PATIENCE, self.rdzv.unhealthy(reason, failures));
-            match Self::interruptible(self.signals, say).await {
-                Err(sig) => return Some(signalled(sig)),
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => {
-                    tracing::warn!(error = %e, "could not record the failed check in the rendezvous")
+            if let Some(records) = self.rdzv.records() {
+                let say =
+                    tokio::time::timeout(DEPART_PATIENCE, records.unhealthy(reason, failures));
+                match Self::interruptible(self.signals, say).await {
+                    Err(sig) => return Some(signalled(sig)),
+                    Ok(Ok(Ok(()))) => {}
+                    Ok(Ok(Err(e))) => {
+                        tracing::warn!(error = %e, "could not record the failed check in the rendezvous")
+                    }
+                    Ok(Err(_)) => tracing::warn!("recording the failed check took too long"),
                 }
-                Ok(Err(_)) => tracing::warn!("recording the failed check took too long"),
             }
             match health::verdict(failures, &check) {
                 Verdict::GiveUp(exit_code) => {

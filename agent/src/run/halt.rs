@@ -3,7 +3,7 @@
 //! progress), and what a node does when another node ended the run.
 
 use fsdp_proto::v1::Phase as Shown;
-use fsdp_rendezvous::{Departure, Halt, Rendezvous};
+use fsdp_rendezvous::{Departure, Halt, JobRecords, Rendezvous};
 use nix::sys::signal::Signal;
 
 use super::{AgentExit, DEPART_PATIENCE, Loop, Phase};
@@ -33,10 +33,12 @@ impl<R: Rendezvous> Loop<'_, R> {
         reason: &str,
     ) -> Result<(), Signal> {
         tracing::error!(exit_code, %reason, "ending the run on every node");
-        let tell = tokio::time::timeout(
-            DEPART_PATIENCE,
-            self.rdzv.halt(exit_code, reason.to_owned()),
-        );
+        // A backend without records has nobody else to tell.
+        let Some(records) = self.rdzv.records() else {
+            return Ok(());
+        };
+        let tell =
+            tokio::time::timeout(DEPART_PATIENCE, records.halt(exit_code, reason.to_owned()));
         match Self::interruptible(self.signals, tell).await? {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fsdp_rendezvous::{HangReport, RankStep, Rendezvous, Round};
+use fsdp_rendezvous::{HangReport, JobRecords, RankStep, Rendezvous, Round};
 use nix::sys::signal::Signal;
 
 use super::{Loop, Phase};
@@ -145,7 +145,10 @@ impl<R: Rendezvous> Loop<'_, R> {
             reason,
             ranks,
         };
-        let publish = self.rdzv.report_hang(round.number, report);
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
+        let publish = records.report_hang(round.number, report);
         match tokio::time::timeout(PUBLISH_PATIENCE, publish).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -170,8 +173,10 @@ impl<R: Rendezvous> Loop<'_, R> {
         if matches!(&self.declared_hang, Some((n, _)) if *n == round.number) {
             return;
         }
-        let reports = self
-            .rdzv
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
+        let reports = records
             .hang_reports(round.number, &[], Duration::ZERO)
             .await;
         let declared = reports.iter().find(|r| r.declared);
@@ -188,8 +193,10 @@ impl<R: Rendezvous> Loop<'_, R> {
         let Some((round, members)) = self.declared_hang.take() else {
             return;
         };
-        let reports = self
-            .rdzv
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
+        let reports = records
             .hang_reports(round, &members, REPORTS_PATIENCE)
             .await;
         let blame = hang::culprit::blame(&reports, &members);

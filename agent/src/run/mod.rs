@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fsdp_proto::v1::Phase as Shown;
-use fsdp_rendezvous::{Change, Departure, Finish, Rendezvous, RendezvousError, Round};
+use fsdp_rendezvous::{Change, Departure, Finish, JobRecords, Rendezvous, RendezvousError, Round};
 use nix::sys::signal::Signal;
 
 use crate::config::Config;
@@ -128,7 +128,8 @@ async fn supervise<R: Rendezvous>(
     report: &mut Reporter,
 ) -> Result<AgentExit, AgentError> {
     let host = fsdp_rendezvous::hostname();
-    report.node(rdzv.node_id().unwrap_or(&host), rdzv.counters());
+    let node = rdzv.node_id().unwrap_or(&host).to_owned();
+    report.node(&node, rdzv.records().map(|r| r.counters()));
     let run_dir = log_root(cfg)?;
     if let Some(dir) = &run_dir {
         tracing::info!(log_dir = %dir.display(), "worker logs and error files");
@@ -289,7 +290,8 @@ impl<R: Rendezvous> Loop<'_, R> {
                 () = recheck => {}
             }
         };
-        self.report.formed(&round, self.rdzv.coordinator());
+        let coordinator = self.rdzv.records().and_then(|r| r.coordinator());
+        self.report.formed(&round, coordinator);
         self.report_losses(&round);
         self.name_culprit().await;
         if let Some(end) = self.judge_quarantine(&round).await {
@@ -633,15 +635,17 @@ impl<R: Rendezvous> Loop<'_, R> {
             return;
         };
         let me = self.rdzv.node_id().map(str::to_owned);
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
         let lost = members
             .iter()
             .filter(|id| Some(id.as_str()) != me.as_deref())
             .filter(|id| !round.members.iter().any(|m| &m.node_id == *id));
         for node in lost {
-            if let Some(how) = self.rdzv.detection(node, from) {
-                tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
-                self.report.lost(node, from, how);
-            }
+            let how = records.detection(node, from);
+            tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
+            self.report.lost(node, from, how);
         }
     }
 

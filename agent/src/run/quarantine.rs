@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use fsdp_proto::v1::Phase as Shown;
-use fsdp_rendezvous::{Departure, Rendezvous, Round};
+use fsdp_rendezvous::{Departure, JobRecords, Rendezvous, Round};
 
 use super::{AgentExit, DEPART_PATIENCE, Loop, Phase, signalled};
 use crate::exit_code;
@@ -29,8 +29,11 @@ impl<R: Rendezvous> Loop<'_, R> {
         {
             return;
         }
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
         let said =
-            tokio::time::timeout(FAULT_PATIENCE, self.rdzv.report_fault(exit.to_string())).await;
+            tokio::time::timeout(FAULT_PATIENCE, records.report_fault(exit.to_string())).await;
         if !matches!(said, Ok(Ok(()))) {
             tracing::debug!("the fault report did not reach the rendezvous in time");
         }
@@ -45,7 +48,7 @@ impl<R: Rendezvous> Loop<'_, R> {
     /// Whether this machine is quarantined: then the agent leaves at once.
     pub(super) fn kept_out(&mut self) -> Option<Phase> {
         let machine = &self.cfg.failure.machine;
-        let (reason, until_ms) = self.rdzv.quarantined(machine)?;
+        let (reason, until_ms) = self.rdzv.records()?.quarantined(machine)?;
         let left = Duration::from_millis(until_ms.saturating_sub(fsdp_rendezvous::unix_ms()));
         tracing::error!(%machine, %reason, left_s = left.as_secs(), "this machine is quarantined; not joining");
         self.report.show(
@@ -69,7 +72,7 @@ impl<R: Rendezvous> Loop<'_, R> {
             .any(|m| !next.members.iter().any(|n| &n.node_id == m));
         self.failed_rounds.push(FailedRound {
             round: number,
-            first: self.rdzv.first_fault(number),
+            first: self.rdzv.records().and_then(|r| r.first_fault(number)),
             lost_member,
         });
         let keep = self.cfg.failure.quarantine_after.max(1) as usize;
@@ -85,9 +88,11 @@ impl<R: Rendezvous> Loop<'_, R> {
             u64::try_from(self.cfg.failure.quarantine_for.as_millis()).unwrap_or(u64::MAX),
         );
         tracing::error!(%machine, %reason, for_s = self.cfg.failure.quarantine_for.as_secs(), "quarantining this machine and leaving the run");
+        // A backend without records has nobody to blame: `blame` saw no first fault.
+        let records = self.rdzv.records()?;
         let say = tokio::time::timeout(
             DEPART_PATIENCE,
-            self.rdzv.quarantine(machine.clone(), reason.clone(), until),
+            records.quarantine(machine.clone(), reason.clone(), until),
         );
         match Self::interruptible(self.signals, say).await {
             Err(sig) => return Some(signalled(sig)),
