@@ -8,7 +8,10 @@ use std::time::Duration;
 use fsdp_rendezvous::{HangReport, JobRecords, RankStep, Rendezvous, Round};
 use nix::sys::signal::Signal;
 
-use super::{Loop, Phase};
+use super::Phase;
+use super::decide;
+use super::driver::Loop;
+use super::memory::RoundMembers;
 use crate::config::Config;
 use crate::failure::{Failure, WorkerExit};
 use crate::hang::{self, Progress, Verdict};
@@ -159,18 +162,14 @@ impl<R: Rendezvous> Loop<'_, R> {
             ),
         }
         if declared {
-            let members = round.members.iter().map(|m| m.node_id.clone()).collect();
-            self.declared_hang = Some((round.number, members));
+            self.memory.declared_hang = Some(RoundMembers::of(round));
         }
     }
 
     /// After this node's `round` broke (a failure here or elsewhere): if another node
     /// declared it hung, publish where this node's ranks were.
     pub(super) async fn answer_hang(&mut self, round: &Round) {
-        if round.group_world_size < 2 || self.progress.is_none() {
-            return;
-        }
-        if matches!(&self.declared_hang, Some((n, _)) if *n == round.number) {
+        if !decide::answers_hang(&self.memory, round, self.progress.is_some()) {
             return;
         }
         let Some(records) = self.rdzv.records() else {
@@ -190,7 +189,11 @@ impl<R: Rendezvous> Loop<'_, R> {
     /// Once the round after a hang this node declared formed (or the run ends): compare
     /// every node's report and name the ranks behind.
     pub(super) async fn name_culprit(&mut self) {
-        let Some((round, members)) = self.declared_hang.take() else {
+        let Some(RoundMembers {
+            number: round,
+            members,
+        }) = self.memory.declared_hang.take()
+        else {
             return;
         };
         let Some(records) = self.rdzv.records() else {
