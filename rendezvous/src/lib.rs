@@ -19,7 +19,8 @@
 //! * Backends: [`standalone::StandaloneRendezvous`] (one node, in-process, no external
 //!   service) and [`static_group::StaticRendezvous`] (a fixed set of nodes whose ranks and
 //!   master are given on the command line, Kubeflow's non-elastic master mode) share one
-//!   body, [`fixed::Fixed`]. The etcd v3 backend implements the same trait.
+//!   body, [`fixed::Fixed`], and share no records. The etcd v3 backend implements both
+//!   traits.
 //! * [`fence`] decides when an agent cut off from etcd stops its own workers (before its
 //!   lease can expire), from the pure [`fence::LeaseClock`].
 
