@@ -125,8 +125,9 @@ impl<R: Rendezvous> Loop<'_, R> {
     }
 
     /// Publishes where this node's ranks were in the hung `round` (only rounds of several
-    /// nodes whose ranks report progress: there is nobody to compare with otherwise).
-    /// The declaring node remembers the round, to name the culprit when the next forms.
+    /// nodes whose ranks report progress, in shared records: there is nobody to compare
+    /// with otherwise). The declaring node remembers the round, to name the culprit when
+    /// the next forms.
     async fn publish_hang(&mut self, round: &Round, declared: bool, reason: String) {
         let Some(p) = &self.progress else { return };
         let ranks: Vec<RankStep> = p
