@@ -1,7 +1,9 @@
 //! The body the `standalone` and `static` backends share: a group that never changes,
 //! whose rounds differ only in their number, their restart count and (standalone) the port.
 
-use crate::{Change, Departure, Finish, Rendezvous, RendezvousError, Round, RoundMember};
+use crate::{
+    Change, Departure, Finish, NoRecords, Rendezvous, RendezvousError, Round, RoundMember,
+};
 
 /// A round's group as a fixed backend lays it out.
 #[derive(Debug, Clone)]
@@ -48,6 +50,13 @@ impl<G> Fixed<G> {
 }
 
 impl<G: Group> Rendezvous for Fixed<G> {
+    /// Nodes that know nothing of each other share no records.
+    type Records = NoRecords;
+
+    fn records(&mut self) -> Option<&mut NoRecords> {
+        None
+    }
+
     fn backend(&self) -> &'static str {
         G::BACKEND
     }

@@ -6,6 +6,11 @@
 //!   three questions: "what is the next round?" ([`Rendezvous::next_round`]), "is my round
 //!   still the group's round?" ([`Rendezvous::changed`]) and "charge a failure restart to the
 //!   job" ([`Rendezvous::record_failure`]). The agent has one code path for all of them.
+//! * [`JobRecords`] is the optional capability of a backend that shares records with the
+//!   other nodes (etcd): fault order, quarantines, halts, hang reports, how a loss was
+//!   noticed. The agent reaches it through [`Rendezvous::records`]; the fixed backends
+//!   answer `None` with [`NoRecords`], a type with no values, so no no-op stands in for a
+//!   record that does not exist.
 //! * [`Round`] is what a node learns when a round is sealed: its group rank, the global rank
 //!   of its first worker, the world size, the master address and port, and the job-wide
 //!   restart count.
@@ -14,7 +19,8 @@
 //! * Backends: [`standalone::StandaloneRendezvous`] (one node, in-process, no external
 //!   service) and [`static_group::StaticRendezvous`] (a fixed set of nodes whose ranks and
 //!   master are given on the command line, Kubeflow's non-elastic master mode) share one
-//!   body, [`fixed::Fixed`]. The etcd v3 backend implements the same trait.
+//!   body, [`fixed::Fixed`], and share no records. The etcd v3 backend implements both
+//!   traits.
 //! * [`fence`] decides when an agent cut off from etcd stops its own workers (before its
 //!   lease can expire), from the pure [`fence::LeaseClock`].
 
@@ -177,7 +183,7 @@ pub enum Change {
         reason: String,
         stop_within: std::time::Duration,
     },
-    /// A node ended the run for everyone ([`Rendezvous::halt`]).
+    /// A node ended the run for everyone ([`JobRecords::halt`]).
     Halted(Halt),
 }
 
@@ -223,7 +229,7 @@ impl Detection {
 }
 
 /// Where one node's ranks were when a hang was declared in a round (see
-/// [`Rendezvous::report_hang`]).
+/// [`JobRecords::report_hang`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct HangReport {
     pub node_id: String,
@@ -266,7 +272,8 @@ pub enum Departure {
     Left,
 }
 
-/// The interface every rendezvous backend implements.
+/// The interface every rendezvous backend implements: the questions every backend answers
+/// the same way, whatever it shares with other nodes.
 ///
 /// The agent's runtime is single-threaded (see the agent crate's docs for why), so the
 /// futures need not be `Send`.
@@ -275,6 +282,10 @@ pub enum Departure {
     reason = "driven through generics on the agent's single-threaded runtime; no Send bound is needed"
 )]
 pub trait Rendezvous {
+    /// The job records this backend shares with the other nodes ([`NoRecords`] for a backend
+    /// that shares none).
+    type Records: JobRecords;
+
     /// The backend's name as the configuration printer and logs show it.
     fn backend(&self) -> &'static str;
 
@@ -286,82 +297,10 @@ pub trait Rendezvous {
         None
     }
 
-    /// The node that seals rounds right now, when the backend has one.
-    fn coordinator(&self) -> Option<String> {
-        None
-    }
-
-    /// Where the backend counts what the agent's metrics export (errors it recovered from
-    /// by itself, rounds it sealed), when it can have any.
-    fn counters(&self) -> Option<Counters> {
-        None
-    }
-
-    /// How the loss of `node` from round `round` was noticed, when the backend can tell.
-    fn detection(&self, _node: &str, _round: u64) -> Option<Detection> {
-        None
-    }
-
-    /// A worker of this node failed in the current round (`exit`, in words). Called the
-    /// moment the agent sees it, before it stops anything: the order of a round's reports
-    /// tells whose failure came first ([`Rendezvous::first_fault`]).
-    async fn report_fault(&mut self, _exit: String) -> Result<(), RendezvousError> {
-        Ok(())
-    }
-
-    /// The node whose worker failure in `round` was reported first, when the backend can
-    /// tell.
-    fn first_fault(&self, _round: u64) -> Option<String> {
-        None
-    }
-
-    /// Keeps `machine` out of the run until `until_ms` (Unix ms), for `reason`.
-    async fn quarantine(
-        &mut self,
-        _machine: String,
-        _reason: String,
-        _until_ms: u64,
-    ) -> Result<(), RendezvousError> {
-        Ok(())
-    }
-
-    /// Whether `machine` is kept out of the run now: why, and until when (Unix ms).
-    fn quarantined(&self, _machine: &str) -> Option<(String, u64)> {
-        None
-    }
-
-    /// This node's health check failed (`failures` times in a row, the last for `reason`):
-    /// it stays out of rounds, and says why, until it joins again.
-    async fn unhealthy(&mut self, _reason: String, _failures: u32) -> Result<(), RendezvousError> {
-        Ok(())
-    }
-
-    /// Ends the run for every node: each exits with `exit_code` (a failure no restart can
-    /// mend). Single-node backends have nobody else to tell.
-    async fn halt(&mut self, _exit_code: u8, _reason: String) -> Result<(), RendezvousError> {
-        Ok(())
-    }
-
-    /// Publishes where this node's ranks were in `round`, which hung (one small record per
-    /// node, only on a hang). Backends without shared state keep nothing.
-    async fn report_hang(
-        &mut self,
-        _round: u64,
-        _report: HangReport,
-    ) -> Result<(), RendezvousError> {
-        Ok(())
-    }
-
-    /// The hang reports of `round` published so far, waiting at most `patience` for one
-    /// from every node in `want`.
-    async fn hang_reports(
-        &mut self,
-        _round: u64,
-        _want: &[String],
-        _patience: std::time::Duration,
-    ) -> Vec<HangReport> {
-        Vec::new()
-    }
+    /// The job records shared with the other nodes, when the backend keeps any: the
+    /// code paths that need them (quarantine, halts, hang reports) ask here once, and a
+    /// fixed backend's `None` says that they have nothing to do.
+    fn records(&mut self) -> Option<&mut Self::Records>;
 
     /// Joins the next round and waits until it is sealed.
     async fn next_round(&mut self) -> Result<Round, RendezvousError>;
@@ -380,6 +319,131 @@ pub trait Rendezvous {
 
     /// Ends this node's part in the run. Never closes the run for the other nodes.
     async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError>;
+}
+
+/// What a backend shares with the other nodes of the job beyond the round itself: who
+/// seals, how losses were noticed, faults and their order, quarantines, health, halts
+/// and hang reports. Only a backend with shared state (etcd, or the c10d store that
+/// speaks its API) has them; reached through [`Rendezvous::records`].
+#[expect(
+    async_fn_in_trait,
+    reason = "driven through generics on the agent's single-threaded runtime; no Send bound is needed"
+)]
+pub trait JobRecords {
+    /// The node that seals rounds right now.
+    fn coordinator(&self) -> Option<String>;
+
+    /// Where the backend counts what the agent's metrics export (errors it recovered from
+    /// by itself, rounds it sealed).
+    fn counters(&self) -> Counters;
+
+    /// How the loss of `node` from round `round` was noticed.
+    fn detection(&self, node: &str, round: u64) -> Detection;
+
+    /// A worker of this node failed in the current round (`exit`, in words). Called the
+    /// moment the agent sees it, before it stops anything: the order of a round's reports
+    /// tells whose failure came first ([`JobRecords::first_fault`]).
+    async fn report_fault(&mut self, exit: String) -> Result<(), RendezvousError>;
+
+    /// The node whose worker failure in `round` was reported first, if any was.
+    fn first_fault(&self, round: u64) -> Option<String>;
+
+    /// Keeps `machine` out of the run until `until_ms` (Unix ms), for `reason`.
+    async fn quarantine(
+        &mut self,
+        machine: String,
+        reason: String,
+        until_ms: u64,
+    ) -> Result<(), RendezvousError>;
+
+    /// Whether `machine` is kept out of the run now: why, and until when (Unix ms).
+    fn quarantined(&self, machine: &str) -> Option<(String, u64)>;
+
+    /// This node's health check failed (`failures` times in a row, the last for `reason`):
+    /// it stays out of rounds, and says why, until it joins again.
+    async fn unhealthy(&mut self, reason: String, failures: u32) -> Result<(), RendezvousError>;
+
+    /// Ends the run for every node: each exits with `exit_code` (a failure no restart can
+    /// mend).
+    async fn halt(&mut self, exit_code: u8, reason: String) -> Result<(), RendezvousError>;
+
+    /// Publishes where this node's ranks were in `round`, which hung (one small record per
+    /// node, only on a hang).
+    async fn report_hang(&mut self, round: u64, report: HangReport) -> Result<(), RendezvousError>;
+
+    /// The hang reports of `round` published so far, waiting at most `patience` for one
+    /// from every node in `want`.
+    async fn hang_reports(
+        &mut self,
+        round: u64,
+        want: &[String],
+        patience: std::time::Duration,
+    ) -> Vec<HangReport>;
+}
+
+/// The records of a backend that shares none: it has no value, so a `None` from
+/// [`Rendezvous::records`] is the only answer and the methods below can never run.
+#[derive(Debug)]
+pub enum NoRecords {}
+
+impl JobRecords for NoRecords {
+    fn coordinator(&self) -> Option<String> {
+        match *self {}
+    }
+
+    fn counters(&self) -> Counters {
+        match *self {}
+    }
+
+    fn detection(&self, _node: &str, _round: u64) -> Detection {
+        match *self {}
+    }
+
+    async fn report_fault(&mut self, _exit: String) -> Result<(), RendezvousError> {
+        match *self {}
+    }
+
+    fn first_fault(&self, _round: u64) -> Option<String> {
+        match *self {}
+    }
+
+    async fn quarantine(
+        &mut self,
+        _machine: String,
+        _reason: String,
+        _until_ms: u64,
+    ) -> Result<(), RendezvousError> {
+        match *self {}
+    }
+
+    fn quarantined(&self, _machine: &str) -> Option<(String, u64)> {
+        match *self {}
+    }
+
+    async fn unhealthy(&mut self, _reason: String, _failures: u32) -> Result<(), RendezvousError> {
+        match *self {}
+    }
+
+    async fn halt(&mut self, _exit_code: u8, _reason: String) -> Result<(), RendezvousError> {
+        match *self {}
+    }
+
+    async fn report_hang(
+        &mut self,
+        _round: u64,
+        _report: HangReport,
+    ) -> Result<(), RendezvousError> {
+        match *self {}
+    }
+
+    async fn hang_reports(
+        &mut self,
+        _round: u64,
+        _want: &[String],
+        _patience: std::time::Duration,
+    ) -> Vec<HangReport> {
+        match *self {}
+    }
 }
 
 #[cfg(test)]

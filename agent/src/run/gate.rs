@@ -2,9 +2,11 @@
 //! stays out of the group, recorded in etcd with the reason; after too many failures in a
 //! row it leaves with [`crate::exit_code::UNHEALTHY`] so the pod is replaced.
 
-use fsdp_rendezvous::{Departure, Rendezvous};
+use fsdp_rendezvous::{Departure, JobRecords, Rendezvous};
 
-use super::{AgentExit, DEPART_PATIENCE, Loop, Phase, signalled};
+use super::decide::{Leave, signalled};
+use super::driver::{Loop, interruptible};
+use super::{AgentExit, DEPART_PATIENCE, Phase};
 use crate::health::{self, Verdict};
 
 impl<R: Rendezvous> Loop<'_, R> {
@@ -13,8 +15,8 @@ impl<R: Rendezvous> Loop<'_, R> {
         let check = self.cfg.health.clone()?;
         let mut failures = 0;
         loop {
-            let reason = match Self::interruptible(self.signals, health::check(&check)).await {
-                Err(sig) => return Some(signalled(sig)),
+            let reason = match interruptible(self.signals, health::check(&check)).await {
+                Err(sig) => return Some(signalled(sig).into()),
                 Ok(Ok(())) => {
                     if failures > 0 {
                         tracing::info!(failures, "the health check passes again; joining");
@@ -27,14 +29,17 @@ impl<R: Rendezvous> Loop<'_, R> {
             failures += 1;
             tracing::warn!(%reason, failures, command = %check.command, "the health check failed; staying out of the group");
             self.report.health(Some(&reason));
-            let say = tokio::time::timeout(DEPART_PATIENCE, self.rdzv.unhealthy(reason, failures));
-            match Self::interruptible(self.signals, say).await {
-                Err(sig) => return Some(signalled(sig)),
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => {
-                    tracing::warn!(error = %e, "could not record the failed check in the rendezvous")
+            if let Some(records) = self.rdzv.records() {
+                let say =
+                    tokio::time::timeout(DEPART_PATIENCE, records.unhealthy(reason, failures));
+                match interruptible(self.signals, say).await {
+                    Err(sig) => return Some(signalled(sig).into()),
+                    Ok(Ok(Ok(()))) => {}
+                    Ok(Ok(Err(e))) => {
+                        tracing::warn!(error = %e, "could not record the failed check in the rendezvous")
+                    }
+                    Ok(Err(_)) => tracing::warn!("recording the failed check took too long"),
                 }
-                Ok(Err(_)) => tracing::warn!("recording the failed check took too long"),
             }
             match health::verdict(failures, &check) {
                 Verdict::GiveUp(exit_code) => {
@@ -43,15 +48,15 @@ impl<R: Rendezvous> Loop<'_, R> {
                         exit_code,
                         "the health check failed every time; leaving so the node is replaced"
                     );
-                    return Some(Phase::Leave {
+                    return Some(Phase::Leave(Leave {
                         how: Departure::Left,
                         exit: AgentExit::Failed { exit_code },
-                    });
+                    }));
                 }
                 Verdict::RetryIn(pause) => {
                     let wait = tokio::time::sleep(pause);
-                    if let Err(sig) = Self::interruptible(self.signals, wait).await {
-                        return Some(signalled(sig));
+                    if let Err(sig) = interruptible(self.signals, wait).await {
+                        return Some(signalled(sig).into());
                     }
                 }
             }

@@ -1,29 +1,16 @@
-//! Ending the run for every node: the failure policy's verdicts after a failed attempt
-//! ([`crate::policy::after_failure`]: a no-retry exit code, restarts that make no
-//! progress), and what a node does when another node ended the run.
+//! Ending the run for every node, the driver's part: telling the others when the failure
+//! policy's verdict ([`super::decide::judge`]) ends the run here, and what a node does
+//! when another node ended it.
 
 use fsdp_proto::v1::Phase as Shown;
-use fsdp_rendezvous::{Departure, Halt, Rendezvous};
+use fsdp_rendezvous::{Halt, JobRecords, Rendezvous};
 use nix::sys::signal::Signal;
 
-use super::{AgentExit, DEPART_PATIENCE, Loop, Phase};
-use crate::failure::WorkerExit;
-use crate::policy::{AfterFailure, after_failure};
+use super::decide::{self, Leave};
+use super::driver::{Loop, interruptible};
+use super::{DEPART_PATIENCE, Phase};
 
 impl<R: Rendezvous> Loop<'_, R> {
-    /// The attempt that just ended failed (here, or on a peer) with `exit` first: enters
-    /// how far its ranks got and asks the policy. No I/O: the caller acts on the verdict.
-    pub(super) fn judge_failure(&mut self, exit: WorkerExit) -> AfterFailure {
-        let reached = self.progress.as_ref().and_then(|p| {
-            p.snapshot()
-                .iter()
-                .filter_map(|r| r.last_step.map(|(n, _)| n))
-                .max()
-        });
-        self.ledger.failed_attempt(reached);
-        after_failure(exit, &self.ledger, &self.cfg.failure)
-    }
-
     /// Tells every node that the run is over. Done before this node stops its own workers:
     /// the peers' workers fail as a consequence, and their failure must not be charged
     /// (etcd refuses a failure report once the run is halted).
@@ -33,11 +20,13 @@ impl<R: Rendezvous> Loop<'_, R> {
         reason: &str,
     ) -> Result<(), Signal> {
         tracing::error!(exit_code, %reason, "ending the run on every node");
-        let tell = tokio::time::timeout(
-            DEPART_PATIENCE,
-            self.rdzv.halt(exit_code, reason.to_owned()),
-        );
-        match Self::interruptible(self.signals, tell).await? {
+        // A backend without records has nobody else to tell.
+        let Some(records) = self.rdzv.records() else {
+            return Ok(());
+        };
+        let tell =
+            tokio::time::timeout(DEPART_PATIENCE, records.halt(exit_code, reason.to_owned()));
+        match interruptible(self.signals, tell).await? {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "could not tell the other nodes; they restart without this node")
@@ -49,25 +38,17 @@ impl<R: Rendezvous> Loop<'_, R> {
         Ok(())
     }
 
-    /// This node ended the run: it leaves with `exit_code`, the budget unspent.
-    pub(super) fn leave_halted(&mut self, exit_code: u8, reason: &str) -> Phase {
+    /// This node ended the run for `reason`: it leaves this way, the budget unspent.
+    pub(super) fn leave_halted(&mut self, leave: Leave, reason: &str) -> Phase {
         self.report
             .show(Shown::Failed, format!("ended the run: {reason}"));
-        Phase::Leave {
-            how: Departure::Failed,
-            exit: AgentExit::Failed { exit_code },
-        }
+        leave.into()
     }
 
     /// Another node ended the run: this one ends with the same code.
     pub(super) fn halted(&mut self, h: &Halt) -> Phase {
         tracing::error!(node = %h.node_id, exit_code = h.exit_code, reason = %h.reason, "another node ended the run");
         self.report.show(Shown::Failed, h.to_string());
-        Phase::Leave {
-            how: Departure::Failed,
-            exit: AgentExit::Failed {
-                exit_code: h.exit_code,
-            },
-        }
+        decide::failed(h.exit_code).into()
     }
 }

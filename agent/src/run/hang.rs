@@ -5,10 +5,13 @@
 
 use std::time::Duration;
 
-use fsdp_rendezvous::{HangReport, RankStep, Rendezvous, Round};
+use fsdp_rendezvous::{HangReport, JobRecords, RankStep, Rendezvous, Round};
 use nix::sys::signal::Signal;
 
-use super::{Loop, Phase};
+use super::Phase;
+use super::decide;
+use super::driver::Loop;
+use super::memory::RoundMembers;
 use crate::config::{Config, HangTimeout};
 use crate::failure::{Failure, WorkerExit};
 use crate::hang::{self, Progress, Verdict};
@@ -122,8 +125,9 @@ impl<R: Rendezvous> Loop<'_, R> {
     }
 
     /// Publishes where this node's ranks were in the hung `round` (only rounds of several
-    /// nodes whose ranks report progress: there is nobody to compare with otherwise).
-    /// The declaring node remembers the round, to name the culprit when the next forms.
+    /// nodes whose ranks report progress, in shared records: there is nobody to compare
+    /// with otherwise). The declaring node remembers the round, to name the culprit when
+    /// the next forms.
     async fn publish_hang(&mut self, round: &Round, declared: bool, reason: String) {
         let Some(p) = &self.progress else { return };
         let ranks: Vec<RankStep> = p
@@ -145,7 +149,10 @@ impl<R: Rendezvous> Loop<'_, R> {
             reason,
             ranks,
         };
-        let publish = self.rdzv.report_hang(round.number, report);
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
+        let publish = records.report_hang(round.number, report);
         match tokio::time::timeout(PUBLISH_PATIENCE, publish).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -156,22 +163,20 @@ impl<R: Rendezvous> Loop<'_, R> {
             ),
         }
         if declared {
-            let members = round.members.iter().map(|m| m.node_id.clone()).collect();
-            self.declared_hang = Some((round.number, members));
+            self.memory.declared_hang = Some(RoundMembers::of(round));
         }
     }
 
     /// After this node's `round` broke (a failure here or elsewhere): if another node
     /// declared it hung, publish where this node's ranks were.
     pub(super) async fn answer_hang(&mut self, round: &Round) {
-        if round.group_world_size < 2 || self.progress.is_none() {
+        if !decide::answers_hang(&self.memory, round, self.progress.is_some()) {
             return;
         }
-        if matches!(&self.declared_hang, Some((n, _)) if *n == round.number) {
+        let Some(records) = self.rdzv.records() else {
             return;
-        }
-        let reports = self
-            .rdzv
+        };
+        let reports = records
             .hang_reports(round.number, &[], Duration::ZERO)
             .await;
         let declared = reports.iter().find(|r| r.declared);
@@ -185,11 +190,17 @@ impl<R: Rendezvous> Loop<'_, R> {
     /// Once the round after a hang this node declared formed (or the run ends): compare
     /// every node's report and name the ranks behind.
     pub(super) async fn name_culprit(&mut self) {
-        let Some((round, members)) = self.declared_hang.take() else {
+        let Some(RoundMembers {
+            number: round,
+            members,
+        }) = self.memory.declared_hang.take()
+        else {
             return;
         };
-        let reports = self
-            .rdzv
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
+        let reports = records
             .hang_reports(round, &members, REPORTS_PATIENCE)
             .await;
         let blame = hang::culprit::blame(&reports, &members);

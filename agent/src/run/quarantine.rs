@@ -7,100 +7,77 @@
 use std::time::Duration;
 
 use fsdp_proto::v1::Phase as Shown;
-use fsdp_rendezvous::{Departure, Rendezvous, Round};
+use fsdp_rendezvous::{JobRecords, Rendezvous, Round};
 
-use super::{AgentExit, DEPART_PATIENCE, Loop, Phase, signalled};
-use crate::exit_code;
+use super::decide::{self, signalled};
+use super::driver::{Loop, interruptible};
+use super::{DEPART_PATIENCE, Phase};
 use crate::failure::WorkerExit;
-use crate::policy::{FailedRound, blame};
 
 /// How long reporting a fault may hold up stopping a failed group.
 const FAULT_PATIENCE: Duration = Duration::from_secs(1);
 
 impl<R: Rendezvous> Loop<'_, R> {
     /// A worker of this node failed in `round`: say so before stopping anything (the
-    /// order of the reports is the attribution), and remember the round as failed.
+    /// order of the reports is the attribution).
     pub(super) async fn report_fault(&mut self, round: &Round, exit: WorkerExit) {
-        self.failed_round(round);
-        // A hang is named by its own means; one node is nothing to compare.
-        if round.group_world_size < 2
-            || exit == WorkerExit::Hung
-            || self.cfg.failure.quarantine_after == 0
-        {
+        if !decide::reports_fault(round, exit, &self.rules.failure) {
             return;
         }
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
         let said =
-            tokio::time::timeout(FAULT_PATIENCE, self.rdzv.report_fault(exit.to_string())).await;
+            tokio::time::timeout(FAULT_PATIENCE, records.report_fault(exit.to_string())).await;
         if !matches!(said, Ok(Ok(()))) {
             tracing::debug!("the fault report did not reach the rendezvous in time");
         }
     }
 
-    /// `round` ended in a failure (here or elsewhere): judged once the next round forms.
-    pub(super) fn failed_round(&mut self, round: &Round) {
-        let members = round.members.iter().map(|m| m.node_id.clone()).collect();
-        self.failed = Some((round.number, members));
-    }
-
     /// Whether this machine is quarantined: then the agent leaves at once.
     pub(super) fn kept_out(&mut self) -> Option<Phase> {
         let machine = &self.cfg.failure.machine;
-        let (reason, until_ms) = self.rdzv.quarantined(machine)?;
+        let (reason, until_ms) = self.rdzv.records()?.quarantined(machine)?;
         let left = Duration::from_millis(until_ms.saturating_sub(fsdp_rendezvous::unix_ms()));
         tracing::error!(%machine, %reason, left_s = left.as_secs(), "this machine is quarantined; not joining");
         self.report.show(
             Shown::Failed,
             format!("machine {machine} is quarantined: {reason}"),
         );
-        Some(Phase::Leave {
-            how: Departure::Left,
-            exit: AgentExit::Failed {
-                exit_code: exit_code::QUARANTINED,
-            },
-        })
+        Some(decide::kept_out().into())
     }
 
     /// The round after a failed one formed: enters the failed round and, if the policy
     /// blames this node, quarantines its machine and leaves.
     pub(super) async fn judge_quarantine(&mut self, next: &Round) -> Option<Phase> {
-        let (number, members) = self.failed.take()?;
-        let lost_member = members
-            .iter()
-            .any(|m| !next.members.iter().any(|n| &n.node_id == m));
-        self.failed_rounds.push(FailedRound {
-            round: number,
-            first: self.rdzv.first_fault(number),
-            lost_member,
-        });
-        let keep = self.cfg.failure.quarantine_after.max(1) as usize;
-        if self.failed_rounds.len() > keep {
-            self.failed_rounds.remove(0);
-        }
-        let (node, reason) = blame(&self.failed_rounds, self.cfg.failure.quarantine_after)?;
-        if Some(node.as_str()) != self.rdzv.node_id() {
-            return None;
-        }
+        let me = self.rdzv.node_id().map(str::to_owned);
+        let records = self.rdzv.records();
+        let first_fault = |n| records.and_then(|r| r.first_fault(n));
+        let reason = decide::blamed(
+            &mut self.memory,
+            next,
+            first_fault,
+            &self.rules.failure,
+            me.as_deref(),
+        )?;
         let machine = self.cfg.failure.machine.clone();
         let until = fsdp_rendezvous::unix_ms().saturating_add(
             u64::try_from(self.cfg.failure.quarantine_for.as_millis()).unwrap_or(u64::MAX),
         );
         tracing::error!(%machine, %reason, for_s = self.cfg.failure.quarantine_for.as_secs(), "quarantining this machine and leaving the run");
+        // A backend without records has nobody to blame: `blame` saw no first fault.
+        let records = self.rdzv.records()?;
         let say = tokio::time::timeout(
             DEPART_PATIENCE,
-            self.rdzv.quarantine(machine.clone(), reason.clone(), until),
+            records.quarantine(machine.clone(), reason.clone(), until),
         );
-        match Self::interruptible(self.signals, say).await {
-            Err(sig) => return Some(signalled(sig)),
+        match interruptible(self.signals, say).await {
+            Err(sig) => return Some(signalled(sig).into()),
             Ok(Ok(Ok(()))) => {}
             Ok(_) => tracing::warn!("could not record the quarantine; leaving anyway"),
         }
         self.report
             .show(Shown::Failed, format!("quarantined: {reason}"));
-        Some(Phase::Leave {
-            how: Departure::Left,
-            exit: AgentExit::Failed {
-                exit_code: exit_code::QUARANTINED,
-            },
-        })
+        Some(decide::kept_out().into())
     }
 }

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
-use fsdp_rendezvous::{Change, Departure, Finish, Rendezvous, RendezvousError, Round};
+use fsdp_rendezvous::{Change, Departure, Finish, NoRecords, Rendezvous, RendezvousError, Round};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -44,6 +44,12 @@ impl Scripted {
 }
 
 impl Rendezvous for Scripted {
+    type Records = NoRecords;
+
+    fn records(&mut self) -> Option<&mut NoRecords> {
+        None
+    }
+
     fn backend(&self) -> &'static str {
         "scripted"
     }

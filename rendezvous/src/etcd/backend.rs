@@ -9,35 +9,24 @@ use super::handle::Held;
 use super::session::Command;
 use super::*;
 use crate::fence::{self, FenceDecision};
-use crate::{Change, Counters, Departure, Finish, Rendezvous, RendezvousError, Round, port};
+use crate::{
+    Change, Counters, Departure, Finish, JobRecords, Rendezvous, RendezvousError, Round, port,
+};
 
 impl Rendezvous for EtcdRendezvous {
+    /// The records live in etcd; the handle reads them from the session's view.
+    type Records = Self;
+
+    fn records(&mut self) -> Option<&mut Self> {
+        Some(self)
+    }
+
     fn backend(&self) -> &'static str {
         "etcd"
     }
 
     fn node_id(&self) -> Option<&str> {
         Some(&self.cfg.node_id)
-    }
-
-    fn coordinator(&self) -> Option<String> {
-        self.view.borrow().coordinator.clone()
-    }
-
-    fn counters(&self) -> Option<Counters> {
-        Some(self.counters.clone())
-    }
-
-    fn detection(&self, node: &str, round: u64) -> Option<crate::Detection> {
-        let v = self.view.borrow();
-        let found = v.gone.get(node).filter(|g| g.round == round);
-        Some(match found.map(|g| (g.how(), g.detect_ms)) {
-            Some((v1::Detection::Left, _)) => crate::Detection::Left,
-            Some((v1::Detection::Refused, ms)) => crate::Detection::Refused {
-                detect: Duration::from_millis(u64::from(ms)),
-            },
-            _ => crate::Detection::LeaseExpiry,
-        })
     }
 
     fn run_id(&self) -> &str {
@@ -122,6 +111,87 @@ impl Rendezvous for EtcdRendezvous {
     async fn changed(&mut self) -> Result<Change, RendezvousError> {
         // Watching the neighbour goes on into the re-form (see `next_round`).
         self.next_change().await
+    }
+
+    async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
+        let Some(held) = &self.held else {
+            return Ok(0);
+        };
+        let round = held.record.number;
+        let restarts = held.round.restart_count;
+        let failure = v1::Failure {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round,
+            node_id: self.cfg.node_id.clone(),
+        };
+        self.write(&failure).await?;
+        Ok(restarts + 1)
+    }
+
+    async fn finish(&mut self, timeout: Duration) -> Result<Finish, RendezvousError> {
+        let Some(held) = self.held.clone() else {
+            return Ok(Finish::AllDone);
+        };
+        let round = held.record.number;
+        let done = v1::Done {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round,
+            node_id: self.cfg.node_id.clone(),
+        };
+        self.write(&done).await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let unfinished: Vec<String> = {
+                let v = self.view.borrow_and_update();
+                if let Some(c) = v.corruption() {
+                    return Err(RendezvousError::Corrupt(c));
+                }
+                let unfinished = v.unfinished(&held.record);
+                if unfinished.is_empty() {
+                    return Ok(Finish::AllDone);
+                }
+                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
+                    return Ok(Finish::Changed(change));
+                }
+                unfinished
+            };
+            tokio::select! {
+                r = self.view.changed() => r.map_err(|_| self.ended())?,
+                () = tokio::time::sleep_until(deadline) => return Ok(Finish::TimedOut { unfinished }),
+            }
+        }
+    }
+
+    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
+        self.watcher = None;
+        // The session revokes the lease and ends; leaving never fails the agent.
+        if let Err(e) = self.ask(Command::Depart { how }).await {
+            tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL");
+        }
+        Ok(())
+    }
+}
+
+/// The shared records, each a read of the view or a command to the session.
+impl JobRecords for EtcdRendezvous {
+    fn coordinator(&self) -> Option<String> {
+        self.view.borrow().coordinator.clone()
+    }
+
+    fn counters(&self) -> Counters {
+        self.counters.clone()
+    }
+
+    fn detection(&self, node: &str, round: u64) -> crate::Detection {
+        let v = self.view.borrow();
+        let found = v.gone.get(node).filter(|g| g.round == round);
+        match found.map(|g| (g.how(), g.detect_ms)) {
+            Some((v1::Detection::Left, _)) => crate::Detection::Left,
+            Some((v1::Detection::Refused, ms)) => crate::Detection::Refused {
+                detect: Duration::from_millis(u64::from(ms)),
+            },
+            _ => crate::Detection::LeaseExpiry,
+        }
     }
 
     async fn report_fault(&mut self, exit: String) -> Result<(), RendezvousError> {
@@ -225,64 +295,6 @@ impl Rendezvous for EtcdRendezvous {
             .get(&round)
             .map(|h| h.values().map(hang_report).collect())
             .unwrap_or_default()
-    }
-
-    async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
-        let Some(held) = &self.held else {
-            return Ok(0);
-        };
-        let round = held.record.number;
-        let restarts = held.round.restart_count;
-        let failure = v1::Failure {
-            schema: fsdp_proto::SCHEMA_VERSION,
-            round,
-            node_id: self.cfg.node_id.clone(),
-        };
-        self.write(&failure).await?;
-        Ok(restarts + 1)
-    }
-
-    async fn finish(&mut self, timeout: Duration) -> Result<Finish, RendezvousError> {
-        let Some(held) = self.held.clone() else {
-            return Ok(Finish::AllDone);
-        };
-        let round = held.record.number;
-        let done = v1::Done {
-            schema: fsdp_proto::SCHEMA_VERSION,
-            round,
-            node_id: self.cfg.node_id.clone(),
-        };
-        self.write(&done).await?;
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let unfinished: Vec<String> = {
-                let v = self.view.borrow_and_update();
-                if let Some(c) = v.corruption() {
-                    return Err(RendezvousError::Corrupt(c));
-                }
-                let unfinished = v.unfinished(&held.record);
-                if unfinished.is_empty() {
-                    return Ok(Finish::AllDone);
-                }
-                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
-                    return Ok(Finish::Changed(change));
-                }
-                unfinished
-            };
-            tokio::select! {
-                r = self.view.changed() => r.map_err(|_| self.ended())?,
-                () = tokio::time::sleep_until(deadline) => return Ok(Finish::TimedOut { unfinished }),
-            }
-        }
-    }
-
-    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
-        self.watcher = None;
-        // The session revokes the lease and ends; leaving never fails the agent.
-        if let Err(e) = self.ask(Command::Depart { how }).await {
-            tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL");
-        }
-        Ok(())
     }
 }
 

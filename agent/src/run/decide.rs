@@ -1,0 +1,385 @@
+//! The loop's decisions, as a pure handler: each phase's choice is a function of the
+//! loop's [`Memory`], what just happened (a round, a wake, a change, a failure, the
+//! barrier's outcome) and the [`Rules`], and returns what to do next. Nothing here awaits
+//! or touches a process, a socket or the clock, so every branch is tested on hand-built
+//! values (`decide/tests.rs`); the driver (`driver.rs`) does the I/O and carries the
+//! decisions out. [`crate::policy`] holds the budget, backoff and blame rules they use.
+
+use std::time::Duration;
+
+use fsdp_rendezvous::{Change, Departure, Finish, Halt, RendezvousError, Round};
+use nix::sys::signal::Signal;
+
+use super::AgentExit;
+use super::memory::{Memory, RoundMembers};
+use crate::config::{Config, FailurePolicy};
+use crate::exit_code;
+use crate::failure::{Failure, WorkerExit};
+use crate::policy::{
+    AfterFailure, Budget, FailedRound, after_failure, blame, budget, restart_backoff,
+    restarts_counted,
+};
+use crate::supervisor::GroupEvent;
+
+/// The part of the configuration the decisions read.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    pub max_restarts: u32,
+    /// The workers' SIGTERM grace before SIGKILL.
+    pub term_timeout: Duration,
+    pub failure: FailurePolicy,
+}
+
+impl Rules {
+    pub fn of(cfg: &Config) -> Self {
+        Self {
+            max_restarts: cfg.max_restarts,
+            term_timeout: cfg.term_timeout,
+            failure: cfg.failure.clone(),
+        }
+    }
+}
+
+/// Leave the rendezvous this way and end with this exit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leave {
+    pub how: Departure,
+    pub exit: AgentExit,
+}
+
+/// Leaving after `sig`: the run goes on without this node.
+pub fn signalled(sig: Signal) -> Leave {
+    Leave {
+        how: Departure::Left,
+        exit: AgentExit::Signalled(sig),
+    }
+}
+
+/// Leaving the run failed with `exit_code`: the budget is spent, or the run is over for
+/// every node (this node's verdict or another's).
+pub fn failed(exit_code: u8) -> Leave {
+    Leave {
+        how: Departure::Failed,
+        exit: AgentExit::Failed { exit_code },
+    }
+}
+
+/// This node's machine is kept out of the run; the others go on without it.
+pub fn kept_out() -> Leave {
+    Leave {
+        how: Departure::Left,
+        exit: AgentExit::Failed {
+            exit_code: exit_code::QUARANTINED,
+        },
+    }
+}
+
+/// What to do with a round that formed with this node in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterFormed {
+    /// Start its workers; `restart` is the warning to log when the job's failure count
+    /// moved since the last round this node started.
+    Start { restart: Option<String> },
+    /// More failure restarts than allowed: leave failed with the code [`budget`] chose.
+    GiveUp { exit_code: u8 },
+}
+
+/// The budget is read from the sealed round, so every node decides alike. Returns the
+/// restarts counted against `--max-restarts` too (status shows them).
+pub fn formed(memory: &mut Memory, round: &Round, rules: &Rules) -> (AfterFormed, u32) {
+    let window = rules.failure.restart_window;
+    let counted = restarts_counted(round, window);
+    let restart = match budget(counted, rules.max_restarts, memory.last_failure) {
+        Budget::Spent { exit_code } => return (AfterFormed::GiveUp { exit_code }, counted),
+        Budget::Left if round.restart_count > memory.last_restart_count => {
+            let window = window.map_or(String::new(), |w| format!(" within the last {w:?}"));
+            Some(format!(
+                "restarting the worker group after a failure: restart {counted} of {}{window}",
+                rules.max_restarts
+            ))
+        }
+        Budget::Left => None,
+    };
+    memory.last_restart_count = round.restart_count;
+    (AfterFormed::Start { restart }, counted)
+}
+
+/// The members of the round this node ran last that `next` lacks (this node aside), and
+/// that round's number; forgets the round.
+pub fn losses(memory: &mut Memory, next: &Round, me: Option<&str>) -> Option<(u64, Vec<String>)> {
+    let last = memory.last_round.take()?;
+    let lost = last
+        .missing_from(next)
+        .filter(|id| Some(id.as_str()) != me)
+        .cloned()
+        .collect();
+    Some((last.number, lost))
+}
+
+/// The round after a failed one formed: enters the failed round (`first_fault` says
+/// whose failure in it was reported first) and returns why this node is to be
+/// quarantined, if the policy blames it.
+pub fn blamed(
+    memory: &mut Memory,
+    next: &Round,
+    first_fault: impl FnOnce(u64) -> Option<String>,
+    policy: &FailurePolicy,
+    me: Option<&str>,
+) -> Option<String> {
+    let failed = memory.failed.take()?;
+    let lost_member = failed.missing_from(next).next().is_some();
+    memory.failed_rounds.push(FailedRound {
+        round: failed.number,
+        first: first_fault(failed.number),
+        lost_member,
+    });
+    let keep = policy.quarantine_after.max(1) as usize;
+    if memory.failed_rounds.len() > keep {
+        memory.failed_rounds.remove(0);
+    }
+    let (node, reason) = blame(&memory.failed_rounds, policy.quarantine_after)?;
+    (Some(node.as_str()) == me).then_some(reason)
+}
+
+/// What woke a running group's phase: each source of events, as one value.
+#[derive(Debug)]
+pub enum Wake {
+    Group(GroupEvent),
+    Signal(Signal),
+    Changed(Result<Change, RendezvousError>),
+    /// A rank's progress allowance ran out (it may have reported since: judge again).
+    HangCheck,
+}
+
+/// What a wake leads to while the workers run.
+#[derive(Debug)]
+pub enum OnWake {
+    /// Judge the group's progress again and keep running.
+    Judge,
+    /// Stop the workers with `signal` (their grace as given) and leave.
+    Stop { signal: Signal, grace: Duration },
+    /// The group changed: stop the workers and re-form.
+    Reform(Change),
+    /// The rendezvous failed: the workers get their grace (a checkpoint on SIGTERM)
+    /// before the agent gives up with the error.
+    Broken {
+        error: RendezvousError,
+        grace: Duration,
+    },
+    /// A worker failed first with this.
+    Failed(Failure),
+    /// Every worker exited 0: wait for the group's end, then the exit barrier.
+    Finish,
+}
+
+pub fn on_wake(wake: Wake, rules: &Rules) -> OnWake {
+    match wake {
+        Wake::HangCheck => OnWake::Judge,
+        Wake::Signal(signal) => OnWake::Stop {
+            signal,
+            grace: rules.term_timeout,
+        },
+        Wake::Changed(Ok(change)) => OnWake::Reform(change),
+        Wake::Changed(Err(error)) => OnWake::Broken {
+            error,
+            grace: rules.term_timeout,
+        },
+        Wake::Group(GroupEvent::Failed(first)) => OnWake::Failed(first),
+        Wake::Group(GroupEvent::Succeeded) => OnWake::Finish,
+    }
+}
+
+/// The SIGTERM grace of workers stopped for `change`. A fenced node's workers must be
+/// gone before etcd can expire its lease and hand their ranks to others: their grace is
+/// cut to half the time left.
+pub fn stop_grace(change: &Change, term_timeout: Duration) -> Duration {
+    match change {
+        Change::Fenced { stop_within, .. } => term_timeout.min(*stop_within / 2),
+        _ => term_timeout,
+    }
+}
+
+/// What follows the stop of a group that changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterChange {
+    /// A signal came during the stop: leave.
+    Leave(Leave),
+    /// Another node ended the run: this one ends with the same code.
+    Halted(Halt),
+    /// A peer's failure ended this attempt too: the policy's verdict (a halt is told to
+    /// every node before leaving; a restart re-forms). A node that found the group hung
+    /// answers first.
+    PeerFailed(AfterFailure),
+    /// This node lost its place by its own fault: charge a restart, then re-form.
+    OwnLoss,
+    /// Re-form.
+    Rejoin,
+}
+
+/// After the workers of `round` were stopped for `change` (`late`: a signal during the
+/// stop). `reached` is the best step the ranks reported: a peer's failure counts for the
+/// no-progress rule like one here (the peer judges its own exit code).
+pub fn after_change(
+    memory: &mut Memory,
+    round: &Round,
+    change: &Change,
+    late: Option<Signal>,
+    me: Option<&str>,
+    reached: Option<u64>,
+    rules: &Rules,
+) -> AfterChange {
+    if let Some(sig) = late {
+        return AfterChange::Leave(signalled(sig));
+    }
+    match change {
+        Change::Halted(h) => AfterChange::Halted(h.clone()),
+        Change::PeerFailed { .. } => {
+            memory.failed = Some(RoundMembers::of(round));
+            AfterChange::PeerFailed(judge(memory, WorkerExit::Lost, reached, &rules.failure))
+        }
+        _ if own_loss(change, me) => AfterChange::OwnLoss,
+        _ => AfterChange::Rejoin,
+    }
+}
+
+/// Whether `change` is this node losing its place in its round by its own fault: it
+/// fenced itself, or its lease expired while it was frozen or cut off. The coordinator
+/// charges the restart only if the round lost no other member, so the survivors of a
+/// group that went on without this node are not charged; a node alone in its job is, and
+/// its workers see the restart count move (without it, a worker whose start freezes its
+/// node would start again with the same count forever).
+pub fn own_loss(change: &Change, me: Option<&str>) -> bool {
+    match change {
+        Change::Fenced { .. } => true,
+        Change::MemberLost { node } => me == Some(node.as_str()),
+        _ => false,
+    }
+}
+
+/// The attempt that just ended failed (here, or on a peer) with `exit` first: enters how
+/// far its ranks got (`reached`) and asks the policy.
+pub fn judge(
+    memory: &mut Memory,
+    exit: WorkerExit,
+    reached: Option<u64>,
+    policy: &FailurePolicy,
+) -> AfterFailure {
+    memory.ledger.failed_attempt(reached);
+    after_failure(exit, &memory.ledger, policy)
+}
+
+/// The metric label of a failure of this node's group.
+pub fn failure_label(exit: WorkerExit) -> &'static str {
+    match exit {
+        WorkerExit::Hung => "hang",
+        _ => "worker failed",
+    }
+}
+
+/// Whether this node's failure is reported to the shared records (quarantine compares
+/// the reports' order): a hang is named by its own means, and one node is nothing to
+/// compare.
+pub fn reports_fault(round: &Round, exit: WorkerExit, policy: &FailurePolicy) -> bool {
+    round.group_world_size >= 2 && exit != WorkerExit::Hung && policy.quarantine_after > 0
+}
+
+/// A worker of this node failed first with `first` in `round`: the round is remembered
+/// as failed, `first` as the root cause, and the policy judges the attempt.
+pub fn failed_here(
+    memory: &mut Memory,
+    round: &Round,
+    first: &Failure,
+    reached: Option<u64>,
+    rules: &Rules,
+) -> AfterFailure {
+    memory.failed = Some(RoundMembers::of(round));
+    memory.root_cause = Some(first.clone());
+    judge(memory, first.exit, reached, &rules.failure)
+}
+
+/// What follows the stop of a failed group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterFailed {
+    /// A signal came during the stop.
+    Leave(Leave),
+    /// The policy ended the run (every node was told before the stop).
+    Halt { leave: Leave, reason: String },
+    /// Charge the failure, pause this long, re-form.
+    Restart { backoff: Duration },
+}
+
+/// After the failed group of `round` was stopped (`late`: a signal meanwhile).
+pub fn after_failed(
+    memory: &mut Memory,
+    round: &Round,
+    exit: WorkerExit,
+    verdict: AfterFailure,
+    late: Option<Signal>,
+) -> AfterFailed {
+    if let Some(sig) = late {
+        return AfterFailed::Leave(signalled(sig));
+    }
+    match verdict {
+        AfterFailure::Halt { exit_code, reason } => AfterFailed::Halt {
+            leave: failed(exit_code),
+            reason,
+        },
+        AfterFailure::Restart => {
+            memory.last_failure = Some(exit);
+            AfterFailed::Restart {
+                backoff: restart_backoff(round.restart_count),
+            }
+        }
+    }
+}
+
+/// What the exit barrier's outcome leads to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterBarrier {
+    /// Every node finished: the job is done.
+    Done(Leave),
+    /// Another node ended the run.
+    Halted(Halt),
+    /// The group broke before every node finished: re-form.
+    Rejoin(Change),
+    /// These nodes did not finish in time.
+    TimedOut {
+        unfinished: Vec<String>,
+        leave: Leave,
+    },
+}
+
+pub fn after_barrier(outcome: Finish) -> AfterBarrier {
+    match outcome {
+        Finish::AllDone => AfterBarrier::Done(Leave {
+            how: Departure::Finished,
+            exit: AgentExit::Finished,
+        }),
+        Finish::Changed(Change::Halted(h)) => AfterBarrier::Halted(h),
+        Finish::Changed(change) => AfterBarrier::Rejoin(change),
+        Finish::TimedOut { unfinished } => AfterBarrier::TimedOut {
+            unfinished,
+            leave: Leave {
+                how: Departure::Finished,
+                exit: AgentExit::Failed {
+                    exit_code: exit_code::BARRIER_TIMEOUT,
+                },
+            },
+        },
+    }
+}
+
+/// Whether this node, whose `round` broke, looks for another node's hang declaration
+/// (to publish where its ranks were): only with progress watched, in rounds of several
+/// nodes, and not for a hang it declared itself.
+pub fn answers_hang(memory: &Memory, round: &Round, progress_on: bool) -> bool {
+    progress_on
+        && round.group_world_size >= 2
+        && memory
+            .declared_hang
+            .as_ref()
+            .is_none_or(|d| d.number != round.number)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,525 @@
+//! The pure handler on hand-built values: every phase's decisions, without a process, a
+//! rendezvous or a clock.
+
+use std::time::Duration;
+
+use fsdp_rendezvous::{Change, Departure, Finish, Halt, RendezvousError, Round, RoundMember};
+use nix::sys::signal::Signal;
+
+use super::*;
+use crate::config::FailurePolicy;
+use crate::exit_code;
+use crate::failure::{Failure, WorkerExit};
+use crate::policy::AfterFailure;
+use crate::run::AgentExit;
+use crate::run::memory::{Memory, RoundMembers};
+use crate::supervisor::GroupEvent;
+
+const TERM: Duration = Duration::from_secs(30);
+
+fn rules(max_restarts: u32) -> Rules {
+    Rules {
+        max_restarts,
+        term_timeout: TERM,
+        failure: FailurePolicy::default(),
+    }
+}
+
+/// Round `number` of `members` (node ids), with `restart_count` charged so far.
+fn round(number: u64, members: &[&str], restart_count: u32) -> Round {
+    let members: Vec<RoundMember> = members
+        .iter()
+        .map(|id| RoundMember::unranked((*id).into(), format!("{id}.local"), 1))
+        .collect();
+    Round::new(
+        number,
+        members,
+        0,
+        ("a.local".into(), 29_500),
+        restart_count,
+        "test".into(),
+    )
+    .unwrap()
+}
+
+fn failure(exit: WorkerExit) -> Failure {
+    Failure {
+        local_rank: 0,
+        rank: 3,
+        pid: 42,
+        exit,
+        at: std::time::SystemTime::UNIX_EPOCH,
+        error_file: None,
+        report: None,
+    }
+}
+
+fn halt(code: u8) -> Halt {
+    Halt {
+        node_id: "b".into(),
+        exit_code: code,
+        reason: "no retry".into(),
+    }
+}
+
+#[test]
+fn the_first_round_starts_without_a_restart_warning() {
+    let mut m = Memory::default();
+    let (next, counted) = formed(&mut m, &round(0, &["a"], 0), &rules(3));
+    assert_eq!(next, AfterFormed::Start { restart: None });
+    assert_eq!(counted, 0);
+}
+
+#[test]
+fn a_round_after_a_charged_failure_warns_once_and_remembers_the_count() {
+    let mut m = Memory::default();
+    let (next, counted) = formed(&mut m, &round(1, &["a"], 1), &rules(3));
+    let AfterFormed::Start {
+        restart: Some(warning),
+    } = next
+    else {
+        panic!("{next:?}");
+    };
+    assert!(warning.contains("restart 1 of 3"), "{warning}");
+    assert!(!warning.contains("within"), "{warning}");
+    assert_eq!((counted, m.last_restart_count), (1, 1));
+    // A re-form without a new failure (a node joined) is no restart.
+    let (next, _) = formed(&mut m, &round(2, &["a", "b"], 1), &rules(3));
+    assert_eq!(next, AfterFormed::Start { restart: None });
+}
+
+#[test]
+fn a_restart_window_is_named_in_the_warning_and_forgives_old_charges() {
+    let mut r = rules(1);
+    r.failure.restart_window = Some(Duration::from_secs(3600));
+    let mut old = round(5, &["a"], 4);
+    old.charged_at_ms = vec![1, 2, 3, old.sealed_at_ms - 1000];
+    let mut m = Memory::default();
+    let (next, counted) = formed(&mut m, &old, &r);
+    assert_eq!(counted, 1, "three charges are older than the window");
+    let AfterFormed::Start {
+        restart: Some(warning),
+    } = next
+    else {
+        panic!("{next:?}");
+    };
+    assert!(warning.contains("within the last 3600s"), "{warning}");
+}
+
+#[test]
+fn a_spent_budget_gives_up_with_the_workers_code_and_starts_nothing() {
+    let mut m = Memory {
+        last_failure: Some(WorkerExit::Code(3)),
+        ..Memory::default()
+    };
+    let (next, counted) = formed(&mut m, &round(2, &["a"], 2), &rules(1));
+    assert_eq!(next, AfterFormed::GiveUp { exit_code: 3 });
+    assert_eq!(counted, 2);
+    assert_eq!(
+        m.last_restart_count, 0,
+        "a round not started is not remembered"
+    );
+    assert_eq!(
+        failed(3),
+        Leave {
+            how: Departure::Failed,
+            exit: AgentExit::Failed { exit_code: 3 }
+        }
+    );
+}
+
+#[test]
+fn a_spent_budget_without_a_failure_here_gives_the_permanent_code() {
+    let mut m = Memory::default();
+    let (next, _) = formed(&mut m, &round(1, &["a", "b"], 1), &rules(0));
+    assert_eq!(
+        next,
+        AfterFormed::GiveUp {
+            exit_code: exit_code::BUDGET_EXHAUSTED
+        }
+    );
+}
+
+#[test]
+fn each_wake_while_running_leads_to_its_own_step() {
+    let r = rules(0);
+    assert!(matches!(on_wake(Wake::HangCheck, &r), OnWake::Judge));
+    assert!(matches!(
+        on_wake(Wake::Signal(Signal::SIGINT), &r),
+        OnWake::Stop { signal: Signal::SIGINT, grace } if grace == TERM
+    ));
+    let change = Change::NewRound { number: 4 };
+    assert!(matches!(
+        on_wake(Wake::Changed(Ok(change.clone())), &r),
+        OnWake::Reform(c) if c == change
+    ));
+    let broken = Wake::Changed(Err(RendezvousError::Corrupt("garbage".into())));
+    assert!(matches!(
+        on_wake(broken, &r),
+        OnWake::Broken { grace, .. } if grace == TERM
+    ));
+    let first = failure(WorkerExit::Code(1));
+    assert!(matches!(
+        on_wake(Wake::Group(GroupEvent::Failed(first.clone())), &r),
+        OnWake::Failed(f) if f.rank == first.rank
+    ));
+    assert!(matches!(
+        on_wake(Wake::Group(GroupEvent::Succeeded), &r),
+        OnWake::Finish
+    ));
+}
+
+#[test]
+fn a_fence_cuts_the_grace_to_half_the_time_left_and_nothing_else_does() {
+    let fenced = |s| Change::Fenced {
+        reason: "lease".into(),
+        stop_within: Duration::from_secs(s),
+    };
+    assert_eq!(stop_grace(&fenced(4), TERM), Duration::from_secs(2));
+    assert_eq!(
+        stop_grace(&fenced(600), TERM),
+        TERM,
+        "never above the grace"
+    );
+    for other in [
+        Change::MemberLost { node: "b".into() },
+        Change::NodeWaiting { waiting: 1 },
+        Change::PeerFailed { restart_count: 1 },
+        Change::NewRound { number: 2 },
+        Change::Halted(halt(3)),
+    ] {
+        assert_eq!(stop_grace(&other, TERM), TERM, "{other:?}");
+    }
+}
+
+#[test]
+fn a_signal_during_a_reform_stop_wins_over_the_change() {
+    let mut m = Memory::default();
+    let r = round(1, &["a", "b"], 0);
+    for change in [
+        Change::Halted(halt(3)),
+        Change::PeerFailed { restart_count: 1 },
+        Change::Fenced {
+            reason: "x".into(),
+            stop_within: TERM,
+        },
+    ] {
+        let next = after_change(
+            &mut m,
+            &r,
+            &change,
+            Some(Signal::SIGTERM),
+            Some("a"),
+            None,
+            &rules(3),
+        );
+        assert_eq!(next, AfterChange::Leave(signalled(Signal::SIGTERM)));
+    }
+    assert_eq!(m.failed, None, "nothing was entered");
+}
+
+#[test]
+fn another_nodes_halt_ends_this_node_with_its_code() {
+    let mut m = Memory::default();
+    let change = Change::Halted(halt(7));
+    let next = after_change(
+        &mut m,
+        &round(1, &["a"], 0),
+        &change,
+        None,
+        Some("a"),
+        None,
+        &rules(3),
+    );
+    assert_eq!(next, AfterChange::Halted(halt(7)));
+}
+
+#[test]
+fn a_peers_failure_is_a_failed_attempt_here_and_may_halt_for_no_progress() {
+    let mut r = rules(10);
+    r.failure.no_progress_restarts = 2;
+    let mut m = Memory::default();
+    let change = Change::PeerFailed { restart_count: 1 };
+    let mut verdicts = Vec::new();
+    for n in 1..=3 {
+        let this = round(n, &["a", "b"], 0);
+        let next = after_change(&mut m, &this, &change, None, Some("a"), Some(10), &r);
+        assert_eq!(
+            m.failed,
+            Some(RoundMembers::of(&this)),
+            "judged at the next round"
+        );
+        verdicts.push(next);
+    }
+    assert_eq!(verdicts[0], AfterChange::PeerFailed(AfterFailure::Restart));
+    assert_eq!(verdicts[1], AfterChange::PeerFailed(AfterFailure::Restart));
+    assert!(
+        matches!(&verdicts[2], AfterChange::PeerFailed(AfterFailure::Halt { exit_code, .. }) if *exit_code == exit_code::NO_PROGRESS),
+        "{:?}",
+        verdicts[2]
+    );
+    assert_eq!(
+        m.last_failure, None,
+        "a peer's failure is not this node's code"
+    );
+}
+
+#[test]
+fn losing_its_own_place_is_charged_and_others_losses_are_not() {
+    let mut m = Memory::default();
+    let r = round(1, &["a", "b"], 0);
+    let mut decide =
+        |change: Change, me| after_change(&mut m, &r, &change, None, me, None, &rules(3));
+    let fenced = Change::Fenced {
+        reason: "lease".into(),
+        stop_within: TERM,
+    };
+    assert_eq!(decide(fenced, Some("a")), AfterChange::OwnLoss);
+    let me_lost = Change::MemberLost { node: "a".into() };
+    assert_eq!(decide(me_lost.clone(), Some("a")), AfterChange::OwnLoss);
+    assert_eq!(
+        decide(me_lost, None),
+        AfterChange::Rejoin,
+        "a backend without names"
+    );
+    let peer_lost = Change::MemberLost { node: "b".into() };
+    assert_eq!(decide(peer_lost, Some("a")), AfterChange::Rejoin);
+    assert_eq!(
+        decide(Change::NodeWaiting { waiting: 2 }, Some("a")),
+        AfterChange::Rejoin
+    );
+    assert_eq!(
+        decide(Change::NewRound { number: 2 }, Some("a")),
+        AfterChange::Rejoin
+    );
+}
+
+#[test]
+fn a_failure_here_is_remembered_as_the_root_cause_and_judged() {
+    let mut r = rules(3);
+    r.failure.no_retry_codes = vec![2];
+    let mut m = Memory::default();
+    let this = round(4, &["a", "b"], 1);
+    let first = failure(WorkerExit::Code(2));
+    let verdict = failed_here(&mut m, &this, &first, Some(5), &r);
+    assert!(
+        matches!(&verdict, AfterFailure::Halt { exit_code: 2, .. }),
+        "{verdict:?}"
+    );
+    assert_eq!(m.root_cause.as_ref().map(|f| f.rank), Some(3));
+    assert_eq!(m.failed, Some(RoundMembers::of(&this)));
+    assert_eq!(m.ledger.best, Some(5));
+    let other = failed_here(&mut m, &this, &failure(WorkerExit::Code(1)), Some(6), &r);
+    assert_eq!(other, AfterFailure::Restart);
+}
+
+#[test]
+fn after_a_failed_stop_a_late_signal_leaves_and_the_budget_is_not_touched() {
+    let mut m = Memory::default();
+    let next = after_failed(
+        &mut m,
+        &round(0, &["a"], 0),
+        WorkerExit::Code(1),
+        AfterFailure::Restart,
+        Some(Signal::SIGINT),
+    );
+    assert_eq!(next, AfterFailed::Leave(signalled(Signal::SIGINT)));
+    assert_eq!(m.last_failure, None);
+}
+
+#[test]
+fn a_halt_verdict_leaves_failed_with_its_code_and_reason() {
+    let mut m = Memory::default();
+    let verdict = AfterFailure::Halt {
+        exit_code: 9,
+        reason: "why".into(),
+    };
+    let next = after_failed(
+        &mut m,
+        &round(0, &["a"], 0),
+        WorkerExit::Code(9),
+        verdict,
+        None,
+    );
+    assert_eq!(
+        next,
+        AfterFailed::Halt {
+            leave: failed(9),
+            reason: "why".into()
+        }
+    );
+    assert_eq!(m.last_failure, None, "the budget is not what ends it");
+}
+
+#[test]
+fn a_restart_remembers_the_failure_and_backs_off_by_the_restart_count() {
+    let mut m = Memory::default();
+    let next = after_failed(
+        &mut m,
+        &round(3, &["a"], 10),
+        WorkerExit::Signal(11),
+        AfterFailure::Restart,
+        None,
+    );
+    let AfterFailed::Restart { backoff } = next else {
+        panic!("{next:?}");
+    };
+    // 100 ms doubled ten times is past the 5 s cap; the jitter is ±50 %.
+    assert!(
+        (Duration::from_millis(2500)..=Duration::from_millis(7500)).contains(&backoff),
+        "{backoff:?}"
+    );
+    assert_eq!(m.last_failure, Some(WorkerExit::Signal(11)));
+}
+
+#[test]
+fn each_barrier_outcome_has_its_ending() {
+    assert_eq!(
+        after_barrier(Finish::AllDone),
+        AfterBarrier::Done(Leave {
+            how: Departure::Finished,
+            exit: AgentExit::Finished
+        })
+    );
+    assert_eq!(
+        after_barrier(Finish::Changed(Change::Halted(halt(4)))),
+        AfterBarrier::Halted(halt(4))
+    );
+    let lost = Change::MemberLost { node: "b".into() };
+    assert_eq!(
+        after_barrier(Finish::Changed(lost.clone())),
+        AfterBarrier::Rejoin(lost)
+    );
+    assert_eq!(
+        after_barrier(Finish::TimedOut {
+            unfinished: vec!["b".into()]
+        }),
+        AfterBarrier::TimedOut {
+            unfinished: vec!["b".into()],
+            leave: Leave {
+                how: Departure::Finished,
+                exit: AgentExit::Failed {
+                    exit_code: exit_code::BARRIER_TIMEOUT
+                }
+            }
+        }
+    );
+}
+
+#[test]
+fn the_members_the_next_round_lacks_were_lost_except_this_node() {
+    let mut m = Memory {
+        last_round: Some(RoundMembers::of(&round(4, &["a", "b", "c"], 0))),
+        ..Memory::default()
+    };
+    let next = round(5, &["b", "d"], 0);
+    assert_eq!(
+        losses(&mut m, &next, Some("a")),
+        Some((4, vec!["c".to_owned()]))
+    );
+    assert_eq!(losses(&mut m, &next, Some("a")), None, "told once");
+}
+
+#[test]
+fn the_node_first_to_fail_round_after_round_is_quarantined_by_itself_only() {
+    let mut policy = FailurePolicy {
+        quarantine_after: 2,
+        ..FailurePolicy::default()
+    };
+    let members = ["a", "b"];
+    let judge_as = |me: &str, policy: &FailurePolicy| {
+        let mut m = Memory::default();
+        let mut out = Vec::new();
+        for n in 0..3 {
+            m.failed = Some(RoundMembers::of(&round(n, &members, 0)));
+            let next = round(n + 1, &members, 0);
+            out.push(blamed(
+                &mut m,
+                &next,
+                |_| Some("b".into()),
+                policy,
+                Some(me),
+            ));
+        }
+        assert_eq!(m.failed_rounds.len(), 2, "only the last k are kept");
+        out
+    };
+    let b = judge_as("b", &policy);
+    assert_eq!(b[0], None, "one round is not enough");
+    assert!(
+        b[1].as_deref().is_some_and(|r| r.contains("rounds 0, 1")),
+        "{b:?}"
+    );
+    assert!(judge_as("a", &policy).iter().all(Option::is_none));
+    policy.quarantine_after = 0;
+    let mut m = Memory {
+        failed: Some(RoundMembers::of(&round(0, &members, 0))),
+        ..Memory::default()
+    };
+    let next = round(1, &members, 0);
+    assert_eq!(
+        blamed(&mut m, &next, |_| Some("b".into()), &policy, Some("b")),
+        None
+    );
+}
+
+#[test]
+fn a_round_that_lost_a_member_blames_nobody() {
+    let policy = FailurePolicy {
+        quarantine_after: 1,
+        ..FailurePolicy::default()
+    };
+    let mut m = Memory {
+        failed: Some(RoundMembers::of(&round(0, &["a", "b", "c"], 0))),
+        ..Memory::default()
+    };
+    let next = round(1, &["a", "b"], 0);
+    assert_eq!(
+        blamed(&mut m, &next, |_| Some("b".into()), &policy, Some("b")),
+        None
+    );
+    assert!(m.failed_rounds[0].lost_member);
+    assert_eq!(
+        blamed(&mut m, &next, |_| None, &policy, Some("b")),
+        None,
+        "nothing left to judge"
+    );
+}
+
+#[test]
+fn only_a_compared_failure_is_reported_to_the_records() {
+    let policy = FailurePolicy {
+        quarantine_after: 2,
+        ..FailurePolicy::default()
+    };
+    let two = round(0, &["a", "b"], 0);
+    assert!(reports_fault(&two, WorkerExit::Code(1), &policy));
+    assert!(!reports_fault(&two, WorkerExit::Hung, &policy));
+    assert!(!reports_fault(
+        &round(0, &["a"], 0),
+        WorkerExit::Code(1),
+        &policy
+    ));
+    assert!(!reports_fault(
+        &two,
+        WorkerExit::Code(1),
+        &FailurePolicy::default()
+    ));
+    assert_eq!(failure_label(WorkerExit::Hung), "hang");
+    assert_eq!(failure_label(WorkerExit::Signal(9)), "worker failed");
+}
+
+#[test]
+fn a_node_answers_another_nodes_hang_but_not_its_own() {
+    let two = round(3, &["a", "b"], 0);
+    let mut m = Memory::default();
+    assert!(answers_hang(&m, &two, true));
+    assert!(!answers_hang(&m, &two, false), "no progress watched");
+    assert!(
+        !answers_hang(&m, &round(3, &["a"], 0), true),
+        "nobody to compare"
+    );
+    m.declared_hang = Some(RoundMembers::of(&two));
+    assert!(!answers_hang(&m, &two, true), "this node declared it");
+    assert!(answers_hang(&m, &round(4, &["a", "b"], 0), true));
+}

@@ -1,0 +1,579 @@
+//! The loop's driver: the only place that awaits. Each phase does its I/O (the
+//! rendezvous, the worker group, sleeps, signals, the reporter), hands what it learnt to
+//! a decision in [`super::decide`], and carries the decision out.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fsdp_proto::v1::Phase as Shown;
+use fsdp_rendezvous::{Change, JobRecords, Rendezvous, RendezvousError, Round};
+use nix::sys::signal::Signal;
+
+use super::decide::{
+    self, AfterBarrier, AfterChange, AfterFailed, AfterFormed, Leave, OnWake, Rules, Wake,
+    signalled,
+};
+use super::memory::{Memory, RoundMembers};
+use super::report::{Reporter, change_label, describe};
+use super::{AgentExit, DEPART_PATIENCE, HANG_LOOK, Phase, hang};
+use crate::config::Config;
+use crate::error::AgentError;
+use crate::failure::{Failure, summary};
+use crate::hang::{Progress, Verdict};
+use crate::policy::AfterFailure;
+use crate::signals::Signals;
+use crate::supervisor::output::{Console, Stream};
+use crate::supervisor::spare::Spares;
+use crate::supervisor::{Channels, GroupSpec, WorkerGroup, attempt_dir, spare_command};
+
+/// The one interruption rule: `work`, unless a signal comes first.
+pub(super) async fn interruptible<T>(
+    signals: &mut Signals,
+    work: impl Future<Output = T>,
+) -> Result<T, Signal> {
+    tokio::select! {
+        v = work => Ok(v),
+        sig = signals.recv() => Err(sig),
+    }
+}
+
+/// What the driver holds: the I/O it does, and the [`Memory`] the decisions read.
+pub(super) struct Loop<'a, R> {
+    pub(super) cfg: &'a Config,
+    pub(super) rules: Rules,
+    pub(super) rdzv: &'a mut R,
+    pub(super) signals: &'a mut Signals,
+    pub(super) console: &'a Console,
+    pub(super) report: &'a mut Reporter,
+    pub(super) host: String,
+    pub(super) run_dir: Option<PathBuf>,
+    pub(super) memory: Memory,
+    /// The workers' progress reports, when hang detection is on.
+    pub(super) progress: Option<Progress>,
+    /// torchrun's file-timer watchdog, when `TORCHELASTIC_ENABLE_FILE_TIMER=1`.
+    pub(super) file_timer: Option<crate::hang::file_timer::FileTimer>,
+    /// When the running group started and since when it is finishing (for the hang
+    /// judge), and its attempt directory (for hang dumps).
+    pub(super) group_times: crate::hang::GroupTimes,
+    pub(super) attempt: Option<PathBuf>,
+    /// `--prewarm`'s spare interpreters; dropped (killed) with the loop.
+    spares: Option<Spares>,
+}
+
+impl<'a, R: Rendezvous> Loop<'a, R> {
+    pub(super) fn new(
+        cfg: &'a Config,
+        rdzv: &'a mut R,
+        signals: &'a mut Signals,
+        console: &'a Console,
+        report: &'a mut Reporter,
+        host: String,
+        run_dir: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            cfg,
+            rules: Rules::of(cfg),
+            rdzv,
+            signals,
+            console,
+            report,
+            host,
+            run_dir,
+            memory: Memory::default(),
+            progress: hang::progress_socket(cfg),
+            file_timer: hang::file_timer(),
+            group_times: crate::hang::GroupTimes::started(std::time::Instant::now()),
+            attempt: None,
+            spares: cfg.prewarm.as_ref().map(|modules| {
+                let mut spares = Spares::new(modules, cfg.nproc_per_node);
+                // The first round's spares import while the rendezvous gathers nodes.
+                spares.fill(|local_rank| spare_command(cfg, local_rank));
+                spares
+            }),
+        }
+    }
+
+    /// Stops the group with `signal` and `grace`; a signal meanwhile skips the grace.
+    /// Returns it.
+    pub(super) async fn stop(
+        &mut self,
+        group: &mut WorkerGroup,
+        signal: Signal,
+        grace: Duration,
+    ) -> Option<Signal> {
+        let mut late = None;
+        let signals = &mut *self.signals;
+        group
+            .stop(signal, grace, async { late = Some(signals.recv().await) })
+            .await;
+        late
+    }
+
+    /// The best step this node's ranks reported in the attempt that just ended (`None`:
+    /// none, or progress is not watched).
+    fn reached(&self) -> Option<u64> {
+        self.progress.as_ref().and_then(|p| {
+            p.snapshot()
+                .iter()
+                .filter_map(|r| r.last_step.map(|(n, _)| n))
+                .max()
+        })
+    }
+
+    /// Waits for the next round (a health gate before each try, a quarantined machine
+    /// leaves), then hands it to the decisions of a formed round.
+    pub(super) async fn join(&mut self) -> Result<Phase, AgentError> {
+        let round = loop {
+            if let Some(end) = self.kept_out() {
+                return Ok(end);
+            }
+            if let Some(end) = self.gate().await {
+                return Ok(end);
+            }
+            // A node that waits long (a spare) checks its health again now and then.
+            let recheck = self.cfg.health.as_ref().map(|h| h.interval);
+            let recheck = async {
+                match recheck {
+                    Some(every) => tokio::time::sleep(every).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                r = self.rdzv.next_round() => match r {
+                    Err(RendezvousError::Halted(h)) => return Ok(self.halted(&h)),
+                    r => break r?,
+                },
+                sig = self.signals.recv() => return Ok(signalled(sig).into()),
+                () = recheck => {}
+            }
+        };
+        self.formed(round).await
+    }
+
+    async fn formed(&mut self, round: Round) -> Result<Phase, AgentError> {
+        let coordinator = self.rdzv.records().and_then(|r| r.coordinator());
+        self.report.formed(&round, coordinator);
+        self.report_losses(&round);
+        self.name_culprit().await;
+        if let Some(end) = self.judge_quarantine(&round).await {
+            return Ok(end);
+        }
+        tracing::info!(
+            master_addr = %round.master_addr,
+            master_port = round.master_port,
+            round = round.number,
+            world_size = round.world_size,
+            group_rank = round.group_rank,
+            group_world_size = round.group_world_size,
+            restart_count = round.restart_count,
+            "group formed"
+        );
+        let (next, counted) = decide::formed(&mut self.memory, &round, &self.rules);
+        self.report.restarts(counted);
+        match next {
+            AfterFormed::GiveUp { exit_code } => {
+                tracing::error!(
+                    restart_count = round.restart_count,
+                    counted,
+                    max_restarts = self.cfg.max_restarts,
+                    exit_code,
+                    "the restart budget is spent; giving up"
+                );
+                Ok(decide::failed(exit_code).into())
+            }
+            AfterFormed::Start { restart } => {
+                if let Some(warning) = restart {
+                    tracing::warn!("{warning}");
+                }
+                Ok(Phase::Start(round))
+            }
+        }
+    }
+
+    pub(super) async fn start(&mut self, round: Round) -> Result<Phase, AgentError> {
+        let attempt = match &self.run_dir {
+            Some(dir) => Some(attempt_dir(dir, round.restart_count).map_err(|source| {
+                AgentError::LogDir {
+                    path: dir.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        self.attempt = attempt.clone();
+        self.memory.last_round = Some(RoundMembers::of(&round));
+        if let Some(p) = &self.progress {
+            p.reset(round.base_rank..round.base_rank + self.cfg.nproc_per_node);
+        }
+        if let Some(t) = &self.file_timer {
+            t.reset();
+        }
+        self.group_times = crate::hang::GroupTimes::started(std::time::Instant::now());
+        let spec = GroupSpec {
+            config: self.cfg,
+            round: &round,
+            attempt_dir: attempt,
+            console: self.console,
+            host: &self.host,
+            channels: Channels {
+                progress: self.progress.as_ref().map(Progress::path),
+                timer_file: self.file_timer.as_ref().map(|t| t.path()),
+            },
+        };
+        // A start may wait for a spare that is still importing: a signal meanwhile ends it
+        // (the workers already started die with the dropped group).
+        let spawn = WorkerGroup::spawn(&spec, self.spares.as_mut());
+        let group = match interruptible(self.signals, spawn).await {
+            Ok(group) => group?,
+            Err(sig) => {
+                tracing::info!(signal = %sig, "signal received while starting workers; leaving the run");
+                return Ok(signalled(sig).into());
+            }
+        };
+        if let Some(spares) = &mut self.spares {
+            self.report.starts(spares);
+            // The next start's spares import while this group trains.
+            spares.fill(|local_rank| spare_command(self.cfg, local_rank));
+        }
+        tracing::info!(pids = ?group.pids(), entrypoint = %self.cfg.entrypoint.display(), "workers started");
+        self.report.started(&round, &group);
+        Ok(Phase::Running { round, group })
+    }
+
+    /// Waits for the first of the group's events, a signal, the group changing and the
+    /// hang judge's next look, and carries out what it leads to.
+    pub(super) async fn running(
+        &mut self,
+        round: Round,
+        mut group: WorkerGroup,
+    ) -> Result<Phase, AgentError> {
+        let wake = match self.wake(&mut group).await {
+            Ok(wake) => wake,
+            Err((behind, reason)) => return Ok(self.hung(round, group, &behind, reason).await),
+        };
+        match decide::on_wake(wake, &self.rules) {
+            OnWake::Judge => Ok(Phase::Running { round, group }),
+            OnWake::Stop { signal, grace } => {
+                tracing::info!(%signal, "signal received; stopping workers and leaving the run");
+                self.stop(&mut group, signal, grace).await;
+                Ok(signalled(signal).into())
+            }
+            OnWake::Reform(change) => Ok(Phase::Reform {
+                round,
+                group,
+                change,
+            }),
+            OnWake::Broken { error, grace } => {
+                tracing::error!(error = %error, "the rendezvous failed; stopping workers");
+                self.report
+                    .show(Shown::Stopping, format!("rendezvous failed: {error}"));
+                self.stop(&mut group, Signal::SIGTERM, grace).await;
+                Err(error.into())
+            }
+            OnWake::Failed(first) => Ok(Phase::Failed {
+                round,
+                group,
+                first,
+            }),
+            OnWake::Finish => {
+                let finished = interruptible(self.signals, group.finish()).await;
+                self.report.workers(&group, true);
+                if let Err(sig) = finished {
+                    return Ok(signalled(sig).into());
+                }
+                self.report
+                    .show(Shown::Finishing, "every local worker succeeded");
+                Ok(Phase::Barrier { round })
+            }
+        }
+    }
+
+    /// The next event of a running group, or the ranks behind and why, when the hang
+    /// judge finds it hung now.
+    async fn wake(&mut self, group: &mut WorkerGroup) -> Result<Wake, (Vec<u32>, String)> {
+        let deadline = match self.hang_verdict(group) {
+            Verdict::Hung { behind, reason } => return Err((behind, reason)),
+            Verdict::Healthy { recheck_at } => recheck_at,
+        };
+        let now = std::time::Instant::now();
+        // Reports arrive without waking the loop: with progress watched, look again at
+        // least once a second, so a rank that starts reporting (or a deadline that moves)
+        // is seen.
+        let look = self.progress.as_ref().map(|_| now + HANG_LOOK);
+        let scope = self.reap_expired_scopes(group).map(|next| now + next);
+        let recheck_at = [deadline, look, scope].into_iter().flatten().min();
+        let hang_timer = async {
+            match recheck_at {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        let report = &*self.report;
+        Ok(tokio::select! {
+            ev = group.next_event(|workers| report.exits(workers)) => Wake::Group(ev),
+            sig = self.signals.recv() => Wake::Signal(sig),
+            change = self.rdzv.changed() => Wake::Changed(change),
+            () = hang_timer => Wake::HangCheck,
+        })
+    }
+
+    /// Stops the workers of a group that changed (their grace cut for a fence), then
+    /// carries out what the change leads to.
+    pub(super) async fn reform(
+        &mut self,
+        round: Round,
+        mut group: WorkerGroup,
+        change: Change,
+    ) -> Phase {
+        match &change {
+            Change::Fenced { reason, .. } => {
+                tracing::warn!(%reason, "fencing: stopping the workers")
+            }
+            _ => tracing::info!(?change, "group changed; re-forming"),
+        }
+        let grace = decide::stop_grace(&change, self.rules.term_timeout);
+        self.report
+            .broke(change_label(&change), Shown::Stopping, describe(&change));
+        let late = self.stop(&mut group, Signal::SIGTERM, grace).await;
+        self.report.workers(&group, false);
+        let me = self.rdzv.node_id().map(str::to_owned);
+        let reached = self.reached();
+        let next = decide::after_change(
+            &mut self.memory,
+            &round,
+            &change,
+            late,
+            me.as_deref(),
+            reached,
+            &self.rules,
+        );
+        match next {
+            AfterChange::Leave(leave) => return leave.into(),
+            AfterChange::Halted(h) => return self.halted(&h),
+            AfterChange::PeerFailed(verdict) => {
+                // A node that found the group hung charges a failure after saying so.
+                self.answer_hang(&round).await;
+                if let AfterFailure::Halt { exit_code, reason } = verdict {
+                    if let Err(sig) = self.announce_halt(exit_code, &reason).await {
+                        return signalled(sig).into();
+                    }
+                    return self.leave_halted(decide::failed(exit_code), &reason);
+                }
+            }
+            AfterChange::OwnLoss => {
+                if let Err(sig) = self.charge_own_loss(&change).await {
+                    return signalled(sig).into();
+                }
+            }
+            AfterChange::Rejoin => {}
+        }
+        self.report.show(
+            Shown::Rendezvous,
+            format!("re-forming: {}", describe(&change)),
+        );
+        Phase::Join
+    }
+
+    /// A worker failed: reports it, tells every node first if the run ends on it, stops
+    /// the group, and carries out the verdict (leave, or charge, back off and re-form).
+    pub(super) async fn failed(
+        &mut self,
+        round: Round,
+        mut group: WorkerGroup,
+        first: Failure,
+    ) -> Result<Phase, AgentError> {
+        self.report.broke(
+            decide::failure_label(first.exit),
+            Shown::Stopping,
+            format!("worker rank {} failed: {}", first.rank, first.exit),
+        );
+        self.report_fault(&round, first.exit).await;
+        let reached = self.reached();
+        let verdict = decide::failed_here(&mut self.memory, &round, &first, reached, &self.rules);
+        if let AfterFailure::Halt { exit_code, reason } = &verdict {
+            if let Err(sig) = self.announce_halt(*exit_code, reason).await {
+                self.stop(&mut group, sig, Duration::ZERO).await;
+                return Ok(signalled(sig).into());
+            }
+        }
+        // A signal during the stop escalates to SIGKILL; it is honoured right after.
+        let late = self
+            .stop(&mut group, Signal::SIGTERM, self.rules.term_timeout)
+            .await;
+        self.report.workers(&group, true);
+        tracing::error!(
+            rank = first.rank,
+            local_rank = first.local_rank,
+            pid = first.pid,
+            exit = %first.exit,
+            "worker group failed"
+        );
+        self.print_summary(&round, &group, &first).await;
+        drop(group);
+        let backoff =
+            match decide::after_failed(&mut self.memory, &round, first.exit, verdict, late) {
+                AfterFailed::Leave(leave) => return Ok(leave.into()),
+                AfterFailed::Halt { leave, reason } => return Ok(self.leave_halted(leave, &reason)),
+                AfterFailed::Restart { backoff } => backoff,
+            };
+        self.restart_after(&round, &first, backoff).await
+    }
+
+    /// Charges the failure to the job, pauses, and re-forms.
+    async fn restart_after(
+        &mut self,
+        round: &Round,
+        first: &Failure,
+        backoff: Duration,
+    ) -> Result<Phase, AgentError> {
+        self.report.show(
+            Shown::Rendezvous,
+            format!(
+                "restarting after worker rank {} failed: {}",
+                first.rank, first.exit
+            ),
+        );
+        match interruptible(self.signals, self.rdzv.record_failure()).await {
+            Ok(r) => r?,
+            Err(sig) => return Ok(signalled(sig).into()),
+        };
+        tracing::info!(
+            backoff_ms = backoff.as_millis() as u64,
+            "worker failure reported; re-forming"
+        );
+        if let Err(sig) = interruptible(self.signals, tokio::time::sleep(backoff)).await {
+            return Ok(signalled(sig).into());
+        }
+        // Our workers may have failed because another node stopped its hung ones.
+        self.answer_hang(round).await;
+        Ok(Phase::Join)
+    }
+
+    /// The failure summary, through the console so that it follows the workers' last
+    /// lines. A hung worker did not fail on its own: the group has no failure of it.
+    async fn print_summary(&self, round: &Round, group: &WorkerGroup, first: &Failure) {
+        let failures = if group.failures().is_empty() {
+            std::slice::from_ref(first)
+        } else {
+            group.failures()
+        };
+        let text = summary(
+            &self.cfg.entrypoint.display(),
+            round.restart_count,
+            &self.host,
+            failures,
+        );
+        self.console
+            .write(Stream::Stderr, format!("{text}\n").into_bytes())
+            .await;
+    }
+
+    /// After [`decide::own_loss`]: the job is charged a restart like a worker failure.
+    async fn charge_own_loss(&mut self, change: &Change) -> Result<(), Signal> {
+        tracing::warn!(
+            change = %describe(change),
+            "this node lost its place in the group; charging a restart"
+        );
+        match interruptible(self.signals, self.rdzv.record_failure()).await? {
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not charge the restart"),
+        }
+        Ok(())
+    }
+
+    /// The members of the last round that `round` lacks were lost: says how each loss was
+    /// noticed (only the shared records know).
+    fn report_losses(&mut self, round: &Round) {
+        let me = self.rdzv.node_id().map(str::to_owned);
+        let Some((from, lost)) = decide::losses(&mut self.memory, round, me.as_deref()) else {
+            return;
+        };
+        let Some(records) = self.rdzv.records() else {
+            return;
+        };
+        for node in &lost {
+            let how = records.detection(node, from);
+            tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
+            self.report.lost(node, from, how);
+        }
+    }
+
+    /// The exit barrier: waits for the other nodes, and carries out its outcome.
+    pub(super) async fn barrier(&mut self, round: Round) -> Result<Phase, AgentError> {
+        let timeout = self.cfg.exit_barrier();
+        if round.group_world_size > 1 {
+            tracing::info!(
+                timeout_s = timeout.as_secs_f64(),
+                "all workers finished; waiting for the other nodes"
+            );
+        }
+        let outcome = match interruptible(self.signals, self.rdzv.finish(timeout)).await {
+            Ok(f) => f?,
+            Err(sig) => return Ok(signalled(sig).into()),
+        };
+        Ok(match decide::after_barrier(outcome) {
+            AfterBarrier::Done(leave) => {
+                tracing::info!(
+                    nodes = round.group_world_size,
+                    "every node finished; the job is done"
+                );
+                leave.into()
+            }
+            AfterBarrier::Halted(h) => self.halted(&h),
+            AfterBarrier::Rejoin(change) => {
+                self.report.broke(
+                    change_label(&change),
+                    Shown::Rendezvous,
+                    format!("re-forming: {}", describe(&change)),
+                );
+                tracing::warn!(
+                    ?change,
+                    "the group broke before every node finished; re-forming"
+                );
+                Phase::Join
+            }
+            AfterBarrier::TimedOut { unfinished, leave } => {
+                tracing::error!(
+                    ?unfinished,
+                    "other nodes did not finish within the exit barrier timeout"
+                );
+                leave.into()
+            }
+        })
+    }
+
+    /// The job failed on this node's own worker: tell the scheduler, in torchrun's format,
+    /// through `TORCHELASTIC_ERROR_FILE` if it set one.
+    pub(super) fn write_launcher_error(&self, result: &Result<AgentExit, AgentError>) {
+        let (Some(path), Some(root), Ok(AgentExit::Failed { exit_code })) = (
+            &self.cfg.launcher_error_file,
+            &self.memory.root_cause,
+            result,
+        ) else {
+            return;
+        };
+        match crate::failure::write_launcher_error(path, root, &self.host, *exit_code) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "wrote the root cause to the launcher's error file")
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "could not write the launcher's error file")
+            }
+        }
+    }
+
+    pub(super) async fn leave(&mut self, leave: Leave) -> Result<AgentExit, AgentError> {
+        // Leaving is a courtesy (peers notice at once instead of after a lease TTL): a hung
+        // etcd or a second signal must not keep the agent from exiting.
+        let depart = tokio::time::timeout(DEPART_PATIENCE, self.rdzv.depart(leave.how));
+        match interruptible(self.signals, depart).await {
+            Ok(Ok(r)) => r?,
+            Ok(Err(_)) => tracing::warn!(
+                "the rendezvous did not take the goodbye within {DEPART_PATIENCE:?}; peers notice within a lease TTL"
+            ),
+            Err(sig) => tracing::warn!(signal = %sig, "signal while leaving the run; not waiting"),
+        }
+        Ok(leave.exit)
+    }
+}
