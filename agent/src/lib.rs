@@ -157,6 +157,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 None => None,
             };
             let mut rc = m.rendezvous.clone();
+            rc.allowed = allowed(cfg);
             rc.status_addr = status_addr.and_then(|bound| advertised(bound, &rc.addr));
             let mut rdzv = tokio::select! {
                 r = EtcdRendezvous::connect(rc) => r?,
@@ -190,6 +191,25 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             })?;
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
+    }
+}
+
+/// What this node accepts from the records others write: its own rules, as every agent of
+/// the run is given the same flags.
+fn allowed(cfg: &Config) -> fsdp_rendezvous::etcd::Allowed {
+    let mut halt_codes: std::collections::BTreeSet<u8> =
+        cfg.failure.no_retry_codes.iter().copied().collect();
+    if cfg.failure.no_progress_restarts > 0 {
+        halt_codes.insert(exit_code::NO_PROGRESS);
+    }
+    let defaults = fsdp_rendezvous::etcd::Allowed::default();
+    fsdp_rendezvous::etcd::Allowed {
+        workers_per_node: match cfg.nproc_given {
+            true => 1..=cfg.nproc_per_node,
+            false => defaults.workers_per_node.clone(),
+        },
+        halt_codes: Some(halt_codes),
+        ..defaults
     }
 }
 

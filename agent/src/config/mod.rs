@@ -119,6 +119,9 @@ pub struct Config {
     pub mode: Mode,
     pub run_id: String,
     pub nproc_per_node: u32,
+    /// `--nproc-per-node` was a number (every node of the run is given the same), not
+    /// `gpu`, `cpu` or `auto` (each node counts its own).
+    pub nproc_given: bool,
     pub role: String,
     pub max_restarts: u32,
     pub term_timeout: Duration,
@@ -390,6 +393,10 @@ impl Resolver<'_> {
             mode,
             run_id,
             nproc_per_node,
+            nproc_given: matches!(
+                parse::nproc(&a.nproc_per_node),
+                Ok(parse::NprocRequest::Count(_))
+            ),
             role: a.role,
             max_restarts,
             term_timeout,

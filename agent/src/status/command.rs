@@ -338,6 +338,9 @@ fn run_table(r: &RunReport) -> String {
     for c in &r.corrupt {
         let _ = writeln!(out, "{:<12} {c}", "untrusted");
     }
+    for c in &r.refused {
+        let _ = writeln!(out, "{:<12} {c}", "refused");
+    }
     let now = fsdp_rendezvous::unix_ms();
     for q in &r.quarantined {
         let left = q.until_ms.saturating_sub(now) / 1000;
@@ -428,6 +431,7 @@ mod tests {
             health: fsdp_rendezvous::etcd::inspect::Health::Healthy,
             health_reason: "ok".into(),
             corrupt: Vec::new(),
+            refused: Vec::new(),
             last_hang: None,
             unhealthy: Vec::new(),
             quarantined: Vec::new(),

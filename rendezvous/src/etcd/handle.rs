@@ -105,6 +105,10 @@ impl EtcdRendezvous {
                 granted_at,
                 unix_ms_at_grant,
                 first_incarnation: session::first_incarnation(unix_ms_at_grant),
+                allowed: Allowed {
+                    nodes: 1..=cfg.max_nodes.min(*cfg.allowed.nodes.end()),
+                    ..cfg.allowed.clone()
+                },
             },
             counters.clone(),
             writes.clone(),

@@ -28,6 +28,9 @@ pub struct RunReport {
     pub health_reason: String,
     /// Keys holding values that cannot be trusted, with the reason.
     pub corrupt: Vec<String>,
+    /// Records the agents refuse (a halt with code 0, a registration without a lease, a
+    /// round no agent could seal), with the reason: what is shown is what they accepted.
+    pub refused: Vec<String>,
     /// The latest round that hung: where every reporting node's ranks were.
     pub last_hang: Option<HangRound>,
     /// Live nodes whose health check fails: out of the rounds until it passes.
@@ -138,6 +141,7 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
         health: Health::Forming,
         health_reason: String::new(),
         corrupt: v.corrupt.values().cloned().collect(),
+        refused: v.refused.values().cloned().collect(),
         unhealthy: v
             .unhealthy
             .values()

@@ -45,6 +45,7 @@ use std::time::Duration;
 
 pub use connect::{EtcdOptions, TlsFiles, connect, transient as is_transient};
 pub use keys::Keys;
+pub use record::Allowed;
 pub use session::{commit_round, lease_holds};
 pub use view::View;
 
@@ -77,6 +78,9 @@ pub struct EtcdConfig {
     /// Where this agent's status port answers (`host:port`), if it serves one: its ring
     /// neighbour watches it ([`liveness`]).
     pub status_addr: Option<String>,
+    /// What this node accepts from the records others write (a round's size is also
+    /// bounded by `max_nodes`).
+    pub allowed: Allowed,
 }
 
 impl EtcdConfig {
@@ -98,6 +102,7 @@ impl EtcdConfig {
             fence_margin: None,
             outage_timeout: Duration::from_secs(900),
             status_addr: None,
+            allowed: Allowed::default(),
         }
     }
 }

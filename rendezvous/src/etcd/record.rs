@@ -21,6 +21,7 @@
 //! session writes an [`Outgoing`] as its [`Mode`] says, and [`super::Keys`] builds keys
 //! from a record's [`Place`].
 
+mod allowed;
 mod declared;
 
 use std::time::Instant;
@@ -30,6 +31,7 @@ use fsdp_proto::{Versioned, decode};
 use super::keys::Keys;
 use super::view::View;
 
+pub use allowed::Allowed;
 pub use declared::per_round;
 
 /// Where a record lives under the run's root.
@@ -95,7 +97,7 @@ pub trait Record: Versioned + Sized {
     }
 
     /// Takes the record, found at the key of `tail`, into `view`; `Err` says why it
-    /// cannot be trusted (the key is then held corrupt).
+    /// cannot be trusted: it is then refused and leaves the view as it was.
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String>;
 
     /// Its key at `tail` was deleted, seen at `now`; `prev` is the value the event
@@ -140,16 +142,20 @@ const DECLARED: &[Declared] = {
 /// Decodes the value at `key` as an `R` and applies it; an undecodable or untrusted value
 /// marks the key corrupt, a good one clears it.
 fn put_as<R: Record>(view: &mut View, key: &str, tail: &str, value: &[u8], at: At) {
-    let applied = decode::<R>(key, value)
-        .map_err(|e| e.to_string())
-        .and_then(|r| {
-            r.apply(view, tail, at)
-                .map_err(|why| format!("{} record at {key} {why}", R::KIND))
-        });
-    match applied {
-        Ok(()) => view.corrupt.remove(key),
-        Err(e) => view.corrupt.insert(key.to_owned(), e),
+    let record = match decode::<R>(key, value) {
+        Ok(r) => r,
+        Err(e) => {
+            view.corrupt.insert(key.to_owned(), e.to_string());
+            return;
+        }
     };
+    view.corrupt.remove(key);
+    match record.apply(view, tail, at) {
+        Ok(()) => {
+            view.refused.remove(key);
+        }
+        Err(why) => view.refuse(key, format!("{} record at {key} {why}", R::KIND)),
+    }
 }
 
 /// The declaration `key` falls under, and its tail.
@@ -167,18 +173,14 @@ pub(super) fn put(view: &mut View, keys: &Keys, key: &str, value: &[u8], at: At)
         // Another run whose prefix lies under ours: its keys are not ours to judge
         // (agents refuse to start such a run; this keeps a race harmless).
         None if keys.nested_run_key(key) => {}
-        None => {
-            view.corrupt.insert(
-                key.to_owned(),
-                format!("unexpected key {key} under the run's prefix"),
-            );
-        }
+        None => view.refuse(key, format!("unexpected key {key} under the run's prefix")),
     }
 }
 
 /// Applies a delete of `key`, seen at `now`, to `view`.
 pub(super) fn delete(view: &mut View, keys: &Keys, key: &str, now: Instant, prev: Option<&[u8]>) {
     view.corrupt.remove(key);
+    view.refused.remove(key);
     if let Some((d, tail)) = find(keys, key) {
         (d.remove)(view, tail, now, prev);
     }

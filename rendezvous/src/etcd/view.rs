@@ -7,7 +7,7 @@ use std::time::Instant;
 use fsdp_proto::v1;
 
 use super::keys::Keys;
-use super::record::{self, At};
+use super::record::{self, Allowed, At};
 
 /// A registered member and the revision that created its key (its join order).
 #[derive(Debug, Clone)]
@@ -50,8 +50,15 @@ pub struct View {
     /// Per round, the members whose workers all succeeded.
     pub done: BTreeMap<u64, BTreeSet<String>>,
     pub coordinator: Option<String>,
-    /// Keys holding values we cannot trust, with the reason.
+    /// Keys holding values that do not decode (garbage, another schema), with the
+    /// reason: the rendezvous stops with a clear error naming the key.
     pub corrupt: BTreeMap<String, String>,
+    /// Keys holding records that decode but that this node refuses ([`Allowed`]; a
+    /// registration that is not its own key's, a round no agent of this run could seal),
+    /// with the reason: ignored, logged once.
+    pub refused: BTreeMap<String, String>,
+    /// What this node accepts from the records others write.
+    pub allowed: Allowed,
     /// How each lost member's loss was noticed, by node (the latest round's record).
     pub gone: BTreeMap<String, v1::Gone>,
     /// Per round, the nodes that saw their own worker fail, with the revision of their
@@ -94,6 +101,8 @@ impl View {
             done,
             coordinator,
             corrupt,
+            refused,
+            allowed,
             gone,
             faults,
             quarantine,
@@ -114,6 +123,8 @@ impl View {
             done: done.clone(),
             coordinator: coordinator.clone(),
             corrupt: corrupt.clone(),
+            refused: refused.clone(),
+            allowed: allowed.clone(),
             gone: gone.clone(),
             faults: faults.clone(),
             quarantine: quarantine.clone(),
@@ -209,6 +220,15 @@ impl View {
     /// event carried it.
     pub fn delete(&mut self, keys: &Keys, key: &str, now: Instant, prev: Option<&[u8]>) {
         record::delete(self, keys, key, now, prev);
+    }
+
+    /// Refuses the record at `key` for `why`: it stays out of the view, and the refusal
+    /// is logged once (again only if the reason changes).
+    pub fn refuse(&mut self, key: &str, why: String) {
+        if self.refused.get(key) != Some(&why) {
+            tracing::warn!(%key, "refused a record: {why}; ignoring it");
+            self.refused.insert(key.to_owned(), why);
+        }
     }
 
     /// The first untrusted value, as an error message naming its key.

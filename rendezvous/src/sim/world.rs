@@ -258,6 +258,7 @@ impl World {
             can_probe: true,
             embedded_store: false,
             lease,
+            allowed: Default::default(),
             granted_at: now,
             unix_ms_at_grant: UNIX_MS_AT_START + self.now_ms + skew,
             first_incarnation: crate::etcd::session::first_incarnation(

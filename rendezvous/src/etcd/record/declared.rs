@@ -34,6 +34,7 @@ impl Record for v1::Member {
 
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String> {
         check_member(tail, &self, at.lease)?;
+        view.allowed.workers(self.local_world_size)?;
         view.members.insert(
             tail.to_owned(),
             MemberEntry {
@@ -64,6 +65,7 @@ impl Record for v1::Round {
 
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
         check_round(&self)?;
+        view.allowed.round(&self)?;
         view.round = Some(RoundEntry {
             record: std::sync::Arc::new(self),
             mod_rev: at.mod_rev,
@@ -199,6 +201,7 @@ impl Record for v1::Halt {
     const WRITING: &'static str = "ending the run for every node";
 
     fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        view.allowed.halt(&self)?;
         view.halt = Some(self);
         Ok(())
     }

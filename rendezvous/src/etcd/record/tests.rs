@@ -73,6 +73,7 @@ fn a_put_then_a_delete_of_each_removable_record_leaves_the_view_as_it_was() {
     let halt = v1::Halt {
         schema: fsdp_proto::SCHEMA_VERSION,
         node_id: "n1".into(),
+        exit_code: 3,
         ..Default::default()
     };
     let unhealthy = v1::Unhealthy {
@@ -98,7 +99,7 @@ fn a_put_then_a_delete_of_each_removable_record_leaves_the_view_as_it_was() {
 }
 
 #[test]
-fn a_record_that_fails_its_check_is_held_corrupt_with_its_kind_and_key() {
+fn a_record_that_fails_its_check_is_refused_with_its_kind_and_key() {
     let k = keys();
     let mut v = View::default();
     let master = v1::Master {
@@ -109,18 +110,19 @@ fn a_record_that_fails_its_check_is_held_corrupt_with_its_kind_and_key() {
     };
     let key = k.of(&master);
     put(&mut v, &k, &key, &master.encode_to_vec(), At::default());
-    let why = v.corruption().unwrap();
+    let why = &v.refused[&key];
     assert!(
         why.starts_with(&format!("master record at {key} has address")),
         "{why}"
     );
+    assert!(v.master.is_none() && v.corruption().is_none());
     // A good value at the same key clears it.
     let good = v1::Master {
         port: 29_500,
         ..master
     };
     put(&mut v, &k, &key, &good.encode_to_vec(), At::default());
-    assert_eq!(v.corruption(), None);
+    assert!(v.refused.is_empty());
     assert_eq!(v.master.map(|m| m.port), Some(29_500));
 }
 
@@ -152,4 +154,141 @@ fn writes_follow_the_declared_mode() {
         }
     );
     assert_eq!(failure.writing, "reporting a worker failure");
+}
+
+fn halt(code: u32) -> v1::Halt {
+    v1::Halt {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        node_id: "n1".into(),
+        exit_code: code,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_halt_with_code_0_is_refused_and_never_reaches_the_view() {
+    let k = keys();
+    let mut v = View::default();
+    let h = halt(0);
+    put(&mut v, &k, &k.of(&h), &h.encode_to_vec(), At::default());
+    assert!(v.halt.is_none(), "a forged success was obeyed");
+    assert_eq!(v.corruption(), None, "refused, not fatal");
+    let why = &v.refused[&k.of(&h)];
+    assert!(why.contains("exit code 0"), "{why}");
+}
+
+#[test]
+fn a_halt_is_accepted_only_with_a_code_this_nodes_policy_writes() {
+    let k = keys();
+    let mut v = View {
+        allowed: Allowed {
+            halt_codes: Some([3, 78].into()),
+            ..Allowed::default()
+        },
+        ..View::default()
+    };
+    let h = halt(1);
+    put(&mut v, &k, &k.of(&h), &h.encode_to_vec(), At::default());
+    assert!(v.halt.is_none());
+    assert!(v.refused[&k.of(&h)].contains("halts with 3, 78"));
+    // The same key, now with a code the policy writes: accepted, the refusal gone.
+    let h = halt(3);
+    put(&mut v, &k, &k.of(&h), &h.encode_to_vec(), At::default());
+    assert_eq!(v.halt.as_ref().map(|h| h.exit_code), Some(3));
+    assert!(v.refused.is_empty());
+}
+
+fn member(id: &str, local_world_size: u32) -> v1::Member {
+    v1::Member {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        node_id: id.into(),
+        addr: "10.0.0.9".into(),
+        local_world_size,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_member_asking_for_more_workers_than_the_run_gives_a_node_is_refused() {
+    let k = keys();
+    let mut v = View {
+        allowed: Allowed {
+            workers_per_node: 1..=1,
+            ..Allowed::default()
+        },
+        ..View::default()
+    };
+    let at = At {
+        lease: 9,
+        ..At::default()
+    };
+    let forged = member("forged", 5);
+    put(&mut v, &k, &k.of(&forged), &forged.encode_to_vec(), at);
+    let fine = member("fine", 1);
+    put(&mut v, &k, &k.of(&fine), &fine.encode_to_vec(), at);
+    assert_eq!(v.members.keys().collect::<Vec<_>>(), ["fine"]);
+    assert!(v.refused[&k.of(&forged)].contains("local_world_size 5"));
+    assert_eq!(v.corruption(), None);
+}
+
+#[test]
+fn a_member_without_a_lease_is_refused_not_fatal() {
+    let k = keys();
+    let mut v = View::default();
+    let ghost = member("ghost", 1);
+    put(
+        &mut v,
+        &k,
+        &k.of(&ghost),
+        &ghost.encode_to_vec(),
+        At::default(),
+    );
+    assert!(v.members.is_empty());
+    assert_eq!(v.corruption(), None);
+    assert!(v.refused[&k.of(&ghost)].contains("not bound to a lease"));
+}
+
+#[test]
+fn a_round_larger_than_the_run_allows_is_refused_and_the_old_round_stands() {
+    let k = keys();
+    let mut v = View {
+        allowed: Allowed {
+            nodes: 1..=2,
+            workers_per_node: 1..=1,
+            ..Allowed::default()
+        },
+        ..View::default()
+    };
+    let round = |number, members: Vec<v1::Member>| v1::Round {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        number,
+        members,
+        ..Default::default()
+    };
+    let key = k.key::<v1::Round>("");
+    let good = round(1, vec![member("a", 1), member("b", 1)]);
+    put(&mut v, &k, &key, &good.encode_to_vec(), At::default());
+    let three = round(2, vec![member("a", 1), member("b", 1), member("c", 1)]);
+    put(&mut v, &k, &key, &three.encode_to_vec(), At::default());
+    assert!(v.refused[&key].contains("has 3 nodes, outside 1..=2"));
+    let seven = round(3, vec![member("a", 1), member("b", 5)]);
+    put(&mut v, &k, &key, &seven.encode_to_vec(), At::default());
+    assert!(
+        v.refused[&key].contains("gives node b a count"),
+        "{:?}",
+        v.refused
+    );
+    assert_eq!(v.round.as_ref().map(|r| r.record.number), Some(1));
+}
+
+#[test]
+fn an_unexpected_key_is_refused_and_garbage_is_still_a_clear_error() {
+    let k = keys();
+    let mut v = View::default();
+    put(&mut v, &k, "/fsdp/r/ctl/surprise", b"x", At::default());
+    assert_eq!(v.corruption(), None);
+    assert!(v.refused.contains_key("/fsdp/r/ctl/surprise"));
+    let key = k.key::<v1::Round>("");
+    put(&mut v, &k, &key, b"\xde\xad not a protobuf", At::default());
+    assert!(v.corruption().is_some_and(|c| c.contains(&key)));
 }

@@ -52,6 +52,8 @@ pub struct Config {
     /// The incarnation of this process's first registration: above every incarnation an
     /// earlier process of the same node id used ([`first_incarnation`]).
     pub first_incarnation: u64,
+    /// What this node accepts from the records others write.
+    pub allowed: crate::etcd::record::Allowed,
 }
 
 /// The first incarnation of a process started at `unix_ms`: a node id outlives its
@@ -172,6 +174,7 @@ impl Machine {
         let view = View {
             lease_safe_until: clock.safe_until(),
             incarnation: cfg.first_incarnation,
+            allowed: cfg.allowed.clone(),
             ..View::default()
         };
         Self {

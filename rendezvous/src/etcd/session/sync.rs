@@ -398,7 +398,10 @@ impl Machine {
 
 /// The view a ranged read of the run gives.
 fn fresh_view(m: &Machine, kvs: &[Kv]) -> View {
-    let mut fresh = View::default();
+    let mut fresh = View {
+        allowed: m.view.allowed.clone(),
+        ..View::default()
+    };
     for kv in kvs {
         fresh.put(
             &m.cfg.keys,

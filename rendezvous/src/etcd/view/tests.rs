@@ -21,6 +21,11 @@ fn garbage_is_recorded_with_its_key_and_cleared_by_a_good_value() {
     let good = v1::Round {
         schema: fsdp_proto::SCHEMA_VERSION,
         number: 3,
+        members: vec![v1::Member {
+            node_id: "a".into(),
+            local_world_size: 1,
+            ..Default::default()
+        }],
         ..Default::default()
     };
     v.put(
@@ -240,7 +245,8 @@ fn foreign_keys_and_mislabelled_members_are_not_trusted() {
     let keys = Keys::new("/fsdp", "r").unwrap();
     let mut v = View::default();
     v.put(&keys, "/fsdp/r/other", b"x", 1, 1, 0);
-    assert!(v.corruption().unwrap().contains("unexpected key"));
+    assert!(v.corruption().is_none(), "refused, not fatal");
+    assert!(v.refused["/fsdp/r/other"].contains("unexpected key"));
     let m = v1::Member {
         schema: fsdp_proto::SCHEMA_VERSION,
         node_id: "b".into(),
@@ -258,7 +264,7 @@ fn foreign_keys_and_mislabelled_members_are_not_trusted() {
 }
 
 #[test]
-fn records_that_decode_are_still_checked() {
+fn records_that_decode_are_still_checked_and_refused() {
     let keys = Keys::new("/fsdp", "r").unwrap();
     let member = |n: u32| v1::Member {
         schema: fsdp_proto::SCHEMA_VERSION,
@@ -275,7 +281,8 @@ fn records_that_decode_are_still_checked() {
         1,
         0,
     );
-    assert!(v.corruption().unwrap().contains("lease"));
+    let key = keys.key::<fsdp_proto::v1::Member>("a");
+    assert!(v.refused[&key].contains("lease"));
     v.put(
         &keys,
         &keys.key::<fsdp_proto::v1::Member>("a"),
@@ -284,7 +291,7 @@ fn records_that_decode_are_still_checked() {
         1,
         9,
     );
-    assert!(v.corruption().unwrap().contains("local_world_size"));
+    assert!(v.refused[&key].contains("local_world_size"));
     v.put(
         &keys,
         &keys.key::<fsdp_proto::v1::Member>("a"),
@@ -293,7 +300,7 @@ fn records_that_decode_are_still_checked() {
         1,
         9,
     );
-    assert!(v.corruption().is_none() && v.members.contains_key("a"));
+    assert!(v.refused.is_empty() && v.members.contains_key("a"));
 
     let round = v1::Round {
         schema: fsdp_proto::SCHEMA_VERSION,
@@ -309,7 +316,8 @@ fn records_that_decode_are_still_checked() {
         1,
         0,
     );
-    assert!(v.corruption().unwrap().contains("twice"));
+    assert!(v.refused[&keys.key::<fsdp_proto::v1::Round>("")].contains("twice"));
+    assert!(v.round.is_none());
     let master = v1::Master {
         schema: fsdp_proto::SCHEMA_VERSION,
         round: 1,
@@ -324,7 +332,8 @@ fn records_that_decode_are_still_checked() {
         1,
         0,
     );
-    assert!(v.corrupt[&keys.key::<fsdp_proto::v1::Master>("")].contains("70000"));
+    assert!(v.refused[&keys.key::<fsdp_proto::v1::Master>("")].contains("70000"));
+    assert!(v.master.is_none() && v.corruption().is_none());
 }
 
 #[test]

@@ -67,6 +67,7 @@ fn config(t0: Instant) -> Config {
         unix_ms_at_grant: UNIX_MS_AT_GRANT,
         // Incarnations 1, 2, ... keep the expectations readable.
         first_incarnation: 1,
+        allowed: Default::default(),
     }
 }
 

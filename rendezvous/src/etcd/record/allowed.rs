@@ -1,0 +1,91 @@
+//! What this node accepts from the records others write: its own rules. A record that no
+//! agent of this run could have written (a halt with exit code 0, a node asking for more
+//! workers than this run gives a node, a round larger than `--nnodes` allows) is refused
+//! whoever wrote it: logged once with its key and ignored, never obeyed.
+
+use std::collections::BTreeSet;
+use std::ops::RangeInclusive;
+
+use fsdp_proto::v1;
+
+use crate::ranks;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allowed {
+    /// Nodes a round may have (`--nnodes`).
+    pub nodes: RangeInclusive<u32>,
+    /// Workers a node may ask for (`--nproc-per-node` when it is a number: every node of a
+    /// run is given the same; any sane count when nodes count their own GPUs).
+    pub workers_per_node: RangeInclusive<u32>,
+    /// Exit codes a halt may end the run with: those this node's own failure policy
+    /// writes (`--no-retry-exit-codes`, the no-progress rule's); `None`: any but 0.
+    pub halt_codes: Option<BTreeSet<u8>>,
+}
+
+impl Default for Allowed {
+    fn default() -> Self {
+        Self {
+            nodes: 1..=u32::MAX,
+            workers_per_node: 1..=ranks::MAX_LOCAL_WORLD_SIZE,
+            halt_codes: None,
+        }
+    }
+}
+
+impl Allowed {
+    /// A halt ends every agent with its code: 0 would report a killed run as a success.
+    pub fn halt(&self, h: &v1::Halt) -> Result<(), String> {
+        if h.exit_code == 0 {
+            return Err(
+                "has exit code 0: a halt ends a run that failed, never with success".into(),
+            );
+        }
+        match &self.halt_codes {
+            Some(codes) if !u8::try_from(h.exit_code).is_ok_and(|c| codes.contains(&c)) => {
+                Err(format!(
+                    "has exit code {}, which this node's failure policy never writes (it halts with {})",
+                    h.exit_code,
+                    list(codes)
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A node's worker count.
+    pub fn workers(&self, local_world_size: u32) -> Result<(), String> {
+        if self.workers_per_node.contains(&local_world_size) {
+            return Ok(());
+        }
+        Err(format!(
+            "has local_world_size {local_world_size}, outside {}..={} (this run's workers per node)",
+            self.workers_per_node.start(),
+            self.workers_per_node.end()
+        ))
+    }
+
+    /// A round's size, and each member's worker count.
+    pub fn round(&self, r: &v1::Round) -> Result<(), String> {
+        let n = u32::try_from(r.members.len()).unwrap_or(u32::MAX);
+        if !self.nodes.contains(&n) {
+            return Err(format!(
+                "has {n} nodes, outside {}..={} (this run's --nnodes)",
+                self.nodes.start(),
+                self.nodes.end()
+            ));
+        }
+        for m in &r.members {
+            self.workers(m.local_world_size)
+                .map_err(|why| format!("gives node {} a count that {why}", m.node_id))?;
+        }
+        Ok(())
+    }
+}
+
+fn list(codes: &BTreeSet<u8>) -> String {
+    if codes.is_empty() {
+        return "none".into();
+    }
+    let v: Vec<String> = codes.iter().map(u8::to_string).collect();
+    v.join(", ")
+}
