@@ -160,7 +160,7 @@ impl Coordinator {
             decision,
             reason,
             new_reason,
-            fence: v.round.as_ref().map(|r| r.mod_rev),
+            fence: v.round_fence(),
             held,
         }
     }

@@ -100,6 +100,10 @@ pub trait Record: Versioned + Sized {
     /// cannot be trusted: it is then refused and leaves the view as it was.
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String>;
 
+    /// A record of this kind, at revisions `at`, was refused: what the view must still
+    /// know of it. Most records: nothing.
+    fn refused(_view: &mut View, _at: At) {}
+
     /// Its key at `tail` was deleted, seen at `now`; `prev` is the value the event
     /// carried. Most records are never deleted by agents: nothing to do.
     fn remove(_view: &mut View, _tail: &str, _now: Instant, _prev: Option<&[u8]>) {}
@@ -154,7 +158,10 @@ fn put_as<R: Record>(view: &mut View, key: &str, tail: &str, value: &[u8], at: A
         Ok(()) => {
             view.refused.remove(key);
         }
-        Err(why) => view.refuse(key, format!("{} record at {key} {why}", R::KIND)),
+        Err(why) => {
+            R::refused(view, at);
+            view.refuse(key, format!("{} record at {key} {why}", R::KIND));
+        }
     }
 }
 

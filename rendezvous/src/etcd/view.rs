@@ -59,6 +59,9 @@ pub struct View {
     pub refused: BTreeMap<String, String>,
     /// What this node accepts from the records others write.
     pub allowed: Allowed,
+    /// The revision of a round record this node refused, newer than the round it holds:
+    /// the next seal is fenced on it, so that it replaces the forgery.
+    pub refused_round_rev: Option<i64>,
     /// How each lost member's loss was noticed, by node (the latest round's record).
     pub gone: BTreeMap<String, v1::Gone>,
     /// Per round, the nodes that saw their own worker fail, with the revision of their
@@ -103,6 +106,7 @@ impl View {
             corrupt,
             refused,
             allowed,
+            refused_round_rev,
             gone,
             faults,
             quarantine,
@@ -125,6 +129,7 @@ impl View {
             corrupt: corrupt.clone(),
             refused: refused.clone(),
             allowed: allowed.clone(),
+            refused_round_rev: *refused_round_rev,
             gone: gone.clone(),
             faults: faults.clone(),
             quarantine: quarantine.clone(),
@@ -220,6 +225,13 @@ impl View {
     /// event carried it.
     pub fn delete(&mut self, keys: &Keys, key: &str, now: Instant, prev: Option<&[u8]>) {
         record::delete(self, keys, key, now, prev);
+    }
+
+    /// The revision the round key has, as far as this view knows: the fence of the next
+    /// commit (a refused round's, if one replaced the round it holds).
+    pub fn round_fence(&self) -> Option<i64> {
+        let held = self.round.as_ref().map(|r| r.mod_rev);
+        held.max(self.refused_round_rev)
     }
 
     /// Refuses the record at `key` for `why`: it stays out of the view, and the refusal

@@ -66,6 +66,7 @@ impl Record for v1::Round {
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
         check_round(&self)?;
         view.allowed.round(&self)?;
+        view.refused_round_rev = None;
         view.round = Some(RoundEntry {
             record: std::sync::Arc::new(self),
             mod_rev: at.mod_rev,
@@ -73,8 +74,15 @@ impl Record for v1::Round {
         Ok(())
     }
 
+    // The forged round still holds the key: the next seal must replace it, fenced on its
+    // revision, or no round could be sealed again.
+    fn refused(view: &mut View, at: At) {
+        view.refused_round_rev = Some(at.mod_rev);
+    }
+
     fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
         view.round = None;
+        view.refused_round_rev = None;
     }
 }
 

@@ -292,3 +292,50 @@ fn an_unexpected_key_is_refused_and_garbage_is_still_a_clear_error() {
     put(&mut v, &k, &key, b"\xde\xad not a protobuf", At::default());
     assert!(v.corruption().is_some_and(|c| c.contains(&key)));
 }
+
+#[test]
+fn the_next_seal_is_fenced_on_a_refused_round_so_that_it_replaces_it() {
+    let k = keys();
+    let mut v = View {
+        allowed: Allowed {
+            nodes: 1..=1,
+            ..Allowed::default()
+        },
+        ..View::default()
+    };
+    let round = |number, members: Vec<v1::Member>| v1::Round {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        number,
+        members,
+        ..Default::default()
+    };
+    let key = k.key::<v1::Round>("");
+    let at = |rev| At {
+        mod_rev: rev,
+        ..At::default()
+    };
+    put(
+        &mut v,
+        &k,
+        &key,
+        &round(1, vec![member("a", 1)]).encode_to_vec(),
+        at(10),
+    );
+    assert_eq!(v.round_fence(), Some(10));
+    let forged = round(2, vec![member("a", 1), member("x", 1)]);
+    put(&mut v, &k, &key, &forged.encode_to_vec(), at(12));
+    assert_eq!(
+        v.round.as_ref().map(|r| r.mod_rev),
+        Some(10),
+        "the old round stands"
+    );
+    assert_eq!(v.round_fence(), Some(12), "but the key has moved on");
+    put(
+        &mut v,
+        &k,
+        &key,
+        &round(3, vec![member("a", 1)]).encode_to_vec(),
+        at(13),
+    );
+    assert_eq!(v.round_fence(), Some(13));
+}
