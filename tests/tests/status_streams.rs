@@ -6,7 +6,7 @@
 //! One test per file on purpose: the test lowers its own open-file limit for a moment so
 //! that the agent it spawns inherits the low limit, which must not leak into other tests.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -28,6 +28,8 @@ const AGENT_NOFILE: u64 = 1024;
 const STREAMS: usize = 300;
 /// The documented per-address limit (`agent/src/status/streams.rs`).
 const STREAMS_PER_PEER: usize = 4;
+/// Streams in all: three quarters of the 256 connections of `ulimit -n 1024`.
+const MAX_STREAMS: usize = 192;
 
 fn gated_worker(dir: &Path) -> Vec<String> {
     let script = format!(
@@ -60,12 +62,14 @@ enum Opened {
 /// holds the connection (and the stream, if any) until `release` changes.
 async fn hold_stream(
     addr: SocketAddr,
+    from: Option<IpAddr>,
     i: usize,
     report: mpsc::UnboundedSender<Opened>,
     mut release: watch::Receiver<bool>,
 ) {
     let channel = match Channel::from_shared(format!("http://{addr}"))
         .unwrap()
+        .local_address(from)
         .connect_timeout(Duration::from_secs(10))
         .connect()
         .await
@@ -175,18 +179,67 @@ fn liveness_streams_never_starve_the_health_check_or_the_metrics() {
         .enable_all()
         .build()
         .unwrap();
+
+    // One address: a ring watcher's few streams, and the rest told why not.
+    let (outcomes, release) = rt.block_on(wave(addr, |_| None));
+    let (opened, exhausted) = tally(&outcomes);
+    rt.block_on(assert_probes_answer(&agent, addr));
+    assert!(
+        (1..=STREAMS_PER_PEER).contains(&opened),
+        "{opened} streams open from one address"
+    );
+    assert!(
+        exhausted >= STREAMS / 2,
+        "{exhausted} refusals said RESOURCE_EXHAUSTED"
+    );
+    release.send(true).unwrap();
+
+    // Many addresses (127.0.0.2 and up), each below the per-address limit: together they
+    // still get only the stream slots, and the probes their reserved quarter.
+    let (outcomes, release) = rt.block_on(wave(addr, |i| {
+        let n = 2 + i / (STREAMS_PER_PEER - 1);
+        Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, n as u8)))
+    }));
+    let (opened, _) = tally(&outcomes);
+    rt.block_on(assert_probes_answer(&agent, addr));
+    assert!(
+        (STREAMS_PER_PEER..=MAX_STREAMS).contains(&opened),
+        "{opened} streams open from many addresses"
+    );
+    release.send(true).unwrap();
+
+    drop(rt);
+    std::fs::write(dir.path().join("gate"), "").unwrap();
+    assert_eq!(agent.code(), 0, "{}", agent.output());
+}
+
+/// Opens [`STREAMS`] streams at once, the `i`th from `from(i)`; returns how each went,
+/// and what ends them all.
+async fn wave(
+    addr: SocketAddr,
+    from: impl Fn(usize) -> Option<IpAddr>,
+) -> (Vec<Opened>, watch::Sender<bool>) {
     let (report, mut reports) = mpsc::unbounded_channel();
     let (release, released) = watch::channel(false);
+    for i in 0..STREAMS {
+        tokio::spawn(hold_stream(
+            addr,
+            from(i),
+            i,
+            report.clone(),
+            released.clone(),
+        ));
+    }
     let mut outcomes = Vec::new();
-    rt.block_on(async {
-        for i in 0..STREAMS {
-            tokio::spawn(hold_stream(addr, i, report.clone(), released.clone()));
-        }
-        while outcomes.len() < STREAMS {
-            let next = tokio::time::timeout(LIMIT, reports.recv()).await;
-            outcomes.push(next.expect("every stream attempt ends").unwrap());
-        }
-    });
+    while outcomes.len() < STREAMS {
+        let next = tokio::time::timeout(LIMIT, reports.recv()).await;
+        outcomes.push(next.expect("every stream attempt ends").unwrap());
+    }
+    (outcomes, release)
+}
+
+/// How many streams opened and how many were refused as `RESOURCE_EXHAUSTED`; says so.
+fn tally(outcomes: &[Opened]) -> (usize, usize) {
     let opened = outcomes
         .iter()
         .filter(|o| matches!(o, Opened::Stream))
@@ -203,40 +256,28 @@ fn liveness_streams_never_starve_the_health_check_or_the_metrics() {
                 Opened::Failed(e) => Some(e.as_str()),
                 _ => None,
             })
-            .take(5)
+            .take(3)
             .collect::<Vec<_>>()
     );
+    (opened, exhausted)
+}
 
-    // While every stream and connection is held: a probe gets an answer at its first try.
-    rt.block_on(async {
-        if let Err(e) = metrics(addr).await {
-            panic!(
-                "/metrics refused under {STREAMS} streams: {e}\n{}",
+/// While every stream and connection is held: each probe answers at its first try, as
+/// a kubelet probe gets one try per period.
+async fn assert_probes_answer(agent: &Agent, addr: SocketAddr) {
+    if let Err(e) = metrics(addr).await {
+        panic!(
+            "/metrics refused under {STREAMS} streams: {e}\n{}",
+            agent.output()
+        );
+    }
+    for service in ["", "liveness"] {
+        match health(addr, service).await {
+            Ok(s) => assert_eq!(s, ServingStatus::Serving, "{service:?}"),
+            Err(e) => panic!(
+                "Health/Check({service:?}) refused under {STREAMS} streams: {e}\n{}",
                 agent.output()
-            );
+            ),
         }
-        for service in ["", "liveness"] {
-            match health(addr, service).await {
-                Ok(s) => assert_eq!(s, ServingStatus::Serving, "{service:?}"),
-                Err(e) => panic!(
-                    "Health/Check({service:?}) refused under {STREAMS} streams: {e}\n{}",
-                    agent.output()
-                ),
-            }
-        }
-    });
-    // One address gets a ring watcher's few streams, and is told why not more.
-    assert!(
-        (1..=STREAMS_PER_PEER).contains(&opened),
-        "{opened} streams open from one address"
-    );
-    assert!(
-        exhausted >= STREAMS / 2,
-        "{exhausted} refusals said RESOURCE_EXHAUSTED"
-    );
-
-    release.send(true).unwrap();
-    drop(rt);
-    std::fs::write(dir.path().join("gate"), "").unwrap();
-    assert_eq!(agent.code(), 0, "{}", agent.output());
+    }
 }
