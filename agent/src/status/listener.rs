@@ -111,6 +111,8 @@ pub struct Limits {
     pub head_timeout: Duration,
     pub idle_timeout: Duration,
     pub stall_timeout: Duration,
+    /// From a one-shot request's head to its response ([`streams::ONESHOT_TIMEOUT`]).
+    pub oneshot_timeout: Duration,
 }
 
 impl Limits {
@@ -123,6 +125,7 @@ impl Limits {
             head_timeout: HEAD_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             stall_timeout: STALL_TIMEOUT,
+            oneshot_timeout: streams::ONESHOT_TIMEOUT,
         }
     }
 }
@@ -405,6 +408,7 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
             activity: activity.clone(),
             peer,
             streams: streams.clone(),
+            oneshot_timeout: limits.oneshot_timeout,
         };
         tokio::spawn(serve_connection(
             stream,
@@ -463,6 +467,7 @@ struct Tracked {
     activity: Arc<Activity>,
     peer: IpAddr,
     streams: Arc<Streams>,
+    oneshot_timeout: Duration,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -482,6 +487,7 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
             Kind::Stream => match self.streams.begin(self.peer) {
                 Ok(slot) => Some(slot),
                 Err(refusal) => {
+                    tracing::debug!(peer = %self.peer, ?refusal, "status server refused a stream");
                     // Answered at once, so the connection is idle again: the first to go
                     // when a newcomer needs its slot.
                     InFlight::refused(&self.activity);
@@ -494,10 +500,11 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
         };
         let in_flight = InFlight::begin(self.activity.clone());
         let response = self.inner.call(req);
+        let oneshot_timeout = self.oneshot_timeout;
         Box::pin(async move {
             let response = match kind {
                 Kind::Stream => response.await?,
-                Kind::OneShot => tokio::time::timeout(streams::ONESHOT_TIMEOUT, response)
+                Kind::OneShot => tokio::time::timeout(oneshot_timeout, response)
                     .await
                     .unwrap_or_else(|_| Ok(too_slow(grpc)))?,
             };
@@ -666,6 +673,7 @@ mod tests {
             head_timeout: 10 * S,
             idle_timeout: 30 * S,
             stall_timeout: 20 * S,
+            oneshot_timeout: 10 * S,
         }
     }
 
@@ -827,6 +835,41 @@ mod tests {
             accept_backoff(&io::Error::from_raw_os_error(libc::ECONNABORTED)),
             None
         );
+    }
+
+    /// A one-shot request whose body never comes is answered anyway, so its connection
+    /// cannot stay busy and keep a probe out of the reserved slots.
+    #[tokio::test]
+    async fn a_one_shot_request_whose_body_never_comes_is_answered_in_time() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let socket = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = socket.local_addr().unwrap();
+        // A handler that reads the whole body first, as a gRPC unary call does.
+        let router = axum::Router::new().route(
+            "/grpc.health.v1.Health/Check",
+            axum::routing::post(|body: String| async move { body }),
+        );
+        let limits = Limits {
+            max_connections: 8,
+            max_streams: 6,
+            oneshot_timeout: S / 5,
+            ..limits()
+        };
+        let server = tokio::spawn(serve(socket, router, limits));
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(
+            b"POST /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab",
+        )
+        .await
+        .unwrap();
+        let mut answer = [0u8; 64];
+        let n = tokio::time::timeout(5 * S, c.read(&mut answer))
+            .await
+            .expect("an answer within the one-shot timeout, not never")
+            .unwrap();
+        let head = String::from_utf8_lossy(&answer[..n]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+        server.abort();
     }
 
     #[test]

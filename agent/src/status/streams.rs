@@ -30,7 +30,8 @@ use std::time::Duration;
 
 /// Streams one source address may hold at once.
 pub const STREAMS_PER_PEER: usize = 4;
-/// How long a one-shot request may take from its head to its response.
+/// How long a one-shot request may take from its head to its response (the default of
+/// `Limits::oneshot_timeout`).
 pub const ONESHOT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The requests that end by themselves at once: the probes, the scrape and the status.
