@@ -15,15 +15,20 @@ pub enum RendezvousError {
     /// The configuration cannot form a group (checked before any round is attempted).
     #[error("invalid rendezvous configuration: {0}")]
     InvalidConfig(String),
-    /// etcd could not be reached or refused us, after retrying.
+    /// etcd could not be reached or refused us, after retrying if retrying could help.
     #[error(
-        "{store} at {endpoints} is unreachable or refused the connection (retried for {window:?}); check --rdzv-endpoint, TLS files and credentials"
+        "{store} at {endpoints} {}; check --rdzv-endpoint, TLS files and credentials",
+        tried(*.retried, .window)
     )]
     Unreachable {
         /// `etcd`, or the c10d store an agent serves.
         store: &'static str,
         endpoints: String,
         window: std::time::Duration,
+        /// Whether the request was tried again: a failure no retry can fix (a wrong
+        /// password, a refused CA) ends the first attempt, and saying "retried for 30s"
+        /// then sent people looking for a network problem.
+        retried: bool,
         #[source]
         source: etcd_client::Error,
     },
@@ -52,6 +57,15 @@ pub enum RendezvousError {
         timeout: std::time::Duration,
         state: String,
     },
+}
+
+/// How the connection failed, as the error says it.
+fn tried(retried: bool, window: &std::time::Duration) -> String {
+    if retried {
+        format!("is unreachable or refused the connection (retried for {window:?})")
+    } else {
+        "refused the connection on the first attempt (not retried: retrying cannot fix this)".into()
+    }
 }
 
 /// A store this agent must host and cannot is the user's configuration, as every other

@@ -377,6 +377,29 @@ fn bad_input_is_one_clear_line_and_spawns_nothing() {
             &[],
             "static backend needs a fixed node count",
         ),
+        // The static master is the workers' MASTER_ADDR: checked like an etcd host.
+        (
+            &["--nnodes", "2", "--rdzv-endpoint", "::::"],
+            &[],
+            "--rdzv-endpoint '::::'",
+        ),
+        (
+            &["--nnodes", "2", "--rdzv-endpoint", "h\u{e9}\u{2603}:12"],
+            &[],
+            "not ASCII",
+        ),
+        (
+            &[
+                "--nnodes",
+                "2",
+                "--master-addr",
+                "a b",
+                "--master-port",
+                "1",
+            ],
+            &[],
+            "--master-addr 'a b'",
+        ),
         (&["--max-restarts", "-1"], &[], "--max-restarts"),
         (&["--term-timeout", "soon"], &[], "--term-timeout"),
         // Durations past the documented maximum (7 days) are refused, never a panic.

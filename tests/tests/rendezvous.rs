@@ -484,6 +484,11 @@ async fn user_and_password_authentication() {
         start.elapsed() < Duration::from_secs(5),
         "a bad password is not retried for the whole window"
     );
+    // Nor does the error claim it was: "retried for 10s" sent people after the network.
+    assert!(
+        !chain.contains("retried for") && chain.contains("first attempt"),
+        "{chain}"
+    );
 }
 
 /// The second node leaves; the first sees it gone within seconds, not a lease TTL.

@@ -87,7 +87,7 @@ pub fn build_c10d(
             "--rdzv-endpoint {endpoint}: c10d takes one host[:port], the agent that serves the store; several endpoints are for an etcd cluster (--rdzv-backend etcd)"
         ));
     }
-    let (host, port) = parse::split_host_port(endpoint)
+    let (host, port) = parse::checked_host_port(endpoint)
         .map_err(|reason| format!("--rdzv-endpoint '{endpoint}': {reason}"))?;
     if host.is_empty() || host.contains('/') {
         return Err(format!(
@@ -315,6 +315,15 @@ fn tls(
             tls_keys.join(",")
         ));
     }
+    let explicit_http = conf.get("protocol").is_some_and(|p| p == "http");
+    if explicit_http && !tls_keys.is_empty() {
+        // The files used to turn TLS on regardless, so `protocol=http` was silently
+        // ignored: say which of the two the user meant instead of guessing.
+        return Err(format!(
+            "--rdzv-conf protocol=http asks for plaintext but {} asks for TLS; write protocol=https (or drop protocol) to use TLS, or drop the TLS keys for plaintext",
+            tls_keys.join(",")
+        ));
+    }
     let wanted = https || !tls_keys.is_empty() || schemes.contains(&Scheme::Https);
     Ok(wanted.then_some(tls))
 }
@@ -443,7 +452,7 @@ fn parse_endpoint(e: &str) -> Result<Endpoint, String> {
 }
 
 /// An IPv4 address or a DNS name (letters, digits, `-`, `_`; labels of 1-63 characters).
-fn check_host(host: &str) -> Result<(), String> {
+pub(super) fn check_host(host: &str) -> Result<(), String> {
     if host.parse::<std::net::Ipv4Addr>().is_ok() {
         return Ok(());
     }
@@ -557,6 +566,20 @@ mod tests {
         );
         assert!(b("http://e,https://f", &[]).unwrap_err().contains("mixes"));
         assert_eq!(b("http://e", &[("protocol", "http")]), Ok(false));
+        // protocol=http with TLS files used to connect over TLS without a word.
+        for key in ["cacert", "ca_cert", "cert", "ssl_cert"] {
+            let mut pairs = vec![("protocol", "http"), (key, "/f")];
+            if key.contains("cert") && !key.contains("ca") {
+                pairs.push(("key", "/k"));
+            }
+            let err = b("e", &pairs).unwrap_err();
+            assert!(
+                err.contains("protocol=http")
+                    && err.contains(key)
+                    && err.contains("protocol=https"),
+                "{err}"
+            );
+        }
         assert_eq!(b("https://e", &[]), Ok(true));
         assert_eq!(b("e", &[("cacert", "/ca")]), Ok(true));
     }

@@ -124,12 +124,20 @@ impl Resolver<'_> {
             return Ok(standalone());
         }
         let (master_addr, port) = if endpoint.is_empty() {
-            (
-                a.master_addr.clone(),
-                master_port.unwrap_or(DEFAULT_MASTER_PORT),
-            )
+            let addr = a.master_addr.trim();
+            // The workers' MASTER_ADDR as given: checked as an endpoint's host would be.
+            if addr.parse::<std::net::Ipv6Addr>().is_err() {
+                etcd::check_host(addr).map_err(|reason| {
+                    self.invalid(
+                        "master-addr",
+                        addr,
+                        format!("{reason}; write a host name or an IP address (the port is --master-port)"),
+                    )
+                })?;
+            }
+            (addr.to_owned(), master_port.unwrap_or(DEFAULT_MASTER_PORT))
         } else {
-            let (h, p) = parse::split_host_port(endpoint)
+            let (h, p) = parse::checked_host_port(endpoint)
                 .map_err(|reason| self.invalid("rdzv-endpoint", endpoint, reason))?;
             (h, p.or(master_port).unwrap_or(DEFAULT_MASTER_PORT))
         };

@@ -371,9 +371,49 @@ pub fn split_host_port(s: &str) -> Result<(String, Option<u16>), String> {
     }
 }
 
+/// `host[:port]` as [`split_host_port`], with the host checked as an etcd endpoint's is
+/// (an IP address, IPv6 in brackets when a port follows, or a DNS name): the host becomes
+/// the workers' `MASTER_ADDR`, and a value like `::::` must be refused here, not handed to
+/// every worker to fail on.
+pub fn checked_host_port(s: &str) -> Result<(String, Option<u16>), String> {
+    let (host, port) = split_host_port(s)?;
+    if host.parse::<std::net::Ipv6Addr>().is_err() {
+        super::etcd::check_host(&host).map_err(|reason| {
+            format!(
+                "{reason}; write a host name, an IPv4 address, or an IPv6 address in brackets (e.g. [fd00::1]:29500)"
+            )
+        })?;
+    }
+    Ok((host, port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_master_host_is_checked_like_an_etcd_host() {
+        assert_eq!(
+            checked_host_port("job-0:12"),
+            Ok(("job-0".into(), Some(12)))
+        );
+        assert_eq!(checked_host_port("10.0.0.1"), Ok(("10.0.0.1".into(), None)));
+        assert_eq!(
+            checked_host_port("[fd00::1]:9"),
+            Ok(("fd00::1".into(), Some(9)))
+        );
+        assert_eq!(checked_host_port("::1"), Ok(("::1".into(), None)));
+        for (bad, says) in [
+            ("::::", "'::::' is not a valid host name"),
+            ("h\u{e9}\u{2603}:12", "not ASCII"),
+            ("[::::]:1", "[fd00::1]"),
+            ("a b:1", "not a valid host name"),
+            ("", "not a valid host name"),
+        ] {
+            let err = checked_host_port(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn nnodes_forms() {

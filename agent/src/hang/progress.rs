@@ -10,8 +10,21 @@
 //! Datagrams keep a worker's cost to one `sendto` with no connection to hold, and a worker
 //! whose agent is gone loses nothing but the message. The socket's path is in the
 //! workers' `FSDP_AGENT_PROGRESS`; `examples/progress.py` is the ten-line helper.
+//!
+//! Only this user's processes may report: the socket is `progress` (mode 0600) inside a
+//! directory of this agent's own (mode 0700), both set explicitly so that the umask cannot
+//! open them to other users. The directory is made with `mkdir` (which fails on a name
+//! that exists, so nobody can prepare it in advance) and is already 0700 or less when the
+//! socket appears in it: there is no moment when another user could reach the socket.
+//!
+//! A SIGKILLed agent cannot remove its socket, so each agent first sweeps the directories
+//! of dead agents ([`sweep`]). "Dead" is asked of the socket itself rather than of a pid:
+//! connecting to a datagram socket that no process holds is refused, which is true in any
+//! pid namespace and after the pid is reused, and never true for a live agent.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +36,10 @@ use tokio::task::AbortHandle;
 pub const ENV: &str = "FSDP_AGENT_PROGRESS";
 /// Step durations kept per rank for the automatic timeout.
 const RECENT: usize = 20;
+/// The name of an agent's socket directory starts so.
+const DIR_PREFIX: &str = "fsdp-agent-progress-";
+/// The socket's name in it.
+const SOCKET: &str = "progress";
 
 /// What one rank reported in the current group.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,15 +137,80 @@ impl Drop for Progress {
     fn drop(&mut self) {
         self.task.abort();
         let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
+/// A directory under `parent` that only this user can enter, made for this agent alone.
+fn private_dir(parent: &Path) -> io::Result<PathBuf> {
+    let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let dir = parent.join(format!("{DIR_PREFIX}{}-{tag}", std::process::id()));
+    // The umask can only take bits away from 0700; the explicit chmod then puts back an
+    // owner bit a strange umask (0700) removed.
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir)
+}
+
+/// Removes the socket directories under `parent` that agents of user `uid` left behind
+/// when they were killed; returns how many. A directory stays unless its socket is
+/// there and refuses a connection (an agent between `mkdir` and `bind` has none yet).
+pub fn sweep(parent: &Path, uid: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
+            continue;
+        }
+        let dir = entry.path();
+        // symlink_metadata: a link planted under the prefix is never followed.
+        let ours = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        let socket = dir.join(SOCKET);
+        if ours && abandoned(&socket) {
+            let _ = std::fs::remove_file(&socket);
+            if std::fs::remove_dir(&dir).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
+}
+
+/// Whether the socket at `path` exists and no process holds it.
+fn abandoned(path: &Path) -> bool {
+    let Ok(probe) = std::os::unix::net::UnixDatagram::unbound() else {
+        return false;
+    };
+    probe
+        .connect(path)
+        .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionRefused)
+}
+
 impl Progress {
-    /// Binds a socket in `dir` and starts reading it.
-    pub fn start(dir: &Path) -> std::io::Result<Self> {
-        let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
-        let path = dir.join(format!("fsdp-agent-{}-{tag}.progress", std::process::id()));
-        let socket = UnixDatagram::bind(&path)?;
+    /// Binds a socket in a private directory under `parent` (after sweeping the ones of
+    /// dead agents) and starts reading it.
+    pub fn start(parent: &Path) -> io::Result<Self> {
+        let dir = private_dir(parent)?;
+        // Our own directory says who we are (and has no socket yet, so it stays).
+        let uid = std::fs::metadata(&dir)?.uid();
+        let swept = sweep(parent, uid);
+        if swept > 0 {
+            tracing::debug!(swept, "removed the progress sockets of killed agents");
+        }
+        let path = dir.join(SOCKET);
+        let socket = match UnixDatagram::bind(&path) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir(&dir);
+                return Err(e);
+            }
+        };
+        // The directory already keeps others out; the mode says so on the socket too.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
         let ranks: Ranks = Arc::default();
         let heard = ranks.clone();
         let task = tokio::spawn(async move {
@@ -240,5 +322,46 @@ mod tests {
         let path = progress.path().to_owned();
         drop(progress);
         assert!(!path.exists(), "the socket file is removed");
+        assert!(!path.parent().unwrap().exists(), "and its directory");
+    }
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn the_socket_is_private_to_this_user() {
+        let parent = tempfile::tempdir().unwrap();
+        let progress = Progress::start(parent.path()).unwrap();
+        assert_eq!(mode(progress.path()), 0o600);
+        assert_eq!(mode(progress.path().parent().unwrap()), 0o700);
+    }
+
+    /// A killed agent's socket is a file nobody holds; a live agent's is held.
+    #[tokio::test]
+    async fn the_sweep_removes_dead_agents_sockets_only() {
+        let parent = tempfile::tempdir().unwrap();
+        let live = Progress::start(parent.path()).unwrap();
+        let dead = parent.path().join(format!("{DIR_PREFIX}1-dead"));
+        std::fs::create_dir(&dead).unwrap();
+        drop(std::os::unix::net::UnixDatagram::bind(dead.join(SOCKET)).unwrap());
+        assert!(dead.join(SOCKET).exists(), "what SIGKILL leaves behind");
+        let starting = parent.path().join(format!("{DIR_PREFIX}2-starting"));
+        std::fs::create_dir(&starting).unwrap();
+        let other = parent.path().join("someone-else");
+        std::fs::create_dir(&other).unwrap();
+        drop(std::os::unix::net::UnixDatagram::bind(other.join(SOCKET)).unwrap());
+
+        let uid = std::fs::metadata(parent.path()).unwrap().uid();
+        assert_eq!(sweep(parent.path(), uid + 1), 0, "another user's");
+        assert!(dead.exists());
+        assert_eq!(sweep(parent.path(), uid), 1);
+        assert!(!dead.exists());
+        assert!(live.path().exists(), "a live agent's socket stays");
+        assert!(
+            starting.exists(),
+            "no socket yet: maybe an agent about to bind"
+        );
+        assert!(other.join(SOCKET).exists(), "not ours by name");
     }
 }

@@ -37,12 +37,19 @@
 //! The server stays on the agent's runtime on purpose: the liveness check answering is
 //! the proof that the agent's loop runs. The cap bounds the work a flood can queue there.
 //!
-//! What remains: an attacker who keeps [`connection_cap`] connections each with a live,
-//! read request (a gRPC `Watch` stream) holds every slot busy, and newcomers are refused
-//! until one ends; the agent itself, its workers and its lease are not affected.
+//! * **Streams cannot take every slot** ([`super::streams`]): long requests (a
+//!   `Liveness` stream, a health `Watch`) are limited per source address and in all, so
+//!   a quarter of the slots is always free or evictable for `Health/Check` and `/metrics`;
+//!   a one-shot request that is not answered within its timeout (a head whose body never
+//!   comes) is answered with an error, which frees its connection.
+//!
+//! What remains: an attacker who keeps the reserve's connections each with a one-shot
+//! request in flight, renewed every few seconds, can still make newcomers wait; the agent
+//! itself, its workers and its lease are not affected.
 
 use std::collections::BTreeMap;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -58,6 +65,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
+
+use super::streams::{self, Kind, StreamSlot, Streams};
 
 /// The fewest connections the port accepts, however low the open-file limit.
 pub const MIN_CONNECTIONS: usize = 4;
@@ -97,19 +106,26 @@ pub fn soft_nofile() -> Option<u64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_connections: usize,
+    /// Long requests in flight at once ([`streams::max_streams`]).
+    pub max_streams: usize,
     pub head_timeout: Duration,
     pub idle_timeout: Duration,
     pub stall_timeout: Duration,
+    /// From a one-shot request's head to its response ([`streams::ONESHOT_TIMEOUT`]).
+    pub oneshot_timeout: Duration,
 }
 
 impl Limits {
     /// The defaults, with the cap from this process's open-file limit.
     pub fn for_this_process() -> Self {
+        let max_connections = connection_cap(soft_nofile());
         Self {
-            max_connections: connection_cap(soft_nofile()),
+            max_connections,
+            max_streams: streams::max_streams(max_connections),
             head_timeout: HEAD_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             stall_timeout: STALL_TIMEOUT,
+            oneshot_timeout: streams::ONESHOT_TIMEOUT,
         }
     }
 }
@@ -323,12 +339,13 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
         .keep_alive_interval(H2_PING)
         .keep_alive_timeout(H2_PING);
     let table = Arc::new(Table::default());
+    let streams = Streams::new(limits.max_streams);
     let mut next_id = 0u64;
     let mut accept_errors = Throttle::new(LOG_EVERY);
     let mut refusals = Throttle::new(LOG_EVERY);
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok((stream, peer)) => (stream, peer.ip()),
             Err(e) => {
                 if let Some(held) = accept_errors.allow(Instant::now()) {
                     tracing::warn!(error = %e, repeats = held, "status server cannot accept a connection; retrying");
@@ -386,10 +403,17 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
             table: table.clone(),
             id,
         };
+        let service = Tracked {
+            inner: TowerToHyperService::new(router.clone()),
+            activity: activity.clone(),
+            peer,
+            streams: streams.clone(),
+            oneshot_timeout: limits.oneshot_timeout,
+        };
         tokio::spawn(serve_connection(
             stream,
             builder.clone(),
-            router.clone(),
+            service,
             activity,
             evict_rx,
             limits,
@@ -402,7 +426,7 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
 async fn serve_connection(
     stream: TcpStream,
     builder: auto::Builder<TokioExecutor>,
-    router: axum::Router,
+    service: Tracked,
     activity: Arc<Activity>,
     mut evicted: oneshot::Receiver<()>,
     limits: Limits,
@@ -412,10 +436,6 @@ async fn serve_connection(
         stream,
         activity: activity.clone(),
     });
-    let service = Tracked {
-        inner: TowerToHyperService::new(router),
-        activity: activity.clone(),
-    };
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     loop {
@@ -439,11 +459,15 @@ async fn serve_connection(
     }
 }
 
-/// The router, counting requests in flight for the connection it serves.
+/// The router, counting requests in flight for the connection it serves, and holding
+/// long requests to the stream slots.
 #[derive(Clone)]
 struct Tracked {
     inner: TowerToHyperService<axum::Router>,
     activity: Arc<Activity>,
+    peer: IpAddr,
+    streams: Arc<Streams>,
+    oneshot_timeout: Duration,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -453,15 +477,55 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
         Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let grpc = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+        let kind = streams::kind(req.uri().path());
+        let slot = match kind {
+            Kind::OneShot => None,
+            Kind::Stream => match self.streams.begin(self.peer) {
+                Ok(slot) => Some(slot),
+                Err(refusal) => {
+                    tracing::debug!(peer = %self.peer, ?refusal, "status server refused a stream");
+                    // Answered at once, so the connection is idle again: the first to go
+                    // when a newcomer needs its slot.
+                    InFlight::refused(&self.activity);
+                    let status = tonic::Status::resource_exhausted(refusal.message());
+                    return Box::pin(std::future::ready(Ok(TrackedBody::plain(
+                        status.into_http(),
+                    ))));
+                }
+            },
+        };
         let in_flight = InFlight::begin(self.activity.clone());
         let response = self.inner.call(req);
+        let oneshot_timeout = self.oneshot_timeout;
         Box::pin(async move {
-            let response = response.await?;
+            let response = match kind {
+                Kind::Stream => response.await?,
+                Kind::OneShot => tokio::time::timeout(oneshot_timeout, response)
+                    .await
+                    .unwrap_or_else(|_| Ok(too_slow(grpc)))?,
+            };
             Ok(response.map(|body| TrackedBody {
                 body,
-                _in_flight: in_flight,
+                _in_flight: Some(in_flight),
+                _slot: slot,
             }))
         })
+    }
+}
+
+/// The answer to a one-shot request not answered in time (most likely its body never
+/// came).
+fn too_slow(grpc: bool) -> Response<Body> {
+    if grpc {
+        tonic::Status::deadline_exceeded("the request was not complete in time").into_http()
+    } else {
+        let mut r = Response::new(Body::from("the request was not complete in time\n"));
+        *r.status_mut() = hyper::StatusCode::REQUEST_TIMEOUT;
+        r
     }
 }
 
@@ -477,6 +541,15 @@ impl InFlight {
         }
         Self(activity)
     }
+
+    /// A request answered at once without running: counted, never in flight.
+    fn refused(activity: &Activity) {
+        let mut c = activity.lock();
+        c.requests += 1;
+        if c.in_flight == 0 {
+            c.idle_since = Instant::now();
+        }
+    }
 }
 
 impl Drop for InFlight {
@@ -487,10 +560,23 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that ends its request's time in flight when hyper is done with it.
+/// A response body that ends its request's time in flight, and gives back its stream
+/// slot, when hyper is done with it.
 struct TrackedBody {
     body: Body,
-    _in_flight: InFlight,
+    _in_flight: Option<InFlight>,
+    _slot: Option<StreamSlot>,
+}
+
+impl TrackedBody {
+    /// A response that never ran: nothing to give back.
+    fn plain(response: Response<Body>) -> Response<Self> {
+        response.map(|body| TrackedBody {
+            body,
+            _in_flight: None,
+            _slot: None,
+        })
+    }
 }
 
 impl http_body::Body for TrackedBody {
@@ -583,9 +669,11 @@ mod tests {
     fn limits() -> Limits {
         Limits {
             max_connections: 3,
+            max_streams: 2,
             head_timeout: 10 * S,
             idle_timeout: 30 * S,
             stall_timeout: 20 * S,
+            oneshot_timeout: 10 * S,
         }
     }
 
@@ -747,6 +835,41 @@ mod tests {
             accept_backoff(&io::Error::from_raw_os_error(libc::ECONNABORTED)),
             None
         );
+    }
+
+    /// A one-shot request whose body never comes is answered anyway, so its connection
+    /// cannot stay busy and keep a probe out of the reserved slots.
+    #[tokio::test]
+    async fn a_one_shot_request_whose_body_never_comes_is_answered_in_time() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let socket = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = socket.local_addr().unwrap();
+        // A handler that reads the whole body first, as a gRPC unary call does.
+        let router = axum::Router::new().route(
+            "/grpc.health.v1.Health/Check",
+            axum::routing::post(|body: String| async move { body }),
+        );
+        let limits = Limits {
+            max_connections: 8,
+            max_streams: 6,
+            oneshot_timeout: S / 5,
+            ..limits()
+        };
+        let server = tokio::spawn(serve(socket, router, limits));
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(
+            b"POST /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab",
+        )
+        .await
+        .unwrap();
+        let mut answer = [0u8; 64];
+        let n = tokio::time::timeout(5 * S, c.read(&mut answer))
+            .await
+            .expect("an answer within the one-shot timeout, not never")
+            .unwrap();
+        let head = String::from_utf8_lossy(&answer[..n]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 408"), "{head}");
+        server.abort();
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod command;
 pub mod listener;
 pub mod metrics;
 pub mod server;
+pub mod streams;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

@@ -6,7 +6,9 @@
 //! works without the .proto files.
 //!
 //! The port is bounded (a connection cap from the open-file limit, timeouts for slow and
-//! idle peers, eviction at the cap): see [`super::listener`].
+//! idle peers, eviction at the cap): see [`super::listener`]. Long streams (`Liveness`,
+//! health `Watch`) have slots of their own, a few per source address, so that they never
+//! starve the probes: see [`super::streams`].
 //!
 //! Health services: `""` and `"liveness"` are SERVING as long as the agent's loop runs
 //! (a wedged agent stops answering, and the probe fails); `"readiness"` is SERVING only
@@ -127,6 +129,8 @@ pub async fn start(addr: SocketAddr, board: Board) -> std::io::Result<SocketAddr
     let limits = Limits::for_this_process();
     tracing::debug!(
         max_connections = limits.max_connections,
+        max_streams = limits.max_streams,
+        streams_per_peer = super::streams::STREAMS_PER_PEER,
         head_timeout_s = limits.head_timeout.as_secs(),
         idle_timeout_s = limits.idle_timeout.as_secs(),
         "status server limits"

@@ -19,6 +19,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MFdFlags, memfd_create};
 use nix::sys::signal::Signal;
 use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
@@ -44,15 +45,31 @@ const SOURCE: &str = include_str!("spare.py");
 
 /// `spare.py` in an anonymous in-memory file, shared by every spare of this agent
 /// (close-on-exec here; each spare inherits it at the same number).
+///
+/// Sealed read-only before any spare can read it: the file is reachable as
+/// `/proc/<agent>/fd/N` to every process of the same user, and without the seals one of
+/// them could open it for writing and have the next spare run its code. A memfd created
+/// without `MFD_ALLOW_SEALING` carries only `F_SEAL_SEAL`, which forbids adding the seals
+/// that matter, hence the flag.
 fn source_fd() -> std::io::Result<RawFd> {
     static SOURCE_FD: OnceLock<OwnedFd> = OnceLock::new();
     if let Some(fd) = SOURCE_FD.get() {
         return Ok(fd.as_raw_fd());
     }
-    let fd = memfd_create(c"fsdp-agent-spare.py", MFdFlags::MFD_CLOEXEC)?;
+    let fd = memfd_create(
+        c"fsdp-agent-spare.py",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )?;
     std::fs::File::from(fd.try_clone()?).write_all(SOURCE.as_bytes())?;
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(SOURCE_SEALS))?;
     Ok(SOURCE_FD.get_or_init(|| fd).as_raw_fd())
 }
+
+/// No writes, no size change, and no change to the seals themselves.
+const SOURCE_SEALS: SealFlag = SealFlag::F_SEAL_WRITE
+    .union(SealFlag::F_SEAL_GROW)
+    .union(SealFlag::F_SEAL_SHRINK)
+    .union(SealFlag::F_SEAL_SEAL);
 
 /// How long a start waits for a spare that is still importing: it is further along than a
 /// cold start would be, unless its import hangs.

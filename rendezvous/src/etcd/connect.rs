@@ -214,15 +214,20 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         .with_jitter()
         .with_max_times(10_000)
         .with_total_delay(Some(opts.retry_window));
+    let retried = std::sync::atomic::AtomicBool::new(false);
     attempt
         .retry(backoff)
         .when(transient)
-        .notify(|e, delay| tracing::warn!(error = %e, retry_in = ?delay, "etcd not reachable yet"))
+        .notify(|e, delay| {
+            retried.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(error = %e, retry_in = ?delay, "etcd not reachable yet")
+        })
         .await
         .map_err(|source| RendezvousError::Unreachable {
             store: opts.store_name(),
             endpoints: opts.endpoints.join(","),
             window: opts.retry_window,
+            retried: retried.load(std::sync::atomic::Ordering::Relaxed),
             source,
         })
 }
@@ -309,7 +314,7 @@ mod tests {
     }
 
     /// What configuration checks would catch, reached here directly: refused at once, not
-    /// retried for the whole window.
+    /// retried for the whole window, and the error does not claim it was.
     #[tokio::test]
     async fn a_malformed_endpoint_is_not_retried() {
         for endpoint in ["a b c", "ét.cd:2379"] {
@@ -322,6 +327,23 @@ mod tests {
                 "{endpoint}: retried for {:?}: {err}",
                 start.elapsed()
             );
+            let said = err.to_string();
+            assert!(
+                !said.contains("retried for") && said.contains("first attempt"),
+                "{endpoint}: {said}"
+            );
         }
+    }
+
+    /// A port where nothing listens is an outage, retried: the error says for how long.
+    #[tokio::test]
+    async fn an_outage_is_retried_and_says_so() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        let mut opts = EtcdOptions::new(vec![addr.to_string()]);
+        opts.retry_window = Duration::from_millis(500);
+        let said = connect(&opts).await.err().expect("no client").to_string();
+        assert!(said.contains("retried for 500ms"), "{said}");
     }
 }

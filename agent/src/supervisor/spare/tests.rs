@@ -120,3 +120,25 @@ fn orders_are_nul_separated_counts_and_fields() {
     };
     assert_eq!(encode(&o), b"2\0train.py\0--lr\x001\0A=1=2\0/work".to_vec());
 }
+
+/// The source every spare runs cannot be changed by another process of the same user
+/// through `/proc/<agent>/fd/N`.
+#[test]
+fn the_spare_source_is_sealed_against_writes_and_resizing() {
+    use std::io::Write;
+    let fd = source_fd().unwrap();
+    let path = format!("/proc/self/fd/{fd}");
+    // The seals belong to the file, so any descriptor of it reads them.
+    let reader = std::fs::File::open(&path).unwrap();
+    let seals = SealFlag::from_bits_truncate(fcntl(&reader, FcntlArg::F_GET_SEALS).unwrap());
+    assert!(seals.contains(SOURCE_SEALS), "seals: {seals:?}");
+    // What the outside tester did: open the descriptor's /proc entry and write.
+    let refused = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(b"import os; os._exit(7)\n"));
+    let err = refused.expect_err("a write through /proc must fail");
+    assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text, SOURCE);
+}
