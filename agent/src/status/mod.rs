@@ -4,7 +4,7 @@
 //! `fsdp-agent status` command ([`command`]) reads a whole run from etcd instead.
 
 pub mod command;
-pub mod listener;
+pub use fsdp_store::listener;
 pub mod metrics;
 pub mod server;
 

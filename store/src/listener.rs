@@ -1,5 +1,11 @@
-//! The status port's own accept loop, bounded so that whoever can reach the port cannot
-//! silence it or take the agent's descriptors (issue 12).
+//! A bounded accept loop for the agent's two ports, the status port and the c10d store,
+//! so that whoever can reach them cannot silence them or take the agent's descriptors
+//! (issue 12 for the status port; the security issue for the store, where 1,100 idle
+//! connections to a host with 1,024 descriptors ended the job). It lives in this crate,
+//! below the agent, because the store serves on it; the agent's status server uses it too.
+//! Each port has its own [`Limits`]: the status port's are [`Limits::for_this_process`],
+//! the store's [`Limits::for_the_store`] ([`store_connection_cap`]). With a
+//! [`TlsAcceptor`], the handshake happens inside the connection's first deadline.
 //!
 //! `axum::serve` accepts every connection and keeps it for as long as the peer likes. On
 //! a port that listens on `0.0.0.0` by default, a few hundred idle or slowloris
@@ -58,6 +64,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
+pub use tokio_rustls::TlsAcceptor;
 
 /// The fewest connections the port accepts, however low the open-file limit.
 pub const MIN_CONNECTIONS: usize = 4;
@@ -75,6 +82,32 @@ pub const STALL_EVICTABLE: Duration = Duration::from_secs(1);
 const H2_PING: Duration = Duration::from_secs(20);
 /// How often the limits' own warnings may be logged.
 const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// The store's connection cap with no open-file limit (and its ceiling): far above the
+/// two connections per agent a thousand-node job needs.
+pub const MAX_STORE_CONNECTIONS: usize = 65_536;
+/// The fewest connections the store accepts: a small job's agents, however low the limit.
+pub const MIN_STORE_CONNECTIONS: usize = 16;
+/// Descriptors kept for the agent's own work besides its two ports: worker pipes, log
+/// files, the free-port probes of a restart, the store connection of its own client.
+pub const OWN_RESERVE: u64 = 256;
+/// The store's idle timeout: agents keep a lease keep-alive stream open, so only a
+/// connection nobody uses goes idle; `etcdctl` and `fsdp-agent status` are one-shot.
+pub const STORE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The store's cap for a soft open-file limit: what is left after the status port's cap
+/// ([`connection_cap`]) and [`OWN_RESERVE`], within [`MIN_STORE_CONNECTIONS`] and
+/// [`MAX_STORE_CONNECTIONS`]. At 1,024: 1024 - 256 - 256 = 512.
+pub fn store_connection_cap(soft_nofile: Option<u64>) -> usize {
+    let Some(soft) = soft_nofile else {
+        return MAX_STORE_CONNECTIONS;
+    };
+    let status = u64::try_from(connection_cap(Some(soft))).unwrap_or(u64::MAX);
+    let left = soft.saturating_sub(status).saturating_sub(OWN_RESERVE);
+    usize::try_from(left)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_STORE_CONNECTIONS, MAX_STORE_CONNECTIONS)
+}
 
 /// The connection cap for a soft open-file limit (`None`: unlimited or unknown).
 pub fn connection_cap(soft_nofile: Option<u64>) -> usize {
@@ -100,6 +133,8 @@ pub struct Limits {
     pub head_timeout: Duration,
     pub idle_timeout: Duration,
     pub stall_timeout: Duration,
+    /// Which port, in log lines ("status server", "c10d store").
+    pub name: &'static str,
 }
 
 impl Limits {
@@ -110,6 +145,18 @@ impl Limits {
             head_timeout: HEAD_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             stall_timeout: STALL_TIMEOUT,
+            name: "status server",
+        }
+    }
+
+    /// The c10d store's: its own cap ([`store_connection_cap`]), a longer idle timeout.
+    pub fn for_the_store() -> Self {
+        Self {
+            max_connections: store_connection_cap(soft_nofile()),
+            head_timeout: HEAD_TIMEOUT,
+            idle_timeout: STORE_IDLE_TIMEOUT,
+            stall_timeout: STALL_TIMEOUT,
+            name: "c10d store",
         }
     }
 }
@@ -312,6 +359,16 @@ impl Drop for Leave {
 
 /// Serves `router` on `listener` within `limits`, forever.
 pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) {
+    serve_tls(listener, router, limits, None).await;
+}
+
+/// [`serve`], with TLS when `tls` is given.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -326,12 +383,16 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
     let mut next_id = 0u64;
     let mut accept_errors = Throttle::new(LOG_EVERY);
     let mut refusals = Throttle::new(LOG_EVERY);
+    // The connections live as long as the loop: whoever drops it (the store closing)
+    // ends them too.
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
+        while tasks.try_join_next().is_some() {}
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
                 if let Some(held) = accept_errors.allow(Instant::now()) {
-                    tracing::warn!(error = %e, repeats = held, "status server cannot accept a connection; retrying");
+                    tracing::warn!(error = %e, repeats = held, "{} cannot accept a connection; retrying", limits.name);
                 }
                 if let Some(pause) = accept_backoff(&e) {
                     tokio::time::sleep(pause).await;
@@ -367,7 +428,8 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
                         tracing::warn!(
                             max_connections = limits.max_connections,
                             repeats = held,
-                            "status server refused a connection: every connection is busy"
+                            "{} refused a connection: every connection is busy",
+                            limits.name
                         );
                     }
                     continue;
@@ -386,7 +448,7 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
             table: table.clone(),
             id,
         };
-        tokio::spawn(serve_connection(
+        tasks.spawn(serve_connection(
             stream,
             builder.clone(),
             router.clone(),
@@ -394,11 +456,13 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
             evict_rx,
             limits,
             leave,
+            tls.clone(),
         ));
     }
 }
 
 /// One connection, until the peer ends it, a limit closes it, or a newcomer evicts it.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     stream: TcpStream,
     builder: auto::Builder<TokioExecutor>,
@@ -407,23 +471,64 @@ async fn serve_connection(
     mut evicted: oneshot::Receiver<()>,
     limits: Limits,
     _leave: Leave,
+    tls: Option<TlsAcceptor>,
 ) {
-    let io = TokioIo::new(Watched {
+    // Stalls are seen on the socket itself, below TLS: that is where a peer that does not
+    // read makes writes wait.
+    let io = Watched {
         stream,
         activity: activity.clone(),
-    });
+    };
     let service = Tracked {
         inner: TowerToHyperService::new(router),
         activity: activity.clone(),
     };
-    let conn = builder.serve_connection(io, service);
+    let Some(acceptor) = tls else {
+        return drive(
+            builder.serve_connection(TokioIo::new(io), service),
+            &activity,
+            evicted,
+            &limits,
+        )
+        .await;
+    };
+    // The handshake counts against the first request's deadline: a peer that opens a
+    // connection and never finishes it is the cheapest way to hold a descriptor.
+    let deadline = activity.lock().accepted + limits.head_timeout;
+    let tls_io = tokio::select! {
+        r = tokio::time::timeout_at(deadline.into(), acceptor.accept(io)) => match r {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "{}: TLS handshake failed", limits.name);
+                return;
+            }
+            Err(_) => return,
+        },
+        _ = &mut evicted => return,
+    };
+    drive(
+        builder.serve_connection(TokioIo::new(tls_io), service),
+        &activity,
+        evicted,
+        &limits,
+    )
+    .await;
+}
+
+/// Runs a connection until it ends, a limit closes it, or it is evicted.
+async fn drive<F: std::future::Future>(
+    conn: F,
+    activity: &Activity,
+    mut evicted: oneshot::Receiver<()>,
+    limits: &Limits,
+) {
     tokio::pin!(conn);
     loop {
         let state = *activity.lock();
-        let recheck = match verdict(&state, &limits, Instant::now()) {
+        let recheck = match verdict(&state, limits, Instant::now()) {
             Verdict::Keep { recheck } => recheck,
             Verdict::Close(reason) => {
-                tracing::debug!(?reason, "status server closed a connection");
+                tracing::debug!(?reason, "{} closed a connection", limits.name);
                 return;
             }
         };
@@ -431,7 +536,7 @@ async fn serve_connection(
             _ = conn.as_mut() => return,
             // Sent or not (the table is gone), the slot is no longer ours.
             _ = &mut evicted => {
-                tracing::debug!("status server evicted an idle connection for a new one");
+                tracing::debug!("{} evicted an idle connection for a new one", limits.name);
                 return;
             }
             () = tokio::time::sleep_until(recheck.into()) => {}
@@ -586,6 +691,7 @@ mod tests {
             head_timeout: 10 * S,
             idle_timeout: 30 * S,
             stall_timeout: 20 * S,
+            name: "test",
         }
     }
 
@@ -597,6 +703,20 @@ mod tests {
         assert_eq!(connection_cap(None), MAX_CONNECTIONS);
         assert_eq!(connection_cap(Some(8)), MIN_CONNECTIONS);
         assert_eq!(connection_cap(Some(0)), MIN_CONNECTIONS);
+    }
+
+    #[test]
+    fn the_store_keeps_room_for_the_status_port_and_the_agents_own_work() {
+        assert_eq!(store_connection_cap(Some(1024)), 512);
+        assert_eq!(store_connection_cap(Some(65_536)), 65_536 - 256 - 256);
+        assert_eq!(store_connection_cap(Some(1 << 20)), MAX_STORE_CONNECTIONS);
+        assert_eq!(store_connection_cap(None), MAX_STORE_CONNECTIONS);
+        assert_eq!(store_connection_cap(Some(256)), MIN_STORE_CONNECTIONS);
+        // Never more than the limit leaves once the status port has its share.
+        for soft in [600u64, 1024, 4096, 65_536] {
+            let total = store_connection_cap(Some(soft)) + connection_cap(Some(soft));
+            assert!(total as u64 + OWN_RESERVE <= soft, "{soft}");
+        }
     }
 
     #[test]
