@@ -14,22 +14,24 @@
 //! * `Authenticate` on an open store: `FailedPrecondition`,
 //!   `etcdserver: authentication is not enabled`.
 //!
-//! Tokens are 256 random bits, kept only as SHA-256 digests (a lookup by digest tells a
-//! timing observer nothing about a token it does not have), and never expire: an agent
-//! authenticates once per connection and must not lose its lease to a token's age. The
-//! most recent [`MAX_TOKENS`] are kept. Passwords are compared as digests, in constant
-//! time.
+//! etcd-client sends no token on `Lease` calls and on `Cluster/MemberList` (etcd does not
+//! ask for one there), so those stay open, as on an etcd; the one that can hurt an agent,
+//! `LeaseRevoke`, is only taken on a connection that has authenticated ([`Gate::admit`]).
+//!
+//! A token is a random nonce and its HMAC-SHA256 under a key derived from the user and
+//! password: checking one needs no table (nothing for a flood of `Authenticate` calls to
+//! grow), compares in constant time, and survives the host agent's restart in place (the
+//! others' clients keep their tokens and re-register as after an etcd restart). Passwords
+//! are compared as digests, in constant time.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ring::digest::{SHA256, digest};
+use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use tonic::{Request, Status};
 
-/// Tokens kept; beyond this the oldest stops working (its client authenticates again on
-/// reconnecting). Far above one per agent of a thousand-node job.
-pub const MAX_TOKENS: usize = 16_384;
+use crate::listener::ConnectionMark;
 
 /// The metadata header etcd's clients send the token in.
 pub const TOKEN_HEADER: &str = "token";
@@ -66,14 +68,22 @@ fn same(a: &Digest, b: &Digest) -> bool {
 struct Secret {
     user: Digest,
     password: Digest,
-    issued: Mutex<Issued>,
+    tokens: hmac::Key,
     random: SystemRandom,
 }
 
-#[derive(Default)]
-struct Issued {
-    digests: HashSet<Digest>,
-    order: VecDeque<Digest>,
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// The store's gate: open, or closed to all but holders of a token.
@@ -91,10 +101,13 @@ impl Gate {
     pub fn new(credentials: Option<&Credentials>) -> Self {
         Self {
             secret: credentials.map(|c| {
+                let mut seed = b"fsdp-store token\0".to_vec();
+                seed.extend_from_slice(&sha256(c.user.as_bytes()));
+                seed.extend_from_slice(&sha256(c.password.as_bytes()));
                 Arc::new(Secret {
                     user: sha256(c.user.as_bytes()),
                     password: sha256(c.password.as_bytes()),
-                    issued: Mutex::default(),
+                    tokens: hmac::Key::new(hmac::HMAC_SHA256, &sha256(&seed)),
                     random: SystemRandom::new(),
                 })
             }),
@@ -123,25 +136,27 @@ impl Gate {
                 "etcdserver: authentication failed, invalid user ID or password",
             ));
         }
-        let mut raw = [0u8; 32];
+        let mut nonce = [0u8; 32];
         s.random
-            .fill(&mut raw)
+            .fill(&mut nonce)
             .map_err(|_| Status::internal("etcdserver: no randomness for a token"))?;
-        let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-        let mut issued = s.issued.lock().unwrap_or_else(|p| p.into_inner());
-        let d = sha256(token.as_bytes());
-        if issued.digests.insert(d) {
-            issued.order.push_back(d);
-        }
-        while issued.order.len() > MAX_TOKENS {
-            if let Some(old) = issued.order.pop_front() {
-                issued.digests.remove(&old);
-            }
-        }
-        Ok(token)
+        let tag = hmac::sign(&s.tokens, &nonce);
+        Ok(format!("{}.{}", hex(&nonce), hex(tag.as_ref())))
     }
 
-    /// Whether `req` may proceed: always on an open store, else only with an issued token.
+    /// Whether `token` is one this store's secret signed.
+    fn valid(s: &Secret, token: &[u8]) -> bool {
+        let Some((nonce, tag)) = std::str::from_utf8(token)
+            .ok()
+            .and_then(|t| t.split_once('.'))
+            .and_then(|(n, t)| Some((unhex(n)?, unhex(t)?)))
+        else {
+            return false;
+        };
+        hmac::verify(&s.tokens, &nonce, &tag).is_ok()
+    }
+
+    /// Whether `req` may proceed: always on an open store, else only with a token this store's secret signed.
     pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let Some(s) = &self.secret else {
             return Ok(());
@@ -149,13 +164,24 @@ impl Gate {
         let Some(token) = req.metadata().get(TOKEN_HEADER) else {
             return Err(Status::invalid_argument("etcdserver: user name is empty"));
         };
-        let d = sha256(token.as_bytes());
-        let issued = s.issued.lock().unwrap_or_else(|p| p.into_inner());
-        if issued.digests.contains(&d) {
+        if Self::valid(s, token.as_bytes()) {
+            if let Some(mark) = req.extensions().get::<ConnectionMark>() {
+                mark.set();
+            }
             Ok(())
         } else {
             Err(Status::unauthenticated("etcdserver: invalid auth token"))
         }
+    }
+
+    /// [`Gate::check`], or a connection that authenticated before: for the calls
+    /// etcd-client sends without a token (`LeaseRevoke`).
+    pub fn admit<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let marked = req
+            .extensions()
+            .get::<ConnectionMark>()
+            .is_some_and(ConnectionMark::is_set);
+        if marked { Ok(()) } else { self.check(req) }
     }
 }
 
@@ -229,12 +255,19 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_tokens_go_past_the_cap() {
+    fn a_token_is_only_good_with_the_secret_that_signed_it() {
         let g = gate();
-        let first = g.authenticate("fsdp", "s3cret").unwrap();
-        for _ in 0..MAX_TOKENS {
-            g.authenticate("fsdp", "s3cret").unwrap();
-        }
-        assert!(g.check(&with_token(Some(&first))).is_err());
+        let t = g.authenticate("fsdp", "s3cret").unwrap();
+        // The host restarted in place: the same secret still knows the token.
+        assert!(gate().check(&with_token(Some(&t))).is_ok());
+        let other = Gate::new(Some(&Credentials {
+            user: "fsdp".into(),
+            password: "other".into(),
+        }));
+        assert!(other.check(&with_token(Some(&t))).is_err());
+        let mut forged = t.clone();
+        forged.replace_range(0..2, if t.starts_with("00") { "01" } else { "00" });
+        assert!(g.check(&with_token(Some(&forged))).is_err());
+        assert!(g.check(&with_token(Some("zz.zz"))).is_err());
     }
 }

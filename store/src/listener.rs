@@ -482,6 +482,7 @@ async fn serve_connection(
     let service = Tracked {
         inner: TowerToHyperService::new(router),
         activity: activity.clone(),
+        mark: ConnectionMark::default(),
     };
     let Some(acceptor) = tls else {
         return drive(
@@ -544,11 +545,27 @@ async fn drive<F: std::future::Future>(
     }
 }
 
+/// One flag per connection, in every request's extensions: what a service learned about
+/// the connection, for its later requests (the store: that it authenticated).
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionMark(Arc<std::sync::atomic::AtomicBool>);
+
+impl ConnectionMark {
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// The router, counting requests in flight for the connection it serves.
 #[derive(Clone)]
 struct Tracked {
     inner: TowerToHyperService<axum::Router>,
     activity: Arc<Activity>,
+    mark: ConnectionMark,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -557,7 +574,8 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
     type Future =
         Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.mark.clone());
         let in_flight = InFlight::begin(self.activity.clone());
         let response = self.inner.call(req);
         Box::pin(async move {

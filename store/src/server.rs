@@ -60,10 +60,11 @@ impl StoreServer {
             .map_err(|e| TlsError::Config(e.to_string()))?;
         let acceptor = security.tls.as_ref().map(tls::acceptor).transpose()?;
         let gate = Gate::new(security.credentials.as_ref());
-        let shared = service::Shared::new();
+        let shared = service::Shared::with_gate(gate.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        // Every service but Auth behind the gate: the token is checked once per call (a
-        // stream's, Watch and LeaseKeepAlive, at its start), as etcd checks it.
+        // KV, Watch and Maintenance behind the gate: the token is checked once per call (a
+        // Watch stream's at its start), as etcd checks it. Lease and Cluster get no token
+        // from etcd-client (etcd does not ask); LeaseRevoke checks the connection itself.
         let g = gate.clone();
         let checked = move |req: tonic::Request<()>| g.check(&req).map(|()| req);
         let router = tonic::service::Routes::new(KvServer::with_interceptor(

@@ -37,6 +37,8 @@ pub struct Shared {
     state: Arc<Mutex<State>>,
     revision: watch::Sender<i64>,
     version: &'static str,
+    /// For `LeaseRevoke`, which etcd-client sends without a token ([`Gate::admit`]).
+    gate: Gate,
 }
 
 impl Default for Shared {
@@ -56,6 +58,15 @@ impl Shared {
             state: Arc::new(Mutex::new(state)),
             revision,
             version: env!("CARGO_PKG_VERSION"),
+            gate: Gate::open(),
+        }
+    }
+
+    /// The store behind `gate`.
+    pub fn with_gate(gate: Gate) -> Self {
+        Self {
+            gate,
+            ..Self::new()
         }
     }
 
@@ -144,8 +155,15 @@ impl pb::auth_server::Auth for Authenticator {
         &self,
         r: Request<pb::AuthenticateRequest>,
     ) -> Answer<pb::AuthenticateResponse> {
+        let mark = r
+            .extensions()
+            .get::<crate::listener::ConnectionMark>()
+            .cloned();
         let r = r.into_inner();
         let token = self.gate.authenticate(&r.name, &r.password)?;
+        if let Some(m) = mark {
+            m.set();
+        }
         let ((), h) = self.shared.read(|_| ());
         Ok(Response::new(pb::AuthenticateResponse {
             header: Some(h),
@@ -210,6 +228,9 @@ impl Lease for Shared {
         &self,
         r: Request<pb::LeaseRevokeRequest>,
     ) -> Answer<pb::LeaseRevokeResponse> {
+        // Revoking an agent's lease takes it out of the round: only for a connection
+        // that authenticated (lease IDs are not secret).
+        self.gate.admit(&r)?;
         let (revoked, h) = self.write(|s| s.revoke(r.get_ref().id));
         revoked?;
         Ok(Response::new(pb::LeaseRevokeResponse { header: Some(h) }))
