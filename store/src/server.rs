@@ -75,14 +75,8 @@ impl StoreServer {
             shared.clone(),
             checked.clone(),
         ))
-        .add_service(LeaseServer::with_interceptor(
-            shared.clone(),
-            checked.clone(),
-        ))
-        .add_service(ClusterServer::with_interceptor(
-            shared.clone(),
-            checked.clone(),
-        ))
+        .add_service(LeaseServer::new(shared.clone()))
+        .add_service(ClusterServer::new(shared.clone()))
         .add_service(MaintenanceServer::with_interceptor(shared.clone(), checked))
         .add_service(AuthServer::new(service::Authenticator::new(
             gate,
