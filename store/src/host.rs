@@ -147,11 +147,11 @@ pub async fn host_if_here(
     match (decision, listener) {
         (Hosting::Serve, Some(listener)) => {
             let server = StoreServer::start(listener, security)?;
-            tracing::info!(addr = %server.addr(), why, tls = security.tls.is_some(), password = security.credentials.is_some(), "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
+            tracing::info!(addr = %server.addr(), why, tls = security.tls.is_some(), password = security.credentials.is_some(), max_connections = crate::listener::Limits::for_the_store().max_connections, "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
             if security.is_open() {
                 // torchrun's TCPStore is as open; the drop-in promise keeps the default,
                 // and this line is the one place the operator learns what it means.
-                tracing::warn!(addr = %server.addr(), "the c10d store is open: anyone who can reach this port can read and write the rendezvous, end the run or hijack it; close it by giving every agent the same password (FSDP_ETCD_PASSWORD, or --rdzv-conf username=NAME,password_file=PATH; see docs/security.md)");
+                tracing::warn!(addr = %server.addr(), "the c10d store is open: anyone who can reach this port can read and write the rendezvous, end the run or hijack it; close it by giving every agent the same password (FSDP_ETCD_PASSWORD or --rdzv-conf password_file=PATH; see docs/security.md)");
             }
             Ok(Some(server))
         }
