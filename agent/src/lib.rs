@@ -150,7 +150,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             let store = match &m.store {
                 Some(s) => {
                     let hostname = fsdp_rendezvous::hostname();
-                    fsdp_store::host_if_here(&s.host, s.port, s.is_host, &hostname)
+                    fsdp_store::host_if_here(&s.host, s.port, s.is_host, &hostname, &s.security)
                         .await
                         .map_err(RendezvousError::from)?
                 }

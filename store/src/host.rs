@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 
-use crate::server::StoreServer;
+use crate::server::{Security, StoreServer};
+use crate::tls::TlsError;
 
 /// Why this agent cannot host the store it was asked to host (a configuration error: the
 /// agent exits 64).
@@ -15,8 +16,8 @@ pub enum HostError {
     /// `is_host=true` cannot be honoured; why, in words.
     #[error("{0}")]
     Refused(String),
-    #[error("cannot serve the c10d store: {0}")]
-    Serve(#[source] std::io::Error),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 /// torchrun's default port for `--rdzv-backend c10d`.
@@ -128,12 +129,14 @@ pub async fn bind(host: &str, port: u16, hostname: &str) -> (Bind, Option<TcpLis
 
 /// Serves the store here when this agent is its host ([`decide_host`]); `None` when
 /// another agent serves it. A forced host (`is_host=true`) that cannot listen is a
-/// configuration error. `hostname` is this machine's ([`bind`]).
+/// configuration error. `hostname` is this machine's ([`bind`]); `security` says who the
+/// store lets in.
 pub async fn host_if_here(
     host: &str,
     port: u16,
     is_host: Option<bool>,
     hostname: &str,
+    security: &Security,
 ) -> Result<Option<StoreServer>, HostError> {
     let (bound, listener) = if is_host == Some(false) {
         (Bind::NotLocal, None)
@@ -143,8 +146,13 @@ pub async fn host_if_here(
     let (decision, why) = decide_host(is_host, &bound);
     match (decision, listener) {
         (Hosting::Serve, Some(listener)) => {
-            let server = StoreServer::start(listener).map_err(HostError::Serve)?;
-            tracing::info!(addr = %server.addr(), why, "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
+            let server = StoreServer::start(listener, security)?;
+            tracing::info!(addr = %server.addr(), why, tls = security.tls.is_some(), password = security.credentials.is_some(), max_connections = crate::listener::Limits::for_the_store().max_connections, "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
+            if security.is_open() {
+                // torchrun's TCPStore is as open; the drop-in promise keeps the default,
+                // and this line is the one place the operator learns what it means.
+                tracing::warn!(addr = %server.addr(), "the c10d store is open: anyone who can reach this port can read and write the rendezvous, end the run or hijack it; close it by giving every agent the same password (FSDP_ETCD_PASSWORD or --rdzv-conf password_file=PATH; see docs/security.md)");
+            }
             Ok(Some(server))
         }
         (Hosting::Refuse, _) => Err(HostError::Refused(why)),

@@ -15,7 +15,13 @@
 //!
 //! * [`state`]: the keys, revisions, leases and watch history, pure.
 //! * [`service`]: the gRPC services over that state.
-//! * [`server`]: [`StoreServer`], those services on a listener, and how it closes.
+//! * [`auth`]: etcd's password authentication ([`auth::Gate`]): tokens from
+//!   `Authenticate`, checked on every call when a password is configured.
+//! * [`tls`]: the rustls acceptor from the certificate, key and client CA files.
+//! * [`listener`]: the bounded accept loop (connection cap from the open-file limit,
+//!   timeouts, eviction, accept back-off), shared with the agent's status port.
+//! * [`server`]: [`StoreServer`], those services behind the gate on that loop, and how it
+//!   closes; [`Security`] says who gets in.
 //! * [`host`]: whether this agent serves ([`decide_host`], a pure function of what binding
 //!   the endpoint found; [`host::bind`] does the binding, [`host_if_here`] both).
 //!
@@ -23,10 +29,16 @@
 //! crate's deterministic simulator runs [`state`] as its etcd. It knows nothing of the
 //! rendezvous; what it needs from the agent (this machine's host name) is passed in.
 
+pub mod auth;
 pub mod host;
+pub mod listener;
 pub mod server;
 pub mod service;
 pub mod state;
+pub mod streams;
+pub mod tls;
 
+pub use auth::Credentials;
 pub use host::{DEFAULT_PORT, HostError, decide_host, host_if_here};
-pub use server::StoreServer;
+pub use server::{Security, StoreServer};
+pub use tls::ServerTls;

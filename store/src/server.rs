@@ -1,5 +1,6 @@
-//! The store on a listener: the gRPC services of [`service`] and the lease expiry, until
-//! [`StoreServer::close`].
+//! The store on a listener: the gRPC services of [`service`] behind the [`auth`] gate,
+//! on the bounded accept loop of [`listener`] (with TLS when [`Security::tls`] is set),
+//! and the lease expiry, until [`StoreServer::close`].
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,7 +9,25 @@ use fsdp_proto::etcdserverpb as pb;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+use crate::auth::{Credentials, Gate};
+use crate::listener::{self, Limits};
 use crate::service;
+use crate::tls::{self, ServerTls, TlsError};
+
+/// Who the store lets in: everyone who reaches the port (both `None`, torchrun's
+/// TCPStore), holders of the password, clients with a certificate, or both.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Security {
+    pub credentials: Option<Credentials>,
+    pub tls: Option<ServerTls>,
+}
+
+impl Security {
+    /// Anyone who can reach the port can read and write every key.
+    pub fn is_open(&self) -> bool {
+        self.credentials.is_none() && self.tls.as_ref().is_none_or(|t| t.client_ca.is_none())
+    }
+}
 
 /// A store this agent serves; it stops when [`StoreServer::close`] is called or when it is
 /// dropped.
@@ -20,39 +39,56 @@ pub struct StoreServer {
 }
 
 impl StoreServer {
-    /// Serves the store on `listener`.
-    pub fn start(listener: TcpListener) -> std::io::Result<Self> {
+    /// Serves the store on `listener`, within the store's [`Limits::for_the_store`].
+    pub fn start(listener: TcpListener, security: &Security) -> Result<Self, TlsError> {
+        Self::start_within(listener, security, Limits::for_the_store())
+    }
+
+    /// [`StoreServer::start`] within `limits`.
+    pub fn start_within(
+        listener: TcpListener,
+        security: &Security,
+        limits: Limits,
+    ) -> Result<Self, TlsError> {
         use pb::{
-            cluster_server::ClusterServer, kv_server::KvServer, lease_server::LeaseServer,
-            maintenance_server::MaintenanceServer, watch_server::WatchServer,
+            auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
+            lease_server::LeaseServer, maintenance_server::MaintenanceServer,
+            watch_server::WatchServer,
         };
-        let addr = listener.local_addr()?;
-        let shared = service::Shared::new();
-        let incoming = futures::stream::unfold(listener, |l| async move {
-            let conn = l.accept().await.map(|(s, _)| {
-                // Rendezvous requests are small and latency-bound.
-                let _ = s.set_nodelay(true);
-                s
-            });
-            Some((conn, l))
-        });
+        let addr = listener
+            .local_addr()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let acceptor = security.tls.as_ref().map(tls::acceptor).transpose()?;
+        let gate = Gate::new(security.credentials.as_ref());
+        let shared = service::Shared::with_gate(gate.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        let router = tonic::transport::Server::builder()
-            .add_service(KvServer::new(shared.clone()))
-            .add_service(WatchServer::new(shared.clone()))
-            .add_service(LeaseServer::new(shared.clone()))
-            .add_service(ClusterServer::new(shared.clone()))
-            .add_service(MaintenanceServer::new(shared.clone()));
+        // KV, Watch and Maintenance behind the gate: the token is checked once per call (a
+        // Watch stream's at its start), as etcd checks it. Lease and Cluster get no token
+        // from etcd-client (etcd does not ask); LeaseRevoke checks the connection itself.
+        let g = gate.clone();
+        let checked = move |req: tonic::Request<()>| g.check(&req).map(|()| req);
+        let router = tonic::service::Routes::new(KvServer::with_interceptor(
+            shared.clone(),
+            checked.clone(),
+        ))
+        .add_service(WatchServer::with_interceptor(
+            shared.clone(),
+            checked.clone(),
+        ))
+        .add_service(LeaseServer::new(shared.clone()))
+        .add_service(ClusterServer::new(shared.clone()))
+        .add_service(MaintenanceServer::with_interceptor(shared.clone(), checked))
+        .add_service(AuthServer::new(service::Authenticator::new(
+            gate,
+            shared.clone(),
+        )))
+        .into_axum_router();
         let expiry = shared.clone().expire_leases();
         let served = tokio::spawn(async move {
-            let serve = router.serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            });
             tokio::select! {
-                r = serve => if let Err(e) = r {
-                    tracing::error!(error = %e, "embedded rendezvous store stopped");
-                },
+                () = listener::serve_tls(listener, router, limits, acceptor) => {}
                 () = expiry => {}
+                _ = stopped => {}
             }
         });
         Ok(Self {

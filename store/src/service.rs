@@ -1,5 +1,6 @@
 //! The gRPC face of the embedded store: etcd's `KV`, `Watch`, `Lease`, `Cluster` and
-//! `Maintenance` services over one [`State`], for the requests the rendezvous makes.
+//! `Maintenance` services over one [`State`], for the requests the rendezvous makes, and
+//! `Auth/Authenticate` ([`Authenticator`]) over the [`Gate`] the server puts before them.
 //!
 //! Every request takes the state's lock for the length of one state call (no await inside);
 //! a write wakes the watch streams through a revision channel, and each stream replays
@@ -19,6 +20,7 @@ use pb::watch_server::Watch;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::auth::Gate;
 use super::state::{Replay, State, StoreError, WatchSpec};
 
 /// The store's one member, as etcd clients ask for it (status, member list).
@@ -35,6 +37,8 @@ pub struct Shared {
     state: Arc<Mutex<State>>,
     revision: watch::Sender<i64>,
     version: &'static str,
+    /// For `LeaseRevoke`, which etcd-client sends without a token ([`Gate::admit`]).
+    gate: Gate,
 }
 
 impl Default for Shared {
@@ -54,6 +58,15 @@ impl Shared {
             state: Arc::new(Mutex::new(state)),
             revision,
             version: env!("CARGO_PKG_VERSION"),
+            gate: Gate::open(),
+        }
+    }
+
+    /// The store behind `gate`.
+    pub fn with_gate(gate: Gate) -> Self {
+        Self {
+            gate,
+            ..Self::new()
         }
     }
 
@@ -122,6 +135,42 @@ impl From<StoreError> for Status {
 }
 
 type Answer<T> = Result<Response<T>, Status>;
+
+/// etcd's `Auth` service, of which the store answers only `Authenticate`.
+#[derive(Clone)]
+pub struct Authenticator {
+    gate: Gate,
+    shared: Shared,
+}
+
+impl Authenticator {
+    pub fn new(gate: Gate, shared: Shared) -> Self {
+        Self { gate, shared }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::auth_server::Auth for Authenticator {
+    async fn authenticate(
+        &self,
+        r: Request<pb::AuthenticateRequest>,
+    ) -> Answer<pb::AuthenticateResponse> {
+        let mark = r
+            .extensions()
+            .get::<crate::listener::ConnectionMark>()
+            .cloned();
+        let r = r.into_inner();
+        let token = self.gate.authenticate(&r.name, &r.password)?;
+        if let Some(m) = mark {
+            m.set();
+        }
+        let ((), h) = self.shared.read(|_| ());
+        Ok(Response::new(pb::AuthenticateResponse {
+            header: Some(h),
+            token,
+        }))
+    }
+}
 type Outgoing<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -179,6 +228,9 @@ impl Lease for Shared {
         &self,
         r: Request<pb::LeaseRevokeRequest>,
     ) -> Answer<pb::LeaseRevokeResponse> {
+        // Revoking an agent's lease takes it out of the round: only for a connection
+        // that authenticated (lease IDs are not secret).
+        self.gate.admit(&r)?;
         let (revoked, h) = self.write(|s| s.revoke(r.get_ref().id));
         revoked?;
         Ok(Response::new(pb::LeaseRevokeResponse { header: Some(h) }))

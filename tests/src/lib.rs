@@ -129,7 +129,20 @@ pub struct AgentCmd {
 impl AgentCmd {
     /// An agent whose captured output lives in `dir` under `name`.
     pub fn new(dir: &Path, name: &str) -> Self {
-        let mut cmd = Command::new(agent_bin());
+        Self::from_command(Command::new(agent_bin()), dir, name)
+    }
+
+    /// An agent whose soft open-file limit is `nofile` (as `ulimit -n` in a container),
+    /// through util-linux's `prlimit`.
+    pub fn with_nofile(dir: &Path, name: &str, nofile: u64) -> Self {
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--nofile={nofile}:"))
+            .arg("--")
+            .arg(agent_bin());
+        Self::from_command(cmd, dir, name)
+    }
+
+    fn from_command(mut cmd: Command, dir: &Path, name: &str) -> Self {
         // Keep the tests independent of the caller's environment.
         for (k, _) in std::env::vars() {
             if k.starts_with("PET_") || k.starts_with("TORCHELASTIC_") || k == "OMP_NUM_THREADS" {

@@ -42,6 +42,8 @@ pub struct EmbeddedStore {
     pub port: u16,
     /// `--rdzv-conf is_host`: unset, the agent whose machine has the address serves.
     pub is_host: Option<bool>,
+    /// Who the store lets in (the serving agent's part of the password and TLS keys).
+    pub security: fsdp_store::Security,
 }
 
 /// Builds the etcd configuration; errors name the key or flag at fault and never echo the
@@ -67,9 +69,14 @@ pub fn build(
     Ok(m)
 }
 
+/// The user name of a c10d store's one user when only a password is given: the store is
+/// the job's own, so there is no one else to tell apart.
+pub const C10D_DEFAULT_USER: &str = "fsdp";
+
 /// `--rdzv-backend c10d`: one `host[:port]` (29400 by default, as torchrun's), served by
-/// the agent whose machine has it. TLS and authentication keys are warned about and
-/// left out: the store speaks plaintext.
+/// the agent whose machine has it. The password and TLS keys are etcd mode's: every agent
+/// is given the same ones, the serving agent requires them, and the others present them
+/// (docs/security.md). `env_password` is `$FSDP_ETCD_PASSWORD`.
 pub fn build_c10d(
     endpoint: &str,
     run_id: &str,
@@ -77,6 +84,7 @@ pub fn build_c10d(
     conf: &BTreeMap<String, String>,
     addr: String,
     local_world_size: u32,
+    env_password: Option<&str>,
 ) -> Result<EtcdMode, String> {
     let endpoint = endpoint.trim();
     if endpoint.is_empty() {
@@ -117,12 +125,69 @@ pub fn build_c10d(
     if !conf.contains_key("outage_timeout") {
         m.rendezvous.outage_timeout = C10D_OUTAGE_TIMEOUT;
     }
+    let tls = c10d_tls(conf)?;
+    let credentials = c10d_user(conf, env_password)?;
+    m.rendezvous.options.tls = tls.clone();
+    m.rendezvous.options.user = credentials.clone();
     m.store = Some(EmbeddedStore {
         host,
         port,
         is_host,
+        security: fsdp_store::Security {
+            credentials: credentials
+                .map(|(user, password)| fsdp_store::Credentials { user, password }),
+            tls: tls.map(|t| fsdp_store::ServerTls {
+                // c10d_tls gives all three or none.
+                cert: t.cert.unwrap_or_default(),
+                key: t.key.unwrap_or_default(),
+                client_ca: t.ca,
+            }),
+        },
     });
     Ok(m)
+}
+
+/// The c10d store's user: etcd mode's keys, the user name optional ([`C10D_DEFAULT_USER`]).
+fn c10d_user(
+    conf: &BTreeMap<String, String>,
+    env_password: Option<&str>,
+) -> Result<Option<(String, String)>, String> {
+    match (conf.get("username"), password(conf, env_password)?) {
+        (u, Some(p)) => Ok(Some((
+            u.cloned().unwrap_or_else(|| C10D_DEFAULT_USER.into()),
+            p,
+        ))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(format!(
+            "--rdzv-conf username needs a password: password_file=PATH, ${PASSWORD_ENV}, or password=..."
+        )),
+    }
+}
+
+/// The c10d store's TLS: the CA, the certificate and its key together or none of them.
+/// The serving agent presents the certificate and requires client certificates signed by
+/// the CA; the others verify it with the CA and present the same certificate.
+fn c10d_tls(conf: &BTreeMap<String, String>) -> Result<Option<TlsFiles>, String> {
+    let file = |a: &str, b: &str| conf.get(a).or_else(|| conf.get(b)).map(PathBuf::from);
+    let tls = TlsFiles {
+        ca: file("ca_cert", "cacert"),
+        cert: file("ssl_cert", "cert"),
+        key: file("ssl_cert_key", "key"),
+    };
+    let https = match conf.get("protocol").map(String::as_str) {
+        None | Some("http") => false,
+        Some("https") => true,
+        Some(other) => {
+            return Err(format!(
+                "--rdzv-conf protocol={other}: expected http or https"
+            ));
+        }
+    };
+    match (&tls.ca, &tls.cert, &tls.key) {
+        (None, None, None) if !https => Ok(None),
+        (Some(_), Some(_), Some(_)) => Ok(Some(tls)),
+        _ => Err("--rdzv-conf: TLS for the c10d store needs cacert, cert and key together (the serving agent presents cert/key and requires client certificates signed by cacert; every agent is given the same three files)".into()),
+    }
 }
 
 /// What both backends read: the run, the node, the timeouts and the exit barrier.

@@ -186,10 +186,18 @@ impl Resolver<'_> {
             .unwrap_or_else(fsdp_rendezvous::hostname);
         let nodes = (g.min_nodes, g.max_nodes);
         let (endpoint, lws) = (&a.rdzv_endpoint, g.nproc_per_node);
+        let password = (self.env)(etcd::PASSWORD_ENV);
         let m = if c10d {
-            etcd::build_c10d(endpoint, run_id, nodes, rdzv_conf, addr, lws)
+            etcd::build_c10d(
+                endpoint,
+                run_id,
+                nodes,
+                rdzv_conf,
+                addr,
+                lws,
+                password.as_deref(),
+            )
         } else {
-            let password = (self.env)(etcd::PASSWORD_ENV);
             etcd::build(
                 endpoint,
                 run_id,

@@ -15,23 +15,13 @@ pub struct Key {
     pub note: &'static str,
 }
 
-/// Read by both: the rendezvous' own timeouts and lease.
+/// Read by both: the rendezvous' own timeouts and lease, the password and TLS files.
 const fn both(name: &'static str) -> Key {
     Key {
         name,
         etcd: true,
         c10d: true,
         note: "",
-    }
-}
-
-/// TLS and authentication: a real etcd's; the embedded store serves plaintext.
-const fn etcd_only(name: &'static str) -> Key {
-    Key {
-        name,
-        etcd: true,
-        c10d: false,
-        note: "TLS and authentication are for an etcd server; the c10d store is plaintext on the job's network",
     }
 }
 
@@ -49,9 +39,9 @@ pub const KEYS: &[Key] = &[
     both("keep_alive_ttl"),
     both("straggler_timeout"),
     both("connect_timeout"),
-    etcd_only("username"),
-    etcd_only("password"),
-    etcd_only("password_file"),
+    both("username"),
+    both("password"),
+    both("password_file"),
     both("join_timeout"),
     both("last_call_timeout"),
     both("close_timeout"),
@@ -80,13 +70,13 @@ pub const KEYS: &[Key] = &[
         "only a TCP store exists (store_type=tcp is torchrun's default)",
     ),
     both("etcd_prefix"),
-    etcd_only("protocol"),
-    etcd_only("cacert"),
-    etcd_only("cert"),
-    etcd_only("key"),
-    etcd_only("ca_cert"),
-    etcd_only("ssl_cert"),
-    etcd_only("ssl_cert_key"),
+    both("protocol"),
+    both("cacert"),
+    both("cert"),
+    both("key"),
+    both("ca_cert"),
+    both("ssl_cert"),
+    both("ssl_cert_key"),
     torchrun(
         "rank",
         "torchrun's legacy-etcd rank hint; the rendezvous assigns ranks",

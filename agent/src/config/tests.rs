@@ -365,7 +365,8 @@ fn c10d_runs_one_node_standalone_and_several_on_a_store_an_agent_serves() {
         Some(etcd::EmbeddedStore {
             host: "pod0".into(),
             port: 29400,
-            is_host: None
+            is_host: None,
+            security: Default::default(),
         })
     );
     assert_eq!(m.rendezvous.options.endpoints, ["pod0:29400"]);
@@ -431,19 +432,74 @@ fn c10d_refuses_what_its_store_cannot_be() {
         &[],
     );
     assert!(e.contains("is_host=maybe"), "{e}");
-    // TLS is an etcd server's: warned about, and the client stays plaintext.
-    let c = config(
+    // The store's TLS needs all three files: the host presents cert/key, the CA checks
+    // the clients, and every agent is given the same three.
+    let e = error(
         &with(
             &c10d,
             &["--rdzv-endpoint", "a", "--rdzv-conf", "cacert=/ca.pem"],
         ),
         &[],
     );
-    assert!(etcd_mode(&c).rendezvous.options.tls.is_none());
-    assert!(warned(
-        &c,
-        "--rdzv-conf cacert has no effect with the c10d rendezvous (cacert: TLS and authentication are for an etcd server"
-    ));
+    assert!(
+        e.contains("TLS for the c10d store needs cacert, cert and key together"),
+        "{e}"
+    );
+    let c = config(
+        &with(
+            &c10d,
+            &[
+                "--rdzv-endpoint",
+                "a",
+                "--rdzv-conf",
+                "cacert=/ca.pem,cert=/c.pem,key=/k.pem",
+            ],
+        ),
+        &[],
+    );
+    let m = etcd_mode(&c);
+    assert!(m.rendezvous.options.tls.is_some());
+    let tls = m.store.as_ref().unwrap().security.tls.clone().unwrap();
+    assert_eq!(
+        tls.client_ca.as_deref(),
+        Some(std::path::Path::new("/ca.pem"))
+    );
+}
+
+#[test]
+fn c10d_takes_the_password_from_the_environment_for_the_store_and_its_clients() {
+    let args = [
+        "--rdzv-backend",
+        "c10d",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        "a",
+    ];
+    let c = config(&args, &[("FSDP_ETCD_PASSWORD", "pw")]);
+    let m = etcd_mode(&c);
+    let want = Some(("fsdp".to_owned(), "pw".to_owned()));
+    assert_eq!(m.rendezvous.options.user, want);
+    let creds = m
+        .store
+        .as_ref()
+        .unwrap()
+        .security
+        .credentials
+        .clone()
+        .unwrap();
+    assert_eq!(
+        (creds.user.as_str(), creds.password.as_str()),
+        ("fsdp", "pw")
+    );
+    assert!(
+        etcd_mode(&config(&args, &[]))
+            .store
+            .as_ref()
+            .unwrap()
+            .security
+            .is_open()
+    );
 }
 
 #[test]
@@ -616,7 +672,8 @@ fn every_key_the_table_gives_to_etcd_is_taken_by_the_etcd_rendezvous() {
 fn every_key_the_table_gives_to_c10d_is_taken_by_the_c10d_rendezvous() {
     let conf = "join_timeout=5,last_call_timeout=5,close_timeout=5,keep_alive_ttl=2,\
                 keep_alive_interval=1,keep_alive_max_attempt=2,straggler_timeout=10,\
-                connect_timeout=5,etcd_prefix=/p,outage_timeout=60,fence_margin=0.5,is_host=1";
+                connect_timeout=5,etcd_prefix=/p,outage_timeout=60,fence_margin=0.5,is_host=1,\
+                username=u,password=p,protocol=https,cacert=/a,cert=/b,key=/c";
     let args = [
         "--rdzv-backend",
         "c10d",
@@ -629,7 +686,22 @@ fn every_key_the_table_gives_to_c10d_is_taken_by_the_c10d_rendezvous() {
     ];
     let c = config(&args, &[]);
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-    let taken: Vec<String> = parse::rdzv_conf(conf).unwrap().into_keys().collect();
+    // The other spellings, and the password from a file (one source at a time).
+    let dir = std::env::temp_dir().join(format!("fsdp-c10d-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pw = dir.join("pw");
+    std::fs::write(&pw, "p\n").unwrap();
+    let other = format!(
+        "password_file={},ca_cert=/a,ssl_cert=/b,ssl_cert_key=/c",
+        pw.display()
+    );
+    let mut other_args = args;
+    other_args[7] = &other;
+    let c = config(&other_args, &[]);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let mut taken: Vec<String> = parse::rdzv_conf(conf).unwrap().into_keys().collect();
+    taken.extend(parse::rdzv_conf(&other).unwrap().into_keys());
+    let _ = std::fs::remove_dir_all(&dir);
     for key in rdzv_keys::KEYS {
         assert_eq!(
             taken.iter().any(|k| k == key.name),

@@ -89,6 +89,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             &conf,
             String::new(),
             1,
+            std::env::var(etcd::PASSWORD_ENV).ok().as_deref(),
         ),
         ("etcd" | "etcd-v2" | "etcd-v3", Some(id)) => etcd::build(
             &a.rdzv_endpoint,

@@ -4,10 +4,9 @@
 //! `fsdp-agent status` command ([`command`]) reads a whole run from etcd instead.
 
 pub mod command;
-pub mod listener;
+pub use fsdp_store::{listener, streams};
 pub mod metrics;
 pub mod server;
-pub mod streams;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

@@ -129,7 +129,7 @@ pub async fn start(addr: SocketAddr, board: Board) -> std::io::Result<SocketAddr
     let limits = Limits::for_this_process();
     tracing::debug!(
         max_connections = limits.max_connections,
-        max_streams = limits.max_streams,
+        max_streams = limits.streams.map_or(0, |s| s.max_streams),
         streams_per_peer = super::streams::STREAMS_PER_PEER,
         head_timeout_s = limits.head_timeout.as_secs(),
         idle_timeout_s = limits.idle_timeout.as_secs(),

@@ -1,8 +1,9 @@
 //! Long requests on the status port draw on slots of their own, so that they can never
-//! starve the probes.
+//! starve the probes (the listener's [`crate::listener::StreamRules`]; the c10d store has
+//! none: its watches and keep-alives are its own agents').
 //!
 //! Every connection with a request in flight is busy, and the listener never evicts a busy
-//! connection for a newcomer ([`super::listener`]). A `Liveness` stream (or a health
+//! connection for a newcomer ([`crate::listener`]). A `Liveness` stream (or a health
 //! `Watch`, or a reflection session) is in flight for as long as its client likes: 300
 //! of them against an agent with 1,024 descriptors held all 256 connection slots, every
 //! `/metrics` scrape and `Health/Check` was refused, and kubelet's gRPC liveness probe

@@ -1,5 +1,11 @@
-//! The status port's own accept loop, bounded so that whoever can reach the port cannot
-//! silence it or take the agent's descriptors (issue 12).
+//! A bounded accept loop for the agent's two ports, the status port and the c10d store,
+//! so that whoever can reach them cannot silence them or take the agent's descriptors
+//! (issue 12 for the status port; the security issue for the store, where 1,100 idle
+//! connections to a host with 1,024 descriptors ended the job). It lives in this crate,
+//! below the agent, because the store serves on it; the agent's status server uses it too.
+//! Each port has its own [`Limits`]: the status port's are [`Limits::for_this_process`],
+//! the store's [`Limits::for_the_store`] ([`store_connection_cap`]). With a
+//! [`TlsAcceptor`], the handshake happens inside the connection's first deadline.
 //!
 //! `axum::serve` accepts every connection and keeps it for as long as the peer likes. On
 //! a port that listens on `0.0.0.0` by default, a few hundred idle or slowloris
@@ -37,11 +43,13 @@
 //! The server stays on the agent's runtime on purpose: the liveness check answering is
 //! the proof that the agent's loop runs. The cap bounds the work a flood can queue there.
 //!
-//! * **Streams cannot take every slot** ([`super::streams`]): long requests (a
-//!   `Liveness` stream, a health `Watch`) are limited per source address and in all, so
-//!   a quarter of the slots is always free or evictable for `Health/Check` and `/metrics`;
-//!   a one-shot request that is not answered within its timeout (a head whose body never
-//!   comes) is answered with an error, which frees its connection.
+//! * **Streams cannot take every slot** of the status port ([`crate::streams`], through
+//!   [`Limits::streams`]): long requests (a `Liveness` stream, a health `Watch`) are
+//!   limited per source address and in all, so a quarter of the slots is always free or
+//!   evictable for `Health/Check` and `/metrics`; a one-shot request that is not answered
+//!   within its timeout (a head whose body never comes) is answered with an error, which
+//!   frees its connection. The c10d store has no stream slots: its watches and
+//!   keep-alives are its own agents', and its cap is its defence.
 //!
 //! What remains: an attacker who keeps the reserve's connections each with a one-shot
 //! request in flight, renewed every few seconds, can still make newcomers wait; the agent
@@ -66,7 +74,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
-use super::streams::{self, Kind, StreamSlot, Streams};
+use crate::streams::{self, Kind, StreamSlot, Streams};
+pub use tokio_rustls::TlsAcceptor;
 
 /// The fewest connections the port accepts, however low the open-file limit.
 pub const MIN_CONNECTIONS: usize = 4;
@@ -84,6 +93,32 @@ pub const STALL_EVICTABLE: Duration = Duration::from_secs(1);
 const H2_PING: Duration = Duration::from_secs(20);
 /// How often the limits' own warnings may be logged.
 const LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// The store's connection cap with no open-file limit (and its ceiling): far above the
+/// two connections per agent a thousand-node job needs.
+pub const MAX_STORE_CONNECTIONS: usize = 65_536;
+/// The fewest connections the store accepts: a small job's agents, however low the limit.
+pub const MIN_STORE_CONNECTIONS: usize = 16;
+/// Descriptors kept for the agent's own work besides its two ports: worker pipes, log
+/// files, the free-port probes of a restart, the store connection of its own client.
+pub const OWN_RESERVE: u64 = 256;
+/// The store's idle timeout: agents keep a lease keep-alive stream open, so only a
+/// connection nobody uses goes idle; `etcdctl` and `fsdp-agent status` are one-shot.
+pub const STORE_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The store's cap for a soft open-file limit: what is left after the status port's cap
+/// ([`connection_cap`]) and [`OWN_RESERVE`], within [`MIN_STORE_CONNECTIONS`] and
+/// [`MAX_STORE_CONNECTIONS`]. At 1,024: 1024 - 256 - 256 = 512.
+pub fn store_connection_cap(soft_nofile: Option<u64>) -> usize {
+    let Some(soft) = soft_nofile else {
+        return MAX_STORE_CONNECTIONS;
+    };
+    let status = u64::try_from(connection_cap(Some(soft))).unwrap_or(u64::MAX);
+    let left = soft.saturating_sub(status).saturating_sub(OWN_RESERVE);
+    usize::try_from(left)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_STORE_CONNECTIONS, MAX_STORE_CONNECTIONS)
+}
 
 /// The connection cap for a soft open-file limit (`None`: unlimited or unknown).
 pub fn connection_cap(soft_nofile: Option<u64>) -> usize {
@@ -103,16 +138,29 @@ pub fn soft_nofile() -> Option<u64> {
 }
 
 /// The bounds one server works with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_connections: usize,
-    /// Long requests in flight at once ([`streams::max_streams`]).
-    pub max_streams: usize,
     pub head_timeout: Duration,
     pub idle_timeout: Duration,
     pub stall_timeout: Duration,
+    /// Which port, in log lines ("status server", "c10d store").
+    pub name: &'static str,
+    /// Stream slots and the one-shot timeout ([`crate::streams`]), for a port whose long
+    /// requests must not starve its probes; `None`: every request runs as long as it
+    /// likes (the store's watches and keep-alives are its clients' own).
+    pub streams: Option<StreamRules>,
+}
+
+/// How a port tells and limits its long requests.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamRules {
+    /// Long requests in flight at once ([`streams::max_streams`]).
+    pub max_streams: usize,
     /// From a one-shot request's head to its response ([`streams::ONESHOT_TIMEOUT`]).
     pub oneshot_timeout: Duration,
+    /// What a request is, from its path.
+    pub kind: fn(&str) -> Kind,
 }
 
 impl Limits {
@@ -121,11 +169,27 @@ impl Limits {
         let max_connections = connection_cap(soft_nofile());
         Self {
             max_connections,
-            max_streams: streams::max_streams(max_connections),
             head_timeout: HEAD_TIMEOUT,
             idle_timeout: IDLE_TIMEOUT,
             stall_timeout: STALL_TIMEOUT,
-            oneshot_timeout: streams::ONESHOT_TIMEOUT,
+            name: "status server",
+            streams: Some(StreamRules {
+                max_streams: streams::max_streams(max_connections),
+                oneshot_timeout: streams::ONESHOT_TIMEOUT,
+                kind: streams::kind,
+            }),
+        }
+    }
+
+    /// The c10d store's: its own cap ([`store_connection_cap`]), a longer idle timeout.
+    pub fn for_the_store() -> Self {
+        Self {
+            max_connections: store_connection_cap(soft_nofile()),
+            head_timeout: HEAD_TIMEOUT,
+            idle_timeout: STORE_IDLE_TIMEOUT,
+            stall_timeout: STALL_TIMEOUT,
+            name: "c10d store",
+            streams: None,
         }
     }
 }
@@ -328,6 +392,16 @@ impl Drop for Leave {
 
 /// Serves `router` on `listener` within `limits`, forever.
 pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) {
+    serve_tls(listener, router, limits, None).await;
+}
+
+/// [`serve`], with TLS when `tls` is given.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: Limits,
+    tls: Option<TlsAcceptor>,
+) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -339,16 +413,20 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
         .keep_alive_interval(H2_PING)
         .keep_alive_timeout(H2_PING);
     let table = Arc::new(Table::default());
-    let streams = Streams::new(limits.max_streams);
+    let streams = limits.streams.map(|r| (r, Streams::new(r.max_streams)));
     let mut next_id = 0u64;
     let mut accept_errors = Throttle::new(LOG_EVERY);
     let mut refusals = Throttle::new(LOG_EVERY);
+    // The connections live as long as the loop: whoever drops it (the store closing)
+    // ends them too.
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
+        while tasks.try_join_next().is_some() {}
         let (stream, peer) = match listener.accept().await {
             Ok((stream, peer)) => (stream, peer.ip()),
             Err(e) => {
                 if let Some(held) = accept_errors.allow(Instant::now()) {
-                    tracing::warn!(error = %e, repeats = held, "status server cannot accept a connection; retrying");
+                    tracing::warn!(error = %e, repeats = held, "{} cannot accept a connection; retrying", limits.name);
                 }
                 if let Some(pause) = accept_backoff(&e) {
                     tokio::time::sleep(pause).await;
@@ -384,7 +462,8 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
                         tracing::warn!(
                             max_connections = limits.max_connections,
                             repeats = held,
-                            "status server refused a connection: every connection is busy"
+                            "{} refused a connection: every connection is busy",
+                            limits.name
                         );
                     }
                     continue;
@@ -406,11 +485,12 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
         let service = Tracked {
             inner: TowerToHyperService::new(router.clone()),
             activity: activity.clone(),
+            mark: ConnectionMark::default(),
             peer,
             streams: streams.clone(),
-            oneshot_timeout: limits.oneshot_timeout,
+            name: limits.name,
         };
-        tokio::spawn(serve_connection(
+        tasks.spawn(serve_connection(
             stream,
             builder.clone(),
             service,
@@ -418,11 +498,13 @@ pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) 
             evict_rx,
             limits,
             leave,
+            tls.clone(),
         ));
     }
 }
 
 /// One connection, until the peer ends it, a limit closes it, or a newcomer evicts it.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     stream: TcpStream,
     builder: auto::Builder<TokioExecutor>,
@@ -431,19 +513,60 @@ async fn serve_connection(
     mut evicted: oneshot::Receiver<()>,
     limits: Limits,
     _leave: Leave,
+    tls: Option<TlsAcceptor>,
 ) {
-    let io = TokioIo::new(Watched {
+    // Stalls are seen on the socket itself, below TLS: that is where a peer that does not
+    // read makes writes wait.
+    let io = Watched {
         stream,
         activity: activity.clone(),
-    });
-    let conn = builder.serve_connection(io, service);
+    };
+    let Some(acceptor) = tls else {
+        return drive(
+            builder.serve_connection(TokioIo::new(io), service),
+            &activity,
+            evicted,
+            &limits,
+        )
+        .await;
+    };
+    // The handshake counts against the first request's deadline: a peer that opens a
+    // connection and never finishes it is the cheapest way to hold a descriptor.
+    let deadline = activity.lock().accepted + limits.head_timeout;
+    let tls_io = tokio::select! {
+        r = tokio::time::timeout_at(deadline.into(), acceptor.accept(io)) => match r {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "{}: TLS handshake failed", limits.name);
+                return;
+            }
+            Err(_) => return,
+        },
+        _ = &mut evicted => return,
+    };
+    drive(
+        builder.serve_connection(TokioIo::new(tls_io), service),
+        &activity,
+        evicted,
+        &limits,
+    )
+    .await;
+}
+
+/// Runs a connection until it ends, a limit closes it, or it is evicted.
+async fn drive<F: std::future::Future>(
+    conn: F,
+    activity: &Activity,
+    mut evicted: oneshot::Receiver<()>,
+    limits: &Limits,
+) {
     tokio::pin!(conn);
     loop {
         let state = *activity.lock();
-        let recheck = match verdict(&state, &limits, Instant::now()) {
+        let recheck = match verdict(&state, limits, Instant::now()) {
             Verdict::Keep { recheck } => recheck,
             Verdict::Close(reason) => {
-                tracing::debug!(?reason, "status server closed a connection");
+                tracing::debug!(?reason, "{} closed a connection", limits.name);
                 return;
             }
         };
@@ -451,7 +574,7 @@ async fn serve_connection(
             _ = conn.as_mut() => return,
             // Sent or not (the table is gone), the slot is no longer ours.
             _ = &mut evicted => {
-                tracing::debug!("status server evicted an idle connection for a new one");
+                tracing::debug!("{} evicted an idle connection for a new one", limits.name);
                 return;
             }
             () = tokio::time::sleep_until(recheck.into()) => {}
@@ -459,15 +582,31 @@ async fn serve_connection(
     }
 }
 
+/// One flag per connection, in every request's extensions: what a service learned about
+/// the connection, for its later requests (the store: that it authenticated).
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionMark(Arc<std::sync::atomic::AtomicBool>);
+
+impl ConnectionMark {
+    pub fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// The router, counting requests in flight for the connection it serves, and holding
-/// long requests to the stream slots.
+/// long requests to the stream slots where the port has them.
 #[derive(Clone)]
 struct Tracked {
     inner: TowerToHyperService<axum::Router>,
     activity: Arc<Activity>,
+    mark: ConnectionMark,
     peer: IpAddr,
-    streams: Arc<Streams>,
-    oneshot_timeout: Duration,
+    streams: Option<(StreamRules, Arc<Streams>)>,
+    name: &'static str,
 }
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
@@ -476,37 +615,39 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
     type Future =
         Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.mark.clone());
         let grpc = req
             .headers()
             .get(hyper::header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        let kind = streams::kind(req.uri().path());
-        let slot = match kind {
-            Kind::OneShot => None,
-            Kind::Stream => match self.streams.begin(self.peer) {
-                Ok(slot) => Some(slot),
-                Err(refusal) => {
-                    tracing::debug!(peer = %self.peer, ?refusal, "status server refused a stream");
-                    // Answered at once, so the connection is idle again: the first to go
-                    // when a newcomer needs its slot.
-                    InFlight::refused(&self.activity);
-                    let status = tonic::Status::resource_exhausted(refusal.message());
-                    return Box::pin(std::future::ready(Ok(TrackedBody::plain(
-                        status.into_http(),
-                    ))));
-                }
+        let (kind, timeout, slot) = match &self.streams {
+            None => (Kind::Stream, None, None),
+            Some((rules, slots)) => match (rules.kind)(req.uri().path()) {
+                Kind::OneShot => (Kind::OneShot, Some(rules.oneshot_timeout), None),
+                Kind::Stream => match slots.begin(self.peer) {
+                    Ok(slot) => (Kind::Stream, None, Some(slot)),
+                    Err(refusal) => {
+                        tracing::debug!(peer = %self.peer, ?refusal, "{} refused a stream", self.name);
+                        // Answered at once, so the connection is idle again: the first to
+                        // go when a newcomer needs its slot.
+                        InFlight::refused(&self.activity);
+                        let status = tonic::Status::resource_exhausted(refusal.message());
+                        return Box::pin(std::future::ready(Ok(TrackedBody::plain(
+                            status.into_http(),
+                        ))));
+                    }
+                },
             },
         };
         let in_flight = InFlight::begin(self.activity.clone());
         let response = self.inner.call(req);
-        let oneshot_timeout = self.oneshot_timeout;
         Box::pin(async move {
-            let response = match kind {
-                Kind::Stream => response.await?,
-                Kind::OneShot => tokio::time::timeout(oneshot_timeout, response)
+            let response = match (kind, timeout) {
+                (Kind::OneShot, Some(t)) => tokio::time::timeout(t, response)
                     .await
                     .unwrap_or_else(|_| Ok(too_slow(grpc)))?,
+                _ => response.await?,
             };
             Ok(response.map(|body| TrackedBody {
                 body,
@@ -669,11 +810,11 @@ mod tests {
     fn limits() -> Limits {
         Limits {
             max_connections: 3,
-            max_streams: 2,
             head_timeout: 10 * S,
             idle_timeout: 30 * S,
             stall_timeout: 20 * S,
-            oneshot_timeout: 10 * S,
+            name: "test",
+            streams: None,
         }
     }
 
@@ -685,6 +826,20 @@ mod tests {
         assert_eq!(connection_cap(None), MAX_CONNECTIONS);
         assert_eq!(connection_cap(Some(8)), MIN_CONNECTIONS);
         assert_eq!(connection_cap(Some(0)), MIN_CONNECTIONS);
+    }
+
+    #[test]
+    fn the_store_keeps_room_for_the_status_port_and_the_agents_own_work() {
+        assert_eq!(store_connection_cap(Some(1024)), 512);
+        assert_eq!(store_connection_cap(Some(65_536)), 65_536 - 256 - 256);
+        assert_eq!(store_connection_cap(Some(1 << 20)), MAX_STORE_CONNECTIONS);
+        assert_eq!(store_connection_cap(None), MAX_STORE_CONNECTIONS);
+        assert_eq!(store_connection_cap(Some(256)), MIN_STORE_CONNECTIONS);
+        // Never more than the limit leaves once the status port has its share.
+        for soft in [600u64, 1024, 4096, 65_536] {
+            let total = store_connection_cap(Some(soft)) + connection_cap(Some(soft));
+            assert!(total as u64 + OWN_RESERVE <= soft, "{soft}");
+        }
     }
 
     #[test]
@@ -851,8 +1006,11 @@ mod tests {
         );
         let limits = Limits {
             max_connections: 8,
-            max_streams: 6,
-            oneshot_timeout: S / 5,
+            streams: Some(StreamRules {
+                max_streams: 6,
+                oneshot_timeout: S / 5,
+                kind: streams::kind,
+            }),
             ..limits()
         };
         let server = tokio::spawn(serve(socket, router, limits));

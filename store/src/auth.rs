@@ -1,0 +1,273 @@
+//! etcd's password authentication, as etcd's clients speak it: `Auth/Authenticate` with a
+//! user name and password returns a token, and every later request carries it in the
+//! `token` metadata header (etcd-client and etcdctl both do this when given a user).
+//!
+//! With no [`Credentials`] the store is open, as torchrun's TCPStore is. With them, every
+//! KV, Watch, Lease, Cluster and Maintenance call must carry a token this store handed
+//! out, and the refusals are etcd's own (code and message), so a client reports them as
+//! it would an etcd's:
+//!
+//! * no token: `InvalidArgument`, `etcdserver: user name is empty`;
+//! * a token this store did not issue: `Unauthenticated`, `etcdserver: invalid auth token`;
+//! * a wrong user or password: `InvalidArgument`,
+//!   `etcdserver: authentication failed, invalid user ID or password`;
+//! * `Authenticate` on an open store: `FailedPrecondition`,
+//!   `etcdserver: authentication is not enabled`.
+//!
+//! etcd-client sends no token on `Lease` calls and on `Cluster/MemberList` (etcd does not
+//! ask for one there), so those stay open, as on an etcd; the one that can hurt an agent,
+//! `LeaseRevoke`, is only taken on a connection that has authenticated ([`Gate::admit`]).
+//!
+//! A token is a random nonce and its HMAC-SHA256 under a key derived from the user and
+//! password: checking one needs no table (nothing for a flood of `Authenticate` calls to
+//! grow), compares in constant time, and survives the host agent's restart in place (the
+//! others' clients keep their tokens and re-register as after an etcd restart). Passwords
+//! are compared as digests, in constant time.
+
+use std::sync::Arc;
+
+use ring::digest::{SHA256, digest};
+use ring::hmac;
+use ring::rand::{SecureRandom, SystemRandom};
+use tonic::{Request, Status};
+
+use crate::listener::ConnectionMark;
+
+/// The metadata header etcd's clients send the token in.
+pub const TOKEN_HEADER: &str = "token";
+
+/// The one user the store accepts. Its `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+type Digest = [u8; 32];
+
+fn sha256(bytes: &[u8]) -> Digest {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest(&SHA256, bytes).as_ref());
+    out
+}
+
+/// Equal digests, in time that does not depend on where they differ.
+fn same(a: &Digest, b: &Digest) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+struct Secret {
+    user: Digest,
+    password: Digest,
+    tokens: hmac::Key,
+    random: SystemRandom,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The store's gate: open, or closed to all but holders of a token.
+#[derive(Clone, Default)]
+pub struct Gate {
+    secret: Option<Arc<Secret>>,
+}
+
+impl Gate {
+    /// Anyone who reaches the port gets in.
+    pub fn open() -> Self {
+        Self::default()
+    }
+
+    pub fn new(credentials: Option<&Credentials>) -> Self {
+        Self {
+            secret: credentials.map(|c| {
+                let mut seed = b"fsdp-store token\0".to_vec();
+                seed.extend_from_slice(&sha256(c.user.as_bytes()));
+                seed.extend_from_slice(&sha256(c.password.as_bytes()));
+                Arc::new(Secret {
+                    user: sha256(c.user.as_bytes()),
+                    password: sha256(c.password.as_bytes()),
+                    tokens: hmac::Key::new(hmac::HMAC_SHA256, &sha256(&seed)),
+                    random: SystemRandom::new(),
+                })
+            }),
+        }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.secret.is_none()
+    }
+
+    /// A new token for the right user and password, as etcd's `Authenticate`.
+    pub fn authenticate(&self, user: &str, password: &str) -> Result<String, Status> {
+        let Some(s) = &self.secret else {
+            return Err(Status::failed_precondition(
+                "etcdserver: authentication is not enabled",
+            ));
+        };
+        if user.is_empty() {
+            return Err(Status::invalid_argument("etcdserver: user name is empty"));
+        }
+        // Both compared, whatever the first gave, so the time says nothing about which.
+        let user_ok = same(&sha256(user.as_bytes()), &s.user);
+        let password_ok = same(&sha256(password.as_bytes()), &s.password);
+        if !(user_ok & password_ok) {
+            return Err(Status::invalid_argument(
+                "etcdserver: authentication failed, invalid user ID or password",
+            ));
+        }
+        let mut nonce = [0u8; 32];
+        s.random
+            .fill(&mut nonce)
+            .map_err(|_| Status::internal("etcdserver: no randomness for a token"))?;
+        let tag = hmac::sign(&s.tokens, &nonce);
+        Ok(format!("{}.{}", hex(&nonce), hex(tag.as_ref())))
+    }
+
+    /// Whether `token` is one this store's secret signed.
+    fn valid(s: &Secret, token: &[u8]) -> bool {
+        let Some((nonce, tag)) = std::str::from_utf8(token)
+            .ok()
+            .and_then(|t| t.split_once('.'))
+            .and_then(|(n, t)| Some((unhex(n)?, unhex(t)?)))
+        else {
+            return false;
+        };
+        hmac::verify(&s.tokens, &nonce, &tag).is_ok()
+    }
+
+    /// Whether `req` may proceed: always on an open store, else only with a token this store's secret signed.
+    pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let Some(s) = &self.secret else {
+            return Ok(());
+        };
+        let Some(token) = req.metadata().get(TOKEN_HEADER) else {
+            return Err(Status::invalid_argument("etcdserver: user name is empty"));
+        };
+        if Self::valid(s, token.as_bytes()) {
+            if let Some(mark) = req.extensions().get::<ConnectionMark>() {
+                mark.set();
+            }
+            Ok(())
+        } else {
+            Err(Status::unauthenticated("etcdserver: invalid auth token"))
+        }
+    }
+
+    /// [`Gate::check`], or a connection that authenticated before: for the calls
+    /// etcd-client sends without a token (`LeaseRevoke`).
+    pub fn admit<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let marked = req
+            .extensions()
+            .get::<ConnectionMark>()
+            .is_some_and(ConnectionMark::is_set);
+        if marked { Ok(()) } else { self.check(req) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate() -> Gate {
+        Gate::new(Some(&Credentials {
+            user: "fsdp".into(),
+            password: "s3cret".into(),
+        }))
+    }
+
+    fn with_token(token: Option<&str>) -> Request<()> {
+        let mut r = Request::new(());
+        if let Some(t) = token {
+            r.metadata_mut().insert(TOKEN_HEADER, t.parse().unwrap());
+        }
+        r
+    }
+
+    #[test]
+    fn an_open_store_lets_everyone_in_and_has_no_authenticate() {
+        let g = Gate::open();
+        assert!(g.check(&with_token(None)).is_ok());
+        let e = g.authenticate("fsdp", "x").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    }
+
+    #[test]
+    fn a_closed_store_wants_a_token_it_issued() {
+        let g = gate();
+        let e = g.check(&with_token(None)).unwrap_err();
+        assert_eq!(
+            (e.code(), e.message()),
+            (
+                tonic::Code::InvalidArgument,
+                "etcdserver: user name is empty"
+            )
+        );
+        let e = g.check(&with_token(Some("forged"))).unwrap_err();
+        assert_eq!(
+            (e.code(), e.message()),
+            (
+                tonic::Code::Unauthenticated,
+                "etcdserver: invalid auth token"
+            )
+        );
+        let t = g.authenticate("fsdp", "s3cret").unwrap();
+        assert!(g.check(&with_token(Some(&t))).is_ok());
+        let t2 = g.authenticate("fsdp", "s3cret").unwrap();
+        assert_ne!(t, t2, "a token per authentication");
+        assert!(g.check(&with_token(Some(&t))).is_ok());
+    }
+
+    #[test]
+    fn a_wrong_user_or_password_is_refused_as_etcd_refuses_it() {
+        let g = gate();
+        for (u, p) in [("fsdp", "wrong"), ("root", "s3cret"), ("fsdp", "")] {
+            let e = g.authenticate(u, p).unwrap_err();
+            assert_eq!(
+                (e.code(), e.message()),
+                (
+                    tonic::Code::InvalidArgument,
+                    "etcdserver: authentication failed, invalid user ID or password"
+                ),
+                "{u}/{p}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_token_is_only_good_with_the_secret_that_signed_it() {
+        let g = gate();
+        let t = g.authenticate("fsdp", "s3cret").unwrap();
+        // The host restarted in place: the same secret still knows the token.
+        assert!(gate().check(&with_token(Some(&t))).is_ok());
+        let other = Gate::new(Some(&Credentials {
+            user: "fsdp".into(),
+            password: "other".into(),
+        }));
+        assert!(other.check(&with_token(Some(&t))).is_err());
+        let mut forged = t.clone();
+        forged.replace_range(0..2, if t.starts_with("00") { "01" } else { "00" });
+        assert!(g.check(&with_token(Some(&forged))).is_err());
+        assert!(g.check(&with_token(Some("zz.zz"))).is_err());
+    }
+}

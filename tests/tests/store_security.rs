@@ -1,0 +1,321 @@
+//! The c10d store against whoever can reach its port: a password (etcd's own
+//! authentication) and TLS with client certificates close it, and a flood of idle
+//! connections to a host with 1,024 descriptors neither takes the host's descriptors nor
+//! stops its workers restarting. Real agents on 127.0.0.1 (the first to bind serves),
+//! the fake worker, and etcd-client as the outsider.
+
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, Error as EtcdError, GetOptions};
+use fsdp_tests::{Agent, AgentCmd, TempDir, fake_worker_args, free_port, wait_for};
+
+const LIMIT: Duration = Duration::from_secs(90);
+const SECRET: &str = "c10d-Pw-4e1f9a";
+const SERVING: &str = "serving the c10d rendezvous store";
+const OPEN: &str = "the c10d store is open";
+const RUN: &str = "sec";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// One agent of a 2-node c10d job on `endpoint`, its workers recording into `dir/name`.
+fn agent(
+    cmd: AgentCmd,
+    dir: &Path,
+    name: &str,
+    endpoint: &str,
+    conf: &str,
+    worker: &[&str],
+) -> Agent {
+    let wdir = dir.join(name);
+    std::fs::create_dir_all(&wdir).unwrap();
+    let mut args: Vec<String> = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "3",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        RUN,
+        "--local-addr",
+        "127.0.0.1",
+    ]
+    .map(String::from)
+    .to_vec();
+    if !conf.is_empty() {
+        args.extend(["--rdzv-conf".into(), conf.into()]);
+    }
+    args.extend(fake_worker_args(&wdir, worker));
+    cmd.args(args).spawn()
+}
+
+/// The host first (it must have bound before the other looks), then the other.
+fn wait_serving(host: &Agent) {
+    wait_for("the host to serve the store", LIMIT, || {
+        host.stderr().contains(SERVING)
+    });
+}
+
+fn grpc_error(e: &EtcdError) -> (tonic::Code, String) {
+    match e {
+        EtcdError::GRpcStatus(s) => (s.code(), s.message().to_owned()),
+        other => panic!("not a gRPC status: {other}"),
+    }
+}
+
+async fn client(endpoint: &str, user: Option<(&str, &str)>) -> Result<Client, EtcdError> {
+    let mut o = ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
+    if let Some((u, p)) = user {
+        o = o.with_user(u, p);
+    }
+    Client::connect([endpoint], Some(o)).await
+}
+
+#[test]
+fn a_password_keeps_outsiders_out_of_the_store_and_the_job_runs_with_it() {
+    let dir = TempDir::new().unwrap();
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let start = |name: &str| {
+        let cmd = AgentCmd::new(dir.path(), name).env("FSDP_ETCD_PASSWORD", SECRET);
+        agent(cmd, dir.path(), name, &endpoint, "", &["--sleep", "4"])
+    };
+    let mut host = start("host");
+    wait_serving(&host);
+    assert!(!host.stderr().contains(OPEN), "{}", host.stderr());
+    let mut other = start("other");
+
+    let halt = format!("/fsdp/{RUN}/ctl/halt");
+    runtime().block_on(async {
+        // No credentials: refused as etcd refuses them, reads and the forged halt alike.
+        let mut anon = client(&endpoint, None).await.expect("connect");
+        let e = anon
+            .get("/", Some(GetOptions::new().with_prefix()))
+            .await
+            .expect_err("an unauthenticated read is refused");
+        assert_eq!(
+            grpc_error(&e),
+            (
+                tonic::Code::InvalidArgument,
+                "etcdserver: user name is empty".into()
+            )
+        );
+        let e = anon
+            .put(halt.as_str(), "forged", None)
+            .await
+            .expect_err("a forged ctl/halt is refused");
+        assert_eq!(grpc_error(&e).0, tonic::Code::InvalidArgument, "{e:?}");
+
+        // A wrong password: etcd's authentication failure, at connect.
+        let e = client(&endpoint, Some(("fsdp", "wrong")))
+            .await
+            .err()
+            .expect("a wrong password is refused");
+        assert_eq!(
+            grpc_error(&e),
+            (
+                tonic::Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password".into()
+            )
+        );
+
+        // The right one reads the store; the forged halt never landed.
+        let mut admin = client(&endpoint, Some(("fsdp", SECRET)))
+            .await
+            .expect("the password opens the store");
+        let r = admin
+            .get(halt.as_str(), None)
+            .await
+            .expect("an authenticated read");
+        assert!(r.kvs().is_empty(), "the forged halt was written");
+    });
+
+    assert_eq!(host.wait(LIMIT).code(), Some(0), "{}", host.output());
+    assert_eq!(other.wait(LIMIT).code(), Some(0), "{}", other.output());
+    assert!(
+        other
+            .stderr()
+            .contains("the c10d rendezvous store is served by another agent"),
+        "{}",
+        other.stderr()
+    );
+    assert!(!host.output().contains(SECRET) && !other.output().contains(SECRET));
+}
+
+/// A CA and one certificate for 127.0.0.1 that every agent presents, as server and client.
+fn tls_files(dir: &Path) -> String {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(vec!["localhost".into()]).unwrap();
+    p.subject_alt_names
+        .push(SanType::IpAddress([127, 0, 0, 1].into()));
+    let cert = p.signed_by(&key, &ca).unwrap();
+    for (name, body) in [
+        ("ca.pem", ca.pem()),
+        ("cert.pem", cert.pem()),
+        ("key.pem", key.serialize_pem()),
+    ] {
+        std::fs::write(dir.join(name), body).unwrap();
+    }
+    let d = dir.display();
+    format!("cacert={d}/ca.pem,cert={d}/cert.pem,key={d}/key.pem")
+}
+
+#[test]
+fn with_tls_files_the_store_wants_a_client_certificate_and_the_job_runs_over_tls() {
+    let dir = TempDir::new().unwrap();
+    let conf = tls_files(dir.path());
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let start = |name: &str| {
+        let cmd = AgentCmd::new(dir.path(), name);
+        agent(cmd, dir.path(), name, &endpoint, &conf, &["--sleep", "4"])
+    };
+    let mut host = start("host");
+    wait_serving(&host);
+    assert!(!host.stderr().contains(OPEN), "{}", host.stderr());
+    let mut other = start("other");
+
+    runtime().block_on(async {
+        // Plaintext, and TLS without a client certificate, never get a request through.
+        let mut plain = client(&endpoint, None).await.expect("a lazy connect");
+        assert!(plain.get("/", None).await.is_err(), "plaintext was served");
+        let ca = std::fs::read(dir.path().join("ca.pem")).unwrap();
+        let tls =
+            etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+        let anon = Client::connect(
+            [format!("https://{endpoint}")],
+            Some(
+                ConnectOptions::new()
+                    .with_tls(tls)
+                    .with_connect_timeout(Duration::from_secs(5)),
+            ),
+        )
+        .await;
+        if let Ok(mut c) = anon {
+            assert!(
+                c.get("/", None).await.is_err(),
+                "served a client without a certificate"
+            );
+        }
+    });
+
+    assert_eq!(host.wait(LIMIT).code(), Some(0), "{}", host.output());
+    assert_eq!(other.wait(LIMIT).code(), Some(0), "{}", other.output());
+}
+
+/// Opens `n` TCP connections to `addr` that never send a byte.
+fn idle_connections(addr: &str, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect()
+}
+
+/// Room for the flood in this process: its soft open-file limit raised to the hard one.
+fn raise_own_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+}
+
+#[test]
+fn idle_connections_to_a_host_with_1024_descriptors_neither_end_the_job_nor_block_a_restart() {
+    raise_own_nofile();
+    let dir = TempDir::new().unwrap();
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let worker = ["--sleep", "8"];
+    let mut host = agent(
+        AgentCmd::with_nofile(dir.path(), "host", 1024),
+        dir.path(),
+        "host",
+        &endpoint,
+        "",
+        &worker,
+    );
+    wait_serving(&host);
+
+    // The flood, kept up: 1,100 fresh idle connections every few seconds, as a client
+    // that never gives up its connections would hold them.
+    let mut flood = idle_connections(&endpoint, 1100);
+    assert!(
+        flood.len() > 1024,
+        "only {} connections opened",
+        flood.len()
+    );
+    let mut other = agent(
+        AgentCmd::new(dir.path(), "other"),
+        dir.path(),
+        "other",
+        &endpoint,
+        "",
+        &worker,
+    );
+
+    // The store still answers an outsider's read within a few seconds.
+    runtime().block_on(async {
+        let read = async {
+            let mut c = client(&endpoint, None).await?;
+            c.get("/", Some(GetOptions::new().with_prefix().with_keys_only()))
+                .await
+        };
+        tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("a read within 10 s under the flood")
+            .expect("a read under the flood");
+    });
+
+    // Kill the host's worker once it runs; the restart must find descriptors.
+    let pid_file = dir.path().join("host").join("pid.0.0");
+    let pid_file_1 = dir.path().join("host").join("pid.0.1");
+    let deadline = Instant::now() + LIMIT;
+    let mut killed = false;
+    let mut refreshed = Instant::now();
+    while Instant::now() < deadline && host.child.try_wait().unwrap().is_none() {
+        if refreshed.elapsed() > Duration::from_secs(3) {
+            flood = idle_connections(&endpoint, 1100);
+            refreshed = Instant::now();
+        }
+        if !killed {
+            let found = [&pid_file, &pid_file_1]
+                .into_iter()
+                .find_map(|p| std::fs::read_to_string(p).ok());
+            if let Some(pid) = found.and_then(|t| t.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                killed = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(flood);
+    assert!(killed, "the host's worker never started: {}", host.output());
+    assert_eq!(host.wait(LIMIT).code(), Some(0), "{}", host.output());
+    assert_eq!(other.wait(LIMIT).code(), Some(0), "{}", other.output());
+    let host_dir = dir.path().join("host");
+    assert!(
+        host_dir.join("pid.1.0").exists() || host_dir.join("pid.1.1").exists(),
+        "the killed worker was not restarted: {}",
+        host.output()
+    );
+    assert!(
+        !host.stderr().contains("Too many open files"),
+        "{}",
+        host.stderr()
+    );
+    // Open, it said so once, at start.
+    assert_eq!(host.stderr().matches(OPEN).count(), 1, "{}", host.stderr());
+}
