@@ -101,6 +101,7 @@ mod tests {
             reason: String::new(),
             charged_at_ms: Vec::new(),
             sealed_at_ms: 0,
+            broken: None,
         }
     }
 

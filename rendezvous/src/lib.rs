@@ -73,6 +73,11 @@ pub struct Round {
     /// When the round was sealed (Unix ms): the end of a restart window, the same for
     /// every node.
     pub sealed_at_ms: u64,
+    /// Sealed with this node in it, but broken before it started (a member left): only
+    /// its restart count is read (every node decides the budget alike from a sealed
+    /// round, also one it never ran), then the next round is asked for. `None` for a
+    /// round to run.
+    pub broken: Option<Change>,
 }
 
 /// What a backend counts for the agent's metrics; shared with its tasks.
@@ -141,6 +146,7 @@ impl Round {
             reason,
             charged_at_ms: Vec::new(),
             sealed_at_ms: unix_ms(),
+            broken: None,
         })
     }
 }

@@ -26,7 +26,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 const AGENT_NOFILE: u64 = 1024;
 /// More streams than the agent has connection slots.
 const STREAMS: usize = 300;
-/// The documented per-address limit (`agent/src/status/streams.rs`).
+/// The documented per-address limit (`store/src/streams.rs`).
 const STREAMS_PER_PEER: usize = 4;
 /// Streams in all: three quarters of the 256 connections of `ulimit -n 1024`.
 const MAX_STREAMS: usize = 192;
@@ -37,14 +37,6 @@ fn gated_worker(dir: &Path) -> Vec<String> {
         dir.display()
     );
     vec!["--no-python".into(), "/bin/sh".into(), "-c".into(), script]
-}
-
-fn spawn_with_nofile(cmd: AgentCmd, nofile: u64) -> Agent {
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
-    setrlimit(Resource::RLIMIT_NOFILE, nofile.min(hard), hard).expect("lower RLIMIT_NOFILE");
-    let agent = cmd.spawn();
-    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).expect("restore RLIMIT_NOFILE");
-    agent
 }
 
 /// What one attempt at a stream got.
@@ -166,10 +158,10 @@ fn liveness_streams_never_starve_the_health_check_or_the_metrics() {
         STREAMS * 2 + 100
     );
     let dir = tempfile::tempdir().unwrap();
-    let cmd = AgentCmd::new(dir.path(), "agent")
+    let mut agent = AgentCmd::with_nofile(dir.path(), "agent", AGENT_NOFILE)
         .args(["--standalone", "--nproc-per-node", "1"])
-        .args(gated_worker(dir.path()));
-    let mut agent = spawn_with_nofile(cmd, AGENT_NOFILE);
+        .args(gated_worker(dir.path()))
+        .spawn();
     let addr: SocketAddr = agent.status_addr().parse().expect("a socket address");
     let started = dir.path().join("started");
     wait_for("the worker", LIMIT, || started.exists());

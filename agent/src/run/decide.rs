@@ -104,6 +104,16 @@ pub fn formed(memory: &mut Memory, round: &Round, rules: &Rules) -> (AfterFormed
     (AfterFormed::Start { restart }, counted)
 }
 
+/// Whether `round`, sealed but broken before it started, spent the budget: the exit code
+/// if it did. Nothing is remembered of it (the next round is asked for).
+pub fn spent(memory: &Memory, round: &Round, rules: &Rules) -> Option<u8> {
+    let counted = restarts_counted(round, rules.failure.restart_window);
+    match budget(counted, rules.max_restarts, memory.last_failure) {
+        Budget::Spent { exit_code } => Some(exit_code),
+        Budget::Left => None,
+    }
+}
+
 /// The members of the round this node ran last that `next` lacks (this node aside), and
 /// that round's number; forgets the round.
 pub fn losses(memory: &mut Memory, next: &Round, me: Option<&str>) -> Option<(u64, Vec<String>)> {

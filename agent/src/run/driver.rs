@@ -142,6 +142,18 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             tokio::select! {
                 r = self.rdzv.next_round() => match r {
                     Err(RendezvousError::Halted(h)) => return Ok(self.halted(&h)),
+                    Ok(round) if round.broken.is_some() => {
+                        if let Some(exit_code) = decide::spent(&self.memory, &round, &self.rules) {
+                            tracing::error!(
+                                round = round.number,
+                                restart_count = round.restart_count,
+                                max_restarts = self.cfg.max_restarts,
+                                exit_code,
+                                "the restart budget is spent; giving up"
+                            );
+                            return Ok(decide::failed(exit_code).into());
+                        }
+                    }
                     r => break r?,
                 },
                 sig = self.signals.recv() => return Ok(signalled(sig).into()),

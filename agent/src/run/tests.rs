@@ -114,6 +114,7 @@ fn round(number: u64, base_rank: u32, restart_count: u32) -> Round {
         reason: "scripted".into(),
         charged_at_ms: Vec::new(),
         sealed_at_ms: 0,
+        broken: None,
     }
 }
 

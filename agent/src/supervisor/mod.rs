@@ -595,6 +595,7 @@ pub fn spare_command(cfg: &Config, local_rank: u32) -> (PathBuf, Vec<String>, sp
         reason: String::new(),
         charged_at_ms: Vec::new(),
         sealed_at_ms: 0,
+        broken: None,
     };
     let mut overlay = worker_overlay(cfg, &any_round, local_rank, None, Channels::default());
     overlay.retain(|(k, _)| !spare::PER_ROUND.contains(&k.as_str()));

@@ -89,6 +89,12 @@ impl Rendezvous for EtcdRendezvous {
                         ?change,
                         "the round broke before it started; waiting for the next"
                     );
+                    // A restart charged in it counts all the same: the loop decides the
+                    // budget from it as every member of it does (one that ran it gives
+                    // up; this node must not wait for a round that never comes).
+                    if let Some(round) = self.charged_in_broken(next - 1, change) {
+                        return Ok(round);
+                    }
                     wants = next;
                     self.ask(Command::Register { wants_round: wants }).await?;
                     continue;
@@ -300,6 +306,18 @@ impl JobRecords for EtcdRendezvous {
 
 /// The steps of `next_round` that are not the loop.
 impl EtcdRendezvous {
+    /// Round `number`, broken before it started, if it charged the job a restart this
+    /// node's loop has not been given yet.
+    fn charged_in_broken(&mut self, number: u64, change: Change) -> Option<Round> {
+        let rec = self.view.borrow().round.as_ref()?.record.clone();
+        if rec.number != number || rec.restart_count <= self.restarts_told {
+            return None;
+        }
+        let round = super::joining::broken_round(&rec, &self.cfg.node_id, change)?;
+        self.restarts_told = rec.restart_count;
+        Some(round)
+    }
+
     /// Whether the lease could have expired in etcd: workers started now would run under
     /// it beside a group that re-forms without this node.
     fn lease_may_be_gone(&self, round: u64) -> bool {
@@ -315,6 +333,7 @@ impl EtcdRendezvous {
 
     /// This node runs `record`: the session keeps it, the ring neighbour is watched.
     fn hold(&mut self, record: v1::Round, round: Round, since: Instant) -> Round {
+        self.restarts_told = self.restarts_told.max(round.restart_count);
         self.tell(Command::Running {
             round: record.clone(),
         });

@@ -37,6 +37,8 @@ pub struct EtcdRendezvous {
     pub(super) writes: Arc<AtomicU64>,
     pub(super) counters: Counters,
     pub(super) held: Option<Held>,
+    /// The highest restart count of a round handed to the loop (run or broken).
+    pub(super) restarts_told: u32,
     /// Watches the held round's ring neighbour ([`liveness`]).
     pub(super) watcher: Option<liveness::Watcher>,
 }
@@ -134,6 +136,7 @@ impl EtcdRendezvous {
             writes,
             counters,
             held: None,
+            restarts_told: 0,
             watcher: None,
         })
     }

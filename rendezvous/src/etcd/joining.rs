@@ -76,21 +76,31 @@ pub(crate) fn step(
             Step::Wait
         });
     };
-    let round = joined(rec, pos, master)?;
+    // The view admits only ports 1-65535.
+    let at = (
+        master.addr.clone(),
+        u16::try_from(master.port).unwrap_or_default(),
+    );
+    let round = joined(rec, pos, at)?;
     Ok(Step::Done(Box::new((v1::Round::clone(rec), round))))
 }
 
-/// Round `rec` as this node, at position `pos`, runs it with `master`.
-fn joined(rec: &v1::Round, pos: usize, master: &v1::Master) -> Result<Round, RendezvousError> {
+/// Round `rec`, which names `me`, as this node would have run it had it not broken with
+/// `change` before it started: for its restart count (no master: it never runs).
+pub(crate) fn broken_round(rec: &v1::Round, me: &str, change: Change) -> Option<Round> {
+    let pos = rec.members.iter().position(|m| m.node_id == me)?;
+    let mut round = joined(rec, pos, (String::new(), 0)).ok()?;
+    round.broken = Some(change);
+    Some(round)
+}
+
+/// Round `rec` as this node, at position `pos`, runs it with the master at `at`.
+fn joined(rec: &v1::Round, pos: usize, at: (String, u16)) -> Result<Round, RendezvousError> {
     let mut round = Round::new(
         rec.number,
         rec.members.iter().map(RoundMember::from).collect(),
         pos,
-        // The view admits only ports 1-65535.
-        (
-            master.addr.clone(),
-            u16::try_from(master.port).unwrap_or_default(),
-        ),
+        at,
         rec.restart_count,
         rec.reason.clone(),
     )

@@ -523,3 +523,20 @@ fn a_node_answers_another_nodes_hang_but_not_its_own() {
     assert!(!answers_hang(&m, &two, true), "this node declared it");
     assert!(answers_hang(&m, &round(4, &["a", "b"], 0), true));
 }
+
+#[test]
+fn a_round_that_broke_before_it_started_still_spends_the_budget_it_charged() {
+    let mut memory = Memory::default();
+    let mut broken = round(2, &["a", "b"], 2);
+    broken.broken = Some(Change::MemberLost { node: "b".into() });
+    // Two restarts charged against one allowed: given up, with the budget's code.
+    assert_eq!(
+        spent(&memory, &broken, &rules(1)),
+        Some(exit_code::BUDGET_EXHAUSTED)
+    );
+    // Within the budget: nothing decided, nothing remembered.
+    assert_eq!(spent(&memory, &broken, &rules(2)), None);
+    memory.last_failure = Some(WorkerExit::Code(3));
+    assert_eq!(spent(&memory, &broken, &rules(1)), Some(3));
+    assert_eq!(memory.last_restart_count, 0);
+}

@@ -248,6 +248,15 @@ fn a_member_without_a_lease_is_refused_not_fatal() {
     assert!(v.refused[&k.of(&ghost)].contains("not bound to a lease"));
 }
 
+fn round(number: u64, members: Vec<v1::Member>) -> v1::Round {
+    v1::Round {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        number,
+        members,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn a_round_larger_than_the_run_allows_is_refused_and_the_old_round_stands() {
     let k = keys();
@@ -258,12 +267,6 @@ fn a_round_larger_than_the_run_allows_is_refused_and_the_old_round_stands() {
             ..Allowed::default()
         },
         ..View::default()
-    };
-    let round = |number, members: Vec<v1::Member>| v1::Round {
-        schema: fsdp_proto::SCHEMA_VERSION,
-        number,
-        members,
-        ..Default::default()
     };
     let key = k.key::<v1::Round>("");
     let good = round(1, vec![member("a", 1), member("b", 1)]);
@@ -302,12 +305,6 @@ fn the_next_seal_is_fenced_on_a_refused_round_so_that_it_replaces_it() {
             ..Allowed::default()
         },
         ..View::default()
-    };
-    let round = |number, members: Vec<v1::Member>| v1::Round {
-        schema: fsdp_proto::SCHEMA_VERSION,
-        number,
-        members,
-        ..Default::default()
     };
     let key = k.key::<v1::Round>("");
     let at = |rev| At {
