@@ -164,27 +164,39 @@ fn c10d_user(
     }
 }
 
+/// The TLS files `--rdzv-conf` names (torchrun's names or etcdctl's), given or not.
+fn tls_files(conf: &BTreeMap<String, String>) -> TlsFiles {
+    let file = |a: &str, b: &str| conf.get(a).or_else(|| conf.get(b)).map(PathBuf::from);
+    TlsFiles {
+        ca: file("ca_cert", "cacert"),
+        cert: file("ssl_cert", "cert"),
+        key: file("ssl_cert_key", "key"),
+    }
+}
+
+/// Whether `--rdzv-conf protocol` asks for https (absent: no).
+fn https(conf: &BTreeMap<String, String>) -> Result<bool, String> {
+    match conf.get("protocol").map(String::as_str) {
+        None | Some("http") => Ok(false),
+        Some("https") => Ok(true),
+        Some(other) => Err(format!(
+            "--rdzv-conf protocol={other}: expected http or https"
+        )),
+    }
+}
+
 /// The c10d store's TLS: the CA, the certificate and its key together or none of them.
 /// The serving agent presents the certificate and requires client certificates signed by
 /// the CA; the others verify it with the CA and present the same certificate.
 fn c10d_tls(conf: &BTreeMap<String, String>) -> Result<Option<TlsFiles>, String> {
-    let file = |a: &str, b: &str| conf.get(a).or_else(|| conf.get(b)).map(PathBuf::from);
-    let tls = TlsFiles {
-        ca: file("ca_cert", "cacert"),
-        cert: file("ssl_cert", "cert"),
-        key: file("ssl_cert_key", "key"),
-    };
-    let https = match conf.get("protocol").map(String::as_str) {
-        None | Some("http") => false,
-        Some("https") => true,
-        Some(other) => {
-            return Err(format!(
-                "--rdzv-conf protocol={other}: expected http or https"
-            ));
-        }
-    };
+    let tls = tls_files(conf);
+    let https = https(conf)?;
     match (&tls.ca, &tls.cert, &tls.key) {
         (None, None, None) if !https => Ok(None),
+        // As for etcd: the files used to mean TLS whatever protocol said.
+        (Some(_), Some(_), Some(_)) if conf.get("protocol").is_some_and(|p| p == "http") => Err(
+            "--rdzv-conf protocol=http asks for plaintext but cacert,cert,key ask for TLS; write protocol=https (or drop protocol) to use TLS, or drop the TLS keys for plaintext".into(),
+        ),
         (Some(_), Some(_), Some(_)) => Ok(Some(tls)),
         _ => Err("--rdzv-conf: TLS for the c10d store needs cacert, cert and key together (the serving agent presents cert/key and requires client certificates signed by cacert; every agent is given the same three files)".into()),
     }
@@ -328,12 +340,7 @@ fn tls(
     parsed: &[Endpoint],
     endpoint: &str,
 ) -> Result<Option<TlsFiles>, String> {
-    let file = |a: &str, b: &str| conf.get(a).or_else(|| conf.get(b)).map(PathBuf::from);
-    let tls = TlsFiles {
-        ca: file("ca_cert", "cacert"),
-        cert: file("ssl_cert", "cert"),
-        key: file("ssl_cert_key", "key"),
-    };
+    let tls = tls_files(conf);
     // Either half alone used to run silently in plaintext: TLS was only turned on by a CA,
     // a certificate or https.
     match (&tls.cert, &tls.key) {
@@ -345,15 +352,7 @@ fn tls(
         }
         _ => {}
     }
-    let https = match conf.get("protocol").map(String::as_str) {
-        None | Some("http") => false,
-        Some("https") => true,
-        Some(other) => {
-            return Err(format!(
-                "--rdzv-conf protocol={other}: expected http or https"
-            ));
-        }
-    };
+    let https = https(conf)?;
     let schemes: Vec<Scheme> = parsed.iter().filter_map(|e| e.scheme).collect();
     if schemes.contains(&Scheme::Http) && schemes.contains(&Scheme::Https) {
         return Err(format!(
@@ -645,6 +644,24 @@ mod tests {
                 "{err}"
             );
         }
+        // The c10d store the same: its three files with protocol=http are a contradiction.
+        let files = [("cacert", "/ca"), ("cert", "/c"), ("key", "/k")];
+        let c10d = |extra: &[(&'static str, &'static str)]| {
+            let pairs: Vec<_> = files.iter().chain(extra).copied().collect();
+            build_c10d(
+                "127.0.0.1:29400",
+                "j",
+                (1, 2),
+                &conf(&pairs),
+                "h".into(),
+                1,
+                None,
+            )
+            .map(|m| m.rendezvous.options.tls.is_some())
+        };
+        assert_eq!(c10d(&[]), Ok(true));
+        let err = c10d(&[("protocol", "http")]).unwrap_err();
+        assert!(err.contains("protocol=http"), "{err}");
         assert_eq!(b("https://e", &[]), Ok(true));
         assert_eq!(b("e", &[("cacert", "/ca")]), Ok(true));
     }

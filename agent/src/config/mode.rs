@@ -187,27 +187,16 @@ impl Resolver<'_> {
         let nodes = (g.min_nodes, g.max_nodes);
         let (endpoint, lws) = (&a.rdzv_endpoint, g.nproc_per_node);
         let password = (self.env)(etcd::PASSWORD_ENV);
-        let m = if c10d {
-            etcd::build_c10d(
-                endpoint,
-                run_id,
-                nodes,
-                rdzv_conf,
-                addr,
-                lws,
-                password.as_deref(),
-            )
-        } else {
-            etcd::build(
-                endpoint,
-                run_id,
-                nodes,
-                rdzv_conf,
-                addr,
-                lws,
-                password.as_deref(),
-            )
-        }
+        let build = if c10d { etcd::build_c10d } else { etcd::build };
+        let m = build(
+            endpoint,
+            run_id,
+            nodes,
+            rdzv_conf,
+            addr,
+            lws,
+            password.as_deref(),
+        )
         .map_err(ConfigError::Conflict)?;
         Ok(Mode::Etcd(Box::new(m)))
     }
