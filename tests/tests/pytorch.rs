@@ -117,6 +117,7 @@ fn module_and_run_path_run_under_python_like_torchrun() {
     let mut a = AgentCmd::new(dir.path(), "module")
         .env("PYTHON", python())
         .env("PYTHONPATH", dir.path())
+        .args(fsdp_tests::WHOLE_LINES)
         .args([
             "--standalone",
             "--nproc-per-node",
@@ -131,7 +132,7 @@ fn module_and_run_path_run_under_python_like_torchrun() {
     assert!(
         a.stdout()
             .lines()
-            .any(|l| l == "module __main__ 1 ['--lr', '1']"),
+            .any(|l| l == "[default1]:module __main__ 1 ['--lr', '1']"),
         "{}",
         a.stdout()
     );
