@@ -159,6 +159,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             let mut rc = m.rendezvous.clone();
             rc.allowed = allowed(cfg);
             rc.status_addr = status_addr.and_then(|bound| advertised(bound, &rc.addr));
+            rc.torchrun_clients = store.as_ref().map(|s| s.torchrun_clients());
             let mut rdzv = tokio::select! {
                 r = EtcdRendezvous::connect(rc) => r?,
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),

@@ -16,15 +16,16 @@ pub enum RendezvousError {
     #[error("invalid rendezvous configuration: {0}")]
     InvalidConfig(String),
     /// etcd could not be reached or refused us, after retrying if retrying could help.
-    #[error(
-        "{store} at {endpoints} {}; check --rdzv-endpoint, TLS files and credentials",
-        tried(*.retried, .window)
-    )]
+    #[error("{store} at {endpoints} {}; {check}", tried(*.retried, .spent))]
     Unreachable {
         /// `etcd`, or the c10d store an agent serves.
         store: &'static str,
         endpoints: String,
-        window: std::time::Duration,
+        /// From the first attempt to giving up (attempts each wait up to the connect
+        /// timeout, so this can exceed the retry window).
+        spent: std::time::Duration,
+        /// What to check, naming only what applies (TLS files when TLS is configured, ...).
+        check: String,
         /// Whether the request was tried again: a failure no retry can fix (a wrong
         /// password, a refused CA) ends the first attempt, and saying "retried for 30s"
         /// then sent people looking for a network problem.
@@ -51,6 +52,10 @@ pub enum RendezvousError {
     /// A node ended the run for every node; this one exits with the same code.
     #[error("{0}; a new run needs another --rdzv-id (or the run's keys deleted)")]
     Halted(crate::Halt),
+    /// Another node of the job runs torchrun ([`fsdp_store::tcpstore`]): what was seen, and
+    /// the fix.
+    #[error("{0}")]
+    TorchrunPeer(String),
     /// No round could be formed in time.
     #[error("no round formed within join_timeout ({timeout:?}): {state}")]
     Timeout {
@@ -60,9 +65,11 @@ pub enum RendezvousError {
 }
 
 /// How the connection failed, as the error says it.
-fn tried(retried: bool, window: &std::time::Duration) -> String {
+fn tried(retried: bool, spent: &std::time::Duration) -> String {
     if retried {
-        format!("is unreachable or refused the connection (retried for {window:?})")
+        // Tenths of a second: what a person compares with the timeouts they set.
+        let spent = std::time::Duration::from_millis(spent.as_millis() as u64 / 100 * 100);
+        format!("is unreachable or refused the connection (retried for {spent:?})")
     } else {
         "refused the connection on the first attempt (not retried: retrying cannot fix this)".into()
     }
@@ -82,7 +89,7 @@ impl RendezvousError {
     /// certificate is configuration: no retry will make it work.
     pub fn is_configuration(&self) -> bool {
         match self {
-            Self::InvalidConfig(_) => true,
+            Self::InvalidConfig(_) | Self::TorchrunPeer(_) => true,
             Self::Unreachable { source, .. } => !crate::etcd::is_transient(source),
             _ => false,
         }

@@ -17,6 +17,10 @@ pub struct Layout {
 }
 
 /// What sets one fixed backend apart from the other.
+#[expect(
+    async_fn_in_trait,
+    reason = "driven through generics on the agent's single-threaded runtime, as `Rendezvous`"
+)]
 pub trait Group {
     /// The backend's name ([`Rendezvous::backend`]).
     const BACKEND: &'static str;
@@ -25,6 +29,13 @@ pub trait Group {
 
     /// The group of the next round; called once per round.
     fn layout(&self) -> Result<Layout, RendezvousError>;
+
+    /// Resolves when the group can never form (another node runs another launcher);
+    /// `since` is when the rendezvous began. A group that cannot tell waits forever.
+    async fn watch(&self, since: std::time::Instant) -> RendezvousError {
+        let _ = since;
+        std::future::pending().await
+    }
 }
 
 /// A rendezvous whose every round is the same group: sealed at once, never changed by
@@ -32,6 +43,8 @@ pub trait Group {
 #[derive(Debug)]
 pub struct Fixed<G> {
     group: G,
+    /// When the rendezvous began (for [`Group::watch`]).
+    began: std::time::Instant,
     rounds: u64,
     restarts: u32,
     /// When each failure was charged (Unix ms), the last [`crate::CHARGES_KEPT`].
@@ -42,6 +55,7 @@ impl<G> Fixed<G> {
     pub(crate) fn with(group: G) -> Self {
         Self {
             group,
+            began: std::time::Instant::now(),
             rounds: 0,
             restarts: 0,
             charged_at_ms: Vec::new(),
@@ -87,7 +101,7 @@ impl<G: Group> Rendezvous for Fixed<G> {
     }
 
     async fn changed(&mut self) -> Result<Change, RendezvousError> {
-        std::future::pending().await
+        Err(self.group.watch(self.began).await)
     }
 
     async fn record_failure(&mut self) -> Result<u32, RendezvousError> {

@@ -66,6 +66,31 @@ impl Group for StaticConfig {
             master_port: self.master_port,
         })
     }
+
+    /// Looks at the master's store for a torchrun agent until it finds one: with torchrun
+    /// on the master node its agent hosts the store, on another node its agent joins the
+    /// store our master's rank 0 hosts; either way its keys show there once both sides
+    /// connected, and the job could never form.
+    async fn watch(&self, since: std::time::Instant) -> RendezvousError {
+        use fsdp_store::tcpstore::{Found, SAME_LAUNCHER, has_torchrun_agent_keys, probe};
+        if self.nnodes < 2 {
+            return std::future::pending().await;
+        }
+        let patience = std::time::Duration::from_secs(2);
+        loop {
+            if let Found::TcpStore { keys: Some(keys) } =
+                probe(&self.master_addr, self.master_port, patience).await
+                && has_torchrun_agent_keys(&keys)
+            {
+                return RendezvousError::TorchrunPeer(format!(
+                    "torchrun's agent keys are in the master's store at {}:{}: {SAME_LAUNCHER}",
+                    self.master_addr, self.master_port
+                ));
+            }
+            let every = fsdp_store::tcpstore::probe_every(self.nnodes, since.elapsed());
+            tokio::time::sleep(every).await;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,9 @@
 //!   timeouts, eviction, accept back-off), shared with the agent's status port.
 //! * [`server`]: [`StoreServer`], those services behind the gate on that loop, and how it
 //!   closes; [`Security`] says who gets in.
+//! * [`tcpstore`]: torchrun's TCPStore, as far as telling a torchrun node apart (a probe of
+//!   an address, a client's greeting), so that a job run half under torchrun fails in
+//!   seconds instead of waiting forever.
 //! * [`host`]: whether this agent serves ([`decide_host`], a pure function of what binding
 //!   the endpoint found; [`host::bind`] does the binding, [`host_if_here`] both).
 //!
@@ -36,6 +39,7 @@ pub mod server;
 pub mod service;
 pub mod state;
 pub mod streams;
+pub mod tcpstore;
 pub mod tls;
 
 pub use auth::Credentials;

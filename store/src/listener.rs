@@ -75,6 +75,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 use crate::streams::{self, Kind, StreamSlot, Streams};
+use crate::tcpstore::{GREETING_LEN, Greeting, greeting};
 pub use tokio_rustls::TlsAcceptor;
 
 /// The fewest connections the port accepts, however low the open-file limit.
@@ -392,15 +393,21 @@ impl Drop for Leave {
 
 /// Serves `router` on `listener` within `limits`, forever.
 pub async fn serve(listener: TcpListener, router: axum::Router, limits: Limits) {
-    serve_tls(listener, router, limits, None).await;
+    serve_tls(listener, router, limits, None, None).await;
 }
 
-/// [`serve`], with TLS when `tls` is given.
+/// Where a store tells that a torchrun client reached it ([`crate::tcpstore::greeting`]):
+/// the client's address.
+pub type TorchrunSeen = Arc<tokio::sync::watch::Sender<Option<IpAddr>>>;
+
+/// [`serve`], with TLS when `tls` is given, and told in `torchrun` when a connection
+/// opens with TCPStore's greeting.
 pub async fn serve_tls(
     listener: TcpListener,
     router: axum::Router,
     limits: Limits,
     tls: Option<TlsAcceptor>,
+    torchrun: Option<TorchrunSeen>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -499,6 +506,7 @@ pub async fn serve_tls(
             limits,
             leave,
             tls.clone(),
+            torchrun.clone(),
         ));
     }
 }
@@ -514,7 +522,21 @@ async fn serve_connection(
     limits: Limits,
     _leave: Leave,
     tls: Option<TlsAcceptor>,
+    torchrun: Option<TorchrunSeen>,
 ) {
+    if let Some(seen) = torchrun {
+        match sniff(&stream, limits.head_timeout).await {
+            Greeting::Torchrun => {
+                if let Ok(peer) = stream.peer_addr() {
+                    seen.send_replace(Some(peer.ip()));
+                }
+                // Closed unanswered: whatever we answered, torchrun's client retries.
+                return;
+            }
+            Greeting::OurProbe => return,
+            Greeting::Other | Greeting::Unsure => {}
+        }
+    }
     // Stalls are seen on the socket itself, below TLS: that is where a peer that does not
     // read makes writes wait.
     let io = Watched {
@@ -551,6 +573,26 @@ async fn serve_connection(
         &limits,
     )
     .await;
+}
+
+/// Who opened `stream`, from its first bytes, without taking them: an HTTP/2 or TLS client
+/// is told by its first byte; a TCPStore greeting needs its ten bytes, which a client sends
+/// at once. `Unsure` when the peer says nothing within `patience` (the head timeout then
+/// deals with it as with any silent connection).
+async fn sniff(stream: &TcpStream, patience: Duration) -> Greeting {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut first = [0u8; GREETING_LEN];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            _ => return Greeting::Unsure,
+        };
+        match greeting(&first[..n]) {
+            // peek returns the bytes already there at once: wait for the rest.
+            Greeting::Unsure => tokio::time::sleep(Duration::from_millis(10)).await,
+            g => return g,
+        }
+    }
 }
 
 /// Runs a connection until it ends, a limit closes it, or it is evicted.

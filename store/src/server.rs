@@ -36,6 +36,7 @@ pub struct StoreServer {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     served: tokio::task::JoinHandle<()>,
+    torchrun: tokio::sync::watch::Receiver<Option<std::net::IpAddr>>,
 }
 
 impl StoreServer {
@@ -84,9 +85,11 @@ impl StoreServer {
         )))
         .into_axum_router();
         let expiry = shared.clone().expire_leases();
+        let (seen, torchrun) = tokio::sync::watch::channel(None);
+        let seen = Some(std::sync::Arc::new(seen));
         let served = tokio::spawn(async move {
             tokio::select! {
-                () = listener::serve_tls(listener, router, limits, acceptor) => {}
+                () = listener::serve_tls(listener, router, limits, acceptor, seen) => {}
                 () = expiry => {}
                 _ = stopped => {}
             }
@@ -96,7 +99,14 @@ impl StoreServer {
             addr,
             stop: Some(stop),
             served,
+            torchrun,
         })
+    }
+
+    /// Becomes the address of the first client that spoke torchrun's TCPStore protocol to
+    /// this store (a node of the job runs torchrun: the job cannot form).
+    pub fn torchrun_clients(&self) -> tokio::sync::watch::Receiver<Option<std::net::IpAddr>> {
+        self.torchrun.clone()
     }
 
     /// Where the store listens.

@@ -304,3 +304,89 @@ fn the_bytes_workers_write_to_a_terminal_are_the_same() {
     );
     assert!(String::from_utf8_lossy(&a).contains("isatty True"));
 }
+
+/// One node under each launcher (issue 32): the job can never form, so fsdp-agent says so
+/// in one line and exits 64 instead of waiting with the other side. `torchrun_first` says
+/// which launcher has node 0 (static) or serves the store (c10d, where the first to start
+/// binds the endpoint).
+fn a_mixed_job_fails_with_one_line(backend: &str, torchrun_first: bool) {
+    let dir = TempDir::new().unwrap();
+    std::fs::write(
+        dir.path().join("train.py"),
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\nprint('formed', flush=True)\n",
+    )
+    .unwrap();
+    let port = fsdp_tests::free_port().to_string();
+    let endpoint = format!("127.0.0.1:{port}");
+    let node = |launcher: Launcher, rank: &str| {
+        let mut cmd = clean(Command::new(launcher.program()), dir.path());
+        cmd.args(["--nnodes", "2", "--nproc-per-node", "1"]);
+        if backend == "static" {
+            cmd.args(["--node-rank", rank, "--master-addr", "127.0.0.1"])
+                .args(["--master-port", &port]);
+        } else {
+            cmd.args(["--rdzv-backend", "c10d", "--rdzv-endpoint", &endpoint])
+                .args(["--rdzv-id", "mixed", "--local-addr", "127.0.0.1"]);
+        }
+        cmd.arg("train.py")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().expect("start the launcher")
+    };
+    let (first, second) = if torchrun_first {
+        (Launcher::Torchrun, Launcher::Agent)
+    } else {
+        (Launcher::Agent, Launcher::Torchrun)
+    };
+    let first = node(first, "0");
+    // The first serves the store (c10d) or hosts node 0's (static) before the other comes.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let second = node(second, "1");
+    let started = std::time::Instant::now();
+    let (mut agent, mut torchrun) = if torchrun_first {
+        (second, first)
+    } else {
+        (first, second)
+    };
+    let mut code = None;
+    while started.elapsed() < std::time::Duration::from_secs(60) {
+        if let Some(s) = agent.try_wait().unwrap() {
+            code = s.code();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let took = started.elapsed();
+    let _ = torchrun.kill();
+    let _ = agent.kill();
+    let out = agent.wait_with_output().unwrap();
+    let _ = torchrun.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, Some(64), "{backend}, torchrun first: {torchrun_first}\n{err}");
+    assert!(
+        err.contains("the other node runs torchrun; run the same launcher on every node"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("formed"));
+    println!("{backend}, torchrun first {torchrun_first}: fsdp-agent ended {took:?} after the second node started");
+}
+
+#[test]
+fn a_static_job_with_torchrun_on_node_0_fails_with_one_line() {
+    a_mixed_job_fails_with_one_line("static", true);
+}
+
+#[test]
+fn a_static_job_with_torchrun_on_node_1_fails_with_one_line() {
+    a_mixed_job_fails_with_one_line("static", false);
+}
+
+#[test]
+fn a_c10d_job_whose_store_torchrun_serves_fails_with_one_line() {
+    a_mixed_job_fails_with_one_line("c10d", true);
+}
+
+#[test]
+fn a_c10d_job_whose_store_fsdp_agent_serves_fails_with_one_line() {
+    a_mixed_job_fails_with_one_line("c10d", false);
+}

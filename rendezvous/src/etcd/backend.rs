@@ -110,6 +110,7 @@ impl Rendezvous for EtcdRendezvous {
             tokio::select! {
                 r = self.view.changed() => r.map_err(|_| self.ended())?,
                 () = tokio::time::sleep_until(deadline) => return Err(self.join_timed_out()),
+                e = super::handle::torchrun_seen(self.cfg.torchrun_clients.clone()) => return Err(e),
             }
         }
     }

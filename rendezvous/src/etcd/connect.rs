@@ -215,21 +215,88 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         .with_max_times(10_000)
         .with_total_delay(Some(opts.retry_window));
     let retried = std::sync::atomic::AtomicBool::new(false);
-    attempt
+    let torchrun = std::sync::Mutex::new(None);
+    // A c10d store that does not answer may be torchrun's TCPStore: its host runs torchrun,
+    // and no retry would help.
+    let attempt = || async {
+        let e = match attempt().await {
+            Ok(client) => return Ok(client),
+            Err(e) => e,
+        };
+        if opts.embedded_store && transient(&e) {
+            if let Some(found) = torchrun_store(&opts.endpoints).await {
+                *torchrun.lock().expect("not poisoned") = Some(found);
+                return Err(etcd_client::Error::EndpointsNotManaged);
+            }
+        }
+        Err(e)
+    };
+    let began = std::time::Instant::now();
+    let connected = attempt
         .retry(backoff)
         .when(transient)
         .notify(|e, delay| {
             retried.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(error = %e, retry_in = ?delay, "etcd not reachable yet")
         })
-        .await
-        .map_err(|source| RendezvousError::Unreachable {
-            store: opts.store_name(),
-            endpoints: opts.endpoints.join(","),
-            window: opts.retry_window,
-            retried: retried.load(std::sync::atomic::Ordering::Relaxed),
-            source,
-        })
+        .await;
+    if let Some(endpoint) = torchrun.lock().expect("not poisoned").take() {
+        return Err(RendezvousError::TorchrunPeer(format!(
+            "the c10d store at {endpoint} is torchrun's TCPStore: {}",
+            fsdp_store::tcpstore::SAME_LAUNCHER
+        )));
+    }
+    connected.map_err(|source| RendezvousError::Unreachable {
+        store: opts.store_name(),
+        endpoints: opts.endpoints.join(","),
+        spent: began.elapsed(),
+        check: what_to_check(opts),
+        retried: retried.load(std::sync::atomic::Ordering::Relaxed),
+        source,
+    })
+}
+
+/// What a person should look at when the store does not answer: only what applies.
+fn what_to_check(opts: &EtcdOptions) -> String {
+    let mut check = vec!["--rdzv-endpoint"];
+    if opts.embedded_store {
+        check.push("that the agent on the endpoint's machine (which serves the store) is running");
+    }
+    if opts.tls.is_some() {
+        check.push("the TLS files");
+    }
+    if opts.user.is_some() {
+        check.push("the user and password");
+    }
+    let last = check.pop().expect("one at least");
+    if check.is_empty() {
+        format!("check {last}")
+    } else {
+        format!("check {} and {last}", check.join(", "))
+    }
+}
+
+/// The first endpoint where a TCPStore answers, if any.
+async fn torchrun_store(endpoints: &[String]) -> Option<String> {
+    for endpoint in endpoints {
+        let Some((host, port)) = host_and_port(endpoint) else {
+            continue;
+        };
+        let found = fsdp_store::tcpstore::probe(&host, port, Duration::from_secs(1)).await;
+        if matches!(found, fsdp_store::tcpstore::Found::TcpStore { .. }) {
+            return Some(endpoint.clone());
+        }
+    }
+    None
+}
+
+/// `host` and `port` of an endpoint (`host:port`, `scheme://host:port`, `[v6]:port`).
+fn host_and_port(endpoint: &str) -> Option<(String, u16)> {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let rest = rest.split('/').next()?;
+    let (host, port) = rest.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Some((host.to_owned(), port.parse().ok()?))
 }
 
 /// A client pinned to the first endpoint (in the order given) whose member answers within
@@ -344,6 +411,35 @@ mod tests {
         let mut opts = EtcdOptions::new(vec![addr.to_string()]);
         opts.retry_window = Duration::from_millis(500);
         let said = connect(&opts).await.err().expect("no client").to_string();
-        assert!(said.contains("retried for 500ms"), "{said}");
+        assert!(said.contains("retried for "), "{said}");
+        // The time it took, not the window: each attempt also waits to connect.
+        let spent = said.split("retried for ").nth(1).unwrap();
+        assert!(!spent.starts_with("0ns"), "{said}");
+        // Only the causes that apply: no TLS, no password here.
+        assert!(said.ends_with("check --rdzv-endpoint"), "{said}");
+    }
+
+    #[test]
+    fn the_hint_names_only_what_is_configured() {
+        let mut o = EtcdOptions::new(vec!["e:2379".into()]);
+        assert_eq!(what_to_check(&o), "check --rdzv-endpoint");
+        o.embedded_store = true;
+        o.user = Some(("u".into(), "p".into()));
+        let said = what_to_check(&o);
+        assert!(said.contains("agent on the endpoint's machine"), "{said}");
+        assert!(said.ends_with("and the user and password"), "{said}");
+        assert!(!said.contains("TLS"), "{said}");
+    }
+
+    #[test]
+    fn endpoints_give_their_host_and_port() {
+        for (e, host, port) in [
+            ("node0:29400", "node0", 29400),
+            ("http://10.0.0.1:2379", "10.0.0.1", 2379),
+            ("[::1]:29400", "::1", 29400),
+        ] {
+            assert_eq!(host_and_port(e), Some((host.into(), port)), "{e}");
+        }
+        assert_eq!(host_and_port("node0"), None);
     }
 }

@@ -201,6 +201,7 @@ impl EtcdRendezvous {
             tokio::select! {
                 r = self.view.changed() => r.map_err(|_| self.ended())?,
                 () = fence_timer => {}
+                e = torchrun_seen(self.cfg.torchrun_clients.clone()) => return Err(e),
             }
         }
     }
@@ -326,4 +327,23 @@ pub(super) async fn refuse_nesting(
         )));
     }
     Ok(())
+}
+
+/// Resolves when a torchrun client reached the store this agent serves (never when it
+/// serves none): the job cannot form, and waiting for it would be forever.
+pub(super) async fn torchrun_seen(
+    clients: Option<tokio::sync::watch::Receiver<Option<std::net::IpAddr>>>,
+) -> RendezvousError {
+    let Some(mut clients) = clients else {
+        return std::future::pending().await;
+    };
+    let Ok(ip) = clients.wait_for(Option::is_some).await.map(|ip| *ip) else {
+        // The store stopped: the agent is ending anyway.
+        return std::future::pending().await;
+    };
+    let ip = ip.map_or_else(String::new, |ip| ip.to_string());
+    RendezvousError::TorchrunPeer(format!(
+        "{ip} spoke torchrun's TCPStore protocol to the c10d store this agent serves: {}",
+        fsdp_store::tcpstore::SAME_LAUNCHER
+    ))
 }

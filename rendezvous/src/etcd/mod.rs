@@ -81,6 +81,9 @@ pub struct EtcdConfig {
     /// What this node accepts from the records others write (a round's size is also
     /// bounded by `max_nodes`).
     pub allowed: Allowed,
+    /// The store this agent serves ([`fsdp_store::StoreServer::torchrun_clients`]): a
+    /// torchrun client reaching it ends the rendezvous ([`RendezvousError::TorchrunPeer`]).
+    pub torchrun_clients: Option<tokio::sync::watch::Receiver<Option<std::net::IpAddr>>>,
 }
 
 impl EtcdConfig {
@@ -103,6 +106,7 @@ impl EtcdConfig {
             outage_timeout: Duration::from_secs(900),
             status_addr: None,
             allowed: Allowed::default(),
+            torchrun_clients: None,
         }
     }
 }
