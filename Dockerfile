@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 #
-# The image the k8s/ manifests run: fsdp-agent and fsdp-trainer in /usr/local/bin, and a
-# Python virtual environment with PyTorch 2.13 at /opt/venv (fsdp-trainer links against
-# the wheel's libtorch; Python scripts launched by the agent use the same torch).
+# The image the k8s/ manifests run: a Python virtual environment with PyTorch 2.13 at
+# /opt/venv, fsdp-agent installed into it from the project's wheel (as `pip install
+# fsdp-agent` would), and fsdp-trainer in /usr/local/bin. The wheel puts the agent in
+# /opt/venv/bin beside the venv's python, which it then runs workers with; fsdp-trainer is
+# not in the wheel (it links against the venv's libtorch), so it is built on its own.
 #
 # CPU image (k8s/pytorchjob-cpu.yaml):
 #   docker build -t fsdp-agent:cpu .
@@ -41,19 +43,26 @@ RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
  && /opt/venv/bin/pip install --no-cache-dir numpy py-spy
 
+# maturin builds the wheel (pyproject.toml); in a venv of its own so that /opt/venv, which
+# the runtime copies, holds only what the image runs.
+RUN python3 -m venv /opt/maturin \
+ && /opt/maturin/bin/pip install --no-cache-dir "maturin>=1.5,<2"
+
 # tch/torch-sys find libtorch through the venv's torch instead of downloading their own.
 ENV PATH=/opt/venv/bin:${PATH} \
     LIBTORCH_USE_PYTORCH=1
 
 WORKDIR /src
 COPY . .
+# The agent's wheel: `linux`, not manylinux, because it only has to install into the
+# runtime below, which shares this stage's Debian (as tests/tests/wheel.rs builds it).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     features="" \
  && if [ -n "${TRAINER_FEATURES}" ]; then features="--features fsdp-trainer/${TRAINER_FEATURES}"; fi \
- && cargo build --release --locked -p fsdp-agent -p fsdp-trainer ${features} \
- && mkdir -p /out \
- && cp target/release/fsdp-agent target/release/fsdp-trainer /out/
+ && /opt/maturin/bin/maturin build --release --locked --compatibility linux --out /out/wheels \
+ && cargo build --release --locked -p fsdp-trainer ${features} \
+ && cp target/release/fsdp-trainer /out/
 
 FROM ${RUNTIME_BASE} AS runtime
 # python3 for the venv (and for users' own train.py; py-spy in it dumps hung workers); procps for `ps`/`pkill` when
@@ -65,7 +74,11 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 COPY --from=build /opt/venv /opt/venv
-COPY --from=build /out/fsdp-agent /out/fsdp-trainer /usr/local/bin/
+COPY --from=build /out/fsdp-trainer /usr/local/bin/
+# The wheel is mounted, not copied: the image keeps the installed agent only. No
+# dependencies to resolve (the wheel has none) and no index to reach.
+RUN --mount=type=bind,from=build,source=/out/wheels,target=/tmp/wheels \
+    /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/wheels/fsdp_agent-*.whl
 
 # The trainer carries an rpath to the wheel's lib dir; LD_LIBRARY_PATH also covers tch's
 # own link to libtorch and anything started from a shell.
@@ -73,8 +86,10 @@ ENV PATH=/opt/venv/bin:${PATH} \
     LD_LIBRARY_PATH=/opt/venv/lib/python3.11/site-packages/torch/lib \
     PYTHONUNBUFFERED=1
 
-# Fail the build, not the first pod, when a library cannot be found.
-RUN fsdp-agent --version \
+# Fail the build, not the first pod, when a library cannot be found or PATH finds another
+# fsdp-agent than the venv's (the manifests' `command: [fsdp-agent]` goes through PATH).
+RUN test "$(command -v fsdp-agent)" = /opt/venv/bin/fsdp-agent \
+ && fsdp-agent --version \
  && ! ldd /usr/local/bin/fsdp-trainer | grep "not found"
 
 # The agent's status server: gRPC status and health, HTTP /metrics.

@@ -2,13 +2,20 @@
 //! Kubeflow operator require; probes, ports, scrape annotations and grace periods agree
 //! with the agent's own flags; and the agent, given exactly the environment the Kubeflow
 //! v1 operator injects into a worker pod, resolves the rendezvous the manifest asks for.
+//! Every document also matches the upstream schema of its kind (Kubernetes 1.31, Kubeflow
+//! training-operator v1.9.0), as strictly as the API server's strict field validation.
+
+// Not tests/schema.rs: cargo would build that as a test target of its own.
+#[path = "k8s/schema.rs"]
+mod schema;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fsdp_tests::{TempDir, agent_bin, workspace_file};
-use serde_json::Value;
+use schema::Schemas;
+use serde_json::{Value, json};
 
 /// The agent's default `--status-addr` port and `--term-timeout`.
 const DEFAULT_STATUS_PORT: u64 = 29450;
@@ -1002,4 +1009,240 @@ fn docs_name_only_manifests_that_exist() {
             }
         }
     }
+}
+
+#[test]
+fn every_manifest_document_matches_its_upstream_schema() {
+    let schemas = Schemas::get();
+    let mut failures = Vec::new();
+    for doc in all_docs() {
+        for e in schemas.check(&doc.value) {
+            failures.push(format!("{}: {e}", doc.what()));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "manifests the API server would refuse:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The first document of `kind` in `k8s/<file>`.
+fn manifest_doc(file: &str, kind: &str) -> Value {
+    parse_file(&workspace_file(&format!("k8s/{file}")))
+        .into_iter()
+        .find(|d| d.kind() == kind)
+        .unwrap_or_else(|| panic!("no {kind} in k8s/{file}"))
+        .value
+}
+
+/// Renames the field at JSON pointer `at` to `to`, keeping its value.
+fn rename(doc: &mut Value, at: &str, to: &str) {
+    let (parent, name) = at.rsplit_once('/').unwrap();
+    let obj = doc
+        .pointer_mut(parent)
+        .and_then(Value::as_object_mut)
+        .unwrap_or_else(|| panic!("{parent} is not a mapping"));
+    let value = obj.remove(name).unwrap_or_else(|| panic!("no {at}"));
+    obj.insert(to.to_owned(), value);
+}
+
+/// Sets the field at JSON pointer `at`.
+fn set(doc: &mut Value, at: &str, value: Value) {
+    *doc.pointer_mut(at).unwrap_or_else(|| panic!("no {at}")) = value;
+}
+
+/// Asserts that `doc` fails the schema check with an error on the field `path`.
+fn assert_refused(doc: &Value, path: &str) {
+    let errors = Schemas::get().check(doc);
+    assert!(
+        errors.iter().any(|e| e.starts_with(&format!("{path}: "))),
+        "expected an error on {path}, got: {errors:#?}"
+    );
+}
+
+#[test]
+fn a_misspelled_field_fails_the_schema_check_naming_its_path() {
+    let cases = [
+        (
+            "pytorchjob-cpu.yaml",
+            "PyTorchJob",
+            "/spec/pytorchReplicaSpecs",
+            "pytorchReplicaSpec",
+            "spec.pytorchReplicaSpec",
+        ),
+        (
+            "pytorchjob-cpu.yaml",
+            "PyTorchJob",
+            "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/image",
+            "imagee",
+            "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].imagee",
+        ),
+        (
+            "pytorchjob-gpu.yaml",
+            "PyTorchJob",
+            "/spec/elasticPolicy/rdzvBackend",
+            "rdzvBackEnd",
+            "spec.elasticPolicy.rdzvBackEnd",
+        ),
+        // A custom resource's metadata is checked as the ObjectMeta it is.
+        (
+            "pytorchjob-gpu.yaml",
+            "PyTorchJob",
+            "/metadata/labels",
+            "lables",
+            "metadata.lables",
+        ),
+        (
+            "etcd.yaml",
+            "StatefulSet",
+            "/spec/volumeClaimTemplates/0/spec/accessModes",
+            "accessMode",
+            "spec.volumeClaimTemplates[0].spec.accessMode",
+        ),
+        (
+            "etcd.yaml",
+            "Service",
+            "/spec/ports/0/targetPort",
+            "targetport",
+            "spec.ports[0].targetport",
+        ),
+        (
+            "etcd-deployment.yaml",
+            "Deployment",
+            "/spec/template/spec/containers/0/livenessProbe/httpGet",
+            "httpget",
+            "spec.template.spec.containers[0].livenessProbe.httpget",
+        ),
+    ];
+    for (file, kind, at, to, path) in cases {
+        let mut doc = manifest_doc(file, kind);
+        assert!(
+            Schemas::get().check(&doc).is_empty(),
+            "k8s/{file} {kind} must pass as shipped"
+        );
+        rename(&mut doc, at, to);
+        assert_refused(&doc, path);
+    }
+    // The CRD leaves the misspelled Worker field to be pruned; the pods made from it are
+    // refused too.
+    let mut job = manifest_doc("pytorchjob-cpu.yaml", "PyTorchJob");
+    rename(
+        &mut job,
+        "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/image",
+        "imagee",
+    );
+    let errors = Schemas::get().check(&job);
+    assert!(
+        errors.iter().any(|e| e.contains("core/v1 PodTemplateSpec")),
+        "{errors:#?}"
+    );
+}
+
+#[test]
+fn quantities_and_int_or_strings_are_read_as_the_api_server_reads_them() {
+    let job = manifest_doc("pytorchjob-gpu.yaml", "PyTorchJob");
+    let gpu = "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/resources/limits";
+    let sts = manifest_doc("etcd.yaml", "StatefulSet");
+    let etcd = "/spec/template/spec/containers/0";
+    let svc = manifest_doc("etcd-deployment.yaml", "Service");
+
+    // Refused: not a quantity, not an int-or-string, not an int32, not an integer.
+    let refused = [
+        (
+            &job,
+            format!("{gpu}/memory"),
+            json!("1500GB"),
+            "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources.limits.memory",
+        ),
+        (
+            &sts,
+            format!("{etcd}/resources/requests/memory"),
+            json!("128 Mi"),
+            "spec.template.spec.containers[0].resources.requests.memory",
+        ),
+        (
+            &sts,
+            format!("{etcd}/resources/limits/memory"),
+            json!(true),
+            "spec.template.spec.containers[0].resources.limits.memory",
+        ),
+        (
+            &svc,
+            "/spec/ports/0/targetPort".to_owned(),
+            json!(2379.5),
+            "spec.ports[0].targetPort",
+        ),
+        (
+            &svc,
+            "/spec/ports/0/targetPort".to_owned(),
+            json!(4_294_967_296_u64),
+            "spec.ports[0].targetPort",
+        ),
+        (
+            &sts,
+            format!("{etcd}/ports/0/containerPort"),
+            json!(4_294_967_296_u64),
+            "spec.template.spec.containers[0].ports[0].containerPort",
+        ),
+        (
+            &sts,
+            "/spec/replicas".to_owned(),
+            json!("1"),
+            "spec.replicas",
+        ),
+        (
+            &job,
+            "/spec/pytorchReplicaSpecs/Worker/replicas".to_owned(),
+            json!("4"),
+            "spec.pytorchReplicaSpecs.Worker.replicas",
+        ),
+    ];
+    for (doc, at, value, path) in refused {
+        let mut doc = doc.clone();
+        set(&mut doc, &at, value.clone());
+        assert_refused(&doc, path);
+    }
+
+    // Accepted: every spelling the API server decodes.
+    let accepted = [
+        (&job, format!("{gpu}/memory"), json!("1.5Ti")),
+        (&job, format!("{gpu}/memory"), json!("1e12")),
+        (&job, format!("{gpu}/nvidia.com~1gpu"), json!("8")),
+        (&sts, format!("{etcd}/resources/requests/cpu"), json!(0.5)),
+        (&sts, format!("{etcd}/resources/requests/cpu"), json!(".5")),
+        (
+            &sts,
+            format!("{etcd}/resources/requests/memory"),
+            json!(134_217_728),
+        ),
+        (
+            &svc,
+            "/spec/ports/0/targetPort".to_owned(),
+            json!("etcd-client"),
+        ),
+        (&svc, "/spec/ports/0/targetPort".to_owned(), json!(2379)),
+    ];
+    for (doc, at, value) in accepted {
+        let mut doc = doc.clone();
+        set(&mut doc, &at, value.clone());
+        let errors = Schemas::get().check(&doc);
+        assert!(errors.is_empty(), "{at} = {value}: {errors:#?}");
+    }
+}
+
+#[test]
+fn a_kind_without_a_vendored_schema_fails_naming_it() {
+    let job = json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "x"},
+    });
+    let errors = Schemas::get().check(&job);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    assert!(
+        errors[0].starts_with("batch/v1 Job: no vendored schema"),
+        "{}",
+        errors[0]
+    );
 }
