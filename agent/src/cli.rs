@@ -10,6 +10,12 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+pub mod abbrev;
+pub mod torchrun_flags;
+
+use abbrev::AmbiguousFlag;
+use torchrun_flags::TORCHRUN_LONG_FLAGS;
+
 /// The status server's address unless told otherwise (next to torchrun's 29400 and 29500).
 pub const DEFAULT_STATUS_ADDR: &str = "0.0.0.0:29450";
 
@@ -22,9 +28,8 @@ pub const DEFAULT_STATUS_ADDR: &str = "0.0.0.0:29450";
     about,
     max_term_width = 100,
     allow_negative_numbers = true,
-    // As argparse takes them: an unambiguous abbreviation (`--nproc-per`, `--stand`) is the
-    // flag, and a flag given twice keeps its last value.
-    infer_long_args = true,
+    // As argparse takes them: a flag given twice keeps its last value. Abbreviations are
+    // written out before clap sees them (`agent_words`), as torchrun would read them.
     args_override_self = true
 )]
 pub struct Args {
@@ -414,7 +419,7 @@ pub struct Args {
     /// Arguments passed to the training program unchanged (`${local_rank}` is substituted).
     /// Everything after the script is the script's, agent flags included.
     // Never filled by clap: `config::resolve` hands clap only the words up to the script
-    // (see `script_index`) and puts the rest here. Declared for the usage line and help.
+    // (see `agent_words`) and puts the rest here. Declared for the usage line and help.
     #[arg(
         value_name = "ARGS",
         trailing_var_arg = true,
@@ -423,35 +428,29 @@ pub struct Args {
     pub script_args: Vec<String>,
 }
 
-/// Where the training script is in `argv` (`argv[0]` is the program), found as torchrun's
-/// argparse finds it: the first word that is neither an agent flag nor a flag's value;
-/// `--` ends the agent's flags. `None` when there is no script.
+/// The agent's part of the command line, ready for clap: abbreviations written out.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AgentWords {
+    /// `argv` with every abbreviated agent flag replaced by the flag's name (`--te=3`
+    /// becomes `--tee=3`); values and the words from the script on are unchanged.
+    pub argv: Vec<OsString>,
+    /// Where the training script is: the first word that is neither an agent flag nor a
+    /// flag's value, as torchrun's argparse finds it; `--` ends the agent's flags. `None`
+    /// when there is no script.
+    pub script: Option<usize>,
+}
+
+/// Reads `argv` (`argv[0]` is the program) up to the training script: writes out each
+/// abbreviated long flag as [`abbrev::resolve_long`] decides, and finds the script.
 ///
 /// clap's trailing var arg would still match known flags right after the script
-/// (`train.py --help` printing the agent's help); splitting here first means the words after
-/// the script never reach clap. Which flags take a value comes from `cmd`, so the split
-/// follows the flag table. Unknown flags are taken as taking no value: clap reports them.
-pub fn script_index(cmd: &clap::Command, argv: &[OsString]) -> Option<usize> {
+/// (`train.py --help` printing the agent's help), and clap's own abbreviations know only
+/// our flag list; deciding both here means clap sees full names and never the script's
+/// words. Which flags take a value comes from `cmd`, so the split follows the flag table.
+/// Unknown flags are taken as taking no value: clap reports them.
+pub fn agent_words(cmd: &clap::Command, argv: Vec<OsString>) -> Result<AgentWords, AmbiguousFlag> {
+    let flags = LongFlags::of(cmd);
     let takes_value = |a: &clap::Arg| a.get_action().takes_values();
-    fn names(a: &clap::Arg) -> Vec<&str> {
-        a.get_long()
-            .into_iter()
-            .chain(a.get_all_aliases().unwrap_or_default())
-            .collect()
-    }
-    // A flag by its name, or by an abbreviation that only one flag's names start with (as
-    // clap's `infer_long_args` and argparse decide).
-    let long = |name: &str| {
-        cmd.get_arguments()
-            .find(|a| names(a).contains(&name))
-            .or_else(|| {
-                let mut by_prefix = cmd
-                    .get_arguments()
-                    .filter(|a| names(a).iter().any(|n| n.starts_with(name)));
-                let first = by_prefix.next()?;
-                by_prefix.next().is_none().then_some(first)
-            })
-    };
     let short = |c: char| {
         cmd.get_arguments().find(|a| {
             a.get_short() == Some(c)
@@ -459,19 +458,37 @@ pub fn script_index(cmd: &clap::Command, argv: &[OsString]) -> Option<usize> {
                     .is_some_and(|aliases| aliases.contains(&c))
         })
     };
+    let mut argv = argv;
     let mut i = 1;
-    while i < argv.len() {
+    let script = loop {
+        if i >= argv.len() {
+            break None;
+        }
         // A word that is not UTF-8 cannot be one of our flags.
         let Some(word) = argv[i].to_str() else {
-            return Some(i);
+            break Some(i);
         };
         if word == "--" {
-            return (i + 1 < argv.len()).then_some(i + 1);
+            break (i + 1 < argv.len()).then_some(i + 1);
         }
-        if let Some(rest) = word.strip_prefix("--") {
+        if word.starts_with("--") {
             // `--flag=value` carries its value; `--flag value` takes the next word.
-            if !rest.contains('=') && long(rest).is_some_and(takes_value) {
-                i += 1;
+            let (typed, value) = match word.split_once('=') {
+                Some((typed, value)) => (typed, Some(value)),
+                None => (word, None),
+            };
+            if let Some(name) = flags.resolve(typed)? {
+                let takes_next = value.is_none() && arg_named(cmd, &name).is_some_and(takes_value);
+                if name != typed {
+                    let full = match value {
+                        Some(v) => format!("{name}={v}"),
+                        None => name,
+                    };
+                    argv[i] = full.into();
+                }
+                if takes_next {
+                    i += 1;
+                }
             }
         } else if let Some(cluster) = word.strip_prefix('-').filter(|c| !c.is_empty()) {
             // `-m`, `-r3`, `-r 3`, `-mr3`: flags without a value, then at most one that
@@ -489,11 +506,63 @@ pub fn script_index(cmd: &clap::Command, argv: &[OsString]) -> Option<usize> {
                 }
             }
         } else {
-            return Some(i);
+            break Some(i);
         }
         i += 1;
+    };
+    Ok(AgentWords { argv, script })
+}
+
+/// The long names of the agent's flags (`--` included, main name first), help and version
+/// included, for [`abbrev::resolve_long`].
+pub struct LongFlags {
+    ours: Vec<Vec<String>>,
+}
+
+impl LongFlags {
+    pub fn of(cmd: &clap::Command) -> Self {
+        // clap adds --help and --version when it builds the command.
+        let mut built = cmd.clone();
+        built.build();
+        let ours = built
+            .get_arguments()
+            .map(|a| long_names(a).map(|n| format!("--{n}")).collect::<Vec<_>>())
+            .filter(|names| !names.is_empty())
+            .collect();
+        Self { ours }
     }
-    None
+
+    /// The flag `typed` (a long flag as typed, without `=value`) means; see
+    /// [`abbrev::resolve_long`].
+    pub fn resolve(&self, typed: &str) -> Result<Option<String>, AmbiguousFlag> {
+        let ours: Vec<Vec<&str>> = self
+            .ours
+            .iter()
+            .map(|names| names.iter().map(String::as_str).collect())
+            .collect();
+        let ours: Vec<&[&str]> = ours.iter().map(Vec::as_slice).collect();
+        abbrev::resolve_long(typed, TORCHRUN_LONG_FLAGS, &ours)
+    }
+
+    /// Every long name, for checking that torchrun's names are all ours too.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.ours.iter().flatten().map(String::as_str)
+    }
+}
+
+/// The argument of `cmd` named `--name` exactly (`None` for help and version, which `cmd`
+/// gets only when built, and which take no value).
+fn arg_named<'c>(cmd: &'c clap::Command, name: &str) -> Option<&'c clap::Arg> {
+    let name = name.strip_prefix("--")?;
+    cmd.get_arguments()
+        .find(|a| long_names(a).any(|n| n == name))
+}
+
+/// A flag's long name and all its aliases, without `--`.
+fn long_names(a: &clap::Arg) -> impl Iterator<Item = &str> {
+    a.get_long()
+        .into_iter()
+        .chain(a.get_all_aliases().unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -501,12 +570,23 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
 
-    fn split(words: &str) -> Option<usize> {
+    fn words(line: &str) -> Result<AgentWords, AmbiguousFlag> {
         let argv: Vec<OsString> = std::iter::once("fsdp-agent")
-            .chain(words.split_whitespace())
+            .chain(line.split_whitespace())
             .map(OsString::from)
             .collect();
-        script_index(&Args::command(), &argv)
+        agent_words(&Args::command(), argv)
+    }
+
+    fn split(line: &str) -> Option<usize> {
+        words(line).unwrap_or_else(|e| panic!("{line}: {e}")).script
+    }
+
+    /// The agent's words as clap gets them, `argv[0]` left out.
+    fn written_out(line: &str) -> String {
+        let w = words(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let argv: Vec<_> = w.argv[1..].iter().map(|a| a.to_str().unwrap()).collect();
+        argv.join(" ")
     }
 
     #[test]
@@ -525,12 +605,55 @@ mod tests {
     }
 
     #[test]
-    fn an_unambiguous_abbreviation_is_its_flag() {
+    fn an_abbreviation_is_written_out_as_torchrun_reads_it() {
         assert_eq!(split("--nproc-per 2 train.py"), Some(3));
         assert_eq!(split("--stand train.py"), Some(2));
         assert_eq!(split("--nproc_per 2 train.py"), Some(3));
-        // `--hang` could be --hang-timeout or --hang-min: clap names the ambiguity.
-        assert_eq!(split("--hang 3 train.py"), Some(2));
+        assert_eq!(
+            written_out("--nproc-per 2 --stand --no-p /bin/echo --max 3"),
+            "--nproc-per-node 2 --standalone --no-python /bin/echo --max 3"
+        );
+        // torchrun's flags win over ours that share the prefix (--restart-window,
+        // --term-timeout, --log-format).
+        assert_eq!(
+            written_out("--re 3 --te=3 --log- /tmp/l x.py"),
+            "--redirects 3 --tee=3 --log-dir /tmp/l x.py"
+        );
+        // A prefix torchrun does not claim reaches our flags.
+        assert_eq!(
+            written_out("--prewarm-m torch --hang-t 5 --quarantine-f 1h x.py"),
+            "--prewarm-modules torch --hang-timeout 5 --quarantine-for 1h x.py"
+        );
+        // Names in full, short flags and values pass unchanged.
+        assert_eq!(
+            written_out("--tee 3 -r 1 -mt2 --rdzv-conf --max x"),
+            "--tee 3 -r 1 -mt2 --rdzv-conf --max x"
+        );
+    }
+
+    #[test]
+    fn an_ambiguous_abbreviation_names_its_candidates() {
+        let e = words("--max 3 train.py").unwrap_err();
+        assert_eq!(e.candidates, ["--max-restarts", "--max_restarts"]);
+        assert!(e.torchrun);
+        let e = words("--max=3 train.py").unwrap_err();
+        assert_eq!(e.word, "--max", "the value stays out of the message");
+        let e = words("--hang 3 train.py").unwrap_err();
+        assert_eq!(e.candidates, ["--hang-timeout", "--hang-min"]);
+        assert!(!e.torchrun);
+        // Words after the script or after `--`, and values, are not flags.
+        assert_eq!(split("train.py --max 3"), Some(1));
+        assert_eq!(split("-- train.py --max 3"), Some(2));
+        assert_eq!(split("--role --max train.py"), Some(3));
+    }
+
+    #[test]
+    fn every_torchrun_name_is_a_flag_here() {
+        let flags = LongFlags::of(&Args::command());
+        let ours: Vec<&str> = flags.names().collect();
+        for name in TORCHRUN_LONG_FLAGS.iter().copied().flatten() {
+            assert!(ours.contains(name), "{name} is torchrun's but not ours");
+        }
     }
 
     #[test]
@@ -546,6 +669,7 @@ mod tests {
         assert_eq!(split("--nnodes"), None);
         // Unknown flags take no value here; clap then names them.
         assert_eq!(split("--bogus x.py"), Some(2));
+        assert_eq!(written_out("--bogus x.py"), "--bogus x.py");
         assert_eq!(split("-z x.py"), Some(2));
     }
 }

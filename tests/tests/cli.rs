@@ -773,6 +773,85 @@ fn repeated_flags_keep_the_last_value_and_abbreviations_are_their_flag() {
     assert!(err.contains("--hang"), "{err}");
 }
 
+/// Abbreviations mean what torchrun 2.13's argparse makes of them, even where a flag of
+/// ours shares the prefix (`--no-progress-restarts`, `--log-format`, `--term-timeout`,
+/// `--restart-window`); what torchrun finds ambiguous is refused here too. The whole table
+/// of prefixes is compared with torchrun's parser in agent/tests/cli_torchrun_abbreviations.rs.
+#[test]
+fn abbreviations_read_as_torchrun_reads_them() {
+    let dir = fsdp_tests::TempDir::new().unwrap();
+    let script = dir.path().join("x.py");
+    std::fs::write(&script, "").unwrap();
+    let logs = dir.path().join("logs");
+    let print = |before: &[&str], script: &str, after: &[&str]| {
+        let mut a = AgentCmd::new(dir.path(), "agent")
+            .args(["--standalone", "--print-config"])
+            .args(before)
+            .args([script])
+            .args(after)
+            .run(Duration::from_secs(30));
+        (a.code(), a.stdout(), a.stderr())
+    };
+    let x = script.to_str().unwrap();
+    let setting = |out: &str, name: &str, value: &str, flag: &str| {
+        assert!(
+            out.lines().any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.first() == Some(&name)
+                    && cols.get(1) == Some(&value)
+                    && l.ends_with(&format!("(flag {flag})"))
+            }),
+            "{name} = {value} from {flag}:\n{out}"
+        );
+    };
+
+    let (code, out, err) = print(&["--no-p"], "true", &[]);
+    assert_eq!(code, 0, "{err}");
+    setting(&out, "no-python", "true", "--no-python");
+    let (code, out, err) = print(&["--log-", logs.to_str().unwrap()], x, &[]);
+    assert_eq!(code, 0, "{err}");
+    setting(&out, "log-dir", logs.to_str().unwrap(), "--log-dir");
+    let (code, out, err) = print(&["--te", "3", "--re=2"], x, &[]);
+    assert_eq!(code, 0, "{err}");
+    setting(&out, "tee", "3", "--tee");
+    setting(&out, "redirects", "2", "--redirects");
+
+    for (word, candidates) in [
+        ("--max", "--max-restarts, --max_restarts"),
+        ("--max=3", "--max-restarts, --max_restarts"),
+        ("--nproc", "--nproc-per-node, --nproc_per_node"),
+        ("--vi", "--virtual-local-rank, --virtual_local_rank"),
+    ] {
+        let (code, _, err) = print(&[word, "3"], x, &[]);
+        assert_eq!(code, 64, "{word}: {err}");
+        assert_eq!(err.lines().count(), 1, "{word}: {err}");
+        assert!(
+            err.contains(&format!(
+                "could match {candidates} (torchrun refuses it too)"
+            )) && err.contains("write the flag out in full"),
+            "{word}: {err}"
+        );
+        assert!(
+            !err.contains("=3"),
+            "{word}: the value is not repeated: {err}"
+        );
+    }
+    // Our own flags: by prefixes torchrun leaves alone, ambiguity named the same way.
+    let (code, out, err) = print(&["--no-pr", "5", "--log-f", "text"], x, &[]);
+    assert_eq!(code, 0, "{err}");
+    setting(&out, "no-progress-restarts", "5", "--no-progress-restarts");
+    let (code, _, err) = print(&["--hang", "3"], x, &[]);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("could match --hang-timeout, --hang-min;"),
+        "{err}"
+    );
+    // After the script nothing is an agent flag (torchrun, parsing every word up front,
+    // would refuse this `--max`).
+    let (code, _, err) = print(&[], x, &["--max", "3"]);
+    assert_eq!(code, 0, "{err}");
+}
+
 /// `venv/bin/fsdp-agent train.py` with no venv activated runs the venv's Python (the one
 /// beside the agent), as torchrun runs its own interpreter; `PYTHON_EXEC` still wins, and
 /// `--print-config` says which and why.

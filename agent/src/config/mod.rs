@@ -197,14 +197,17 @@ pub fn resolve(
 ) -> Result<Config, Result<String, ConfigError>> {
     let command = Args::command();
     let argv0 = argv.first().map(std::path::PathBuf::from);
-    // Only the words up to the script go through clap; the rest are the script's, verbatim.
-    let (argv, script_args) = match crate::cli::script_index(&command, &argv) {
+    // Only the words up to the script go through clap, abbreviations written out; the rest
+    // are the script's, verbatim.
+    let words = crate::cli::agent_words(&command, argv)
+        .map_err(|e| Err(ConfigError::CommandLine(e.to_string())))?;
+    let (argv, script_args) = match words.script {
         Some(i) => {
-            let mut argv = argv;
+            let mut argv = words.argv;
             let rest = argv.split_off(i + 1);
             (argv, rest)
         }
-        None => (argv, Vec::new()),
+        None => (words.argv, Vec::new()),
     };
     let script_args = script_args
         .into_iter()
