@@ -133,6 +133,19 @@ fn tee_per_rank_writes_files_and_echoes() {
     );
 }
 
+/// torchrun's `--local-ranks-filter` alone: the ranks it keeps write to the agent's own
+/// stream, unprefixed; the others to nothing.
+#[test]
+fn local_ranks_filter_alone_shows_the_kept_ranks_bare() {
+    let dir = TempDir::new().unwrap();
+    let a = run(dir.path(), &["--local-ranks-filter", "0"]);
+    let (out, err) = (a.stdout(), a.stderr());
+    assert!(out.lines().any(|l| l == "out-0 loss=1"), "{out}");
+    assert!(err.lines().any(|l| l == "err-0"), "{err}");
+    assert!(!out.contains("out-1") && !err.contains("err-1"), "{out}{err}");
+    assert!(!out.contains("[default"), "{out}");
+}
+
 #[test]
 fn local_ranks_filter_and_prefix_template() {
     let dir = TempDir::new().unwrap();

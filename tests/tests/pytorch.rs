@@ -150,9 +150,13 @@ fn module_and_run_path_run_under_python_like_torchrun() {
         "{}",
         a.stdout()
     );
-    // torchrun's --run-path workers see the launcher's directory as sys.path[0].
-    let launcher = fsdp_tests::agent_bin();
-    let launcher_dir = launcher.parent().unwrap().display().to_string();
+    // torchrun's --run-path workers see torchrun's directory as sys.path[0]: the bin
+    // directory of its environment, the interpreter's (not where this binary lives).
+    let launcher_dir = python().parent().unwrap().display().to_string();
+    assert_ne!(
+        Some(python().parent().unwrap()),
+        fsdp_tests::agent_bin().parent()
+    );
     assert!(
         a.stdout()
             .lines()

@@ -93,6 +93,10 @@ fn the_workers_own_exit_code_is_propagated_when_the_budget_is_spent() {
     // The healthy sibling (sleeping 30 s) was stopped each time, not left running: two
     // stops within a run that took far less than its sleep.
     assert!(err.matches("stopping workers").count() >= 2, "{err}");
+    // Rounds 0 and 1 ran workers; round 2 only found the budget spent: it is not said to
+    // have formed.
+    assert_eq!(err.matches("group formed").count(), 2, "{err}");
+    assert!(err.contains("the restart budget is spent"), "{err}");
     for pid in pids(&dir) {
         assert!(!alive(pid), "worker {pid} outlived the agent");
     }

@@ -59,7 +59,12 @@ pub fn resolve(
     // torchrun gives --run-path precedence over --no-python; so do we.
     let program = if run_path {
         require_file(script)?;
-        let launcher_dir = agent_dir
+        let python = python()?;
+        // torchrun's workers see torchrun's directory first on sys.path: the bin directory
+        // of the environment it was installed into, which is the interpreter's (not ours:
+        // a release binary may live anywhere).
+        let launcher_dir = Path::new(&python)
+            .parent()
             .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_owned()))
             .map(|d| d.display().to_string())
             .unwrap_or_default();
@@ -70,7 +75,7 @@ pub fn resolve(
             launcher_dir,
             script.into(),
         ]);
-        python()?
+        python
     } else if no_python {
         find_executable(script, env)?
     } else if module {

@@ -171,21 +171,13 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         if let Some(end) = self.judge_quarantine(&round).await {
             return Ok(end);
         }
-        tracing::info!(
-            master_addr = %round.master_addr,
-            master_port = round.master_port,
-            round = round.number,
-            world_size = round.world_size,
-            group_rank = round.group_rank,
-            group_world_size = round.group_world_size,
-            restart_count = round.restart_count,
-            "group formed"
-        );
         let (next, counted) = decide::formed(&mut self.memory, &round, &self.rules);
         self.report.restarts(counted);
         match next {
+            // No "group formed" first: no worker of this round will start.
             AfterFormed::GiveUp { exit_code } => {
                 tracing::error!(
+                    round = round.number,
                     restart_count = round.restart_count,
                     counted,
                     max_restarts = self.cfg.max_restarts,
@@ -195,6 +187,16 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 Ok(decide::failed(exit_code).into())
             }
             AfterFormed::Start { restart } => {
+                tracing::info!(
+                    master_addr = %round.master_addr,
+                    master_port = round.master_port,
+                    round = round.number,
+                    world_size = round.world_size,
+                    group_rank = round.group_rank,
+                    group_world_size = round.group_world_size,
+                    restart_count = round.restart_count,
+                    "group formed"
+                );
                 if let Some(warning) = restart {
                     tracing::warn!("{warning}");
                 }

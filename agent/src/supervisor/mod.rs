@@ -736,10 +736,10 @@ impl StreamIo<'_> {
                 // Redirect only: the worker writes straight to its file, no copy through
                 // the agent.
                 Some(f) if route.file_only() => return (Wire::File(f), None),
-                // Console only, unprefixed and unfiltered: the agent's own stream, as
-                // torchrun's workers have it (a terminal stays a terminal: colours,
-                // progress bars, pdb).
-                _ if route.console_only() && !logs.prefixed && logs.console_ranks.is_none() => {
+                // Console only and unprefixed (a rank that --local-ranks-filter keeps
+                // included): the agent's own stream, as torchrun's workers have it (a
+                // terminal stays a terminal: colours, progress bars, pdb).
+                _ if route.console_only() && !logs.prefixed => {
                     return (Wire::Inherit, None);
                 }
                 _ if !route.file && !route.console && !route.filtered => {

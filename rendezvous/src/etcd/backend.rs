@@ -99,8 +99,8 @@ impl Rendezvous for EtcdRendezvous {
                     self.ask(Command::Register { wants_round: wants }).await?;
                     continue;
                 }
-                Step::Spare { next } => {
-                    self.log_spare(next - 1);
+                Step::Spare { next, members } => {
+                    self.log_spare(next - 1, members);
                     wants = next;
                     self.ask(Command::Register { wants_round: wants }).await?;
                     continue;
@@ -347,15 +347,16 @@ impl EtcdRendezvous {
         round
     }
 
-    fn log_spare(&self, round: u64) {
-        let members = self
-            .view
-            .borrow()
-            .round
-            .as_ref()
-            .map_or(0, |r| r.record.members.len());
+    /// Says why this node is not in `round`, from that round's own size (the view may
+    /// already hold a newer round: its size would tell another story).
+    fn log_spare(&self, round: u64, members: usize) {
         if members >= self.cfg.max_nodes as usize {
-            tracing::info!(round, "the group is full; waiting as a spare");
+            tracing::info!(
+                round,
+                members,
+                max = self.cfg.max_nodes,
+                "the group is full; waiting as a spare"
+            );
         } else {
             // Sealed before this node registered: the coordinator grows the group with it
             // next.

@@ -11,7 +11,8 @@ use crate::{Change, RendezvousError, Round, RoundMember};
 /// What `next_round` should do after looking at the view.
 pub(crate) enum Step {
     Wait,
-    Spare { next: u64 },
+    /// The round `next - 1` was sealed without this node; it had `members` nodes.
+    Spare { next: u64, members: usize },
     Broken { next: u64, change: Change },
     PublishMaster { round: u64 },
     Done(Box<(v1::Round, Round)>),
@@ -38,6 +39,7 @@ pub(crate) fn step(
     let Some(pos) = rec.members.iter().position(|m| m.node_id == me) else {
         return Ok(Step::Spare {
             next: rec.number + 1,
+            members: rec.members.len(),
         });
     };
     // A round that gives this node another worker count than it runs would hand its

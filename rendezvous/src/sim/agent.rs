@@ -305,7 +305,7 @@ impl SimAgent {
                     self.ask(Command::Register { wants_round: next }, Asked::Plain),
                 ]
             }
-            Step::Spare { next } => {
+            Step::Spare { next, .. } => {
                 self.lp = Loop::Waiting {
                     wants: next,
                     since,

@@ -107,7 +107,7 @@ impl World {
                                 ),
                             );
                         }
-                        Ok(Step::Spare { next }) => {
+                        Ok(Step::Spare { next, .. }) => {
                             w.phases.insert(node, waiting(next));
                             push(w, format!("{node} waits as a spare for round {next}"));
                         }
