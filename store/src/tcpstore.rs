@@ -24,8 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// What every node of a mixed job is told, whichever side noticed.
-pub const SAME_LAUNCHER: &str =
-    "the other node runs torchrun; run the same launcher on every node (all torchrun, or all fsdp-agent)";
+pub const SAME_LAUNCHER: &str = "the other node runs torchrun; run the same launcher on every node (all torchrun, or all fsdp-agent)";
 
 const VALIDATE: u8 = 0;
 const PING: u8 = 13;
@@ -189,7 +188,9 @@ mod tests {
             "init/",
             "/none/torchelastic/role_info/0"
         ])));
-        assert!(has_torchrun_agent_keys(&keys(&["torchelastic/agent/terminal_state"])));
+        assert!(has_torchrun_agent_keys(&keys(&[
+            "torchelastic/agent/terminal_state"
+        ])));
         assert!(!has_torchrun_agent_keys(&keys(&["init/"])));
         assert!(!has_torchrun_agent_keys(&keys(&[
             "/default_pg/0//cuda//0",

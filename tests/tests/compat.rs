@@ -362,13 +362,19 @@ fn a_mixed_job_fails_with_one_line(backend: &str, torchrun_first: bool) {
     let out = agent.wait_with_output().unwrap();
     let _ = torchrun.wait();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(code, Some(64), "{backend}, torchrun first: {torchrun_first}\n{err}");
+    assert_eq!(
+        code,
+        Some(64),
+        "{backend}, torchrun first: {torchrun_first}\n{err}"
+    );
     assert!(
         err.contains("the other node runs torchrun; run the same launcher on every node"),
         "{err}"
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("formed"));
-    println!("{backend}, torchrun first {torchrun_first}: fsdp-agent ended {took:?} after the second node started");
+    println!(
+        "{backend}, torchrun first {torchrun_first}: fsdp-agent ended {took:?} after the second node started"
+    );
 }
 
 #[test]

@@ -142,7 +142,10 @@ fn local_ranks_filter_alone_shows_the_kept_ranks_bare() {
     let (out, err) = (a.stdout(), a.stderr());
     assert!(out.lines().any(|l| l == "out-0 loss=1"), "{out}");
     assert!(err.lines().any(|l| l == "err-0"), "{err}");
-    assert!(!out.contains("out-1") && !err.contains("err-1"), "{out}{err}");
+    assert!(
+        !out.contains("out-1") && !err.contains("err-1"),
+        "{out}{err}"
+    );
     assert!(!out.contains("[default"), "{out}");
 }
 

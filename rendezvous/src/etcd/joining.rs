@@ -12,9 +12,17 @@ use crate::{Change, RendezvousError, Round, RoundMember};
 pub(crate) enum Step {
     Wait,
     /// The round `next - 1` was sealed without this node; it had `members` nodes.
-    Spare { next: u64, members: usize },
-    Broken { next: u64, change: Change },
-    PublishMaster { round: u64 },
+    Spare {
+        next: u64,
+        members: usize,
+    },
+    Broken {
+        next: u64,
+        change: Change,
+    },
+    PublishMaster {
+        round: u64,
+    },
     Done(Box<(v1::Round, Round)>),
 }
 
