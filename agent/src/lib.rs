@@ -103,7 +103,10 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
         Ok(AgentExit::Signalled(sig)) => ExitCode::from(exit_code::signalled(sig as i32)),
         Err(e) => {
             let text = e.chain();
-            tracing::error!("{text}");
+            // Once for people; a JSON log also gets it as a record of its own.
+            if config.log_format == config::LogFormat::Json {
+                tracing::error!("{text}");
+            }
             eprintln!("fsdp-agent: error: {text}");
             ExitCode::from(e.exit_code())
         }

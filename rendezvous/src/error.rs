@@ -16,7 +16,11 @@ pub enum RendezvousError {
     #[error("invalid rendezvous configuration: {0}")]
     InvalidConfig(String),
     /// etcd could not be reached or refused us, after retrying if retrying could help.
-    #[error("{store} at {endpoints} {}; {check}", tried(*.retried, .spent))]
+    #[error(
+        "{store} at {endpoints} {}: {}; {check}",
+        tried(*.retried, .spent),
+        crate::etcd::short_cause(.error)
+    )]
     Unreachable {
         /// `etcd`, or the c10d store an agent serves.
         store: &'static str,
@@ -30,8 +34,10 @@ pub enum RendezvousError {
         /// password, a refused CA) ends the first attempt, and saying "retried for 30s"
         /// then sent people looking for a network problem.
         retried: bool,
-        #[source]
-        source: etcd_client::Error,
+        /// Said in short in the message (its own text runs to hundreds of characters of
+        /// nested transport errors), so not a source (thiserror takes a field named
+        /// `source` as one).
+        error: etcd_client::Error,
     },
     /// An etcd request failed.
     #[error("etcd request failed: {what}")]
@@ -90,7 +96,7 @@ impl RendezvousError {
     pub fn is_configuration(&self) -> bool {
         match self {
             Self::InvalidConfig(_) | Self::TorchrunPeer(_) => true,
-            Self::Unreachable { source, .. } => !crate::etcd::is_transient(source),
+            Self::Unreachable { error, .. } => !crate::etcd::is_transient(error),
             _ => false,
         }
     }

@@ -193,6 +193,22 @@ pub enum Change {
     Halted(Halt),
 }
 
+/// In words, for log lines and the status board.
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Change::MemberLost { node } => write!(f, "node {node} left the group"),
+            Change::NodeWaiting { waiting } => write!(f, "{waiting} node(s) waiting to join"),
+            // The count it carries is the charging node's; the next round says the one
+            // every node agrees on.
+            Change::PeerFailed { .. } => write!(f, "another node's worker failed"),
+            Change::NewRound { number } => write!(f, "round {number} was sealed"),
+            Change::Fenced { reason, .. } => write!(f, "this node fenced itself: {reason}"),
+            Change::Halted(h) => write!(f, "{h}"),
+        }
+    }
+}
+
 /// A node's decision that the run is over for every node, with the code they exit with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Halt {

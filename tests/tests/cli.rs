@@ -653,6 +653,16 @@ fn an_unreachable_etcd_is_a_clear_error_after_a_bounded_retry() {
         "retried for {:?}",
         start.elapsed()
     );
+    // Short lines a person reads: the cause in a few words, said once, no debug output of
+    // nested transport errors; only the causes that apply (no TLS, no password here).
+    let err = a.stderr();
+    assert!(err.contains("Connection refused"), "{err}");
+    assert_eq!(err.matches("is unreachable or refused").count(), 1, "{err}");
+    assert!(!err.contains("tonic::") && !err.contains("Os {"), "{err}");
+    assert!(!err.contains("TLS") && !err.contains("credentials"), "{err}");
+    for line in err.lines() {
+        assert!(line.len() < 240, "a long line: {line}");
+    }
 }
 
 /// Everything after the training script is the script's, even words that are agent flags

@@ -15,7 +15,7 @@ use super::decide::{
     signalled,
 };
 use super::memory::{Memory, RoundMembers};
-use super::report::{Reporter, change_label, describe};
+use super::report::{Reporter, change_label};
 use super::{AgentExit, DEPART_PATIENCE, HANG_LOOK, Phase, hang};
 use crate::config::Config;
 use crate::error::AgentError;
@@ -344,11 +344,11 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             Change::Fenced { reason, .. } => {
                 tracing::warn!(%reason, "fencing: stopping the workers")
             }
-            _ => tracing::info!(?change, "group changed; re-forming"),
+            _ => tracing::info!(%change, "group changed; re-forming"),
         }
         let grace = decide::stop_grace(&change, self.rules.term_timeout);
         self.report
-            .broke(change_label(&change), Shown::Stopping, describe(&change));
+            .broke(change_label(&change), Shown::Stopping, change.to_string());
         let late = self.stop(&mut group, Signal::SIGTERM, grace).await;
         self.report.workers(&group, false);
         let me = self.rdzv.node_id().map(str::to_owned);
@@ -384,7 +384,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         }
         self.report.show(
             Shown::Rendezvous,
-            format!("re-forming: {}", describe(&change)),
+            format!("re-forming: {}", change.to_string()),
         );
         Phase::Join
     }
@@ -486,7 +486,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
     /// After [`decide::own_loss`]: the job is charged a restart like a worker failure.
     async fn charge_own_loss(&mut self, change: &Change) -> Result<(), Signal> {
         tracing::warn!(
-            change = %describe(change),
+            change = %change,
             "this node lost its place in the group; charging a restart"
         );
         match interruptible(self.signals, self.rdzv.record_failure()).await? {
@@ -539,17 +539,17 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 self.report.broke(
                     change_label(&change),
                     Shown::Rendezvous,
-                    format!("re-forming: {}", describe(&change)),
+                    format!("re-forming: {}", change.to_string()),
                 );
                 tracing::warn!(
-                    ?change,
+                    %change,
                     "the group broke before every node finished; re-forming"
                 );
                 Phase::Join
             }
             AfterBarrier::TimedOut { unfinished, leave } => {
                 tracing::error!(
-                    ?unfinished,
+                    unfinished = %unfinished.join(", "),
                     "other nodes did not finish within the exit barrier timeout"
                 );
                 leave.into()

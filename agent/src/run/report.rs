@@ -168,16 +168,3 @@ pub fn change_label(change: &Change) -> &'static str {
     }
 }
 
-/// A change in words, for the status' last transition.
-pub fn describe(change: &Change) -> String {
-    match change {
-        Change::MemberLost { node } => format!("node {node} left the group"),
-        Change::NodeWaiting { waiting } => format!("{waiting} node(s) waiting to join"),
-        Change::PeerFailed { restart_count } => {
-            format!("another node's worker failed (restart {restart_count})")
-        }
-        Change::NewRound { number } => format!("round {number} was sealed"),
-        Change::Fenced { reason, .. } => format!("this node fenced itself: {reason}"),
-        Change::Halted(h) => h.to_string(),
-    }
-}

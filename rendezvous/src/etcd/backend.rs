@@ -86,7 +86,7 @@ impl Rendezvous for EtcdRendezvous {
                 Step::Broken { next, change } => {
                     tracing::info!(
                         round = next - 1,
-                        ?change,
+                        %change,
                         "the round broke before it started; waiting for the next"
                     );
                     // A restart charged in it counts all the same: the loop decides the

@@ -232,12 +232,13 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         Err(e)
     };
     let began = std::time::Instant::now();
+    let mut said = Repeats::new(opts, began);
     let connected = attempt
         .retry(backoff)
         .when(transient)
-        .notify(|e, delay| {
+        .notify(|e, _| {
             retried.store(true, std::sync::atomic::Ordering::Relaxed);
-            tracing::warn!(error = %e, retry_in = ?delay, "etcd not reachable yet")
+            said.failed(e);
         })
         .await;
     if let Some(endpoint) = torchrun.lock().expect("not poisoned").take() {
@@ -246,14 +247,91 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
             fsdp_store::tcpstore::SAME_LAUNCHER
         )));
     }
-    connected.map_err(|source| RendezvousError::Unreachable {
+    connected.map_err(|error| RendezvousError::Unreachable {
         store: opts.store_name(),
         endpoints: opts.endpoints.join(","),
         spent: began.elapsed(),
         check: what_to_check(opts),
         retried: retried.load(std::sync::atomic::Ordering::Relaxed),
-        source,
+        error,
     })
+}
+
+/// How often a store that stays unreachable is said to be, after the first time.
+const SAY_AGAIN: Duration = Duration::from_secs(10);
+
+/// The log lines of a connection being retried: the first failure, then one line every
+/// [`SAY_AGAIN`] with the tries so far, each with its cause in a few words.
+struct Repeats<'a> {
+    opts: &'a EtcdOptions,
+    began: std::time::Instant,
+    tries: u32,
+    said_at: Option<std::time::Instant>,
+}
+
+impl<'a> Repeats<'a> {
+    fn new(opts: &'a EtcdOptions, began: std::time::Instant) -> Self {
+        Self {
+            opts,
+            began,
+            tries: 0,
+            said_at: None,
+        }
+    }
+
+    fn failed(&mut self, e: &etcd_client::Error) {
+        self.tries += 1;
+        let now = std::time::Instant::now();
+        let (store, at) = (self.opts.store_name(), self.opts.endpoints.join(","));
+        match self.said_at {
+            None => tracing::warn!(
+                "{store} at {at} is not reachable ({}); retrying for up to {:?}",
+                short_cause(e),
+                self.opts.retry_window
+            ),
+            Some(last) if now - last >= SAY_AGAIN => tracing::warn!(
+                "{store} at {at} still unreachable after {}s, {} tries ({})",
+                (now - self.began).as_secs(),
+                self.tries,
+                short_cause(e)
+            ),
+            Some(_) => return,
+        }
+        self.said_at = Some(now);
+    }
+}
+
+/// An etcd client error in a few words: the innermost I/O error ("Connection refused")
+/// where there is one, else the gRPC status' message, else its own text cut short. Its
+/// own text nests every layer (hundreds of characters of debug output).
+pub fn short_cause(e: &etcd_client::Error) -> String {
+    use std::error::Error as _;
+    let mut io = None;
+    // etcd-client's error names no source: start from the status' or transport's own.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(s) => s.source().map(|s| s as _),
+        etcd_client::Error::TransportError(t) => Some(t),
+        etcd_client::Error::IoError(io) => Some(io),
+        _ => None,
+    };
+    while let Some(err) = next {
+        if let Some(found) = err.downcast_ref::<std::io::Error>() {
+            io = Some(found.to_string());
+        }
+        next = err.source();
+    }
+    if let Some(io) = io {
+        // "Connection refused (os error 111)": the number adds nothing for a person.
+        return io.split(" (os error").next().unwrap_or(&io).to_owned();
+    }
+    let text = match e {
+        etcd_client::Error::GRpcStatus(s) => s.message().to_owned(),
+        other => other.to_string(),
+    };
+    match text.char_indices().nth(160) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
+    }
 }
 
 /// What a person should look at when the store does not answer: only what applies.

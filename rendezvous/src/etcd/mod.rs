@@ -43,7 +43,7 @@ mod view;
 
 use std::time::Duration;
 
-pub use connect::{EtcdOptions, TlsFiles, connect, transient as is_transient};
+pub use connect::{EtcdOptions, TlsFiles, connect, short_cause, transient as is_transient};
 pub use keys::Keys;
 pub use record::Allowed;
 pub use session::{commit_round, lease_holds};
