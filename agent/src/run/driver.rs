@@ -384,7 +384,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         }
         self.report.show(
             Shown::Rendezvous,
-            format!("re-forming: {}", change.to_string()),
+            format!("re-forming: {change}"),
         );
         Phase::Join
     }
@@ -539,7 +539,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 self.report.broke(
                     change_label(&change),
                     Shown::Rendezvous,
-                    format!("re-forming: {}", change.to_string()),
+                    format!("re-forming: {change}"),
                 );
                 tracing::warn!(
                     %change,
