@@ -297,3 +297,29 @@ fn a_peer_failing_during_the_exit_barrier_makes_the_finished_node_re_form() {
         "A ran a second round: {err}"
     );
 }
+
+/// A node SIGKILLed while liveness is off: its peer's workers fail at once (their
+/// collectives break) and the loss is known only when its lease expires. The survivor
+/// names the lost node, not its own healthy rank as a root cause (issue 33).
+#[test]
+fn a_lost_peer_is_named_and_no_healthy_rank_is_blamed() {
+    let job = Job::new("lostpeer", "1:2", 0, 1_000_000, 57);
+    let quiet = ["--status-addr", "off"];
+    let (mut p0, mut p1) = (job.pod(0, &quiet), job.pod(1, &quiet));
+    wait_until("a group of 2", &[&p0, &p1], || {
+        nth_start_world(&p0, 0, 2) && nth_start_world(&p1, 0, 2)
+    });
+    job.progresses(5, &[&p0, &p1]);
+    p1.kill();
+    wait_until("the survivor alone", &[&p0], || nth_start_world(&p0, 1, 1));
+    let err = p0.stderr();
+    assert!(!err.contains("Root cause") && !err.contains("worker group failed"), "{err}");
+    if err.contains("a worker exited; re-forming") {
+        assert!(
+            err.contains("was lost (lease expiry); the local workers stopped because their group broke"),
+            "{err}"
+        );
+    }
+    assert_eq!(starts(&p0)[1].restart, 0, "a lost peer spent the budget");
+    p0.kill();
+}

@@ -307,6 +307,28 @@ pub fn failed_here(
     judge(memory, first.exit, reached, &rules.failure)
 }
 
+/// Whether the summary of a failure of this node's group waits for the next round. In a
+/// group of several nodes, workers whose peer died fail (their collectives break) before
+/// the peer's loss is known; the next round says whether a member was lost, and then the
+/// loss is named instead of a healthy rank ([`lost_peer_words`]). Only a failure that
+/// re-forms waits; one that ends the run is this node's to report at once.
+pub fn defer_summary(round: &Round, has_records: bool, verdict: &AfterFailure) -> bool {
+    has_records && round.group_world_size >= 2 && *verdict == AfterFailure::Restart
+}
+
+/// The words for the members lost between a failed round and the next (node, how it was
+/// noticed), or `None` when none was lost (the failure was this node's own).
+pub fn lost_peer_words(lost: &[(String, &str)]) -> Option<String> {
+    if lost.is_empty() {
+        return None;
+    }
+    let said: Vec<String> = lost
+        .iter()
+        .map(|(node, how)| format!("node {node} was lost ({how})"))
+        .collect();
+    Some(said.join(", "))
+}
+
 /// What follows the stop of a failed group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AfterFailed {

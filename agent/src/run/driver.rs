@@ -59,6 +59,9 @@ pub(super) struct Loop<'a, R> {
     pub(super) attempt: Option<PathBuf>,
     /// `--prewarm`'s spare interpreters; dropped (killed) with the loop.
     spares: Option<Spares>,
+    /// A failure summary waiting for the next round to say whether a peer was lost first
+    /// ([`decide::defer_summary`]): the worker and the banner that would blame it.
+    pending_summary: Option<(Failure, String)>,
 }
 
 impl<'a, R: Rendezvous> Loop<'a, R> {
@@ -91,6 +94,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 spares.fill(|local_rank| spare_command(cfg, local_rank));
                 spares
             }),
+            pending_summary: None,
         }
     }
 
@@ -166,7 +170,8 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
     async fn formed(&mut self, round: Round) -> Result<Phase, AgentError> {
         let coordinator = self.rdzv.records().and_then(|r| r.coordinator());
         self.report.formed(&round, coordinator);
-        self.report_losses(&round);
+        let lost = self.report_losses(&round);
+        self.settle_summary(&lost).await;
         self.name_culprit().await;
         if let Some(end) = self.judge_quarantine(&round).await {
             return Ok(end);
@@ -416,14 +421,17 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             .stop(&mut group, Signal::SIGTERM, self.rules.term_timeout)
             .await;
         self.report.workers(&group, true);
-        tracing::error!(
-            rank = first.rank,
-            local_rank = first.local_rank,
-            pid = first.pid,
-            exit = %first.exit,
-            "worker group failed"
-        );
-        self.print_summary(&round, &group, &first).await;
+        let text = self.summary_text(&round, &group, &first);
+        if decide::defer_summary(&round, self.rdzv.records().is_some(), &verdict) {
+            tracing::warn!(
+                rank = first.rank,
+                exit = %first.exit,
+                "a worker exited; re-forming (the next round tells whether a lost node broke the group first)"
+            );
+            self.pending_summary = Some((first.clone(), text));
+        } else {
+            self.blame_worker(&first, text).await;
+        }
         drop(group);
         let backoff =
             match decide::after_failed(&mut self.memory, &round, first.exit, verdict, late) {
@@ -464,23 +472,52 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         Ok(Phase::Join)
     }
 
-    /// The failure summary, through the console so that it follows the workers' last
-    /// lines. A hung worker did not fail on its own: the group has no failure of it.
-    async fn print_summary(&self, round: &Round, group: &WorkerGroup, first: &Failure) {
+    /// The failure summary of `group`. A hung worker did not fail on its own: the group has
+    /// no failure of it.
+    fn summary_text(&self, round: &Round, group: &WorkerGroup, first: &Failure) -> String {
         let failures = if group.failures().is_empty() {
             std::slice::from_ref(first)
         } else {
             group.failures()
         };
-        let text = summary(
+        summary(
             &self.cfg.entrypoint.display(),
             round.restart_count,
             &self.host,
             failures,
+        )
+    }
+
+    /// Says that this node's group failed on its own worker: the log line and the summary,
+    /// through the console so that it follows the workers' last lines.
+    async fn blame_worker(&self, first: &Failure, summary: String) {
+        tracing::error!(
+            rank = first.rank,
+            local_rank = first.local_rank,
+            pid = first.pid,
+            exit = %first.exit,
+            "worker group failed"
         );
         self.console
-            .write(Stream::Stderr, format!("{text}\n").into_bytes())
+            .write(Stream::Stderr, format!("{summary}\n").into_bytes())
             .await;
+    }
+
+    /// The summary held back for the round after a failure: a member lost between the two
+    /// rounds broke the group (the local workers only followed), else the failure was this
+    /// node's and the summary is printed as it stood.
+    pub(super) async fn settle_summary(&mut self, lost: &[(String, &'static str)]) {
+        let Some((first, text)) = self.pending_summary.take() else {
+            return;
+        };
+        match decide::lost_peer_words(lost) {
+            Some(words) => tracing::warn!(
+                rank = first.rank,
+                exit = %first.exit,
+                "{words}; the local workers stopped because their group broke"
+            ),
+            None => self.blame_worker(&first, text).await,
+        }
     }
 
     /// After [`decide::own_loss`]: the job is charged a restart like a worker failure.
@@ -498,19 +535,23 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
 
     /// The members of the last round that `round` lacks were lost: says how each loss was
     /// noticed (only the shared records know).
-    fn report_losses(&mut self, round: &Round) {
+    /// Returns each lost node and how its loss was noticed.
+    fn report_losses(&mut self, round: &Round) -> Vec<(String, &'static str)> {
         let me = self.rdzv.node_id().map(str::to_owned);
         let Some((from, lost)) = decide::losses(&mut self.memory, round, me.as_deref()) else {
-            return;
+            return Vec::new();
         };
         let Some(records) = self.rdzv.records() else {
-            return;
+            return Vec::new();
         };
-        for node in &lost {
-            let how = records.detection(node, from);
+        let mut said = Vec::new();
+        for node in lost {
+            let how = records.detection(&node, from);
             tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
-            self.report.lost(node, from, how);
+            self.report.lost(&node, from, how);
+            said.push((node, how.label()));
         }
+        said
     }
 
     /// The exit barrier: waits for the other nodes, and carries out its outcome.

@@ -159,6 +159,8 @@ async fn supervise<R: Rendezvous>(
             } => l.failed(round, group, first).await?,
             Phase::Barrier { round } => l.barrier(round).await?,
             Phase::Leave(leave) => {
+                // Nothing came to say a peer was lost first: the failure was this node's.
+                l.settle_summary(&[]).await;
                 let result = l.leave(leave).await;
                 l.write_launcher_error(&result);
                 return result;

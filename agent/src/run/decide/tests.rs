@@ -540,3 +540,26 @@ fn a_round_that_broke_before_it_started_still_spends_the_budget_it_charged() {
     assert_eq!(spent(&memory, &broken, &rules(1)), Some(3));
     assert_eq!(memory.last_restart_count, 0);
 }
+
+#[test]
+fn a_failure_that_re_forms_a_group_of_several_nodes_waits_to_be_blamed() {
+    let two = round(1, &["a", "b"], 0);
+    assert!(defer_summary(&two, true, &AfterFailure::Restart));
+    // Alone, without records to learn a loss from, or ending the run: said at once.
+    assert!(!defer_summary(&round(1, &["a"], 0), true, &AfterFailure::Restart));
+    assert!(!defer_summary(&two, false, &AfterFailure::Restart));
+    let halt = AfterFailure::Halt {
+        exit_code: 3,
+        reason: "no retry".into(),
+    };
+    assert!(!defer_summary(&two, true, &halt));
+}
+
+#[test]
+fn a_lost_peer_is_named_with_how_it_was_noticed() {
+    assert_eq!(lost_peer_words(&[]), None);
+    assert_eq!(
+        lost_peer_words(&[("b".into(), "lease expiry"), ("c".into(), "refused")]).unwrap(),
+        "node b was lost (lease expiry), node c was lost (refused)"
+    );
+}
