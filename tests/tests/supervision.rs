@@ -397,3 +397,20 @@ fn as_pid_1_the_agent_reaps_orphans_the_workers_leave() {
         std::fs::read_to_string(&out).unwrap()
     );
 }
+
+/// A static node shares nothing with the others: when its workers finish it cannot know
+/// that the job is done, and does not say so (issue 33: node 1 said "every node finished"
+/// before node 0's workers had).
+#[test]
+fn a_static_node_does_not_claim_the_job_is_done() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "node1")
+        .args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"])
+        .args(["--master-port", &fsdp_tests::free_port().to_string()])
+        .args(["--no-python", "true"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 0, "{}", a.output());
+    let err = a.stderr();
+    assert!(!err.contains("every node finished") && !err.contains("waiting for the other nodes"), "{err}");
+    assert!(err.contains("a static group has no exit barrier"), "{err}");
+}

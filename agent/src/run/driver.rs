@@ -557,7 +557,10 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
     /// The exit barrier: waits for the other nodes, and carries out its outcome.
     pub(super) async fn barrier(&mut self, round: Round) -> Result<Phase, AgentError> {
         let timeout = self.cfg.exit_barrier();
-        if round.group_world_size > 1 {
+        // Nodes that share no records (static) cannot learn that the others finished:
+        // this node's part is done, and nothing more is claimed.
+        let shared = self.rdzv.records().is_some();
+        if round.group_world_size > 1 && shared {
             tracing::info!(
                 timeout_s = timeout.as_secs_f64(),
                 "all workers finished; waiting for the other nodes"
@@ -568,6 +571,13 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             Err(sig) => return Ok(signalled(sig).into()),
         };
         Ok(match decide::after_barrier(outcome) {
+            AfterBarrier::Done(leave) if round.group_world_size > 1 && !shared => {
+                tracing::info!(
+                    nodes = round.group_world_size,
+                    "this node's workers finished; a static group has no exit barrier, so the other nodes finish on their own"
+                );
+                leave.into()
+            }
             AfterBarrier::Done(leave) => {
                 tracing::info!(
                     nodes = round.group_world_size,
