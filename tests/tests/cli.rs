@@ -659,7 +659,10 @@ fn an_unreachable_etcd_is_a_clear_error_after_a_bounded_retry() {
     assert!(err.contains("Connection refused"), "{err}");
     assert_eq!(err.matches("is unreachable or refused").count(), 1, "{err}");
     assert!(!err.contains("tonic::") && !err.contains("Os {"), "{err}");
-    assert!(!err.contains("TLS") && !err.contains("credentials"), "{err}");
+    assert!(
+        !err.contains("TLS") && !err.contains("credentials"),
+        "{err}"
+    );
     for line in err.lines() {
         assert!(line.len() < 240, "a long line: {line}");
     }

@@ -313,10 +313,15 @@ fn a_lost_peer_is_named_and_no_healthy_rank_is_blamed() {
     p1.kill();
     wait_until("the survivor alone", &[&p0], || nth_start_world(&p0, 1, 1));
     let err = p0.stderr();
-    assert!(!err.contains("Root cause") && !err.contains("worker group failed"), "{err}");
+    assert!(
+        !err.contains("Root cause") && !err.contains("worker group failed"),
+        "{err}"
+    );
     if err.contains("a worker exited; re-forming") {
         assert!(
-            err.contains("was lost (lease expiry); the local workers stopped because their group broke"),
+            err.contains(
+                "was lost (lease expiry); the local workers stopped because their group broke"
+            ),
             "{err}"
         );
     }

@@ -405,12 +405,44 @@ fn as_pid_1_the_agent_reaps_orphans_the_workers_leave() {
 fn a_static_node_does_not_claim_the_job_is_done() {
     let dir = TempDir::new().unwrap();
     let mut a = AgentCmd::new(dir.path(), "node1")
-        .args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1"])
+        .args([
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+        ])
         .args(["--master-port", &fsdp_tests::free_port().to_string()])
         .args(["--no-python", "true"])
         .run(LIMIT);
     assert_eq!(a.code(), 0, "{}", a.output());
     let err = a.stderr();
-    assert!(!err.contains("every node finished") && !err.contains("waiting for the other nodes"), "{err}");
+    assert!(
+        !err.contains("every node finished") && !err.contains("waiting for the other nodes"),
+        "{err}"
+    );
     assert!(err.contains("a static group has no exit barrier"), "{err}");
+}
+
+/// `--max-restarts 0`: the first failure ends the run; nothing says it re-forms or that a
+/// group formed again (issue 33).
+#[test]
+fn with_no_restarts_a_failure_ends_the_run_without_a_re_form() {
+    let dir = TempDir::new().unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "0",
+        ])
+        .args(fake_worker_args(dir.path(), &["--exit-code", "3"]))
+        .run(LIMIT);
+    assert_eq!(a.code(), 3, "{}", a.output());
+    let err = a.stderr();
+    assert!(!err.contains("re-forming"), "{err}");
+    assert_eq!(err.matches("group formed").count(), 1, "{err}");
+    assert!(err.contains("the restart budget is spent"), "{err}");
 }

@@ -114,6 +114,26 @@ pub fn spent(memory: &Memory, round: &Round, rules: &Rules) -> Option<u8> {
     }
 }
 
+/// Whether the failure just charged (`charged` restarts so far) spent the budget, when
+/// this node can tell alone: a backend that shares no records counts every restart here,
+/// so with no restart window the count is final and there is no round to re-form for.
+/// Elsewhere the next round's count decides ([`formed`]): a member lost meanwhile
+/// excuses the failure.
+pub fn spent_at_once(
+    charged: u32,
+    has_records: bool,
+    memory: &Memory,
+    rules: &Rules,
+) -> Option<u8> {
+    if has_records || rules.failure.restart_window.is_some() {
+        return None;
+    }
+    match budget(charged, rules.max_restarts, memory.last_failure) {
+        Budget::Spent { exit_code } => Some(exit_code),
+        Budget::Left => None,
+    }
+}
+
 /// The members of the round this node ran last that `next` lacks (this node aside), and
 /// that round's number; forgets the round.
 pub fn losses(memory: &mut Memory, next: &Round, me: Option<&str>) -> Option<(u64, Vec<String>)> {

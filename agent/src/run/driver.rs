@@ -387,10 +387,8 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             }
             AfterChange::Rejoin => {}
         }
-        self.report.show(
-            Shown::Rendezvous,
-            format!("re-forming: {change}"),
-        );
+        self.report
+            .show(Shown::Rendezvous, format!("re-forming: {change}"));
         Phase::Join
     }
 
@@ -456,10 +454,22 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 first.rank, first.exit
             ),
         );
-        match interruptible(self.signals, self.rdzv.record_failure()).await {
+        let charged = match interruptible(self.signals, self.rdzv.record_failure()).await {
             Ok(r) => r?,
             Err(sig) => return Ok(signalled(sig).into()),
         };
+        let has_records = self.rdzv.records().is_some();
+        if let Some(exit_code) =
+            decide::spent_at_once(charged, has_records, &self.memory, &self.rules)
+        {
+            tracing::error!(
+                restart_count = charged,
+                max_restarts = self.cfg.max_restarts,
+                exit_code,
+                "the restart budget is spent; giving up"
+            );
+            return Ok(decide::failed(exit_code).into());
+        }
         tracing::info!(
             backoff_ms = backoff.as_millis() as u64,
             "worker failure reported; re-forming"

@@ -167,4 +167,3 @@ pub fn change_label(change: &Change) -> &'static str {
         Change::Halted(_) => "halted",
     }
 }
-

@@ -546,7 +546,11 @@ fn a_failure_that_re_forms_a_group_of_several_nodes_waits_to_be_blamed() {
     let two = round(1, &["a", "b"], 0);
     assert!(defer_summary(&two, true, &AfterFailure::Restart));
     // Alone, without records to learn a loss from, or ending the run: said at once.
-    assert!(!defer_summary(&round(1, &["a"], 0), true, &AfterFailure::Restart));
+    assert!(!defer_summary(
+        &round(1, &["a"], 0),
+        true,
+        &AfterFailure::Restart
+    ));
     assert!(!defer_summary(&two, false, &AfterFailure::Restart));
     let halt = AfterFailure::Halt {
         exit_code: 3,
@@ -562,4 +566,15 @@ fn a_lost_peer_is_named_with_how_it_was_noticed() {
         lost_peer_words(&[("b".into(), "lease expiry"), ("c".into(), "refused")]).unwrap(),
         "node b was lost (lease expiry), node c was lost (refused)"
     );
+}
+
+#[test]
+fn a_node_without_records_knows_at_once_that_the_budget_is_spent() {
+    let mut memory = Memory::default();
+    memory.last_failure = Some(WorkerExit::Code(3));
+    // --max-restarts 0: the first failure ends it, with the worker's own code.
+    assert_eq!(spent_at_once(1, false, &memory, &rules(0)), Some(3));
+    assert_eq!(spent_at_once(1, false, &memory, &rules(1)), None);
+    // With records, the next round decides (a lost member excuses the failure).
+    assert_eq!(spent_at_once(1, true, &memory, &rules(0)), None);
 }
