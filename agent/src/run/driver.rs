@@ -274,7 +274,10 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         match decide::on_wake(wake, &self.rules) {
             OnWake::Judge => Ok(Phase::Running { round, group }),
             OnWake::Stop { signal, grace } => {
-                tracing::info!(%signal, "signal received; stopping workers and leaving the run");
+                tracing::warn!(
+                    "{signal} received: stopping the workers (grace {:?}) and leaving the run; send it again (Ctrl-C) to kill them now",
+                    grace
+                );
                 self.stop(&mut group, signal, grace).await;
                 Ok(signalled(signal).into())
             }

@@ -161,6 +161,9 @@ async fn supervise<R: Rendezvous>(
             Phase::Leave(leave) => {
                 // Nothing came to say a peer was lost first: the failure was this node's.
                 l.settle_summary(&[]).await;
+                if let AgentExit::Signalled(sig) = leave.exit {
+                    tracing::warn!(signal = %sig, "leaving the run on a signal");
+                }
                 let result = l.leave(leave).await;
                 l.write_launcher_error(&result);
                 return result;
