@@ -153,6 +153,9 @@ pub struct Config {
     pub worker_env_scrub: Vec<(String, Option<String>)>,
 }
 
+/// The status address of a standalone job when none is given ([`Resolver::status`]).
+const STANDALONE_STATUS_ADDR: &str = "127.0.0.1:0";
+
 /// Where the status server listens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusAddr {
@@ -382,7 +385,7 @@ impl Resolver<'_> {
         let prewarm = self.prewarm(&a, program)?;
         let logs = self.logs(&a)?;
         let log_format = self.log_format(&a.log_format)?;
-        let status = self.status(&a.status_addr)?;
+        let status = self.status(&a.status_addr, matches!(mode, Mode::Standalone { .. }))?;
         self.local_addr(a.local_addr.as_deref(), &mode);
         if console_events {
             self.warn(
@@ -439,11 +442,24 @@ impl Resolver<'_> {
         })
     }
 
-    fn status(&mut self, raw: &str) -> Result<StatusAddr, ConfigError> {
+    /// The status address. By default a job of several nodes listens on the known port on
+    /// every address (probes, peers and Prometheus find it there); a standalone job stays
+    /// private, on loopback and any free port (logged), so that a laptop or a shared node
+    /// runs several without a warning.
+    fn status(&mut self, raw: &str, standalone: bool) -> Result<StatusAddr, ConfigError> {
+        let explicit = self.explicit("status-addr");
+        if standalone && !explicit {
+            let addr = STANDALONE_STATUS_ADDR;
+            self.record("status-addr", addr, Source::Default);
+            return Ok(StatusAddr::Listen {
+                addr: addr.parse().expect("a valid address"),
+                required: false,
+            });
+        }
         Ok(match self.value("status-addr", raw, parse::status_addr)? {
             Some(addr) => StatusAddr::Listen {
                 addr,
-                required: self.explicit("status-addr"),
+                required: explicit,
             },
             None => StatusAddr::Off,
         })

@@ -885,3 +885,23 @@ fn the_status_address_must_bind_only_when_chosen() {
         StatusAddr::Off
     );
 }
+
+#[test]
+fn a_standalone_job_keeps_its_status_port_private_unless_told() {
+    let listen = |c: Config| match c.status {
+        StatusAddr::Listen { addr, required } => (addr.to_string(), required),
+        StatusAddr::Off => panic!("off"),
+    };
+    assert_eq!(
+        listen(config(&["--standalone"], &[])),
+        ("127.0.0.1:0".into(), false)
+    );
+    assert_eq!(
+        listen(config(&["--nnodes", "2", "--node-rank", "0"], &[])),
+        ("0.0.0.0:29450".into(), false)
+    );
+    assert_eq!(
+        listen(config(&["--standalone", "--status-addr", "0.0.0.0:29450"], &[])),
+        ("0.0.0.0:29450".into(), true)
+    );
+}
