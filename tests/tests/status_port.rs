@@ -460,3 +460,37 @@ fn a_connection_flood_on_the_status_port_neither_silences_it_nor_ends_the_job() 
     std::fs::write(dir.path().join("gate.1"), "0").unwrap();
     assert_eq!(agent.code(), 0, "{}", agent.output());
 }
+
+/// A status server peers cannot reach (loopback, on a node that advertises another
+/// address) turns fast detection off for the node: one warning says so and what detection
+/// falls back to (issue 33: it fell back in silence).
+#[test]
+fn a_status_address_peers_cannot_reach_is_said_with_the_fallback() {
+    let dir = fsdp_tests::TempDir::new().unwrap();
+    let etcd = fsdp_tests::etcd::Etcd::start();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args([
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-id",
+            "unreach",
+        ])
+        .args([
+            "--rdzv-endpoint",
+            &etcd.endpoint(),
+            "--local-addr",
+            "10.9.8.7",
+        ])
+        .args(["--status-addr", "127.0.0.1:0", "--no-python", "true"])
+        .spawn();
+    wait_for("the warning", Duration::from_secs(60), || {
+        a.stderr()
+            .contains("which peers cannot reach at this node's address 10.9.8.7")
+    });
+    let err = a.stderr();
+    assert!(err.contains("noticed when its lease expires"), "{err}");
+    a.signal(libc::SIGKILL);
+    let _ = a.wait(Duration::from_secs(10));
+}

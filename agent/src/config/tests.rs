@@ -901,7 +901,10 @@ fn a_standalone_job_keeps_its_status_port_private_unless_told() {
         ("0.0.0.0:29450".into(), false)
     );
     assert_eq!(
-        listen(config(&["--standalone", "--status-addr", "0.0.0.0:29450"], &[])),
+        listen(config(
+            &["--standalone", "--status-addr", "0.0.0.0:29450"],
+            &[]
+        )),
         ("0.0.0.0:29450".into(), true)
     );
 }
