@@ -570,8 +570,10 @@ fn a_lost_peer_is_named_with_how_it_was_noticed() {
 
 #[test]
 fn a_node_without_records_knows_at_once_that_the_budget_is_spent() {
-    let mut memory = Memory::default();
-    memory.last_failure = Some(WorkerExit::Code(3));
+    let memory = Memory {
+        last_failure: Some(WorkerExit::Code(3)),
+        ..Memory::default()
+    };
     // --max-restarts 0: the first failure ends it, with the worker's own code.
     assert_eq!(spent_at_once(1, false, &memory, &rules(0)), Some(3));
     assert_eq!(spent_at_once(1, false, &memory, &rules(1)), None);
