@@ -59,6 +59,47 @@ pub struct Failure {
     /// What `error_file` said, read when the worker exited (off the runtime thread);
     /// `None` when the worker wrote none.
     pub report: Option<ErrorReport>,
+    /// The last lines of its stderr, when they went to a log file (`--redirects`/`--tee`);
+    /// empty otherwise (on the console they are just above the summary).
+    pub stderr_tail: Vec<String>,
+}
+
+/// How many of a failed worker's last stderr lines the summary quotes.
+pub const TAIL_LINES: usize = 10;
+/// At most this much of the end of its stderr file is read for them.
+const TAIL_BYTES: u64 = 8 * 1024;
+
+/// The last [`TAIL_LINES`] lines of the file at `path` (none when it cannot be read).
+pub fn read_tail(path: &Path) -> Vec<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let from = len.saturating_sub(TAIL_BYTES);
+    let mut bytes = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_end(&mut bytes).is_err() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let mut lines: Vec<&str> = text.lines().collect();
+    if from > 0 && !lines.is_empty() {
+        // The first line read is most likely cut.
+        lines.remove(0);
+    }
+    let start = lines.len().saturating_sub(TAIL_LINES);
+    lines[start..].iter().map(|l| l.to_string()).collect()
+}
+
+/// Whether decorating the worker's main with `@record` would have given an error file:
+/// a Python worker that ended on an uncaught exception (exit code 1) — unless its last
+/// lines show the exception came before main could run (an import or a syntax error).
+pub fn record_would_help(python: bool, exit: WorkerExit, stderr_tail: &[String]) -> bool {
+    const BEFORE_MAIN: [&str; 3] = ["ModuleNotFoundError", "ImportError", "SyntaxError"];
+    let before_main = stderr_tail
+        .last()
+        .is_some_and(|l| BEFORE_MAIN.iter().any(|e| l.contains(e)));
+    python && exit == WorkerExit::Code(1) && !before_main
 }
 
 /// What a worker's `TORCHELASTIC_ERROR_FILE` says, as written by torch's `@record`.
@@ -143,7 +184,14 @@ pub fn write_launcher_error(
 }
 
 /// The summary printed when a group fails: the first observed failure is the root cause.
-pub fn summary(entrypoint: &str, attempt: u32, host: &str, failures: &[Failure]) -> String {
+/// `python`: the workers run Python (where `@record` can help).
+pub fn summary(
+    entrypoint: &str,
+    python: bool,
+    attempt: u32,
+    host: &str,
+    failures: &[Failure],
+) -> String {
     let bar = "=".repeat(72);
     let mut out = format!("{bar}\n{entrypoint} FAILED (attempt {attempt})\n");
     let mut sorted: Vec<&Failure> = failures.iter().collect();
@@ -167,11 +215,18 @@ pub fn summary(entrypoint: &str, attempt: u32, host: &str, failures: &[Failure])
                         }
                     }
                 }
-                None => {
+                None if record_would_help(python, f.exit, &f.stderr_tail) => {
                     s += "  error_file: <N/A> (decorate the worker's main with torch.distributed.elastic.multiprocessing.errors.record to get one)\n"
                 }
+                None => s += "  error_file: <N/A>\n",
             },
             None => s += "  error_file: <N/A>\n",
+        }
+        if f.report.is_none() && !f.stderr_tail.is_empty() {
+            s += "  last lines of its stderr:\n";
+            for line in &f.stderr_tail {
+                s += &format!("    {line}\n");
+            }
         }
         s
     };
@@ -204,6 +259,7 @@ mod tests {
             at: SystemTime::UNIX_EPOCH + Duration::from_secs(secs),
             error_file: file,
             report,
+            stderr_tail: Vec::new(),
         }
     }
 
@@ -219,6 +275,7 @@ mod tests {
         .unwrap();
         let text = summary(
             "python -u train.py",
+            true,
             2,
             "node-a",
             &[
@@ -241,10 +298,61 @@ mod tests {
     fn a_lost_worker_and_an_unwritten_error_file_are_said_so() {
         let mut f = failure(0, 1, WorkerExit::Lost, None);
         f.error_file = Some(PathBuf::from("/logs/attempt_0/0/error.json"));
-        let text = summary("train.py", 0, "node-a", &[f]);
+        let text = summary("train.py", true, 0, "node-a", &[f]);
         assert!(text.contains("exit status unknown"), "{text}");
         assert!(!text.contains("exit code -1"), "{text}");
-        assert!(text.contains("error_file: <N/A> (decorate"), "{text}");
+        // Lost, not an exception: @record would not have helped.
+        assert!(!text.contains("decorate"), "{text}");
+    }
+
+    #[test]
+    fn the_record_hint_is_given_only_where_it_would_have_helped() {
+        let tail = |l: &str| {
+            vec![
+                "Traceback (most recent call last):".to_owned(),
+                l.to_owned(),
+            ]
+        };
+        let code1 = WorkerExit::Code(1);
+        assert!(record_would_help(true, code1, &[]));
+        assert!(record_would_help(true, code1, &tail("ValueError: boom")));
+        assert!(!record_would_help(
+            true,
+            code1,
+            &tail("ModuleNotFoundError: No module named 'x'")
+        ));
+        assert!(!record_would_help(
+            true,
+            code1,
+            &tail("SyntaxError: invalid syntax")
+        ));
+        assert!(!record_would_help(false, code1, &[]), "not Python");
+        assert!(
+            !record_would_help(true, WorkerExit::Code(3), &[]),
+            "sys.exit(3)"
+        );
+        assert!(!record_would_help(true, WorkerExit::Signal(9), &[]));
+    }
+
+    #[test]
+    fn the_summary_quotes_the_end_of_the_workers_stderr() {
+        let dir = std::env::temp_dir().join(format!("fsdp-failure-t-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("stderr.log");
+        let lines: Vec<String> = (0..30).map(|i| format!("line {i}")).collect();
+        std::fs::write(&log, lines.join("\n") + "\n").unwrap();
+        let tail = read_tail(&log);
+        assert_eq!(tail.len(), TAIL_LINES);
+        assert_eq!(tail.last().unwrap(), "line 29");
+        let mut f = failure(0, 1, WorkerExit::Code(1), None);
+        f.stderr_tail = tail;
+        let text = summary("train.py", true, 0, "node-a", &[f]);
+        assert!(
+            text.contains("last lines of its stderr:\n    line 20\n"),
+            "{text}"
+        );
+        assert!(read_tail(&dir.join("missing")).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

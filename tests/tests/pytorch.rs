@@ -209,3 +209,26 @@ fn the_launchers_error_file_gets_the_root_cause() {
         "{json}"
     );
 }
+
+/// With stderr in a log file the summary quotes its last lines; an import error (before
+/// any main could run) gets no `@record` advice, which could not have helped (issue 33).
+#[test]
+fn the_summary_quotes_the_workers_last_stderr_lines_and_advises_only_what_helps() {
+    let dir = TempDir::new().unwrap();
+    let script = dir.path().join("broken.py");
+    std::fs::write(&script, "import no_such_module_here\n").unwrap();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .env("PYTHON", python())
+        .args(["--standalone", "--nproc-per-node", "1", "-r", "2"])
+        .args(["--log-dir", dir.path().join("logs").to_str().unwrap()])
+        .arg_path(&script)
+        .run(LIMIT);
+    assert_eq!(a.code(), 1, "{}", a.output());
+    let err = a.stderr();
+    assert!(err.contains("last lines of its stderr:"), "{err}");
+    assert!(
+        err.contains("    ModuleNotFoundError: No module named 'no_such_module_here'"),
+        "{err}"
+    );
+    assert!(!err.contains("decorate the worker's main"), "{err}");
+}

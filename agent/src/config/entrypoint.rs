@@ -12,6 +12,12 @@ pub struct Entrypoint {
 }
 
 impl Entrypoint {
+    /// Whether the workers run the Python interpreter (every form but `--no-python`
+    /// starts it with `-u`, as torchrun does).
+    pub fn runs_python(&self) -> bool {
+        self.args.first().is_some_and(|a| a == "-u")
+    }
+
     /// The command as a shell-like line, for logs and the configuration printout.
     pub fn display(&self) -> String {
         std::iter::once(self.program.display().to_string())

@@ -495,6 +495,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         };
         summary(
             &self.cfg.entrypoint.display(),
+            self.cfg.entrypoint.runs_python(),
             round.restart_count,
             &self.host,
             failures,

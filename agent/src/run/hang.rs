@@ -116,6 +116,7 @@ impl<R: Rendezvous> Loop<'_, R> {
             at: std::time::SystemTime::now(),
             error_file: None,
             report: None,
+            stderr_tail: Vec::new(),
         };
         Phase::Failed {
             round,

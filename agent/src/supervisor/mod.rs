@@ -112,6 +112,8 @@ struct Exit {
     at: SystemTime,
     /// Its error file, read when it failed on its own.
     report: Option<ErrorReport>,
+    /// The end of its stderr log file, read then too.
+    stderr_tail: Vec<String>,
 }
 
 /// A running group of workers.
@@ -292,11 +294,18 @@ impl WorkerGroup {
             };
             let at = SystemTime::now();
             reaper::unregister(pid);
-            let report = match error_file {
+            let (report, stderr_tail) = match error_file {
                 Some(path) if !exit.success() && !stopping.load(Ordering::SeqCst) => {
-                    read_report(&disk, path).await
+                    // Beside the error file when stderr goes to a file (the disk thread
+                    // writes the lines it was given first).
+                    let log = path.with_file_name("stderr.log");
+                    let tail = disk
+                        .call(ERROR_FILE_PATIENCE, move || crate::failure::read_tail(&log))
+                        .await
+                        .unwrap_or_default();
+                    (read_report(&disk, path).await, tail)
                 }
-                _ => None,
+                _ => (None, Vec::new()),
             };
             // The receiver is gone only when the group was dropped.
             let _ = tx.send(Exit {
@@ -304,6 +313,7 @@ impl WorkerGroup {
                 exit,
                 at,
                 report,
+                stderr_tail,
             });
         });
     }
@@ -334,6 +344,7 @@ impl WorkerGroup {
             exit,
             at,
             report,
+            stderr_tail,
         } = reported;
         let w = &mut self.workers[index];
         w.exit = Some(exit);
@@ -349,6 +360,7 @@ impl WorkerGroup {
             at,
             error_file: w.error_file.clone(),
             report,
+            stderr_tail,
         };
         self.failures.push(failure.clone());
         Some(failure)
@@ -375,6 +387,7 @@ impl WorkerGroup {
                     at: SystemTime::now(),
                     error_file: None,
                     report: None,
+                    stderr_tail: Vec::new(),
                 });
             };
             let failure = self.record(reported);

@@ -51,6 +51,7 @@ fn failure(exit: WorkerExit) -> Failure {
         at: std::time::SystemTime::UNIX_EPOCH,
         error_file: None,
         report: None,
+        stderr_tail: Vec::new(),
     }
 }
 
