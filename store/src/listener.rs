@@ -525,7 +525,13 @@ async fn serve_connection(
     torchrun: Option<TorchrunSeen>,
 ) {
     if let Some(seen) = torchrun {
-        match sniff(&stream, limits.head_timeout).await {
+        // Evictable meanwhile like any connection: a flood of silent ones must not hold
+        // descriptors here past the cap.
+        let greeting = tokio::select! {
+            g = sniff(&stream, limits.head_timeout) => g,
+            _ = &mut evicted => return,
+        };
+        match greeting {
             Greeting::Torchrun => {
                 if let Ok(peer) = stream.peer_addr() {
                     seen.send_replace(Some(peer.ip()));
