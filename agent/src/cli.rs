@@ -11,138 +11,529 @@ use std::path::PathBuf;
 use clap::Parser;
 
 pub mod abbrev;
+pub mod first_word;
+pub mod help;
 pub mod torchrun_flags;
 
 use abbrev::AmbiguousFlag;
+pub use help::command;
 use torchrun_flags::TORCHRUN_LONG_FLAGS;
 
 /// The status server's address unless told otherwise (next to torchrun's 29400 and 29500).
 pub const DEFAULT_STATUS_ADDR: &str = "0.0.0.0:29450";
 
-/// fsdp-agent: launches one training process per GPU with torchrun's environment,
-/// supervises them and re-forms the group when nodes come and go.
+/// The command line. Fields are in the order `--help` lists them: torchrun's flags first, in
+/// torchrun's own order ([`TORCHRUN_LONG_FLAGS`]), then fsdp-agent's by topic ([`help`]
+/// has the headings, and the test that keeps each flag under the right one).
+///
+/// A flag's comment starts with its one line in `--help` (short enough for one line: a
+/// test checks); the paragraphs after it add to that line in `--help-all`, which also shows
+/// the flag's variable, default and other spellings.
 #[derive(Debug, Parser)]
 #[command(
     name = "fsdp-agent",
     version,
-    about,
+    // The comment above is for readers of the code; `--help-all` has its own preamble.
+    about = None,
+    long_about = None,
     max_term_width = 100,
     allow_negative_numbers = true,
     // As argparse takes them: a flag given twice keeps its last value. Abbreviations are
     // written out before clap sees them (`agent_words`), as torchrun would read them.
-    args_override_self = true
+    args_override_self = true,
+    // Declared below, so that `--help` is the summary and `--help-all` the long text
+    // (clap's own pair is `-h` short, `--help` long), each under its heading.
+    disable_help_flag = true,
+    disable_version_flag = true,
+    override_usage = help::USAGE,
+    help_template = help::TEMPLATE
 )]
 pub struct Args {
-    /// Number of nodes: `N` or `MIN:MAX`.
-    #[arg(long, env = "PET_NNODES", default_value = "1:1")]
+    /// This summary; every option in full: --help-all.
+    ///
+    /// `fsdp-agent help` prints the same, and `fsdp-agent help all` the same as `--help-all`.
+    #[arg(help_heading = help::TORCHRUN, short = 'h', long, action = clap::ArgAction::HelpShort)]
+    pub help: Option<bool>,
+
+    /// Number of nodes: N, or MIN:MAX for an elastic job.
+    ///
+    /// A range needs a rendezvous that lets nodes come and go: `etcd` or `c10d`.
+    #[arg(help_heading = help::TORCHRUN, long, env = "PET_NNODES", default_value = "1:1")]
     pub nnodes: String,
 
-    /// Workers on this node: a number, `gpu`, `cpu` or `auto`.
+    /// Workers on this node: a number, gpu, cpu or auto.
+    ///
+    /// `gpu` counts the entries of `CUDA_VISIBLE_DEVICES` (or the `/dev/nvidiaN` devices),
+    /// `cpu` the CPUs this process may use, `auto` the GPUs or else the CPUs.
     #[arg(
+        help_heading = help::TORCHRUN,
         long = "nproc-per-node",
-        visible_alias = "nproc_per_node",
+        alias = "nproc_per_node",
         env = "PET_NPROC_PER_NODE",
-        default_value = "1"
+        default_value = "1",
+        value_name = "N"
     )]
     pub nproc_per_node: String,
 
-    /// Rendezvous backend: `static`, `etcd` (etcd v3; also `etcd-v2`, `etcd-v3`), or `c10d`
-    /// for a single node.
+    /// Rendezvous: static, etcd, or c10d (no etcd needed).
+    ///
+    /// `static`: fixed ranks (`--node-rank`, `--master-addr`, `--master-port`). `etcd`: etcd
+    /// v3 at `--rdzv-endpoint` (`etcd-v2` and `etcd-v3` are read as `etcd`). `c10d`: no
+    /// etcd, on one node or several: the agent on the `--rdzv-endpoint` host (or the one
+    /// given `--rdzv-conf is_host=1`) serves the rendezvous store to every node (port 29400
+    /// by default), and the job ends if that agent dies. `etcd` and `c10d` take a range of
+    /// nodes and re-form the group when nodes come and go.
     #[arg(
+        help_heading = help::TORCHRUN,
         long = "rdzv-backend",
-        visible_alias = "rdzv_backend",
+        alias = "rdzv_backend",
         env = "PET_RDZV_BACKEND",
-        default_value = "static"
+        default_value = "static",
+        value_name = "BACKEND"
     )]
     pub rdzv_backend: String,
 
-    /// Rendezvous endpoint `host[:port]` (etcd: comma-separated list).
+    /// Rendezvous endpoint host[:port] (etcd: a list).
+    ///
+    /// etcd: one or more endpoints, comma-separated. c10d: the one host whose agent serves
+    /// the store (port 29400 by default).
     #[arg(
+        help_heading = help::TORCHRUN,
         long = "rdzv-endpoint",
-        visible_alias = "rdzv_endpoint",
+        alias = "rdzv_endpoint",
         env = "PET_RDZV_ENDPOINT",
-        default_value = ""
+        default_value = "",
+        value_name = "HOST:PORT"
     )]
     pub rdzv_endpoint: String,
 
     /// Run id shared by every node of one job.
-    #[arg(long = "rdzv-id", visible_alias = "rdzv_id", env = "PET_RDZV_ID")]
+    #[arg(help_heading = help::TORCHRUN, long = "rdzv-id", alias = "rdzv_id", env = "PET_RDZV_ID", value_name = "ID")]
     pub rdzv_id: Option<String>,
 
-    /// Rendezvous options `key=value,...` (torchrun's key names).
+    /// Rendezvous options key=value,... (torchrun's keys).
+    ///
+    /// docs/rendezvous.md lists every key, its default and which backends read it.
     #[arg(
+        help_heading = help::TORCHRUN,
         long = "rdzv-conf",
-        visible_alias = "rdzv_conf",
+        alias = "rdzv_conf",
         env = "PET_RDZV_CONF",
-        default_value = ""
+        default_value = "",
+        value_name = "K=V,..."
     )]
     pub rdzv_conf: String,
 
-    /// One node, no external rendezvous: a fresh run id and a free local master port.
-    /// (`PET_STANDALONE`)
-    #[arg(long)]
+    /// One node, no rendezvous service, a fresh run id.
+    ///
+    /// The master port is a free local port. Also set by `PET_STANDALONE` (Kubeflow's empty
+    /// value means on).
+    #[arg(help_heading = help::TORCHRUN, long)]
     pub standalone: bool,
 
-    /// Failure restarts of the worker group before the job fails.
+    /// Restarts of the worker group on failure, then fail.
     #[arg(
+        help_heading = help::TORCHRUN,
         long = "max-restarts",
-        visible_alias = "max_restarts",
+        alias = "max_restarts",
         env = "PET_MAX_RESTARTS",
-        default_value = "0"
+        default_value = "0",
+        value_name = "N"
     )]
     pub max_restarts: String,
 
-    /// Seconds between periodic checks of the workers (exits are seen at once regardless).
+    /// Accepted and checked; worker exits are seen at once.
+    ///
+    /// torchrun polls its workers this often. Nothing polls here: a worker's exit is seen
+    /// as it happens. The value must still be a duration above 0.
     #[arg(
+        help_heading = help::TORCHRUN,
         long = "monitor-interval",
-        visible_alias = "monitor_interval",
+        alias = "monitor_interval",
         env = "PET_MONITOR_INTERVAL",
-        default_value = "0.1"
+        default_value = "0.1",
+        value_name = "SECONDS"
     )]
     pub monitor_interval: String,
 
-    /// torchrun's start method for function entrypoints; workers here are always exec'd.
+    /// Accepted; workers here are always exec'd.
+    ///
+    /// torchrun uses it for function entrypoints, which a command line never starts.
     #[arg(
+        help_heading = help::TORCHRUN,
         long = "start-method",
-        visible_alias = "start_method",
+        alias = "start_method",
         env = "PET_START_METHOD",
-        default_value = "spawn"
+        default_value = "spawn",
+        value_name = "METHOD"
     )]
     pub start_method: String,
 
-    /// Event sink: `null` or `console`.
+    /// Event sink: null or console.
     #[arg(
+        help_heading = help::TORCHRUN,
         long = "event-log-handler",
-        visible_alias = "event_log_handler",
+        alias = "event_log_handler",
         env = "PET_EVENT_LOG_HANDLER",
-        default_value = "null"
+        default_value = "null",
+        value_name = "HANDLER"
     )]
     pub event_log_handler: String,
 
-    /// Worker role name (`ROLE_NAME`, log prefix).
-    #[arg(long, env = "PET_ROLE", default_value = "default")]
+    /// Worker role name (ROLE_NAME, log prefix).
+    #[arg(help_heading = help::TORCHRUN, long, env = "PET_ROLE", default_value = "default")]
     pub role: String,
 
-    /// Run the script as a Python module (`python -m`). (`PET_MODULE`)
-    #[arg(short = 'm', long)]
+    /// Run the script as a Python module (python -m).
+    ///
+    /// Also set by `PET_MODULE`.
+    #[arg(help_heading = help::TORCHRUN, short = 'm', long)]
     pub module: bool,
 
-    /// Exec the entrypoint directly instead of under Python. (`PET_NO_PYTHON`)
-    #[arg(long = "no-python", visible_alias = "no_python")]
+    /// Exec the training program itself, not under Python.
+    ///
+    /// Also set by `PET_NO_PYTHON`.
+    #[arg(help_heading = help::TORCHRUN, long = "no-python", alias = "no_python")]
     pub no_python: bool,
 
-    /// Run the script through `runpy.run_path`. (`PET_RUN_PATH`)
-    #[arg(long = "run-path", visible_alias = "run_path")]
+    /// Run the script through runpy.run_path.
+    ///
+    /// Also set by `PET_RUN_PATH`.
+    #[arg(help_heading = help::TORCHRUN, long = "run-path", alias = "run_path")]
     pub run_path: bool,
 
-    /// Keep one spare interpreter per local rank that has already imported
+    /// Base directory of per-attempt worker logs.
+    ///
+    /// Worker output files (with `--redirects` or `--tee`) and error files go to one
+    /// directory per attempt under it.
+    #[arg(help_heading = help::TORCHRUN, long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR", value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+
+    /// Worker streams to files: 0-3, or per rank 0:1,1:2.
+    ///
+    /// 0 none, 1 stdout, 2 stderr, 3 both; `0:1,1:2` sets it per local rank.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        short = 'r',
+        long,
+        env = "PET_REDIRECTS",
+        default_value = "0",
+        value_name = "STREAMS"
+    )]
+    pub redirects: String,
+
+    /// Like --redirects, and also to the console.
+    ///
+    /// The console copy of each line carries the rank prefix.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        short = 't',
+        long,
+        env = "PET_TEE",
+        default_value = "0",
+        value_name = "STREAMS"
+    )]
+    pub tee: String,
+
+    /// Local ranks whose output reaches the console: 0,3.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "local-ranks-filter",
+        alias = "local_ranks_filter",
+        env = "PET_LOCAL_RANKS_FILTER",
+        default_value = "",
+        value_name = "RANKS"
+    )]
+    pub local_ranks_filter: String,
+
+    /// Copy stdout lines holding these to a file too.
+    ///
+    /// Comma-separated substrings (`,,` is a comma); matching stdout lines are also copied
+    /// to `attempt_N/filtered_stdout.log`.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "duplicate-stdout-filters",
+        alias = "duplicate_stdout_filters",
+        env = "PET_DUPLICATE_STDOUT_FILTERS",
+        default_value = "",
+        value_name = "FILTERS"
+    )]
+    pub duplicate_stdout_filters: String,
+
+    /// Copy stderr lines holding these to a file too.
+    ///
+    /// Comma-separated substrings (`,,` is a comma); matching stderr lines are also copied
+    /// to `attempt_N/filtered_stderr.log`.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "duplicate-stderr-filters",
+        alias = "duplicate_stderr_filters",
+        env = "PET_DUPLICATE_STDERR_FILTERS",
+        default_value = "",
+        value_name = "FILTERS"
+    )]
+    pub duplicate_stderr_filters: String,
+
+    /// This node's rank (static backend).
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "node-rank",
+        alias = "node_rank",
+        env = "PET_NODE_RANK",
+        default_value = "0",
+        value_name = "RANK"
+    )]
+    pub node_rank: String,
+
+    /// Master address (static backend).
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "master-addr",
+        alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        default_value = "127.0.0.1",
+        value_name = "ADDR"
+    )]
+    pub master_addr: String,
+
+    /// Master port (static backend).
+    ///
+    /// 29500 when unset with more than one node.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "master-port",
+        alias = "master_port",
+        env = "PET_MASTER_PORT",
+        value_name = "PORT"
+    )]
+    pub master_port: Option<String>,
+
+    /// Address this node advertises to its peers.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "local-addr",
+        alias = "local_addr",
+        env = "PET_LOCAL_ADDR",
+        value_name = "ADDR"
+    )]
+    pub local_addr: Option<String>,
+
+    /// torchrun's Python logs-specs plugin; not supported.
+    #[arg(help_heading = help::TORCHRUN, long = "logs-specs", alias = "logs_specs", hide = true)]
+    pub logs_specs: Option<String>,
+
+    /// torchrun's NUMA binding; not supported.
+    #[arg(help_heading = help::TORCHRUN, long = "numa-binding", alias = "numa_binding", hide = true)]
+    pub numa_binding: Option<String>,
+
+    /// Signals forwarded to the workers.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "signals-to-handle",
+        alias = "signals_to_handle",
+        env = "PET_SIGNALS_TO_HANDLE",
+        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        value_name = "SIGNALS"
+    )]
+    pub signals_to_handle: String,
+
+    /// Grace before SIGKILL (torchrun's --shutdown-timeout).
+    ///
+    /// The time between the stop signal and SIGKILL: seconds, or a duration like `500ms`.
+    /// Defaults to `$TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, then 30.
+    #[arg(
+        help_heading = help::TORCHRUN,
+        long = "term-timeout",
+        aliases = ["term_timeout", "shutdown-timeout", "shutdown_timeout"],
+        env = "PET_SHUTDOWN_TIMEOUT",
+        value_name = "DURATION"
+    )]
+    pub term_timeout: Option<String>,
+
+    /// Each worker: LOCAL_RANK=0, and only its own GPU.
+    ///
+    /// The GPU is the only one in the worker's `CUDA_VISIBLE_DEVICES`. Also set by
+    /// `PET_VIRTUAL_LOCAL_RANK`.
+    #[arg(help_heading = help::TORCHRUN, long = "virtual-local-rank", alias = "virtual_local_rank")]
+    pub virtual_local_rank: bool,
+
+    /// Exit codes that end the job at once, no restart.
+    ///
+    /// Comma-separated, e.g. `2,3`: a worker exiting with one of them ends the job on every
+    /// node with that code, and the restart budget is not spent.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "no-retry-exit-codes",
+        alias = "no_retry_exit_codes",
+        env = "FSDP_NO_RETRY_EXIT_CODES",
+        default_value = "",
+        value_name = "CODES"
+    )]
+    pub no_retry_exit_codes: String,
+
+    /// Stop (exit 78) after N restarts with no progress.
+    ///
+    /// Restarts in a row that never get past the step reached before (from progress
+    /// reports), after which the job stops on every node with exit code 78; 0: never.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "no-progress-restarts",
+        alias = "no_progress_restarts",
+        env = "FSDP_NO_PROGRESS_RESTARTS",
+        default_value = "3",
+        value_name = "N"
+    )]
+    pub no_progress_restarts: String,
+
+    /// Count --max-restarts over a window, e.g. 1h.
+    ///
+    /// Only the failure restarts charged within the sliding window count, job-wide, so old
+    /// failures are forgiven. Default: the whole run.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "restart-window",
+        alias = "restart_window",
+        env = "FSDP_RESTART_WINDOW",
+        default_value = "",
+        value_name = "DURATION"
+    )]
+    pub restart_window: String,
+
+    /// Quarantine this machine after N failed rounds.
+    ///
+    /// Failed rounds in a row whose first failure came from this node, while no member was
+    /// lost, after which its machine is quarantined and the agent exits 80; 0: never.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "quarantine-after",
+        alias = "quarantine_after",
+        env = "FSDP_QUARANTINE_AFTER",
+        default_value = "3",
+        value_name = "N"
+    )]
+    pub quarantine_after: String,
+
+    /// How long a quarantined machine stays out.
+    ///
+    /// An agent started on a quarantined machine exits 80 until then.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "quarantine-for",
+        alias = "quarantine_for",
+        env = "FSDP_QUARANTINE_FOR",
+        default_value = "1h",
+        value_name = "DURATION"
+    )]
+    pub quarantine_for: String,
+
+    /// This machine, for quarantine (default: host name).
+    ///
+    /// On Kubernetes set it from the downward API (`spec.nodeName`): a pod started again
+    /// keeps its name but may land on another machine.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "node-name",
+        alias = "node_name",
+        env = "FSDP_NODE_NAME",
+        default_value = "",
+        value_name = "NAME"
+    )]
+    pub node_name: String,
+
+    /// Hang detection: auto, seconds per step, or off.
+    ///
+    /// For workers that report progress (`FSDP_AGENT_PROGRESS`): `auto` is ten times the
+    /// slowest recent step, at least `--hang-min`. Optionally followed by `,startup=D`
+    /// (before the first step, default 600 s), `,phase=D` (inside any reported phase,
+    /// default 1800 s) and `,NAME=D` (inside the phase NAME), e.g. `auto,checkpoint=2h`.
+    /// Workers that never report are never judged.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "hang-timeout",
+        alias = "hang_timeout",
+        env = "FSDP_HANG_TIMEOUT",
+        default_value = "auto",
+        value_name = "SPEC"
+    )]
+    pub hang_timeout: String,
+
+    /// The least time an automatic hang timeout allows.
+    ///
+    /// After a step: seconds, or a duration like `500ms`.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "hang-min",
+        alias = "hang_min",
+        env = "FSDP_HANG_MIN",
+        default_value = "30",
+        value_name = "DURATION"
+    )]
+    pub hang_min: String,
+
+    /// A command that must exit 0 before this node joins.
+    ///
+    /// Run with `sh -c`, e.g. a GPU or NIC check. While it fails the node stays out of the
+    /// group, recorded in etcd with the command's last output line; after
+    /// `--health-check-attempts` failures in a row the agent exits 79 so the pod is
+    /// replaced.
+    #[arg(
+        help_heading = help::READINESS,
+        long = "health-check",
+        alias = "health_check",
+        env = "FSDP_HEALTH_CHECK",
+        default_value = "",
+        value_name = "COMMAND"
+    )]
+    pub health_check: String,
+
+    /// How long one health check may take.
+    ///
+    /// A check that takes longer counts as failed.
+    #[arg(
+        help_heading = help::READINESS,
+        long = "health-check-timeout",
+        alias = "health_check_timeout",
+        env = "FSDP_HEALTH_CHECK_TIMEOUT",
+        default_value = "60",
+        value_name = "DURATION"
+    )]
+    pub health_check_timeout: String,
+
+    /// Failed checks in a row, then the agent exits 79.
+    #[arg(
+        help_heading = help::READINESS,
+        long = "health-check-attempts",
+        alias = "health_check_attempts",
+        env = "FSDP_HEALTH_CHECK_ATTEMPTS",
+        default_value = "3",
+        value_name = "N"
+    )]
+    pub health_check_attempts: String,
+
+    /// How often a waiting spare checks again.
+    ///
+    /// A node waiting for a round (a spare) runs its health check again this often.
+    #[arg(
+        help_heading = help::READINESS,
+        long = "health-check-interval",
+        alias = "health_check_interval",
+        env = "FSDP_HEALTH_CHECK_INTERVAL",
+        default_value = "300",
+        value_name = "DURATION"
+    )]
+    pub health_check_interval: String,
+
+    /// A spare interpreter per rank, its imports done.
+    ///
+    /// Keeps one spare interpreter per local rank that has already imported
     /// `--prewarm-modules`, so a (re)start does not wait for the imports. Costs one idle
-    /// interpreter per local rank. (`FSDP_PREWARM`)
-    #[arg(long = "prewarm")]
+    /// interpreter per local rank. Also set by `FSDP_PREWARM`.
+    #[arg(help_heading = help::READINESS, long = "prewarm")]
     pub prewarm: bool,
 
-    /// The modules a `--prewarm` spare imports, comma-separated.
+    /// Modules a --prewarm spare imports, e.g. torch,numpy.
     #[arg(
+        help_heading = help::READINESS,
         long = "prewarm-modules",
         env = "FSDP_PREWARM_MODULES",
         default_value = "torch",
@@ -150,270 +541,70 @@ pub struct Args {
     )]
     pub prewarm_modules: String,
 
-    /// Base directory for per-attempt worker logs and error files.
-    #[arg(long = "log-dir", visible_alias = "log_dir", env = "PET_LOG_DIR")]
-    pub log_dir: Option<PathBuf>,
-
-    /// Redirect worker streams to files: 0 none, 1 stdout, 2 stderr, 3 both; or per local
-    /// rank `0:1,1:2`.
-    #[arg(short = 'r', long, env = "PET_REDIRECTS", default_value = "0")]
-    pub redirects: String,
-
-    /// Like --redirects, and also echo to the console with the rank prefix.
-    #[arg(short = 't', long, env = "PET_TEE", default_value = "0")]
-    pub tee: String,
-
-    /// Prefix of worker lines: `${role_name}`, `${local_rank}`, `${rank}`, `${hostname}`.
-    #[arg(
-        long = "log-line-prefix-template",
-        visible_alias = "log_line_prefix_template",
-        env = "PET_LOG_LINE_PREFIX_TEMPLATE"
-    )]
-    pub log_line_prefix_template: Option<String>,
-
-    /// Local ranks whose output reaches the console, e.g. `0` or `0,3`.
-    #[arg(
-        long = "local-ranks-filter",
-        visible_alias = "local_ranks_filter",
-        env = "PET_LOCAL_RANKS_FILTER",
-        default_value = ""
-    )]
-    pub local_ranks_filter: String,
-
-    /// Substrings; matching stdout lines are also copied to `attempt_N/filtered_stdout.log`.
-    #[arg(
-        long = "duplicate-stdout-filters",
-        visible_alias = "duplicate_stdout_filters",
-        env = "PET_DUPLICATE_STDOUT_FILTERS",
-        default_value = ""
-    )]
-    pub duplicate_stdout_filters: String,
-
-    /// Substrings; matching stderr lines are also copied to `attempt_N/filtered_stderr.log`.
-    #[arg(
-        long = "duplicate-stderr-filters",
-        visible_alias = "duplicate_stderr_filters",
-        env = "PET_DUPLICATE_STDERR_FILTERS",
-        default_value = ""
-    )]
-    pub duplicate_stderr_filters: String,
-
-    /// This node's rank (static backend).
-    #[arg(
-        long = "node-rank",
-        visible_alias = "node_rank",
-        env = "PET_NODE_RANK",
-        default_value = "0"
-    )]
-    pub node_rank: String,
-
-    /// Master address (static backend).
-    #[arg(
-        long = "master-addr",
-        visible_alias = "master_addr",
-        env = "PET_MASTER_ADDR",
-        default_value = "127.0.0.1"
-    )]
-    pub master_addr: String,
-
-    /// Master port (static backend); 29500 when unset with more than one node.
-    #[arg(
-        long = "master-port",
-        visible_alias = "master_port",
-        env = "PET_MASTER_PORT"
-    )]
-    pub master_port: Option<String>,
-
-    /// Address this node advertises to its peers.
-    #[arg(
-        long = "local-addr",
-        visible_alias = "local_addr",
-        env = "PET_LOCAL_ADDR"
-    )]
-    pub local_addr: Option<String>,
-
-    /// torchrun's Python logs-specs plugin; not supported.
-    #[arg(long = "logs-specs", visible_alias = "logs_specs", hide = true)]
-    pub logs_specs: Option<String>,
-
-    /// torchrun's NUMA binding; not supported.
-    #[arg(long = "numa-binding", visible_alias = "numa_binding", hide = true)]
-    pub numa_binding: Option<String>,
-
-    /// Signals forwarded to the workers.
-    #[arg(
-        long = "signals-to-handle",
-        visible_alias = "signals_to_handle",
-        env = "PET_SIGNALS_TO_HANDLE",
-        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
-    )]
-    pub signals_to_handle: String,
-
-    /// Grace between the stop signal and SIGKILL: seconds, or a duration like `500ms`.
-    /// Defaults to `$TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, then 30.
-    #[arg(long = "term-timeout", visible_aliases = ["term_timeout", "shutdown-timeout", "shutdown_timeout"], env = "PET_SHUTDOWN_TIMEOUT")]
-    pub term_timeout: Option<String>,
-
-    /// Every worker gets LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES.
-    /// (`PET_VIRTUAL_LOCAL_RANK`)
-    #[arg(long = "virtual-local-rank", visible_alias = "virtual_local_rank")]
-    pub virtual_local_rank: bool,
-
-    /// torchrun's shell-completion printer; not supported.
-    #[arg(
-        long = "print-completion",
-        visible_alias = "print_completion",
-        hide = true
-    )]
-    pub print_completion: Option<String>,
-
-    /// Print the resolved configuration, with where each value came from, and exit.
-    #[arg(long = "print-config", visible_alias = "print_config")]
-    pub print_config: bool,
-
-    /// Hang detection, for workers that report progress (`FSDP_AGENT_PROGRESS`): `auto`
-    /// (ten times the slowest recent step, at least `--hang-min`), seconds per step, or
-    /// `off`; then optionally `,startup=D` (before the first step, default 600 s),
-    /// `,phase=D` (inside any reported phase, default 1800 s) and `,NAME=D` (inside the
-    /// phase NAME), e.g. `auto,checkpoint=2h`. Workers that never report are never judged.
-    #[arg(
-        long = "hang-timeout",
-        visible_alias = "hang_timeout",
-        env = "FSDP_HANG_TIMEOUT",
-        default_value = "auto"
-    )]
-    pub hang_timeout: String,
-
-    /// The least time an automatic hang timeout allows after a step: seconds, or a
-    /// duration like `500ms`.
-    #[arg(
-        long = "hang-min",
-        visible_alias = "hang_min",
-        env = "FSDP_HANG_MIN",
-        default_value = "30"
-    )]
-    pub hang_min: String,
-
-    /// Worker exit codes that mean "do not retry": the job ends at once on every node with
-    /// that code, and the restart budget is not spent (comma-separated, e.g. `2,3`).
-    #[arg(
-        long = "no-retry-exit-codes",
-        visible_alias = "no_retry_exit_codes",
-        env = "FSDP_NO_RETRY_EXIT_CODES",
-        default_value = ""
-    )]
-    pub no_retry_exit_codes: String,
-
-    /// Restarts in a row that never get past the step reached before (from progress
-    /// reports) after which the job stops on every node with exit code 78; 0: never.
-    #[arg(
-        long = "no-progress-restarts",
-        visible_alias = "no_progress_restarts",
-        env = "FSDP_NO_PROGRESS_RESTARTS",
-        default_value = "3"
-    )]
-    pub no_progress_restarts: String,
-
-    /// Count `--max-restarts` over a sliding window (e.g. `1h`): only the failure restarts
-    /// charged within it, job-wide, so old failures are forgiven. Default: the whole run.
-    #[arg(
-        long = "restart-window",
-        visible_alias = "restart_window",
-        env = "FSDP_RESTART_WINDOW",
-        default_value = ""
-    )]
-    pub restart_window: String,
-
-    /// Failed rounds in a row whose first failure came from this node, while no member was
-    /// lost, after which its machine is quarantined and the agent exits 80; 0: never.
-    #[arg(
-        long = "quarantine-after",
-        visible_alias = "quarantine_after",
-        env = "FSDP_QUARANTINE_AFTER",
-        default_value = "3"
-    )]
-    pub quarantine_after: String,
-
-    /// How long a quarantined machine stays out of the run (an agent started there exits 80).
-    #[arg(
-        long = "quarantine-for",
-        visible_alias = "quarantine_for",
-        env = "FSDP_QUARANTINE_FOR",
-        default_value = "1h"
-    )]
-    pub quarantine_for: String,
-
-    /// The machine this agent runs on, for quarantine. Default: the host name; on
-    /// Kubernetes set it from the downward API (`spec.nodeName`), since a pod started again
-    /// keeps its name but may land elsewhere.
-    #[arg(
-        long = "node-name",
-        visible_alias = "node_name",
-        env = "FSDP_NODE_NAME",
-        default_value = ""
-    )]
-    pub node_name: String,
-
-    /// A command (run with `sh -c`) that must exit 0 before this node joins a round, e.g.
-    /// a GPU or NIC check. While it fails the node stays out of the group, recorded in
-    /// etcd with the command's last output line; after `--health-check-attempts` failures
-    /// in a row the agent exits 79 so the pod is replaced.
-    #[arg(
-        long = "health-check",
-        visible_alias = "health_check",
-        env = "FSDP_HEALTH_CHECK",
-        default_value = ""
-    )]
-    pub health_check: String,
-
-    /// How long one health check may take (then it counts as failed).
-    #[arg(
-        long = "health-check-timeout",
-        visible_alias = "health_check_timeout",
-        env = "FSDP_HEALTH_CHECK_TIMEOUT",
-        default_value = "60"
-    )]
-    pub health_check_timeout: String,
-
-    /// Failed health checks in a row after which the agent exits 79.
-    #[arg(
-        long = "health-check-attempts",
-        visible_alias = "health_check_attempts",
-        env = "FSDP_HEALTH_CHECK_ATTEMPTS",
-        default_value = "3"
-    )]
-    pub health_check_attempts: String,
-
-    /// How often a node waiting for a round (a spare) runs its health check again.
-    #[arg(
-        long = "health-check-interval",
-        visible_alias = "health_check_interval",
-        env = "FSDP_HEALTH_CHECK_INTERVAL",
-        default_value = "300"
-    )]
-    pub health_check_interval: String,
-
+    /// Status server (gRPC, health, /metrics), or off.
+    ///
     /// Where the status server listens: gRPC `fsdp.v1.AgentStatus` and `grpc.health.v1`,
     /// and HTTP `GET /metrics`, all on one port. `HOST:PORT`, port 0 for any, or `off`.
     #[arg(
+        help_heading = help::STATUS,
         long = "status-addr",
-        visible_alias = "status_addr",
+        alias = "status_addr",
         env = "FSDP_STATUS_ADDR",
-        default_value = DEFAULT_STATUS_ADDR
+        default_value = DEFAULT_STATUS_ADDR,
+        value_name = "HOST:PORT"
     )]
     pub status_addr: String,
 
-    /// Agent log format: `text` or `json`.
+    /// Agent log format: text or json.
     #[arg(
+        help_heading = help::STATUS,
         long = "log-format",
         env = "FSDP_AGENT_LOG_FORMAT",
-        default_value = "text"
+        default_value = "text",
+        value_name = "FORMAT"
     )]
     pub log_format: String,
 
+    /// Prefix of worker lines, e.g. '[${rank}]:'.
+    ///
+    /// Macros: `${role_name}`, `${local_rank}`, `${rank}`, `${hostname}`. torchrun has this
+    /// flag from 2.15 on.
+    #[arg(
+        help_heading = help::STATUS,
+        long = "log-line-prefix-template",
+        alias = "log_line_prefix_template",
+        env = "PET_LOG_LINE_PREFIX_TEMPLATE",
+        value_name = "TEMPLATE"
+    )]
+    pub log_line_prefix_template: Option<String>,
+
+    /// Print the settings, where each came from, and exit.
+    ///
+    /// Every check of a real run applies, so the training script must exist.
+    #[arg(help_heading = help::STATUS, long = "print-config", alias = "print_config")]
+    pub print_config: bool,
+
+    /// Every option in full: its long text, variable and default.
+    ///
+    /// Also `fsdp-agent help all`.
+    #[arg(help_heading = help::STATUS, long = "help-all", action = clap::ArgAction::HelpLong, hide_short_help = true)]
+    pub help_all: Option<bool>,
+
+    /// Print the version.
+    #[arg(help_heading = help::STATUS, short = 'V', long, action = clap::ArgAction::Version)]
+    pub version: Option<bool>,
+
+    /// torchrun's shell-completion printer; not supported.
+    #[arg(help_heading = help::STATUS, long = "print-completion", alias = "print_completion", hide = true)]
+    pub print_completion: Option<String>,
+
     /// The training program (a `.py` script, a module with -m, or a binary with --no-python),
     /// followed by its own arguments.
-    #[arg(value_name = "TRAINING_SCRIPT", required = true)]
+    #[arg(
+        value_name = "TRAINING_SCRIPT",
+        required = true,
+        hide_short_help = true
+    )]
     pub training_script: String,
 
     /// Arguments passed to the training program unchanged (`${local_rank}` is substituted).
@@ -423,7 +614,8 @@ pub struct Args {
     #[arg(
         value_name = "ARGS",
         trailing_var_arg = true,
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        hide_short_help = true
     )]
     pub script_args: Vec<String>,
 }
@@ -568,14 +760,13 @@ fn long_names(a: &clap::Arg) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     fn words(line: &str) -> Result<AgentWords, AmbiguousFlag> {
         let argv: Vec<OsString> = std::iter::once("fsdp-agent")
             .chain(line.split_whitespace())
             .map(OsString::from)
             .collect();
-        agent_words(&Args::command(), argv)
+        agent_words(&command(), argv)
     }
 
     fn split(line: &str) -> Option<usize> {
@@ -649,7 +840,7 @@ mod tests {
 
     #[test]
     fn every_torchrun_name_is_a_flag_here() {
-        let flags = LongFlags::of(&Args::command());
+        let flags = LongFlags::of(&command());
         let ours: Vec<&str> = flags.names().collect();
         for name in TORCHRUN_LONG_FLAGS.iter().copied().flatten() {
             assert!(ours.contains(name), "{name} is torchrun's but not ours");

@@ -55,15 +55,18 @@ use run::AgentExit;
 
 /// The whole program: parse, resolve, run, and map the outcome to an exit code.
 pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
-    // `status` is a subcommand only as the first word: a training script is a path or
-    // carries flags before it, and `./status` still runs a program of that name.
-    if argv.get(1).is_some_and(|a| a == "status") {
-        return status::command::main(argv);
+    // `status` and `help` are words only in the first place: a training script is a path
+    // or carries flags before it, and `./status` still runs a program of that name.
+    use cli::first_word::Request;
+    match cli::first_word::request(&argv, cli::first_word::python_runs) {
+        Request::Status => return status::command::main(argv),
+        Request::Help(topic) => return help(topic),
+        Request::Run => {}
     }
     let config = match config::resolve(argv, &|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(Ok(help)) => {
-            print!("{help}");
+            print_text(&help);
             return ExitCode::SUCCESS;
         }
         Err(Err(e)) => {
@@ -111,6 +114,33 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// `fsdp-agent help [TOPIC]`: the same text as the flag it stands for.
+fn help(topic: cli::first_word::HelpTopic) -> ExitCode {
+    use cli::first_word::HelpTopic;
+    match topic {
+        HelpTopic::Summary => print_text(&cli::command().render_help().to_string()),
+        HelpTopic::All => print_text(&cli::command().render_long_help().to_string()),
+        HelpTopic::Status => {
+            return status::command::main(
+                ["fsdp-agent", "status", "--help"].map(Into::into).into(),
+            );
+        }
+        HelpTopic::Unknown(topic) => {
+            eprintln!(
+                "fsdp-agent: error: no help on '{topic}': try fsdp-agent help, fsdp-agent help all or fsdp-agent help status"
+            );
+            return ExitCode::from(exit_code::CONFIG);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Help text to stdout; a reader that stops early (`| head`) is no error.
+fn print_text(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
 async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {

@@ -12,9 +12,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use clap::CommandFactory;
 use fsdp_agent::cli::torchrun_flags::TORCHRUN_LONG_FLAGS;
-use fsdp_agent::cli::{Args, LongFlags};
+use fsdp_agent::cli::{LongFlags, command};
 use serde_json::Value;
 
 /// The venv's Python, with torch: missing is a failure, never a skip.
@@ -74,7 +73,7 @@ fn prefixes(name: &str) -> impl Iterator<Item = String> + '_ {
 
 #[test]
 fn cli_abbreviations_resolve_as_torchruns_parser_resolves_them() {
-    let ours = LongFlags::of(&Args::command());
+    let ours = LongFlags::of(&command());
     let words: BTreeSet<String> = TORCHRUN_LONG_FLAGS
         .iter()
         .copied()

@@ -625,6 +625,188 @@ fn help_and_version_exit_zero() {
     let _ = records;
 }
 
+/// Runs the agent in `dir` (its working directory too) to completion: (code, stdout, stderr).
+fn run_in(dir: &std::path::Path, name: &str, args: &[&str]) -> (i32, String, String) {
+    let mut a = AgentCmd::new(dir, name)
+        .current_dir(dir)
+        .args(args)
+        .run(LIMIT);
+    (a.code(), a.stdout(), a.stderr())
+}
+
+/// Words collapsed to single spaces: `--help-all` wraps its text.
+fn words(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `--help` is one screen for a torchrun user: torchrun's flags first under their own
+/// heading, one line each, then fsdp-agent's by topic; it names the `status` subcommand.
+#[test]
+fn help_is_one_screen_with_torchruns_flags_first() {
+    let dir = TempDir::new().unwrap();
+    let (code, help, err) = run_in(dir.path(), "help", &["--help"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = help.lines().collect();
+    assert!(lines.len() <= 60, "{} lines:\n{help}", lines.len());
+    let headings: Vec<usize> = (0..lines.len())
+        .filter(|&i| !lines[i].starts_with(' ') && lines[i].ends_with(':'))
+        .collect();
+    assert!(
+        headings.len() >= 3,
+        "torchrun's and fsdp-agent's topics:\n{help}"
+    );
+    assert!(
+        lines[headings[0]].starts_with("torchrun's options"),
+        "torchrun's heading comes first:\n{help}"
+    );
+    let torchruns = &lines[headings[0]..headings[1]];
+    let ours = &lines[headings[1]..];
+    // The flag a summary line is about: its first `--` word.
+    let flag_of = |l: &str| {
+        l.split_whitespace()
+            .map(|w| w.trim_end_matches(','))
+            .find(|w| w.starts_with("--"))
+            .map(str::to_owned)
+    };
+    let listed = |section: &[&str]| -> Vec<String> {
+        section.iter().skip(1).filter_map(|l| flag_of(l)).collect()
+    };
+    let (torchruns, ours) = (listed(torchruns), listed(ours));
+    for flag in [
+        "--nnodes",
+        "--nproc-per-node",
+        "--rdzv-backend",
+        "--rdzv-endpoint",
+        "--rdzv-id",
+        "--rdzv-conf",
+        "--standalone",
+        "--max-restarts",
+        "--redirects",
+        "--tee",
+        "--log-dir",
+        "--node-rank",
+        "--master-addr",
+        "--master-port",
+        "--term-timeout",
+    ] {
+        assert!(
+            torchruns.contains(&flag.to_owned()),
+            "{flag} under torchrun's heading:\n{help}"
+        );
+    }
+    for flag in [
+        "--hang-timeout",
+        "--no-retry-exit-codes",
+        "--restart-window",
+        "--health-check",
+        "--prewarm",
+        "--status-addr",
+        "--log-format",
+        "--print-config",
+    ] {
+        assert!(
+            ours.contains(&flag.to_owned()),
+            "{flag} under fsdp-agent's:\n{help}"
+        );
+        assert!(
+            !torchruns.contains(&flag.to_owned()),
+            "{flag} is not torchrun's"
+        );
+    }
+    // One line per flag: no flag's line is repeated or continued.
+    let all: Vec<&String> = torchruns.iter().chain(&ours).collect();
+    let mut unique = all.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), all.len(), "{help}");
+    assert!(
+        help.contains("fsdp-agent status") && help.contains("status --help"),
+        "{help}"
+    );
+    // The c10d line no longer says "single node".
+    assert!(!help.contains("single node"), "{help}");
+}
+
+/// `fsdp-agent help` is `--help`, `help all` is `--help-all` (every flag in full, with its
+/// variable, default and other spellings), `help status` is `status --help`.
+#[test]
+fn help_word_and_help_all() {
+    let dir = TempDir::new().unwrap();
+    let (_, help, _) = run_in(dir.path(), "help", &["--help"]);
+    let (code, by_word, err) = run_in(dir.path(), "word", &["help"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(by_word, help);
+
+    let (code, all, err) = run_in(dir.path(), "all", &["--help-all"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, all_by_word, _) = run_in(dir.path(), "all-word", &["help", "all"]);
+    assert_eq!(code, 0);
+    assert_eq!(all_by_word, all);
+    let all = words(&all);
+    // Every flag of the summary is there with its line, and more.
+    let mut flags = 0;
+    for line in help.lines().filter(|l| l.trim_start().starts_with('-')) {
+        let (flag, text) = line.trim().split_once("  ").expect("flag, then its text");
+        assert!(
+            all.contains(&words(flag)),
+            "{flag} is missing from --help-all"
+        );
+        assert!(
+            all.contains(text.trim()),
+            "{flag}'s text is missing from --help-all"
+        );
+        flags += 1;
+    }
+    assert!(flags > 40, "{flags} flags in the summary");
+    for long in [
+        "[env: PET_NPROC_PER_NODE] [default: 1] [aliases: --nproc_per_node]",
+        "[aliases: --term_timeout, --shutdown-timeout, --shutdown_timeout]",
+        "`c10d`: no etcd, on one node or several",
+        "ten times the slowest recent step",
+        "exits 79 so the pod is replaced",
+        "Arguments passed to the training program unchanged",
+    ] {
+        assert!(all.contains(long), "--help-all lacks: {long}");
+    }
+    assert!(!all.contains("single node"));
+
+    let (code, status, err) = run_in(dir.path(), "status", &["help", "status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        status.contains("--rdzv-endpoint") && status.contains("--json"),
+        "{status}"
+    );
+    let (code, _, err) = run_in(dir.path(), "bogus", &["help", "bogus"]);
+    assert_eq!(code, 64);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("'bogus'") && err.contains("fsdp-agent help all"),
+        "{err}"
+    );
+}
+
+/// As under torchrun, a script named `help` in the working directory is run, not shadowed
+/// by the help word.
+#[test]
+fn a_script_named_help_still_runs() {
+    let dir = TempDir::new().unwrap();
+    std::fs::write(
+        dir.path().join("help"),
+        "import sys\nopen('ran', 'w').write(' '.join(sys.argv[1:]))\n",
+    )
+    .unwrap();
+    let python = fsdp_tests::python();
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .current_dir(dir.path())
+        .env("PYTHON_EXEC", &python)
+        .args(["help", "all"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 0, "{}", a.output());
+    assert!(!a.stdout().contains("Usage:"), "{}", a.output());
+    let ran = std::fs::read_to_string(dir.path().join("ran")).expect("the script ran");
+    assert_eq!(ran, "all");
+}
+
 #[test]
 fn an_unreachable_etcd_is_a_clear_error_after_a_bounded_retry() {
     let dir = TempDir::new().unwrap();

@@ -36,7 +36,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 use nix::sys::signal::Signal;
 
 use crate::cli::Args;
@@ -198,7 +198,7 @@ pub fn resolve(
     argv: Vec<OsString>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, Result<String, ConfigError>> {
-    let command = Args::command();
+    let command = crate::cli::command();
     let argv0 = argv.first().map(std::path::PathBuf::from);
     // Only the words up to the script go through clap, abbreviations written out; the rest
     // are the script's, verbatim.
