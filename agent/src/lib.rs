@@ -194,10 +194,9 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             rc.status_addr = status_addr.and_then(|bound| advertised(bound, &rc.addr));
             if let (Some(bound), None) = (status_addr, &rc.status_addr) {
                 tracing::warn!(
-                    "the status server listens on {bound}, which peers cannot reach at this node's address {}: fast failure detection is off for this node, and its death is noticed when its lease expires (within {:?}); listen on 0.0.0.0 or on {} with --status-addr",
+                    "peers cannot reach status server {bound} at {}: no fast detection here, death seen at lease expiry ({:?}); set --status-addr 0.0.0.0:PORT",
                     rc.addr,
                     rc.keep_alive_ttl,
-                    rc.addr
                 );
             }
             rc.torchrun_clients = store.as_ref().map(|s| s.torchrun_clients());
