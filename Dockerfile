@@ -1,10 +1,12 @@
 # syntax=docker/dockerfile:1
 #
 # The image the k8s/ manifests run: a Python virtual environment with PyTorch 2.13 at
-# /opt/venv, fsdp-agent installed into it from the project's wheel (as `pip install
-# fsdp-agent` would), and fsdp-trainer in /usr/local/bin. The wheel puts the agent in
-# /opt/venv/bin beside the venv's python, which it then runs workers with; fsdp-trainer is
-# not in the wheel (it links against the venv's libtorch), so it is built on its own.
+# /opt/venv, fsdp-agent installed into it from the wheel scripts/dist.sh builds (the one
+# the README's Install section hands to users), and fsdp-trainer in /usr/local/bin. The
+# wheel puts the agent in /opt/venv/bin beside the venv's python, which it then runs
+# workers with; fsdp-trainer is not in the wheel (it links against the venv's libtorch),
+# so it is built on its own. An image without Python needs only dist.sh's plain binary:
+#   COPY dist/fsdp-agent-*-linux-gnu /usr/local/bin/fsdp-agent   (glibc 2.34 or newer)
 #
 # CPU image (k8s/pytorchjob-cpu.yaml):
 #   docker build -t fsdp-agent:cpu .
@@ -43,8 +45,8 @@ RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
  && /opt/venv/bin/pip install --no-cache-dir numpy py-spy
 
-# maturin builds the wheel (pyproject.toml); in a venv of its own so that /opt/venv, which
-# the runtime copies, holds only what the image runs.
+# maturin builds the wheel (pyproject.toml, through scripts/dist.sh); in a venv of its own
+# so that /opt/venv, which the runtime copies, holds only what the image runs.
 RUN python3 -m venv /opt/maturin \
  && /opt/maturin/bin/pip install --no-cache-dir "maturin>=1.5,<2"
 
@@ -54,13 +56,16 @@ ENV PATH=/opt/venv/bin:${PATH} \
 
 WORKDIR /src
 COPY . .
-# The agent's wheel: `linux`, not manylinux, because it only has to install into the
-# runtime below, which shares this stage's Debian (as tests/tests/wheel.rs builds it).
+# The agent: scripts/dist.sh, the script that makes the release files, so the image runs
+# exactly what users install (a manylinux wheel whose binary needs glibc only, checked
+# there; this stage's objdump and readelf read its glibc floor). FSDP_VENV tells it (through
+# scripts/env.sh) which venv has maturin. It writes the wheel and the plain binary to
+# /out/dist, outside the cache mount, so the runtime stage can reach them.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     features="" \
  && if [ -n "${TRAINER_FEATURES}" ]; then features="--features fsdp-trainer/${TRAINER_FEATURES}"; fi \
- && /opt/maturin/bin/maturin build --release --locked --compatibility linux --out /out/wheels \
+ && FSDP_VENV=/opt/maturin scripts/dist.sh /out/dist \
  && cargo build --release --locked -p fsdp-trainer ${features} \
  && cp target/release/fsdp-trainer /out/
 
@@ -77,8 +82,8 @@ COPY --from=build /opt/venv /opt/venv
 COPY --from=build /out/fsdp-trainer /usr/local/bin/
 # The wheel is mounted, not copied: the image keeps the installed agent only. No
 # dependencies to resolve (the wheel has none) and no index to reach.
-RUN --mount=type=bind,from=build,source=/out/wheels,target=/tmp/wheels \
-    /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/wheels/fsdp_agent-*.whl
+RUN --mount=type=bind,from=build,source=/out/dist,target=/tmp/dist \
+    /opt/venv/bin/pip install --no-cache-dir --no-index --no-deps /tmp/dist/fsdp_agent-*.whl
 
 # The trainer carries an rpath to the wheel's lib dir; LD_LIBRARY_PATH also covers tch's
 # own link to libtorch and anything started from a shell.

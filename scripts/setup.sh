@@ -6,7 +6,7 @@
 #        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux and hostname (pod tests),
 #        iproute2 (network namespaces and ss for the partition and liveness tests)
 #   pip: torch==2.13.0, numpy, python-etcd (torchrun's etcd-v2 backend, for the
-#        benchmarks), py-spy (stack dumps of hung workers) and maturin (the wheel test)
+#        benchmarks), py-spy (stack dumps of hung workers) and maturin (scripts/dist.sh builds the wheel)
 #        into a cached virtual environment ($FSDP_VENV)
 set -euo pipefail
 

@@ -11,6 +11,14 @@ cargo fmt --all -- --check
 cargo build --workspace --all-targets
 cargo clippy --workspace --all-targets -- -D warnings
 
+# The wheel and the plain binary that the install tests put into a fresh venv and a
+# minimal root (tests/tests/install.rs, wheel.rs), made by the script that makes the
+# release ones. A debug build by default: the same files and the same glibc needs, and
+# no release compile (several minutes on two cores) in every test run;
+# FSDP_DIST_PROFILE=release scripts/test.sh tests the release build itself.
+export FSDP_DIST_DIR="$PWD/target/dist-test"
+FSDP_DIST_PROFILE=${FSDP_DIST_PROFILE:-dev} scripts/dist.sh "$FSDP_DIST_DIR"
+
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --profile ci "$@"
 else

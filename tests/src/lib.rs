@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 pub use tempfile::TempDir;
 
+pub mod dist;
 pub mod etcd;
 pub mod etcd_cluster;
 pub mod job;

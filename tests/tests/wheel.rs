@@ -1,54 +1,18 @@
-//! `pip install fsdp-agent` (issue 18): the repository builds a wheel (maturin, `bin`
-//! bindings) that puts the binary in an environment's bin, beside its python; installed in
-//! a fresh venv with torch, `venv/bin/fsdp-agent` runs a two-worker job with no venv
+//! `pip install fsdp-agent` (issue 18): the wheel `scripts/dist.sh` builds (maturin, `bin`
+//! bindings) puts the binary in an environment's bin, beside its python; installed in a
+//! fresh venv with torch, `venv/bin/fsdp-agent` runs a two-worker job with no venv
 //! activated and no python of that venv on PATH.
 
 use std::process::Command;
 
+use fsdp_tests::dist::dist;
 use fsdp_tests::{TempDir, python, workspace_file};
 
 #[test]
 fn the_wheel_installs_into_a_venv_whose_python_then_runs_the_workers() {
     let dir = TempDir::new().unwrap();
     let cached = python();
-    let maturin = cached.with_file_name("maturin");
-    assert!(
-        maturin.exists(),
-        "{} is missing: run scripts/setup.sh",
-        maturin.display()
-    );
-    // Its own target directory: maturin's build of the same binary into target/debug would
-    // replace the fsdp-agent every other test is running (seen in the full suite). A debug
-    // build (a release wheel holds the same files), about 45 s on two cores.
-    let wheels = dir.path().join("wheels");
-    let built = Command::new(&maturin)
-        .args([
-            "build",
-            "--profile",
-            "dev",
-            "--compatibility",
-            "linux",
-            "-o",
-        ])
-        .arg(&wheels)
-        .env("CARGO_TARGET_DIR", dir.path().join("target"))
-        // Small and thrown away with the test (CI's disk is tight).
-        .env("CARGO_INCREMENTAL", "0")
-        .env("CARGO_PROFILE_DEV_DEBUG", "false")
-        .current_dir(workspace_file("."))
-        .output()
-        .expect("run maturin");
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let wheel = std::fs::read_dir(&wheels)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "whl"))
-        .expect("a wheel");
+    let wheel = dist().wheel;
 
     // A fresh venv on the same interpreter; torch reaches it through a .pth file (no
     // download), as if it had been installed there.
