@@ -170,6 +170,8 @@ fn status_health_and_metrics_follow_a_worker_failure_and_restart() {
         assert_eq!(m["fsdp_agent_ready"], 1.0);
         assert_eq!(m["fsdp_agent_restarts_used"], 0.0);
         assert_eq!(m["fsdp_agent_reform_seconds_count"], 0.0);
+        // Two workers started cold (no --prewarm): the counter says so (issue 33: 0).
+        assert_eq!(m["fsdp_agent_worker_starts_total{start=\"cold\"}"], 2.0);
 
         std::fs::write(dir.path().join("gate.0"), "3").unwrap();
         let mut seen = Vec::new();
@@ -200,6 +202,7 @@ fn status_health_and_metrics_follow_a_worker_failure_and_restart() {
         assert_eq!(m["fsdp_agent_reforms_total{reason=\"worker failed\"}"], 1.0);
         assert_eq!(m["fsdp_agent_reform_seconds_count"], 1.0);
         assert!(m["fsdp_agent_reform_seconds_sum"] > 0.0);
+        assert_eq!(m["fsdp_agent_worker_starts_total{start=\"cold\"}"], 4.0);
     });
     std::fs::write(dir.path().join("gate.1"), "0").unwrap();
     let mut agent = agent;

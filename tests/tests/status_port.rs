@@ -486,7 +486,8 @@ fn a_status_address_peers_cannot_reach_is_said_with_the_fallback() {
         .args(["--status-addr", "127.0.0.1:0", "--no-python", "true"])
         .spawn();
     wait_for("the warning", Duration::from_secs(60), || {
-        a.stderr().contains("peers cannot reach status server 127.0.0.1:")
+        a.stderr()
+            .contains("peers cannot reach status server 127.0.0.1:")
     });
     let err = a.stderr();
     assert!(

@@ -62,6 +62,8 @@ pub(super) struct Loop<'a, R> {
     /// A failure summary waiting for the next round to say whether a peer was lost first
     /// ([`decide::defer_summary`]): the worker and the banner that would blame it.
     pending_summary: Option<(Failure, String)>,
+    /// Workers started cold without `--prewarm` (with it the spares count).
+    cold_starts: u32,
 }
 
 impl<'a, R: Rendezvous> Loop<'a, R> {
@@ -95,6 +97,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 spares
             }),
             pending_summary: None,
+            cold_starts: 0,
         }
     }
 
@@ -250,10 +253,17 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 return Ok(signalled(sig).into());
             }
         };
-        if let Some(spares) = &mut self.spares {
-            self.report.starts(spares);
-            // The next start's spares import while this group trains.
-            spares.fill(|local_rank| spare_command(self.cfg, local_rank));
+        match &mut self.spares {
+            Some(spares) => {
+                self.report
+                    .starts(spares.warm, spares.cold, &spares.last_cold);
+                // The next start's spares import while this group trains.
+                spares.fill(|local_rank| spare_command(self.cfg, local_rank));
+            }
+            None => {
+                self.cold_starts += group.pids().len() as u32;
+                self.report.starts(0, self.cold_starts, "no --prewarm");
+            }
         }
         tracing::info!(pids = ?group.pids(), entrypoint = %self.cfg.entrypoint.display(), "workers started");
         self.report.started(&round, &group);

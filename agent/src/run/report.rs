@@ -70,9 +70,8 @@ impl Reporter {
 
     /// How many worker starts were warm (`--prewarm`), how many cold, and why the last
     /// cold one was.
-    pub fn starts(&self, spares: &crate::supervisor::spare::Spares) {
-        self.board
-            .starts(spares.warm, spares.cold, &spares.last_cold);
+    pub fn starts(&self, warm: u32, cold: u32, last_cold: &str) {
+        self.board.starts(warm, cold, last_cold);
     }
 
     /// The restarts `--max-restarts` is held against now (all, or those in the window).
