@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use fsdp_rendezvous::etcd::inspect::{MemberReport, RunReport, inspect};
+use fsdp_rendezvous::etcd::inspect::{LeftNode, MemberReport, RunReport, inspect};
 
 use crate::config::{etcd, parse};
 use crate::exit_code;
@@ -314,13 +314,7 @@ fn run_table(r: &RunReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let round = r.round.map(|n| {
-        if r.round_reason.is_empty() {
-            n.to_string()
-        } else {
-            format!("{n} ({})", r.round_reason)
-        }
-    });
+    let round = r.round.map(|n| round_fact(n, &r.round_reason));
     let facts = [
         ("run", r.run_id.clone()),
         (
@@ -374,7 +368,59 @@ fn run_table(r: &RunReport) -> String {
         &["NODE", "ADDR", "RANK", "GLOBAL RANKS", "NPROC", "STATE"],
         &rows,
     );
+    if !r.left.is_empty() {
+        let _ = writeln!(out, "\nleft (newest last):");
+        let rows: Vec<Vec<String>> = r.left.iter().map(|l| left_row(l, now)).collect();
+        columns(
+            &mut out,
+            &["NODE", "ADDR", "ROUND", "WHEN", "REASON", "DETAIL"],
+            &rows,
+        );
+    }
     out
+}
+
+/// The round line: its number and why it was sealed, said as done. The reason is the
+/// coordinator's at the moment it sealed; read as the present ("re-form (1 node(s) waiting
+/// to join)") it was false once the waiting node had joined.
+pub fn round_fact(number: u64, reason: &str) -> String {
+    if reason.is_empty() {
+        return number.to_string();
+    }
+    match reason
+        .strip_prefix("re-form (")
+        .and_then(|r| r.strip_suffix(')'))
+    {
+        Some(why) => format!("{number} (re-formed: {why})"),
+        None => format!("{number} (sealed: {reason})"),
+    }
+}
+
+/// One departure, its time said as an age at `now_ms`.
+fn left_row(l: &LeftNode, now_ms: u64) -> Vec<String> {
+    vec![
+        l.node_id.clone(),
+        if l.addr.is_empty() {
+            "-".into()
+        } else {
+            l.addr.clone()
+        },
+        l.round.to_string(),
+        ago(now_ms, l.at_ms),
+        l.reason.to_owned(),
+        l.detail.clone(),
+    ]
+}
+
+/// How long before `now_ms` the Unix time `at_ms` was, in the largest two units.
+pub fn ago(now_ms: u64, at_ms: u64) -> String {
+    let s = now_ms.saturating_sub(at_ms) / 1000;
+    match s {
+        0..60 => format!("{s}s ago"),
+        60..3600 => format!("{}m{:02}s ago", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m ago", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h ago", s / 86_400, s % 86_400 / 3600),
+    }
 }
 
 fn row(m: &MemberReport) -> Vec<String> {
@@ -436,6 +482,7 @@ mod tests {
             last_hang: None,
             unhealthy: Vec::new(),
             quarantined: Vec::new(),
+            left: Vec::new(),
         };
         let shown = Shown {
             run,

@@ -5,6 +5,7 @@ use etcd_client::{Client, GetOptions};
 use serde::Serialize;
 
 use super::keys::Keys;
+use super::left;
 use super::view::View;
 use crate::{RendezvousError, RoundMember, ranks};
 
@@ -37,6 +38,27 @@ pub struct RunReport {
     pub unhealthy: Vec<UnhealthyNode>,
     /// Machines kept out of the run (expired ones too, with their end).
     pub quarantined: Vec<QuarantinedMachine>,
+    /// Nodes that left the run or its group, and why: the last [`left::KEPT`], newest
+    /// last.
+    pub left: Vec<LeftNode>,
+}
+
+/// A node that left, in its own word or, when it said none, the coordinator's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeftNode {
+    pub node_id: String,
+    /// The address it advertised.
+    pub addr: String,
+    /// finished, left, unhealthy, quarantined, halted, failed, fenced or lost.
+    pub reason: &'static str,
+    /// One line: the health check's message, the signal, the exit code, how it was lost.
+    pub detail: String,
+    /// Unix ms when it left, by the writer's clock.
+    pub at_ms: u64,
+    /// The round it ran (or the latest it knew) when it left.
+    pub round: u64,
+    /// Who wrote the record: the node itself, or the coordinator that found it gone.
+    pub written_by: String,
 }
 
 /// A machine kept out because its node failed first round after round.
@@ -161,6 +183,7 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
                 until_ms: q.until_ms,
             })
             .collect(),
+        left: left_nodes(v),
         last_hang: v.hangs.last_key_value().map(|(round, h)| HangRound {
             round: *round,
             reports: h.values().map(super::hang_report).collect(),
@@ -298,6 +321,29 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
     r.health = health;
     r.health_reason = why;
     r
+}
+
+/// The departures `v` holds, oldest first by the revision that wrote them; the last
+/// [`left::KEPT`] (more stay in etcd only while a flood of them is being trimmed).
+fn left_nodes(v: &View) -> Vec<LeftNode> {
+    let mut all: Vec<_> = v.left.values().collect();
+    all.sort_by_key(|e| e.mod_rev);
+    let skip = all.len().saturating_sub(left::KEPT);
+    all.into_iter()
+        .skip(skip)
+        .filter_map(|e| {
+            let l = &e.record;
+            Some(LeftNode {
+                node_id: l.node_id.clone(),
+                addr: l.addr.clone(),
+                reason: left::kind_of(l)?.label(),
+                detail: l.detail.clone(),
+                at_ms: l.at_ms,
+                round: l.round,
+                written_by: l.written_by.clone(),
+            })
+        })
+        .collect()
 }
 
 /// Reads the run's keys and summarises them; `Ok(None)` when the run has no keys at all.
