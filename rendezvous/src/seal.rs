@@ -242,7 +242,10 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
         members,
         restart_count,
     };
-    (SealDecision::Seal(p), format!("re-form ({})", parts.join(", ")))
+    (
+        SealDecision::Seal(p),
+        format!("re-form ({})", parts.join(", ")),
+    )
 }
 
 /// Node ids named in a reason, at most [`NAMED`] of them: reasons are logged and stored in

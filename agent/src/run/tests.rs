@@ -184,7 +184,12 @@ fn a_group_change_stops_the_workers_and_the_next_round_runs() {
     assert_eq!(result.unwrap(), AgentExit::Finished);
     assert_eq!(
         calls,
-        ["next_round", "next_round", "finish", "depart Finished: finished"]
+        [
+            "next_round",
+            "next_round",
+            "finish",
+            "depart Finished: finished"
+        ]
     );
 }
 

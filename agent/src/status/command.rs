@@ -465,8 +465,93 @@ mod tests {
     }
 
     #[test]
-    fn the_table_shows_the_last_hang_and_the_straggler_view() {
-        let run = RunReport {
+    fn the_round_line_says_why_the_round_was_sealed_as_done() {
+        assert_eq!(round_fact(2, ""), "2");
+        assert_eq!(
+            round_fact(2, "re-form (admitted 1 waiting node(s))"),
+            "2 (re-formed: admitted 1 waiting node(s))"
+        );
+        // A record sealed by an older agent still reads as history.
+        assert_eq!(
+            round_fact(2, "re-form (1 node(s) waiting to join)"),
+            "2 (re-formed: 1 node(s) waiting to join)"
+        );
+        assert_eq!(
+            round_fact(0, "3 nodes present (the maximum)"),
+            "0 (sealed: 3 nodes present (the maximum))"
+        );
+    }
+
+    #[test]
+    fn an_age_is_said_in_its_two_largest_units() {
+        let now = 10_000_000_000;
+        assert_eq!(ago(now, now - 12_400), "12s ago");
+        assert_eq!(ago(now, now - 184_000), "3m04s ago");
+        assert_eq!(ago(now, now - 7_500_000), "2h05m ago");
+        assert_eq!(ago(now, now - 97_200_000), "1d03h ago");
+        assert_eq!(ago(now, now + 5_000), "0s ago", "a writer's clock ahead");
+    }
+
+    #[test]
+    fn the_nodes_that_left_follow_the_members_newest_last() {
+        let left = |node: &str, reason: &'static str, detail: &str, at_ms: u64| LeftNode {
+            node_id: node.into(),
+            addr: format!("{node}.local"),
+            reason,
+            detail: detail.into(),
+            at_ms,
+            round: 1,
+            written_by: node.into(),
+        };
+        let now = fsdp_rendezvous::unix_ms();
+        let mut run = report();
+        run.members = vec![MemberReport {
+            node_id: "a".into(),
+            addr: "a.local".into(),
+            nproc: 1,
+            group_rank: Some(0),
+            base_rank: Some(0),
+            state: fsdp_rendezvous::etcd::inspect::MemberState::Running,
+            status_addr: String::new(),
+        }];
+        run.left = vec![
+            left(
+                "c",
+                "unhealthy",
+                "GPU 3: 12 ECC errors (exit code 1)",
+                now - 90_000,
+            ),
+            left("d", "lost", "its registration vanished", now - 3_000),
+        ];
+        let t = run_table(&run);
+        let tail: Vec<&str> = t.lines().skip_while(|l| !l.starts_with("left")).collect();
+        assert_eq!(tail.len(), 4, "{t}");
+        assert!(
+            tail[1].starts_with("NODE") && tail[1].ends_with("DETAIL"),
+            "{t}"
+        );
+        assert!(
+            tail[2].starts_with("c ") && tail[2].contains("1m30s ago"),
+            "{t}"
+        );
+        assert!(
+            tail[2].contains("unhealthy")
+                && tail[2].ends_with("GPU 3: 12 ECC errors (exit code 1)"),
+            "{t}"
+        );
+        assert!(tail[3].starts_with("d ") && tail[3].contains("lost"), "{t}");
+        let members = t.find("\na ").expect("the member row");
+        assert!(
+            members < t.find("\nleft").unwrap(),
+            "after the members: {t}"
+        );
+        // Nobody left: no section.
+        run.left.clear();
+        assert!(!run_table(&run).contains("left"), "{}", run_table(&run));
+    }
+
+    fn report() -> RunReport {
+        RunReport {
             run_id: "job".into(),
             round: Some(2),
             round_reason: String::new(),
@@ -483,9 +568,13 @@ mod tests {
             unhealthy: Vec::new(),
             quarantined: Vec::new(),
             left: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_table_shows_the_last_hang_and_the_straggler_view() {
         let shown = Shown {
-            run,
+            run: report(),
             slowest_ranks: vec![line(1, 0.9), line(0, 0.2)],
             last_hang: Some("round 1: rank 1 on node n0 last finished step 9".into()),
         };

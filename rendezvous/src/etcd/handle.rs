@@ -181,7 +181,10 @@ impl EtcdRendezvous {
                     FenceDecision::Fence { reason, left } => {
                         drop(v);
                         self.tell(Command::Abandon {
-                            reason: format!("stopped its workers in round {}: {reason}", held.record.number),
+                            reason: format!(
+                                "stopped its workers in round {}: {reason}",
+                                held.record.number
+                            ),
                         });
                         // Cut off, this node proves nothing about anyone.
                         self.watcher = None;

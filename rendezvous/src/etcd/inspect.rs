@@ -381,7 +381,7 @@ pub async fn inspect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::view::{MemberEntry, RoundEntry};
+    use crate::etcd::view::{LeftEntry, MemberEntry, RoundEntry};
     use fsdp_proto::v1;
 
     fn member(id: &str, n: u32) -> v1::Member {
@@ -453,6 +453,52 @@ mod tests {
 
         let v = view(&[("a", 2)], &[]);
         assert_eq!(report("job", &v).health, Health::Stopped);
+    }
+
+    /// The nodes that left, ordered by the revision that wrote each record (etcd's
+    /// order, not the writers' clocks), newest last; the last hundred.
+    #[test]
+    fn departures_are_listed_by_revision_newest_last_the_last_hundred() {
+        let mut v = view(&[("a", 2)], &["a"]);
+        let said = |node: &str, kind: v1::LeftKind, at_ms: u64| v1::Left {
+            schema: 1,
+            node_id: node.into(),
+            incarnation: 1,
+            addr: format!("{node}.local"),
+            kind: kind.into(),
+            detail: format!("{node}'s reason"),
+            at_ms,
+            round: 3,
+            written_by: "a".into(),
+        };
+        fn put(v: &mut View, l: v1::Left, mod_rev: i64) {
+            let tail = crate::etcd::record::left_tail(&l.node_id, l.incarnation);
+            v.left.insert(tail, LeftEntry { record: l, mod_rev });
+        }
+        // c's clock runs ahead; b was written later all the same.
+        put(&mut v, said("c", v1::LeftKind::Unhealthy, 9_000), 10);
+        put(&mut v, said("b", v1::LeftKind::Lost, 5_000), 11);
+        let r = report("job", &v);
+        let got: Vec<(&str, &str)> = r
+            .left
+            .iter()
+            .map(|l| (l.node_id.as_str(), l.reason))
+            .collect();
+        assert_eq!(got, [("c", "unhealthy"), ("b", "lost")]);
+        assert_eq!(r.left[0].detail, "c's reason");
+        assert_eq!((r.left[1].round, r.left[1].at_ms), (3, 5_000));
+        assert_eq!(r.health, Health::Healthy, "departures change no health");
+
+        for i in 0..150 {
+            put(
+                &mut v,
+                said(&format!("n{i}"), v1::LeftKind::Finished, 0),
+                100 + i,
+            );
+        }
+        let r = report("job", &v);
+        assert_eq!(r.left.len(), left::KEPT);
+        assert_eq!(r.left.last().unwrap().node_id, "n149");
     }
 
     #[test]

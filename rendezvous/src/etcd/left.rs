@@ -98,7 +98,11 @@ pub fn trim(left: &BTreeMap<String, LeftEntry>, writing: Option<&str>) -> Vec<St
         .map(|(t, e)| (e.mod_rev, t))
         .collect();
     by_age.sort();
-    by_age.into_iter().take(over).map(|(_, t)| t.clone()).collect()
+    by_age
+        .into_iter()
+        .take(over)
+        .map(|(_, t)| t.clone())
+        .collect()
 }
 
 /// A member of the sealed round whose registration is gone.

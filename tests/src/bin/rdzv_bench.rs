@@ -87,12 +87,16 @@ fn main() {
         if let Some(how) = lose {
             let survivors = reform_after_loss(held, &how).await;
             for mut n in survivors {
-                let _ = n.depart(fsdp_rendezvous::Departure::Finished, finished()).await;
+                let _ = n
+                    .depart(fsdp_rendezvous::Departure::Finished, finished())
+                    .await;
             }
             return;
         }
         for (mut n, _) in held {
-            let _ = n.depart(fsdp_rendezvous::Departure::Finished, finished()).await;
+            let _ = n
+                .depart(fsdp_rendezvous::Departure::Finished, finished())
+                .await;
         }
     });
 }
@@ -114,11 +118,11 @@ async fn reform_after_loss(
     let start = Instant::now();
     if how == "leave" {
         let _ = lost
-                .depart(
-                    fsdp_rendezvous::Departure::Left,
-                    fsdp_rendezvous::LeftReason::new(fsdp_rendezvous::LeftKind::Left, "the bench"),
-                )
-                .await;
+            .depart(
+                fsdp_rendezvous::Departure::Left,
+                fsdp_rendezvous::LeftReason::new(fsdp_rendezvous::LeftKind::Left, "the bench"),
+            )
+            .await;
     }
     drop(lost);
     let mut tasks = tokio::task::JoinSet::new();

@@ -555,3 +555,48 @@ fn a_round_that_broke_before_it_started_still_spends_the_budget_it_charged() {
     assert_eq!(spent(&memory, &broken, &rules(1)), Some(3));
     assert_eq!(memory.last_restart_count, 0);
 }
+
+/// Every way of leaving says why, for the record status keeps after the node is gone.
+#[test]
+fn each_leaving_says_its_kind_and_the_detail_status_shows() {
+    let cases = [
+        (
+            signalled(Signal::SIGTERM),
+            LeftKind::Left,
+            "stopped by SIGTERM (exit code 143)",
+        ),
+        (
+            unhealthy(79, 3, "GPU 3: 12 ECC errors (exit code 1)"),
+            LeftKind::Unhealthy,
+            "health check failed 3 time(s) in a row: GPU 3: 12 ECC errors (exit code 1) (exit code 79)",
+        ),
+        (
+            kept_out("machine m1 is quarantined: first to fail"),
+            LeftKind::Quarantined,
+            "machine m1 is quarantined: first to fail (exit code 80)",
+        ),
+        (
+            halted_by(&halt(4)),
+            LeftKind::Halted,
+            "node b ended the run with exit code 4: no retry",
+        ),
+        (
+            halting(78, "no progress"),
+            LeftKind::Halted,
+            "ended the run: no progress (exit code 78)",
+        ),
+        (
+            failed(76),
+            LeftKind::Failed,
+            "the restart budget is spent (exit code 76)",
+        ),
+    ];
+    for (leave, kind, detail) in cases {
+        assert_eq!((leave.why.kind, leave.why.detail.as_str()), (kind, detail));
+    }
+    assert_eq!(
+        unhealthy(79, 3, "x").exit,
+        AgentExit::Failed { exit_code: 79 }
+    );
+    assert_eq!(unhealthy(79, 3, "x").how, Departure::Left);
+}

@@ -103,16 +103,18 @@ fn member(id: &str, incarnation: u64) -> v1::Member {
 
 /// A coordinator's view: round 3 of `round` (node, incarnation), `registered` now.
 fn view(round: &[(&str, u64)], registered: &[(&str, u64)]) -> View {
-    let mut v = View::default();
-    v.round = Some(RoundEntry {
-        record: Arc::new(v1::Round {
-            schema: SCHEMA_VERSION,
-            number: 3,
-            members: round.iter().map(|(id, i)| member(id, *i)).collect(),
-            ..Default::default()
+    let mut v = View {
+        round: Some(RoundEntry {
+            record: Arc::new(v1::Round {
+                schema: SCHEMA_VERSION,
+                number: 3,
+                members: round.iter().map(|(id, i)| member(id, *i)).collect(),
+                ..Default::default()
+            }),
+            mod_rev: 1,
         }),
-        mod_rev: 1,
-    });
+        ..View::default()
+    };
     for (id, i) in registered {
         v.members.insert(
             (*id).into(),
@@ -217,7 +219,10 @@ fn the_lost_word_says_how_the_loss_was_proven() {
         why.detail.contains("refused a connection") && why.detail.contains("42 ms"),
         "{why:?}"
     );
-    assert!(why.detail.ends_with("its workers had all finished"), "{why:?}");
+    assert!(
+        why.detail.ends_with("its workers had all finished"),
+        "{why:?}"
+    );
 }
 
 #[test]
@@ -233,7 +238,10 @@ fn a_word_is_one_line_cut_to_the_length_agents_accept() {
     let long = format!("first line\nsecond {}", "x".repeat(2000));
     let r = w.record(&LeftReason::new(LeftKind::Unhealthy, long));
     assert_eq!(r.kind(), v1::LeftKind::Unhealthy);
-    assert_eq!(r.detail.chars().count(), crate::etcd::record::LEFT_DETAIL_MAX);
+    assert_eq!(
+        r.detail.chars().count(),
+        crate::etcd::record::LEFT_DETAIL_MAX
+    );
     assert!(r.detail.starts_with("first line second"), "{}", r.detail);
     assert!(View::default().allowed.left(&r).is_ok());
     assert_eq!(kind_of(&r), Some(LeftKind::Unhealthy));

@@ -377,9 +377,17 @@ fn a_forged_departure_is_refused_and_none_reaches_the_handle() {
     let own = left("n1", 7, v1::LeftKind::Lost);
     let forged = [
         // At n2's key, naming n1.
-        (k.key::<v1::Left>(&left_tail("n2", 7)), own.clone(), "names node n1"),
+        (
+            k.key::<v1::Left>(&left_tail("n2", 7)),
+            own.clone(),
+            "names node n1",
+        ),
         // At its node's key but another registration's.
-        (k.key::<v1::Left>(&left_tail("n1", 8)), own.clone(), "names node n1"),
+        (
+            k.key::<v1::Left>(&left_tail("n1", 8)),
+            own.clone(),
+            "names node n1",
+        ),
         (
             k.of(&own),
             left("n1", 7, v1::LeftKind::Unspecified),
@@ -422,5 +430,8 @@ fn a_forged_departure_is_refused_and_none_reaches_the_handle() {
     }
     put(&mut v, &k, &k.of(&own), &own.encode_to_vec(), At::default());
     assert_eq!(v.left.len(), 1);
-    assert!(v.for_handle().left.is_empty(), "the loop decides nothing from them");
+    assert!(
+        v.for_handle().left.is_empty(),
+        "the loop decides nothing from them"
+    );
 }

@@ -88,7 +88,13 @@ impl Machine {
                 tracing::info!(node = %g.node_id, detail = %why.detail, "a member left without a word; recording it as lost");
                 let txn = records::say_lost(&self.cfg.keys, &word, &trim);
                 let lost = Some((g.node_id, g.incarnation));
-                (Saying { lost, trimmed: trim }, txn)
+                (
+                    Saying {
+                        lost,
+                        trimmed: trim,
+                    },
+                    txn,
+                )
             }
             None if self.view.left.len() > KEPT => {
                 let trim = left::trim(&self.view.left, None);

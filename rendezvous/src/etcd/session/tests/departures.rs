@@ -150,7 +150,12 @@ fn nobody_is_called_lost_during_an_outages_grace() {
 fn the_coordinator_trims_the_records_beyond_the_hundred() {
     let k = keys();
     let extra: Vec<Kv> = (0..102)
-        .map(|i| word_kv(&said(&format!("n{i:03}"), 1, v1::LeftKind::Finished), 100 + i))
+        .map(|i| {
+            word_kv(
+                &said(&format!("n{i:03}"), 1, v1::LeftKind::Finished),
+                100 + i,
+            )
+        })
         .collect();
     let r = round(1, &[("a", 1), ("b", 1)]);
     let mut kvs = vec![
@@ -180,7 +185,12 @@ fn the_coordinator_trims_the_records_beyond_the_hundred() {
 fn a_departing_node_deletes_the_oldest_record_beside_its_word() {
     let k = keys();
     let extra: Vec<Kv> = (0..100)
-        .map(|i| word_kv(&said(&format!("n{i:03}"), 1, v1::LeftKind::Finished), 100 + i))
+        .map(|i| {
+            word_kv(
+                &said(&format!("n{i:03}"), 1, v1::LeftKind::Finished),
+                100 + i,
+            )
+        })
         .collect();
     let mut h = Harness::synced_with(&extra);
     let e = h.command(1, depart(Departure::Finished, crate::LeftKind::Finished));

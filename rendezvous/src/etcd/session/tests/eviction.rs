@@ -234,8 +234,5 @@ fn depart_after_finishing_sends_no_gone_record() {
     };
     assert!(spec.when.is_empty(), "{spec:?}");
     assert_eq!(spec.then.len(), 1, "the word only: {spec:?}");
-    assert_eq!(
-        left_put(&spec.then, "a", 1).kind(),
-        v1::LeftKind::Finished
-    );
+    assert_eq!(left_put(&spec.then, "a", 1).kind(), v1::LeftKind::Finished);
 }
