@@ -59,7 +59,7 @@ pub fn signalled(sig: Signal) -> Leave {
         why: LeftReason::new(
             LeftKind::Left,
             format!(
-                "stopped by {sig} (exit code {})",
+                "stopped by {sig}; agent exit code {}",
                 exit_code::signalled(sig as i32)
             ),
         ),
@@ -73,7 +73,7 @@ pub fn failed(exit_code: u8) -> Leave {
         exit: AgentExit::Failed { exit_code },
         why: LeftReason::new(
             LeftKind::Failed,
-            format!("the restart budget is spent (exit code {exit_code})"),
+            format!("the restart budget is spent; agent exit code {exit_code}"),
         ),
     }
 }
@@ -83,7 +83,7 @@ pub fn halting(exit_code: u8, reason: &str) -> Leave {
     Leave {
         why: LeftReason::new(
             LeftKind::Halted,
-            format!("ended the run: {reason} (exit code {exit_code})"),
+            format!("ended the run: {reason}; agent exit code {exit_code}"),
         ),
         ..failed(exit_code)
     }
@@ -105,7 +105,7 @@ pub fn kept_out(reason: &str) -> Leave {
         exit: AgentExit::Failed { exit_code: code },
         why: LeftReason::new(
             LeftKind::Quarantined,
-            format!("{reason} (exit code {code})"),
+            format!("{reason}; agent exit code {code}"),
         ),
     }
 }
@@ -119,7 +119,7 @@ pub fn unhealthy(exit_code: u8, failures: u32, reason: &str) -> Leave {
         why: LeftReason::new(
             LeftKind::Unhealthy,
             format!(
-                "health check failed {failures} time(s) in a row: {reason} (exit code {exit_code})"
+                "health check failed {failures} time(s) in a row: {reason}; agent exit code {exit_code}"
             ),
         ),
     }
@@ -415,14 +415,17 @@ pub fn after_barrier(outcome: Finish) -> AfterBarrier {
         Finish::AllDone => AfterBarrier::Done(Leave {
             how: Departure::Finished,
             exit: AgentExit::Finished,
-            why: LeftReason::new(LeftKind::Finished, "every worker exited 0 (exit code 0)"),
+            why: LeftReason::new(
+                LeftKind::Finished,
+                "every worker exited 0; agent exit code 0",
+            ),
         }),
         Finish::Changed(Change::Halted(h)) => AfterBarrier::Halted(h),
         Finish::Changed(change) => AfterBarrier::Rejoin(change),
         Finish::TimedOut { unfinished } => {
             let code = exit_code::BARRIER_TIMEOUT;
             let why = format!(
-                "its workers finished, but {} did not within the exit barrier (exit code {code})",
+                "its workers finished, but {} did not within the exit barrier; agent exit code {code}",
                 unfinished.join(", ")
             );
             AfterBarrier::TimedOut {

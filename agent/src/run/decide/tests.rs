@@ -563,17 +563,17 @@ fn each_leaving_says_its_kind_and_the_detail_status_shows() {
         (
             signalled(Signal::SIGTERM),
             LeftKind::Left,
-            "stopped by SIGTERM (exit code 143)",
+            "stopped by SIGTERM; agent exit code 143",
         ),
         (
             unhealthy(79, 3, "GPU 3: 12 ECC errors (exit code 1)"),
             LeftKind::Unhealthy,
-            "health check failed 3 time(s) in a row: GPU 3: 12 ECC errors (exit code 1) (exit code 79)",
+            "health check failed 3 time(s) in a row: GPU 3: 12 ECC errors (exit code 1); agent exit code 79",
         ),
         (
             kept_out("machine m1 is quarantined: first to fail"),
             LeftKind::Quarantined,
-            "machine m1 is quarantined: first to fail (exit code 80)",
+            "machine m1 is quarantined: first to fail; agent exit code 80",
         ),
         (
             halted_by(&halt(4)),
@@ -583,12 +583,12 @@ fn each_leaving_says_its_kind_and_the_detail_status_shows() {
         (
             halting(78, "no progress"),
             LeftKind::Halted,
-            "ended the run: no progress (exit code 78)",
+            "ended the run: no progress; agent exit code 78",
         ),
         (
             failed(76),
             LeftKind::Failed,
-            "the restart budget is spent (exit code 76)",
+            "the restart budget is spent; agent exit code 76",
         ),
     ];
     for (leave, kind, detail) in cases {
