@@ -118,7 +118,11 @@ impl<G: Group> Rendezvous for Fixed<G> {
         Ok(Finish::AllDone)
     }
 
-    async fn depart(&mut self, _how: Departure) -> Result<(), RendezvousError> {
+    async fn depart(
+        &mut self,
+        _how: Departure,
+        _why: crate::LeftReason,
+    ) -> Result<(), RendezvousError> {
         Ok(())
     }
 }

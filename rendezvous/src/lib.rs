@@ -294,7 +294,62 @@ pub enum Departure {
     Left,
 }
 
-/// The interface every rendezvous backend implements: the questions every backend answers
+/// Why a node left the run or its group, as `fsdp-agent status` shows it (the record
+/// `ctl/left/`, [`etcd::record`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeftKind {
+    /// Every worker of the node exited 0.
+    Finished,
+    /// A signal stopped the agent; the run goes on without it.
+    Left,
+    /// Its health check failed every try.
+    Unhealthy,
+    /// Its machine was quarantined.
+    Quarantined,
+    /// The run ended for every node.
+    Halted,
+    /// The restart budget was spent, or the exit barrier ran out.
+    Failed,
+    /// It could not renew its lease and stopped its own workers.
+    Fenced,
+    /// Its registration vanished without a word (the coordinator says so).
+    Lost,
+}
+
+impl LeftKind {
+    /// The word status shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Finished => "finished",
+            Self::Left => "left",
+            Self::Unhealthy => "unhealthy",
+            Self::Quarantined => "quarantined",
+            Self::Halted => "halted",
+            Self::Failed => "failed",
+            Self::Fenced => "fenced",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+/// Why this node leaves: its kind and one line of detail (the health check's message, the
+/// signal, the exit code).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftReason {
+    pub kind: LeftKind,
+    pub detail: String,
+}
+
+impl LeftReason {
+    pub fn new(kind: LeftKind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// The interface every rendezvous backend implements/// The interface every rendezvous backend implements: the questions every backend answers
 /// the same way, whatever it shares with other nodes.
 ///
 /// The agent's runtime is single-threaded (see the agent crate's docs for why), so the
@@ -339,8 +394,9 @@ pub trait Rendezvous {
     /// with the change if the group breaks meanwhile (the survivors then re-form).
     async fn finish(&mut self, timeout: std::time::Duration) -> Result<Finish, RendezvousError>;
 
-    /// Ends this node's part in the run. Never closes the run for the other nodes.
-    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError>;
+    /// Ends this node's part in the run, saying `why` to the backend's records (status
+    /// shows it after the node is gone). Never closes the run for the other nodes.
+    async fn depart(&mut self, how: Departure, why: LeftReason) -> Result<(), RendezvousError>;
 }
 
 /// What a backend shares with the other nodes of the job beyond the round itself: who

@@ -180,13 +180,17 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     if current.failed {
         why.push("a worker failed".to_owned());
     }
+    // Where the growth is said: once sealed, the waiting nodes are members, and the round
+    // record keeps the reason (status shows it while they run).
+    let grow_at = grow.then_some(why.len());
     if grow {
         why.push(format!("{} node(s) waiting to join", waiting.len()));
     }
     if why.is_empty() {
         why.push(format!("{} stopped their workers", join(&left)));
     }
-    let why = why.join(", ");
+    let mut parts = why;
+    let why = parts.join(", ");
 
     // After a loss or a failure every survivor notices by itself and comes back; waiting
     // for them keeps a dying peer's lease time to expire, so its death is not charged as a
@@ -226,12 +230,22 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     }
     let charged = current.failed && lost.is_empty();
     let restart_count = current.restart_count + u32::from(charged);
+    if let Some(i) = grow_at {
+        let admitted = members
+            .iter()
+            .filter(|m| !in_round.contains(m.as_str()))
+            .count();
+        parts[i] = format!("admitted {admitted} waiting node(s)");
+    }
     let p = Proposal {
         number: next_number,
         members,
         restart_count,
     };
-    (SealDecision::Seal(p), format!("re-form ({why})"))
+    (
+        SealDecision::Seal(p),
+        format!("re-form ({})", parts.join(", ")),
+    )
 }
 
 /// Node ids named in a reason, at most [`NAMED`] of them: reasons are logged and stored in

@@ -4,10 +4,17 @@
 use std::time::{Duration, Instant};
 
 use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, Keys, TlsFiles, commit_round, connect};
-use fsdp_rendezvous::{Change, Departure, Rendezvous, RendezvousError, Round};
+use fsdp_rendezvous::{
+    Change, Departure, LeftKind, LeftReason, Rendezvous, RendezvousError, Round,
+};
 use fsdp_tests::etcd::{Etcd, ServerTls};
 use fsdp_tests::etcd_cluster::EtcdCluster;
 use futures::future::join_all;
+
+/// What these tests' nodes say when they leave (status's record; no test here reads it).
+fn why() -> LeftReason {
+    LeftReason::new(LeftKind::Left, "the test")
+}
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -149,7 +156,7 @@ async fn a_dead_node_is_out_after_the_ttl_and_a_leaving_node_at_once() {
     // A graceful leave revokes the lease: the survivor learns long before a TTL.
     let id1 = ns[1].node_id().to_owned();
     let start = Instant::now();
-    ns[1].depart(Departure::Left).await.unwrap();
+    ns[1].depart(Departure::Left, why()).await.unwrap();
     let change = within(Duration::from_secs(5), "graceful leave", ns[0].changed())
         .await
         .unwrap();
@@ -274,7 +281,7 @@ async fn finished_and_failed_runs_do_not_block_a_new_job_with_the_same_id() {
             ns[0].record_failure().await.unwrap();
         }
         for n in ns.iter_mut() {
-            n.depart(how).await.unwrap();
+            n.depart(how, why()).await.unwrap();
         }
         drop(ns);
         let mut again = nodes(&etcd, "reuse", 2, 2, 2).await;
@@ -325,7 +332,7 @@ async fn survives_etcd_restart(keep_data: bool) {
     expect.sort();
     assert_eq!(ids, expect);
     // And the run still works: a leave is noticed.
-    ns[1].depart(Departure::Left).await.unwrap();
+    ns[1].depart(Departure::Left, why()).await.unwrap();
     within(
         Duration::from_secs(10),
         "a leave after the restart",
@@ -493,7 +500,7 @@ async fn user_and_password_authentication() {
 
 /// The second node leaves; the first sees it gone within seconds, not a lease TTL.
 async fn a_leave_is_noticed_at_once(ns: &mut [EtcdRendezvous]) {
-    ns[1].depart(Departure::Left).await.unwrap();
+    ns[1].depart(Departure::Left, why()).await.unwrap();
     let seen = within(Duration::from_secs(10), "a leave", ns[0].changed()).await;
     assert_eq!(
         seen.unwrap(),

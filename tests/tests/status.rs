@@ -462,3 +462,181 @@ fn reflection_lists_the_status_and_health_services() {
 fn one_message<T: Send + 'static>(item: T) -> impl futures::Stream<Item = T> + Send + 'static {
     futures::stream::iter(std::iter::once(item))
 }
+
+/// An agent of run `leftjob` (`--nnodes 2:3`, one worker) advertising `addr`, with
+/// `extra` flags.
+fn leaving_agent(dir: &Path, etcd: &Etcd, name: &str, addr: &str, extra: &[&str]) -> Agent {
+    AgentCmd::new(dir, name)
+        .args([
+            "--nnodes",
+            "2:3",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            &etcd.endpoint(),
+            "--rdzv-id",
+            "leftjob",
+            // The default lease TTL: a loaded machine that delays a keep-alive past a short
+            // one fences a live agent, and its own row would join the ones asserted.
+            "--rdzv-conf",
+            "last_call_timeout=1",
+            "--local-addr",
+            addr,
+        ])
+        .args(extra)
+        .args(["--no-python", "/bin/sleep", "600"])
+        .spawn()
+}
+
+/// `fsdp-agent status --json` of `leftjob`.
+fn leftjob_status(etcd: &Etcd) -> serde_json::Value {
+    let endpoint = etcd.endpoint();
+    let args = [
+        "--rdzv-endpoint",
+        &endpoint,
+        "--rdzv-id",
+        "leftjob",
+        "--json",
+    ];
+    let (code, json, err) = status_cmd(&args);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&json).expect("status --json is JSON")
+}
+
+/// Polls `leftjob`'s status until `cond` holds; on timeout, fails with the last status and
+/// the agents' logs.
+fn wait_status(
+    etcd: &Etcd,
+    what: &str,
+    agents: &[&Agent],
+    mut cond: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let end = std::time::Instant::now() + LIMIT;
+    loop {
+        let v = leftjob_status(etcd);
+        if cond(&v) {
+            return v;
+        }
+        if std::time::Instant::now() > end {
+            let logs: Vec<String> = agents.iter().map(|a| a.stderr()).collect();
+            panic!(
+                "timed out waiting for {what}\n{v:#}\n{}",
+                logs.join("\n------\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `left` rows of `v` for the node advertising `addr`.
+fn left_rows<'a>(v: &'a serde_json::Value, addr: &str) -> Vec<&'a serde_json::Value> {
+    v["left"]
+        .as_array()
+        .expect("a left array")
+        .iter()
+        .filter(|l| l["addr"] == addr)
+        .collect()
+}
+
+/// The node ids of the running members of `v`.
+fn running(v: &serde_json::Value) -> Vec<String> {
+    v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["state"] == "running")
+        .map(|m| m["addr"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Issue 32: a node whose health check failed exits 79 and its leased record dies with
+/// its lease; status, taken once the others formed, still says why it left. So it does
+/// for a node stopped by a signal (its own word, and no second "lost" row though its
+/// registration went before its word arrived), and for a SIGKILLed node (the coordinator's
+/// "lost", nobody else's).
+#[test]
+fn status_remembers_why_each_node_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start();
+    let check = "echo checking; echo 'GPU 3: 12 ECC errors' >&2; exit 1";
+    let mut sick = leaving_agent(
+        dir.path(),
+        &etcd,
+        "sick",
+        "127.0.3.3",
+        &["--health-check", check, "--health-check-attempts", "3"],
+    );
+    let a = leaving_agent(dir.path(), &etcd, "a", "127.0.3.1", &[]);
+    let b = leaving_agent(dir.path(), &etcd, "b", "127.0.3.2", &[]);
+    assert_eq!(sick.code(), 79, "{}", sick.output());
+    let v = wait_status(&etcd, "a and b in a round of two", &[&a, &b], |v| {
+        running(v).len() == 2
+    });
+    let rows = left_rows(&v, "127.0.3.3");
+    assert_eq!(rows.len(), 1, "{v:#}");
+    assert_eq!(rows[0]["reason"], "unhealthy", "{v:#}");
+    let detail = rows[0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("GPU 3: 12 ECC errors") && detail.contains("exit code 79"),
+        "{detail}"
+    );
+    assert_eq!(rows[0]["written_by"], rows[0]["node_id"], "its own word");
+    assert!(v["unhealthy"].as_array().unwrap().is_empty(), "{v:#}");
+
+    // The table: the members, then who left and why.
+    let endpoint = etcd.endpoint();
+    let (code, table, err) = status_cmd(&["--rdzv-endpoint", &endpoint, "--rdzv-id", "leftjob"]);
+    assert_eq!(code, 0, "{err}");
+    let left_at = table.find("left (newest last):").expect(&table);
+    assert!(table.find("127.0.3.1").unwrap() < left_at, "{table}");
+    let row = table[left_at..]
+        .lines()
+        .find(|l| l.contains("127.0.3.3"))
+        .expect(&table);
+    assert!(
+        row.contains("unhealthy") && row.contains("GPU 3: 12 ECC errors"),
+        "{table}"
+    );
+
+    // A third node joins, then is stopped: it says it left, once.
+    let mut c = leaving_agent(dir.path(), &etcd, "c", "127.0.3.4", &[]);
+    wait_status(&etcd, "a round of three", &[&a, &b, &c], |v| {
+        running(v).len() == 3
+    });
+    c.signal(libc::SIGTERM);
+    assert_eq!(c.code(), 143, "{}", c.output());
+    let v = wait_status(&etcd, "a and b again in a round of two", &[&a, &b], |v| {
+        running(v).len() == 2 && v["health"] == "healthy"
+    });
+    let rows = left_rows(&v, "127.0.3.4");
+    assert_eq!(rows.len(), 1, "one row for one departure: {v:#}");
+    assert_eq!(rows[0]["reason"], "left", "{v:#}");
+    assert!(
+        rows[0]["detail"].as_str().unwrap().contains("SIGTERM"),
+        "{v:#}"
+    );
+
+    // SIGKILL b: it says nothing; the coordinator (a, by now) records it lost.
+    b.signal(libc::SIGKILL);
+    let v = wait_status(&etcd, "b recorded lost", &[&a], |v| {
+        !left_rows(v, "127.0.3.2").is_empty()
+    });
+    let rows = left_rows(&v, "127.0.3.2");
+    assert_eq!(rows.len(), 1, "{v:#}");
+    assert_eq!(rows[0]["reason"], "lost", "{v:#}");
+    let coordinator = v["coordinator"].as_str().expect("a coordinates");
+    assert_eq!(rows[0]["written_by"], coordinator, "{v:#}");
+    assert_ne!(rows[0]["written_by"], rows[0]["node_id"], "{v:#}");
+    // Newest last: the sick node, then c, then b.
+    let order: Vec<&str> = v["left"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["addr"].as_str().unwrap())
+        .filter(|a| *a != "127.0.3.1")
+        .collect();
+    assert_eq!(order, ["127.0.3.3", "127.0.3.4", "127.0.3.2"], "{v:#}");
+    drop(a);
+}

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use fsdp_rendezvous::{Change, Departure, Finish, Halt, RendezvousError, Round};
+use fsdp_rendezvous::{
+    Change, Departure, Finish, Halt, LeftKind, LeftReason, RendezvousError, Round,
+};
 use nix::sys::signal::Signal;
 
 use super::AgentExit;
@@ -41,10 +43,12 @@ impl Rules {
 }
 
 /// Leave the rendezvous this way and end with this exit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leave {
     pub how: Departure,
     pub exit: AgentExit,
+    /// Why, as the record `fsdp-agent status` shows after the node is gone.
+    pub why: LeftReason,
 }
 
 /// Leaving after `sig`: the run goes on without this node.
@@ -52,25 +56,72 @@ pub fn signalled(sig: Signal) -> Leave {
     Leave {
         how: Departure::Left,
         exit: AgentExit::Signalled(sig),
+        why: LeftReason::new(
+            LeftKind::Left,
+            format!(
+                "stopped by {sig}; agent exit code {}",
+                exit_code::signalled(sig as i32)
+            ),
+        ),
     }
 }
 
-/// Leaving the run failed with `exit_code`: the budget is spent, or the run is over for
-/// every node (this node's verdict or another's).
+/// Leaving failed with `exit_code`: the restart budget is spent.
 pub fn failed(exit_code: u8) -> Leave {
     Leave {
         how: Departure::Failed,
         exit: AgentExit::Failed { exit_code },
+        why: LeftReason::new(
+            LeftKind::Failed,
+            format!("the restart budget is spent; agent exit code {exit_code}"),
+        ),
     }
 }
 
-/// This node's machine is kept out of the run; the others go on without it.
-pub fn kept_out() -> Leave {
+/// This node ended the run for every node with `exit_code`, for `reason`.
+pub fn halting(exit_code: u8, reason: &str) -> Leave {
+    Leave {
+        why: LeftReason::new(
+            LeftKind::Halted,
+            format!("ended the run: {reason}; agent exit code {exit_code}"),
+        ),
+        ..failed(exit_code)
+    }
+}
+
+/// Another node ended the run: this one ends with the same code.
+pub fn halted_by(h: &Halt) -> Leave {
+    Leave {
+        why: LeftReason::new(LeftKind::Halted, h.to_string()),
+        ..failed(h.exit_code)
+    }
+}
+
+/// This node's machine is kept out of the run (`reason`); the others go on without it.
+pub fn kept_out(reason: &str) -> Leave {
+    let code = exit_code::QUARANTINED;
     Leave {
         how: Departure::Left,
-        exit: AgentExit::Failed {
-            exit_code: exit_code::QUARANTINED,
-        },
+        exit: AgentExit::Failed { exit_code: code },
+        why: LeftReason::new(
+            LeftKind::Quarantined,
+            format!("{reason}; agent exit code {code}"),
+        ),
+    }
+}
+
+/// This node's health check failed `failures` times in a row, the last for `reason`: it
+/// leaves with `exit_code` so that it is replaced.
+pub fn unhealthy(exit_code: u8, failures: u32, reason: &str) -> Leave {
+    Leave {
+        how: Departure::Left,
+        exit: AgentExit::Failed { exit_code },
+        why: LeftReason::new(
+            LeftKind::Unhealthy,
+            format!(
+                "health check failed {failures} time(s) in a row: {reason}; agent exit code {exit_code}"
+            ),
+        ),
     }
 }
 
@@ -373,7 +424,7 @@ pub fn after_failed(
     }
     match verdict {
         AfterFailure::Halt { exit_code, reason } => AfterFailed::Halt {
-            leave: failed(exit_code),
+            leave: halting(exit_code, &reason),
             reason,
         },
         AfterFailure::Restart => {
@@ -406,18 +457,28 @@ pub fn after_barrier(outcome: Finish) -> AfterBarrier {
         Finish::AllDone => AfterBarrier::Done(Leave {
             how: Departure::Finished,
             exit: AgentExit::Finished,
+            why: LeftReason::new(
+                LeftKind::Finished,
+                "every worker exited 0; agent exit code 0",
+            ),
         }),
         Finish::Changed(Change::Halted(h)) => AfterBarrier::Halted(h),
         Finish::Changed(change) => AfterBarrier::Rejoin(change),
-        Finish::TimedOut { unfinished } => AfterBarrier::TimedOut {
-            unfinished,
-            leave: Leave {
-                how: Departure::Finished,
-                exit: AgentExit::Failed {
-                    exit_code: exit_code::BARRIER_TIMEOUT,
+        Finish::TimedOut { unfinished } => {
+            let code = exit_code::BARRIER_TIMEOUT;
+            let why = format!(
+                "its workers finished, but {} did not within the exit barrier; agent exit code {code}",
+                unfinished.join(", ")
+            );
+            AfterBarrier::TimedOut {
+                unfinished,
+                leave: Leave {
+                    how: Departure::Finished,
+                    exit: AgentExit::Failed { exit_code: code },
+                    why: LeftReason::new(LeftKind::Failed, why),
                 },
-            },
-        },
+            }
+        }
     }
 }
 

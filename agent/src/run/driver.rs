@@ -390,7 +390,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                     if let Err(sig) = self.announce_halt(exit_code, &reason).await {
                         return signalled(sig).into();
                     }
-                    return self.leave_halted(decide::failed(exit_code), &reason);
+                    return self.leave_halted(decide::halting(exit_code, &reason), &reason);
                 }
             }
             AfterChange::OwnLoss => {
@@ -655,7 +655,10 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
     pub(super) async fn leave(&mut self, leave: Leave) -> Result<AgentExit, AgentError> {
         // Leaving is a courtesy (peers notice at once instead of after a lease TTL): a hung
         // etcd or a second signal must not keep the agent from exiting.
-        let depart = tokio::time::timeout(DEPART_PATIENCE, self.rdzv.depart(leave.how));
+        let depart = tokio::time::timeout(
+            DEPART_PATIENCE,
+            self.rdzv.depart(leave.how, leave.why.clone()),
+        );
         match interruptible(self.signals, depart).await {
             Ok(Ok(r)) => r?,
             Ok(Err(_)) => tracing::warn!(

@@ -2,11 +2,11 @@
 //! stays out of the group, recorded in etcd with the reason; after too many failures in a
 //! row it leaves with [`crate::exit_code::UNHEALTHY`] so the pod is replaced.
 
-use fsdp_rendezvous::{Departure, JobRecords, Rendezvous};
+use fsdp_rendezvous::{JobRecords, Rendezvous};
 
-use super::decide::{Leave, signalled};
+use super::decide::{self, signalled};
 use super::driver::{Loop, interruptible};
-use super::{AgentExit, DEPART_PATIENCE, Phase};
+use super::{DEPART_PATIENCE, Phase};
 use crate::health::{self, Verdict};
 
 impl<R: Rendezvous> Loop<'_, R> {
@@ -30,8 +30,10 @@ impl<R: Rendezvous> Loop<'_, R> {
             tracing::warn!(%reason, failures, command = %check.command, "the health check failed; staying out of the group");
             self.report.health(Some(&reason));
             if let Some(records) = self.rdzv.records() {
-                let say =
-                    tokio::time::timeout(DEPART_PATIENCE, records.unhealthy(reason, failures));
+                let say = tokio::time::timeout(
+                    DEPART_PATIENCE,
+                    records.unhealthy(reason.clone(), failures),
+                );
                 match interruptible(self.signals, say).await {
                     Err(sig) => return Some(signalled(sig).into()),
                     Ok(Ok(Ok(()))) => {}
@@ -48,10 +50,7 @@ impl<R: Rendezvous> Loop<'_, R> {
                         exit_code,
                         "the health check failed every time; leaving so the node is replaced"
                     );
-                    return Some(Phase::Leave(Leave {
-                        how: Departure::Left,
-                        exit: AgentExit::Failed { exit_code },
-                    }));
+                    return Some(decide::unhealthy(exit_code, failures, &reason).into());
                 }
                 Verdict::RetryIn(pause) => {
                     let wait = tokio::time::sleep(pause);

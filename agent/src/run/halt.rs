@@ -49,6 +49,6 @@ impl<R: Rendezvous> Loop<'_, R> {
     pub(super) fn halted(&mut self, h: &Halt) -> Phase {
         tracing::error!(node = %h.node_id, exit_code = h.exit_code, reason = %h.reason, "another node ended the run");
         self.report.show(Shown::Failed, h.to_string());
-        decide::failed(h.exit_code).into()
+        decide::halted_by(h).into()
     }
 }

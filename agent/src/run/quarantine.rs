@@ -40,11 +40,9 @@ impl<R: Rendezvous> Loop<'_, R> {
         let (reason, until_ms) = self.rdzv.records()?.quarantined(machine)?;
         let left = Duration::from_millis(until_ms.saturating_sub(fsdp_rendezvous::unix_ms()));
         tracing::error!(%machine, %reason, left_s = left.as_secs(), "this machine is quarantined; not joining");
-        self.report.show(
-            Shown::Failed,
-            format!("machine {machine} is quarantined: {reason}"),
-        );
-        Some(decide::kept_out().into())
+        let why = format!("machine {machine} is quarantined: {reason}");
+        self.report.show(Shown::Failed, why.clone());
+        Some(decide::kept_out(&why).into())
     }
 
     /// The round after a failed one formed: enters the failed round and, if the policy
@@ -78,6 +76,6 @@ impl<R: Rendezvous> Loop<'_, R> {
         }
         self.report
             .show(Shown::Failed, format!("quarantined: {reason}"));
-        Some(decide::kept_out().into())
+        Some(decide::kept_out(&format!("machine {machine} quarantined: {reason}")).into())
     }
 }

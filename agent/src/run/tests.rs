@@ -8,7 +8,9 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
-use fsdp_rendezvous::{Change, Departure, Finish, NoRecords, Rendezvous, RendezvousError, Round};
+use fsdp_rendezvous::{
+    Change, Departure, Finish, LeftReason, NoRecords, Rendezvous, RendezvousError, Round,
+};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -90,8 +92,8 @@ impl Rendezvous for Scripted {
         Ok(self.finishes.pop_front().unwrap_or(Finish::AllDone))
     }
 
-    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
-        self.call(format!("depart {how:?}"));
+    async fn depart(&mut self, how: Departure, why: LeftReason) -> Result<(), RendezvousError> {
+        self.call(format!("depart {how:?}: {}", why.kind.label()));
         if self.depart_hangs {
             std::future::pending::<()>().await;
         }
@@ -182,7 +184,12 @@ fn a_group_change_stops_the_workers_and_the_next_round_runs() {
     assert_eq!(result.unwrap(), AgentExit::Finished);
     assert_eq!(
         calls,
-        ["next_round", "next_round", "finish", "depart Finished"]
+        [
+            "next_round",
+            "next_round",
+            "finish",
+            "depart Finished: finished"
+        ]
     );
 }
 
@@ -205,7 +212,7 @@ fn a_failure_is_charged_and_the_group_restarts_within_the_budget() {
             "record_failure",
             "next_round",
             "finish",
-            "depart Finished"
+            "depart Finished: finished"
         ]
     );
 }
@@ -225,7 +232,7 @@ fn a_spent_budget_ends_with_the_workers_own_code() {
             "next_round",
             "record_failure",
             "next_round",
-            "depart Failed"
+            "depart Failed: failed"
         ]
     );
 }
@@ -240,7 +247,7 @@ fn a_signal_while_workers_run_stops_them_and_leaves() {
     let signal = Some((Duration::from_millis(300), Signal::SIGTERM));
     let (result, calls) = play(&cfg, rdzv, signal);
     assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
-    assert_eq!(calls, ["next_round", "depart Left"]);
+    assert_eq!(calls, ["next_round", "depart Left: left"]);
 }
 
 #[test]
@@ -253,7 +260,7 @@ fn a_signal_during_the_rendezvous_leaves_at_once() {
         Some((Duration::from_millis(100), Signal::SIGINT)),
     );
     assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGINT));
-    assert_eq!(calls, ["next_round", "depart Left"]);
+    assert_eq!(calls, ["next_round", "depart Left: left"]);
 }
 
 #[test]
@@ -267,7 +274,7 @@ fn a_signal_while_reporting_a_failure_is_not_lost() {
     let signal = Some((Duration::from_millis(500), Signal::SIGTERM));
     let (result, calls) = play(&cfg, rdzv, signal);
     assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
-    assert_eq!(calls, ["next_round", "record_failure", "depart Left"]);
+    assert_eq!(calls, ["next_round", "record_failure", "depart Left: left"]);
 }
 
 #[test]
@@ -287,7 +294,7 @@ fn a_group_that_breaks_in_the_exit_barrier_runs_again() {
             "finish",
             "next_round",
             "finish",
-            "depart Finished"
+            "depart Finished: finished"
         ]
     );
 }
@@ -359,5 +366,5 @@ fn a_rendezvous_that_never_takes_the_goodbye_does_not_keep_the_agent() {
     };
     let (result, calls) = play(&cfg, rdzv, None);
     assert_eq!(result.unwrap(), AgentExit::Finished);
-    assert_eq!(calls, ["next_round", "finish", "depart Finished"]);
+    assert_eq!(calls, ["next_round", "finish", "depart Finished: finished"]);
 }

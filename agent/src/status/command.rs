@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use fsdp_rendezvous::etcd::inspect::{MemberReport, RunReport, inspect};
+use fsdp_rendezvous::etcd::inspect::{LeftNode, MemberReport, RunReport, inspect};
 
 use crate::config::{etcd, parse};
 use crate::exit_code;
@@ -314,13 +314,7 @@ fn run_table(r: &RunReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let round = r.round.map(|n| {
-        if r.round_reason.is_empty() {
-            n.to_string()
-        } else {
-            format!("{n} ({})", r.round_reason)
-        }
-    });
+    let round = r.round.map(|n| round_fact(n, &r.round_reason));
     let facts = [
         ("run", r.run_id.clone()),
         (
@@ -374,7 +368,59 @@ fn run_table(r: &RunReport) -> String {
         &["NODE", "ADDR", "RANK", "GLOBAL RANKS", "NPROC", "STATE"],
         &rows,
     );
+    if !r.left.is_empty() {
+        let _ = writeln!(out, "\nleft (newest last):");
+        let rows: Vec<Vec<String>> = r.left.iter().map(|l| left_row(l, now)).collect();
+        columns(
+            &mut out,
+            &["NODE", "ADDR", "ROUND", "WHEN", "REASON", "DETAIL"],
+            &rows,
+        );
+    }
     out
+}
+
+/// The round line: its number and why it was sealed, said as done. The reason is the
+/// coordinator's at the moment it sealed; read as the present ("re-form (1 node(s) waiting
+/// to join)") it was false once the waiting node had joined.
+pub fn round_fact(number: u64, reason: &str) -> String {
+    if reason.is_empty() {
+        return number.to_string();
+    }
+    match reason
+        .strip_prefix("re-form (")
+        .and_then(|r| r.strip_suffix(')'))
+    {
+        Some(why) => format!("{number} (re-formed: {why})"),
+        None => format!("{number} (sealed: {reason})"),
+    }
+}
+
+/// One departure, its time said as an age at `now_ms`.
+fn left_row(l: &LeftNode, now_ms: u64) -> Vec<String> {
+    vec![
+        l.node_id.clone(),
+        if l.addr.is_empty() {
+            "-".into()
+        } else {
+            l.addr.clone()
+        },
+        l.round.to_string(),
+        ago(now_ms, l.at_ms),
+        l.reason.to_owned(),
+        l.detail.clone(),
+    ]
+}
+
+/// How long before `now_ms` the Unix time `at_ms` was, in the largest two units.
+pub fn ago(now_ms: u64, at_ms: u64) -> String {
+    let s = now_ms.saturating_sub(at_ms) / 1000;
+    match s {
+        0..60 => format!("{s}s ago"),
+        60..3600 => format!("{}m{:02}s ago", s / 60, s % 60),
+        3600..86_400 => format!("{}h{:02}m ago", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h ago", s / 86_400, s % 86_400 / 3600),
+    }
 }
 
 fn row(m: &MemberReport) -> Vec<String> {
@@ -419,8 +465,93 @@ mod tests {
     }
 
     #[test]
-    fn the_table_shows_the_last_hang_and_the_straggler_view() {
-        let run = RunReport {
+    fn the_round_line_says_why_the_round_was_sealed_as_done() {
+        assert_eq!(round_fact(2, ""), "2");
+        assert_eq!(
+            round_fact(2, "re-form (admitted 1 waiting node(s))"),
+            "2 (re-formed: admitted 1 waiting node(s))"
+        );
+        // A record sealed by an older agent still reads as history.
+        assert_eq!(
+            round_fact(2, "re-form (1 node(s) waiting to join)"),
+            "2 (re-formed: 1 node(s) waiting to join)"
+        );
+        assert_eq!(
+            round_fact(0, "3 nodes present (the maximum)"),
+            "0 (sealed: 3 nodes present (the maximum))"
+        );
+    }
+
+    #[test]
+    fn an_age_is_said_in_its_two_largest_units() {
+        let now = 10_000_000_000;
+        assert_eq!(ago(now, now - 12_400), "12s ago");
+        assert_eq!(ago(now, now - 184_000), "3m04s ago");
+        assert_eq!(ago(now, now - 7_500_000), "2h05m ago");
+        assert_eq!(ago(now, now - 97_200_000), "1d03h ago");
+        assert_eq!(ago(now, now + 5_000), "0s ago", "a writer's clock ahead");
+    }
+
+    #[test]
+    fn the_nodes_that_left_follow_the_members_newest_last() {
+        let left = |node: &str, reason: &'static str, detail: &str, at_ms: u64| LeftNode {
+            node_id: node.into(),
+            addr: format!("{node}.local"),
+            reason,
+            detail: detail.into(),
+            at_ms,
+            round: 1,
+            written_by: node.into(),
+        };
+        let now = fsdp_rendezvous::unix_ms();
+        let mut run = report();
+        run.members = vec![MemberReport {
+            node_id: "a".into(),
+            addr: "a.local".into(),
+            nproc: 1,
+            group_rank: Some(0),
+            base_rank: Some(0),
+            state: fsdp_rendezvous::etcd::inspect::MemberState::Running,
+            status_addr: String::new(),
+        }];
+        run.left = vec![
+            left(
+                "c",
+                "unhealthy",
+                "GPU 3: 12 ECC errors (exit code 1)",
+                now - 90_000,
+            ),
+            left("d", "lost", "its registration vanished", now - 3_000),
+        ];
+        let t = run_table(&run);
+        let tail: Vec<&str> = t.lines().skip_while(|l| !l.starts_with("left")).collect();
+        assert_eq!(tail.len(), 4, "{t}");
+        assert!(
+            tail[1].starts_with("NODE") && tail[1].ends_with("DETAIL"),
+            "{t}"
+        );
+        assert!(
+            tail[2].starts_with("c ") && tail[2].contains("1m30s ago"),
+            "{t}"
+        );
+        assert!(
+            tail[2].contains("unhealthy")
+                && tail[2].ends_with("GPU 3: 12 ECC errors (exit code 1)"),
+            "{t}"
+        );
+        assert!(tail[3].starts_with("d ") && tail[3].contains("lost"), "{t}");
+        let members = t.find("\na ").expect("the member row");
+        assert!(
+            members < t.find("\nleft").unwrap(),
+            "after the members: {t}"
+        );
+        // Nobody left: no section.
+        run.left.clear();
+        assert!(!run_table(&run).contains("left"), "{}", run_table(&run));
+    }
+
+    fn report() -> RunReport {
+        RunReport {
             run_id: "job".into(),
             round: Some(2),
             round_reason: String::new(),
@@ -436,9 +567,14 @@ mod tests {
             last_hang: None,
             unhealthy: Vec::new(),
             quarantined: Vec::new(),
-        };
+            left: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_table_shows_the_last_hang_and_the_straggler_view() {
         let shown = Shown {
-            run,
+            run: report(),
             slowest_ranks: vec![line(1, 0.9), line(0, 0.2)],
             last_hang: Some("round 1: rank 1 on node n0 last finished step 9".into()),
         };

@@ -10,7 +10,8 @@ use super::session::Command;
 use super::*;
 use crate::fence::{self, FenceDecision};
 use crate::{
-    Change, Counters, Departure, Finish, JobRecords, Rendezvous, RendezvousError, Round, port,
+    Change, Counters, Departure, Finish, JobRecords, LeftReason, Rendezvous, RendezvousError,
+    Round, port,
 };
 
 impl Rendezvous for EtcdRendezvous {
@@ -64,7 +65,11 @@ impl Rendezvous for EtcdRendezvous {
                 Step::Done(done) => {
                     let (record, round) = *done;
                     if self.lease_may_be_gone(record.number) {
-                        self.tell(Command::Abandon);
+                        let reason = format!(
+                            "did not start round {}: its lease may have expired in etcd",
+                            record.number
+                        );
+                        self.tell(Command::Abandon { reason });
                         wants = record.number + 1;
                         self.ask(Command::Register { wants_round: wants }).await?;
                         continue;
@@ -169,10 +174,10 @@ impl Rendezvous for EtcdRendezvous {
         }
     }
 
-    async fn depart(&mut self, how: Departure) -> Result<(), RendezvousError> {
+    async fn depart(&mut self, how: Departure, why: LeftReason) -> Result<(), RendezvousError> {
         self.watcher = None;
         // The session revokes the lease and ends; leaving never fails the agent.
-        if let Err(e) = self.ask(Command::Depart { how }).await {
+        if let Err(e) = self.ask(Command::Depart { how, why }).await {
             tracing::warn!(error = %e, ?how, "could not revoke the lease; peers will notice after its TTL");
         }
         Ok(())

@@ -180,7 +180,12 @@ impl EtcdRendezvous {
                 match fence::decide(Instant::now(), v.lease_safe_until, margin) {
                     FenceDecision::Fence { reason, left } => {
                         drop(v);
-                        self.tell(Command::Abandon);
+                        self.tell(Command::Abandon {
+                            reason: format!(
+                                "stopped its workers in round {}: {reason}",
+                                held.record.number
+                            ),
+                        });
                         // Cut off, this node proves nothing about anyone.
                         self.watcher = None;
                         return Ok(Change::Fenced {

@@ -5,6 +5,7 @@ use etcd_client::{Client, GetOptions};
 use serde::Serialize;
 
 use super::keys::Keys;
+use super::left;
 use super::view::View;
 use crate::{RendezvousError, RoundMember, ranks};
 
@@ -37,6 +38,27 @@ pub struct RunReport {
     pub unhealthy: Vec<UnhealthyNode>,
     /// Machines kept out of the run (expired ones too, with their end).
     pub quarantined: Vec<QuarantinedMachine>,
+    /// Nodes that left the run or its group, and why: the last [`left::KEPT`], newest
+    /// last.
+    pub left: Vec<LeftNode>,
+}
+
+/// A node that left, in its own word or, when it said none, the coordinator's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeftNode {
+    pub node_id: String,
+    /// The address it advertised.
+    pub addr: String,
+    /// finished, left, unhealthy, quarantined, halted, failed, fenced or lost.
+    pub reason: &'static str,
+    /// One line: the health check's message, the signal, the exit code, how it was lost.
+    pub detail: String,
+    /// Unix ms when it left, by the writer's clock.
+    pub at_ms: u64,
+    /// The round it ran (or the latest it knew) when it left.
+    pub round: u64,
+    /// Who wrote the record: the node itself, or the coordinator that found it gone.
+    pub written_by: String,
 }
 
 /// A machine kept out because its node failed first round after round.
@@ -161,6 +183,7 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
                 until_ms: q.until_ms,
             })
             .collect(),
+        left: left_nodes(v),
         last_hang: v.hangs.last_key_value().map(|(round, h)| HangRound {
             round: *round,
             reports: h.values().map(super::hang_report).collect(),
@@ -300,6 +323,29 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
     r
 }
 
+/// The departures `v` holds, oldest first by the revision that wrote them; the last
+/// [`left::KEPT`] (more stay in etcd only while a flood of them is being trimmed).
+fn left_nodes(v: &View) -> Vec<LeftNode> {
+    let mut all: Vec<_> = v.left.values().collect();
+    all.sort_by_key(|e| e.mod_rev);
+    let skip = all.len().saturating_sub(left::KEPT);
+    all.into_iter()
+        .skip(skip)
+        .filter_map(|e| {
+            let l = &e.record;
+            Some(LeftNode {
+                node_id: l.node_id.clone(),
+                addr: l.addr.clone(),
+                reason: left::kind_of(l)?.label(),
+                detail: l.detail.clone(),
+                at_ms: l.at_ms,
+                round: l.round,
+                written_by: l.written_by.clone(),
+            })
+        })
+        .collect()
+}
+
 /// Reads the run's keys and summarises them; `Ok(None)` when the run has no keys at all.
 pub async fn inspect(
     client: &mut Client,
@@ -335,7 +381,7 @@ pub async fn inspect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::view::{MemberEntry, RoundEntry};
+    use crate::etcd::view::{LeftEntry, MemberEntry, RoundEntry};
     use fsdp_proto::v1;
 
     fn member(id: &str, n: u32) -> v1::Member {
@@ -407,6 +453,52 @@ mod tests {
 
         let v = view(&[("a", 2)], &[]);
         assert_eq!(report("job", &v).health, Health::Stopped);
+    }
+
+    /// The nodes that left, ordered by the revision that wrote each record (etcd's
+    /// order, not the writers' clocks), newest last; the last hundred.
+    #[test]
+    fn departures_are_listed_by_revision_newest_last_the_last_hundred() {
+        let mut v = view(&[("a", 2)], &["a"]);
+        let said = |node: &str, kind: v1::LeftKind, at_ms: u64| v1::Left {
+            schema: 1,
+            node_id: node.into(),
+            incarnation: 1,
+            addr: format!("{node}.local"),
+            kind: kind.into(),
+            detail: format!("{node}'s reason"),
+            at_ms,
+            round: 3,
+            written_by: "a".into(),
+        };
+        fn put(v: &mut View, l: v1::Left, mod_rev: i64) {
+            let tail = crate::etcd::record::left_tail(&l.node_id, l.incarnation);
+            v.left.insert(tail, LeftEntry { record: l, mod_rev });
+        }
+        // c's clock runs ahead; b was written later all the same.
+        put(&mut v, said("c", v1::LeftKind::Unhealthy, 9_000), 10);
+        put(&mut v, said("b", v1::LeftKind::Lost, 5_000), 11);
+        let r = report("job", &v);
+        let got: Vec<(&str, &str)> = r
+            .left
+            .iter()
+            .map(|l| (l.node_id.as_str(), l.reason))
+            .collect();
+        assert_eq!(got, [("c", "unhealthy"), ("b", "lost")]);
+        assert_eq!(r.left[0].detail, "c's reason");
+        assert_eq!((r.left[1].round, r.left[1].at_ms), (3, 5_000));
+        assert_eq!(r.health, Health::Healthy, "departures change no health");
+
+        for i in 0..150 {
+            put(
+                &mut v,
+                said(&format!("n{i}"), v1::LeftKind::Finished, 0),
+                100 + i,
+            );
+        }
+        let r = report("job", &v);
+        assert_eq!(r.left.len(), left::KEPT);
+        assert_eq!(r.left.last().unwrap().node_id, "n149");
     }
 
     #[test]

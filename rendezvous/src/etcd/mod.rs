@@ -33,6 +33,7 @@ mod handle;
 pub mod inspect;
 mod joining;
 mod keys;
+pub mod left;
 pub mod liveness;
 mod probe;
 pub mod record;

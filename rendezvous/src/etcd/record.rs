@@ -14,6 +14,8 @@
 //! ctl/unhealthy/<node>              Unhealthy    leased: the node's health check fails
 //! ctl/faults/<n>/<node>             Fault        the node saw its own worker fail in round n
 //! ctl/quarantine/<machine>          Quarantine   the machine is kept out until a time
+//! ctl/left/<node>/<incarnation>     Left         why the node left: its own word, else the
+//!                                                coordinator's "lost"; the last 100 kept
 //! ```
 //!
 //! The declarations are in [`declared`]; adding a record is one `impl Record` there and
@@ -31,8 +33,8 @@ use fsdp_proto::{Versioned, decode};
 use super::keys::Keys;
 use super::view::View;
 
-pub use allowed::Allowed;
-pub use declared::per_round;
+pub use allowed::{Allowed, LEFT_DETAIL_MAX, left_detail};
+pub use declared::{left_tail, per_round};
 
 /// Where a record lives under the run's root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +142,7 @@ const DECLARED: &[Declared] = {
         declare::<Unhealthy>(),
         declare::<Fault>(),
         declare::<Quarantine>(),
+        declare::<Left>(),
     ]
 };
 

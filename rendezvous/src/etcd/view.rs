@@ -33,6 +33,14 @@ pub struct Departed {
     pub incarnation: u64,
 }
 
+/// Why a node left, and the revision that wrote it (the order of departures: etcd's, not
+/// the writers' clocks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftEntry {
+    pub record: v1::Left,
+    pub mod_rev: i64,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct View {
     /// A watch is established and the view is current.
@@ -73,6 +81,9 @@ pub struct View {
     pub unhealthy: BTreeMap<String, v1::Unhealthy>,
     /// A node ended the run for everyone.
     pub halt: Option<v1::Halt>,
+    /// Why nodes left, by key tail ([`super::record::left_tail`]); the machine's and
+    /// status's only: the handle decides nothing from them ([`View::for_handle`]).
+    pub left: BTreeMap<String, LeftEntry>,
     /// Hang reports of the latest rounds that hung, by round and node.
     pub hangs: BTreeMap<u64, BTreeMap<String, v1::HangReport>>,
     /// The earliest moment etcd could expire this agent's lease ([`crate::fence`]); not
@@ -112,6 +123,7 @@ impl View {
             quarantine,
             unhealthy,
             halt,
+            left: _,
             hangs,
             lease_safe_until,
             incarnation,
@@ -135,6 +147,7 @@ impl View {
             quarantine: quarantine.clone(),
             unhealthy: unhealthy.clone(),
             halt: halt.clone(),
+            left: BTreeMap::new(),
             hangs: hangs.clone(),
             lease_safe_until: *lease_safe_until,
             incarnation: *incarnation,

@@ -184,6 +184,43 @@ fn a_failure_is_charged_only_without_a_lost_member() {
     assert_eq!(p.restart_count, 1, "a peer's death is not charged: {why}");
 }
 
+/// The reason is stored in the round record and shown by status while the round runs:
+/// once sealed, the nodes that were waiting are members, and the reason says they were
+/// admitted, not that they wait (status showed "1 node(s) waiting to join" beside three
+/// running members). Only the nodes the round has room for count.
+#[test]
+fn a_sealed_growth_says_the_waiting_nodes_were_admitted() {
+    let t = Instant::now();
+    let cur = current(&["a", "b"], false);
+    let c = [
+        cand("a", 1, true),
+        cand("b", 2, true),
+        cand("n", 8, true),
+        cand("o", 9, true),
+    ];
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
+    let (d, why) = decide(t, &s, &cfg(1, 3));
+    assert_eq!(seal((d, why.clone())).members, ["a", "b", "n"]);
+    assert_eq!(why, "re-form (admitted 1 waiting node(s))");
+    assert!(!why.contains("waiting to join"), "{why}");
+
+    // Lost and grown at once: both said, the growth as done.
+    let c = [cand("a", 1, true), cand("n", 8, true)];
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
+    let (_, why) = decide(t, &s, &cfg(1, 3));
+    assert_eq!(why, "re-form (lost b, admitted 1 waiting node(s))");
+}
+
 #[test]
 fn a_waiting_node_grows_a_round_below_max_but_not_a_full_one() {
     let t = Instant::now();

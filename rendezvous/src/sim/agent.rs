@@ -261,7 +261,8 @@ impl SimAgent {
                 if self.lease_may_be_gone(now) {
                     // Workers started now would run under a lease etcd may have expired.
                     self.reform(now, record.number + 1);
-                    return vec![self.ask(Command::Abandon, Asked::Plain)];
+                    let reason = format!("did not start round {}", record.number);
+                    return vec![self.ask(Command::Abandon { reason }, Asked::Plain)];
                 }
                 self.lp = Loop::Running {
                     record: record.clone(),
@@ -339,7 +340,8 @@ impl SimAgent {
             FenceDecision::Fence { reason, .. } => {
                 // Registered again once the abandon is answered.
                 let stopped = self.stop_workers(now, &format!("fenced: {reason}"));
-                [stopped, Some(self.ask(Command::Abandon, Asked::Plain))]
+                let abandon = Command::Abandon { reason };
+                [stopped, Some(self.ask(abandon, Asked::Plain))]
                     .into_iter()
                     .flatten()
                     .collect()
@@ -413,6 +415,7 @@ impl SimAgent {
         let ask = self.ask(
             Command::Depart {
                 how: crate::Departure::Left,
+                why: crate::LeftReason::new(crate::LeftKind::Left, "SIGTERM"),
             },
             Asked::Last,
         );

@@ -114,6 +114,61 @@ impl World {
         self.seal_budget = self.seal_budget.saturating_sub(1);
     }
 
+    /// The departure records in etcd: each one every agent accepts (an agent never writes
+    /// one that is refused), and no more than are kept (the writers and the coordinator
+    /// trim; a handful of agents never overshoot).
+    pub fn check_departures(&mut self) {
+        let prefix = self.keys.key::<v1::Left>("");
+        let req = fsdp_proto::etcdserverpb::RangeRequest {
+            range_end: super::etcd::prefix_end(prefix.as_bytes()),
+            key: prefix.into_bytes(),
+            ..Default::default()
+        };
+        let Ok(found) = self.etcd.state.range(&req) else {
+            return;
+        };
+        let mut v = crate::etcd::View::default();
+        for kv in &found.kvs {
+            let key = String::from_utf8_lossy(&kv.key);
+            v.put(
+                &self.keys,
+                &key,
+                &kv.value,
+                kv.create_revision,
+                kv.mod_revision,
+                kv.lease,
+            );
+        }
+        self.note(|| {
+            let rows: Vec<String> = v
+                .left
+                .values()
+                .map(|e| {
+                    let l = &e.record;
+                    let kind = l.kind().as_str_name().trim_start_matches("LEFT_KIND_");
+                    let inc = l.incarnation % 1_000_000;
+                    format!(
+                        "{}#..{inc:06} {kind} round {} by {}",
+                        l.node_id, l.round, l.written_by
+                    )
+                })
+                .collect();
+            format!("etcd: departures at settle: {rows:?}")
+        });
+        if let Some((key, why)) = v.refused.iter().chain(&v.corrupt).next() {
+            return self.violate(format!(
+                "a departure record no agent accepts at {key}: {why}"
+            ));
+        }
+        if v.left.len() > crate::etcd::left::KEPT {
+            let n = v.left.len();
+            self.violate(format!(
+                "{n} departure records kept, more than {}",
+                crate::etcd::left::KEPT
+            ));
+        }
+    }
+
     fn halted(&self) -> bool {
         let key = self.keys.key::<v1::Halt>("");
         let req = fsdp_proto::etcdserverpb::RangeRequest {

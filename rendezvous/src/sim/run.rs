@@ -53,6 +53,7 @@ pub fn run_schedule(seed: u64, opts: &Options, plan: &[(u64, Fault)]) -> Report 
             Ev::End => break,
             Ev::Settled => {
                 w.check_settled();
+                w.check_departures();
                 writes_at_settle = w
                     .writes
                     .iter()

@@ -101,10 +101,12 @@ fn with_the_old_store_the_simulator_finds_live_agents_evicted() {
     assert!(evicted.seed < 10_000);
     let mut opts = Options::new(4);
     opts.switches = old;
-    let kept = run_seed(4, &opts);
+    // Seed 4 found it until issue 32's departure records added ops that change every
+    // trace; seed 5 is the first that finds it since.
+    let kept = run_seed(5, &opts);
     let v = kept.violation.clone().unwrap_or_default();
     assert!(v.contains("fencing") && v.contains("lease 1 ended"), "{v}");
-    assert_eq!(run_seed(4, &Options::new(4)).violation, None, "fixed");
+    assert_eq!(run_seed(5, &Options::new(4)).violation, None, "fixed");
 }
 
 /// The checker can fail: agents that never fence themselves are caught within 1,000

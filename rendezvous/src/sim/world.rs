@@ -465,8 +465,8 @@ fn short(c: &Command) -> String {
         Command::Register { wants_round } => format!("register for round {wants_round}"),
         Command::Running { round } => format!("running round {}", round.number),
         Command::Write(o) => format!("{} ({})", o.writing, o.key),
-        Command::Depart { how } => format!("depart ({how:?})"),
-        Command::Abandon => "abandon the fenced lease".into(),
+        Command::Depart { how, .. } => format!("depart ({how:?})"),
+        Command::Abandon { .. } => "abandon the fenced lease".into(),
         Command::Evict { node, lease, .. } => format!("evict {node} (lease {lease})"),
         other => format!("{other:?}"),
     }

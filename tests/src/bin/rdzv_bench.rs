@@ -87,14 +87,22 @@ fn main() {
         if let Some(how) = lose {
             let survivors = reform_after_loss(held, &how).await;
             for mut n in survivors {
-                let _ = n.depart(fsdp_rendezvous::Departure::Finished).await;
+                let _ = n
+                    .depart(fsdp_rendezvous::Departure::Finished, finished())
+                    .await;
             }
             return;
         }
         for (mut n, _) in held {
-            let _ = n.depart(fsdp_rendezvous::Departure::Finished).await;
+            let _ = n
+                .depart(fsdp_rendezvous::Departure::Finished, finished())
+                .await;
         }
     });
+}
+
+fn finished() -> fsdp_rendezvous::LeftReason {
+    fsdp_rendezvous::LeftReason::new(fsdp_rendezvous::LeftKind::Finished, "the bench")
 }
 
 /// Takes one node out of the sealed round (`leave`: revoking its lease; `kill`: dropping
@@ -109,7 +117,12 @@ async fn reform_after_loss(
     let (mut lost, _) = held.pop().expect("at least one node");
     let start = Instant::now();
     if how == "leave" {
-        let _ = lost.depart(fsdp_rendezvous::Departure::Left).await;
+        let _ = lost
+            .depart(
+                fsdp_rendezvous::Departure::Left,
+                fsdp_rendezvous::LeftReason::new(fsdp_rendezvous::LeftKind::Left, "the bench"),
+            )
+            .await;
     }
     drop(lost);
     let mut tasks = tokio::task::JoinSet::new();

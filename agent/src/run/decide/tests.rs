@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use fsdp_rendezvous::{Change, Departure, Finish, Halt, RendezvousError, Round, RoundMember};
+use fsdp_rendezvous::{
+    Change, Departure, Finish, Halt, LeftKind, RendezvousError, Round, RoundMember,
+};
 use nix::sys::signal::Signal;
 
 use super::*;
@@ -120,13 +122,13 @@ fn a_spent_budget_gives_up_with_the_workers_code_and_starts_nothing() {
         m.last_restart_count, 0,
         "a round not started is not remembered"
     );
+    let leave = failed(3);
     assert_eq!(
-        failed(3),
-        Leave {
-            how: Departure::Failed,
-            exit: AgentExit::Failed { exit_code: 3 }
-        }
+        (leave.how, leave.exit),
+        (Departure::Failed, AgentExit::Failed { exit_code: 3 })
     );
+    assert_eq!(leave.why.kind, LeftKind::Failed);
+    assert!(leave.why.detail.contains("exit code 3"), "{:?}", leave.why);
 }
 
 #[test]
@@ -345,10 +347,16 @@ fn a_halt_verdict_leaves_failed_with_its_code_and_reason() {
     assert_eq!(
         next,
         AfterFailed::Halt {
-            leave: failed(9),
+            leave: halting(9, "why"),
             reason: "why".into()
         }
     );
+    let AfterFailed::Halt { leave, .. } = next else {
+        unreachable!()
+    };
+    assert_eq!(leave.exit, AgentExit::Failed { exit_code: 9 });
+    assert_eq!(leave.why.kind, LeftKind::Halted);
+    assert!(leave.why.detail.contains("why"), "{:?}", leave.why);
     assert_eq!(m.last_failure, None, "the budget is not what ends it");
 }
 
@@ -375,12 +383,12 @@ fn a_restart_remembers_the_failure_and_backs_off_by_the_restart_count() {
 
 #[test]
 fn each_barrier_outcome_has_its_ending() {
+    let AfterBarrier::Done(done) = after_barrier(Finish::AllDone) else {
+        panic!("all done is done");
+    };
     assert_eq!(
-        after_barrier(Finish::AllDone),
-        AfterBarrier::Done(Leave {
-            how: Departure::Finished,
-            exit: AgentExit::Finished
-        })
+        (done.how, done.exit, done.why.kind),
+        (Departure::Finished, AgentExit::Finished, LeftKind::Finished)
     );
     assert_eq!(
         after_barrier(Finish::Changed(Change::Halted(halt(4)))),
@@ -391,19 +399,26 @@ fn each_barrier_outcome_has_its_ending() {
         after_barrier(Finish::Changed(lost.clone())),
         AfterBarrier::Rejoin(lost)
     );
+    let AfterBarrier::TimedOut { unfinished, leave } = after_barrier(Finish::TimedOut {
+        unfinished: vec!["b".into()],
+    }) else {
+        panic!("a barrier that ran out times out");
+    };
+    assert_eq!(unfinished, ["b"]);
     assert_eq!(
-        after_barrier(Finish::TimedOut {
-            unfinished: vec!["b".into()]
-        }),
-        AfterBarrier::TimedOut {
-            unfinished: vec!["b".into()],
-            leave: Leave {
-                how: Departure::Finished,
-                exit: AgentExit::Failed {
-                    exit_code: exit_code::BARRIER_TIMEOUT
-                }
-            }
-        }
+        (leave.how, leave.exit, leave.why.kind),
+        (
+            Departure::Finished,
+            AgentExit::Failed {
+                exit_code: exit_code::BARRIER_TIMEOUT
+            },
+            LeftKind::Failed
+        )
+    );
+    assert!(
+        leave.why.detail.contains("b did not") && leave.why.detail.contains("exit code 75"),
+        "{:?}",
+        leave.why
     );
 }
 
@@ -580,4 +595,48 @@ fn a_node_without_records_knows_at_once_that_the_budget_is_spent() {
     assert_eq!(spent_at_once(1, false, &memory, &rules(1)), None);
     // With records, the next round decides (a lost member excuses the failure).
     assert_eq!(spent_at_once(1, true, &memory, &rules(0)), None);
+
+/// Every way of leaving says why, for the record status keeps after the node is gone.
+#[test]
+fn each_leaving_says_its_kind_and_the_detail_status_shows() {
+    let cases = [
+        (
+            signalled(Signal::SIGTERM),
+            LeftKind::Left,
+            "stopped by SIGTERM; agent exit code 143",
+        ),
+        (
+            unhealthy(79, 3, "GPU 3: 12 ECC errors (exit code 1)"),
+            LeftKind::Unhealthy,
+            "health check failed 3 time(s) in a row: GPU 3: 12 ECC errors (exit code 1); agent exit code 79",
+        ),
+        (
+            kept_out("machine m1 is quarantined: first to fail"),
+            LeftKind::Quarantined,
+            "machine m1 is quarantined: first to fail; agent exit code 80",
+        ),
+        (
+            halted_by(&halt(4)),
+            LeftKind::Halted,
+            "node b ended the run with exit code 4: no retry",
+        ),
+        (
+            halting(78, "no progress"),
+            LeftKind::Halted,
+            "ended the run: no progress; agent exit code 78",
+        ),
+        (
+            failed(76),
+            LeftKind::Failed,
+            "the restart budget is spent; agent exit code 76",
+        ),
+    ];
+    for (leave, kind, detail) in cases {
+        assert_eq!((leave.why.kind, leave.why.detail.as_str()), (kind, detail));
+    }
+    assert_eq!(
+        unhealthy(79, 3, "x").exit,
+        AgentExit::Failed { exit_code: 79 }
+    );
+    assert_eq!(unhealthy(79, 3, "x").how, Departure::Left);
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use fsdp_proto::{decode, v1};
 
 use super::{At, Mode, Place, Record};
-use crate::etcd::view::{MemberEntry, RoundEntry, View};
+use crate::etcd::view::{LeftEntry, MemberEntry, RoundEntry, View};
 use crate::ranks;
 
 /// Rounds whose hang reports a view keeps.
@@ -275,6 +275,46 @@ impl Record for v1::Quarantine {
 
     fn remove(view: &mut View, tail: &str, _: Instant, _: Option<&[u8]>) {
         view.quarantine.remove(tail);
+    }
+}
+
+/// The tail of the record of why `node` left, its registration `incarnation` gone:
+/// incarnations zero-padded, so that one node's departures sort in order.
+pub fn left_tail(node: &str, incarnation: u64) -> String {
+    format!("{node}/{incarnation:020}")
+}
+
+impl Record for v1::Left {
+    const PLACE: Place = Place::Under("ctl/left/");
+    // A plain put: the node's own word replaces the coordinator's "lost" at the same key
+    // when the two race (the coordinator writes it only while the key is absent).
+    const MODE: Mode = Mode::Put;
+    const WRITING: &'static str = "recording why this node left";
+
+    fn tail(&self) -> String {
+        left_tail(&self.node_id, self.incarnation)
+    }
+
+    fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String> {
+        if tail != self.tail() {
+            return Err(format!(
+                "names node {} incarnation {}, not its own key",
+                self.node_id, self.incarnation
+            ));
+        }
+        view.allowed.left(&self)?;
+        view.left.insert(
+            tail.to_owned(),
+            LeftEntry {
+                record: self,
+                mod_rev: at.mod_rev,
+            },
+        );
+        Ok(())
+    }
+
+    fn remove(view: &mut View, tail: &str, _: Instant, _: Option<&[u8]>) {
+        view.left.remove(tail);
     }
 }
 

@@ -155,11 +155,16 @@ pub enum Command {
     /// This node's health check failed: withdraw its registration (and the coordinator
     /// role) and say why; it registers again when the check passes.
     Withdraw { record: v1::Unhealthy },
-    /// Revoke the lease (the others learn at once) and end the session.
-    Depart { how: crate::Departure },
-    /// This node fenced itself: at the next contact with etcd, revoke the lease (the
-    /// others see it leave instead of waiting out the TTL) and join again on a new one.
-    Abandon,
+    /// Revoke the lease (the others learn at once) and end the session; `why` is written
+    /// beside the revoke for status.
+    Depart {
+        how: crate::Departure,
+        why: crate::LeftReason,
+    },
+    /// This node fenced itself (for `reason`): at the next contact with etcd, say so, revoke
+    /// the lease (the others see it leave instead of waiting out the TTL) and join again on
+    /// a new one.
+    Abandon { reason: String },
     /// `node`'s agent is proven gone (its status port refused a connection): revoke its
     /// lease, so every agent sees it leave now rather than after its TTL.
     Evict {

@@ -1,19 +1,21 @@
 //! The session machine: its state, [`Machine::step`], and what every phase does with an
 //! input. The steps of a sync and of a command live in `sync.rs` and `serve.rs`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fsdp_proto::v1;
 
+use super::departures::Saying;
 use super::io::{Answer, Command, CommandId, Effect, Input, Op, Role};
 use super::serve::Serving;
 use super::sync::Todo;
 use crate::Counters;
 use crate::etcd::coordinator::Coordinator;
 use crate::etcd::keys::Keys;
+use crate::etcd::left;
 use crate::etcd::view::View;
 use crate::fence::LeaseClock;
 use crate::seal::SealConfig;
@@ -145,6 +147,12 @@ pub struct Machine {
     pub(super) reselect: bool,
     /// Revoke the lease and take a new one at the next sync (this node fenced itself).
     pub(super) abandon: bool,
+    /// Why this node fenced itself, to write before its lease is revoked.
+    pub(super) fenced_word: Option<v1::Left>,
+    /// As coordinator: the departures of round members it recorded or found explained.
+    pub(super) dealt: BTreeSet<left::Departure>,
+    /// As coordinator: the departure record write in flight.
+    pub(super) saying: Option<Saying>,
     pub(super) phase: Phase,
     /// What is left to do before the next input is looked at.
     pub(super) todo: VecDeque<Todo>,
@@ -198,6 +206,9 @@ impl Machine {
             probing: false,
             reselect: false,
             abandon: false,
+            fenced_word: None,
+            dealt: BTreeSet::new(),
+            saying: None,
             phase: Phase::Syncing(Resync::First),
             todo: VecDeque::new(),
             awaiting: None,

@@ -18,6 +18,8 @@
 //!   and the coordinator's seal;
 //! * `serve.rs` — each command's ops and answers;
 //! * `records.rs` — the transactions, as data;
+//! * `departures.rs` — the records of why nodes left: this node's word when it fences,
+//!   and the coordinator's for members lost without one;
 //! * `driver.rs` — the real driver: etcd-client, the streams, the prober (the only
 //!   `select!`). The simulator (`crate::sim`, docs/simulation.md) drives the same machine
 //!   over the pure store.
@@ -27,6 +29,7 @@
 //! etcd-client lease keeper does not reconnect by itself, so the keep-alive is ours too.
 //! With one owner of the lease, a lease found gone is replaced exactly once.
 
+mod departures;
 mod driver;
 mod io;
 mod machine;

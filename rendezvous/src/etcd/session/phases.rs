@@ -23,7 +23,7 @@ impl Machine {
             (Phase::Disconnected { .. }, Input::Command(id, command)) => {
                 let local = matches!(
                     command,
-                    Command::Running { .. } | Command::Abandon | Command::Depart { .. }
+                    Command::Running { .. } | Command::Abandon { .. } | Command::Depart { .. }
                 );
                 if local {
                     self.serve(id, command);
@@ -45,7 +45,8 @@ impl Machine {
                 if self.apply(events) {
                     self.todo.push_back(Todo::Campaign);
                 }
-                self.todo.extend([Todo::RoleCheck, Todo::Coordinate]);
+                self.todo
+                    .extend([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
             }
             Input::WatchEnded => self.resync_after_watching(Resync::Outage),
             // etcd went back: it lost its data between the read and the watch, which would
@@ -114,11 +115,12 @@ impl Machine {
         }
         if self.grace_until.is_some_and(|at| at <= now) {
             self.grace_until = None;
-            self.todo.push_back(Todo::CheckAbsent);
+            self.todo.extend([Todo::CheckAbsent, Todo::SayLost]);
         }
         if self.recheck.is_some_and(|at| at <= now) {
             self.recheck = None;
-            self.todo.extend([Todo::RoleCheck, Todo::Coordinate]);
+            self.todo
+                .extend([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
         }
     }
 

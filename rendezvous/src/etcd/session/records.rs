@@ -61,6 +61,52 @@ pub fn say_gone(keys: &Keys, g: &v1::Gone) -> TxnSpec {
     }
 }
 
+/// Why this node leaves (`word`), beside the first word on how (`gone`), if it has one:
+/// its word is put whether or not the first word stands, and replaces a "lost" the
+/// coordinator wrote at its key meanwhile. The oldest records at `trim` go with it.
+pub fn say_left(keys: &Keys, word: &v1::Left, gone: Option<&v1::Gone>, trim: &[String]) -> TxnSpec {
+    let mut then = vec![put(keys.of(word), word.encode_to_vec(), 0)];
+    then.extend(trim.iter().map(|t| Write::Delete(keys.key::<v1::Left>(t))));
+    match gone {
+        Some(g) => {
+            let mut said = say_gone(keys, g);
+            said.otherwise = then.clone();
+            said.then.extend(then);
+            said
+        }
+        None => TxnSpec {
+            then,
+            ..TxnSpec::default()
+        },
+    }
+}
+
+/// The coordinator's word for a member that left without one: written only while its key
+/// is absent (the member's own word, however late, stands). The oldest records at `trim`
+/// go either way.
+pub fn say_lost(keys: &Keys, word: &v1::Left, trim: &[String]) -> TxnSpec {
+    let deletes: Vec<Write> = trim
+        .iter()
+        .map(|t| Write::Delete(keys.key::<v1::Left>(t)))
+        .collect();
+    let key = keys.of(word);
+    let mut said = first_word(key, word.encode_to_vec(), &[]);
+    said.then.extend(deletes.clone());
+    said.otherwise = deletes;
+    said
+}
+
+/// Deletes the departure records at `trim` (the oldest, beyond those kept).
+pub fn trim_left(keys: &Keys, trim: &[String]) -> TxnSpec {
+    TxnSpec {
+        then: trim
+            .iter()
+            .map(|t| Write::Delete(keys.key::<v1::Left>(t)))
+            .collect(),
+        ..TxnSpec::default()
+    }
+}
+
 /// This node's registration under `lease`: its member record when given (stamped with the
 /// lease and incarnation), and, when `claim`, the coordinator key if nobody holds it (the
 /// record is written either way).

@@ -6,9 +6,10 @@ use super::io::{Answer, Command, CommandId, Op};
 use super::machine::{Machine, Phase, Resync, Then};
 use super::records;
 use crate::etcd::connect::transient;
+use crate::etcd::left;
 use crate::etcd::record::{Mode, Record};
 use crate::etcd::session::lease_not_found;
-use crate::{Departure, RendezvousError};
+use crate::{Departure, LeftKind, LeftReason, RendezvousError};
 
 /// A command being served.
 #[derive(Debug)]
@@ -48,7 +49,9 @@ impl Machine {
                 self.running = Some(round.clone());
                 return self.served(s, Ok(()));
             }
-            Command::Abandon => {
+            Command::Abandon { reason } => {
+                let why = LeftReason::new(LeftKind::Fenced, reason.clone());
+                self.fenced_word = Some(self.own_word(&why));
                 self.running = None;
                 self.abandon = true;
                 return self.served(s, Ok(()));
@@ -128,7 +131,7 @@ impl Machine {
                 Op::Txn(records::withdrawal(keys, me, record, lease, s.claiming))
             }
             Command::Running { .. }
-            | Command::Abandon
+            | Command::Abandon { .. }
             | Command::Depart { .. }
             | Command::Evict { .. } => unreachable!("no single write"),
         }
@@ -160,21 +163,30 @@ impl Machine {
 
     /// Revoking deletes our registration (and the coordinator key if we held it), so the
     /// others learn within milliseconds instead of a lease TTL. The others learn how (a
-    /// leave, not a death) from a record sent beside the revoke, not before it: under load
-    /// one more round trip first would delay what every survivor waits for.
+    /// leave, not a death) and status why, from records sent beside the revoke, not before
+    /// it: under load one more round trip first would delay what every survivor waits for.
     fn depart_op(&self, s: &Serving) -> Op {
-        let Command::Depart { how } = s.command else {
+        let Command::Depart { how, why } = &s.command else {
             unreachable!("only a departure departs")
         };
-        let record = match (how, &self.running) {
-            (Departure::Left, Some(r)) => {
-                let g = records::gone(r.number, &self.cfg.node_id, v1::Detection::Left, 0);
-                Some(records::say_gone(&self.cfg.keys, &g))
-            }
+        let gone = match (how, &self.running) {
+            (Departure::Left, Some(r)) => Some(records::gone(
+                r.number,
+                &self.cfg.node_id,
+                v1::Detection::Left,
+                0,
+            )),
             _ => None,
         };
+        let word = self.own_word(why);
+        let trim = left::trim(&self.view.left, Some(&word.tail()));
         Op::Depart {
-            record,
+            record: Some(records::say_left(
+                &self.cfg.keys,
+                &word,
+                gone.as_ref(),
+                &trim,
+            )),
             lease: self.lease,
         }
     }
@@ -299,7 +311,7 @@ fn what(command: &Command, stage: Stage) -> &'static str {
         (Command::Register { .. }, _) => <v1::Member as Record>::WRITING,
         (Command::Write(o), _) => o.writing,
         (Command::Withdraw { .. }, _) => <v1::Unhealthy as Record>::WRITING,
-        (Command::Running { .. } | Command::Abandon | Command::Depart { .. }, _) => {
+        (Command::Running { .. } | Command::Abandon { .. } | Command::Depart { .. }, _) => {
             "leaving the run"
         }
     }

@@ -19,6 +19,9 @@ use crate::seal::SealDecision;
 pub enum Todo {
     /// Pin the connection to a member that answers.
     PickEndpoint,
+    /// This node fenced itself: say why, for status (before the revoke, so that the
+    /// coordinator never finds its registration gone without a word).
+    SayFenced,
     /// This node fenced itself: revoke its lease (then [`Todo::Grant`] a new one).
     RevokeFenced,
     /// A new lease: the next incarnation.
@@ -38,6 +41,9 @@ pub enum Todo {
     Campaign,
     OpenWatches,
     Coordinate,
+    /// As coordinator: a word for a member of the round lost without one, and the trim of
+    /// the oldest departure records.
+    SayLost,
     /// Serve the commands that waited for etcd, oldest first.
     Drain,
     /// Into [`Phase::Watching`].
@@ -60,7 +66,7 @@ impl Todo {
         if abandon {
             // Before the read, so that the watches start after the revoke and this node
             // does not see its own departure.
-            plan.push(Todo::RevokeFenced);
+            plan.extend([Todo::SayFenced, Todo::RevokeFenced]);
         }
         plan.push(Todo::Read);
         // The cluster's size rarely changes: asked at join and after an outage, not at
@@ -78,6 +84,7 @@ impl Todo {
         plan.extend([
             Todo::OpenWatches,
             Todo::Coordinate,
+            Todo::SayLost,
             Todo::Drain,
             Todo::Enter,
             Todo::RoleCheck,
@@ -91,6 +98,8 @@ impl Machine {
         let keys = &self.cfg.keys;
         let op = match todo {
             Todo::PickEndpoint => Op::PickEndpoint,
+            Todo::SayFenced => return self.say_fenced(),
+            Todo::SayLost => return self.say_lost(),
             Todo::RevokeFenced => Op::Revoke { lease: self.lease },
             Todo::Grant => Op::Grant {
                 ttl: self.cfg.ttl.as_secs().max(1) as i64,
@@ -160,6 +169,7 @@ impl Machine {
         answer: Result<Answer, etcd_client::Error>,
     ) {
         let answer = match (todo, answer) {
+            (Todo::SayFenced | Todo::SayLost, Err(e)) => return self.word_failed(todo, e),
             // A fenced lease that expired meanwhile is gone either way.
             (Todo::RevokeFenced, Err(e)) if lease_not_found(&e) => Answer::Done,
             (_, Err(e)) => return self.lost(e),
@@ -167,6 +177,11 @@ impl Machine {
         };
         match (todo, answer) {
             (Todo::PickEndpoint, _) => self.reselect = false,
+            (Todo::SayFenced, Answer::Txn { .. }) => {
+                self.wrote();
+                self.fenced_word = None;
+            }
+            (Todo::SayLost, Answer::Txn { .. }) => self.said_lost(),
             (Todo::RevokeFenced, _) => {
                 self.wrote();
                 tracing::info!(lease = self.lease, "revoked the fenced lease");

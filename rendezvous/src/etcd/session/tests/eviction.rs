@@ -7,11 +7,25 @@ use super::*;
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn abandon_makes_the_next_sync_revoke_then_grant_then_read() {
+fn abandon_makes_the_next_sync_say_why_then_revoke_then_grant_then_read() {
     let mut h = Harness::synced();
-    let e = h.command(1, Command::Abandon);
+    h.command(
+        9,
+        Command::Running {
+            round: round(3, &[("a", 1), ("b", 1)]),
+        },
+    );
+    let e = h.command(1, abandon());
     replied_ok(&e, 1);
     assert!(closes_watches(&e));
+    // Why, before the revoke: the coordinator never sees the registration go without it.
+    let said = txn(the_op(&e));
+    assert!(said.when.is_empty(), "{said:?}");
+    let word = left_put(&said.then, "a", 1);
+    assert_eq!(word.kind(), v1::LeftKind::Fenced);
+    assert_eq!((word.round, word.written_by.as_str()), (3, "a"));
+    assert!(word.detail.contains("could not be renewed"), "{word:?}");
+    let e = h.answer(Answer::Txn { succeeded: true });
     assert_eq!(the_op(&e), Op::Revoke { lease: LEASE });
     let e = h.answer(Answer::Done);
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
@@ -44,7 +58,8 @@ fn abandon_makes_the_next_sync_revoke_then_grant_then_read() {
 #[test]
 fn a_revoke_answered_lease_not_found_still_grants_and_reads() {
     let mut h = Harness::synced();
-    let e = h.command(1, Command::Abandon);
+    h.command(1, abandon());
+    let e = h.answer(Answer::Txn { succeeded: true });
     assert_eq!(the_op(&e), Op::Revoke { lease: LEASE });
     // The fenced lease expired meanwhile: gone either way.
     let e = h.fail(no_such_lease());
@@ -58,10 +73,23 @@ fn a_revoke_answered_lease_not_found_still_grants_and_reads() {
 fn abandon_while_disconnected_revokes_first_at_the_next_sync() {
     let mut h = Harness::synced();
     h.disconnect();
-    let e = h.command(1, Command::Abandon);
+    let e = h.command(1, abandon());
     replied_ok(&e, 1);
     no_op(&e);
     let e = h.fire();
+    assert!(matches!(the_op(&e), Op::Txn(_)), "why first: {e:?}");
+    let e = h.answer(Answer::Txn { succeeded: true });
+    assert_eq!(the_op(&e), Op::Revoke { lease: LEASE });
+}
+
+/// A word refused for good (not a lost connection) is dropped: the fenced node still
+/// revokes its lease and joins again.
+#[test]
+fn a_refused_fence_word_does_not_hold_up_the_revoke() {
+    let mut h = Harness::synced();
+    h.command(1, abandon());
+    let denied = etcd_client::Error::GRpcStatus(tonic::Status::permission_denied("no"));
+    let e = h.fail(denied);
     assert_eq!(the_op(&e), Op::Revoke { lease: LEASE });
 }
 
@@ -156,12 +184,7 @@ fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
             round: round(4, &[("a", 1), ("b", 1)]),
         },
     );
-    let e = h.command(
-        3,
-        Command::Depart {
-            how: Departure::Left,
-        },
-    );
+    let e = h.command(3, depart(Departure::Left, crate::LeftKind::Left));
     let Op::Depart {
         record: Some(spec),
         lease,
@@ -174,6 +197,15 @@ fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
     assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
     let gone = v1::Gone::decode(put_at(&spec.then, &key).0).unwrap();
     assert_eq!(gone.how(), v1::Detection::Left);
+    // Why it left, whether or not the first word on how stands.
+    for writes in [&spec.then, &spec.otherwise] {
+        let word = left_put(writes, "a", 1);
+        assert_eq!(word.kind(), v1::LeftKind::Left);
+        assert_eq!(
+            (word.round, word.addr.as_str(), word.detail.as_str()),
+            (4, "10.0.0.1", "the test's reason")
+        );
+    }
     let e = h.answer(Answer::Departed {
         said: None,
         revoked: None,
@@ -192,17 +224,15 @@ fn depart_after_finishing_sends_no_gone_record() {
             round: round(4, &[("a", 1)]),
         },
     );
-    let e = h.command(
-        2,
-        Command::Depart {
-            how: Departure::Finished,
-        },
-    );
-    assert_eq!(
-        the_op(&e),
-        Op::Depart {
-            record: None,
-            lease: LEASE
-        }
-    );
+    let e = h.command(2, depart(Departure::Finished, crate::LeftKind::Finished));
+    let Op::Depart {
+        record: Some(spec),
+        lease: LEASE,
+    } = the_op(&e)
+    else {
+        panic!("expected a departure with its record: {e:?}")
+    };
+    assert!(spec.when.is_empty(), "{spec:?}");
+    assert_eq!(spec.then.len(), 1, "the word only: {spec:?}");
+    assert_eq!(left_put(&spec.then, "a", 1).kind(), v1::LeftKind::Finished);
 }

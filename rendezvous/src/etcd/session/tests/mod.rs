@@ -22,6 +22,7 @@ use crate::{Counters, Departure, RendezvousError};
 
 mod commands;
 mod coordinator;
+mod departures;
 mod eviction;
 mod lease;
 mod outage;
@@ -83,6 +84,28 @@ pub(super) fn report_done(round: u64) -> Command {
         round,
         node_id: "a".into(),
     })
+}
+
+/// "a" fenced itself.
+pub(super) fn abandon() -> Command {
+    Command::Abandon {
+        reason: "the lease could not be renewed".into(),
+    }
+}
+
+/// "a" leaves `how`, saying `kind`.
+pub(super) fn depart(how: Departure, kind: crate::LeftKind) -> Command {
+    Command::Depart {
+        how,
+        why: crate::LeftReason::new(kind, "the test's reason"),
+    }
+}
+
+/// The departure record put among `writes` at `node`'s `incarnation`.
+#[track_caller]
+pub(super) fn left_put(writes: &[Write], node: &str, incarnation: u64) -> v1::Left {
+    let key = keys().key::<v1::Left>(&crate::etcd::record::left_tail(node, incarnation));
+    v1::Left::decode(put_at(writes, &key).0).unwrap()
 }
 
 /// A failure in `round`, charged by "a".

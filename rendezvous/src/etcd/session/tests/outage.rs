@@ -78,7 +78,7 @@ fn running_and_abandon_are_served_while_disconnected_and_other_commands_wait() {
     );
     replied_ok(&e, 1);
     no_op(&e);
-    let e = h.command(2, Command::Abandon);
+    let e = h.command(2, abandon());
     replied_ok(&e, 2);
     no_op(&e);
     let e = h.command(3, report_done(2));
@@ -92,18 +92,16 @@ fn running_and_abandon_are_served_while_disconnected_and_other_commands_wait() {
 fn depart_is_served_while_disconnected() {
     let mut h = Harness::synced();
     h.disconnect();
-    let e = h.command(
-        1,
-        Command::Depart {
-            how: Departure::Failed,
-        },
-    );
-    assert_eq!(
-        the_op(&e),
-        Op::Depart {
-            record: None,
-            lease: LEASE
-        }
+    let e = h.command(1, depart(Departure::Failed, crate::LeftKind::Failed));
+    assert!(
+        matches!(
+            the_op(&e),
+            Op::Depart {
+                record: Some(_),
+                lease: LEASE
+            }
+        ),
+        "{e:?}"
     );
     let e = h.answer(Answer::Departed {
         said: None,

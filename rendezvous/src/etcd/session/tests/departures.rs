@@ -1,0 +1,209 @@
+//! The records of why nodes left, as the machine writes them: the coordinator's "lost"
+//! for a member gone without a word (once, and never beside the member's own word, never
+//! while an outage's grace lets members come back), and the trim of the oldest.
+
+use super::*;
+use crate::etcd::record::left_tail;
+
+/// "a" coordinates round 1 of "a" and "b" (incarnation 1 each), both registered and
+/// running it: nothing to seal, nothing to say.
+fn coordinating_a_round_of_two() -> Harness {
+    coordinating_with(&[])
+}
+
+fn coordinating_with(extra: &[Kv]) -> Harness {
+    let r = round(1, &[("a", 1), ("b", 1)]);
+    let mut kvs = vec![
+        round_kv(&r, 7),
+        member_kv(&member("a", LEASE, 1, 1), 3),
+        member_kv(&member("b", 200, 1, 1), 4),
+        coordinator_kv("a", LEASE),
+    ];
+    kvs.extend_from_slice(extra);
+    let (h, rest) = Harness::with(|c| c.can_probe = false).first_sync(&kvs);
+    no_op(&rest);
+    assert!(matches!(
+        h.m.phase(),
+        Phase::Watching {
+            role: Role::Coordinator,
+            ..
+        }
+    ));
+    h
+}
+
+fn b_deleted() -> WatchEvent {
+    WatchEvent::Delete {
+        key: keys().key::<v1::Member>("b"),
+        prev: None,
+    }
+}
+
+fn word_kv(l: &v1::Left, mod_rev: i64) -> Kv {
+    Kv {
+        key: keys().of(l),
+        value: l.encode_to_vec(),
+        create_rev: mod_rev,
+        mod_rev,
+        lease: 0,
+    }
+}
+
+fn said(node: &str, incarnation: u64, kind: v1::LeftKind) -> v1::Left {
+    v1::Left {
+        schema: SCHEMA_VERSION,
+        node_id: node.into(),
+        incarnation,
+        kind: kind.into(),
+        detail: "its own reason".into(),
+        written_by: node.into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_member_gone_without_a_word_is_recorded_lost_once_by_the_coordinator() {
+    let k = keys();
+    let mut h = coordinating_a_round_of_two();
+    let writes = h.writes.load(Ordering::Relaxed);
+    let e = h.step(Input::Watched(vec![b_deleted()]));
+    let spec = txn(the_op(&e));
+    let key = k.key::<v1::Left>(&left_tail("b", 1));
+    // Only while the key is absent: b's own word, however late, stands.
+    assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
+    let word = left_put(&spec.then, "b", 1);
+    assert_eq!(word.kind(), v1::LeftKind::Lost);
+    assert_eq!(
+        (word.round, word.addr.as_str(), word.written_by.as_str()),
+        (1, "b.local", "a")
+    );
+    assert!(word.detail.contains("lease expired"), "{word:?}");
+    let e = h.answer(Answer::Txn { succeeded: true });
+    no_op(&e);
+    assert_eq!(h.writes.load(Ordering::Relaxed), writes + 1);
+    // Later events (here b's key deleted again, a stale echo) write nothing more.
+    let e = h.step(Input::Watched(vec![b_deleted()]));
+    no_op(&e);
+    // Nor when the first word lost the race to b's own (the transaction failed).
+    let mut h = coordinating_a_round_of_two();
+    h.step(Input::Watched(vec![b_deleted()]));
+    let e = h.answer(Answer::Txn { succeeded: false });
+    no_op(&e);
+    no_op(&h.step(Input::Watched(vec![b_deleted()])));
+}
+
+#[test]
+fn a_member_that_said_why_gets_no_second_row() {
+    let mut h = coordinating_a_round_of_two();
+    let own = said("b", 1, v1::LeftKind::Unhealthy);
+    let e = h.step(Input::Watched(vec![
+        WatchEvent::Put(word_kv(&own, 20)),
+        b_deleted(),
+    ]));
+    no_op(&e);
+    // Its word may also come after its registration went (it is sent beside the revoke):
+    // the coordinator's "lost" is at the same key, where b's own put replaces it.
+    let mut h = coordinating_a_round_of_two();
+    let spec = txn(the_op(&h.step(Input::Watched(vec![b_deleted()]))));
+    assert_eq!(spec.when, vec![Compare::Absent(keys().of(&own))]);
+    assert!(touches(&spec.then, &keys().of(&own)));
+}
+
+/// After an outage etcd may have come back empty and the members are still registering
+/// again: nobody is called lost before the grace is over.
+#[test]
+fn nobody_is_called_lost_during_an_outages_grace() {
+    let mut h = coordinating_a_round_of_two();
+    h.disconnect();
+    let e = h.fire();
+    let r = round(1, &[("a", 1), ("b", 1)]);
+    let (_, rest) = h.sync_through(
+        e,
+        &[
+            round_kv(&r, 7),
+            member_kv(&member("a", LEASE, 1, 1), 3),
+            coordinator_kv("a", LEASE),
+        ],
+    );
+    no_op(&rest);
+    let grace = h.now + TTL + SECOND;
+    let lost = loop {
+        let e = h.fire();
+        match the_op(&e) {
+            Op::KeepAlive => {
+                assert!(h.now < grace, "no word at the end of the grace");
+                h.answer(Answer::Done);
+            }
+            Op::Txn(spec) => {
+                assert!(h.now >= grace, "a word before the grace was over");
+                break spec;
+            }
+            other => panic!("unexpected {other:?} during the grace"),
+        }
+    };
+    assert_eq!(left_put(&lost.then, "b", 1).kind(), v1::LeftKind::Lost);
+}
+
+/// More than the hundred kept (a flood the writers' own trims could not keep up with):
+/// the coordinator deletes the oldest, and not again once they are gone.
+#[test]
+fn the_coordinator_trims_the_records_beyond_the_hundred() {
+    let k = keys();
+    let extra: Vec<Kv> = (0..102)
+        .map(|i| {
+            word_kv(
+                &said(&format!("n{i:03}"), 1, v1::LeftKind::Finished),
+                100 + i,
+            )
+        })
+        .collect();
+    let r = round(1, &[("a", 1), ("b", 1)]);
+    let mut kvs = vec![
+        round_kv(&r, 7),
+        member_kv(&member("a", LEASE, 1, 1), 3),
+        member_kv(&member("b", 200, 1, 1), 4),
+        coordinator_kv("a", LEASE),
+    ];
+    kvs.extend(extra);
+    let (mut h, rest) = Harness::with(|c| c.can_probe = false).first_sync(&kvs);
+    let spec = txn(the_op(&rest));
+    assert!(spec.when.is_empty());
+    assert_eq!(
+        spec.then,
+        vec![
+            Write::Delete(k.key::<v1::Left>(&left_tail("n000", 1))),
+            Write::Delete(k.key::<v1::Left>(&left_tail("n001", 1))),
+        ]
+    );
+    let e = h.answer(Answer::Txn { succeeded: true });
+    no_op(&e);
+    assert_eq!(h.m.view().left.len(), 100);
+}
+
+/// A departing node makes room for its own word in the same transaction.
+#[test]
+fn a_departing_node_deletes_the_oldest_record_beside_its_word() {
+    let k = keys();
+    let extra: Vec<Kv> = (0..100)
+        .map(|i| {
+            word_kv(
+                &said(&format!("n{i:03}"), 1, v1::LeftKind::Finished),
+                100 + i,
+            )
+        })
+        .collect();
+    let mut h = Harness::synced_with(&extra);
+    let e = h.command(1, depart(Departure::Finished, crate::LeftKind::Finished));
+    let Op::Depart {
+        record: Some(spec), ..
+    } = the_op(&e)
+    else {
+        panic!("a departure with its word: {e:?}")
+    };
+    assert_eq!(left_put(&spec.then, "a", 1).kind(), v1::LeftKind::Finished);
+    assert!(touches(
+        &spec.then,
+        &k.key::<v1::Left>(&left_tail("n000", 1))
+    ));
+    assert_eq!(spec.then.len(), 2, "{spec:?}");
+}
