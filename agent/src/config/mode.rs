@@ -109,7 +109,7 @@ impl Resolver<'_> {
         if min_nodes != max_nodes {
             return Err(ConfigError::Conflict(format!(
                 "--nnodes {min_nodes}:{max_nodes} is elastic but the static backend needs a fixed node count; \
-                 use --rdzv-backend etcd for elastic jobs or --nnodes N"
+                 use --rdzv-backend etcd or c10d for elastic jobs, or --nnodes N"
             )));
         }
         let endpoint = a.rdzv_endpoint.trim();
@@ -227,13 +227,14 @@ impl Resolver<'_> {
                 };
                 (
                     format!(
-                        "{what}{}{served} nnodes={}:{} addr={} lease_ttl={:?} last_call={:?}",
+                        "{what}{}{served} nnodes={}:{} addr={} lease_ttl={:?} last_call={:?} exit_barrier={:?}",
                         m.rendezvous.options.endpoints.join(","),
                         g.min_nodes,
                         g.max_nodes,
                         m.rendezvous.addr,
                         m.rendezvous.keep_alive_ttl,
-                        m.rendezvous.last_call
+                        m.rendezvous.last_call,
+                        m.exit_barrier
                     ),
                     Source::Derived(flags.into()),
                 )
@@ -245,7 +246,9 @@ impl Resolver<'_> {
                 master_port,
             } => (
                 format!(
-                    "static nnodes={nnodes} node_rank={node_rank} master={master_addr}:{master_port}"
+                    // Static nodes share no records, so none can learn that the others
+                    // finished: said here, where a torchrun user would expect 300 s.
+                    "static nnodes={nnodes} node_rank={node_rank} master={master_addr}:{master_port} exit_barrier=none"
                 ),
                 Source::Derived(
                     "--rdzv-backend static with --nnodes, --node-rank, --master-addr/port".into(),

@@ -279,7 +279,7 @@ fn static_groups_from_master_port_or_endpoint() {
     assert_eq!(c.run_id, "none");
     assert_eq!(
         setting(&c, "rendezvous").0,
-        "static nnodes=1 node_rank=0 master=127.0.0.1:1234"
+        "static nnodes=1 node_rank=0 master=127.0.0.1:1234 exit_barrier=none"
     );
 
     let master = |args: &[&str]| match config(args, &[]).mode {

@@ -116,37 +116,45 @@ pub enum MemberState {
     Waiting,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Health {
-    /// Every member of the round is alive and the master is published.
-    Healthy,
-    /// Nodes are gathering for a round, or rank 0 has not published the master yet.
-    Forming,
-    /// A member of the round is gone or a worker failed: the group is re-forming.
-    Degraded,
-    /// Every member of the round finished.
-    Finished,
-    /// No node is registered and the last round did not finish.
-    Stopped,
-    /// A value in the run's keys cannot be trusted.
-    Corrupt,
-    /// A node ended the run for every node (a failure no restart mends).
-    Halted,
+/// Declares [`Health`] with its names and [`Health::ALL`] from one list, so the list the
+/// docs are checked against (tests/tests/doc_claims.rs) cannot miss a value.
+macro_rules! health {
+    ($($(#[doc = $doc:literal])* $variant:ident => $name:literal,)*) => {
+        /// The verdict `fsdp-agent status` gives a run.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum Health {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Health {
+            /// Every value, in the order `fsdp-agent status` documents them.
+            pub const ALL: &'static [Health] = &[$(Health::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl Health {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Healthy => "healthy",
-            Self::Forming => "forming",
-            Self::Degraded => "degraded",
-            Self::Halted => "halted",
-            Self::Finished => "finished",
-            Self::Stopped => "stopped",
-            Self::Corrupt => "corrupt",
-        }
-    }
+health! {
+    /// Every member of the round is alive and the master is published.
+    Healthy => "healthy",
+    /// Nodes are gathering for a round, or rank 0 has not published the master yet.
+    Forming => "forming",
+    /// A member of the round is gone or a worker failed: the group is re-forming.
+    Degraded => "degraded",
+    /// Every member of the round finished.
+    Finished => "finished",
+    /// No node is registered and the last round did not finish.
+    Stopped => "stopped",
+    /// A value in the run's keys cannot be trusted.
+    Corrupt => "corrupt",
+    /// A node ended the run for every node (a failure no restart mends).
+    Halted => "halted",
 }
 
 /// Summarises a run's view. A pure function of what etcd holds.
