@@ -200,6 +200,10 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 );
             }
             rc.torchrun_clients = store.as_ref().map(|s| s.torchrun_clients());
+            rc.budget = fsdp_rendezvous::etcd::Budget {
+                max_restarts: Some(cfg.max_restarts),
+                window_s: cfg.failure.restart_window.map_or(0, |w| w.as_secs()),
+            };
             let mut rdzv = tokio::select! {
                 r = EtcdRendezvous::connect(rc) => r?,
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),

@@ -184,7 +184,8 @@ pub struct Shown {
     pub run: RunReport,
     /// The reporting ranks of the round, slowest last step first (at most [`SLOWEST`]).
     pub slowest_ranks: Vec<RankLine>,
-    /// Who the latest hang points at, in words.
+    /// Who the latest hang points at, in words (`last_hang` is the run's own record).
+    #[serde(rename = "last_hang_culprit")]
     pub last_hang: Option<String>,
 }
 
@@ -314,7 +315,14 @@ fn run_table(r: &RunReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let round = r.round.map(|n| round_fact(n, &r.round_reason));
+    let now = fsdp_rendezvous::unix_ms();
+    let round = r.round.map(|n| {
+        let fact = round_fact(n, &r.round_reason);
+        match r.sealed_at_ms {
+            Some(at) => format!("{fact}, {}", ago(now, at)),
+            None => fact,
+        }
+    });
     let facts = [
         ("run", r.run_id.clone()),
         (
@@ -323,7 +331,7 @@ fn run_table(r: &RunReport) -> String {
         ),
         ("round", or_dash(round)),
         ("world size", r.world_size.to_string()),
-        ("restarts", r.restarts.to_string()),
+        ("restarts", restarts_fact(r)),
         ("master", or_dash(r.master.clone())),
         ("coordinator", or_dash(r.coordinator.clone())),
     ];
@@ -336,7 +344,6 @@ fn run_table(r: &RunReport) -> String {
     for c in &r.refused {
         let _ = writeln!(out, "{:<12} {c}", "refused");
     }
-    let now = fsdp_rendezvous::unix_ms();
     for q in &r.quarantined {
         let left = q.until_ms.saturating_sub(now) / 1000;
         let until = if left > 0 {
@@ -413,6 +420,20 @@ fn left_row(l: &LeftNode, now_ms: u64) -> Vec<String> {
 }
 
 /// How long before `now_ms` the Unix time `at_ms` was, in the largest two units.
+/// The restarts used, against the budget when the agents told it.
+fn restarts_fact(r: &RunReport) -> String {
+    let Some(max) = r.max_restarts else {
+        return r.restarts.to_string();
+    };
+    let window = match r.restart_window_s {
+        0 => String::new(),
+        s if s % 3600 == 0 => format!(", window {}h", s / 3600),
+        s if s % 60 == 0 => format!(", window {}m", s / 60),
+        s => format!(", window {s}s"),
+    };
+    format!("{} of {max}{window}", r.restarts)
+}
+
 pub fn ago(now_ms: u64, at_ms: u64) -> String {
     let s = now_ms.saturating_sub(at_ms) / 1000;
     match s {
@@ -556,6 +577,10 @@ mod tests {
             round: Some(2),
             round_reason: String::new(),
             restarts: 1,
+            sealed_at_ms: None,
+            max_restarts: None,
+            restart_window_s: 0,
+            nodes: None,
             world_size: 2,
             master: None,
             coordinator: None,
@@ -569,6 +594,36 @@ mod tests {
             quarantined: Vec::new(),
             left: Vec::new(),
         }
+    }
+
+    #[test]
+    fn restarts_are_shown_against_the_budget_the_agents_told() {
+        let mut r = report();
+        assert_eq!(restarts_fact(&r), "1", "older agents said no budget");
+        r.max_restarts = Some(3);
+        assert_eq!(restarts_fact(&r), "1 of 3");
+        r.restart_window_s = 3600;
+        assert_eq!(restarts_fact(&r), "1 of 3, window 1h");
+        r.restart_window_s = 90;
+        assert_eq!(restarts_fact(&r), "1 of 3, window 90s");
+        r.sealed_at_ms = Some(fsdp_rendezvous::unix_ms() - 192_000);
+        assert!(
+            run_table(&r).contains("round        2, 3m12s ago"),
+            "{}",
+            run_table(&r)
+        );
+    }
+
+    #[test]
+    fn the_json_has_each_key_once() {
+        let shown = Shown {
+            run: report(),
+            slowest_ranks: Vec::new(),
+            last_hang: Some("round 1: rank 1".into()),
+        };
+        let json = serde_json::to_string(&shown).unwrap();
+        assert_eq!(json.matches("\"last_hang\"").count(), 1, "{json}");
+        assert_eq!(json.matches("\"last_hang_culprit\"").count(), 1, "{json}");
     }
 
     #[test]

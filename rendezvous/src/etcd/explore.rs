@@ -105,6 +105,7 @@ fn member(node: &str, wants: u64, incarnation: u64, lease: i64) -> v1::Member {
         status_addr: format!("{node}.local:29450"),
         lease,
         incarnation,
+        ..Default::default()
     }
 }
 

@@ -101,6 +101,7 @@ impl EtcdRendezvous {
                     straggler_timeout: cfg.straggler_timeout,
                 },
                 several_endpoints: cfg.options.endpoints.len() > 1,
+                budget: cfg.budget,
                 can_probe: true,
                 embedded_store: cfg.options.embedded_store,
                 lease: grant.id(),

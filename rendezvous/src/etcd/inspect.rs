@@ -19,6 +19,15 @@ pub struct RunReport {
     pub round_reason: String,
     /// Failure restarts the job used when the round was sealed.
     pub restarts: u32,
+    /// When the round was sealed (Unix ms, the coordinator's clock).
+    pub sealed_at_ms: Option<u64>,
+    /// The agents' restart budget and group size, as their registrations say (every agent
+    /// of a run is given the same; `None` from agents too old to say).
+    pub max_restarts: Option<u32>,
+    /// The restart window in seconds; 0 for none.
+    pub restart_window_s: u64,
+    /// `--nnodes MIN:MAX`, when the registrations say.
+    pub nodes: Option<(u32, u32)>,
     pub world_size: u32,
     pub master: Option<String>,
     pub coordinator: Option<String>,
@@ -159,11 +168,25 @@ health! {
 
 /// Summarises a run's view. A pure function of what etcd holds.
 pub fn report(run_id: &str, v: &View) -> RunReport {
+    // Any live registration says the budget and group size every agent was given; the
+    // coordinator's first.
+    let told = v
+        .coordinator
+        .as_ref()
+        .and_then(|c| v.members.get(c))
+        .or_else(|| v.members.values().next())
+        .map(|m| &m.record);
     let mut r = RunReport {
         run_id: run_id.to_owned(),
         round: None,
         round_reason: String::new(),
         restarts: 0,
+        sealed_at_ms: None,
+        max_restarts: told.and_then(|m| m.max_restarts),
+        restart_window_s: told.map_or(0, |m| m.restart_window_s),
+        nodes: told
+            .filter(|m| m.max_nodes > 0)
+            .map(|m| (m.min_nodes, m.max_nodes)),
         world_size: 0,
         master: None,
         coordinator: v.coordinator.clone(),
@@ -203,6 +226,7 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
         r.round = Some(rd.number);
         r.round_reason = rd.reason.clone();
         r.restarts = rd.restart_count;
+        r.sealed_at_ms = Some(rd.sealed_at_ms).filter(|&t| t > 0);
         let mut ranked: Vec<RoundMember> = rd.members.iter().map(RoundMember::from).collect();
         // The view refuses rounds whose sizes cannot form a group; none get here.
         r.world_size = ranks::rank_members(&mut ranked).unwrap_or_default();
@@ -320,10 +344,21 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
     } else {
         (
             Health::Forming,
-            format!(
-                "{} node(s) registered; no round sealed yet",
-                v.members.len()
-            ),
+            match r.nodes {
+                Some((min, max)) if v.members.len() < min as usize => format!(
+                    "{} node(s) registered of the {min} needed (--nnodes {min}:{max}); waiting for {} more (each agent gives up after its join timeout)",
+                    v.members.len(),
+                    min as usize - v.members.len()
+                ),
+                Some((min, max)) => format!(
+                    "{} node(s) registered (--nnodes {min}:{max}); the coordinator seals when {max} are there or the last call after the latest arrival ends",
+                    v.members.len()
+                ),
+                None => format!(
+                    "{} node(s) registered; no round sealed yet",
+                    v.members.len()
+                ),
+            },
         )
     };
     r.health = health;

@@ -85,6 +85,17 @@ pub struct EtcdConfig {
     /// The store this agent serves ([`fsdp_store::StoreServer::torchrun_clients`]): a
     /// torchrun client reaching it ends the rendezvous ([`RendezvousError::TorchrunPeer`]).
     pub torchrun_clients: Option<tokio::sync::watch::Receiver<Option<std::net::IpAddr>>>,
+    /// The agent's restart budget, told to `fsdp-agent status` in its registration.
+    pub budget: Budget,
+}
+
+/// An agent's restart budget as it was given it (`--max-restarts`, the restart window).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Budget {
+    /// `None` where the agent did not say (the status tool, tests).
+    pub max_restarts: Option<u32>,
+    /// The restart window in seconds; 0 for none.
+    pub window_s: u64,
 }
 
 impl EtcdConfig {
@@ -108,6 +119,7 @@ impl EtcdConfig {
             status_addr: None,
             allowed: Allowed::default(),
             torchrun_clients: None,
+            budget: Budget::default(),
         }
     }
 }

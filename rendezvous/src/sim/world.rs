@@ -255,6 +255,7 @@ impl World {
             fence_margin: crate::fence::default_margin(self.opts.ttl),
             seal: self.seal_config(),
             several_endpoints: self.opts.three_members,
+            budget: Default::default(),
             can_probe: true,
             embedded_store: false,
             lease,

@@ -595,6 +595,7 @@ fn a_node_without_records_knows_at_once_that_the_budget_is_spent() {
     assert_eq!(spent_at_once(1, false, &memory, &rules(1)), None);
     // With records, the next round decides (a lost member excuses the failure).
     assert_eq!(spent_at_once(1, true, &memory, &rules(0)), None);
+}
 
 /// Every way of leaving says why, for the record status keeps after the node is gone.
 #[test]

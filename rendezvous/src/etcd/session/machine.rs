@@ -42,6 +42,8 @@ pub struct Config {
     pub seal: SealConfig,
     /// etcd has several endpoints: a late keep-alive answer means trying another member.
     pub several_endpoints: bool,
+    /// The agent's restart budget, told in its registration for `fsdp-agent status`.
+    pub budget: crate::etcd::Budget,
     /// The driver can look for proof that etcd has no leader ([`Effect::Probe`]).
     pub can_probe: bool,
     /// etcd is the c10d store an agent serves (for the give-up message).

@@ -99,6 +99,10 @@ impl Machine {
             // Set to the lease and incarnation it is written with (`registration`).
             lease: 0,
             incarnation: 0,
+            min_nodes: self.cfg.seal.min_nodes,
+            max_nodes: self.cfg.seal.max_nodes,
+            max_restarts: self.cfg.budget.max_restarts,
+            restart_window_s: self.cfg.budget.window_s,
         }
     }
 

@@ -61,6 +61,7 @@ fn config(t0: Instant) -> Config {
             straggler_timeout: Duration::from_secs(10),
         },
         several_endpoints: false,
+        budget: Default::default(),
         can_probe: true,
         embedded_store: false,
         lease: LEASE,
@@ -139,6 +140,7 @@ pub(super) fn member(id: &str, lease: i64, incarnation: u64, wants_round: u64) -
         status_addr: String::new(),
         lease,
         incarnation,
+        ..Default::default()
     }
 }
 
