@@ -19,8 +19,20 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Starts `n` members and waits until each accepts connections.
+    /// Starts `n` members and waits until each accepts connections. A member that exits
+    /// at start (a port `free_port` handed out was taken again meanwhile, on a busy
+    /// machine) makes a new cluster on new ports; one that neither starts nor exits within
+    /// 60 s fails the test with its log.
     pub fn start(n: usize) -> Self {
+        for _ in 0..3 {
+            if let Some(c) = Self::try_start(n) {
+                return c;
+            }
+        }
+        panic!("an etcd cluster of {n} could not start in three tries (see the logs above)");
+    }
+
+    fn try_start(n: usize) -> Option<Self> {
         let dir = tempfile::TempDir::new().expect("etcd cluster dir");
         let peers: Vec<(String, u16, u16)> = (0..n)
             .map(|i| (format!("m{i}"), free_port(), free_port()))
@@ -70,15 +82,29 @@ impl EtcdCluster {
             m.launch(dir.path());
             members.push(m);
         }
-        let c = Self { members, dir };
-        let end = Instant::now() + Duration::from_secs(30);
-        for m in &c.members {
-            while std::net::TcpStream::connect(("127.0.0.1", m.client_port)).is_err() {
-                assert!(Instant::now() < end, "etcd member {} did not start", m.name);
+        let mut c = Self { members, dir };
+        let end = Instant::now() + Duration::from_secs(60);
+        for i in 0..c.members.len() {
+            while std::net::TcpStream::connect(("127.0.0.1", c.members[i].client_port)).is_err() {
+                let log = c.dir.path().join(format!("{}.log", c.members[i].name));
+                let exited = c.members[i]
+                    .child
+                    .as_mut()
+                    .is_some_and(|ch| ch.try_wait().ok().flatten().is_some());
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                if exited {
+                    eprintln!("etcd member {} exited at start:\n{log}", c.members[i].name);
+                    return None;
+                }
+                assert!(
+                    Instant::now() < end,
+                    "etcd member {} did not start:\n{log}",
+                    c.members[i].name
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        c
+        Some(c)
     }
 
     /// Every member's client endpoint, in member order.

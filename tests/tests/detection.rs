@@ -216,7 +216,11 @@ fn a_peer_whose_workers_died_first_is_still_evicted_when_its_agent_dies() {
         wait_until("the survivors to stop their workers", &all, || {
             survivors.iter().all(|&i| {
                 let e = pods[i].stderr();
-                e.contains("worker group failed") || e.contains("change=PeerFailed")
+                // Its own worker failed (said at once, or held for the next round), or
+                // another node's did.
+                e.contains("worker group failed")
+                    || e.contains("a worker exited; re-forming")
+                    || e.contains("another node's worker failed")
             })
         });
     }

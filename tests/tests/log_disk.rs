@@ -50,7 +50,8 @@ fn agent(dir: &Path, etcd: &Etcd, name: &str, script: &str) -> Agent {
 
 /// The node lost its lease: the other node saw it leave the group.
 fn lost_a_member(b: &Agent) -> bool {
-    b.stderr().contains("MemberLost")
+    // How a lost member is said (`Change::MemberLost` in words).
+    b.stderr().contains("left the group")
 }
 
 /// Polls `cond` until it holds, failing at once if `b` saw a member lost.

@@ -232,6 +232,13 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         Err(e)
     };
     let began = std::time::Instant::now();
+    // A TCPStore already at the endpoint fails the job now rather than after a gRPC attempt
+    // it would leave hanging (our own store closes the probe at its first bytes).
+    if opts.embedded_store {
+        if let Some(endpoint) = torchrun_store(&opts.endpoints).await {
+            return Err(torchrun_peer(&endpoint));
+        }
+    }
     let mut said = Repeats::new(opts, began);
     let connected = attempt
         .retry(backoff)
@@ -242,10 +249,7 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         })
         .await;
     if let Some(endpoint) = torchrun.lock().expect("not poisoned").take() {
-        return Err(RendezvousError::TorchrunPeer(format!(
-            "the c10d store at {endpoint} is torchrun's TCPStore: {}",
-            fsdp_store::tcpstore::SAME_LAUNCHER
-        )));
+        return Err(torchrun_peer(&endpoint));
     }
     connected.map_err(|error| RendezvousError::Unreachable {
         store: opts.store_name(),
@@ -352,6 +356,13 @@ fn what_to_check(opts: &EtcdOptions) -> String {
     } else {
         format!("check {} and {last}", check.join(", "))
     }
+}
+
+fn torchrun_peer(endpoint: &str) -> RendezvousError {
+    RendezvousError::TorchrunPeer(format!(
+        "the c10d store at {endpoint} is torchrun's TCPStore: {}",
+        fsdp_store::tcpstore::SAME_LAUNCHER
+    ))
 }
 
 /// The first endpoint where a TCPStore answers, if any.
