@@ -25,7 +25,7 @@ def main():
     step = int(open(path).read()) if os.path.exists(path) else 0
     host = socket.gethostname()
     restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    say(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()}")
+    say(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()} group_rank={os.environ['GROUP_RANK']}")
     if fail_on == host or (fail_first and restart == "0"):
         raise SystemExit(3)
     first = True
