@@ -85,7 +85,9 @@ ClusterName=fsdp
 SlurmctldHost=$SLURM_CTL(127.0.0.1)
 SlurmctldPort=$SLURM_PORT
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE/munge.sock
+# cred_expire is also how long a requeued job waits before it may start again (120 s by
+# default): short, so that a requeue test takes seconds.
+AuthInfo=socket=$MUNGE/munge.sock,cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root

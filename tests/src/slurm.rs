@@ -66,22 +66,34 @@ impl Cluster {
     /// `srun` with `srun_args`, then the agent with `agent_args`: the workers' Python is
     /// the test venv's, gloo on the loopback (the nodes share it), the agent logs at info.
     pub fn srun_agent(&self, srun_args: &[&str], agent_args: &[String]) -> Command {
-        let mut cmd = self.client("srun");
+        let mut cmd = self.job_client("srun");
+        cmd.args(srun_args).arg(agent_bin()).args(agent_args);
+        cmd
+    }
+
+    /// A client whose jobs run agents (`srun`, `sbatch`: the job inherits its
+    /// environment): the venv's Python first on `PATH`, gloo on the loopback,
+    /// `FSDP_AGENT` the agent under test, no `PET_*` rendezvous values of the test's own.
+    pub fn job_client(&self, program: &str) -> Command {
+        let mut cmd = self.client(program);
         let venv_bin = python().parent().expect("venv bin").to_path_buf();
         let path = std::env::var_os("PATH").unwrap_or_default();
         let path =
             std::env::join_paths(std::iter::once(venv_bin).chain(std::env::split_paths(&path)))
                 .expect("PATH");
-        cmd.args(srun_args)
-            .arg(agent_bin())
-            .args(agent_args)
-            .env("PATH", path)
+        cmd.env("PATH", path)
+            .env("FSDP_AGENT", agent_bin())
             .env("GLOO_SOCKET_IFNAME", "lo")
             .env("RUST_LOG", "info")
             .env_remove("PET_RDZV_ENDPOINT")
             .env_remove("PET_RDZV_ID")
             .env_remove("PET_NNODES");
         cmd
+    }
+
+    /// The ID of the job named `name`.
+    pub fn job_id(&self, name: &str) -> String {
+        Self::field(&self.job(name), "JobId").to_owned()
     }
 
     /// `scontrol show job` of the job named `name`, one line (`-o`).
@@ -96,6 +108,27 @@ impl Cluster {
             .find(|l| l.split_whitespace().any(|f| f == format!("JobName={name}")))
             .unwrap_or_else(|| panic!("no job named {name} in scontrol show job"))
             .to_owned()
+    }
+
+    /// Waits until the job named `name` has ended (COMPLETED, FAILED, CANCELLED, ...) and
+    /// returns its `scontrol -o show job` line.
+    pub fn wait_job(&self, name: &str, limit: std::time::Duration) -> String {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            let job = self.job(name);
+            let state = Self::field(&job, "JobState");
+            if !matches!(
+                state,
+                "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "REQUEUED" | "REQUEUE_HOLD"
+            ) {
+                return job;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "job {name} still {state} after {limit:?}: {job}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
     }
 
     /// A field of a `scontrol -o show job` line, e.g. `ExitCode` or `JobState`.

@@ -1,6 +1,7 @@
 //! fsdp-agent under `srun` on a real three-node Slurm cluster (scripts/slurm): one group of
 //! the step's nodes with no rendezvous flags, the agent's exit code as Slurm records it,
-//! and a node lost under `srun --no-kill`. Workers are real PyTorch gloo processes.
+//! a node lost under `srun --no-kill`, pre-emption, requeue and the example batch script.
+//! Workers are real PyTorch gloo processes that checkpoint (tests/py/elastic_worker.py).
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command};
@@ -86,6 +87,14 @@ fn elastic_worker(ckpt: &TempDir, steps: u32) -> Vec<String> {
     ]
 }
 
+/// The step the workers' checkpoint has reached.
+fn progress(ckpt: &TempDir) -> u32 {
+    std::fs::read_to_string(ckpt.path().join("step"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(0)
+}
+
 fn set(values: impl IntoIterator<Item = String>) -> BTreeSet<String> {
     values.into_iter().collect()
 }
@@ -169,12 +178,7 @@ fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end() {
     ];
     args.extend(elastic_worker(&ckpt, steps));
     let mut step = Step::start(cluster.srun_agent(&["-N3", "--no-kill"], &args));
-    let progress = || {
-        std::fs::read_to_string(ckpt.path().join("step"))
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            .unwrap_or(0)
-    };
+    let progress = || progress(&ckpt);
     wait_for("training to pass step 20", LIMIT, || progress() >= 20);
     // n1's agent serves the c10d store (the step's first host): n3 is lost, the store
     // survives.
@@ -220,4 +224,132 @@ fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end() {
         "node n3 killed to training again in a group of two: {:.2} s",
         again - killed_at
     );
+}
+
+#[test]
+fn a_preemption_signal_reaches_every_worker_and_ends_the_job_without_a_restart() {
+    let cluster = Cluster::start();
+    let ckpt = TempDir::new().unwrap();
+    let mut args: Vec<String> = [
+        "--signals-to-handle",
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "--max-restarts",
+        "3",
+    ]
+    .map(String::from)
+    .into();
+    args.extend(elastic_worker(&ckpt, 5000));
+    let mut step = Step::start(cluster.srun_agent(&["-N3", "-J", "fsdp-preempt"], &args));
+    wait_for("training to pass step 20", LIMIT, || progress(&ckpt) >= 20);
+    // What Slurm sends ahead of a pre-emption (sbatch --signal=USR1@N does the same).
+    let id = cluster.job_id("fsdp-preempt");
+    let scancel = cluster
+        .client("scancel")
+        .args(["--signal=USR1", &id])
+        .status()
+        .expect("scancel");
+    assert!(scancel.success());
+    assert_eq!(step.wait(), 128 + 10, "{}", step.output());
+    let preempted = lines_with(&step.stdout(), "preempted ");
+    assert_eq!(
+        set(preempted.iter().map(|p| p["host"].clone())),
+        set(["n1", "n2", "n3"].map(String::from)),
+        "every worker got the signal\n{}",
+        step.output()
+    );
+    assert_eq!(step.starts().len(), 3, "no restart\n{}", step.output());
+    let reached = progress(&ckpt);
+    assert!((20..5000).contains(&reached), "checkpoint at {reached}");
+    let job = cluster.job("fsdp-preempt");
+    assert_eq!(Cluster::field(&job, "ExitCode"), "138:0", "{job}");
+}
+
+#[test]
+fn a_requeued_job_resumes_from_its_newest_checkpoint() {
+    let cluster = Cluster::start();
+    let ckpt = TempDir::new().unwrap();
+    let dir = TempDir::new().unwrap();
+    let script = dir.path().join("train.sbatch");
+    let out = dir.path().join("job.out");
+    let steps = 150;
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\necho \"batch restart_count=${{SLURM_RESTART_COUNT:-0}}\"\nsrun \"$FSDP_AGENT\" {}\n",
+            elastic_worker(&ckpt, steps).join(" ")
+        ),
+    )
+    .unwrap();
+    let name = "fsdp-requeue";
+    let submitted = cluster
+        .job_client("sbatch")
+        .args(["-N3", "-J", name, "--open-mode=append", "-o"])
+        .arg(&out)
+        .arg(&script)
+        .output()
+        .expect("sbatch");
+    assert!(submitted.status.success(), "{submitted:?}");
+    wait_for("training to pass step 30", LIMIT, || progress(&ckpt) >= 30);
+    let id = cluster.job_id(name);
+    let requeue = cluster
+        .client("scontrol")
+        .args(["requeue", &id])
+        .status()
+        .expect("scontrol requeue");
+    assert!(requeue.success());
+    let reached = progress(&ckpt);
+    // Slurm holds a requeued job for cred_expire (10 s on the test cluster) first.
+    let job = cluster.wait_job(name, Duration::from_secs(90));
+    let output = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(
+        Cluster::field(&job, "JobState"),
+        "COMPLETED",
+        "{job}\n{output}"
+    );
+    assert_eq!(Cluster::field(&job, "Restarts"), "1", "{job}");
+    let (first, again) = output
+        .split_once("batch restart_count=1")
+        .unwrap_or_else(|| panic!("the job ran once\n{output}"));
+    assert!(first.contains("batch restart_count=0"), "{output}");
+    let resumed = lines_with(again, "start ");
+    assert_eq!(resumed.len(), 3, "{output}");
+    assert!(
+        resumed
+            .iter()
+            .all(|s| s["world"] == "3" && s["step"].parse::<u32>().unwrap() >= reached),
+        "the requeued job resumes from step {reached} or later, not 0\n{output}"
+    );
+    let done = lines_with(again, "done ");
+    assert!(
+        done.len() == 3 && done.iter().all(|d| d["step"] == steps.to_string()),
+        "{output}"
+    );
+}
+
+#[test]
+fn the_example_batch_script_runs_the_example_on_every_node() {
+    let cluster = Cluster::start();
+    let dir = TempDir::new().unwrap();
+    let out = dir.path().join("job.out");
+    let name = "fsdp-example";
+    let submitted = cluster
+        .job_client("sbatch")
+        .args(["-J", name, "--chdir"])
+        .arg(workspace_file(""))
+        .arg("-o")
+        .arg(&out)
+        .arg(workspace_file("examples/slurm/train.sbatch"))
+        .output()
+        .expect("sbatch");
+    assert!(submitted.status.success(), "{submitted:?}");
+    let job = cluster.wait_job(name, LIMIT);
+    let output = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(
+        Cluster::field(&job, "JobState"),
+        "COMPLETED",
+        "{job}\n{output}"
+    );
+    assert_eq!(Cluster::field(&job, "ExitCode"), "0:0", "{job}");
+    let sums = output.matches("all_reduce sum = 6 (expected 6)").count();
+    assert_eq!(sums, 3, "one group of the job's three nodes\n{output}");
 }
