@@ -13,6 +13,9 @@ use crate::{agent_bin, python};
 /// The running cluster.
 pub struct Cluster {
     conf: PathBuf,
+    /// The jobs' `TMPDIR`: the agents' default log directories go there and are removed
+    /// with the cluster.
+    tmp: crate::TempDir,
 }
 
 fn script(name: &str) -> PathBuf {
@@ -44,6 +47,7 @@ impl Cluster {
             .unwrap_or_else(|| panic!("start.sh printed no SLURM_CONF: {stdout}"));
         let cluster = Self {
             conf: conf.trim().into(),
+            tmp: crate::TempDir::new().expect("a temporary directory for the jobs"),
         };
         // A cluster left by a crashed test may still hold its jobs.
         let _ = cluster.client("scancel").args(["--user", "root"]).status();
@@ -83,6 +87,7 @@ impl Cluster {
                 .expect("PATH");
         cmd.env("PATH", path)
             .env("FSDP_AGENT", agent_bin())
+            .env("TMPDIR", self.tmp.path())
             .env("GLOO_SOCKET_IFNAME", "lo")
             .env("RUST_LOG", "info")
             .env_remove("PET_RDZV_ENDPOINT")
