@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use fsdp_tests::etcd::Etcd;
 use fsdp_tests::slurm::Cluster;
 use fsdp_tests::{TempDir, wait_for, workspace_file};
 
@@ -165,8 +166,9 @@ fn the_agents_exit_code_is_the_one_slurm_records() {
     assert_eq!(Cluster::field(&job, "ExitCode"), "137:0", "{job}");
 }
 
-#[test]
-fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end() {
+/// `srun -N3 --no-kill` of a `--nnodes 2:3` job with `rdzv` flags; `lost` is killed
+/// mid-run. The other two re-form from the checkpoint and finish; the step exits 0.
+fn a_node_lost_under_no_kill(rdzv: &[String], lost: &str) {
     let cluster = Cluster::start();
     let ckpt = TempDir::new().unwrap();
     let steps = 300;
@@ -176,20 +178,22 @@ fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end() {
         "--max-restarts".into(),
         "3".into(),
     ];
+    args.extend_from_slice(rdzv);
     args.extend(elastic_worker(&ckpt, steps));
     let mut step = Step::start(cluster.srun_agent(&["-N3", "--no-kill"], &args));
-    let progress = || progress(&ckpt);
-    wait_for("training to pass step 20", LIMIT, || progress() >= 20);
-    // n1's agent serves the c10d store (the step's first host): n3 is lost, the store
-    // survives.
+    wait_for("training to pass step 20", LIMIT, || progress(&ckpt) >= 20);
     let killed_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
-    let step_at_kill = progress();
-    cluster.kill_node("n3");
+    let step_at_kill = progress(&ckpt);
+    cluster.kill_node(lost);
     let code = step.wait();
     assert_eq!(code, 0, "{}", step.output());
+    let survivors = set(["n1", "n2", "n3"]
+        .into_iter()
+        .filter(|n| *n != lost)
+        .map(String::from));
     let regrouped: Vec<_> = step
         .starts()
         .into_iter()
@@ -197,7 +201,7 @@ fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end() {
         .collect();
     assert_eq!(
         set(regrouped.iter().map(|s| s["host"].clone())),
-        set(["n1", "n2"].map(String::from)),
+        survivors,
         "the survivors re-form as a group of two\n{}",
         step.output()
     );
@@ -221,9 +225,30 @@ fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end() {
         .filter_map(|a| a["t"].parse::<f64>().ok())
         .fold(f64::MAX, f64::min);
     eprintln!(
-        "node n3 killed to training again in a group of two: {:.2} s",
+        "node {lost} killed to training again in a group of two: {:.2} s",
         again - killed_at
     );
+}
+
+#[test]
+fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end_on_c10d() {
+    // No rendezvous flags but the range: n1's agent serves the c10d store (the step's
+    // first host), so n3 is lost and the store survives.
+    a_node_lost_under_no_kill(&[], "n3");
+}
+
+#[test]
+fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end_on_etcd() {
+    // On etcd any node may go, the first one included (with c10d its store goes with it).
+    let etcd = Etcd::start();
+    let rdzv = [
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-endpoint",
+        &etcd.endpoint(),
+    ]
+    .map(String::from);
+    a_node_lost_under_no_kill(&rdzv, "n1");
 }
 
 #[test]
