@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A node death on the test cluster: SIGKILL at once to every process of node $1 (n1, n2
 # or n3), its slurmd, slurmstepd and the job's tasks. slurmctld marks it down after
-# SlurmdTimeout (5 s here); start.sh brings it back.
+# SlurmdTimeout (5 s here, about 16 s in practice); start.sh
+# brings it back.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 

@@ -6,10 +6,12 @@
 #   eval "$(scripts/slurm/start.sh)"     # prints: export SLURM_CONF=...
 #   srun -N3 fsdp-agent examples/allreduce.py
 #   scripts/slurm/kill-node.sh n3        # a node death
+#   scripts/slurm/start.sh               # n3 comes back
 #   scripts/slurm/stop.sh
 #
-# Idempotent: a cluster already up with all three nodes answering is reused; anything
-# else left in the state directory (a crashed run) is stopped and removed first.
+# Idempotent: a cluster whose controller answers is reused with its jobs, and a node that
+# kill-node.sh killed is started again; anything else left in the state directory (a
+# crashed run) is stopped and removed first.
 #
 # Each node n1..n3 is `slurmd -N nX` (Debian builds Slurm with MULTIPLE_SLURMD) in its own
 # UTS and mount namespace: its own host name and a private /etc/hosts that names the
@@ -41,7 +43,52 @@ cluster_up() {
   [ "$(echo "$states" | grep -cE '^n[1-3] (idle|mixed|allocated|completing)$')" -eq 3 ]
 }
 
-if cluster_up; then
+# Whether the daemon of a pid file runs.
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# In its own UTS + mount namespace: host name $1 and the private /etc/hosts; the daemon
+# forks into the background and keeps the namespaces alive.
+in_namespace() {
+  local name=$1
+  shift
+  unshare --uts --mount --propagation private sh -c \
+    'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' \
+    "$name" "$SLURM_DIR/hosts" "$@"
+}
+
+# Records the daemon's UTS namespace: stop.sh and kill-node.sh find the node's processes
+# by it, even once the daemon itself is dead.
+record_namespace() {
+  local name=$1 pidfile=$2
+  for _ in $(seq 50); do
+    alive "$pidfile" && break
+    sleep 0.1
+  done
+  alive "$pidfile" || fail "$name wrote no pid file"
+  readlink "/proc/$(cat "$pidfile")/ns/uts" >"$SLURM_DIR/$name.uts"
+}
+
+start_node() {
+  rm -f "$SLURM_DIR/slurmd-$1.pid"
+  in_namespace "$1" slurmd -f "$SLURM_CONF" -N "$1" || fail "slurmd -N $1 did not start"
+  record_namespace "$1" "$SLURM_DIR/slurmd-$1.pid"
+}
+
+wait_up() {
+  for _ in $(seq 300); do
+    cluster_up && return 0
+    sleep 0.1
+  done
+  fail "the nodes did not come up within 30 s: $(sinfo -h -N -o '%N %T' 2>&1 | tr '\n' ' ')"
+}
+
+# A live controller is kept with its jobs: a node killed by kill-node.sh comes back (and
+# a requeued job waiting for it can run).
+if alive "$SLURM_DIR/slurmctld.pid" && timeout 5 scontrol ping >/dev/null 2>&1; then
+  for n in "${SLURM_NODES[@]}"; do
+    alive "$SLURM_DIR/slurmd-$n.pid" || { echo "slurm: starting node $n again" >&2; start_node "$n"; }
+  done
+  wait_up
   echo "slurm: reusing the cluster in $SLURM_DIR" >&2
   echo "export SLURM_CONF=$SLURM_CONF"
   exit 0
@@ -121,39 +168,11 @@ $node_lines
 PartitionName=debug Nodes=$(IFS=,; echo "${SLURM_NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 EOF
 
-# In its own UTS + mount namespace: host name $1 and the private /etc/hosts; the daemon
-# forks into the background and keeps the namespaces alive.
-in_namespace() {
-  local name=$1
-  shift
-  unshare --uts --mount --propagation private sh -c \
-    'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' \
-    "$name" "$SLURM_DIR/hosts" "$@"
-}
-
-# Records the daemon's UTS namespace: stop.sh and kill-node.sh find the node's processes
-# by it, even once the daemon itself is dead.
-record_namespace() {
-  local name=$1 pidfile=$2
-  for _ in $(seq 50); do
-    [ -s "$pidfile" ] && break
-    sleep 0.1
-  done
-  [ -s "$pidfile" ] || fail "$name wrote no pid file"
-  readlink "/proc/$(cat "$pidfile")/ns/uts" >"$SLURM_DIR/$name.uts"
-}
-
 in_namespace "$SLURM_CTL" slurmctld -f "$SLURM_CONF" -i || fail "slurmctld did not start"
 record_namespace "$SLURM_CTL" "$SLURM_DIR/slurmctld.pid"
 for n in "${SLURM_NODES[@]}"; do
-  in_namespace "$n" slurmd -f "$SLURM_CONF" -N "$n" || fail "slurmd -N $n did not start"
-  record_namespace "$n" "$SLURM_DIR/slurmd-$n.pid"
+  start_node "$n"
 done
-
-for _ in $(seq 300); do
-  cluster_up && break
-  sleep 0.1
-done
-cluster_up || fail "the nodes did not come up within 30 s: $(sinfo -h -N -o '%N %T' 2>&1 | tr '\n' ' ')"
+wait_up
 echo "slurm: cluster up in $SLURM_DIR (nodes ${SLURM_NODES[*]})" >&2
 echo "export SLURM_CONF=$SLURM_CONF"

@@ -54,6 +54,16 @@ impl Cluster {
         cluster
     }
 
+    /// Starts again the nodes that `kill_node` killed (the controller and its jobs stay).
+    pub fn start_lost_nodes(&self) {
+        let out = run_script("start.sh", &[]);
+        assert!(
+            out.status.success(),
+            "start.sh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A Slurm client command (`srun`, `scontrol`, ...) for this cluster, with none of the
     /// test's own `SLURM_*` variables (CI itself may run under Slurm).
     pub fn client(&self, program: &str) -> Command {
@@ -103,6 +113,15 @@ impl Cluster {
 
     /// `scontrol show job` of the job named `name`, one line (`-o`).
     pub fn job(&self, name: &str) -> String {
+        self.job_where(&format!("JobName={name}"))
+    }
+
+    /// `scontrol show job` of the job `id`, one line.
+    pub fn job_by_id(&self, id: &str) -> String {
+        self.job_where(&format!("JobId={id}"))
+    }
+
+    fn job_where(&self, field: &str) -> String {
         let out = self
             .client("scontrol")
             .args(["-o", "show", "job"])
@@ -110,8 +129,8 @@ impl Cluster {
             .expect("scontrol");
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .find(|l| l.split_whitespace().any(|f| f == format!("JobName={name}")))
-            .unwrap_or_else(|| panic!("no job named {name} in scontrol show job"))
+            .find(|l| l.split_whitespace().any(|f| f == field))
+            .unwrap_or_else(|| panic!("no job with {field} in scontrol show job"))
             .to_owned()
     }
 
@@ -131,6 +150,22 @@ impl Cluster {
             assert!(
                 std::time::Instant::now() < end,
                 "job {name} still {state} after {limit:?}: {job}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until the job `id` is in `state` (e.g. PENDING once requeued).
+    pub fn wait_state(&self, id: &str, state: &str, limit: std::time::Duration) {
+        let end = std::time::Instant::now() + limit;
+        loop {
+            let job = self.job_by_id(id);
+            if Self::field(&job, "JobState") == state {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "job {id} not {state} after {limit:?}: {job}"
             );
             std::thread::sleep(std::time::Duration::from_millis(200));
         }

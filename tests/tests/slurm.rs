@@ -289,14 +289,16 @@ fn a_preemption_signal_reaches_every_worker_and_ends_the_job_without_a_restart()
     assert_eq!(Cluster::field(&job, "ExitCode"), "138:0", "{job}");
 }
 
-#[test]
-fn a_requeued_job_resumes_from_its_newest_checkpoint() {
+/// A three-node batch job, requeued by `requeue` (given the cluster and the job ID) once it
+/// passed step 30: it runs again with `SLURM_RESTART_COUNT=1`, a group of three that resumes
+/// from the newest checkpoint, and completes.
+fn a_requeued_job_resumes(name: &str, requeue: impl FnOnce(&Cluster, &str)) {
     let cluster = Cluster::start();
     let ckpt = TempDir::new().unwrap();
     let dir = TempDir::new().unwrap();
     let script = dir.path().join("train.sbatch");
     let out = dir.path().join("job.out");
-    let steps = 150;
+    let steps = 120;
     std::fs::write(
         &script,
         format!(
@@ -305,7 +307,6 @@ fn a_requeued_job_resumes_from_its_newest_checkpoint() {
         ),
     )
     .unwrap();
-    let name = "fsdp-requeue";
     let submitted = cluster
         .job_client("sbatch")
         .args(["-N3", "-J", name, "--open-mode=append", "-o"])
@@ -315,16 +316,12 @@ fn a_requeued_job_resumes_from_its_newest_checkpoint() {
         .expect("sbatch");
     assert!(submitted.status.success(), "{submitted:?}");
     wait_for("training to pass step 30", LIMIT, || progress(&ckpt) >= 30);
-    let id = cluster.job_id(name);
-    let requeue = cluster
-        .client("scontrol")
-        .args(["requeue", &id])
-        .status()
-        .expect("scontrol requeue");
-    assert!(requeue.success());
     let reached = progress(&ckpt);
+    requeue(&cluster, &cluster.job_id(name));
+    let t = Instant::now();
     // Slurm holds a requeued job for cred_expire (10 s on the test cluster) first.
     let job = cluster.wait_job(name, Duration::from_secs(90));
+    eprintln!("requeued to completed: {:?}", t.elapsed());
     let output = std::fs::read_to_string(&out).unwrap_or_default();
     assert_eq!(
         Cluster::field(&job, "JobState"),
@@ -349,6 +346,31 @@ fn a_requeued_job_resumes_from_its_newest_checkpoint() {
         done.len() == 3 && done.iter().all(|d| d["step"] == steps.to_string()),
         "{output}"
     );
+}
+
+#[test]
+fn a_requeued_job_resumes_from_its_newest_checkpoint() {
+    a_requeued_job_resumes("fsdp-requeue", |cluster, id| {
+        let requeue = cluster
+            .client("scontrol")
+            .args(["requeue", id])
+            .status()
+            .expect("scontrol requeue");
+        assert!(requeue.success());
+    });
+}
+
+#[test]
+fn a_batch_job_whose_node_fails_is_requeued_and_resumes() {
+    a_requeued_job_resumes("fsdp-node-fail", |cluster, id| {
+        // Without --no-kill, Slurm ends the job once the node is marked down and requeues
+        // it; it waits for three nodes, so the lost one comes back.
+        let t = Instant::now();
+        cluster.kill_node("n3");
+        cluster.wait_state(id, "PENDING", LIMIT);
+        eprintln!("node killed to the job requeued: {:?}", t.elapsed());
+        cluster.start_lost_nodes();
+    });
 }
 
 #[test]
