@@ -135,7 +135,7 @@ fn the_agents_exit_code_is_the_one_slurm_records() {
         .matches("all_reduce sum = 6 (expected 6)")
         .count();
     assert_eq!(sums, 3, "{}", ok.output());
-    let job = cluster.job("fsdp-ok");
+    let job = cluster.wait_job("fsdp-ok", LIMIT);
     assert_eq!(Cluster::field(&job, "JobState"), "COMPLETED", "{job}");
     assert_eq!(Cluster::field(&job, "ExitCode"), "0:0", "{job}");
 
@@ -147,7 +147,7 @@ fn the_agents_exit_code_is_the_one_slurm_records() {
     fail.extend(["--fail-on".into(), "n2".into()]);
     let mut failed = Step::start(cluster.srun_agent(&["-N3", "-J", "fsdp-fail"], &fail));
     assert_eq!(failed.wait(), 3, "{}", failed.output());
-    let job = cluster.job("fsdp-fail");
+    let job = cluster.wait_job("fsdp-fail", LIMIT);
     assert_eq!(Cluster::field(&job, "JobState"), "FAILED", "{job}");
     assert_eq!(Cluster::field(&job, "ExitCode"), "3:0", "{job}");
 
@@ -162,7 +162,7 @@ fn the_agents_exit_code_is_the_one_slurm_records() {
     .map(String::from);
     let mut killed = Step::start(cluster.srun_agent(&["-N3", "-J", "fsdp-kill"], &kill));
     assert_eq!(killed.wait(), 137, "{}", killed.output());
-    let job = cluster.job("fsdp-kill");
+    let job = cluster.wait_job("fsdp-kill", LIMIT);
     assert_eq!(Cluster::field(&job, "ExitCode"), "137:0", "{job}");
 }
 
@@ -285,7 +285,7 @@ fn a_preemption_signal_reaches_every_worker_and_ends_the_job_without_a_restart()
     assert_eq!(step.starts().len(), 3, "no restart\n{}", step.output());
     let reached = progress(&ckpt);
     assert!((20..5000).contains(&reached), "checkpoint at {reached}");
-    let job = cluster.job("fsdp-preempt");
+    let job = cluster.wait_job("fsdp-preempt", LIMIT);
     assert_eq!(Cluster::field(&job, "ExitCode"), "138:0", "{job}");
 }
 
