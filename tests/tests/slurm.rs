@@ -163,6 +163,7 @@ fn the_agents_exit_code_is_the_one_slurm_records() {
     let mut killed = Step::start(cluster.srun_agent(&["-N3", "-J", "fsdp-kill"], &kill));
     assert_eq!(killed.wait(), 137, "{}", killed.output());
     let job = cluster.wait_job("fsdp-kill", LIMIT);
+    assert_eq!(Cluster::field(&job, "JobState"), "FAILED", "{job}");
     assert_eq!(Cluster::field(&job, "ExitCode"), "137:0", "{job}");
 }
 
@@ -286,6 +287,7 @@ fn a_preemption_signal_reaches_every_worker_and_ends_the_job_without_a_restart()
     let reached = progress(&ckpt);
     assert!((20..5000).contains(&reached), "checkpoint at {reached}");
     let job = cluster.wait_job("fsdp-preempt", LIMIT);
+    assert_eq!(Cluster::field(&job, "JobState"), "FAILED", "{job}");
     assert_eq!(Cluster::field(&job, "ExitCode"), "138:0", "{job}");
 }
 
