@@ -343,6 +343,11 @@ fn a_requeued_job_resumes(name: &str, requeue: impl FnOnce(&Cluster, &str)) {
             .all(|s| s["world"] == "3" && s["step"].parse::<u32>().unwrap() >= reached),
         "the requeued job resumes from step {reached} or later, not 0\n{output}"
     );
+    // A new run of the batch script: the agents' restart budget is untouched.
+    assert!(
+        resumed.iter().all(|s| s["restart"] == "0"),
+        "TORCHELASTIC_RESTART_COUNT starts at 0 again\n{output}"
+    );
     let done = lines_with(again, "done ");
     assert!(
         done.len() == 3 && done.iter().all(|d| d["step"] == steps.to_string()),
