@@ -4,7 +4,9 @@
 #   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer),
 #        protobuf-compiler (etcd-client compiles etcd's protos at build time),
 #        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux and hostname (pod tests),
-#        iproute2 (network namespaces and ss for the partition and liveness tests)
+#        iproute2 (network namespaces and ss for the partition and liveness tests),
+#        slurmctld slurmd slurm-client munge (the three-node Slurm cluster of the Slurm
+#        tests, scripts/slurm/start.sh)
 #   pip: torch==2.13.0, numpy, python-etcd (torchrun's etcd-v2 backend, for the
 #        benchmarks), py-spy (stack dumps of hung workers) and maturin (scripts/dist.sh builds the wheel)
 #        into a cached virtual environment ($FSDP_VENV)
@@ -26,6 +28,11 @@ command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v hostname >/dev/null 2>&1 || need_apt+=(hostname)
 # Partition and liveness tests: network namespaces and veth (ip), cutting connections (ss).
 { command -v ip && command -v ss; } >/dev/null 2>&1 || need_apt+=(iproute2)
+# The Slurm tests run a real cluster: controller, node daemons, clients and munge.
+command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || need_apt+=(slurmd)
+command -v srun >/dev/null 2>&1 || need_apt+=(slurm-client)
+command -v munged >/dev/null 2>&1 || need_apt+=(munge)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   SUDO=""

@@ -4,8 +4,11 @@ the step counter (atomically) to a shared directory, and a restart resumes from 
 usage: elastic_worker.py CKPT_DIR TOTAL_STEPS [--fail-on HOST | --fail-first-on-all]
 --fail-on HOST: the worker on HOST exits 3 at every start.
 --fail-first-on-all: every worker exits 3 in the first attempt (restart 0).
+SIGUSR1 (a pre-emption warning) ends the worker at once, exit 0, after saying so: the
+checkpoint is already the last step's.
 """
 import os
+import signal
 import socket
 import sys
 import time
@@ -25,9 +28,15 @@ def main():
     step = int(open(path).read()) if os.path.exists(path) else 0
     host = socket.gethostname()
     restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    say(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()}")
+    say(f"start host={host} rank={rank} world={world} step={step} restart={restart} pid={os.getpid()} group_rank={os.environ['GROUP_RANK']}")
     if fail_on == host or (fail_first and restart == "0"):
         raise SystemExit(3)
+
+    def preempted(signum, frame):
+        say(f"preempted host={host} rank={rank} step={step}")
+        sys.exit(0)
+
+    signal.signal(signal.SIGUSR1, preempted)
     first = True
     while step < total:
         t = torch.ones(1)

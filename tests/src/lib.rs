@@ -18,6 +18,7 @@ pub mod etcd_cluster;
 pub mod job;
 pub mod netns;
 pub mod pod;
+pub mod slurm;
 
 /// The target directory holding the workspace binaries of the current profile.
 fn bin_dir() -> PathBuf {

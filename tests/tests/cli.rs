@@ -1113,3 +1113,55 @@ fn a_worker_killed_by_sigsegv_makes_the_agent_exit_139() {
     assert_eq!(a.code(), 139, "{}", a.output());
     assert!(a.stderr().contains("SIGSEGV"), "{}", a.stderr());
 }
+
+/// Under srun, `PET_*` variables (a Kubeflow-style environment, or the user's own) win over
+/// what Slurm says, as flags do, and `--print-config` names each source.
+#[test]
+fn under_srun_pet_variables_win_over_slurm_and_print_config_names_the_source() {
+    let dir = TempDir::new().unwrap();
+    let slurm = [
+        ("SLURM_JOB_ID", "4242"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_STEP_NUM_NODES", "3"),
+        ("SLURM_STEP_NODELIST", "gpu-[007-009]"),
+        ("SLURM_STEP_TASKS_PER_NODE", "1(x3)"),
+        ("SLURM_NODEID", "1"),
+        ("SLURMD_NODENAME", "gpu-008"),
+    ];
+    let mut c = AgentCmd::new(dir.path(), "cfg");
+    for (k, v) in slurm.iter().chain(&[("PET_NNODES", "2:3")]) {
+        c = c.env(k, v);
+    }
+    let mut a = c.args(["--print-config", "--no-python", "true"]).run(LIMIT);
+    assert_eq!(a.code(), 0, "{}", a.output());
+    let out = a.stdout();
+    let line = |name: &str| -> String {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not printed:\n{out}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(line("nnodes"), "nnodes 2:3 (env PET_NNODES)");
+    assert_eq!(line("rdzv-id"), "rdzv-id 4242 (env SLURM_JOB_ID)");
+    assert!(
+        line("rdzv-endpoint").starts_with(
+            "rdzv-endpoint gpu-007:29400 (derived: Slurm: first host of SLURM_STEP_NODELIST"
+        ),
+        "{out}"
+    );
+
+    // Two tasks on this node: refused with the fix, nothing started.
+    let mut c = AgentCmd::new(dir.path(), "two");
+    for (k, v) in slurm
+        .iter()
+        .filter(|(k, _)| *k != "SLURM_STEP_TASKS_PER_NODE")
+        .chain(&[("SLURM_STEP_TASKS_PER_NODE", "2(x3)")])
+    {
+        c = c.env(k, v);
+    }
+    let mut a = c.args(["--no-python", "true"]).run(LIMIT);
+    assert_eq!(a.code(), 64, "{}", a.output());
+    assert!(a.stderr().contains("--ntasks-per-node=1"), "{}", a.output());
+}

@@ -10,7 +10,8 @@
 //! One concern per file: `sources` (where each value came from, the [`Setting`]s),
 //! `mode` (standalone, static, etcd, c10d), `logs` (worker output and the agent's log
 //! format), `workers` (program, count, stop grace, devices, scrubbed environment),
-//! `rdzv_keys` (the known `--rdzv-conf` keys), `etcd`, `parse`, `entrypoint`, `print`;
+//! `rdzv_keys` (the known `--rdzv-conf` keys), `etcd`, `parse`, `entrypoint`, `print`,
+//! `slurm` (the values a `srun` step fills in) and `hostlist` (Slurm's node-list syntax);
 //! the settings of the parts the configuration feeds: `hang` ([`HangConfig`]), `health`
 //! ([`HealthCheck`]) and `policy` ([`FailurePolicy`]).
 //!
@@ -22,12 +23,14 @@ mod entrypoint;
 pub mod etcd;
 mod hang;
 mod health;
+mod hostlist;
 mod logs;
 mod mode;
 pub mod parse;
 mod policy;
 mod print;
 mod rdzv_keys;
+mod slurm;
 mod sources;
 mod workers;
 
@@ -243,6 +246,7 @@ pub fn resolve(
         agent_dir,
         settings: Vec::new(),
         warnings: Vec::new(),
+        filled: Vec::new(),
     }
     .resolve(args)
     .map_err(Err)
@@ -342,9 +346,14 @@ fn refuse_unsupported(a: &Args) -> Result<(), ConfigError> {
 
 impl Resolver<'_> {
     /// Every value in the order `--print-config` lists it; the first bad one is the error.
-    fn resolve(mut self, a: Args) -> Result<Config, ConfigError> {
+    fn resolve(mut self, mut a: Args) -> Result<Config, ConfigError> {
         refuse_unsupported(&a)?;
         let standalone = self.flag("standalone", a.standalone, "PET_STANDALONE")?;
+        // Under srun, what the user left out comes from Slurm; --standalone is one node.
+        let slurm_is_host = match standalone {
+            false => self.slurm(&mut a)?,
+            true => None,
+        };
         let program = self.program_flags(&a)?;
         let virtual_local_rank = self.flag(
             "virtual-local-rank",
@@ -355,7 +364,11 @@ impl Resolver<'_> {
         let nproc_per_node = self.nproc_per_node(&a.nproc_per_node)?;
         let max_restarts = self.value("max-restarts", &a.max_restarts, whole_number)?;
         self.monitor_interval(&a.monitor_interval)?;
-        let rdzv_conf = self.rdzv_conf(&a.rdzv_conf)?;
+        let mut rdzv_conf = self.rdzv_conf(&a.rdzv_conf)?;
+        if let Some((is_host, source)) = slurm_is_host {
+            rdzv_conf.insert("is_host".into(), is_host.to_string());
+            self.record("rdzv-conf is_host", is_host, source);
+        }
         let node_rank = self.value("node-rank", &a.node_rank, whole_number)?;
         let master_port = match &a.master_port {
             Some(p) => Some(self.value("master-port", p, parse::port)?),

@@ -18,6 +18,9 @@ pub(super) struct Resolver<'a> {
     pub(super) agent_dir: Option<std::path::PathBuf>,
     pub(super) settings: Vec<Setting>,
     pub(super) warnings: Vec<String>,
+    /// Flags the user did not give that took their value from Slurm (`super::slurm`),
+    /// with where from: for every purpose they count as given.
+    pub(super) filled: Vec<(&'static str, Source)>,
 }
 
 /// The clap id of the flag `--name`: the field name, dashes written as underscores.
@@ -41,7 +44,11 @@ impl Resolver<'_> {
                     .map(|e| e.to_string_lossy().into_owned())
                     .unwrap_or_default(),
             ),
-            _ => Source::Default,
+            _ => self
+                .filled
+                .iter()
+                .find(|(flag, _)| *flag == name)
+                .map_or(Source::Default, |(_, source)| source.clone()),
         }
     }
 

@@ -908,3 +908,79 @@ fn a_standalone_job_keeps_its_status_port_private_unless_told() {
         ("0.0.0.0:29450".into(), true)
     );
 }
+
+// ---- under srun ----
+
+/// The environment srun gives the agent on node `me` of a three-node step.
+fn srun_step(me: &'static str, node_id: &'static str) -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("SLURM_JOB_ID", "42"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_STEP_NUM_NODES", "3"),
+        ("SLURM_STEP_NODELIST", "n[1-3]"),
+        ("SLURM_STEP_TASKS_PER_NODE", "1(x3)"),
+        ("SLURM_NODEID", node_id),
+        ("SLURMD_NODENAME", me),
+    ]
+}
+
+#[test]
+fn under_srun_the_group_is_the_steps_nodes_on_a_store_the_first_serves() {
+    let c = config(&[], &srun_step("n2", "1"));
+    let m = etcd_mode(&c);
+    let store = m.store.as_ref().expect("c10d");
+    assert_eq!((store.host.as_str(), store.port), ("n1", 29400));
+    assert_eq!(store.is_host, Some(false));
+    assert_eq!((m.rendezvous.min_nodes, m.rendezvous.max_nodes), (3, 3));
+    assert_eq!(c.run_id, "42");
+    assert_eq!(setting(&c, "nnodes"), ("3", &env("SLURM_STEP_NUM_NODES")));
+    assert_eq!(setting(&c, "rdzv-id"), ("42", &env("SLURM_JOB_ID")));
+    let (backend, source) = setting(&c, "rdzv-backend");
+    assert_eq!(backend, "c10d");
+    assert!(matches!(source, Source::Derived(d) if d.starts_with("Slurm:")));
+    assert_eq!(setting(&c, "rdzv-endpoint").0, "n1:29400");
+    assert_eq!(setting(&c, "rdzv-conf is_host").0, "false");
+    let first = config(&[], &srun_step("n1", "0"));
+    assert_eq!(
+        etcd_mode(&first).store.as_ref().unwrap().is_host,
+        Some(true)
+    );
+}
+
+#[test]
+fn under_srun_given_flags_win_and_standalone_ignores_slurm() {
+    let c = config(
+        &["--nnodes", "2:3", "--rdzv-id", "mine"],
+        &srun_step("n2", "1"),
+    );
+    assert_eq!(setting(&c, "nnodes"), ("2:3", &flag("--nnodes")));
+    assert_eq!(c.run_id, "mine");
+    assert_eq!(etcd_mode(&c).rendezvous.min_nodes, 2);
+    let c = config(&["--standalone"], &srun_step("n2", "1"));
+    assert!(matches!(c.mode, Mode::Standalone { .. }));
+    assert_eq!(setting(&c, "nnodes"), ("1:1", &Source::Default));
+}
+
+#[test]
+fn under_srun_a_static_job_takes_its_rank_from_slurm() {
+    let c = config(&["--rdzv-backend", "static"], &srun_step("n3", "2"));
+    match &c.mode {
+        Mode::Static {
+            nnodes,
+            node_rank,
+            master_addr,
+            ..
+        } => assert_eq!((*nnodes, *node_rank, master_addr.as_str()), (3, 2, "n1")),
+        m => panic!("{m:?}"),
+    }
+    assert_eq!(setting(&c, "node-rank"), ("2", &env("SLURM_NODEID")));
+}
+
+#[test]
+fn under_srun_two_agents_on_a_node_is_an_error_naming_the_fix() {
+    let mut step = srun_step("n1", "0");
+    step.retain(|(k, _)| *k != "SLURM_STEP_TASKS_PER_NODE");
+    step.push(("SLURM_STEP_TASKS_PER_NODE", "2(x3)"));
+    let e = error(&[], &step);
+    assert!(e.contains("--ntasks-per-node=1"), "{e}");
+}

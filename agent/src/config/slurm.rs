@@ -1,0 +1,421 @@
+//! Under `srun` (`SLURM_JOB_ID` and `SLURM_STEP_ID` set), the flags the user did not give
+//! take their values from Slurm, so `srun -N3 fsdp-agent train.py` forms one group of
+//! three nodes instead of three trainings of one: `--nnodes` from the step's node count,
+//! `--rdzv-id` from the job ID, the c10d backend (none given, several nodes) with its
+//! endpoint on the step's first host, `--node-rank` from `SLURM_NODEID` for a static job,
+//! `--nproc-per-node` from the GPUs Slurm gave the node. Flags and `PET_*` variables
+//! always win. A batch script's own shell (no step ID) is not a step: it is one process
+//! on the first node, and nothing is filled in.
+//!
+//! [`plan`] decides from the environment and what was given, without I/O;
+//! [`Resolver::slurm`] applies it before anything is parsed, recording each value's source.
+
+use std::collections::BTreeSet;
+
+use super::sources::{Resolver, whole_number};
+use super::{ConfigError, Source, hostlist, parse};
+use crate::cli::Args;
+
+/// What the user gave (flag or `PET_*` variable) among the values Slurm can fill.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Given<'a> {
+    pub nnodes: Option<&'a str>,
+    pub backend: Option<&'a str>,
+    pub endpoint: Option<&'a str>,
+    pub rdzv_id: bool,
+    pub node_rank: bool,
+    pub nproc_per_node: bool,
+    pub master_addr: bool,
+    /// `--rdzv-conf` has `is_host`.
+    pub is_host: bool,
+}
+
+/// One flag's value taken from Slurm, and where from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Fill {
+    pub flag: &'static str,
+    pub value: String,
+    pub source: Source,
+}
+
+/// Everything Slurm fills in for this node.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Plan {
+    pub fills: Vec<Fill>,
+    /// The c10d store's `is_host`: whether this node is the endpoint's host, when the
+    /// endpoint names a node of the step. All "nodes" may share one address (a test
+    /// cluster, or several steps on one machine), and then the first to bind would serve.
+    pub is_host: Option<(bool, Source)>,
+}
+
+/// Why `srun` must start one agent per node, as the error says it.
+fn one_task_per_node(var: &str, value: &str) -> String {
+    format!(
+        "srun started more than one fsdp-agent on a node ({var}={value}): the agent is one per node and starts --nproc-per-node workers itself; run srun with --ntasks-per-node=1"
+    )
+}
+
+/// The most tasks on one node: `SLURM_STEP_TASKS_PER_NODE` (`2(x3),1`), else
+/// `SLURM_NTASKS_PER_NODE`, the job's request the step inherits.
+fn tasks_per_node(env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    for var in ["SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"] {
+        let Some(value) = env(var) else { continue };
+        let most = value
+            .split(',')
+            .filter_map(|item| item.split('(').next()?.trim().parse::<u32>().ok())
+            .max()
+            .unwrap_or(1);
+        if most > 1 {
+            return Err(one_task_per_node(var, &value));
+        }
+        return Ok(());
+    }
+    Ok(())
+}
+
+/// The first of two variables that is set: (name, value).
+fn first_of(env: &dyn Fn(&str) -> Option<String>, a: &str, b: &str) -> Option<(String, String)> {
+    [a, b].into_iter().find_map(|v| {
+        env(v)
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| (v.to_owned(), s))
+    })
+}
+
+/// What Slurm fills in, given the environment and what the user gave. Empty outside a
+/// step. An error is a step the agent cannot run in (several agents per node) or a
+/// variable it cannot read.
+pub(super) fn plan(env: &dyn Fn(&str) -> Option<String>, given: &Given) -> Result<Plan, String> {
+    let (Some(job_id), Some(_)) = (env("SLURM_JOB_ID"), env("SLURM_STEP_ID")) else {
+        return Ok(Plan::default());
+    };
+    let mut fills = Vec::new();
+    let fill = |fills: &mut Vec<Fill>, flag, value: String, source| {
+        fills.push(Fill {
+            flag,
+            value,
+            source,
+        })
+    };
+
+    let nnodes = match given.nnodes {
+        Some(n) => n.to_owned(),
+        None => match first_of(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES") {
+            Some((var, n)) => {
+                let n = n.trim().to_owned();
+                whole_number(&n).map_err(|e| format!("{var}={n}: {e}"))?;
+                fill(&mut fills, "nnodes", n.clone(), Source::Env(var));
+                n
+            }
+            None => "1".to_owned(),
+        },
+    };
+    let several = parse::nnodes(&nnodes).is_ok_and(|(_, max)| max > 1);
+
+    if !given.rdzv_id {
+        let id = job_id.trim().to_owned();
+        fill(
+            &mut fills,
+            "rdzv-id",
+            id,
+            Source::Env("SLURM_JOB_ID".into()),
+        );
+    }
+
+    let backend = match given.backend {
+        Some(b) => b.trim().to_ascii_lowercase(),
+        None if several => {
+            let source = Source::Derived(
+                "Slurm: a step of several nodes and no backend given (the store served by the first node's agent)".into(),
+            );
+            fill(&mut fills, "rdzv-backend", "c10d".into(), source);
+            "c10d".into()
+        }
+        None => "static".into(),
+    };
+
+    let nodelist = first_of(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST");
+    let hosts = match &nodelist {
+        Some((var, list)) => Some(hostlist::expand(list).map_err(|e| format!("{var}: {e}"))?),
+        None => None,
+    };
+    let first_host = |what: &str| {
+        let (var, list) = nodelist.as_ref()?;
+        let host = hosts.as_ref()?.first()?.clone();
+        Some((
+            host,
+            Source::Derived(format!("Slurm: first host of {var}={list}{what}")),
+        ))
+    };
+    let endpoint = match given.endpoint {
+        Some(e) => Some(e.to_owned()),
+        None if backend == "c10d" && several => first_host(", c10d's port").map(|(h, source)| {
+            let e = format!("{h}:{}", fsdp_store::DEFAULT_PORT);
+            fill(&mut fills, "rdzv-endpoint", e.clone(), source);
+            e
+        }),
+        None if backend == "static" && several && !given.master_addr => first_host(", the master")
+            .map(|(h, source)| {
+                fill(&mut fills, "rdzv-endpoint", h.clone(), source);
+                h
+            }),
+        None => None,
+    };
+
+    if backend == "static" && several && !given.node_rank {
+        if let Some(rank) = env("SLURM_NODEID") {
+            let rank = rank.trim().to_owned();
+            whole_number(&rank).map_err(|e| format!("SLURM_NODEID={rank}: {e}"))?;
+            fill(
+                &mut fills,
+                "node-rank",
+                rank,
+                Source::Env("SLURM_NODEID".into()),
+            );
+        }
+    }
+
+    if !given.nproc_per_node {
+        if let Some(gpus) = env("SLURM_GPUS_ON_NODE") {
+            let gpus = gpus.trim().to_owned();
+            if whole_number(&gpus).is_ok_and(|n| n > 0) {
+                let source = Source::Env("SLURM_GPUS_ON_NODE".into());
+                fill(&mut fills, "nproc-per-node", gpus, source);
+            }
+        }
+    }
+
+    let is_host = match (&endpoint, &hosts, env("SLURMD_NODENAME")) {
+        (Some(e), Some(hosts), Some(me)) if backend == "c10d" && !given.is_host => {
+            let host = parse::split_host_port(e)
+                .map(|(h, _)| h)
+                .unwrap_or_default();
+            let nodes: BTreeSet<&str> = hosts.iter().map(String::as_str).collect();
+            nodes.contains(host.as_str()).then(|| {
+                let here = host == me;
+                let how = if here { "is" } else { "is not" };
+                (
+                    here,
+                    Source::Derived(format!(
+                        "Slurm: this node (SLURMD_NODENAME={me}) {how} the endpoint's host"
+                    )),
+                )
+            })
+        }
+        _ => None,
+    };
+
+    // Several agents on one node only matter when Slurm shapes the group: each would
+    // count as a node. Given every value, the user has said what they run.
+    if !fills.is_empty() {
+        tasks_per_node(env)?;
+    }
+    Ok(Plan { fills, is_host })
+}
+
+impl Resolver<'_> {
+    /// Fills the flags the user did not give from Slurm ([`plan`]); what it filled is
+    /// recorded with Slurm as its source. Returns the c10d `is_host` to apply once
+    /// `--rdzv-conf` is parsed.
+    pub(super) fn slurm(&mut self, a: &mut Args) -> Result<Option<(bool, Source)>, ConfigError> {
+        let given_str = |r: &Self, name: &str, v: &str| r.explicit(name).then(|| v.to_owned());
+        let nnodes = given_str(self, "nnodes", &a.nnodes);
+        let backend = given_str(self, "rdzv-backend", &a.rdzv_backend);
+        let endpoint = given_str(self, "rdzv-endpoint", &a.rdzv_endpoint);
+        let given = Given {
+            nnodes: nnodes.as_deref(),
+            backend: backend.as_deref(),
+            endpoint: endpoint.as_deref(),
+            rdzv_id: a.rdzv_id.is_some(),
+            node_rank: self.explicit("node-rank"),
+            nproc_per_node: self.explicit("nproc-per-node"),
+            master_addr: self.explicit("master-addr"),
+            is_host: parse::rdzv_conf(&a.rdzv_conf).is_ok_and(|c| c.contains_key("is_host")),
+        };
+        let plan = plan(self.env, &given).map_err(ConfigError::Conflict)?;
+        for f in plan.fills {
+            match f.flag {
+                "nnodes" => a.nnodes = f.value,
+                "rdzv-id" => a.rdzv_id = Some(f.value),
+                "rdzv-backend" => a.rdzv_backend = f.value,
+                "rdzv-endpoint" => a.rdzv_endpoint = f.value,
+                "node-rank" => a.node_rank = f.value,
+                "nproc-per-node" => a.nproc_per_node = f.value,
+                other => unreachable!("Slurm fills no --{other}"),
+            }
+            self.filled.push((f.flag, f.source));
+        }
+        Ok(plan.is_host)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step of three nodes as `srun -N3` starts it, seen from node `me`.
+    fn step(me: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("SLURM_JOB_ID", "42".into()),
+            ("SLURM_STEP_ID", "0".into()),
+            ("SLURM_STEP_NUM_NODES", "3".into()),
+            ("SLURM_JOB_NUM_NODES", "3".into()),
+            ("SLURM_STEP_NODELIST", "gpu-[007-009]".into()),
+            ("SLURM_NODEID", "1".into()),
+            ("SLURM_STEP_TASKS_PER_NODE", "1(x3)".into()),
+            ("SLURMD_NODENAME", me.into()),
+        ]
+    }
+
+    fn plan_in(env: &[(&'static str, String)], given: &Given) -> Result<Plan, String> {
+        let env = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        plan(&env, given)
+    }
+
+    fn filled(p: &Plan) -> Vec<(&str, &str)> {
+        p.fills.iter().map(|f| (f.flag, f.value.as_str())).collect()
+    }
+
+    #[test]
+    fn outside_a_step_nothing_is_filled() {
+        assert_eq!(plan_in(&[], &Given::default()), Ok(Plan::default()));
+        // A batch script's own shell: a job, no step.
+        let batch = [("SLURM_JOB_ID", "42".to_owned())];
+        assert_eq!(plan_in(&batch, &Given::default()), Ok(Plan::default()));
+    }
+
+    #[test]
+    fn a_step_of_three_nodes_is_one_c10d_group_on_its_first_host() {
+        let p = plan_in(&step("gpu-008"), &Given::default()).unwrap();
+        assert_eq!(
+            filled(&p),
+            [
+                ("nnodes", "3"),
+                ("rdzv-id", "42"),
+                ("rdzv-backend", "c10d"),
+                ("rdzv-endpoint", "gpu-007:29400"),
+            ]
+        );
+        assert_eq!(
+            p.fills[0].source,
+            Source::Env("SLURM_STEP_NUM_NODES".into())
+        );
+        assert!(
+            matches!(&p.fills[3].source, Source::Derived(d) if d.contains("SLURM_STEP_NODELIST=gpu-[007-009]"))
+        );
+        assert_eq!(p.is_host.map(|h| h.0), Some(false));
+        let first = plan_in(&step("gpu-007"), &Given::default()).unwrap();
+        assert_eq!(first.is_host.map(|h| h.0), Some(true));
+    }
+
+    #[test]
+    fn the_jobs_values_stand_in_for_the_steps() {
+        let env: Vec<_> = step("gpu-007")
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("SLURM_STEP_") || *k == "SLURM_STEP_ID")
+            .chain([("SLURM_JOB_NODELIST", "a,b[1-2]".to_owned())])
+            .collect();
+        let p = plan_in(&env, &Given::default()).unwrap();
+        assert!(filled(&p).contains(&("rdzv-endpoint", "a:29400")));
+        assert_eq!(p.fills[0].source, Source::Env("SLURM_JOB_NUM_NODES".into()));
+    }
+
+    #[test]
+    fn what_the_user_gave_wins() {
+        let given = Given {
+            nnodes: Some("2:3"),
+            backend: Some("etcd"),
+            endpoint: Some("etcd-host:2379"),
+            rdzv_id: true,
+            nproc_per_node: true,
+            ..Given::default()
+        };
+        let mut env = step("gpu-007");
+        env.push(("SLURM_GPUS_ON_NODE", "8".into()));
+        let p = plan_in(&env, &given).unwrap();
+        assert_eq!(filled(&p), []);
+        assert_eq!(p.is_host, None);
+        // An endpoint given on a step node still decides who serves it.
+        let given = Given {
+            endpoint: Some("gpu-009"),
+            ..Given::default()
+        };
+        let p = plan_in(&step("gpu-009"), &given).unwrap();
+        assert!(!filled(&p).iter().any(|(f, _)| *f == "rdzv-endpoint"));
+        assert_eq!(p.is_host.map(|h| h.0), Some(true));
+        // is_host in --rdzv-conf is the user's.
+        let given = Given {
+            is_host: true,
+            ..Given::default()
+        };
+        assert_eq!(plan_in(&step("gpu-007"), &given).unwrap().is_host, None);
+    }
+
+    #[test]
+    fn a_static_job_takes_its_rank_and_master_from_slurm() {
+        let given = Given {
+            backend: Some("static"),
+            ..Given::default()
+        };
+        let p = plan_in(&step("gpu-008"), &given).unwrap();
+        assert_eq!(
+            filled(&p),
+            [
+                ("nnodes", "3"),
+                ("rdzv-id", "42"),
+                ("rdzv-endpoint", "gpu-007"),
+                ("node-rank", "1"),
+            ]
+        );
+        let given = Given {
+            backend: Some("static"),
+            master_addr: true,
+            node_rank: true,
+            ..Given::default()
+        };
+        let p = plan_in(&step("gpu-008"), &given).unwrap();
+        assert_eq!(filled(&p), [("nnodes", "3"), ("rdzv-id", "42")]);
+    }
+
+    #[test]
+    fn one_node_stays_standalone_and_gpus_set_the_worker_count() {
+        let env = vec![
+            ("SLURM_JOB_ID", "7".to_owned()),
+            ("SLURM_STEP_ID", "0".into()),
+            ("SLURM_STEP_NUM_NODES", "1".into()),
+            ("SLURM_STEP_NODELIST", "n1".into()),
+            ("SLURM_GPUS_ON_NODE", "4".into()),
+        ];
+        let p = plan_in(&env, &Given::default()).unwrap();
+        assert_eq!(
+            filled(&p),
+            [("nnodes", "1"), ("rdzv-id", "7"), ("nproc-per-node", "4")]
+        );
+    }
+
+    #[test]
+    fn several_agents_per_node_are_refused_naming_the_fix() {
+        let mut env = step("gpu-007");
+        env.retain(|(k, _)| *k != "SLURM_STEP_TASKS_PER_NODE");
+        env.push(("SLURM_STEP_TASKS_PER_NODE", "2(x2),1".into()));
+        let err = plan_in(&env, &Given::default()).unwrap_err();
+        assert!(err.contains("--ntasks-per-node=1"), "{err}");
+        assert!(err.contains("SLURM_STEP_TASKS_PER_NODE=2(x2),1"), "{err}");
+        assert!(!err.contains('\n'));
+        env.retain(|(k, _)| *k != "SLURM_STEP_TASKS_PER_NODE");
+        env.push(("SLURM_NTASKS_PER_NODE", "8".into()));
+        assert!(plan_in(&env, &Given::default()).is_err());
+        // The step's own count is the truth: srun --ntasks-per-node=1 in an 8-per-node job.
+        env.push(("SLURM_STEP_TASKS_PER_NODE", "1(x3)".into()));
+        assert!(plan_in(&env, &Given::default()).is_ok());
+    }
+
+    #[test]
+    fn a_malformed_node_list_names_its_variable() {
+        let mut env = step("gpu-007");
+        env.retain(|(k, _)| *k != "SLURM_STEP_NODELIST");
+        env.push(("SLURM_STEP_NODELIST", "gpu-[007-".into()));
+        let err = plan_in(&env, &Given::default()).unwrap_err();
+        assert!(err.starts_with("SLURM_STEP_NODELIST:"), "{err}");
+    }
+}
