@@ -250,13 +250,16 @@ fn full_sharding_has_the_lowest_peak_memory_and_saves_what_the_arithmetic_predic
         );
         let w = f64::from(world);
         let sharded = 16.0 * params as f64 * (1.0 - 1.0 / w) / mib;
-        let (least, most) = (sharded - 3.0 * unit, sharded - unit);
+        // At most the whole sharded state: the unsharded run's peak may or may not catch one
+        // unit-sized transient of its own (a gradient being all-reduced) depending on how
+        // the threads interleave; a loaded machine showed it (287.7 MiB saved at world 4).
+        let (least, most) = (sharded - 3.0 * unit, sharded);
         // 10% either side for what the arithmetic does not count (allocator, threads).
         let slack = 0.1 * least;
         let saved = no_shard - full;
         assert!(
             saved >= least - slack && saved <= most + slack,
-            "world {world}: full saves {saved:.1} MiB against no_shard, the arithmetic says {least:.1} to {most:.1} MiB"
+            "world {world}: full saves {saved:.1} MiB against no_shard, the arithmetic says {least:.1} to {most:.1} MiB (peaks no_shard {no_shard:.1}, shard_grad_op {grad_op:.1}, full {full:.1} MiB)"
         );
     }
 }
