@@ -63,6 +63,7 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
         Request::Help(topic) => return help(topic),
         Request::Run => {}
     }
+    signals::hold_until_handled();
     let config = match config::resolve(argv, &|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(Ok(help)) => {

@@ -26,6 +26,49 @@ pub fn is_repeat(
     last.is_some_and(|(s, at)| s == sig && now.saturating_duration_since(at) < window)
 }
 
+/// The signals a run may be asked to handle (torchrun's `--signals-to-handle` choices).
+const HANDLEABLE: [Signal; 6] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// Holds the handleable signals pending from the first instant until [`Signals::install`]
+/// releases them. As PID 1 of a container the agent would otherwise lose a SIGTERM sent
+/// before its handler exists (the kernel drops a signal whose action is the default for a
+/// namespace's init, unless it is blocked), and a pod deleted as it starts would keep
+/// running until the kubelet's SIGKILL. Called first thing in `main_entry`, before any
+/// thread exists; a signal sent before `main` runs at all cannot be helped. Workers start
+/// with an empty mask (the standard library resets it in the child).
+pub fn hold_until_handled() {
+    let mut set = nix::sys::signal::SigSet::empty();
+    for sig in HANDLEABLE {
+        set.add(sig);
+    }
+    let _ = nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_BLOCK,
+        Some(&set),
+        None,
+    );
+}
+
+/// Lets the held signals in (on this thread, where the runtime polls): a handled one
+/// reaches the run loop, one not handled takes its default action as it would have.
+fn release() {
+    let mut set = nix::sys::signal::SigSet::empty();
+    for sig in HANDLEABLE {
+        set.add(sig);
+    }
+    let _ = nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_UNBLOCK,
+        Some(&set),
+        None,
+    );
+}
+
 /// The signals the agent handles (`--signals-to-handle`), as a stream.
 pub struct Signals {
     rx: mpsc::UnboundedReceiver<Signal>,
@@ -48,6 +91,7 @@ impl Signals {
                 }
             });
         }
+        release();
         Ok(Self { rx, last: None })
     }
 
