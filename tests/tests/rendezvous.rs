@@ -216,6 +216,19 @@ async fn racing_commits_of_the_same_round_have_exactly_one_winner() {
         reason: who.into(),
         ..Default::default()
     };
+    // The coordinator key both commits name, on a lease of its own.
+    let lease = a.lease_grant(60, None).await.unwrap().id();
+    let claim = fsdp_proto::v1::Coordinator {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        node_id: "a".into(),
+    };
+    a.put(
+        keys.key::<fsdp_proto::v1::Coordinator>(""),
+        prost::Message::encode_to_vec(&claim),
+        Some(etcd_client::PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
     for round in 0..20u64 {
         let fence = if round == 0 {
             None
@@ -228,12 +241,24 @@ async fn racing_commits_of_the_same_round_have_exactly_one_winner() {
         };
         let (ra, rb) = (record(round, "a"), record(round, "b"));
         let (wa, wb) = tokio::join!(
-            commit_round(&mut a, &keys, fence, &ra),
-            commit_round(&mut b, &keys, fence, &rb)
+            commit_round(&mut a, &keys, fence, lease, &ra),
+            commit_round(&mut b, &keys, fence, lease, &rb)
         );
         let (wa, wb) = (wa.unwrap(), wb.unwrap());
         assert!(wa ^ wb, "round {round}: a won {wa}, b won {wb}");
     }
+    // The right revision on another lease (a commit decided before etcd lost its data,
+    // where revisions start again) is refused; the same commit on the key's lease is not.
+    let r = a
+        .get(keys.key::<fsdp_proto::v1::Round>(""), None)
+        .await
+        .unwrap();
+    let fence = Some(r.kvs()[0].mod_revision());
+    let next = record(20, "a");
+    let stale = commit_round(&mut a, &keys, fence, lease + 1, &next).await;
+    assert!(!stale.unwrap(), "a commit on a lease the key is not on won");
+    let live = commit_round(&mut a, &keys, fence, lease, &next).await;
+    assert!(live.unwrap());
 }
 
 #[tokio::test]

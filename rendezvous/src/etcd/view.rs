@@ -58,6 +58,9 @@ pub struct View {
     /// Per round, the members whose workers all succeeded.
     pub done: BTreeMap<u64, BTreeSet<String>>,
     pub coordinator: Option<String>,
+    /// The lease the coordinator key lives on (0: none): the coordinator's seal is fenced
+    /// on it ([`super::session::records::commit_round`]).
+    pub coordinator_lease: i64,
     /// Keys holding values that do not decode (garbage, another schema), with the
     /// reason: the rendezvous stops with a clear error naming the key.
     pub corrupt: BTreeMap<String, String>,
@@ -114,6 +117,7 @@ impl View {
             failures,
             done,
             coordinator,
+            coordinator_lease,
             corrupt,
             refused,
             allowed,
@@ -138,6 +142,7 @@ impl View {
             failures: failures.clone(),
             done: done.clone(),
             coordinator: coordinator.clone(),
+            coordinator_lease: *coordinator_lease,
             corrupt: corrupt.clone(),
             refused: refused.clone(),
             allowed: allowed.clone(),

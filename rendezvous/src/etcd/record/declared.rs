@@ -112,13 +112,15 @@ impl Record for v1::Coordinator {
     const MODE: Mode = Mode::Own;
     const WRITING: &'static str = "claiming the coordinator role";
 
-    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+    fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
         view.coordinator = Some(self.node_id);
+        view.coordinator_lease = at.lease;
         Ok(())
     }
 
     fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
         view.coordinator = None;
+        view.coordinator_lease = 0;
     }
 }
 

@@ -410,8 +410,9 @@ pub async fn commit_round(
     client: &mut Client,
     keys: &Keys,
     fence: Option<i64>,
+    lease: i64,
     record: &v1::Round,
 ) -> EtcdResult<bool> {
-    let spec = records::commit_round(keys, fence, record);
+    let spec = records::commit_round(keys, fence, lease, record);
     Ok(client.txn(txn(spec)).await?.succeeded())
 }

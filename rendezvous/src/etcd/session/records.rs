@@ -162,17 +162,28 @@ pub fn lease_holds(keys: &Keys, node: &str, lease: i64) -> TxnSpec {
 }
 
 /// `record` as the next round, fenced on the round it replaces: it succeeds only if the
-/// round key still has revision `fence` (or does not exist when `fence` is `None`). Two
-/// coordinators racing for the same round cannot both win, and no round follows a halt.
-pub fn commit_round(keys: &Keys, fence: Option<i64>, record: &v1::Round) -> TxnSpec {
+/// round key still has revision `fence` (or does not exist when `fence` is `None`) and the
+/// coordinator key still lives on `lease`, the one the coordinator saw it on when it
+/// decided. Two coordinators racing for the same round cannot both win, and no round
+/// follows a halt.
+///
+/// The revision alone is not a fence across an etcd that lost its data: revisions start
+/// again at 1 there, so a commit decided before the loss and sent after it can find a
+/// round sealed since at the very revision it names. No lease outlives the data (and
+/// etcd does not give an ID twice), so the lease comparison refuses it.
+pub fn commit_round(keys: &Keys, fence: Option<i64>, lease: i64, record: &v1::Round) -> TxnSpec {
     let key = keys.key::<v1::Round>("");
     let when = match fence {
         Some(rev) => Compare::ModRevision(key.clone(), rev),
         None => Compare::Absent(key.clone()),
     };
     TxnSpec {
-        // Never after a halt, even one this coordinator has not seen yet.
-        when: vec![when, Compare::Absent(keys.key::<v1::Halt>(""))],
+        when: vec![
+            when,
+            Compare::Lease(keys.key::<v1::Coordinator>(""), lease),
+            // Never after a halt, even one this coordinator has not seen yet.
+            Compare::Absent(keys.key::<v1::Halt>("")),
+        ],
         then: vec![put(key, record.encode_to_vec(), 0)],
         otherwise: Vec::new(),
     }

@@ -76,8 +76,10 @@ impl Machine {
     /// This node's claim on the coordinator key won (the one place that says so).
     pub(super) fn elected(&mut self) {
         tracing::info!(node = %self.cfg.node_id, "elected rendezvous coordinator");
-        let me = self.cfg.node_id.clone();
-        self.view_mut().coordinator = Some(me);
+        let (me, lease) = (self.cfg.node_id.clone(), self.lease);
+        let v = self.view_mut();
+        v.coordinator = Some(me);
+        v.coordinator_lease = lease;
     }
 
     /// The lease is gone. Before `safe_until` etcd cannot have expired it, so it lost its

@@ -398,7 +398,12 @@ impl Machine {
             }
             SealDecision::Seal(p) => {
                 let record = round_record(&p, &self.view, &obs.reason, self.unix_ms());
-                let txn = records::commit_round(&self.cfg.keys, obs.fence, &record);
+                let txn = records::commit_round(
+                    &self.cfg.keys,
+                    obs.fence,
+                    self.view.coordinator_lease,
+                    &record,
+                );
                 let then = Then::Commit {
                     number: p.number,
                     members: p.members.len(),

@@ -43,6 +43,7 @@ fn a_coordinator_with_enough_members_commits_a_round_fenced_on_an_absent_round_k
         spec.when,
         vec![
             Compare::Absent(k.key::<v1::Round>("")),
+            Compare::Lease(k.key::<v1::Coordinator>(""), LEASE),
             Compare::Absent(k.key::<v1::Halt>(""))
         ]
     );
@@ -73,7 +74,7 @@ fn a_failed_commit_does_not_count_as_sealed() {
 }
 
 #[test]
-fn a_commit_is_fenced_on_the_mod_revision_of_the_round_it_replaces() {
+fn a_commit_is_fenced_on_the_round_it_replaces_and_the_coordinators_lease() {
     let k = keys();
     let old = round(1, &[("b", 1)]);
     let me = member("a", LEASE, 1, 2);
@@ -88,6 +89,7 @@ fn a_commit_is_fenced_on_the_mod_revision_of_the_round_it_replaces() {
         spec.when,
         vec![
             Compare::ModRevision(k.key::<v1::Round>(""), 9),
+            Compare::Lease(k.key::<v1::Coordinator>(""), LEASE),
             Compare::Absent(k.key::<v1::Halt>(""))
         ]
     );
