@@ -286,12 +286,30 @@ async fn start_status_server(
             Ok(Some(bound))
         }
         Err(e) if !required => {
-            tracing::warn!(
-                %addr,
-                error = %e,
-                "cannot listen on the default status address; running without the status server (set --status-addr)"
-            );
-            Ok(None)
+            // Another agent on this machine (two jobs' steps on one Slurm node, pods with
+            // hostNetwork) holds the default port. A free port keeps this agent watched
+            // by its ring neighbour, which finds the port through the rendezvous: without
+            // a status server its death would wait for its lease to expire.
+            let free = std::net::SocketAddr::new(addr.ip(), 0);
+            match status::server::start(free, board.clone()).await {
+                Ok(bound) => {
+                    tracing::warn!(
+                        default = %addr,
+                        addr = %bound,
+                        error = %e,
+                        "the default status port is taken (another agent on this machine?); listening on a free port instead (set --status-addr for a fixed one)"
+                    );
+                    Ok(Some(bound))
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        %addr,
+                        error = %e,
+                        "cannot listen on the default status address; running without the status server (set --status-addr)"
+                    );
+                    Ok(None)
+                }
+            }
         }
         Err(source) => Err(AgentError::StatusAddrBusy { addr, source }),
     }

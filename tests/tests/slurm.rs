@@ -191,6 +191,13 @@ fn a_node_lost_under_no_kill(rdzv: &[String], lost: &str) {
     cluster.kill_node(lost);
     let code = step.wait();
     assert_eq!(code, 0, "{}", step.output());
+    // The three nodes share one address here, as two jobs' steps can share a real node:
+    // each agent still serves a status port (a free one), so its ring neighbour watches it.
+    assert!(
+        !step.output().contains("running without the status server"),
+        "{}",
+        step.output()
+    );
     let survivors = set(["n1", "n2", "n3"]
         .into_iter()
         .filter(|n| *n != lost)
@@ -256,14 +263,8 @@ fn a_node_lost_under_no_kill_leaves_the_others_training_to_the_end_on_etcd() {
 fn a_preemption_signal_reaches_every_worker_and_ends_the_job_without_a_restart() {
     let cluster = Cluster::start();
     let ckpt = TempDir::new().unwrap();
-    let mut args: Vec<String> = [
-        "--signals-to-handle",
-        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-        "--max-restarts",
-        "3",
-    ]
-    .map(String::from)
-    .into();
+    // No --signals-to-handle: under Slurm the agent handles SIGUSR1 unasked.
+    let mut args: Vec<String> = ["--max-restarts", "3"].map(String::from).into();
     args.extend(elastic_worker(&ckpt, 5000));
     let mut step = Step::start(cluster.srun_agent(&["-N3", "-J", "fsdp-preempt"], &args));
     wait_for("training to pass step 20", LIMIT, || progress(&ckpt) >= 20);
@@ -378,6 +379,50 @@ fn a_batch_job_whose_node_fails_is_requeued_and_resumes() {
         eprintln!("node killed to the job requeued: {:?}", t.elapsed());
         cluster.start_lost_nodes();
     });
+}
+
+#[test]
+fn the_time_limit_warning_to_the_batch_shell_reaches_every_worker() {
+    // `--signal=B:USR1@110` with a two-minute limit: Slurm signals the example's batch
+    // shell about 10 s in (its check runs every few tens of seconds), the shell passes it
+    // to the step, and every worker checkpoints and ends before the limit.
+    let cluster = Cluster::start();
+    let ckpt = TempDir::new().unwrap();
+    let dir = TempDir::new().unwrap();
+    let out = dir.path().join("job.out");
+    let name = "fsdp-warned";
+    let submitted = cluster
+        .job_client("sbatch")
+        .args(["-J", name, "--time=2", "--signal=B:USR1@110", "--chdir"])
+        .arg(workspace_file(""))
+        .arg("-o")
+        .arg(&out)
+        .arg(workspace_file("examples/slurm/train.sbatch"))
+        .args(elastic_worker(&ckpt, 5000))
+        .output()
+        .expect("sbatch");
+    assert!(submitted.status.success(), "{submitted:?}");
+    let job = cluster.wait_job(name, Duration::from_secs(150));
+    let output = std::fs::read_to_string(&out).unwrap_or_default();
+    let preempted = lines_with(&output, "preempted ");
+    assert_eq!(
+        set(preempted.iter().map(|p| p["host"].clone())),
+        set(["n1", "n2", "n3"].map(String::from)),
+        "every worker got the warning\n{job}\n{output}"
+    );
+    assert_eq!(
+        lines_with(&output, "start ").len(),
+        3,
+        "no restart\n{output}"
+    );
+    let reached = progress(&ckpt);
+    assert!((20..5000).contains(&reached), "checkpoint at {reached}");
+    assert_eq!(
+        Cluster::field(&job, "JobState"),
+        "FAILED",
+        "{job}\n{output}"
+    );
+    assert_eq!(Cluster::field(&job, "ExitCode"), "138:0", "{job}");
 }
 
 #[test]

@@ -28,6 +28,7 @@ pub(super) struct Given<'a> {
     pub master_addr: bool,
     /// `--rdzv-conf` has `is_host`.
     pub is_host: bool,
+    pub signals: bool,
 }
 
 /// One flag's value taken from Slurm, and where from.
@@ -81,6 +82,9 @@ fn first_of(env: &dyn Fn(&str) -> Option<String>, a: &str, b: &str) -> Option<(S
             .map(|s| (v.to_owned(), s))
     })
 }
+
+/// torchrun's default list, and Slurm's warning signals.
+pub(super) const SLURM_SIGNALS: &str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2";
 
 /// What Slurm fills in, given the environment and what the user gave. Empty outside a
 /// step. An error is a step the agent cannot run in (several agents per node) or a
@@ -210,6 +214,21 @@ pub(super) fn plan(env: &dyn Fn(&str) -> Option<String>, given: &Given) -> Resul
     if !fills.is_empty() {
         tasks_per_node(env)?;
     }
+
+    // Slurm warns of a pre-emption or the time limit with the signal of `sbatch
+    // --signal`, SIGUSR1 or SIGUSR2 by convention; an agent not handling it would die of
+    // it (their default action) and take its workers with it, checkpoint unsaved.
+    if !given.signals {
+        let source = Source::Derived(
+            "Slurm: sbatch --signal warns with SIGUSR1 or SIGUSR2 by convention; the agent passes them to the workers".into(),
+        );
+        fill(
+            &mut fills,
+            "signals-to-handle",
+            SLURM_SIGNALS.into(),
+            source,
+        );
+    }
     Ok(Plan { fills, is_host })
 }
 
@@ -231,6 +250,7 @@ impl Resolver<'_> {
             nproc_per_node: self.explicit("nproc-per-node"),
             master_addr: self.explicit("master-addr"),
             is_host: parse::rdzv_conf(&a.rdzv_conf).is_ok_and(|c| c.contains_key("is_host")),
+            signals: self.explicit("signals-to-handle"),
         };
         let plan = plan(self.env, &given).map_err(ConfigError::Conflict)?;
         for f in plan.fills {
@@ -241,6 +261,7 @@ impl Resolver<'_> {
                 "rdzv-endpoint" => a.rdzv_endpoint = f.value,
                 "node-rank" => a.node_rank = f.value,
                 "nproc-per-node" => a.nproc_per_node = f.value,
+                "signals-to-handle" => a.signals_to_handle = f.value,
                 other => unreachable!("Slurm fills no --{other}"),
             }
             self.filled.push((f.flag, f.source));
@@ -272,8 +293,34 @@ mod tests {
         plan(&env, given)
     }
 
+    /// The values that shape the group (the signals have their own test).
     fn filled(p: &Plan) -> Vec<(&str, &str)> {
-        p.fills.iter().map(|f| (f.flag, f.value.as_str())).collect()
+        p.fills
+            .iter()
+            .filter(|f| f.flag != "signals-to-handle")
+            .map(|f| (f.flag, f.value.as_str()))
+            .collect()
+    }
+
+    fn signals(p: &Plan) -> Option<&str> {
+        p.fills
+            .iter()
+            .find(|f| f.flag == "signals-to-handle")
+            .map(|f| f.value.as_str())
+    }
+
+    #[test]
+    fn in_a_step_slurms_warning_signals_are_handled_unless_the_user_chose() {
+        let p = plan_in(&step("gpu-008"), &Given::default()).unwrap();
+        assert_eq!(signals(&p), Some(SLURM_SIGNALS));
+        assert!(SLURM_SIGNALS.starts_with("SIGTERM,SIGINT,SIGHUP,SIGQUIT,"));
+        let given = Given {
+            signals: true,
+            ..Given::default()
+        };
+        assert_eq!(signals(&plan_in(&step("gpu-008"), &given).unwrap()), None);
+        let batch = [("SLURM_JOB_ID", "42".to_owned())];
+        assert_eq!(signals(&plan_in(&batch, &Given::default()).unwrap()), None);
     }
 
     #[test]

@@ -1,0 +1,122 @@
+"""Slurm benchmark: a node killed under `srun --no-kill`, fsdp-agent and torchrun side by side.
+
+On the real test cluster of scripts/slurm (three slurmd, nodes n1..n3 in their own UTS and
+mount namespaces on this machine), each run is one step
+`srun -N3 --no-kill LAUNCHER --nnodes 2:3 ... tests/py/elastic_worker.py CKPT STEPS`:
+when the checkpoint passes step 20, `scripts/slurm/kill-node.sh n3` kills the node
+(slurmd, step daemon, agent and workers at once). Printed per run: the node's death to the
+group of two's first all-reduce (the workers' own `allreduced ... world=2 t=` line, wall
+clock) and the step's exit code.
+
+Launchers:
+  fsdp-agent   no rendezvous flags (Slurm gives the c10d endpoint, the job ID, the nodes)
+  torchrun     --rdzv-backend c10d --rdzv-endpoint n1:29400 --rdzv-id $SLURM_JOB_ID;
+               is_host on node 0 only (the nodes share the loopback, so every torchrun
+               would otherwise take itself for the host)
+
+usage: python bench/slurm.py [--runs 3] [--agent target/release/fsdp-agent]
+       [--kinds fsdp-agent,torchrun] [--limit 120]
+Needs root and scripts/setup.sh's Slurm packages.
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests/py/elastic_worker.py")
+STEPS = 300
+
+
+def script(name, *args):
+    return subprocess.run(["bash", os.path.join(ROOT, "scripts/slurm", name), *args],
+                          capture_output=True, text=True)
+
+
+def start_cluster():
+    out = script("start.sh")
+    if out.returncode != 0:
+        sys.exit(f"scripts/slurm/start.sh failed:\n{out.stdout}\n{out.stderr}")
+    for line in out.stdout.splitlines():
+        if line.startswith("export SLURM_CONF="):
+            return line.split("=", 1)[1].strip()
+    sys.exit(f"start.sh printed no SLURM_CONF:\n{out.stdout}")
+
+
+def launcher(kind, agent):
+    if kind == "fsdp-agent":
+        return f"{agent} --nnodes 2:3 --max-restarts 3"
+    host = '$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0)'
+    return (f"{sys.executable} -m torch.distributed.run --nnodes 2:3 --nproc-per-node 1 "
+            f"--max-restarts 3 --rdzv-backend c10d --rdzv-endpoint n1:29400 "
+            f"--rdzv-id $SLURM_JOB_ID --rdzv-conf is_host={host}")
+
+
+def progress(ckpt):
+    try:
+        with open(os.path.join(ckpt, "step")) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def one_run(kind, agent, limit, conf):
+    tmp = tempfile.mkdtemp(prefix="fsdp-bench-slurm-")
+    ckpt = os.path.join(tmp, "ckpt")
+    os.mkdir(ckpt)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
+    env.update(SLURM_CONF=conf, TMPDIR=tmp, GLOO_SOCKET_IFNAME="lo", RUST_LOG="info",
+               PATH=os.path.dirname(sys.executable) + ":" + env.get("PATH", ""))
+    line = f"{launcher(kind, agent)} {WORKER} {ckpt} {STEPS}"
+    out_path = os.path.join(tmp, "out")
+    with open(out_path, "w") as out:
+        step = subprocess.Popen(["srun", "-N3", "--no-kill", "-J", f"bench-{kind}",
+                                 "bash", "-c", line], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + limit
+    while progress(ckpt) < 20 and step.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    killed_at = time.time()
+    script("kill-node.sh", "n3")
+    try:
+        code = step.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        os.killpg(step.pid, signal.SIGKILL)
+        step.wait()
+        code = "killed at the limit"
+    with open(out_path, errors="replace") as f:
+        again = [float(l.split(" t=")[1].split()[0]) for l in f
+                 if "allreduced " in l and " world=2 " in l and " t=" in l]
+    first = min((t for t in again if t >= killed_at), default=None)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return (first - killed_at if first else None), code
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--agent", default=os.path.join(ROOT, "target/release/fsdp-agent"))
+    p.add_argument("--kinds", default="fsdp-agent,torchrun")
+    p.add_argument("--limit", type=float, default=120.0)
+    a = p.parse_args()
+    print(f"# node n3 killed under srun -N3 --no-kill, --nnodes 2:3, {a.runs} run(s) each")
+    print("| launcher | death to the group of two's first all-reduce | step exit |")
+    print("|---|---|---|")
+    try:
+        for kind in a.kinds.split(","):
+            for _ in range(a.runs):
+                conf = start_cluster()
+                took, code = one_run(kind, a.agent, a.limit, conf)
+                script("stop.sh")
+                shown = f"{took:.2f} s" if took is not None else f"never (within {a.limit:.0f} s)"
+                print(f"| {kind} | {shown} | {code} |", flush=True)
+    finally:
+        script("stop.sh")
+
+
+if __name__ == "__main__":
+    main()
