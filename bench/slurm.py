@@ -10,6 +10,7 @@ clock) and the step's exit code.
 
 Launchers:
   fsdp-agent   no rendezvous flags (Slurm gives the c10d endpoint, the job ID, the nodes)
+  fsdp-agent-prewarm  the same with --prewarm (a spare interpreter per rank, torch imported)
   torchrun     --rdzv-backend c10d --rdzv-endpoint n1:29400 --rdzv-id $SLURM_JOB_ID;
                is_host on node 0 only (the nodes share the loopback, so every torchrun
                would otherwise take itself for the host)
@@ -50,6 +51,8 @@ def start_cluster():
 def launcher(kind, agent):
     if kind == "fsdp-agent":
         return f"{agent} --nnodes 2:3 --max-restarts 3"
+    if kind == "fsdp-agent-prewarm":
+        return f"{agent} --nnodes 2:3 --max-restarts 3 --prewarm"
     host = '$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0)'
     return (f"{sys.executable} -m torch.distributed.run --nnodes 2:3 --nproc-per-node 1 "
             f"--max-restarts 3 --rdzv-backend c10d --rdzv-endpoint n1:29400 "
@@ -80,8 +83,9 @@ def one_run(kind, agent, limit, conf):
     deadline = time.time() + limit
     while progress(ckpt) < 20 and step.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    killed_at = time.time()
+    kill_started = time.time()
     script("kill-node.sh", "n3")
+    killed_at = time.time()
     try:
         code = step.wait(timeout=max(1, deadline - time.time()))
     except subprocess.TimeoutExpired:
@@ -91,19 +95,23 @@ def one_run(kind, agent, limit, conf):
     with open(out_path, errors="replace") as f:
         again = [float(l.split(" t=")[1].split()[0]) for l in f
                  if "allreduced " in l and " world=2 " in l and " t=" in l]
-    first = min((t for t in again if t >= killed_at), default=None)
+    first = min((t for t in again if t >= kill_started), default=None)
     shutil.rmtree(tmp, ignore_errors=True)
-    return (first - killed_at if first else None), code
+    if first is None:
+        return None, code
+    return (first - killed_at, first - kill_started), code
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--agent", default=os.path.join(ROOT, "target/release/fsdp-agent"))
-    p.add_argument("--kinds", default="fsdp-agent,torchrun")
+    p.add_argument("--kinds", default="fsdp-agent,fsdp-agent-prewarm,torchrun")
     p.add_argument("--limit", type=float, default=120.0)
     a = p.parse_args()
     print(f"# node n3 killed under srun -N3 --no-kill, --nnodes 2:3, {a.runs} run(s) each")
+    print("# death to the group of two's first all-reduce: from kill-node.sh's end to its")
+    print("# start (the node dies in between)")
     print("| launcher | death to the group of two's first all-reduce | step exit |")
     print("|---|---|---|")
     try:
@@ -112,7 +120,8 @@ def main():
                 conf = start_cluster()
                 took, code = one_run(kind, a.agent, a.limit, conf)
                 script("stop.sh")
-                shown = f"{took:.2f} s" if took is not None else f"never (within {a.limit:.0f} s)"
+                shown = (f"{took[0]:.2f}-{took[1]:.2f} s" if took is not None
+                         else f"never (within {a.limit:.0f} s)")
                 print(f"| {kind} | {shown} | {code} |", flush=True)
     finally:
         script("stop.sh")
