@@ -14,6 +14,10 @@ pub enum Corpus {
     Bytes(Vec<u8>),
 }
 
+/// Validation samples are numbered from here: training would need 2^62 samples to reach
+/// them.
+const VALIDATION: u64 = 1 << 62;
+
 /// splitmix64: a small, well-mixed hash, so sample `i` is the same on every machine.
 fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -76,8 +80,32 @@ impl Corpus {
         }
     }
 
+    /// Training samples in one pass over the data (`None`: it has no end).
+    pub fn samples_per_epoch(&self, context: i64) -> Option<u64> {
+        match self {
+            Self::Synthetic { .. } => None,
+            // One pass reads every byte once on average.
+            Self::Bytes(b) => Some((b.len() as u64 / (context as u64 + 1)).max(1)),
+        }
+    }
+
     /// Inputs and targets `[batch, context]` for samples `first .. first + batch`.
     pub fn batch(&self, first: u64, batch: i64, context: i64, device: Device) -> (Tensor, Tensor) {
+        self.batch_of(first, batch, context, device)
+    }
+
+    /// Like [`Self::batch`], from samples training never sees.
+    pub fn validation_batch(
+        &self,
+        first: u64,
+        batch: i64,
+        context: i64,
+        device: Device,
+    ) -> (Tensor, Tensor) {
+        self.batch_of(VALIDATION + first, batch, context, device)
+    }
+
+    fn batch_of(&self, first: u64, batch: i64, context: i64, device: Device) -> (Tensor, Tensor) {
         let len = context as usize + 1;
         let flat: Vec<i64> = (0..batch as u64)
             .flat_map(|i| self.sample(first + i, len))

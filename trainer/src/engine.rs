@@ -82,6 +82,30 @@ impl Engine {
         }
     }
 
+    /// Sets dropout for the next step or evaluation: `train` or not, and the seed its
+    /// masks come from.
+    pub fn set_dropout(&mut self, train: bool, seed: i64) {
+        let d = match self {
+            Self::Flat { model, .. } => &mut model.config.dropout,
+            Self::Full(f) => f.dropout(),
+        };
+        d.train = train;
+        d.seed = seed;
+    }
+
+    /// This rank's loss on a batch without training (a collective under `full`).
+    pub fn eval_loss(
+        &mut self,
+        comm: &Comm,
+        inputs: &Tensor,
+        targets: &Tensor,
+    ) -> Result<Tensor, C10dError> {
+        match self {
+            Self::Flat { model, .. } => Ok(tch::no_grad(|| model.loss(inputs, targets))),
+            Self::Full(f) => f.eval_loss(comm, inputs, targets),
+        }
+    }
+
     pub fn adam_step(&self) -> u64 {
         match self {
             Self::Flat { opt, .. } => opt.adam_step,

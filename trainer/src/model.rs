@@ -9,9 +9,10 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::args::Args;
+use crate::args::{Args, ModelType};
 
-/// The model's shape; a checkpoint records it and refuses to load into another.
+/// The model's shape; a checkpoint records it and refuses to load into another. What only
+/// training uses (dropout, the initial weights' spread) is not part of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     pub hidden_width: i64,
@@ -22,6 +23,58 @@ pub struct ModelConfig {
     pub max_context_width: i64,
     pub vocab_size: i64,
     pub rotary_emb_base: f64,
+    /// Checkpoints from before these fields read as Llama 2, whole heads rotated, no
+    /// window: what they were.
+    #[serde(default)]
+    pub model_type: ModelType,
+    /// The dimensions of each head that rotary embeddings rotate (`None`: all).
+    #[serde(default)]
+    pub rotary_dim: Option<i64>,
+    /// Each token attends to at most this many (itself included).
+    #[serde(default)]
+    pub sliding_window: Option<i64>,
+    #[serde(skip, default = "default_init_std")]
+    pub init_std: f64,
+    #[serde(skip)]
+    pub dropout: Dropout,
+}
+
+fn default_init_std() -> f64 {
+    0.02
+}
+
+/// Dropout probabilities, whether they apply now (training, not validation), and the
+/// step's seed: each unit draws its masks from a generator seeded by the step's seed and
+/// the unit, so `full` sharding's recomputation draws the same masks as its forward, and
+/// every strategy the same as `no_shard`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Dropout {
+    pub embd: f64,
+    pub resid: f64,
+    pub attn: f64,
+    pub train: bool,
+    pub seed: i64,
+}
+
+impl Dropout {
+    fn active(&self) -> bool {
+        self.train && (self.embd > 0.0 || self.resid > 0.0 || self.attn > 0.0)
+    }
+
+    fn p(&self, p: f64) -> f64 {
+        if self.train { p } else { 0.0 }
+    }
+
+    /// Seeds the generator for unit `unit` of this step (when any dropout applies).
+    pub fn seed_unit(&self, unit: usize) {
+        if self.active() {
+            let mixed = (self.seed as u64)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .wrapping_add(unit as u64)
+                .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            tch::manual_seed((mixed >> 1) as i64);
+        }
+    }
 }
 
 impl ModelConfig {
@@ -35,7 +88,22 @@ impl ModelConfig {
             max_context_width: a.max_context_width,
             vocab_size: a.vocab_size,
             rotary_emb_base: a.rotary_emb_base,
+            model_type: a.model_type,
+            rotary_dim: (a.rotary_dim() < a.hidden_width / a.num_heads).then(|| a.rotary_dim()),
+            sliding_window: a.window(),
+            init_std: a.initializer_range,
+            dropout: Dropout {
+                embd: a.embd_pdrop,
+                resid: a.resid_pdrop,
+                attn: a.attn_pdrop,
+                train: true,
+                seed: a.seed,
+            },
         }
+    }
+
+    fn rotary_dim(&self) -> i64 {
+        self.rotary_dim.unwrap_or_else(|| self.head_dim())
     }
 
     fn head_dim(&self) -> i64 {
@@ -112,7 +180,7 @@ impl Model {
         let params = config
             .layout()
             .iter()
-            .map(|(name, shape)| init(name, shape, device).set_requires_grad(true))
+            .map(|(name, shape)| init(&config, name, shape, device).set_requires_grad(true))
             .collect();
         let (cos, sin) = rotary_tables(&config, device);
         Self {
@@ -139,8 +207,10 @@ impl Model {
             cos: self.cos.shallow_clone(),
             sin: self.sin.shallow_clone(),
         };
-        let mut x = embed(&p[0], tokens);
-        for unit in &c.units()[1..=c.num_layers as usize] {
+        c.dropout.seed_unit(0);
+        let mut x = embed(c, &p[0], tokens);
+        for (u, unit) in c.units()[1..=c.num_layers as usize].iter().enumerate() {
+            c.dropout.seed_unit(u + 1);
             x = layer(c, &rotary, &p[unit.clone()], &x);
         }
         let n = p.len();
@@ -150,11 +220,11 @@ impl Model {
 
 /// One parameter's initial value, drawn from the current RNG state: ranks that draw the
 /// parameters in layout order from the same seed get the same model, whole or unit by unit.
-pub fn init(name: &str, shape: &[i64], device: Device) -> Tensor {
+pub fn init(c: &ModelConfig, name: &str, shape: &[i64], device: Device) -> Tensor {
     if name.ends_with("norm") {
         Tensor::ones(shape, (Kind::Float, device))
     } else {
-        Tensor::randn(shape, (Kind::Float, device)) * 0.02
+        Tensor::randn(shape, (Kind::Float, device)) * c.init_std
     }
 }
 
@@ -172,8 +242,27 @@ impl Rotary {
 }
 
 /// The embedding unit: token ids to `[batch, time, hidden]`.
-pub fn embed(weight: &Tensor, tokens: &Tensor) -> Tensor {
-    Tensor::embedding(weight, tokens, -1, false, false)
+pub fn embed(c: &ModelConfig, weight: &Tensor, tokens: &Tensor) -> Tensor {
+    let x = Tensor::embedding(weight, tokens, -1, false, false);
+    dropout(&x, c.dropout.p(c.dropout.embd))
+}
+
+fn dropout(x: &Tensor, p: f64) -> Tensor {
+    if p > 0.0 {
+        x.dropout(p, true)
+    } else {
+        x.shallow_clone()
+    }
+}
+
+/// Which keys each query may see: causal, and within the window when there is one
+/// (`None`: plain causal attention, which SDPA does without a mask).
+fn attention_mask(c: &ModelConfig, t: i64, device: Device) -> Option<Tensor> {
+    let w = c.sliding_window.filter(|&w| w < t)?;
+    let i = Tensor::arange(t, (Kind::Int64, device)).unsqueeze(1);
+    let j = Tensor::arange(t, (Kind::Int64, device)).unsqueeze(0);
+    let back = &i - &j;
+    Some(back.ge(0).logical_and(&back.lt(w)))
 }
 
 const EPS: f64 = 1e-5;
@@ -198,22 +287,24 @@ pub fn layer(c: &ModelConfig, rotary: &Rotary, w: &[Tensor], x: &Tensor) -> Tens
     let q = rotate(&heads(&w[1], nh), &cos, &sin);
     let k = rotate(&heads(&w[2], nkv), &cos, &sin);
     let v = heads(&w[3], nkv);
-    let att = Tensor::scaled_dot_product_attention::<Tensor>(
+    let mask = attention_mask(c, t, x.device());
+    let att = Tensor::scaled_dot_product_attention(
         &q,
         &k,
         &v,
-        None,
-        0.0,
-        true,
+        mask.as_ref(),
+        c.dropout.p(c.dropout.attn),
+        mask.is_none(),
         None,
         nkv != nh,
     );
     let att = att.transpose(1, 2).reshape([b, t, c.hidden_width]);
-    let x = x + att.linear::<Tensor>(&w[4], None);
+    let resid = c.dropout.p(c.dropout.resid);
+    let x = x + dropout(&att.linear::<Tensor>(&w[4], None), resid);
     let h = norm(c, &x, &w[5]);
     let gate = h.linear::<Tensor>(&w[6], None).silu();
     let up = h.linear::<Tensor>(&w[7], None);
-    x + (gate * up).linear::<Tensor>(&w[8], None)
+    x + dropout(&(gate * up).linear::<Tensor>(&w[8], None), resid)
 }
 
 /// The last unit: final norm (`w[0]`) and output head (`w[1]`), to logits.
@@ -234,9 +325,9 @@ pub fn cross_entropy(c: &ModelConfig, logits: &Tensor, targets: &Tensor) -> Tens
         )
 }
 
-/// cos and sin of position × frequency, `[max_context, head_dim]`, halves repeated.
+/// cos and sin of position × frequency, `[max_context, rotary_dim]`, halves repeated.
 fn rotary_tables(c: &ModelConfig, device: Device) -> (Tensor, Tensor) {
-    let hd = c.head_dim();
+    let hd = c.rotary_dim();
     let inv_freq = (Tensor::arange_start_step(0, hd, 2, (Kind::Float, device)) / hd as f64)
         .multiply_scalar(-c.rotary_emb_base.ln())
         .exp();
@@ -246,13 +337,24 @@ fn rotary_tables(c: &ModelConfig, device: Device) -> (Tensor, Tensor) {
     (emb.cos(), emb.sin())
 }
 
-/// Rotary position embedding, "rotate half" form: `x·cos + rot(x)·sin`.
+/// Rotary position embedding, "rotate half" form: `x·cos + rot(x)·sin` on the first
+/// `cos`-width dimensions of each head; the rest pass through (`--rotary_pct`).
 fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
-    let half = x.size()[3] / 2;
-    let x1 = x.narrow(3, 0, half);
-    let x2 = x.narrow(3, half, half);
+    let (head, rd) = (x.size()[3], cos.size()[1]);
+    let (r, pass) = if rd < head {
+        (x.narrow(3, 0, rd), Some(x.narrow(3, rd, head - rd)))
+    } else {
+        (x.shallow_clone(), None)
+    };
+    let half = rd / 2;
+    let x1 = r.narrow(3, 0, half);
+    let x2 = r.narrow(3, half, half);
     let rotated = Tensor::cat(&[&x2.neg(), &x1], -1);
-    x * cos + rotated * sin
+    let out = &r * cos + rotated * sin;
+    match pass {
+        Some(p) => Tensor::cat(&[&out, &p], -1),
+        None => out,
+    }
 }
 
 #[cfg(test)]
@@ -269,7 +371,73 @@ mod tests {
             max_context_width: 4,
             vocab_size: 16,
             rotary_emb_base: 10000.0,
+            model_type: ModelType::LlamaV2,
+            rotary_dim: None,
+            sliding_window: None,
+            init_std: 0.02,
+            dropout: Dropout::default(),
         }
+    }
+
+    #[test]
+    fn a_sliding_window_keeps_each_query_to_its_last_tokens() {
+        let mut c = config(1);
+        c.sliding_window = Some(2);
+        let m = attention_mask(&c, 4, Device::Cpu).unwrap();
+        let rows: Vec<Vec<bool>> = (0..4)
+            .map(|i| (0..4).map(|j| m.int64_value(&[i, j]) != 0).collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                [true, false, false, false],
+                [true, true, false, false],
+                [false, true, true, false],
+                [false, false, true, true]
+            ]
+        );
+        // A window as wide as the context is plain causal attention.
+        c.sliding_window = Some(4);
+        assert!(attention_mask(&c, 4, Device::Cpu).is_none());
+    }
+
+    #[test]
+    fn partial_rotary_leaves_the_rest_of_each_head_alone() {
+        let mut c = config(1);
+        c.hidden_width = 16;
+        c.rotary_dim = Some(4);
+        let (cos, sin) = rotary_tables(&c, Device::Cpu);
+        assert_eq!(cos.size(), [4, 4]);
+        let x = Tensor::randn([1, 2, 4, 8], (Kind::Float, Device::Cpu));
+        let y = rotate(&x, &cos.narrow(0, 0, 4), &sin.narrow(0, 0, 4));
+        assert_eq!(y.size(), x.size());
+        assert!(y.narrow(3, 4, 4).equal(&x.narrow(3, 4, 4)));
+        assert!(
+            !y.narrow(3, 0, 4)
+                .allclose(&x.narrow(3, 0, 4), 1e-6, 1e-6, false)
+        );
+    }
+
+    #[test]
+    fn dropout_masks_repeat_for_the_same_step_and_unit() {
+        let mut c = config(1);
+        c.dropout = Dropout {
+            embd: 0.5,
+            train: true,
+            seed: 7,
+            ..Dropout::default()
+        };
+        let w = Tensor::ones([16, 8], (Kind::Float, Device::Cpu));
+        let tokens = Tensor::from_slice(&[1i64, 2, 3]).view([1, 3]);
+        let draw = |c: &ModelConfig, unit| {
+            c.dropout.seed_unit(unit);
+            embed(c, &w, &tokens)
+        };
+        assert!(draw(&c, 0).equal(&draw(&c, 0)));
+        assert!(!draw(&c, 0).equal(&draw(&c, 1)));
+        c.dropout.train = false;
+        assert!(draw(&c, 0).equal(&embed(&c, &w, &tokens)));
+        assert!(draw(&c, 0).equal(&w.index_select(0, &tokens.view([-1])).view([1, 3, 8])));
     }
 
     #[test]

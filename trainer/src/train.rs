@@ -55,6 +55,9 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             println!("{msg}");
         }
     };
+    for note in args.notes(device != Device::Cpu) {
+        say(format!("Note: {note}"));
+    }
 
     let corpus = match &args.dataset_path {
         Some(p) => Corpus::from_file(p, args.max_context_width).map_err(crate::BadInput)?,
@@ -115,29 +118,39 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         )),
         None => {}
     }
-    if step >= args.max_steps {
+    let max_steps = args.steps();
+    // --epochs bounds the samples too, where the data has an end.
+    let sample_limit = args
+        .epochs
+        .zip(corpus.samples_per_epoch(args.max_context_width))
+        .map(|(e, n)| e * n);
+    let epochs_done = |seen: u64| sample_limit.is_some_and(|l| seen >= l);
+    if step >= max_steps || epochs_done(samples_seen) {
         say(format!(
-            "Already at step {step} of --max_steps {}; nothing to do",
-            args.max_steps
+            "Already at step {step} (sample {samples_seen}) of --max_steps {max_steps}{}; nothing to do",
+            sample_limit
+                .map(|l| format!(" and {l} samples (--epochs)"))
+                .unwrap_or_default()
         ));
         return Ok(());
     }
 
-    let schedule = Schedule::new(args.lr, args.min_lr, args.warmup, args.max_steps);
+    let schedule = Schedule::from_args(args);
     let per_rank = args.train_batch_size;
     let global_batch = per_rank as u64 * world as u64;
     let mut window_start = Instant::now();
     let mut window_samples = 0u64;
     let mut last_loss = f64::NAN;
-    while step < args.max_steps {
+    while step < max_steps && !epochs_done(samples_seen) {
         let lr = schedule.at(step);
         let first = first_sample(samples_seen, rank, per_rank);
         let (inputs, targets) = corpus.batch(first, per_rank, args.max_context_width, device);
+        engine.set_dropout(true, dropout_seed(args, step, rank));
         let loss = engine.step(&comm, &inputs, &targets, lr, args.grad_clip)?;
         samples_seen += global_batch;
         window_samples += global_batch;
         let done = step + 1;
-        let last = done == args.max_steps;
+        let last = done == max_steps || epochs_done(samples_seen);
         let save = args.checkpoint_dir.is_some()
             && (last || (args.checkpoint_freq > 0 && done % args.checkpoint_freq == 0));
         if done % args.logging_freq == 0 || last || save {
@@ -158,6 +171,18 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             window_samples = 0;
         }
         progress.step(done as usize);
+        if args.validation_freq > 0 && (done % args.validation_freq == 0 || last) {
+            progress.begin("validation");
+            let validating = Instant::now();
+            let loss = validate(args, &mut engine, &comm, &corpus, device)?;
+            say(format!(
+                "Validation Loss: {loss:.5} (step {done}, {} batches of {} per rank)",
+                args.validation_batches,
+                args.val_batch()
+            ));
+            progress.end("validation");
+            window_start += validating.elapsed();
+        }
         if save {
             progress.begin("checkpoint");
             let saving = Instant::now();
@@ -201,6 +226,38 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         println!("Rank {rank} peak RSS: {:.1} MiB", kib as f64 / 1024.0);
     }
     Ok(())
+}
+
+/// The seed of a step's dropout masks: the rank's own unless `--same_seed=1`.
+fn dropout_seed(args: &Args, step: u64, rank: usize) -> i64 {
+    let rank = if args.same_seed { 0 } else { rank as u64 + 1 };
+    let mixed = (args.seed as u64)
+        .wrapping_mul(0x2545_f491_4f6c_dd1d)
+        .wrapping_add(step.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .wrapping_add(rank.wrapping_mul(0xbf58_476d_1ce4_e5b9));
+    (mixed >> 1) as i64
+}
+
+/// The mean loss over `--validation_batches` held-out batches of `--val_batch_size` per
+/// rank, the same samples at every validation (a collective: every rank calls it).
+fn validate(
+    args: &Args,
+    engine: &mut Engine,
+    comm: &Comm,
+    corpus: &Corpus,
+    device: Device,
+) -> anyhow::Result<f64> {
+    engine.set_dropout(false, 0);
+    let (per_rank, world) = (args.val_batch(), comm.world() as u64);
+    let mut sum = tch::Tensor::zeros([1], (tch::Kind::Float, device));
+    for b in 0..args.validation_batches {
+        let first = first_sample(b * per_rank as u64 * world, comm.rank(), per_rank);
+        let (inputs, targets) =
+            corpus.validation_batch(first, per_rank, args.max_context_width, device);
+        sum += engine.eval_loss(comm, &inputs, &targets)?.reshape([1]);
+    }
+    comm.all_reduce_sum(&mut sum)?;
+    Ok(sum.double_value(&[0]) / (world * args.validation_batches) as f64)
 }
 
 /// The process's peak resident set (VmHWM), in KiB.

@@ -83,7 +83,7 @@ impl FullShard {
                 let mut at = 0;
                 for i in unit.params.clone() {
                     let (name, shape) = &layout[i];
-                    let t = model::init(name, shape, device);
+                    let t = model::init(&me.config, name, shape, device);
                     whole.narrow(0, at, sizes[i]).copy_(&t.reshape([-1]));
                     at += sizes[i];
                 }
@@ -169,11 +169,44 @@ impl FullShard {
 
     /// Runs a unit other than the last: the embedding takes `tokens`, a layer takes `x`.
     fn run(&self, u: usize, w: &[Tensor], tokens: &Tensor, x: &Tensor) -> Tensor {
+        // The same masks in the recomputation as in the forward.
+        self.config.dropout.seed_unit(u);
         if u == 0 {
-            model::embed(&w[0], tokens)
+            model::embed(&self.config, &w[0], tokens)
         } else {
             model::layer(&self.config, &self.rotary, w, x)
         }
+    }
+
+    /// Dropout's state for what follows: training or not, and the step's seed.
+    pub fn dropout(&mut self) -> &mut model::Dropout {
+        &mut self.config.dropout
+    }
+
+    /// This rank's loss on a batch without training: every unit gathered in turn and run
+    /// without autograd (a collective: every rank calls it).
+    pub fn eval_loss(
+        &self,
+        comm: &Comm,
+        inputs: &Tensor,
+        targets: &Tensor,
+    ) -> Result<Tensor, C10dError> {
+        let n = self.plan.len();
+        let mut gathers = Gathers::new((0..n).collect(), self.prefetch);
+        let mut x = Tensor::new();
+        for u in 0..n {
+            let whole = gathers.next(self, comm)?;
+            let w = self.views(&self.plan[u], &whole);
+            x = tch::no_grad(|| {
+                if u == n - 1 {
+                    let logits = model::head(&self.config, &w, &x);
+                    model::cross_entropy(&self.config, &logits, targets)
+                } else {
+                    self.run(u, &w, inputs, &x)
+                }
+            });
+        }
+        Ok(x)
     }
 
     /// One training step on this rank's batch: forward and backward unit by unit, the
