@@ -363,11 +363,8 @@ mod tests {
 
     #[test]
     fn masked_crc_rotates_and_offsets() {
-        let crc = crc32c(b"123456789");
-        assert_eq!(
-            masked_crc32c(b"123456789"),
-            crc.rotate_right(15).wrapping_add(0xa282_ead8)
-        );
+        // ((0xE3069283 >> 15) | (0xE3069283 << 17)) + 0xa282ead8 (mod 2^32), worked out apart.
+        assert_eq!(masked_crc32c(b"123456789"), 0xC78A_B0E5);
     }
 
     #[test]
