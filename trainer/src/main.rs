@@ -13,6 +13,7 @@
 //! * [`engine`]: one training step interface over both.
 //! * [`checkpoint`]: atomic saves, newest-complete resume, shape checks.
 //! * [`train`]: the loop and its log lines.
+//! * [`tensorboard`]: `--tensorboard_dir` scalars as a TensorBoard event file, hand-encoded.
 //!
 //! Exit codes: 0 done, 1 a runtime failure (a collective, I/O, a diverged loss), 2 bad
 //! input (flags, launcher environment, a checkpoint of another shape).
@@ -29,6 +30,7 @@ mod model;
 mod progress;
 mod schedule;
 mod shard;
+mod tensorboard;
 mod train;
 
 use std::process::ExitCode;
