@@ -157,8 +157,6 @@ pub struct EventWriter {
     path: PathBuf,
 }
 
-// Wired by the trainer loop.
-#[allow(dead_code)]
 impl EventWriter {
     /// Creates `dir` (and its parents) and a new event file in it, opened by the
     /// file_version record.
@@ -186,11 +184,6 @@ impl EventWriter {
     /// Writes `value` under `tag` at `step` (stored as a 32-bit float, as TensorBoard does).
     pub fn scalar(&mut self, tag: &str, step: u64, value: f64) -> std::io::Result<()> {
         self.write_record(&scalar_event(now_seconds(), step, tag, value as f32))?;
-        self.file.flush()
-    }
-
-    /// Flushes what is buffered (nothing, after a successful `scalar`).
-    pub fn flush(&mut self) -> std::io::Result<()> {
         self.file.flush()
     }
 

@@ -14,6 +14,7 @@ use crate::launch::Launch;
 use crate::model::ModelConfig;
 use crate::schedule::Schedule;
 use crate::shard::AdamW;
+use crate::tensorboard::EventWriter;
 
 fn device_for(launch: Option<&Launch>) -> (Device, &'static str) {
     #[cfg(feature = "cuda")]
@@ -135,6 +136,10 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         return Ok(());
     }
 
+    let mut board = Board::open(args.tensorboard_dir.as_deref().filter(|_| lead))?;
+    if let Some(path) = board.path() {
+        say(format!("TensorBoard scalars go to {}", path.display()));
+    }
     let schedule = Schedule::from_args(args);
     let per_rank = args.train_batch_size;
     let global_batch = per_rank as u64 * world as u64;
@@ -163,10 +168,18 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         }
         if done % args.logging_freq == 0 || last {
             let secs = window_start.elapsed().as_secs_f64().max(1e-9);
+            let speed = window_samples as f64 / secs;
             say(format!(
-                "Batch {step} Loss: {last_loss:.5}, Speed: {:.2} samples/sec, lr: {lr:.6}",
-                window_samples as f64 / secs
+                "Batch {step} Loss: {last_loss:.5}, Speed: {speed:.2} samples/sec, lr: {lr:.6}"
             ));
+            board.scalars(
+                done,
+                &[
+                    ("train/loss", last_loss),
+                    ("train/lr", lr),
+                    ("train/samples_per_s", speed),
+                ],
+            );
             window_start = Instant::now();
             window_samples = 0;
         }
@@ -180,6 +193,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
                 args.validation_batches,
                 args.val_batch()
             ));
+            board.scalars(done, &[("val/loss", loss)]);
             progress.end("validation");
             window_start += validating.elapsed();
         }
@@ -226,6 +240,39 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         println!("Rank {rank} peak RSS: {:.1} MiB", kib as f64 / 1024.0);
     }
     Ok(())
+}
+
+/// The lead rank's TensorBoard file, if asked for. A write that fails (a full disk) is
+/// said once and ends the scalars, not the training.
+struct Board(Option<EventWriter>);
+
+impl Board {
+    fn open(dir: Option<&std::path::Path>) -> anyhow::Result<Self> {
+        let Some(dir) = dir else {
+            return Ok(Self(None));
+        };
+        let w = EventWriter::create(dir)
+            .map_err(|e| crate::BadInput(format!("--tensorboard_dir {}: {e}", dir.display())))?;
+        Ok(Self(Some(w)))
+    }
+
+    fn path(&self) -> Option<&std::path::Path> {
+        self.0.as_ref().map(EventWriter::path)
+    }
+
+    fn scalars(&mut self, step: u64, values: &[(&str, f64)]) {
+        let Some(w) = &mut self.0 else { return };
+        if let Err(e) = values
+            .iter()
+            .try_for_each(|(tag, v)| w.scalar(tag, step, *v))
+        {
+            eprintln!(
+                "fsdp-trainer: warning: writing TensorBoard scalars to {} failed ({e}); training goes on without them",
+                w.path().display()
+            );
+            self.0 = None;
+        }
+    }
 }
 
 /// The seed of a step's dropout masks: the rank's own unless `--same_seed=1`.

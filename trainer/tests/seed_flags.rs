@@ -183,3 +183,50 @@ fn a_sliding_window_narrower_than_the_context_changes_the_model() {
         "a window of 4 of 32 tokens changed nothing: {causal:?} vs {narrow:?}"
     );
 }
+
+/// `--tensorboard_dir`: one event file, written by rank 0, holding the training and
+/// validation scalars (its framing and encoding are unit-tested against TensorBoard's
+/// format in `tensorboard.rs`).
+#[test]
+fn tensorboard_scalars_are_written_by_the_lead_rank_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let board = dir.path().join("tb");
+    let flag = format!("--tensorboard_dir={}", board.display());
+    run(launched(
+        2,
+        &[
+            "--max_steps=4",
+            "--validation_freq=2",
+            "--train_batch_size=2",
+            &flag,
+        ],
+    ));
+    let files: Vec<_> = std::fs::read_dir(&board)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("events.out.tfevents."), "{name}");
+    let bytes = std::fs::read(&files[0]).unwrap();
+    let count = |tag: &str| {
+        bytes
+            .windows(tag.len())
+            .filter(|w| *w == tag.as_bytes())
+            .count()
+    };
+    assert_eq!(count("train/loss"), 4);
+    assert_eq!(count("val/loss"), 2);
+    assert_eq!(count("brain.Event:2"), 1);
+    // A directory that cannot be made is the user's to fix.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    fails_with(
+        alone(&[
+            "--max_steps=1",
+            &format!("--tensorboard_dir={}/tb", file.display()),
+        ]),
+        2,
+        "--tensorboard_dir",
+    );
+}
