@@ -451,9 +451,6 @@ impl Args {
                     .into(),
             );
         }
-        if self.bf16 {
-            return Err("--bf16=1 is not supported yet: mixed precision is not built in this trainer; use --bf16=0 (fp32)".into());
-        }
         if self.activation_checkpointing && self.sharding_strategy != Sharding::Full {
             return Err(format!(
                 "--activation_checkpointing=1 is built into --sharding_strategy full (activations recomputed unit by unit); \

@@ -23,10 +23,11 @@ impl Engine {
         strategy: Sharding,
         hyper: AdamW,
         prefetch: bool,
+        compute: tch::Kind,
     ) -> Result<Self, C10dError> {
         if strategy == Sharding::Full {
             return Ok(Self::Full(FullShard::new(
-                config, device, comm, hyper, prefetch,
+                config, device, comm, hyper, prefetch, compute,
             )?));
         }
         let mut model = Model::new(config, device);
@@ -34,7 +35,7 @@ impl Engine {
         for p in &model.params {
             comm.broadcast(&mut p.detach(), 0)?;
         }
-        let opt = FlatOptimizer::new(&mut model, comm, strategy, hyper)?;
+        let opt = FlatOptimizer::new(&mut model, comm, strategy, hyper, compute)?;
         Ok(Self::Flat { model, opt })
     }
 

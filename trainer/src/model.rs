@@ -276,8 +276,9 @@ fn norm(c: &ModelConfig, x: &Tensor, w: &Tensor) -> Tensor {
 pub fn layer(c: &ModelConfig, rotary: &Rotary, w: &[Tensor], x: &Tensor) -> Tensor {
     let (b, t) = (x.size()[0], x.size()[1]);
     let (nh, nkv, hd) = (c.num_heads, c.num_key_value_heads, c.head_dim());
-    let cos = rotary.cos.narrow(0, 0, t);
-    let sin = rotary.sin.narrow(0, 0, t);
+    // In the activations' precision (bf16 under --bf16), or the products would be fp32.
+    let cos = rotary.cos.narrow(0, 0, t).to_kind(x.kind());
+    let sin = rotary.sin.narrow(0, 0, t).to_kind(x.kind());
     let h = norm(c, x, &w[0]);
     let heads = |wt: &Tensor, n: i64| {
         h.linear::<Tensor>(wt, None)
@@ -314,7 +315,10 @@ pub fn head(c: &ModelConfig, w: &[Tensor], x: &Tensor) -> Tensor {
 
 /// Mean next-token cross-entropy of `logits` against `targets`.
 pub fn cross_entropy(c: &ModelConfig, logits: &Tensor, targets: &Tensor) -> Tensor {
+    // The softmax over the vocabulary in fp32 whatever the compute precision, as mixed
+    // precision training does.
     logits
+        .to_kind(Kind::Float)
         .view([-1, c.vocab_size])
         .cross_entropy_loss::<Tensor>(
             &targets.reshape([-1]),

@@ -156,6 +156,10 @@ pub struct FlatOptimizer {
     /// AdamW's step counter (for bias correction).
     pub adam_step: u64,
     hyper: AdamW,
+    /// Under `--bf16`: the bf16 copy of `flat` the model computes with (its parameters are
+    /// views of it) and the bf16 gradient they accumulate into; `flat` and `grads` stay the
+    /// fp32 master weights and the fp32 gradient that is reduced.
+    half: Option<(Tensor, Tensor)>,
 }
 
 /// The whole optimizer state, world-size independent, as a checkpoint stores it.
@@ -173,6 +177,7 @@ impl FlatOptimizer {
         comm: &Comm,
         strategy: Sharding,
         hyper: AdamW,
+        compute: Kind,
     ) -> Result<Self, C10dError> {
         let total = model.numel();
         let layout = Layout::new(
@@ -196,6 +201,12 @@ impl FlatOptimizer {
                 off += n;
             }
         });
+        let half = (compute != Kind::Float).then(|| {
+            (
+                flat.to_kind(compute),
+                Tensor::zeros([layout.padded()], (compute, device)),
+            )
+        });
         let me = Self {
             layout,
             total,
@@ -206,24 +217,28 @@ impl FlatOptimizer {
             v: zeros(layout.owned()),
             adam_step: 0,
             hyper,
+            half,
         };
         me.bind(model)?;
         Ok(me)
     }
 
     /// Makes every model parameter a view of the flat buffer, and its gradient a view of
-    /// the flat gradient.
+    /// the flat gradient (of their bf16 copies under `--bf16`).
     fn bind(&self, model: &mut Model) -> Result<(), C10dError> {
+        let (flat, grads) = match &self.half {
+            Some((flat, grads)) => (flat, grads),
+            None => (&self.flat, &self.grads),
+        };
         let mut off = 0;
         for p in &mut model.params {
             let n = p.numel() as i64;
             let shape = p.size();
-            let mut view = self
-                .flat
+            let mut view = flat
                 .narrow(0, off, n)
                 .view(shape.as_slice())
                 .set_requires_grad(true);
-            let mut grad = self.grads.narrow(0, off, n).view(shape.as_slice());
+            let mut grad = grads.narrow(0, off, n).view(shape.as_slice());
             crate::c10d::set_grad(&mut view, &mut grad)?;
             *p = view;
             off += n;
@@ -243,6 +258,14 @@ impl FlatOptimizer {
     pub fn step(&mut self, comm: &Comm, lr: f64, clip: f64) -> Result<f64, C10dError> {
         let world = comm.world() as f64;
         let l = self.layout;
+        if let Some((_, half_grads)) = &self.half {
+            // Reduced in fp32: bf16 sums over many ranks lose the small gradients.
+            let mut half_grads = half_grads.shallow_clone();
+            tch::no_grad(|| {
+                self.grads.copy_(&half_grads);
+                let _ = half_grads.zero_();
+            });
+        }
         let g = if l.sharded {
             for b in 0..l.buckets {
                 let (at, n) = l.bucket(b);
@@ -267,7 +290,15 @@ impl FlatOptimizer {
         tch::no_grad(|| self.adamw(&g, scale, lr));
         self.gather_params(comm)?;
         let _ = self.grads.zero_();
+        self.refresh_half();
         Ok(norm)
+    }
+
+    /// The bf16 copy the model computes with, from the master weights.
+    fn refresh_half(&mut self) {
+        if let Some((half, _)) = &mut self.half {
+            tch::no_grad(|| half.copy_(&self.flat));
+        }
     }
 
     /// AdamW on the owned elements, in place.
@@ -345,6 +376,7 @@ impl FlatOptimizer {
             }
             self.flat.copy_(&pad(&state.params, padded));
         });
+        self.refresh_half();
         self.adam_step = adam_step;
     }
 }

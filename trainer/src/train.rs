@@ -79,6 +79,11 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         args.sharding_strategy,
         hyper,
         args.prefetch,
+        if args.bf16 {
+            tch::Kind::BFloat16
+        } else {
+            tch::Kind::Float
+        },
     )?;
     say(format!(
         "Model: {} parameters, {} layers, hidden {}; world size {world}, {:?}, {}",

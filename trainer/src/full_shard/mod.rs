@@ -43,6 +43,9 @@ pub struct FullShard {
     v: Tensor,
     pub adam_step: u64,
     hyper: AdamW,
+    /// The precision units are gathered and computed in (bf16 under `--bf16`); shards,
+    /// gradients and moments stay fp32.
+    compute: Kind,
 }
 
 impl FullShard {
@@ -55,6 +58,7 @@ impl FullShard {
         comm: &Comm,
         hyper: AdamW,
         prefetch: bool,
+        compute: Kind,
     ) -> Result<Self, C10dError> {
         let (rank, world) = (comm.rank() as i64, comm.world() as i64);
         let layout = config.layout();
@@ -76,6 +80,7 @@ impl FullShard {
             hyper,
             plan,
             config,
+            compute,
         };
         tch::no_grad(|| {
             for unit in &me.plan {
@@ -163,8 +168,9 @@ impl FullShard {
     /// Starts gathering unit `u` from every rank's shard of it.
     fn start_gather(&self, comm: &Comm, u: usize) -> Result<Pending, C10dError> {
         let unit = &self.plan[u];
-        let out = Tensor::empty([unit.padded(self.world)], (Kind::Float, self.device));
-        comm.all_gather_start(out, self.local(&self.params, unit))
+        let out = Tensor::empty([unit.padded(self.world)], (self.compute, self.device));
+        // Under --bf16 half the bytes travel: the shard is cast before the gather.
+        comm.all_gather_start(out, self.local(&self.params, unit).to_kind(self.compute))
     }
 
     /// Runs a unit other than the last: the embedding takes `tokens`, a layer takes `x`.
@@ -237,7 +243,7 @@ impl FullShard {
         for u in (0..n).rev() {
             let whole = gathers.next(self, comm)?;
             let unit = &self.plan[u];
-            let mut grad = Tensor::zeros([unit.padded(self.world)], (Kind::Float, self.device));
+            let grad = Tensor::zeros([unit.padded(self.world)], (self.compute, self.device));
             let w = self.leaves(unit, &whole, &grad)?;
             let x = match boundary.pop() {
                 Some(x) => x.detach().set_requires_grad(true),
@@ -255,6 +261,8 @@ impl FullShard {
             if u > 0 {
                 upstream = x.grad();
             }
+            // Reduced in fp32: bf16 sums over many ranks lose the small gradients.
+            let mut grad = grad.to_kind(Kind::Float);
             comm.reduce_scatter_sum(&mut self.local(&self.grads, unit), &mut grad)?;
         }
         let norm = self.update(comm, lr, clip)?;
