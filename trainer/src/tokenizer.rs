@@ -257,6 +257,57 @@ pub(crate) mod tests {
         }
     }
 
+    /// The pre-tokenizer pattern of Llama 3's tokenizer.json (tiktoken's cl100k split).
+    const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+    #[test]
+    fn fancy_regex_splits_like_llama3_lookahead_included() {
+        // A byte-level BPE over the 256 byte characters and three merges; the merges show
+        // where the split put boundaries, since a merge never crosses one.
+        let mut alphabet: Vec<char> = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet()
+            .into_iter()
+            .collect();
+        alphabet.sort_unstable();
+        let mut vocab = serde_json::Map::new();
+        let merged = ["ĠĠ", "Ġb", "34"];
+        let tokens = alphabet.iter().map(char::to_string);
+        for (i, t) in tokens.chain(merged.map(str::to_owned)).enumerate() {
+            vocab.insert(t, serde_json::json!(i));
+        }
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "post_processor": null, "decoder": null,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated",
+                    "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+                    "use_regex": false}
+            ]},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": ["Ġ Ġ", "Ġ b", "3 4"]}
+        });
+        let dir = tempfile::TempDir::new().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), json.to_string()).unwrap();
+        let enc = TextEncoder::load(dir.path().to_str()).unwrap();
+        let TextEncoder::Hf { tokenizer, .. } = &enc else {
+            unreachable!()
+        };
+        assert_eq!(enc.eos(), None);
+        let mut ids = Vec::new();
+        enc.encode_documents(&docs(&["a   b 1234"]), &mut ids)
+            .unwrap();
+        let pieces: Vec<String> = ids
+            .iter()
+            .map(|&id| tokenizer.id_to_token(id).unwrap())
+            .collect();
+        // `\s+(?!\S)` leaves the last space to the word (a plain `\s+` would take all
+        // three: "ĠĠ", "Ġ", "b"), and `\p{N}{1,3}` splits 1234 as 123|4, so 3 and 4 stay
+        // apart.
+        assert_eq!(pieces, ["a", "ĠĠ", "Ġb", "Ġ", "1", "2", "3", "4"]);
+    }
+
     #[test]
     fn the_config_eos_token_wins_over_the_usual_names() {
         let dir = tempfile::TempDir::new().unwrap();
