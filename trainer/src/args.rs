@@ -83,8 +83,9 @@ pub struct Args {
     pub intermediate_size: i64,
     #[arg(long = "max_context_width", default_value_t = 64)]
     pub max_context_width: i64,
-    #[arg(long = "vocab_size", default_value_t = 256)]
-    pub vocab_size: i64,
+    /// Default: the tokenizer's vocabulary with --tokenizer, else 256.
+    #[arg(long = "vocab_size")]
+    pub vocab_size: Option<i64>,
     #[arg(long = "rotary_emb_base", default_value_t = 10000.0)]
     pub rotary_emb_base: f64,
     /// The fraction of each head's width that rotary embeddings rotate (the rest passes
@@ -184,7 +185,7 @@ pub struct Args {
     /// At most one all-gather ahead of the unit computing (FSDP's rate limit).
     #[arg(long = "limit_all_gathers", default_value = "1", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub limit_all_gathers: bool,
-    /// Train byte-level on this text file instead of the built-in synthetic corpus.
+    /// The older name of --dataset.
     #[arg(long = "dataset_path")]
     pub dataset_path: Option<PathBuf>,
     /// A local dataset: a .jsonl (a `text` field per line) or .txt file, or a directory
@@ -236,6 +237,11 @@ impl Args {
     /// The step count, whichever of its two names was given.
     pub fn steps(&self) -> u64 {
         self.max_steps.or(self.max_training_steps).unwrap_or(100)
+    }
+
+    /// The vocabulary the model is built for (the trainer fills in a tokenizer's).
+    pub fn vocab(&self) -> i64 {
+        self.vocab_size.unwrap_or(256)
     }
 
     pub fn val_batch(&self) -> i64 {
@@ -320,7 +326,7 @@ impl Args {
             ("--num_key_value_heads", self.num_key_value_heads),
             ("--intermediate_size", self.intermediate_size),
             ("--max_context_width", self.max_context_width),
-            ("--vocab_size", self.vocab_size),
+            ("--vocab_size", self.vocab()),
             ("--train_batch_size", self.train_batch_size),
         ];
         for (name, v) in positive {
@@ -356,12 +362,6 @@ impl Args {
             return Err(format!(
                 "--warmup must not be negative, got {}",
                 self.warmup
-            ));
-        }
-        if self.dataset_path.is_some() && self.vocab_size < 256 {
-            return Err(format!(
-                "--dataset_path trains on bytes and needs --vocab_size of at least 256, got {}",
-                self.vocab_size
             ));
         }
         if self.logging_freq == 0 {

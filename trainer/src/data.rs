@@ -1,17 +1,17 @@
 //! Training samples, addressed by a global sample index: the same index gives the same
 //! sequence whatever the world size, so a re-formed group resumes at the same sample.
 
-use std::path::Path;
-
 use tch::{Device, Kind, Tensor};
+
+use crate::dataset::TokenCorpus;
 
 /// Where sequences come from.
 pub enum Corpus {
     /// A deterministic corpus with structure to learn: each token is followed by a fixed
     /// successor (a permutation of the vocabulary) 9 times in 10, else by a random token.
     Synthetic { vocab: i64, successor: Vec<i64> },
-    /// Bytes of a file; a sample is a window at a pseudo-random offset.
-    Bytes(Vec<u8>),
+    /// A local dataset, tokenized ([`crate::dataset`]).
+    Tokens(TokenCorpus),
 }
 
 /// Validation samples are numbered from here: training would need 2^62 samples to reach
@@ -38,20 +38,6 @@ impl Corpus {
         Self::Synthetic { vocab, successor }
     }
 
-    pub fn from_file(path: &Path, context: i64) -> Result<Self, String> {
-        let bytes =
-            std::fs::read(path).map_err(|e| format!("--dataset_path {}: {e}", path.display()))?;
-        if (bytes.len() as i64) < context + 2 {
-            return Err(format!(
-                "--dataset_path {} has {} bytes; it needs at least --max_context_width + 2 = {}",
-                path.display(),
-                bytes.len(),
-                context + 2
-            ));
-        }
-        Ok(Self::Bytes(bytes))
-    }
-
     /// `len` tokens of sample `index`.
     pub fn sample(&self, index: u64, len: usize) -> Vec<i64> {
         match self {
@@ -72,11 +58,7 @@ impl Corpus {
                 }
                 out
             }
-            Self::Bytes(b) => {
-                let span = (b.len() - len) as u64 + 1;
-                let off = (mix(index) % span) as usize;
-                b[off..off + len].iter().map(|&x| i64::from(x)).collect()
-            }
+            Self::Tokens(t) => t.train_sample(index, len),
         }
     }
 
@@ -84,17 +66,29 @@ impl Corpus {
     pub fn samples_per_epoch(&self, context: i64) -> Option<u64> {
         match self {
             Self::Synthetic { .. } => None,
-            // One pass reads every byte once on average.
-            Self::Bytes(b) => Some((b.len() as u64 / (context as u64 + 1)).max(1)),
+            Self::Tokens(t) => Some(t.windows_per_epoch(context as usize + 1)),
+        }
+    }
+
+    /// The pass over the data (from 0) that sample `index` belongs to (`None`: no end).
+    pub fn epoch_of(&self, index: u64, context: i64) -> Option<u64> {
+        match self {
+            Self::Synthetic { .. } => None,
+            Self::Tokens(t) => Some(t.epoch_of(index, context as usize + 1)),
         }
     }
 
     /// Inputs and targets `[batch, context]` for samples `first .. first + batch`.
     pub fn batch(&self, first: u64, batch: i64, context: i64, device: Device) -> (Tensor, Tensor) {
-        self.batch_of(first, batch, context, device)
+        let len = context as usize + 1;
+        let flat: Vec<i64> = (0..batch as u64)
+            .flat_map(|i| self.sample(first + i, len))
+            .collect();
+        to_pair(&flat, batch, context, device)
     }
 
-    /// Like [`Self::batch`], from samples training never sees.
+    /// Like [`Self::batch`], from samples training never sees: the dataset's held-out
+    /// windows, or synthetic samples numbered past any training run.
     pub fn validation_batch(
         &self,
         first: u64,
@@ -102,20 +96,24 @@ impl Corpus {
         context: i64,
         device: Device,
     ) -> (Tensor, Tensor) {
-        self.batch_of(VALIDATION + first, batch, context, device)
-    }
-
-    fn batch_of(&self, first: u64, batch: i64, context: i64, device: Device) -> (Tensor, Tensor) {
         let len = context as usize + 1;
-        let flat: Vec<i64> = (0..batch as u64)
-            .flat_map(|i| self.sample(first + i, len))
+        let flat: Vec<i64> = (first..first + batch as u64)
+            .flat_map(|i| match self {
+                Self::Tokens(t) => t.validation_sample(i, len),
+                Self::Synthetic { .. } => self.sample(VALIDATION + i, len),
+            })
             .collect();
-        let all = Tensor::from_slice(&flat)
-            .view([batch, context + 1])
-            .to_kind(Kind::Int64)
-            .to_device(device);
-        (all.narrow(1, 0, context), all.narrow(1, 1, context))
+        to_pair(&flat, batch, context, device)
     }
+}
+
+/// Inputs and targets `[batch, context]` from `batch` rows of `context + 1` tokens.
+fn to_pair(flat: &[i64], batch: i64, context: i64, device: Device) -> (Tensor, Tensor) {
+    let all = Tensor::from_slice(flat)
+        .view([batch, context + 1])
+        .to_kind(Kind::Int64)
+        .to_device(device);
+    (all.narrow(1, 0, context), all.narrow(1, 1, context))
 }
 
 /// The first global sample index of `rank`'s share of a step that starts at

@@ -8,6 +8,9 @@
 //! * [`c10d`]: TCPStore and ProcessGroupGloo (NCCL with `cuda`) through a C++ shim.
 //! * [`model`]: embedding, RMSNorm, rotary GQA attention, SwiGLU MLP.
 //! * [`data`]: samples addressed by a global index, so any world size resumes in place.
+//! * [`tokenizer`]: a Hugging Face `tokenizer.json` (`--tokenizer`), or bytes.
+//! * [`dataset`]: local `.jsonl`/`.txt` datasets (`--dataset`), tokenized into windows
+//!   visited once per epoch in an order keyed by the epoch.
 //! * [`shard`]: gradient exchange and AdamW on a flat vector, `no_shard` or `shard_grad_op`.
 //! * [`full_shard`]: `full` sharding, unit by unit with activation checkpointing.
 //! * [`engine`]: one training step interface over both.
@@ -22,6 +25,7 @@ mod args;
 mod c10d;
 mod checkpoint;
 mod data;
+mod dataset;
 mod engine;
 mod full_shard;
 mod launch;
@@ -31,6 +35,7 @@ mod progress;
 mod schedule;
 mod shard;
 mod tensorboard;
+mod tokenizer;
 mod train;
 
 use std::process::ExitCode;

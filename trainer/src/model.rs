@@ -86,7 +86,7 @@ impl ModelConfig {
             num_key_value_heads: a.num_key_value_heads,
             intermediate_size: a.intermediate_size,
             max_context_width: a.max_context_width,
-            vocab_size: a.vocab_size,
+            vocab_size: a.vocab(),
             rotary_emb_base: a.rotary_emb_base,
             model_type: a.model_type,
             rotary_dim: (a.rotary_dim() < a.hidden_width / a.num_heads).then(|| a.rotary_dim()),

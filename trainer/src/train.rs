@@ -60,10 +60,17 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         say(format!("Note: {note}"));
     }
 
-    let corpus = match &args.dataset_path {
-        Some(p) => Corpus::from_file(p, args.max_context_width).map_err(crate::BadInput)?,
-        None => Corpus::synthetic(args.vocab_size),
-    };
+    let corpus = open_corpus(args)?;
+    let mut sized = args.clone();
+    if let Corpus::Tokens(t) = &corpus {
+        say(format!(
+            "Data: {}",
+            t.describe(args.max_context_width as usize + 1)
+        ));
+        // Without --vocab_size the model is as wide as the tokenizer's vocabulary.
+        sized.vocab_size = Some(args.vocab_size.unwrap_or(t.vocab()));
+    }
+    let args = &sized;
     let config = ModelConfig::from_args(args);
     tch::manual_seed(args.seed);
     let hyper = AdamW {
@@ -151,7 +158,19 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     let mut window_start = Instant::now();
     let mut window_samples = 0u64;
     let mut last_loss = f64::NAN;
+    let mut epoch = None;
     while step < max_steps && !epochs_done(samples_seen) {
+        let now_in = corpus.epoch_of(samples_seen, args.max_context_width);
+        if now_in != epoch {
+            if let Some(e) = now_in {
+                say(format!(
+                    "Epoch {} of {} begins at step {step} (sample {samples_seen})",
+                    e + 1,
+                    args.epochs.map_or("no limit".into(), |n| n.to_string())
+                ));
+            }
+            epoch = now_in;
+        }
         let lr = schedule.at(step);
         let first = first_sample(samples_seen, rank, per_rank);
         let (inputs, targets) = corpus.batch(first, per_rank, args.max_context_width, device);
@@ -245,6 +264,42 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         println!("Rank {rank} peak RSS: {:.1} MiB", kib as f64 / 1024.0);
     }
     Ok(())
+}
+
+/// The synthetic corpus, or `--dataset` (`--dataset_path`, its older name) read and
+/// tokenized; a dataset that cannot train this model is the user's to fix.
+fn open_corpus(args: &Args) -> anyhow::Result<Corpus> {
+    let path = args
+        .dataset
+        .clone()
+        .or_else(|| args.dataset_path.as_ref().map(|p| p.display().to_string()));
+    let Some(path) = path else {
+        if args.tokenizer.is_some() {
+            return Err(crate::BadInput(
+                "--tokenizer encodes a --dataset; give the dataset too (the built-in corpus is already tokens)".into(),
+            )
+            .into());
+        }
+        return Ok(Corpus::synthetic(args.vocab()));
+    };
+    let bad = |e: String| anyhow::Error::from(crate::BadInput(e));
+    let tokens = crate::dataset::open(
+        &path,
+        args.dataset_config_name.as_deref(),
+        args.tokenizer.as_deref(),
+    )
+    .map_err(bad)?;
+    tokens
+        .check(args.max_context_width as usize + 1)
+        .map_err(bad)?;
+    if let Some(given) = args.vocab_size.filter(|&v| v < tokens.vocab()) {
+        return Err(bad(format!(
+            "the data's tokens run up to {} but --vocab_size is {given}: raise --vocab_size to at least {} (or leave it out to take the tokenizer's)",
+            tokens.vocab() - 1,
+            tokens.vocab()
+        )));
+    }
+    Ok(Corpus::Tokens(tokens))
 }
 
 /// The lead rank's TensorBoard file, if asked for. A write that fails (a full disk) is
