@@ -209,6 +209,10 @@ pub struct Args {
     /// Save every this many steps (0: only at the end).
     #[arg(long = "checkpoint_freq", default_value_t = 50)]
     pub checkpoint_freq: u64,
+    /// Each rank writes its own shard in the background (1), or the lead writes the
+    /// gathered state while every rank waits (0).
+    #[arg(long = "sharded_checkpoints", default_value = "1", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set)]
+    pub sharded_checkpoints: bool,
     /// Checkpoints kept in checkpoint_dir; older ones are deleted.
     #[arg(long = "checkpoints_to_keep", default_value_t = 3)]
     pub checkpoints_to_keep: usize,

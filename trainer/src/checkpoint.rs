@@ -1,6 +1,13 @@
-//! Checkpoints: one directory per save, `step_<N>/{state.pt, meta.json}`, written under a
-//! temporary name and renamed into place, so a kill at any moment leaves either the new
-//! checkpoint whole or nothing of it; resume only looks at renamed directories.
+//! Checkpoints: one directory per save, written under a temporary name and renamed into
+//! place, so a kill at any moment leaves either the new checkpoint whole or nothing of it;
+//! resume only looks at renamed directories.
+//!
+//! Two formats: [`sharded`] (2, the default: every rank writes its part in the background,
+//! [`writer`]) and the gathered one (1, `step_<N>/{state.pt, meta.json}` written by the lead
+//! alone, `--sharded_checkpoints=0`). Both load on any world size and strategy.
+
+pub mod sharded;
+pub mod writer;
 
 use std::fs;
 use std::io::Write;
@@ -14,6 +21,7 @@ use crate::args::Sharding;
 use crate::model::ModelConfig;
 use crate::shard::FullState;
 
+/// The gathered format.
 pub const FORMAT: u32 = 1;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -28,6 +36,9 @@ pub struct Meta {
     pub world_size: usize,
     pub sharding: Sharding,
     pub loss: f64,
+    /// Format 2: the shard files, one per rank that saved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,21 +53,21 @@ pub enum CheckpointError {
     Invalid { path: PathBuf, message: String },
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_owned(),
         source,
     }
 }
 
-fn invalid(path: &Path, message: impl Into<String>) -> CheckpointError {
+pub(crate) fn invalid(path: &Path, message: impl Into<String>) -> CheckpointError {
     CheckpointError::Invalid {
         path: path.to_owned(),
         message: message.into(),
     }
 }
 
-fn name(step: u64) -> String {
+pub(crate) fn name(step: u64) -> String {
     format!("step_{step:08}")
 }
 
@@ -64,7 +75,7 @@ fn step_of(p: &Path) -> Option<u64> {
     p.file_name()?.to_str()?.strip_prefix("step_")?.parse().ok()
 }
 
-fn fsync(path: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn fsync(path: &Path) -> Result<(), CheckpointError> {
     fs::File::open(path)
         .and_then(|f| f.sync_all())
         .map_err(io(path))
@@ -108,6 +119,18 @@ pub fn save(
 /// its destructor. In memory nothing can fail that way, and the file is written by `std`,
 /// whose errors are I/O errors (exit 1), not bad input.
 fn serialize(path: &Path, state: &FullState) -> Result<Vec<u8>, CheckpointError> {
+    to_bytes(
+        path,
+        &[
+            ("params", &state.params),
+            ("adam_m", &state.m),
+            ("adam_v", &state.v),
+        ],
+    )
+}
+
+/// Named tensors in PyTorch's archive format, in memory.
+pub(crate) fn to_bytes(path: &Path, named: &[(&str, &Tensor)]) -> Result<Vec<u8>, CheckpointError> {
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
     impl Write for Buffer {
@@ -123,22 +146,15 @@ fn serialize(path: &Path, state: &FullState) -> Result<Vec<u8>, CheckpointError>
         }
     }
     let buffer = Buffer::default();
-    Tensor::save_multi_to_stream(
-        &[
-            ("params", &state.params),
-            ("adam_m", &state.m),
-            ("adam_v", &state.v),
-        ],
-        buffer.clone(),
-    )
-    .map_err(|e| io(path)(std::io::Error::other(e.to_string())))?;
+    Tensor::save_multi_to_stream(named, buffer.clone())
+        .map_err(|e| io(path)(std::io::Error::other(e.to_string())))?;
     let bytes = std::mem::take(&mut *buffer.0.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(bytes)
 }
 
 /// Test hook: `FSDP_TRAINER_CRASH_IN_SAVE=<step>` aborts half-way through that step's
 /// save, as a kill would, to prove resume never sees the half-written checkpoint.
-fn crash_point(step: u64) {
+pub(crate) fn crash_point(step: u64) {
     if std::env::var("FSDP_TRAINER_CRASH_IN_SAVE")
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
@@ -152,7 +168,7 @@ fn crash_point(step: u64) {
 }
 
 /// Deletes all but the newest `keep` checkpoints and leftovers of interrupted saves.
-fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
+pub(crate) fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
     let mut complete = list(dir)?;
     complete.sort_by_key(|(s, _)| *s);
     let excess = complete.len().saturating_sub(keep.max(1));
@@ -172,13 +188,14 @@ fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
     Ok(())
 }
 
-/// Complete checkpoints in `dir`: renamed `step_N` directories holding `meta.json`.
+/// Complete checkpoints in `dir`: renamed `step_N` directories holding `meta.json` (the
+/// manifest, written last in either format).
 fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
     let mut out = Vec::new();
     for e in fs::read_dir(dir).map_err(io(dir))?.flatten() {
         let p = e.path();
         if let Some(s) = step_of(&p) {
-            if p.join("meta.json").is_file() && p.join("state.pt").is_file() {
+            if p.join("meta.json").is_file() {
                 out.push((s, p));
             }
         }
@@ -207,10 +224,14 @@ pub fn load(path: &Path, model: &ModelConfig) -> Result<(Meta, FullState), Check
     let text = fs::read(&meta_file).map_err(io(&meta_file))?;
     let meta: Meta = serde_json::from_slice(&text)
         .map_err(|e| invalid(&meta_file, format!("unreadable meta.json: {e}")))?;
-    if meta.format != FORMAT {
+    if meta.format != FORMAT && meta.format != sharded::FORMAT {
         return Err(invalid(
             path,
-            format!("format {} (this trainer reads {FORMAT})", meta.format),
+            format!(
+                "format {} (this trainer reads {FORMAT} and {})",
+                meta.format,
+                sharded::FORMAT
+            ),
         ));
     }
     let diff = model.differences(&meta.model);
@@ -222,6 +243,15 @@ pub fn load(path: &Path, model: &ModelConfig) -> Result<(Meta, FullState), Check
                 diff.join("; ")
             ),
         ));
+    }
+    if meta.format == sharded::FORMAT {
+        let total = model
+            .layout()
+            .iter()
+            .map(|(_, s)| s.iter().product::<i64>())
+            .sum();
+        let state = sharded::load(path, &meta, total)?;
+        return Ok((meta, state));
     }
     let state_file = path.join("state.pt");
     let tensors =

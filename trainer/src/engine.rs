@@ -7,7 +7,7 @@ use crate::args::Sharding;
 use crate::c10d::{C10dError, Comm};
 use crate::full_shard::FullShard;
 use crate::model::{Model, ModelConfig};
-use crate::shard::{AdamW, FlatOptimizer, FullState};
+use crate::shard::{AdamW, FlatOptimizer, FullState, LocalState};
 
 pub enum Engine {
     Flat { model: Model, opt: FlatOptimizer },
@@ -123,6 +123,14 @@ impl Engine {
                 Ok(lead.then_some(s))
             }
             Self::Full(f) => f.full_state(comm, lead),
+        }
+    }
+
+    /// This rank's part of a sharded checkpoint, copied to host memory (not a collective).
+    pub fn local_state(&self, comm: &Comm) -> LocalState {
+        match self {
+            Self::Flat { opt, .. } => opt.local_state(comm.rank() as i64, comm.world() as i64),
+            Self::Full(f) => f.local_state(),
         }
     }
 

@@ -14,7 +14,10 @@
 //! * [`shard`]: gradient exchange and AdamW on a flat vector, `no_shard` or `shard_grad_op`.
 //! * [`full_shard`]: `full` sharding, unit by unit with activation checkpointing.
 //! * [`engine`]: one training step interface over both.
-//! * [`checkpoint`]: atomic saves, newest-complete resume, shape checks.
+//! * [`checkpoint`]: atomic saves (sharded and written in the background, or gathered),
+//!   newest-complete resume on any world size, shape checks.
+//! * [`saver`]: the loop's side of a save: one in flight, completed once every rank's
+//!   shard is written.
 //! * [`train`]: the loop and its log lines.
 //! * [`tensorboard`]: `--tensorboard_dir` scalars as a TensorBoard event file, hand-encoded.
 //!
@@ -32,6 +35,7 @@ mod launch;
 mod malloc;
 mod model;
 mod progress;
+mod saver;
 mod schedule;
 mod shard;
 mod tensorboard;

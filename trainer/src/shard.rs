@@ -162,6 +162,45 @@ pub struct FlatOptimizer {
     half: Option<(Tensor, Tensor)>,
 }
 
+/// What one rank writes of a sharded checkpoint: host copies of the elements it holds,
+/// and where each run of them goes in the whole flat order (`(flat offset, length)`).
+pub struct LocalState {
+    pub runs: Vec<(i64, i64)>,
+    pub params: Tensor,
+    pub m: Tensor,
+    pub v: Tensor,
+}
+
+impl LocalState {
+    /// Copies `(flat offset, local offset, length)` runs of `params`, `m`, `v` (in local
+    /// offsets, or the flat offsets where `params_flat`) to host memory.
+    pub fn copy(
+        pieces: &[(i64, i64, i64)],
+        params: &Tensor,
+        params_flat: bool,
+        m: &Tensor,
+        v: &Tensor,
+    ) -> Self {
+        let take = |t: &Tensor, flat: bool| {
+            let parts: Vec<Tensor> = pieces
+                .iter()
+                .map(|&(f, l, n)| t.narrow(0, if flat { f } else { l }, n))
+                .collect();
+            if parts.is_empty() {
+                Tensor::zeros([0], (Kind::Float, tch::Device::Cpu))
+            } else {
+                host_copy(&Tensor::cat(&parts, 0))
+            }
+        };
+        Self {
+            runs: pieces.iter().map(|&(f, _, n)| (f, n)).collect(),
+            params: take(params, params_flat),
+            m: take(m, false),
+            v: take(v, false),
+        }
+    }
+}
+
 /// The whole optimizer state, world-size independent, as a checkpoint stores it.
 pub struct FullState {
     pub params: Tensor,
@@ -349,6 +388,30 @@ impl FlatOptimizer {
             comm.all_gather(&mut full.narrow(0, at, n), &mut mine)?;
         }
         Ok(full)
+    }
+
+    /// This rank's part of a sharded checkpoint: what it owns under `shard_grad_op`; an
+    /// even 1/world slice under `no_shard`, where every rank holds everything, so that the
+    /// ranks write in parallel.
+    pub fn local_state(&self, rank: i64, world: i64) -> LocalState {
+        let total = self.total;
+        let pieces: Vec<(i64, i64, i64)> = if self.layout.sharded {
+            self.layout
+                .runs()
+                .filter(|&(flat_at, _, _)| flat_at < total)
+                .map(|(flat_at, own_at, len)| (flat_at, own_at, len.min(total - flat_at)))
+                .collect()
+        } else {
+            let per = (total + world - 1) / world;
+            let start = (rank * per).min(total);
+            let len = per.min(total - start);
+            if len > 0 {
+                vec![(start, start, len)]
+            } else {
+                Vec::new()
+            }
+        };
+        LocalState::copy(&pieces, &self.flat, true, &self.m, &self.v)
     }
 
     /// The whole state (a collective when sharded: every rank must call it).

@@ -12,6 +12,7 @@ use crate::data::{Corpus, first_sample};
 use crate::engine::Engine;
 use crate::launch::Launch;
 use crate::model::ModelConfig;
+use crate::saver::Saver;
 use crate::schedule::Schedule;
 use crate::shard::AdamW;
 use crate::tensorboard::EventWriter;
@@ -152,6 +153,15 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     if let Some(path) = board.path() {
         say(format!("TensorBoard scalars go to {}", path.display()));
     }
+    let mut saver = match &args.checkpoint_dir {
+        Some(dir) => Some(Saver::new(
+            dir.clone(),
+            args.checkpoints_to_keep,
+            args.sharded_checkpoints,
+            &comm,
+        )?),
+        None => None,
+    };
     let schedule = Schedule::from_args(args);
     let per_rank = args.train_batch_size;
     let global_batch = per_rank as u64 * world as u64;
@@ -221,10 +231,9 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             progress.end("validation");
             window_start += validating.elapsed();
         }
-        if save {
-            progress.begin("checkpoint");
-            let saving = Instant::now();
-            if let Some(state) = engine.full_state(&comm, lead)? {
+        if let Some(saver) = saver.as_mut() {
+            if save {
+                progress.begin("checkpoint");
                 let meta = Meta {
                     format: checkpoint::FORMAT,
                     step: done,
@@ -234,22 +243,15 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
                     world_size: world,
                     sharding: args.sharding_strategy,
                     loss: last_loss,
+                    shards: Vec::new(),
                 };
-                let dir = args
-                    .checkpoint_dir
-                    .as_deref()
-                    .unwrap_or(std::path::Path::new("."));
-                let path = checkpoint::save(dir, &meta, &state, args.checkpoints_to_keep)?;
-                say(format!(
-                    "Saved checkpoint {} (step {done}, sample {samples_seen})",
-                    path.display()
-                ));
+                let paused = saver.save(&engine, &comm, meta, last, &say)?;
+                progress.end("checkpoint");
+                // Speed is training speed: the pause for the save is not counted.
+                window_start += paused;
+            } else {
+                saver.poll(&comm, &say)?;
             }
-            // Nobody runs ahead of a save that may still fail.
-            comm.barrier()?;
-            progress.end("checkpoint");
-            // Speed is training speed: the save's time is not counted.
-            window_start += saving.elapsed();
         }
         step = done;
     }

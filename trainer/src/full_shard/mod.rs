@@ -23,7 +23,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::c10d::{self, C10dError, Comm, Pending};
 use crate::model::{self, ModelConfig, Rotary};
-use crate::shard::{AdamW, FullState};
+use crate::shard::{AdamW, FullState, LocalState};
 use plan::{Unit, gather_order, local_len};
 
 pub struct FullShard {
@@ -291,6 +291,20 @@ impl FullShard {
             lr,
         );
         Ok(norm)
+    }
+
+    /// This rank's part of a sharded checkpoint: the real (unpadded) elements of its shard
+    /// of every unit, in host memory.
+    pub fn local_state(&self) -> LocalState {
+        let pieces: Vec<(i64, i64, i64)> = self
+            .plan
+            .iter()
+            .filter_map(|unit| {
+                let (start, len) = unit.owned(self.rank);
+                (len > 0).then_some((unit.flat_at + start, unit.local_at, len))
+            })
+            .collect();
+        LocalState::copy(&pieces, &self.params, false, &self.m, &self.v)
     }
 
     /// The whole state, world-size independent, on the lead rank (`None` elsewhere). Every

@@ -1,0 +1,144 @@
+//! Saving checkpoints from the training loop. Sharded (the default): each rank copies its
+//! part to host memory, hands it to its background [`Writer`] and trains on; once a step,
+//! while a save is in flight, one all-reduce asks whether every rank's shard is written,
+//! and when it is the lead writes the manifest that makes the checkpoint complete. The
+//! next save, and the end of training, wait for the one in flight. Gathered
+//! (`--sharded_checkpoints=0`): the whole state is gathered on the lead and written there
+//! while every rank waits, as before.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use tch::{Kind, Tensor};
+
+use crate::c10d::Comm;
+use crate::checkpoint::writer::Writer;
+use crate::checkpoint::{self, Meta, sharded};
+use crate::engine::Engine;
+
+/// A rank's answer to "is your shard written?", summed over ranks.
+const WRITING: f64 = 1.0;
+const FAILED: f64 = 1_000_000.0;
+
+pub struct Saver {
+    dir: PathBuf,
+    keep: usize,
+    sharded: bool,
+    /// The same on every rank of this run: names the partial directories they share.
+    token: u64,
+    writer: Writer,
+    /// The manifest of the save in flight, for the lead to write, when it began and how
+    /// long training paused for it.
+    pending: Option<(Meta, Instant, Duration)>,
+}
+
+impl Saver {
+    /// Agrees on this run's token (a collective: every rank calls it).
+    pub fn new(dir: PathBuf, keep: usize, sharded: bool, comm: &Comm) -> anyhow::Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let mine = (i64::from(std::process::id()) << 20) ^ i64::from(nanos >> 12);
+        let mut token = Tensor::from_slice(&[mine]);
+        comm.broadcast(&mut token, 0)?;
+        Ok(Self {
+            dir,
+            keep,
+            sharded,
+            token: token.int64_value(&[0]) as u64,
+            writer: Writer::default(),
+            pending: None,
+        })
+    }
+
+    /// Saves `meta.step`'s state: in the background, or (gathered, or the `last` save) to
+    /// the end. Returns how long training paused for it.
+    pub fn save(
+        &mut self,
+        engine: &Engine,
+        comm: &Comm,
+        meta: Meta,
+        last: bool,
+        say: &dyn Fn(String),
+    ) -> anyhow::Result<Duration> {
+        let paused = Instant::now();
+        if !self.sharded {
+            if let Some(state) = engine.full_state(comm, comm.rank() == 0)? {
+                let path = checkpoint::save(&self.dir, &meta, &state, self.keep)?;
+                say(format!(
+                    "Saved checkpoint {} (step {}, sample {}; gathered, complete {:.2} s after the step, training paused {:.3} s)",
+                    path.display(),
+                    meta.step,
+                    meta.samples_seen,
+                    paused.elapsed().as_secs_f64(),
+                    paused.elapsed().as_secs_f64()
+                ));
+            }
+            // Nobody runs ahead of a save that may still fail.
+            comm.barrier()?;
+            return Ok(paused.elapsed());
+        }
+        // At most one in flight: the next save waits for the last.
+        self.complete(comm, true, say)?;
+        let began = Instant::now();
+        let local = engine.local_state(comm);
+        let partial = sharded::partial_dir(&self.dir, meta.step, self.token);
+        self.writer
+            .start(meta.step, partial, comm.rank(), comm.world(), local);
+        self.pending = Some((meta, began, paused.elapsed()));
+        if last {
+            self.complete(comm, true, say)?;
+            comm.barrier()?;
+        }
+        Ok(paused.elapsed())
+    }
+
+    /// Once a step: completes the save in flight if every rank's shard is written.
+    pub fn poll(&mut self, comm: &Comm, say: &dyn Fn(String)) -> anyhow::Result<()> {
+        self.complete(comm, false, say)
+    }
+
+    /// Completes the save in flight once every rank has written its shard, waiting for
+    /// this rank's when `wait` (every rank passes the same `wait`: it is a collective).
+    fn complete(&mut self, comm: &Comm, wait: bool, say: &dyn Fn(String)) -> anyhow::Result<()> {
+        let Some(step) = self.writer.in_flight() else {
+            return Ok(());
+        };
+        let (code, written_in) = match self.writer.written(wait) {
+            None => (WRITING, Duration::ZERO),
+            Some(Ok(took)) => (0.0, *took),
+            Some(Err(e)) => {
+                eprintln!("fsdp-trainer: error: writing this rank's checkpoint shard: {e}");
+                (FAILED, Duration::ZERO)
+            }
+        };
+        let mut sum = Tensor::from_slice(&[code]).to_kind(Kind::Float);
+        comm.all_reduce_sum(&mut sum)?;
+        let sum = sum.double_value(&[0]);
+        if sum >= FAILED {
+            bail!(
+                "the checkpoint of step {step} could not be written (see the failing ranks' errors)"
+            );
+        }
+        if sum > 0.0 {
+            return Ok(());
+        }
+        self.writer.clear();
+        let pending = self.pending.take();
+        if let (0, Some((meta, began, paused))) = (comm.rank(), pending) {
+            let partial = sharded::partial_dir(&self.dir, step, self.token);
+            let path = sharded::finish(&self.dir, &partial, &meta, comm.world(), self.keep)?;
+            say(format!(
+                "Saved checkpoint {} (step {step}, sample {}; {} shards written in the background, rank 0's in {:.2} s; complete {:.2} s after the step, training paused {:.3} s)",
+                path.display(),
+                meta.samples_seen,
+                comm.world(),
+                written_in.as_secs_f64(),
+                began.elapsed().as_secs_f64(),
+                paused.as_secs_f64()
+            ));
+        }
+        Ok(())
+    }
+}
