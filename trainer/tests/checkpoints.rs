@@ -1,0 +1,128 @@
+//! Sharded checkpoints: one shard per rank and a manifest written last; a save killed
+//! half-way leaves the previous checkpoint to resume from; either format resumes the other.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+#[test]
+fn a_sharded_checkpoint_is_a_shard_per_rank_and_a_manifest_and_either_format_resumes_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck_s = ck.to_str().unwrap();
+    let base = [
+        "--checkpoint_freq",
+        "5",
+        "--checkpoint_dir",
+        ck_s,
+        "--resume_from_checkpoint",
+        ck_s,
+        "--train_batch_size",
+        "4",
+        "--sharding_strategy",
+        "full",
+    ];
+    let first = stdout(&run(launched(
+        2,
+        &[&base[..], &["--max_steps", "10"]].concat(),
+    )));
+    assert!(
+        first.contains("2 shards written in the background"),
+        "{first}"
+    );
+    assert_eq!(
+        names(&ck.join("step_00000010")),
+        [
+            "meta.json",
+            "shard-00000-of-00002.pt",
+            "shard-00001-of-00002.pt"
+        ]
+    );
+    let manifest = std::fs::read_to_string(ck.join("step_00000010/meta.json")).unwrap();
+    assert!(manifest.contains("\"format\": 2"), "{manifest}");
+    // Resumed on three ranks in the gathered format, then on one in the sharded.
+    let second = stdout(&run(launched(
+        3,
+        &[
+            &base[..6],
+            &[
+                "--max_steps",
+                "15",
+                "--train_batch_size",
+                "3",
+                "--sharded_checkpoints=0",
+            ],
+        ]
+        .concat(),
+    )));
+    assert!(second.contains("(step 10, sample 80"), "{second}");
+    assert_eq!(names(&ck.join("step_00000015")), ["meta.json", "state.pt"]);
+    let third = stdout(&run(alone(
+        &[
+            &base[..6],
+            &["--max_steps", "20", "--train_batch_size", "8"],
+        ]
+        .concat(),
+    )));
+    assert!(third.contains("(step 15, sample 125"), "{third}");
+    assert!(third.contains("Training finished at step 20"), "{third}");
+    // A manifest whose shard is gone is refused, naming it.
+    std::fs::remove_file(ck.join("step_00000020/shard-00000-of-00001.pt")).unwrap();
+    fails_with(
+        alone(&[&base[..6], &["--max_steps", "25"]].concat()),
+        2,
+        "shard-00000-of-00001.pt",
+    );
+}
+
+/// Rank 0 dies after writing its shard and before the manifest (the test hook aborts it
+/// there): the step's partial directory is left, never renamed, and the next run resumes
+/// from the checkpoint before it and cleans the leftovers.
+#[test]
+fn a_sharded_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck_s = ck.to_str().unwrap();
+    let args = [
+        "--max_steps",
+        "30",
+        "--checkpoint_freq",
+        "10",
+        "--checkpoint_dir",
+        ck_s,
+        "--resume_from_checkpoint",
+        ck_s,
+        "--train_batch_size",
+        "4",
+    ];
+    let mut crashing = launched(2, &args);
+    crashing.env("FSDP_TRAINER_CRASH_IN_SAVE", "20");
+    assert!(!crashing.output().unwrap().status.success());
+    let left = names(&ck);
+    assert!(left.contains(&"step_00000010".to_owned()), "{left:?}");
+    assert!(!left.contains(&"step_00000020".to_owned()), "{left:?}");
+    let partial = left
+        .iter()
+        .find(|n| n.starts_with(".step_00000020.tmp"))
+        .unwrap_or_else(|| panic!("the half-written save is left: {left:?}"));
+    assert!(
+        !names(&ck.join(partial)).contains(&"meta.json".to_owned()),
+        "no manifest in a save that did not finish"
+    );
+    let text = stdout(&run(launched(2, &args)));
+    assert!(text.contains("step_00000010 (step 10, sample 80"), "{text}");
+    let left = names(&ck);
+    assert!(left.contains(&"step_00000030".to_owned()), "{left:?}");
+    assert!(!left.iter().any(|n| n.contains(".tmp")), "{left:?}");
+}
