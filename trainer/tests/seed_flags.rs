@@ -255,3 +255,78 @@ fn bf16_losses_track_fp32_within_one_percent() {
         assert!((a - b).abs() <= 0.01 * a, "step {step}: fp32 {a}, bf16 {b}");
     }
 }
+
+/// The trainer arguments of the shipped GPU manifest, as written there, are flags this
+/// trainer takes: run with them, then overrides (last wins) that shrink the model to a
+/// CPU's size and point the checkpoints at a temporary directory.
+#[test]
+fn the_gpu_manifests_trainer_arguments_are_accepted() {
+    let manifest = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s/pytorchjob-gpu.yaml"),
+    )
+    .unwrap();
+    let args: Vec<String> = manifest
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| *l != "- fsdp-trainer")
+        .skip(1)
+        .take_while(|l| !l.ends_with(':'))
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("- "))
+        .map(|a| a.trim_matches('"').to_owned())
+        .collect();
+    assert!(
+        args.contains(&"full".to_owned()) && args.contains(&"--bf16".to_owned()),
+        "{args:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ck = format!("--checkpoint_dir={}", dir.path().display());
+    let shrink = [
+        "--hidden_width=64",
+        "--num_layers=1",
+        "--intermediate_size=96",
+        "--max_context_width=16",
+        "--vocab_size=256",
+        "--max_steps=2",
+        ck.as_str(),
+        "--resume_from_checkpoint=/nonexistent",
+    ];
+    let all: Vec<&str> = args.iter().map(String::as_str).chain(shrink).collect();
+    let text = stdout(&run(alone(&all)));
+    assert!(text.contains("Training finished at step 2"), "{text}");
+}
+
+/// The Slurm example's model and training flags are flags this trainer takes (the script
+/// itself runs on a GPU cluster; here its arrays run shrunk, last value wins).
+#[test]
+fn the_slurm_examples_trainer_arguments_are_accepted() {
+    let script = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/slurm/llama.sbatch"),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut args: Vec<String> = Vec::new();
+    for array in ["MODEL=(", "TRAINING=("] {
+        let lines = script.lines().skip_while(|l| *l != array).skip(1);
+        args.extend(lines.take_while(|l| *l != ")").map(|l| {
+            l.trim()
+                .replace("\"$CKPT\"", &dir.path().display().to_string())
+        }));
+    }
+    assert!(
+        args.contains(&"--sharding_strategy=full".to_owned()),
+        "{args:?}"
+    );
+    assert!(args.contains(&"--bf16=1".to_owned()), "{args:?}");
+    let shrink = [
+        "--hidden_width=64",
+        "--num_layers=1",
+        "--intermediate_size=96",
+        "--max_context_width=16",
+        "--vocab_size=256",
+        "--max_steps=2",
+    ];
+    let all: Vec<&str> = args.iter().map(String::as_str).chain(shrink).collect();
+    let text = stdout(&run(alone(&all)));
+    assert!(text.contains("Training finished at step 2"), "{text}");
+}
