@@ -218,6 +218,20 @@ pub fn find(path: &Path) -> Result<Option<PathBuf>, CheckpointError> {
         .map(|(_, p)| p))
 }
 
+/// The tensors of `file`, to take by name (a missing one is an error naming it).
+pub(crate) fn named_tensors(
+    file: &Path,
+) -> Result<impl Fn(&str) -> Result<Tensor, CheckpointError> + '_, CheckpointError> {
+    let tensors = Tensor::load_multi(file).map_err(|e| invalid(file, e.to_string()))?;
+    Ok(move |n: &str| {
+        tensors
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, t)| t.shallow_clone())
+            .ok_or_else(|| invalid(file, format!("no tensor '{n}'")))
+    })
+}
+
 /// Reads a checkpoint and checks it fits `model`.
 pub fn load(path: &Path, model: &ModelConfig) -> Result<(Meta, FullState), CheckpointError> {
     let meta_file = path.join("meta.json");
@@ -254,15 +268,7 @@ pub fn load(path: &Path, model: &ModelConfig) -> Result<(Meta, FullState), Check
         return Ok((meta, state));
     }
     let state_file = path.join("state.pt");
-    let tensors =
-        Tensor::load_multi(&state_file).map_err(|e| invalid(&state_file, e.to_string()))?;
-    let get = |n: &str| {
-        tensors
-            .iter()
-            .find(|(k, _)| k == n)
-            .map(|(_, t)| t.shallow_clone())
-            .ok_or_else(|| invalid(&state_file, format!("no tensor '{n}'")))
-    };
+    let get = named_tensors(&state_file)?;
     Ok((
         meta,
         FullState {

@@ -89,8 +89,7 @@ fn a_sharded_checkpoint_is_a_shard_per_rank_and_a_manifest_and_either_format_res
 /// Rank 0 dies after writing its shard and before the manifest (the test hook aborts it
 /// there): the step's partial directory is left, never renamed, and the next run resumes
 /// from the checkpoint before it and cleans the leftovers.
-#[test]
-fn a_sharded_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from() {
+fn a_save_killed_half_way(world: u32) {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
     let ck_s = ck.to_str().unwrap();
@@ -104,9 +103,16 @@ fn a_sharded_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from(
         "--resume_from_checkpoint",
         ck_s,
         "--train_batch_size",
-        "4",
+        if world == 1 { "8" } else { "4" },
     ];
-    let mut crashing = launched(2, &args);
+    let start = |args: &[&str]| {
+        if world == 1 {
+            alone(args)
+        } else {
+            launched(world, args)
+        }
+    };
+    let mut crashing = start(&args);
     crashing.env("FSDP_TRAINER_CRASH_IN_SAVE", "20");
     assert!(!crashing.output().unwrap().status.success());
     let left = names(&ck);
@@ -120,9 +126,20 @@ fn a_sharded_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from(
         !names(&ck.join(partial)).contains(&"meta.json".to_owned()),
         "no manifest in a save that did not finish"
     );
-    let text = stdout(&run(launched(2, &args)));
+    let text = stdout(&run(start(&args)));
     assert!(text.contains("step_00000010 (step 10, sample 80"), "{text}");
+    assert_eq!(losses(&text).first().map(|x| x.0), Some(10));
     let left = names(&ck);
     assert!(left.contains(&"step_00000030".to_owned()), "{left:?}");
     assert!(!left.iter().any(|n| n.contains(".tmp")), "{left:?}");
+}
+
+#[test]
+fn a_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from() {
+    a_save_killed_half_way(1);
+}
+
+#[test]
+fn a_save_killed_half_way_on_two_ranks_leaves_the_previous_checkpoint_to_resume_from() {
+    a_save_killed_half_way(2);
 }

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
 
-use super::{CheckpointError, Meta, crash_point, fsync, invalid, io, name, prune, to_bytes};
+use super::{
+    CheckpointError, Meta, crash_point, fsync, invalid, io, name, named_tensors, prune, to_bytes,
+};
 use crate::shard::{FullState, LocalState};
 
 pub const FORMAT: u32 = 2;
@@ -103,14 +105,7 @@ pub fn load(path: &Path, meta: &Meta, total: i64) -> Result<FullState, Checkpoin
     let mut covered = 0;
     for shard in &meta.shards {
         let file = path.join(shard);
-        let tensors = Tensor::load_multi(&file).map_err(|e| invalid(&file, e.to_string()))?;
-        let get = |n: &str| {
-            tensors
-                .iter()
-                .find(|(k, _)| k == n)
-                .map(|(_, t)| t.shallow_clone())
-                .ok_or_else(|| invalid(&file, format!("no tensor '{n}'")))
-        };
+        let get = named_tensors(&file)?;
         let runs = get("runs")?;
         let (sp, sm, sv) = (get("params")?, get("adam_m")?, get("adam_v")?);
         let mut at = 0;
