@@ -104,14 +104,27 @@ pub fn save(
     fs::write(&meta_file, json).map_err(io(&meta_file))?;
     fsync(&meta_file)?;
     fsync(&tmp)?;
-    if final_path.exists() {
-        // A re-run of the same step (after a restart): replace it.
-        fs::remove_dir_all(&final_path).map_err(io(&final_path))?;
-    }
-    fs::rename(&tmp, &final_path).map_err(io(&final_path))?;
+    replace_dir(&tmp, &final_path)?;
     fsync(dir)?;
-    prune(dir, keep)?;
+    prune(dir, keep, &format!(".tmp.{}", std::process::id()))?;
     Ok(final_path)
+}
+
+/// Renames `from` to `to`. A `to` already there (the same step saved again after a
+/// restart) is moved aside first and removed after, so a kill in between never leaves
+/// neither.
+pub(crate) fn replace_dir(from: &Path, to: &Path) -> Result<(), CheckpointError> {
+    let aside = to.with_extension("old");
+    let had = to.exists();
+    if had {
+        let _ = fs::remove_dir_all(&aside);
+        fs::rename(to, &aside).map_err(io(to))?;
+    }
+    fs::rename(from, to).map_err(io(to))?;
+    if had {
+        fs::remove_dir_all(&aside).map_err(io(&aside))?;
+    }
+    Ok(())
 }
 
 /// The state in PyTorch's archive format, in memory. Written to a file by libtorch itself,
@@ -168,7 +181,10 @@ pub(crate) fn crash_point(step: u64) {
 }
 
 /// Deletes all but the newest `keep` checkpoints and leftovers of interrupted saves.
-pub(crate) fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
+/// `ours` is the suffix of this run's own partial directories (`.tmp.<pid>` for the
+/// gathered format, `.tmp.<token>` for the sharded one): another rank may already be
+/// writing the next save into one of them.
+pub(crate) fn prune(dir: &Path, keep: usize, ours: &str) -> Result<(), CheckpointError> {
     let mut complete = list(dir)?;
     complete.sort_by_key(|(s, _)| *s);
     let excess = complete.len().saturating_sub(keep.max(1));
@@ -178,10 +194,7 @@ pub(crate) fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
     for e in fs::read_dir(dir).map_err(io(dir))?.flatten() {
         let n = e.file_name();
         let n = n.to_string_lossy();
-        if n.starts_with(".step_")
-            && n.contains(".tmp.")
-            && !n.ends_with(&format!(".tmp.{}", std::process::id()))
-        {
+        if n.starts_with(".step_") && n.contains(".tmp.") && !n.ends_with(ours) {
             let _ = fs::remove_dir_all(e.path());
         }
     }

@@ -19,9 +19,11 @@
 //! * [`saver`]: the loop's side of a save: one in flight, completed once every rank's
 //!   shard is written.
 //! * [`train`]: the loop and its log lines.
+//! * [`warning`]: Slurm's SIGUSR1/SIGUSR2 warning: save, then stop.
 //! * [`tensorboard`]: `--tensorboard_dir` scalars as a TensorBoard event file, hand-encoded.
 //!
-//! Exit codes: 0 done, 1 a runtime failure (a collective, I/O, a diverged loss), 2 bad
+//! Exit codes: 0 done, 128 + n stopped by warning signal n (SIGUSR1: 138) after saving,
+//! 1 a runtime failure (a collective, I/O, a diverged loss), 2 bad
 //! input (flags, launcher environment, a checkpoint of another shape).
 
 mod args;
@@ -41,10 +43,17 @@ mod shard;
 mod tensorboard;
 mod tokenizer;
 mod train;
+mod warning;
 
 use std::process::ExitCode;
 
 use clap::Parser;
+
+/// Stopped at a step boundary by a warning signal, after the checkpoint: exit 128 + it,
+/// as a death by the signal would have been reported.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped by signal {0} after saving")]
+pub struct Warned(pub i32);
 
 /// Input the user must fix (exit 2), as opposed to a failure while training (exit 1).
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +80,10 @@ fn main() -> ExitCode {
     };
     match train::run(&args, launch) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Warned>() => {
+            let signal = e.downcast_ref::<Warned>().map_or(libc::SIGUSR1, |w| w.0);
+            ExitCode::from((128 + signal) as u8)
+        }
         Err(e) => {
             eprintln!("fsdp-trainer: error: {e:#}");
             let bad_input = e.is::<BadInput>()

@@ -10,18 +10,41 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::c10d::Comm;
 use crate::checkpoint::writer::Writer;
 use crate::checkpoint::{self, Meta, sharded};
 use crate::engine::Engine;
 
+/// The lead's result of its part of a save, agreed by every rank (a collective): when it
+/// failed every rank stops, the lead with its error, instead of the others waiting in the
+/// next collective until it times out.
+pub fn lead_result<T>(
+    comm: &Comm,
+    device: Device,
+    result: Result<Option<T>, checkpoint::CheckpointError>,
+    step: u64,
+) -> anyhow::Result<Option<T>> {
+    let failed = if result.is_err() { 1.0 } else { 0.0 };
+    let mut sum = Tensor::from_slice(&[failed as f32]).to_device(device);
+    comm.all_reduce_sum(&mut sum)?;
+    match result {
+        Err(e) => Err(e.into()),
+        Ok(_) if sum.double_value(&[0]) > 0.0 => {
+            bail!("the lead rank could not complete the checkpoint of step {step} (see its error)")
+        }
+        Ok(v) => Ok(v),
+    }
+}
+
 /// A rank's answer to "is your shard written?", summed over ranks.
 const WRITING: f64 = 1.0;
 const FAILED: f64 = 1_000_000.0;
 
 pub struct Saver {
+    /// Where the collectives' small tensors live (NCCL takes device tensors only).
+    device: Device,
     dir: PathBuf,
     keep: usize,
     sharded: bool,
@@ -35,14 +58,21 @@ pub struct Saver {
 
 impl Saver {
     /// Agrees on this run's token (a collective: every rank calls it).
-    pub fn new(dir: PathBuf, keep: usize, sharded: bool, comm: &Comm) -> anyhow::Result<Self> {
+    pub fn new(
+        dir: PathBuf,
+        keep: usize,
+        sharded: bool,
+        comm: &Comm,
+        device: Device,
+    ) -> anyhow::Result<Self> {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let mine = (i64::from(std::process::id()) << 20) ^ i64::from(nanos >> 12);
-        let mut token = Tensor::from_slice(&[mine]);
+        let mut token = Tensor::from_slice(&[mine]).to_device(device);
         comm.broadcast(&mut token, 0)?;
         Ok(Self {
+            device,
             dir,
             keep,
             sharded,
@@ -64,19 +94,21 @@ impl Saver {
     ) -> anyhow::Result<Duration> {
         let paused = Instant::now();
         if !self.sharded {
-            if let Some(state) = engine.full_state(comm, comm.rank() == 0)? {
-                let path = checkpoint::save(&self.dir, &meta, &state, self.keep)?;
+            let saved = engine
+                .full_state(comm, comm.rank() == 0)?
+                .map(|state| checkpoint::save(&self.dir, &meta, &state, self.keep))
+                .transpose();
+            // Nobody runs ahead of a save that may still fail.
+            let path = lead_result(comm, self.device, saved, meta.step)?;
+            if let Some(path) = path {
                 say(format!(
-                    "Saved checkpoint {} (step {}, sample {}; gathered, complete {:.2} s after the step, training paused {:.3} s)",
+                    "Saved checkpoint {} (step {}, sample {}; gathered, training paused {:.3} s)",
                     path.display(),
                     meta.step,
                     meta.samples_seen,
-                    paused.elapsed().as_secs_f64(),
                     paused.elapsed().as_secs_f64()
                 ));
             }
-            // Nobody runs ahead of a save that may still fail.
-            comm.barrier()?;
             return Ok(paused.elapsed());
         }
         // At most one in flight: the next save waits for the last.
@@ -113,7 +145,9 @@ impl Saver {
                 (FAILED, Duration::ZERO)
             }
         };
-        let mut sum = Tensor::from_slice(&[code]).to_kind(Kind::Float);
+        let mut sum = Tensor::from_slice(&[code])
+            .to_kind(Kind::Float)
+            .to_device(self.device);
         comm.all_reduce_sum(&mut sum)?;
         let sum = sum.double_value(&[0]);
         if sum >= FAILED {
@@ -126,9 +160,23 @@ impl Saver {
         }
         self.writer.clear();
         let pending = self.pending.take();
-        if let (0, Some((meta, began, paused))) = (comm.rank(), pending) {
-            let partial = sharded::partial_dir(&self.dir, step, self.token);
-            let path = sharded::finish(&self.dir, &partial, &meta, comm.world(), self.keep)?;
+        let finished = match (comm.rank(), &pending) {
+            (0, Some((meta, _, _))) => {
+                let partial = sharded::partial_dir(&self.dir, step, self.token);
+                Some(sharded::finish(
+                    &self.dir,
+                    &partial,
+                    meta,
+                    comm.world(),
+                    self.keep,
+                    self.token,
+                ))
+            }
+            _ => None,
+        }
+        .transpose();
+        let path = lead_result(comm, self.device, finished, step)?;
+        if let (Some(path), Some((meta, began, paused))) = (path, pending) {
             say(format!(
                 "Saved checkpoint {} (step {step}, sample {}; {} shards written in the background, rank 0's in {:.2} s; complete {:.2} s after the step, training paused {:.3} s)",
                 path.display(),

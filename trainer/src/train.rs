@@ -28,6 +28,7 @@ fn device_for(launch: Option<&Launch>) -> (Device, &'static str) {
 }
 
 pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
+    crate::warning::install();
     if let Some(n) = args.threads {
         tch::set_num_threads(n);
     }
@@ -149,7 +150,11 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let mut board = Board::open(args.tensorboard_dir.as_deref().filter(|_| lead))?;
+    let mut board = Board::open(
+        args.tensorboard_dir.as_deref().filter(|_| lead),
+        &comm,
+        device,
+    )?;
     if let Some(path) = board.path() {
         say(format!("TensorBoard scalars go to {}", path.display()));
     }
@@ -159,6 +164,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             args.checkpoints_to_keep,
             args.sharded_checkpoints,
             &comm,
+            device,
         )?),
         None => None,
     };
@@ -189,7 +195,9 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         samples_seen += global_batch;
         window_samples += global_batch;
         let done = step + 1;
-        let last = done == max_steps || epochs_done(samples_seen);
+        // Every rank asks every step: a warning that reached one rank stops them all here.
+        let warned = warned_anywhere(&comm, device)?;
+        let last = done == max_steps || epochs_done(samples_seen) || warned;
         let save = args.checkpoint_dir.is_some()
             && (last || (args.checkpoint_freq > 0 && done % args.checkpoint_freq == 0));
         if done % args.logging_freq == 0 || last || save {
@@ -218,7 +226,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             window_samples = 0;
         }
         progress.step(done as usize);
-        if args.validation_freq > 0 && (done % args.validation_freq == 0 || last) {
+        if args.validation_freq > 0 && (done % args.validation_freq == 0 || last) && !warned {
             progress.begin("validation");
             let validating = Instant::now();
             let loss = validate(args, &mut engine, &comm, &corpus, device)?;
@@ -254,6 +262,17 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             }
         }
         step = done;
+        if warned {
+            say(format!(
+                "Stopping at step {step} on a warning signal (SIGUSR1/SIGUSR2, Slurm's before a pre-emption or the time limit){}",
+                if saver.is_some() {
+                    "; the checkpoint above resumes it"
+                } else {
+                    "; no --checkpoint_dir to save in"
+                }
+            ));
+            return Err(crate::Warned(crate::warning::received().unwrap_or(libc::SIGUSR1)).into());
+        }
     }
     // What follows the last step (the group's teardown) is judged as the end of training,
     // not timed as a step.
@@ -309,13 +328,25 @@ fn open_corpus(args: &Args) -> anyhow::Result<Corpus> {
 struct Board(Option<EventWriter>);
 
 impl Board {
-    fn open(dir: Option<&std::path::Path>) -> anyhow::Result<Self> {
-        let Some(dir) = dir else {
-            return Ok(Self(None));
-        };
-        let w = EventWriter::create(dir)
-            .map_err(|e| crate::BadInput(format!("--tensorboard_dir {}: {e}", dir.display())))?;
-        Ok(Self(Some(w)))
+    /// Opens the file on the lead (`dir` given there only); every rank calls it, and a
+    /// directory the lead cannot use stops every rank, not the lead alone.
+    fn open(dir: Option<&std::path::Path>, comm: &Comm, device: Device) -> anyhow::Result<Self> {
+        let opened = dir.map(EventWriter::create).transpose();
+        let mut failed =
+            tch::Tensor::from_slice(&[f32::from(u8::from(opened.is_err()))]).to_device(device);
+        comm.all_reduce_sum(&mut failed)?;
+        match opened {
+            Err(e) => Err(crate::BadInput(format!(
+                "--tensorboard_dir {}: {e}",
+                dir.map(|d| d.display().to_string()).unwrap_or_default()
+            ))
+            .into()),
+            Ok(_) if failed.double_value(&[0]) > 0.0 => Err(crate::BadInput(
+                "--tensorboard_dir: the lead rank cannot write there (see its error)".into(),
+            )
+            .into()),
+            Ok(w) => Ok(Self(w)),
+        }
     }
 
     fn path(&self) -> Option<&std::path::Path> {
@@ -335,6 +366,14 @@ impl Board {
             self.0 = None;
         }
     }
+}
+
+/// Whether a warning signal reached any rank (a collective: every rank calls it each step).
+fn warned_anywhere(comm: &Comm, device: Device) -> anyhow::Result<bool> {
+    let mine = f32::from(u8::from(crate::warning::received().is_some()));
+    let mut any = tch::Tensor::from_slice(&[mine]).to_device(device);
+    comm.all_reduce_sum(&mut any)?;
+    Ok(any.double_value(&[0]) > 0.0)
 }
 
 /// The seed of a step's dropout masks: the rank's own unless `--same_seed=1`.

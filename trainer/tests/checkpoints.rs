@@ -143,3 +143,70 @@ fn a_save_killed_half_way_leaves_the_previous_checkpoint_to_resume_from() {
 fn a_save_killed_half_way_on_two_ranks_leaves_the_previous_checkpoint_to_resume_from() {
     a_save_killed_half_way(2);
 }
+
+/// Slurm's warning (SIGUSR1 to the agent, which passes it to its workers): the workers
+/// save at the step they are in and stop with 138, the agent with them, and the run
+/// resumes from that very step.
+#[test]
+fn a_warning_signal_saves_at_the_current_step_and_the_run_resumes_there() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck_s = ck.to_str().unwrap();
+    let args = [
+        "--max_steps",
+        "100000",
+        "--checkpoint_freq",
+        "0",
+        "--checkpoint_dir",
+        ck_s,
+        "--resume_from_checkpoint",
+        ck_s,
+        "--train_batch_size",
+        "4",
+    ];
+    let mut cmd = std::process::Command::new(agent());
+    clean(&mut cmd)
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .args(["--signals-to-handle", "SIGTERM,SIGUSR1", "--no-python"])
+        .arg(trainer())
+        .args(MODEL)
+        .args(args);
+    let log = dir.path().join("out");
+    cmd.stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let end = Instant::now() + Duration::from_secs(120);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("Batch 5 ")
+    {
+        assert!(child.try_wait().unwrap().is_none(), "exited early");
+        assert!(Instant::now() < end, "no step 5");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: a signal to our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) }, 0);
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(138), "{text}");
+    let stopped: u64 = text
+        .split("Stopping at step ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no stop line\n{text}"));
+    assert!(
+        ck.join(format!("step_{stopped:08}/meta.json")).is_file(),
+        "{text}"
+    );
+    let resumed = stdout(&run(launched(
+        2,
+        &[&args[..], &["--max_steps", &(stopped + 2).to_string()]].concat(),
+    )));
+    assert!(
+        resumed.contains(&format!("(step {stopped}, sample {}", stopped * 8)),
+        "{resumed}"
+    );
+}

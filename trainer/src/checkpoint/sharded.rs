@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 
 use super::{
-    CheckpointError, Meta, crash_point, fsync, invalid, io, name, named_tensors, prune, to_bytes,
+    CheckpointError, Meta, crash_point, fsync, invalid, io, name, named_tensors, prune,
+    replace_dir, to_bytes,
 };
 use crate::shard::{FullState, LocalState};
 
@@ -72,10 +73,16 @@ pub fn finish(
     meta: &Meta,
     world: usize,
     keep: usize,
+    token: u64,
 ) -> Result<PathBuf, CheckpointError> {
     let shards: Vec<String> = (0..world).map(|r| shard_name(r, world)).collect();
     if let Some(missing) = shards.iter().find(|s| !partial.join(s).is_file()) {
-        return Err(invalid(partial, format!("shard {missing} is missing")));
+        return Err(invalid(
+            partial,
+            format!(
+                "shard {missing} is missing though its rank wrote it: every rank must see the same --checkpoint_dir (a filesystem all nodes share)"
+            ),
+        ));
     }
     let meta = Meta {
         format: FORMAT,
@@ -88,13 +95,9 @@ pub fn finish(
     fsync(&meta_file)?;
     fsync(partial)?;
     let final_path = dir.join(name(meta.step));
-    if final_path.exists() {
-        // A re-run of the same step (after a restart): replace it.
-        fs::remove_dir_all(&final_path).map_err(io(&final_path))?;
-    }
-    fs::rename(partial, &final_path).map_err(io(&final_path))?;
+    replace_dir(partial, &final_path)?;
     fsync(dir)?;
-    prune(dir, keep)?;
+    prune(dir, keep, &format!(".tmp.{token:x}"))?;
     Ok(final_path)
 }
 
@@ -108,6 +111,9 @@ pub fn load(path: &Path, meta: &Meta, total: i64) -> Result<FullState, Checkpoin
         let get = named_tensors(&file)?;
         let runs = get("runs")?;
         let (sp, sm, sv) = (get("params")?, get("adam_m")?, get("adam_v")?);
+        if sm.numel() != sp.numel() || sv.numel() != sp.numel() || runs.dim() != 2 {
+            return Err(invalid(&file, "its tensors do not match each other"));
+        }
         let mut at = 0;
         for r in 0..runs.size()[0] {
             let (flat_at, n) = (runs.int64_value(&[r, 0]), runs.int64_value(&[r, 1]));
