@@ -19,6 +19,9 @@
 
 mod plan;
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use tch::{Device, Kind, Tensor};
 
 use crate::c10d::{self, C10dError, Comm, Pending};
@@ -46,6 +49,10 @@ pub struct FullShard {
     /// The precision units are gathered and computed in (bf16 under `--bf16`); shards,
     /// gradients and moments stay fp32.
     compute: Kind,
+    /// Unit-sized buffers kept from step to step (as FSDP2 keeps its): gathered units and
+    /// unit gradients. Allocated afresh at every use they cost page faults and zeroing on
+    /// every unit of every step; a buffer is back here only once nothing refers to it.
+    buffers: Rc<RefCell<Vec<Tensor>>>,
 }
 
 impl FullShard {
@@ -81,6 +88,7 @@ impl FullShard {
             plan,
             config,
             compute,
+            buffers: Rc::default(),
         };
         tch::no_grad(|| {
             for unit in &me.plan {
@@ -165,10 +173,25 @@ impl FullShard {
             .collect()
     }
 
-    /// Starts gathering unit `u` from every rank's shard of it.
-    fn start_gather(&self, comm: &Comm, u: usize) -> Result<Pending, C10dError> {
+    /// A buffer as large as the largest gathered unit, in the compute precision (from
+    /// the kept ones when one is free).
+    fn buffer(&self) -> Tensor {
+        let kept = self.buffers.borrow_mut().pop();
+        kept.unwrap_or_else(|| {
+            let largest = self.plan.iter().map(|u| u.padded(self.world)).max();
+            Tensor::empty([largest.unwrap_or(1)], (self.compute, self.device))
+        })
+    }
+
+    /// Keeps `buffer` for a later use (nothing may refer to it any more).
+    fn give_back(&self, buffer: Tensor) {
+        self.buffers.borrow_mut().push(buffer);
+    }
+
+    /// Starts gathering unit `u` from every rank's shard of it into `buffer`.
+    fn start_gather(&self, comm: &Comm, u: usize, buffer: &Tensor) -> Result<Pending, C10dError> {
         let unit = &self.plan[u];
-        let out = Tensor::empty([unit.padded(self.world)], (self.compute, self.device));
+        let out = buffer.narrow(0, 0, unit.padded(self.world));
         // Under --bf16 half the bytes travel: the shard is cast before the gather.
         comm.all_gather_start(out, self.local(&self.params, unit).to_kind(self.compute))
     }
@@ -198,7 +221,7 @@ impl FullShard {
         targets: &Tensor,
     ) -> Result<Tensor, C10dError> {
         let n = self.plan.len();
-        let mut gathers = Gathers::new((0..n).collect(), self.prefetch);
+        let mut gathers = Gathers::new(self, (0..n).collect(), self.prefetch);
         let mut x = Tensor::new();
         for u in 0..n {
             let whole = gathers.next(self, comm)?;
@@ -228,7 +251,7 @@ impl FullShard {
         clip: f64,
     ) -> Result<(Tensor, f64), C10dError> {
         let n = self.plan.len();
-        let mut gathers = Gathers::new(gather_order(n), self.prefetch);
+        let mut gathers = Gathers::new(self, gather_order(n), self.prefetch);
         // boundary[u]: the output of unit u, the input of unit u + 1.
         let mut boundary: Vec<Tensor> = Vec::with_capacity(n - 1);
         let none = Tensor::new();
@@ -243,7 +266,9 @@ impl FullShard {
         for u in (0..n).rev() {
             let whole = gathers.next(self, comm)?;
             let unit = &self.plan[u];
-            let grad = Tensor::zeros([unit.padded(self.world)], (self.compute, self.device));
+            let grad_buffer = self.buffer();
+            let mut grad = grad_buffer.narrow(0, 0, unit.padded(self.world));
+            let _ = grad.zero_();
             let w = self.leaves(unit, &whole, &grad)?;
             let x = match boundary.pop() {
                 Some(x) => x.detach().set_requires_grad(true),
@@ -264,6 +289,9 @@ impl FullShard {
             // Reduced in fp32: bf16 sums over many ranks lose the small gradients.
             let mut grad = grad.to_kind(Kind::Float);
             comm.reduce_scatter_sum(&mut self.local(&self.grads, unit), &mut grad)?;
+            // The unit's graph went with its backward; its leaves and views go here.
+            drop((w, grad, whole));
+            self.give_back(grad_buffer);
         }
         let norm = self.update(comm, lr, clip)?;
         Ok((loss, norm))
@@ -359,36 +387,64 @@ impl FullShard {
 }
 
 /// The step's all-gathers in [`gather_order`], with at most one in flight ahead of the
-/// unit computing when prefetching.
+/// unit computing when prefetching. The buffer of the unit before goes back to the kept
+/// ones when the next is asked for: by then nothing refers to it (a unit's forward keeps
+/// only its output, its backward only its input's gradient).
 struct Gathers {
     order: Vec<usize>,
     at: usize,
-    ahead: Option<Pending>,
+    current: Option<Tensor>,
+    ahead: Option<(Pending, Tensor)>,
     prefetch: bool,
+    buffers: Rc<RefCell<Vec<Tensor>>>,
 }
 
 impl Gathers {
-    fn new(order: Vec<usize>, prefetch: bool) -> Self {
+    fn new(fsdp: &FullShard, order: Vec<usize>, prefetch: bool) -> Self {
         Self {
             order,
             at: 0,
+            current: None,
             ahead: None,
             prefetch,
+            buffers: fsdp.buffers.clone(),
         }
     }
 
     /// The next unit in the order, whole; with prefetch, the one after it is started
     /// before this returns, so it travels while this one computes.
     fn next(&mut self, fsdp: &FullShard, comm: &Comm) -> Result<Tensor, C10dError> {
-        let pending = match self.ahead.take() {
+        if let Some(done) = self.current.take() {
+            fsdp.give_back(done);
+        }
+        let (pending, buffer) = match self.ahead.take() {
             Some(p) => p,
-            None => fsdp.start_gather(comm, self.order[self.at])?,
+            None => {
+                let buffer = fsdp.buffer();
+                (fsdp.start_gather(comm, self.order[self.at], &buffer)?, buffer)
+            }
         };
         let whole = pending.wait()?;
+        self.current = Some(buffer);
         self.at += 1;
         if self.prefetch && self.at < self.order.len() {
-            self.ahead = Some(fsdp.start_gather(comm, self.order[self.at])?);
+            let buffer = fsdp.buffer();
+            let pending = fsdp.start_gather(comm, self.order[self.at], &buffer)?;
+            self.ahead = Some((pending, buffer));
         }
         Ok(whole)
+    }
+}
+
+impl Drop for Gathers {
+    /// The last unit's buffer, and one gathered ahead (its gather waited for first).
+    fn drop(&mut self) {
+        let ahead = self.ahead.take().map(|(pending, buffer)| {
+            drop(pending);
+            buffer
+        });
+        self.buffers
+            .borrow_mut()
+            .extend(self.current.take().into_iter().chain(ahead));
     }
 }
