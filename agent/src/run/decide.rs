@@ -209,9 +209,16 @@ pub fn blamed(
 ) -> Option<String> {
     let failed = memory.failed.take()?;
     let lost_member = failed.missing_from(next).next().is_some();
+    let first = first_fault(failed.number);
+    if first.as_deref().is_some_and(|f| Some(f) != me) {
+        // Another node's failure came first: this node's own worker, if it failed too,
+        // failed of that one (a collective cut by the peer's exit), and the budget this
+        // round spends is that node's to answer for, not this one's code.
+        memory.last_failure = None;
+    }
     memory.failed_rounds.push(FailedRound {
         round: failed.number,
-        first: first_fault(failed.number),
+        first,
         lost_member,
     });
     let keep = policy.quarantine_after.max(1) as usize;

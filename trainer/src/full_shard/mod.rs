@@ -421,7 +421,10 @@ impl Gathers {
             Some(p) => p,
             None => {
                 let buffer = fsdp.buffer();
-                (fsdp.start_gather(comm, self.order[self.at], &buffer)?, buffer)
+                (
+                    fsdp.start_gather(comm, self.order[self.at], &buffer)?,
+                    buffer,
+                )
             }
         };
         let whole = pending.wait()?;

@@ -479,6 +479,38 @@ fn the_node_first_to_fail_round_after_round_is_quarantined_by_itself_only() {
     );
 }
 
+/// A worker that failed because another node's failed first (its collective cut) does not
+/// give its code to a spent budget: the node exits "a peer's worker spent the budget"
+/// (found under load: the secondary failure's code became the node's exit code).
+#[test]
+fn a_failure_that_began_on_another_node_leaves_the_budget_to_that_node() {
+    let policy = FailurePolicy::default();
+    let members = ["a", "b"];
+    let after = |first: &'static str, me: &str| {
+        let mut m = Memory {
+            failed: Some(RoundMembers::of(&round(0, &members, 0))),
+            last_failure: Some(WorkerExit::Code(1)),
+            ..Memory::default()
+        };
+        let _ = blamed(
+            &mut m,
+            &round(1, &members, 1),
+            |_| Some(first.into()),
+            &policy,
+            Some(me),
+        );
+        let spent = round(2, &members, 2);
+        formed(&mut m, &spent, &rules(1)).0
+    };
+    assert_eq!(
+        after("a", "b"),
+        AfterFormed::GiveUp {
+            exit_code: crate::exit_code::BUDGET_EXHAUSTED
+        }
+    );
+    assert_eq!(after("b", "b"), AfterFormed::GiveUp { exit_code: 1 });
+}
+
 #[test]
 fn a_round_that_lost_a_member_blames_nobody() {
     let policy = FailurePolicy {
