@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "trainer/baseline"))
@@ -108,6 +108,9 @@ def main():
     ap.add_argument("--grad_clip", type=float, default=1.0)
     ap.add_argument("--rotary_emb_base", type=float, default=10000.0)
     ap.add_argument("--warmup", type=float, default=0.05)
+    # As fsdp-trainer --bf16=1: bf16 gathers and compute, fp32 gradient reduction and master
+    # weights, the loss's softmax in fp32.
+    ap.add_argument("--bf16", type=int, default=0)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -116,9 +119,10 @@ def main():
     dist.init_process_group("gloo")
     torch.manual_seed(a.seed)
     model = Units(a)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.bf16 else MixedPrecisionPolicy()
     for unit in [model.embed, *model.layers, model.out]:
-        fully_shard(unit)
-    fully_shard(model)
+        fully_shard(unit, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.weight_decay)
     warm = math.ceil(a.warmup * a.max_steps) if a.warmup < 1 else int(a.warmup)
     min_lr = a.lr / 10
@@ -136,7 +140,7 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = data.batch(seen + rank * a.train_batch_size, a.train_batch_size, a.max_context_width)
-        loss = F.cross_entropy(model(x).reshape(-1, a.vocab_size), y.reshape(-1))
+        loss = F.cross_entropy(model(x).float().reshape(-1, a.vocab_size), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if a.grad_clip > 0:
