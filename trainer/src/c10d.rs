@@ -320,6 +320,14 @@ impl Comm {
         }
     }
 
+    /// The sum over ranks of one number from each: the ranks agreeing on a flag or a
+    /// status. The number travels on `device` (NCCL takes device tensors only).
+    pub fn sum_over_ranks(&self, value: f32, device: tch::Device) -> Result<f64, C10dError> {
+        let mut t = Tensor::from_slice(&[value]).to_device(device);
+        self.all_reduce_sum(&mut t)?;
+        Ok(t.double_value(&[0]))
+    }
+
     pub fn reduce_scatter_sum(
         &self,
         out: &mut Tensor,

@@ -19,7 +19,7 @@ pub enum Corpus {
 const VALIDATION: u64 = 1 << 62;
 
 /// splitmix64: a small, well-mixed hash, so sample `i` is the same on every machine.
-fn mix(mut z: u64) -> u64 {
+pub fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

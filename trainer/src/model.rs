@@ -68,10 +68,7 @@ impl Dropout {
     /// Seeds the generator for unit `unit` of this step (when any dropout applies).
     pub fn seed_unit(&self, unit: usize) {
         if self.active() {
-            let mixed = (self.seed as u64)
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                .wrapping_add(unit as u64)
-                .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            let mixed = crate::data::mix(self.seed as u64 ^ crate::data::mix(unit as u64));
             tch::manual_seed((mixed >> 1) as i64);
         }
     }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::c10d::Comm;
 use crate::checkpoint::writer::Writer;
@@ -26,12 +26,10 @@ pub fn lead_result<T>(
     result: Result<Option<T>, checkpoint::CheckpointError>,
     step: u64,
 ) -> anyhow::Result<Option<T>> {
-    let failed = if result.is_err() { 1.0 } else { 0.0 };
-    let mut sum = Tensor::from_slice(&[failed as f32]).to_device(device);
-    comm.all_reduce_sum(&mut sum)?;
+    let failed = comm.sum_over_ranks(f32::from(u8::from(result.is_err())), device)?;
     match result {
         Err(e) => Err(e.into()),
-        Ok(_) if sum.double_value(&[0]) > 0.0 => {
+        Ok(_) if failed > 0.0 => {
             bail!("the lead rank could not complete the checkpoint of step {step} (see its error)")
         }
         Ok(v) => Ok(v),
@@ -39,8 +37,8 @@ pub fn lead_result<T>(
 }
 
 /// A rank's answer to "is your shard written?", summed over ranks.
-const WRITING: f64 = 1.0;
-const FAILED: f64 = 1_000_000.0;
+const WRITING: f32 = 1.0;
+const FAILED: f32 = 1_000_000.0;
 
 pub struct Saver {
     /// Where the collectives' small tensors live (NCCL takes device tensors only).
@@ -145,12 +143,8 @@ impl Saver {
                 (FAILED, Duration::ZERO)
             }
         };
-        let mut sum = Tensor::from_slice(&[code])
-            .to_kind(Kind::Float)
-            .to_device(self.device);
-        comm.all_reduce_sum(&mut sum)?;
-        let sum = sum.double_value(&[0]);
-        if sum >= FAILED {
+        let sum = comm.sum_over_ranks(code, self.device)?;
+        if sum >= f64::from(FAILED) {
             bail!(
                 "the checkpoint of step {step} could not be written (see the failing ranks' errors)"
             );

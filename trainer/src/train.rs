@@ -8,7 +8,7 @@ use tch::Device;
 use crate::args::Args;
 use crate::c10d::{Comm, GroupSpec, ProcessGroup};
 use crate::checkpoint::{self, Meta};
-use crate::data::{Corpus, first_sample};
+use crate::data::{Corpus, first_sample, mix};
 use crate::engine::Engine;
 use crate::launch::Launch;
 use crate::model::ModelConfig;
@@ -332,16 +332,14 @@ impl Board {
     /// directory the lead cannot use stops every rank, not the lead alone.
     fn open(dir: Option<&std::path::Path>, comm: &Comm, device: Device) -> anyhow::Result<Self> {
         let opened = dir.map(EventWriter::create).transpose();
-        let mut failed =
-            tch::Tensor::from_slice(&[f32::from(u8::from(opened.is_err()))]).to_device(device);
-        comm.all_reduce_sum(&mut failed)?;
+        let failed = comm.sum_over_ranks(f32::from(u8::from(opened.is_err())), device)?;
         match opened {
             Err(e) => Err(crate::BadInput(format!(
                 "--tensorboard_dir {}: {e}",
                 dir.map(|d| d.display().to_string()).unwrap_or_default()
             ))
             .into()),
-            Ok(_) if failed.double_value(&[0]) > 0.0 => Err(crate::BadInput(
+            Ok(_) if failed > 0.0 => Err(crate::BadInput(
                 "--tensorboard_dir: the lead rank cannot write there (see its error)".into(),
             )
             .into()),
@@ -371,18 +369,13 @@ impl Board {
 /// Whether a warning signal reached any rank (a collective: every rank calls it each step).
 fn warned_anywhere(comm: &Comm, device: Device) -> anyhow::Result<bool> {
     let mine = f32::from(u8::from(crate::warning::received().is_some()));
-    let mut any = tch::Tensor::from_slice(&[mine]).to_device(device);
-    comm.all_reduce_sum(&mut any)?;
-    Ok(any.double_value(&[0]) > 0.0)
+    Ok(comm.sum_over_ranks(mine, device)? > 0.0)
 }
 
 /// The seed of a step's dropout masks: the rank's own unless `--same_seed=1`.
 fn dropout_seed(args: &Args, step: u64, rank: usize) -> i64 {
     let rank = if args.same_seed { 0 } else { rank as u64 + 1 };
-    let mixed = (args.seed as u64)
-        .wrapping_mul(0x2545_f491_4f6c_dd1d)
-        .wrapping_add(step.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-        .wrapping_add(rank.wrapping_mul(0xbf58_476d_1ce4_e5b9));
+    let mixed = mix(mix(mix(args.seed as u64) ^ step) ^ rank);
     (mixed >> 1) as i64
 }
 

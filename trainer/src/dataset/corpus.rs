@@ -7,6 +7,8 @@
 //! once, each epoch in another order, and no table is stored, so any world size computes
 //! the same sample from the index alone.
 
+use crate::data::mix;
+
 /// Tokens and what they were made with.
 pub struct TokenCorpus {
     /// Training tokens; when there are no validation files, their tail is held out.
@@ -177,18 +179,10 @@ fn window_tokens(tokens: &[u32], window: u64, len: usize) -> Vec<i64> {
         .collect()
 }
 
-/// A well-mixed 64-bit hash (splitmix64's finalizer), the same on every machine.
-fn hash(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// The permutation key of an epoch; independent of `--seed`, as the synthetic corpus is,
 /// so runs with different seeds see the same data order.
 fn epoch_key(epoch: u64) -> u64 {
-    hash(0x7031_d47a ^ hash(epoch))
+    mix(0x7031_d47a ^ mix(epoch))
 }
 
 /// Position `j`'s window in the order keyed by `key`: a permutation of `0..n`.
@@ -209,7 +203,7 @@ pub(crate) fn shuffled(j: u64, n: u64, key: u64) -> u64 {
     loop {
         let (mut left, mut right) = (x >> half, x & mask);
         for round in 0..4u64 {
-            let f = hash(key ^ (round << 60) ^ right) & mask;
+            let f = mix(key ^ (round << 60) ^ right) & mask;
             (left, right) = (right, left ^ f);
         }
         x = (left << half) | right;
