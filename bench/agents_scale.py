@@ -5,7 +5,11 @@ Forms one round of N, then takes one node out and times the survivors' re-form f
 `group formed` log lines: `--how kill` (SIGKILL: the lost lease expires after the TTL) or
 `--how term` (SIGTERM: the leaving agent revokes its lease). Prints one line per run:
 
-    agents=N how=kill form_s=... reform_s=... exited=0
+    agents=N how=kill form_s=... reform_s=... p50_s=... p99_s=... exited=0 fenced=0 writes=...
+
+`writes` is how far etcd's revision moved during the re-form (one per put, delete or
+transaction that changed something); `proposals` counts every raft proposal committed
+(lease grants and revokes, and transactions whose compare failed, too); `ranges` the reads.
 
 `exited` counts agents other than the lost one that ended (it must be 0); `fenced`, the
 survivors that fenced themselves because etcd answered their keep-alives too late (0 when
@@ -56,6 +60,32 @@ def formed(path, world):
     return [t for t in out if t]
 
 
+def metrics(port):
+    """etcd's own counters of what it did: raft proposals committed (every write, lease
+    grant and revoke, and every transaction, whether its compare held or not), puts,
+    deletes, ranges and the revision's height."""
+    import urllib.request
+    want = {"etcd_server_proposals_committed_total": "proposals", "etcd_mvcc_put_total": "puts",
+            "etcd_mvcc_delete_total": "deletes", "etcd_mvcc_range_total": "ranges",
+            "etcd_mvcc_txn_total": "txns", "etcd_debugging_mvcc_current_revision": "revision"}
+    out = dict.fromkeys(want.values(), 0.0)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            name, _, value = line.partition(" ")
+            if name in want:
+                out[want[name]] = float(value)
+    return out
+
+
+def rounds(path):
+    """How many `group formed` lines an agent's log has."""
+    try:
+        with open(path, errors="replace") as f:
+            return sum(1 for line in f if "group formed" in line)
+    except FileNotFoundError:
+        return 0
+
+
 def wait(what, cond, limit):
     end = time.time() + limit
     while not cond():
@@ -93,16 +123,35 @@ def run(a, tmp):
         form_s = max(formed(p, a.nodes)[0] for p in logs) - start
         time.sleep(2)
         victim = a.nodes - 1
+        before = metrics(port)
         t0 = time.time()
         agents[victim].send_signal(signal.SIGKILL if a.how == "kill" else signal.SIGTERM)
         survivors = [p for i, p in enumerate(logs) if i != victim]
         wait(f"the survivors' round of {a.nodes - 1}", lambda: all(formed(p, a.nodes - 1) for p in survivors),
              120 + 4 * a.ttl)
         reform_s = max(formed(p, a.nodes - 1)[0] for p in survivors) - t0
+        times = sorted(formed(p, a.nodes - 1)[0] - t0 for p in survivors)
+        p50, p99 = times[len(times) // 2], times[min(len(times) - 1, int(len(times) * 0.99))]
+        # The re-form's cost in etcd: what it did from the kill until one second after the
+        # last survivor formed (nothing else happens in a formed group but keep-alives).
+        time.sleep(1)
+        after = metrics(port)
+        cost = {k: int(after[k] - before[k]) for k in after}
+        settled = [rounds(p) for p in survivors]
+        if a.hold:
+            time.sleep(a.hold)
+        further = sum(rounds(p) - n for p, n in zip(survivors, settled))
         exited = sum(1 for i, p in enumerate(agents) if i != victim and p.poll() is not None)
-        fenced = sum(1 for p in survivors if "fencing" in open(p, errors="replace").read())
+        fence_lines = [line for p in survivors for line in open(p, errors="replace")
+                       if "fencing: stopping the workers" in line]
+        fenced = sum(1 for p in survivors if "fencing: stopping the workers" in open(p, errors="replace").read())
+        if fence_lines:
+            print(f"agents_scale: {len(fence_lines)} fences, the first: {fence_lines[0].strip()[:400]}", flush=True)
         print(f"agents={a.nodes} how={a.how} liveness={'on' if a.liveness else 'off'} form_s={form_s:.3f} "
-              f"reform_s={reform_s:.3f} exited={exited} fenced={fenced}", flush=True)
+              f"reform_s={reform_s:.3f} p50_s={p50:.3f} p99_s={p99:.3f} exited={exited} fenced={fenced} "
+              f"writes={cost['revision']} proposals={cost['proposals']} puts={cost['puts']} "
+              f"deletes={cost['deletes']} txns={cost['txns']} ranges={cost['ranges']} "
+              f"further_rounds={further} held_s={a.hold}", flush=True)
     finally:
         for p in agents:
             if p.poll() is None:
@@ -123,6 +172,9 @@ def main():
     ap.add_argument("--how", choices=["kill", "term"], default="kill")
     ap.add_argument("--ttl", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the agents' logs (the path is printed)")
+    ap.add_argument("--hold", type=int, default=0,
+                    help="after the re-form, watch this many seconds for further rounds (there must be none)")
     ap.add_argument("--no-liveness", dest="liveness", action="store_false",
                     help="no status ports: a SIGKILL is noticed by the lease alone")
     a = ap.parse_args()
@@ -131,7 +183,10 @@ def main():
         try:
             run(a, tmp)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if a.keep:
+                print(f"agents_scale: logs kept in {tmp}", flush=True)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ macro_rules! versioned {
     };
 }
 
-versioned!(Member => "member", Round => "round", Master => "master", Failure => "failure", Coordinator => "coordinator", Done => "done", Gone => "gone", HangReport => "hang report", Halt => "halt", Unhealthy => "unhealthy", Fault => "fault", Quarantine => "quarantine", Left => "left");
+versioned!(Member => "member", Round => "round", Roster => "roster", Master => "master", Failure => "failure", Coordinator => "coordinator", Done => "done", Gone => "gone", HangReport => "hang report", Halt => "halt", Unhealthy => "unhealthy", Fault => "fault", Quarantine => "quarantine", Left => "left");
 
 /// Decodes the value stored at `key`, refusing garbage and other schema versions.
 pub fn decode<T: Versioned>(key: &str, bytes: &[u8]) -> Result<T, RecordError> {

@@ -7,10 +7,11 @@
 //!   nodes are present; with at least `min`, seal once no node joined or left for
 //!   `last_call`.
 //! * A sealed round is re-formed when a member is lost, a worker failure was reported, or a
-//!   node is waiting while the round is below `max`. After a loss or a failure the new
-//!   round is sealed as soon as every surviving member is back (ready for a later round) —
-//!   no last call — or, for a survivor that never comes back, after `straggler_timeout`
-//!   without it. Growth is sealed at once with every survivor.
+//!   node is waiting while the round is below `max`. After a loss, or growth, the new round
+//!   is sealed at once with every survivor still registered (they write nothing: O(1)
+//!   writes per re-form). After a failure with no member lost it is sealed as soon as every
+//!   surviving member is back (ready for a later round) — no last call — or, for a
+//!   survivor that never comes back, after `straggler_timeout` without it.
 //! * Survivors keep their relative order; newcomers follow in join order; at most `max`.
 //! * A failure is charged to the restart budget only when the round lost no member: a
 //!   worker that fails because a peer died is the membership change, not a failure.
@@ -37,6 +38,10 @@ pub struct Current {
     pub restart_count: u32,
     /// A worker failure was reported for this round.
     pub failed: bool,
+    /// A member of this round was seen to go (the registration the round names, or a later
+    /// one), even if it has registered again since: the survivors that saw it write
+    /// nothing for the next round.
+    pub departed: bool,
 }
 
 /// Everything the decision depends on.
@@ -192,11 +197,13 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     let mut parts = why;
     let why = parts.join(", ");
 
-    // After a loss or a failure every survivor notices by itself and comes back; waiting
-    // for them keeps a dying peer's lease time to expire, so its death is not charged as a
-    // failure. Growth (or a member that left on its own) tells nobody else: seal at once
-    // with every survivor, and they stop their workers when they see the new round.
-    let wait_for_survivors = !lost.is_empty() || current.failed;
+    // After a failure every member says it stopped its workers before the next round is
+    // sealed: waiting for them keeps a dying peer's lease time to expire, so its death is
+    // not charged as a failure. After a loss (the failure too, once a loss is seen: it is
+    // not charged) or growth, survivors write nothing: the registrations still there are
+    // the proof they live, the round is sealed at once with every one of them, and they
+    // stop their workers when they see it. One write re-forms N nodes.
+    let wait_for_survivors = current.failed && lost.is_empty() && !current.departed;
     let back = |m: &str| !wait_for_survivors || present(m).is_some_and(|c| c.ready);
     let not_back: Vec<&String> = survivors.iter().copied().filter(|m| !back(m)).collect();
     let since = s.reform_since.unwrap_or(now);

@@ -90,10 +90,19 @@ pub(super) fn urls(opts: &EtcdOptions) -> Vec<String> {
         .collect()
 }
 
+/// How long an HTTP/2 ping may go unanswered before the connection counts as dead.
+const PING_PATIENCE: Duration = Duration::from_secs(10);
+
 pub(super) fn options(opts: &EtcdOptions) -> Result<ConnectOptions, RendezvousError> {
     let mut o = ConnectOptions::new()
         .with_connect_timeout(opts.connect_timeout)
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+        // A ping unanswered for 2 s said "connection dead" whenever etcd or this machine
+        // was merely busy (1,000 agents on two cores at a re-form): hundreds of agents
+        // dropped their connections at once and re-read the whole run, the load that made
+        // etcd slower still (issue 30). A dead connection costs nothing until a lease could
+        // expire, and the lease clock, not the connection, decides fencing; so it is given
+        // up only after a silence longer than any lease TTL in use.
+        .with_keep_alive(Duration::from_secs(2), PING_PATIENCE)
         .with_keep_alive_while_idle(true);
     if let Some((u, p)) = &opts.user {
         o = o.with_user(u.clone(), p.clone());

@@ -94,6 +94,11 @@ impl Coordinator {
             members: r.record.members.iter().map(|m| m.node_id.clone()).collect(),
             restart_count: r.record.restart_count,
             failed: v.failures.contains(&r.record.number),
+            departed: r.record.members.iter().any(|m| {
+                v.departed
+                    .get(&m.node_id)
+                    .is_some_and(|d| d.incarnation >= m.incarnation)
+            }),
         });
         let candidates: Vec<Candidate> = v
             .members
@@ -210,9 +215,16 @@ pub fn round_record(p: &Proposal, v: &View, reason: &str, now_ms: u64) -> v1::Ro
             .members
             .iter()
             .filter_map(|id| v.members.get(id).map(|m| m.record.clone()))
+            // What round a member last asked for says nothing once it is in this one, and
+            // a survivor that asked again must not make the round's delta name it.
+            .map(|m| v1::Member {
+                wants_round: 0,
+                ..m
+            })
             .collect(),
         restart_count: p.restart_count,
         reason: reason.to_owned(),
+        ..v1::Round::default()
     }
 }
 

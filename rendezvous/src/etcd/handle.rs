@@ -40,7 +40,19 @@ pub struct EtcdRendezvous {
     /// The highest restart count of a round handed to the loop (run or broken).
     pub(super) restarts_told: u32,
     /// Watches the held round's ring neighbour ([`liveness`]).
-    pub(super) watcher: Option<liveness::Watcher>,
+    pub(super) watcher: Option<Watching>,
+}
+
+/// The ring watcher and what it watches. A new round whose neighbour is the same
+/// registration keeps it: at 1,000 nodes a re-form changes one node's neighbour, and
+/// 999 streams torn down and opened again cost the re-form about half a second on two
+/// cores (issue 30), besides leaving every node unwatched while its new watcher settles.
+pub(super) struct Watching {
+    _watcher: liveness::Watcher,
+    /// Node, incarnation, lease and status address of the neighbour watched.
+    target: (String, u64, i64, String),
+    /// The round the watch serves now (a proof of death names it).
+    round: Arc<AtomicU64>,
 }
 
 impl Drop for EtcdRendezvous {
@@ -215,11 +227,27 @@ impl EtcdRendezvous {
     /// Starts watching `round`'s ring neighbour: proven gone, it is evicted at once.
     pub(super) fn watch_neighbour(&mut self, round: &v1::Round) {
         let me = self.cfg.node_id.clone();
-        let number = round.number;
-        self.watcher = liveness::neighbour(round, &me).map(|target| {
+        let Some(target) = liveness::neighbour(round, &me) else {
+            self.watcher = None;
+            return;
+        };
+        let key = (
+            target.node_id.clone(),
+            target.incarnation,
+            target.lease,
+            target.status_addr.clone(),
+        );
+        if let Some(w) = self.watcher.as_ref().filter(|w| w.target == key) {
+            w.round.store(round.number, Ordering::Relaxed);
+            return;
+        }
+        let serving = Arc::new(AtomicU64::new(round.number));
+        let number = serving.clone();
+        let watcher = {
             let commands = self.commands.clone();
             let view = self.view.clone();
             liveness::Watcher::start(me, target.clone(), move |node, lease, proof| {
+                let number = number.load(Ordering::Relaxed);
                 let liveness::Proof { reason, detect } = proof;
                 // A neighbour whose workers all succeeded exits when the job is done: its
                 // port closing is the end of the run, not a death.
@@ -245,6 +273,11 @@ impl EtcdRendezvous {
                     reply: None,
                 });
             })
+        };
+        self.watcher = Some(Watching {
+            _watcher: watcher,
+            target: key,
+            round: serving,
         });
     }
 

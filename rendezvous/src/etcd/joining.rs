@@ -183,3 +183,44 @@ pub fn hang_report(h: &v1::HangReport) -> crate::HangReport {
             .collect(),
     }
 }
+
+/// Whether this node's registration — incarnation `incarnation`, written and still in
+/// etcd — already makes it a member of round `wants`, so that asking for that round
+/// writes nothing: a re-form after a loss costs the coordinator's one round write, not
+/// one registration per survivor (1,000 of them at 1,000 nodes, issue 30).
+///
+/// It stands when the coordinator already sealed round `wants` (or a later one) with this
+/// incarnation in it, or when the round before `wants` names this incarnation and broke
+/// by a member's departure alone: the coordinator seals the survivors whose keys are still
+/// there without waiting for a word from them. It does not stand after a reported failure
+/// (the coordinator waits for every member of the failed round to say it stopped, so that
+/// a dying peer is not charged as a failure), when nobody holds the coordinator key (the
+/// registration also campaigns), when a health record of this node is there (a
+/// registration clears it), or when the round is intact (the node wants a new round for
+/// a reason of its own, which only its registration says).
+pub(crate) fn registration_stands(v: &View, me: &str, incarnation: u64, wants: u64) -> bool {
+    if v.coordinator.is_none() || v.unhealthy.contains_key(me) || v.halted().is_some() {
+        return false;
+    }
+    let Some(round) = v.round.as_ref().map(|r| &r.record) else {
+        return false;
+    };
+    let names_me = round
+        .members
+        .iter()
+        .any(|m| m.node_id == me && m.incarnation == incarnation);
+    if round.number >= wants || !names_me {
+        return names_me;
+    }
+    if round.number + 1 != wants || v.failures.contains(&round.number) {
+        return false;
+    }
+    let done = v.done.get(&round.number);
+    round.members.iter().any(|m| {
+        m.node_id != me
+            && v.departed
+                .get(&m.node_id)
+                .is_some_and(|d| d.incarnation >= m.incarnation)
+            && !done.is_some_and(|d| d.contains(&m.node_id))
+    })
+}

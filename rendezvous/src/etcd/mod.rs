@@ -37,6 +37,7 @@ pub mod left;
 pub mod liveness;
 mod probe;
 pub mod record;
+pub mod roster;
 pub(crate) mod session;
 #[cfg(test)]
 mod tests;

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! members/<node_id>                 Member       leased: present while the agent lives
-//! ctl/round                         Round        fenced on the revision of the round it replaces
+//! ctl/round                         Round        fenced on the revision of the round it replaces;
+//!                                                the difference from it when it can be
+//! roster                            Roster       the whole round, in the same transaction
 //! ctl/master                        Master       leased: where the round's workers meet
 //! ctl/coordinator                   Coordinator  leased, claimed if absent: the election key
 //! ctl/failures/<n>                  Failure      first word, unless halted: round n failed
@@ -132,6 +134,7 @@ const DECLARED: &[Declared] = {
     &[
         declare::<Member>(),
         declare::<Round>(),
+        declare::<Roster>(),
         declare::<Master>(),
         declare::<Coordinator>(),
         declare::<Failure>(),

@@ -53,6 +53,9 @@ pub struct View {
     /// went, and when it was seen. A later registration of the same node is not departed.
     pub departed: BTreeMap<String, Departed>,
     pub round: Option<RoundEntry>,
+    /// A round sealed as a delta of a round this view does not hold: the roster must be
+    /// read.
+    pub round_wanted: Option<u64>,
     pub master: Option<v1::Master>,
     pub failures: BTreeSet<u64>,
     /// Per round, the members whose workers all succeeded.
@@ -113,6 +116,7 @@ impl View {
             members: _,
             departed,
             round,
+            round_wanted,
             master,
             failures,
             done,
@@ -138,6 +142,7 @@ impl View {
             members: BTreeMap::new(),
             departed: departed.clone(),
             round: round.clone(),
+            round_wanted: *round_wanted,
             master: master.clone(),
             failures: failures.clone(),
             done: done.clone(),

@@ -25,6 +25,7 @@ fn current(members: &[&str], failed: bool) -> Current {
         members: members.iter().map(|s| s.to_string()).collect(),
         restart_count: 1,
         failed,
+        departed: false,
     }
 }
 
@@ -109,11 +110,78 @@ fn an_intact_round_stays() {
     );
 }
 
+/// A loss re-forms at once with every survivor still registered, whether or not it said
+/// anything since: survivors write nothing, so a re-form of N nodes is one write (issue 30:
+/// at 1,000 nodes, waiting for 999 registrations put etcd behind and the group collapsed).
 #[test]
-fn a_lost_member_reforms_as_soon_as_survivors_are_back_without_a_last_call() {
+fn a_lost_member_reforms_at_once_with_the_survivors_still_registered() {
     let t = Instant::now();
     let cur = current(&["b", "a", "c"], false);
-    // c is gone; a is still stopping its workers.
+    // c is gone; neither a nor b wrote anything since.
+    let c = [cand("a", 1, false), cand("b", 2, false)];
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
+    let (d, why) = decide(t, &s, &cfg(1, 3));
+    let SealDecision::Seal(p) = d else {
+        panic!("a loss must not wait for the survivors: {why}")
+    };
+    assert!(why.contains("lost c"), "{why}");
+    // Survivors keep their relative order (b before a), the number advances, and the
+    // failure budget is untouched.
+    assert_eq!(p.members, ["b", "a"]);
+    assert_eq!((p.number, p.restart_count), (5, 1));
+}
+
+/// A failure with a loss already seen is not charged, so nothing is gained by waiting for
+/// the survivors to say they stopped; and a survivor that judged the loss alone (before
+/// the failure report reached it) writes nothing, so waiting would cost it the straggler
+/// timeout.
+#[test]
+fn a_failure_beside_a_loss_does_not_wait_for_survivors() {
+    let t = Instant::now();
+    let cur = current(&["a", "b", "c"], true);
+    let c = [cand("a", 1, true), cand("b", 2, false)];
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
+    let p = seal(decide(t, &s, &cfg(1, 3)));
+    assert_eq!(
+        (p.members.clone(), p.restart_count),
+        (vec!["a".to_owned(), "b".to_owned()], 1)
+    );
+}
+
+/// A member that went and registered again (a new incarnation) is present by name, yet its
+/// departure was seen: survivors that judged the loss wrote nothing, so a failure then
+/// reported must not make the round wait for them (found by the simulator, seed 222: a
+/// cut node's failure report arrived after it rejoined, and the survivor waited for ever).
+#[test]
+fn a_failure_after_a_member_went_and_came_back_does_not_wait_for_survivors() {
+    let t = Instant::now();
+    let mut cur = current(&["a", "b"], true);
+    cur.departed = true;
+    let c = [cand("a", 1, false), cand("b", 2, true)];
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: Some(t),
+    };
+    let p = seal(decide(t, &s, &cfg(2, 3)));
+    assert_eq!(p.members, ["a", "b"]);
+}
+
+#[test]
+fn after_a_failure_the_round_waits_for_survivors_to_stop_their_workers() {
+    let t = Instant::now();
+    let cur = current(&["b", "a"], true);
     let c = [cand("a", 1, false), cand("b", 2, true)];
     let s = SealState {
         current: Some(&cur),
@@ -123,10 +191,7 @@ fn a_lost_member_reforms_as_soon_as_survivors_are_back_without_a_last_call() {
     };
     let (d, why) = decide(t, &s, &cfg(1, 3));
     assert!(matches!(d, SealDecision::Reforming { .. }), "{why}");
-    assert!(
-        why.contains("lost c") && why.contains("waiting for a"),
-        "{why}"
-    );
+    assert!(why.contains("waiting for a"), "{why}");
     let c = [cand("a", 1, true), cand("b", 2, true)];
     let s = SealState {
         current: Some(&cur),
@@ -135,16 +200,14 @@ fn a_lost_member_reforms_as_soon_as_survivors_are_back_without_a_last_call() {
         reform_since: Some(t),
     };
     let p = seal(decide(t, &s, &cfg(1, 3)));
-    // Survivors keep their relative order (b before a), the number advances, and the
-    // failure budget is untouched.
     assert_eq!(p.members, ["b", "a"]);
-    assert_eq!((p.number, p.restart_count), (5, 1));
+    assert_eq!((p.number, p.restart_count), (5, 2));
 }
 
 #[test]
 fn a_straggler_is_left_out_after_the_timeout() {
     let t = Instant::now();
-    let cur = current(&["a", "b", "c"], false);
+    let cur = current(&["a", "b"], true);
     let c = [cand("a", 1, true), cand("b", 2, false)];
     let s = SealState {
         current: Some(&cur),
@@ -352,6 +415,7 @@ fn reasons_name_a_few_nodes_and_count_the_rest() {
         members: members.clone(),
         restart_count: 0,
         failed: false,
+        departed: false,
     };
     // Every member is gone but the first: 999 lost.
     let candidates = vec![Candidate {

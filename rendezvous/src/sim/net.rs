@@ -133,7 +133,7 @@ impl World {
         let Ok(Answer::Txn { succeeded: true }) = answer else {
             return;
         };
-        let round_key = self.keys.key::<v1::Round>("");
+        let roster_key = self.keys.key::<v1::Roster>("");
         if self.trace.is_some() {
             let members = self.keys.members();
             for w in &spec.then {
@@ -155,8 +155,11 @@ impl World {
         }
         for w in &spec.then {
             if let Write::Put { key, value, .. } = w {
-                if *key == round_key {
-                    if let Ok(r) = v1::Round::decode(value.as_slice()) {
+                if *key == roster_key {
+                    if let Some(r) = v1::Roster::decode(value.as_slice())
+                        .ok()
+                        .and_then(|r| r.round)
+                    {
                         self.on_sealed(&r);
                     }
                 }

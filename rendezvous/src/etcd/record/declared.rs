@@ -7,6 +7,7 @@ use std::time::Instant;
 use fsdp_proto::{decode, v1};
 
 use super::{At, Mode, Place, Record};
+use crate::etcd::roster;
 use crate::etcd::view::{LeftEntry, MemberEntry, RoundEntry, View};
 use crate::ranks;
 
@@ -64,14 +65,24 @@ impl Record for v1::Round {
     const WRITING: &'static str = "sealing a round";
 
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
-        check_round(&self)?;
-        view.allowed.round(&self)?;
-        view.refused_round_rev = None;
-        view.round = Some(RoundEntry {
-            record: std::sync::Arc::new(self),
-            mod_rev: at.mod_rev,
-        });
-        Ok(())
+        let whole = if self.delta {
+            let held = view.round.as_ref();
+            if held.is_some_and(|h| h.record.number >= self.number) {
+                // Known already, from the roster written beside it.
+                return Ok(());
+            }
+            match held.filter(|h| h.record.number == self.base && h.mod_rev == self.base_rev) {
+                Some(h) => roster::apply(&h.record, &self)?,
+                None => {
+                    // Based on a round this view does not hold: the roster says it whole.
+                    view.round_wanted = Some(self.number);
+                    return Ok(());
+                }
+            }
+        } else {
+            self
+        };
+        set_round(view, whole, at)
     }
 
     // The forged round still holds the key: the next seal must replace it, fenced on its
@@ -82,7 +93,40 @@ impl Record for v1::Round {
 
     fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
         view.round = None;
+        view.round_wanted = None;
         view.refused_round_rev = None;
+    }
+}
+
+/// `r` (a whole round) as the view's round, at revision `at`.
+fn set_round(view: &mut View, r: v1::Round, at: At) -> Result<(), String> {
+    check_round(&r)?;
+    view.allowed.round(&r)?;
+    view.refused_round_rev = None;
+    if view.round_wanted.is_some_and(|n| n <= r.number) {
+        view.round_wanted = None;
+    }
+    view.round = Some(RoundEntry {
+        record: std::sync::Arc::new(r),
+        mod_rev: at.mod_rev,
+    });
+    Ok(())
+}
+
+impl Record for v1::Roster {
+    const PLACE: Place = Place::Fixed("roster");
+    const MODE: Mode = Mode::Own;
+    const WRITING: &'static str = "sealing a round";
+
+    /// Used only by a view that holds no round or waits for one it could not apply: any
+    /// other has the round from `ctl/round` (written in the same transaction).
+    fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
+        let r = self.round.ok_or("holds no round")?;
+        let wanted = view.round_wanted.is_some_and(|n| r.number >= n);
+        if view.round.is_none() || wanted {
+            set_round(view, r, at)?;
+        }
+        Ok(())
     }
 }
 

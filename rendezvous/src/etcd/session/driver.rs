@@ -413,6 +413,6 @@ pub async fn commit_round(
     lease: i64,
     record: &v1::Round,
 ) -> EtcdResult<bool> {
-    let spec = records::commit_round(keys, fence, lease, record);
+    let spec = records::commit_round(keys, fence, lease, record, None);
     Ok(client.txn(txn(spec)).await?.succeeded())
 }

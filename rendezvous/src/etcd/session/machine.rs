@@ -122,6 +122,9 @@ pub struct Machine {
     pub(super) lease: i64,
     /// The registration to write again whenever the lease is new.
     pub(super) member: Option<v1::Member>,
+    /// The lease and incarnation of the registration last written (etcd took it): while
+    /// they are the current ones and its key was not seen to go, it is still in etcd.
+    pub(super) written: Option<(i64, u64)>,
     /// This agent's registrations so far ([`v1::Member`]'s `incarnation`): a new lease, or
     /// a registration written again after its key was deleted, is the next one.
     pub(super) incarnation: u64,
@@ -197,6 +200,7 @@ impl Machine {
             view_changed: true,
             clock,
             member: None,
+            written: None,
             running: None,
             known_round: None,
             counters,

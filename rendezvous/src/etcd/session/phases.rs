@@ -45,6 +45,9 @@ impl Machine {
                 if self.apply(events) {
                     self.todo.push_back(Todo::Campaign);
                 }
+                if self.view.round_wanted.is_some() {
+                    self.todo.push_back(Todo::ReadRoster);
+                }
                 self.todo
                     .extend([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
             }

@@ -171,8 +171,25 @@ pub fn lease_holds(keys: &Keys, node: &str, lease: i64) -> TxnSpec {
 /// again at 1 there, so a commit decided before the loss and sent after it can find a
 /// round sealed since at the very revision it names. No lease outlives the data (and
 /// etcd does not give an ID twice), so the lease comparison refuses it.
-pub fn commit_round(keys: &Keys, fence: Option<i64>, lease: i64, record: &v1::Round) -> TxnSpec {
+///
+/// `ctl/round` gets the difference from `base` (the round replaced and its revision, which
+/// is the fence) where there is one, the whole round otherwise; `roster` always gets the
+/// whole round ([`crate::etcd::roster`]).
+pub fn commit_round(
+    keys: &Keys,
+    fence: Option<i64>,
+    lease: i64,
+    record: &v1::Round,
+    base: Option<(&v1::Round, i64)>,
+) -> TxnSpec {
     let key = keys.key::<v1::Round>("");
+    let delta = base
+        .filter(|(_, rev)| fence == Some(*rev))
+        .and_then(|(b, rev)| crate::etcd::roster::delta(b, rev, record));
+    let roster = v1::Roster {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        round: Some(record.clone()),
+    };
     let when = match fence {
         Some(rev) => Compare::ModRevision(key.clone(), rev),
         None => Compare::Absent(key.clone()),
@@ -184,7 +201,10 @@ pub fn commit_round(keys: &Keys, fence: Option<i64>, lease: i64, record: &v1::Ro
             // Never after a halt, even one this coordinator has not seen yet.
             Compare::Absent(keys.key::<v1::Halt>("")),
         ],
-        then: vec![put(key, record.encode_to_vec(), 0)],
+        then: vec![
+            put(key, delta.as_ref().unwrap_or(record).encode_to_vec(), 0),
+            put(keys.of(&roster), roster.encode_to_vec(), 0),
+        ],
         otherwise: Vec::new(),
     }
 }

@@ -60,6 +60,9 @@ impl Machine {
                 // Joining a round means the last one is over for this node.
                 self.running = None;
                 self.member = Some(self.member_record(*wants_round));
+                if self.registration_stands(*wants_round) {
+                    return self.served(s, Ok(()));
+                }
                 s.claiming = self.view.coordinator.is_none();
             }
             Command::Withdraw { .. } => {
@@ -86,6 +89,21 @@ impl Machine {
             _ => {}
         }
         self.next_op(s);
+    }
+
+    /// Whether asking for round `wants` needs no write: this node's registration is still
+    /// in etcd as written, and the coordinator seals it in without one
+    /// ([`registration_stands`](crate::etcd::joining::registration_stands)).
+    fn registration_stands(&self, wants: u64) -> bool {
+        let (me, incarnation) = (self.cfg.node_id.as_str(), self.incarnation);
+        let gone = self
+            .view
+            .departed
+            .get(me)
+            .is_some_and(|d| d.incarnation >= incarnation);
+        self.written == Some((self.lease, incarnation))
+            && !gone
+            && crate::etcd::joining::registration_stands(&self.view, me, incarnation, wants)
     }
 
     fn member_record(&self, wants_round: u64) -> v1::Member {
@@ -228,6 +246,9 @@ impl Machine {
             }
             (Stage::Write { .. }, Ok(answer)) => {
                 self.wrote();
+                if matches!(s.command, Command::Register { .. }) {
+                    self.written = Some((self.lease, self.incarnation));
+                }
                 let won = matches!(answer, Answer::Txn { succeeded: true });
                 if matches!(s.command, Command::Register { .. }) && s.claiming && won {
                     self.elected();

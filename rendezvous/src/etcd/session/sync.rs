@@ -52,6 +52,8 @@ pub enum Todo {
     RoleCheck,
     /// Members of our round not back after the outage grace are gone.
     CheckAbsent,
+    /// A round came as a delta of one this view does not hold: read it whole.
+    ReadRoster,
     KeepAlive,
     Resync(Resync),
 }
@@ -153,6 +155,16 @@ impl Machine {
                 },
                 None => return,
             },
+            Todo::ReadRoster => {
+                if self.view.round_wanted.is_none() {
+                    return;
+                }
+                Op::Range {
+                    key: keys.key::<fsdp_proto::v1::Roster>(""),
+                    prefix: false,
+                    keys_only: false,
+                }
+            }
             Todo::KeepAlive => Op::KeepAlive,
             Todo::Coordinate => return self.coordinate(),
             Todo::Drain => return self.drain(),
@@ -202,7 +214,10 @@ impl Machine {
             (Todo::CheckLease { resync }, Answer::TimeToLive { ttl }) => {
                 self.ensure_registered(resync, ttl)
             }
-            (Todo::Register, Answer::Txn { .. }) => self.wrote(),
+            (Todo::Register, Answer::Txn { .. }) => {
+                self.wrote();
+                self.written = Some((self.lease, self.incarnation));
+            }
             (Todo::Republish, Answer::Txn { succeeded }) => {
                 self.wrote();
                 if succeeded {
@@ -221,6 +236,7 @@ impl Machine {
             }
             (Todo::OpenWatches, Answer::Done) => self.clock.stream_closed(),
             (Todo::CheckAbsent, Answer::Range { kvs, .. }) => self.check_absent(&kvs),
+            (Todo::ReadRoster, Answer::Range { kvs, .. }) => self.read_roster(&kvs),
             (Todo::KeepAlive, Answer::Done) => {}
             (_, other) => self.unexpected(&other),
         }
@@ -341,6 +357,31 @@ impl Machine {
         }
     }
 
+    /// The whole round, for a view that could not apply a delta. A roster older than the
+    /// round wanted (a newer seal came between the event and the read, so the next event
+    /// brings its delta) leaves the view waiting; none at all means the run's keys are not
+    /// as any agent writes them: read everything again.
+    fn read_roster(&mut self, kvs: &[Kv]) {
+        let keys = self.cfg.keys.clone();
+        let v = self.view_mut();
+        for kv in kvs {
+            v.put(
+                &keys,
+                &kv.key,
+                &kv.value,
+                kv.create_rev,
+                kv.mod_rev,
+                kv.lease,
+            );
+        }
+        if kvs.is_empty() && self.view.round_wanted.is_some() {
+            tracing::warn!(
+                "a round came as a delta and no roster holds it whole; reading the run again"
+            );
+            self.resync_after_watching(Resync::Outage);
+        }
+    }
+
     fn drain(&mut self) {
         if let Some((id, command)) = self.pending.pop_front() {
             self.todo.push_front(Todo::Drain);
@@ -398,11 +439,13 @@ impl Machine {
             }
             SealDecision::Seal(p) => {
                 let record = round_record(&p, &self.view, &obs.reason, self.unix_ms());
+                let base = self.view.round.as_ref();
                 let txn = records::commit_round(
                     &self.cfg.keys,
                     obs.fence,
                     self.view.coordinator_lease,
                     &record,
+                    base.map(|b| (&*b.record, b.mod_rev)),
                 );
                 let then = Then::Commit {
                     number: p.number,

@@ -93,7 +93,21 @@ fn a_commit_is_fenced_on_the_round_it_replaces_and_the_coordinators_lease() {
             Compare::Absent(k.key::<v1::Halt>(""))
         ]
     );
-    let r = v1::Round::decode(put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
+    // The round key gets the difference from round 1 (b went, a came); the roster beside
+    // it, in the same transaction, the whole round.
+    let d = v1::Round::decode(put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
+    let me = v1::Member {
+        wants_round: 0,
+        ..me
+    };
+    assert!(d.delta && d.members.is_empty());
+    assert_eq!((d.base, d.base_rev, d.number), (1, 9, 2));
+    assert_eq!(
+        (d.removed.as_slice(), d.added.as_slice()),
+        (["b".to_owned()].as_slice(), [me.clone()].as_slice())
+    );
+    let roster = put_at(&spec.then, &k.key::<v1::Roster>("")).0;
+    let r = v1::Roster::decode(roster).unwrap().round.unwrap();
     assert_eq!(r.number, 2);
     assert_eq!(r.members, vec![me]);
 }

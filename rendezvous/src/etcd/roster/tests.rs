@@ -1,0 +1,76 @@
+use super::*;
+use prost::Message;
+
+fn member(id: &str, incarnation: u64) -> v1::Member {
+    v1::Member {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        node_id: id.into(),
+        addr: format!("{id}.local"),
+        local_world_size: 8,
+        status_addr: format!("{id}.local:29450"),
+        lease: 7_000 + incarnation as i64,
+        incarnation,
+        ..Default::default()
+    }
+}
+
+fn round(number: u64, ids: &[(&str, u64)]) -> v1::Round {
+    v1::Round {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        number,
+        members: ids.iter().map(|(id, i)| member(id, *i)).collect(),
+        restart_count: 2,
+        reason: format!("round {number}"),
+        charged_at_ms: vec![10, 20],
+        sealed_at_ms: 1_000 + number,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_loss_a_rejoin_and_growth_go_and_come_back_whole() {
+    let base = round(4, &[("b", 1), ("a", 1), ("c", 1), ("d", 1)]);
+    // c lost, d registered again (incarnation 2), e and f joined.
+    let full = round(5, &[("b", 1), ("a", 1), ("d", 2), ("e", 1), ("f", 1)]);
+    let d = delta(&base, 40, &full).expect("survivors first, in order");
+    assert!(d.delta && d.members.is_empty());
+    assert_eq!((d.base, d.base_rev), (4, 40));
+    assert_eq!(d.removed, ["c"]);
+    assert_eq!(d.updated, [member("d", 2)]);
+    assert_eq!(d.added, [member("e", 1), member("f", 1)]);
+    assert_eq!(apply(&base, &d).unwrap(), full);
+}
+
+/// The point of it: one lost node out of 1,000 is a record of a few bytes, not the whole
+/// round sent to every member.
+#[test]
+fn a_loss_at_a_thousand_nodes_is_a_few_bytes() {
+    let ids: Vec<String> = (0..1000).map(|i| format!("node-{i:04}-abcdef")).collect();
+    let all: Vec<(&str, u64)> = ids.iter().map(|id| (id.as_str(), 1)).collect();
+    let base = round(7, &all);
+    let mut rest = all.clone();
+    rest.remove(500);
+    let full = round(8, &rest);
+    let d = delta(&base, 99, &full).unwrap();
+    let (whole, small) = (full.encoded_len(), d.encoded_len());
+    assert!(whole > 50_000, "{whole}");
+    assert!(small < 200, "{small} bytes");
+    assert_eq!(apply(&base, &d).unwrap(), full);
+}
+
+#[test]
+fn a_round_that_reorders_the_survivors_is_written_whole() {
+    let base = round(1, &[("a", 1), ("b", 1)]);
+    assert_eq!(delta(&base, 3, &round(2, &[("b", 1), ("a", 1)])), None);
+    // A newcomer before a survivor: not the coordinator's order either.
+    assert_eq!(delta(&base, 3, &round(2, &[("x", 1), ("a", 1)])), None);
+}
+
+#[test]
+fn a_delta_naming_a_node_the_base_lacks_does_not_apply() {
+    let base = round(1, &[("a", 1), ("b", 1)]);
+    let mut d = delta(&base, 3, &round(2, &[("a", 1)])).unwrap();
+    d.removed = vec!["z".into()];
+    let e = apply(&base, &d).unwrap_err();
+    assert!(e.contains("node z"), "{e}");
+}
