@@ -108,7 +108,7 @@ def run(a, tmp):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
         # Each agent serves its status port on its own loopback port: its ring neighbour
         # watches it there (a SIGKILLed agent is evicted when the port refuses).
-        env.update(RUST_LOG="info", FSDP_STATUS_ADDR="127.0.0.1:0" if a.liveness else "off")
+        env.update(RUST_LOG=os.environ.get("RUST_LOG", "info"), FSDP_STATUS_ADDR="127.0.0.1:0" if a.liveness else "off")
         start = time.time()
         for i in range(a.nodes):
             log = os.path.join(tmp, f"agent{i}.log")
@@ -124,6 +124,10 @@ def run(a, tmp):
         time.sleep(2)
         victim = a.nodes - 1
         before = metrics(port)
+        if a.on_kill:
+            # A profiler, say, started just before the node goes (the command is the shell's).
+            subprocess.Popen(a.on_kill, shell=True)
+            time.sleep(0.5)
         t0 = time.time()
         agents[victim].send_signal(signal.SIGKILL if a.how == "kill" else signal.SIGTERM)
         survivors = [p for i, p in enumerate(logs) if i != victim]
@@ -172,6 +176,7 @@ def main():
     ap.add_argument("--how", choices=["kill", "term"], default="kill")
     ap.add_argument("--ttl", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--on-kill", help="a shell command started half a second before the node is taken out")
     ap.add_argument("--keep", action="store_true", help="keep the agents' logs (the path is printed)")
     ap.add_argument("--hold", type=int, default=0,
                     help="after the re-form, watch this many seconds for further rounds (there must be none)")

@@ -93,7 +93,13 @@ impl Reporter {
         self.board.round(round, coordinator);
         let members: Vec<String> = round.members.iter().map(|m| m.node_id.clone()).collect();
         if let Some(t) = self.broke_at {
-            if self.previous_members.iter().any(|m| !members.contains(m)) {
+            // A set, not a scan per member: O(N) per round, not O(N²) (issue 30).
+            let now: std::collections::HashSet<&str> = members.iter().map(String::as_str).collect();
+            if self
+                .previous_members
+                .iter()
+                .any(|m| !now.contains(m.as_str()))
+            {
                 self.board.observe_detect(t.elapsed());
             }
         }

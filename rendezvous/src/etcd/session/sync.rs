@@ -156,9 +156,13 @@ impl Machine {
                 None => return,
             },
             Todo::ReadRoster => {
-                if self.view.round_wanted.is_none() {
+                let Some(wanted) = self.view.round_wanted else {
                     return;
-                }
+                };
+                tracing::debug!(
+                    wanted,
+                    "a round came as a delta of one not held; reading the roster"
+                );
                 Op::Range {
                     key: keys.key::<fsdp_proto::v1::Roster>(""),
                     prefix: false,
