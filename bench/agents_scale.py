@@ -77,6 +77,31 @@ def metrics(port):
     return out
 
 
+def cpu_busy(seconds):
+    """The share of the machine's CPU time spent busy over the next `seconds` (/proc/stat)."""
+    def sample():
+        with open("/proc/stat") as f:
+            v = list(map(int, f.readline().split()[1:]))
+        return sum(v), v[3] + v[4]
+    (t0, i0), _ = sample(), time.sleep(seconds)
+    t1, i1 = sample()
+    return 1 - (i1 - i0) / max(1, t1 - t0)
+
+
+def cpu_ms(pids):
+    """CPU time (user + system, ms) the processes `pids` have used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass
+    return total * 1000 / tick
+
+
 def rounds(path):
     """How many `group formed` lines an agent's log has."""
     try:
@@ -122,8 +147,11 @@ def run(a, tmp):
         wait(f"a round of {a.nodes}", lambda: all(formed(p, a.nodes) for p in logs), 300)
         form_s = max(formed(p, a.nodes)[0] for p in logs) - start
         time.sleep(2)
+        # What a formed group costs while nothing happens (keep-alives, liveness streams).
+        idle = cpu_busy(a.idle) if a.idle else 0.0
         victim = a.nodes - 1
         before = metrics(port)
+        cpu_before = cpu_ms([p.pid for p in agents])
         if a.on_kill:
             # A profiler, say, started just before the node goes (the command is the shell's).
             subprocess.Popen(a.on_kill, shell=True)
@@ -140,6 +168,7 @@ def run(a, tmp):
         # last survivor formed (nothing else happens in a formed group but keep-alives).
         time.sleep(1)
         after = metrics(port)
+        agent_ms = (cpu_ms([p.pid for p in agents]) - cpu_before) / max(1, a.nodes - 1)
         cost = {k: int(after[k] - before[k]) for k in after}
         settled = [rounds(p) for p in survivors]
         if a.hold:
@@ -155,7 +184,8 @@ def run(a, tmp):
               f"reform_s={reform_s:.3f} p50_s={p50:.3f} p99_s={p99:.3f} exited={exited} fenced={fenced} "
               f"writes={cost['revision']} proposals={cost['proposals']} puts={cost['puts']} "
               f"deletes={cost['deletes']} txns={cost['txns']} ranges={cost['ranges']} "
-              f"further_rounds={further} held_s={a.hold}", flush=True)
+              f"further_rounds={further} held_s={a.hold} idle_busy={idle:.2f} "
+              f"agent_cpu_ms={agent_ms:.1f}", flush=True)
     finally:
         for p in agents:
             if p.poll() is None:
@@ -177,6 +207,8 @@ def main():
     ap.add_argument("--ttl", type=int, default=5)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--on-kill", help="a shell command started half a second before the node is taken out")
+    ap.add_argument("--idle", type=float, default=5,
+                    help="seconds over which the formed group's CPU load is sampled before the kill")
     ap.add_argument("--keep", action="store_true", help="keep the agents' logs (the path is printed)")
     ap.add_argument("--hold", type=int, default=0,
                     help="after the re-form, watch this many seconds for further rounds (there must be none)")

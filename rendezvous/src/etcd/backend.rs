@@ -1,6 +1,7 @@
 //! [`Rendezvous`] for [`EtcdRendezvous`]: the agent loop's calls, each a read of the view
 //! or a command to the session.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fsdp_proto::v1;
@@ -130,7 +131,7 @@ impl Rendezvous for EtcdRendezvous {
             return Ok(0);
         };
         let round = held.record.number;
-        let restarts = held.round.restart_count;
+        let restarts = held.restart_count;
         let failure = v1::Failure {
             schema: fsdp_proto::SCHEMA_VERSION,
             round,
@@ -345,8 +346,8 @@ impl EtcdRendezvous {
         });
         self.watch_neighbour(&record);
         self.held = Some(Held {
-            record,
-            round: round.clone(),
+            record: Arc::new(record),
+            restart_count: round.restart_count,
             since,
         });
         round
