@@ -339,14 +339,14 @@ impl EtcdRendezvous {
     }
 
     /// This node runs `record`: the session keeps it, the ring neighbour is watched.
-    fn hold(&mut self, record: v1::Round, round: Round, since: Instant) -> Round {
+    fn hold(&mut self, record: Arc<v1::Round>, round: Round, since: Instant) -> Round {
         self.restarts_told = self.restarts_told.max(round.restart_count);
         self.tell(Command::Running {
             round: record.clone(),
         });
         self.watch_neighbour(&record);
         self.held = Some(Held {
-            record: Arc::new(record),
+            record,
             restart_count: round.restart_count,
             since,
         });

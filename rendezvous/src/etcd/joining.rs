@@ -23,7 +23,8 @@ pub(crate) enum Step {
     PublishMaster {
         round: u64,
     },
-    Done(Box<(v1::Round, Round)>),
+    /// The round record is the view's own (shared): a member list is not copied per round.
+    Done(Box<(std::sync::Arc<v1::Round>, Round)>),
 }
 
 pub(crate) fn step(
@@ -92,7 +93,7 @@ pub(crate) fn step(
         u16::try_from(master.port).unwrap_or_default(),
     );
     let round = joined(rec, pos, at)?;
-    Ok(Step::Done(Box::new((v1::Round::clone(rec), round))))
+    Ok(Step::Done(Box::new((std::sync::Arc::clone(rec), round))))
 }
 
 /// Round `rec`, which names `me`, as this node would have run it had it not broken with

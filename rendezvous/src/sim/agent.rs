@@ -265,7 +265,7 @@ impl SimAgent {
                     return vec![self.ask(Command::Abandon { reason }, Asked::Plain)];
                 }
                 self.lp = Loop::Running {
-                    record: record.clone(),
+                    record: (*record).clone(),
                     since,
                 };
                 // Told, not asked (the handle does not wait for it).
@@ -276,7 +276,7 @@ impl SimAgent {
                         round: record.clone(),
                     },
                 );
-                vec![run, Did::Started(record)]
+                vec![run, Did::Started((*record).clone())]
             }
             Step::PublishMaster { round } => {
                 self.lp = Loop::Waiting {

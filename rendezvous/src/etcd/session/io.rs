@@ -151,7 +151,7 @@ pub enum Command {
     Write(Outgoing),
     /// This node runs `round`: put it back if etcd loses it, and after an outage wait
     /// for its members, not for strangers. Answered at once.
-    Running { round: v1::Round },
+    Running { round: std::sync::Arc<v1::Round> },
     /// This node's health check failed: withdraw its registration (and the coordinator
     /// role) and say why; it registers again when the check passes.
     Withdraw { record: v1::Unhealthy },

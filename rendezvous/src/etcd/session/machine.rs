@@ -129,7 +129,7 @@ pub struct Machine {
     /// a registration written again after its key was deleted, is the next one.
     pub(super) incarnation: u64,
     /// The round this agent runs.
-    pub(super) running: Option<v1::Round>,
+    pub(super) running: Option<std::sync::Arc<v1::Round>>,
     /// The newest round this agent has seen: put back when etcd comes back without any
     /// (its data lost), so that round numbers and the restart count go on.
     pub(super) known_round: Option<v1::Round>,

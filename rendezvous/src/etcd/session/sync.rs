@@ -261,7 +261,7 @@ impl Machine {
             }
         }
         let left = if voluntary {
-            left_between(&self.view, self.running.as_ref(), &fresh)
+            left_between(&self.view, self.running.as_deref(), &fresh)
         } else {
             Vec::new()
         };
@@ -333,7 +333,7 @@ impl Machine {
 
     /// The newest round this agent knows (the one it runs, or a later one it saw).
     fn round_to_put_back(&self) -> Option<&fsdp_proto::v1::Round> {
-        [self.running.as_ref(), self.known_round.as_ref()]
+        [self.running.as_deref(), self.known_round.as_ref()]
             .into_iter()
             .flatten()
             .max_by_key(|r| r.number)
