@@ -81,7 +81,7 @@ impl World {
                         Ok(Step::Done(done)) => {
                             let (record, _) = *done;
                             w.phases.insert(node, Phase::Running(record.number));
-                            w.held.insert(node, record.clone());
+                            w.held.insert(node, (*record).clone());
                             push(w, format!("{node} starts round {}", record.number));
                         }
                         Ok(Step::PublishMaster { round }) => {

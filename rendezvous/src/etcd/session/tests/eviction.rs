@@ -12,7 +12,7 @@ fn abandon_makes_the_next_sync_say_why_then_revoke_then_grant_then_read() {
     h.command(
         9,
         Command::Running {
-            round: round(3, &[("a", 1), ("b", 1)]),
+            round: std::sync::Arc::new(round(3, &[("a", 1), ("b", 1)])),
         },
     );
     let e = h.command(1, abandon());
@@ -181,7 +181,7 @@ fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
     h.command(
         2,
         Command::Running {
-            round: round(4, &[("a", 1), ("b", 1)]),
+            round: std::sync::Arc::new(round(4, &[("a", 1), ("b", 1)])),
         },
     );
     let e = h.command(3, depart(Departure::Left, crate::LeftKind::Left));
@@ -221,7 +221,7 @@ fn depart_after_finishing_sends_no_gone_record() {
     h.command(
         1,
         Command::Running {
-            round: round(4, &[("a", 1)]),
+            round: std::sync::Arc::new(round(4, &[("a", 1)])),
         },
     );
     let e = h.command(2, depart(Departure::Finished, crate::LeftKind::Finished));

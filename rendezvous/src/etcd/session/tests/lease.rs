@@ -82,7 +82,7 @@ fn a_lease_gone_after_safe_until_while_running_records_this_nodes_departure() {
     h.command(
         2,
         Command::Running {
-            round: round(1, &[("a", 1), ("b", 1)]),
+            round: std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)])),
         },
     );
     // Safe until t0 + 6 s: from then on etcd may have expired it.
@@ -104,7 +104,7 @@ fn a_lease_gone_before_safe_until_records_no_departure() {
     h.command(
         2,
         Command::Running {
-            round: round(1, &[("a", 1), ("b", 1)]),
+            round: std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)])),
         },
     );
     // etcd cannot have expired it yet: it lost its data, and nobody saw this node leave.

@@ -26,6 +26,7 @@ mod departures;
 mod eviction;
 mod lease;
 mod outage;
+mod reform;
 mod sync;
 
 pub(super) const TTL: Duration = Duration::from_secs(6);

@@ -73,7 +73,7 @@ fn running_and_abandon_are_served_while_disconnected_and_other_commands_wait() {
     let e = h.command(
         1,
         Command::Running {
-            round: round(2, &[("a", 1)]),
+            round: std::sync::Arc::new(round(2, &[("a", 1)])),
         },
     );
     replied_ok(&e, 1);
@@ -215,7 +215,7 @@ fn after_an_outage_the_grace_timer_reads_member_keys_and_departs_absent_round_me
     h.command(
         2,
         Command::Running {
-            round: mine.clone(),
+            round: std::sync::Arc::new(mine.clone()),
         },
     );
     h.disconnect();
@@ -281,7 +281,7 @@ fn a_running_round_missing_after_a_resync_is_republished() {
     h.command(
         2,
         Command::Running {
-            round: mine.clone(),
+            round: std::sync::Arc::new(mine.clone()),
         },
     );
     let e = h.step(Input::WatchEnded);
@@ -305,7 +305,7 @@ fn an_evicted_node_records_its_departure_and_registers_as_the_next_incarnation()
     h.command(
         2,
         Command::Running {
-            round: mine.clone(),
+            round: std::sync::Arc::new(mine.clone()),
         },
     );
     h.later(SECOND);

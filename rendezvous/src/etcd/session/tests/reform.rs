@@ -1,0 +1,149 @@
+//! A re-form's cost for a member that stays: after a loss it writes nothing (its
+//! registration stands); after a failure it says it stopped; a round sent as a delta of a
+//! round it does not hold makes it read the roster.
+
+use super::*;
+
+/// "a" (this machine, incarnation 1) registered and runs round 1 of b, a and c; b
+/// coordinates.
+fn running_round_one() -> Harness {
+    let r = round(1, &[("b", 1), ("a", 1), ("c", 1)]);
+    let mut h = Harness::synced_with(&[
+        round_kv(&r, 7),
+        member_kv(&member("b", 200, 1, 1), 3),
+        member_kv(&member("c", 300, 1, 1), 5),
+        coordinator_kv("b", 200),
+    ]);
+    h.register(1, 1, true);
+    h.command(
+        2,
+        Command::Running {
+            round: std::sync::Arc::new(r),
+        },
+    );
+    h
+}
+
+fn gone(id: &str, incarnation: u64) -> WatchEvent {
+    WatchEvent::Delete {
+        key: keys().key::<v1::Member>(id),
+        prev: Some(member(id, 300, incarnation, 1).encode_to_vec()),
+    }
+}
+
+#[test]
+fn a_survivor_of_a_loss_asks_for_the_next_round_without_a_write() {
+    let mut h = running_round_one();
+    no_op(&h.step(Input::Watched(vec![gone("c", 1)])));
+    let writes = h.writes.load(Ordering::Relaxed);
+    let e = h.command(3, Command::Register { wants_round: 2 });
+    no_op(&e);
+    replied_ok(&e, 3);
+    assert_eq!(h.writes.load(Ordering::Relaxed), writes, "no write");
+}
+
+/// After a failure the coordinator waits for every member to say it stopped its workers
+/// (so that a dying peer is not charged as a failure): the registration is written.
+#[test]
+fn a_survivor_of_a_failure_says_it_stopped() {
+    let mut h = running_round_one();
+    let failure = v1::Failure {
+        schema: SCHEMA_VERSION,
+        round: 1,
+        node_id: "c".into(),
+    };
+    let kv = Kv {
+        key: keys().of(&failure),
+        value: failure.encode_to_vec(),
+        create_rev: 9,
+        mod_rev: 9,
+        lease: 0,
+    };
+    no_op(&h.step(Input::Watched(vec![WatchEvent::Put(kv)])));
+    let e = h.command(3, Command::Register { wants_round: 2 });
+    let spec = txn(the_op(&e));
+    let m = v1::Member::decode(put_at(&spec.then, &keys().key::<v1::Member>("a")).0).unwrap();
+    assert_eq!(m.wants_round, 2);
+}
+
+/// An intact round that this node leaves for a reason of its own: only its registration
+/// tells the coordinator.
+#[test]
+fn a_node_that_wants_a_new_round_of_an_intact_one_writes() {
+    let mut h = running_round_one();
+    let e = h.command(3, Command::Register { wants_round: 2 });
+    assert!(matches!(the_op(&e), Op::Txn(_)));
+}
+
+/// A registration this node's lease no longer holds (its own key seen deleted) is not
+/// there to stand: it is written again.
+#[test]
+fn a_node_whose_key_went_writes_again() {
+    let mut h = running_round_one();
+    no_op(&h.step(Input::Watched(vec![gone("c", 1)])));
+    h.step(Input::Watched(vec![WatchEvent::Delete {
+        key: keys().key::<v1::Member>("a"),
+        prev: Some(member("a", LEASE, 1, 1).encode_to_vec()),
+    }]));
+    let e = h.command(3, Command::Register { wants_round: 2 });
+    assert!(matches!(the_op(&e), Op::Txn(_)));
+}
+
+fn delta_kv(d: &v1::Round, mod_rev: i64) -> Kv {
+    Kv {
+        key: keys().key::<v1::Round>(""),
+        value: d.encode_to_vec(),
+        create_rev: 1,
+        mod_rev,
+        lease: 0,
+    }
+}
+
+#[test]
+fn a_delta_of_the_held_round_is_applied_without_a_read() {
+    let mut h = running_round_one();
+    let base = round(1, &[("b", 1), ("a", 1), ("c", 1)]);
+    let next = round(2, &[("b", 1), ("a", 1)]);
+    let d = crate::etcd::roster::delta(&base, 7, &next).unwrap();
+    no_op(&h.step(Input::Watched(vec![WatchEvent::Put(delta_kv(&d, 12))])));
+    let r = h.m.view().round.clone().unwrap();
+    assert_eq!((r.record.as_ref(), r.mod_rev), (&next, 12));
+}
+
+#[test]
+fn a_delta_of_a_round_not_held_makes_the_member_read_the_roster() {
+    let mut h = running_round_one();
+    // Based on a round 1 at another revision (not the one this view holds).
+    let base = round(1, &[("b", 1), ("a", 1), ("c", 1)]);
+    let next = round(2, &[("b", 1), ("a", 1)]);
+    let d = crate::etcd::roster::delta(&base, 6, &next).unwrap();
+    let e = h.step(Input::Watched(vec![WatchEvent::Put(delta_kv(&d, 12))]));
+    let roster_key = keys().key::<v1::Roster>("");
+    assert_eq!(
+        the_op(&e),
+        Op::Range {
+            key: roster_key.clone(),
+            prefix: false,
+            keys_only: false
+        }
+    );
+    assert_eq!(h.m.view().round.as_ref().unwrap().record.number, 1);
+    let roster = v1::Roster {
+        schema: SCHEMA_VERSION,
+        round: Some(next.clone()),
+    };
+    let e = h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![Kv {
+            key: roster_key,
+            value: roster.encode_to_vec(),
+            create_rev: 1,
+            mod_rev: 12,
+            lease: 0,
+        }],
+    });
+    no_op(&e);
+    let r = h.m.view().round.clone().unwrap();
+    assert_eq!((r.record.as_ref(), r.mod_rev), (&next, 12));
+    assert_eq!(h.m.view().round_wanted, None);
+}
