@@ -16,7 +16,7 @@
 //! * A failure is charged to the restart budget only when the round lost no member: a
 //!   worker that fails because a peer died is the membership change, not a failure.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// A registered node as the coordinator sees it.
@@ -42,6 +42,10 @@ pub struct Current {
     /// one), even if it has registered again since: the survivors that saw it write
     /// nothing for the next round.
     pub departed: bool,
+    /// Members whose workers all succeeded in this round (they wrote `done`): gone, they
+    /// are not lost, they finished. Without this, a job's end (members leaving one by one)
+    /// sealed a round at each exit once survivors were no longer waited for.
+    pub finished: BTreeSet<String>,
 }
 
 /// Everything the decision depends on.
@@ -157,7 +161,7 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
     let lost: Vec<&String> = current
         .members
         .iter()
-        .filter(|m| present(m).is_none())
+        .filter(|m| present(m).is_none() && !current.finished.contains(*m))
         .collect();
     let in_round: HashSet<&str> = current.members.iter().map(String::as_str).collect();
     let waiting: Vec<&&Candidate> = by_join

@@ -78,6 +78,19 @@ fn rendezvous_benchmark_prints_its_summary_line() {
     );
     let last = stdout.lines().last().unwrap_or_default();
     assert!(last.starts_with("nodes=8 lose=leave reform_s="), "{last}");
+    // The survivors write nothing: the leaver's word and revoke, the round (with its
+    // roster) and the master, whatever the number of nodes (issue 30; it was one
+    // registration per survivor).
+    let writes: i64 = last
+        .rsplit_once("reform_etcd_writes=")
+        .expect("the re-form's writes")
+        .1
+        .parse()
+        .expect("a count");
+    assert!(
+        writes <= 6,
+        "{writes} etcd writes to re-form 7 of 8 nodes: {last}"
+    );
 }
 
 /// The whole benchmark suite at tiny sizes: every benchmark runs once, side by side with

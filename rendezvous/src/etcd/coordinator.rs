@@ -3,7 +3,7 @@
 //! calls [`Coordinator::observe`] on every change and at the instant it asked to be called
 //! back; the tests call it with hand-built views and chosen clocks.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use fsdp_proto::{SCHEMA_VERSION, v1};
@@ -94,6 +94,7 @@ impl Coordinator {
             members: r.record.members.iter().map(|m| m.node_id.clone()).collect(),
             restart_count: r.record.restart_count,
             failed: v.failures.contains(&r.record.number),
+            finished: v.done.get(&r.record.number).cloned().unwrap_or_default(),
             departed: r.record.members.iter().any(|m| {
                 v.departed
                     .get(&m.node_id)
@@ -129,9 +130,17 @@ impl Coordinator {
         }
         let mut held = None;
         self.proposed = None;
-        if matches!(decision, SealDecision::Seal(_)) {
+        if let SealDecision::Seal(p) = &decision {
             let basis = basis(v);
-            match self.pace.check(now, basis) {
+            // A round that only drops members is no loop: there are only so many to drop.
+            // Held, a job torn down node by node (every pod deleted at once) logged "sealed
+            // too fast" at each of its ends.
+            let pace = if only_drops(p, current.as_ref()) {
+                PaceDecision::Go
+            } else {
+                self.pace.check(now, basis)
+            };
+            match pace {
                 PaceDecision::Go => self.proposed = Some(basis),
                 PaceDecision::Hold { until, why } => {
                     decision = SealDecision::Reforming {
@@ -169,6 +178,17 @@ impl Coordinator {
             held,
         }
     }
+}
+
+/// Whether `p` keeps some of `current`'s members and adds nobody: a group shrinking.
+fn only_drops(p: &Proposal, current: Option<&Current>) -> bool {
+    let Some(c) = current else {
+        return false;
+    };
+    let before: HashSet<&str> = c.members.iter().map(String::as_str).collect();
+    p.members.len() < c.members.len()
+        && p.restart_count == c.restart_count
+        && p.members.iter().all(|m| before.contains(m.as_str()))
 }
 
 /// What a seal in view `v` rests on: every registration (node, incarnation, create

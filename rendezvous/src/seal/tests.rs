@@ -26,6 +26,7 @@ fn current(members: &[&str], failed: bool) -> Current {
         restart_count: 1,
         failed,
         departed: false,
+        finished: BTreeSet::new(),
     }
 }
 
@@ -416,6 +417,7 @@ fn reasons_name_a_few_nodes_and_count_the_rest() {
         restart_count: 0,
         failed: false,
         departed: false,
+        finished: BTreeSet::new(),
     };
     // Every member is gone but the first: 999 lost.
     let candidates = vec![Candidate {
@@ -439,4 +441,29 @@ fn reasons_name_a_few_nodes_and_count_the_rest() {
     assert!(matches!(d, SealDecision::Seal(_)), "{d:?}");
     assert!(reason.contains("and 994 more"), "{reason}");
     assert!(reason.len() < 200, "{} characters: {reason}", reason.len());
+}
+
+/// At a job's end members write `done` and leave one by one: the others are not re-formed
+/// without them (they finish too), whereas a member gone without `done` is lost.
+#[test]
+fn a_member_that_finished_and_left_is_not_lost() {
+    let t = Instant::now();
+    let mut cur = current(&["a", "b", "c"], false);
+    cur.finished = ["c".to_owned()].into();
+    let c = [cand("a", 1, false), cand("b", 2, false)];
+    let s = SealState {
+        current: Some(&cur),
+        candidates: &c,
+        quiet_since: t,
+        reform_since: None,
+    };
+    let (d, why) = decide(t, &s, &cfg(1, 3));
+    assert_eq!(d, SealDecision::Wait { recheck_at: None }, "{why}");
+    let mut lost = cur.clone();
+    lost.finished.clear();
+    let s = SealState {
+        current: Some(&lost),
+        ..s
+    };
+    assert_eq!(seal(decide(t, &s, &cfg(1, 3))).members, ["a", "b"]);
 }

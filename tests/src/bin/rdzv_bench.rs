@@ -85,20 +85,27 @@ fn main() {
         println!("per_node_writes={:.2}", writes as f64 / nodes as f64);
         println!("nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes}");
         if let Some(how) = lose {
-            let survivors = reform_after_loss(held, &how).await;
-            for mut n in survivors {
-                let _ = n
-                    .depart(fsdp_rendezvous::Departure::Finished, finished())
-                    .await;
-            }
+            let mut probe = conns[0].clone();
+            let survivors = reform_after_loss(held, &how, &mut probe).await;
+            leave_all(survivors).await;
             return;
         }
-        for (mut n, _) in held {
+        leave_all(held.into_iter().map(|(n, _)| n).collect()).await;
+    });
+}
+
+/// Every node leaves at once, as a job's pods do when it is deleted (one by one, each
+/// departure would be a loss the others re-form for).
+async fn leave_all(nodes: Vec<EtcdRendezvous>) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut n in nodes {
+        tasks.spawn(async move {
             let _ = n
                 .depart(fsdp_rendezvous::Departure::Finished, finished())
                 .await;
-        }
-    });
+        });
+    }
+    while tasks.join_next().await.is_some() {}
 }
 
 fn finished() -> fsdp_rendezvous::LeftReason {
@@ -110,7 +117,18 @@ fn finished() -> fsdp_rendezvous::LeftReason {
 async fn reform_after_loss(
     mut held: Vec<(EtcdRendezvous, fsdp_rendezvous::Round)>,
     how: &str,
+    etcd: &mut etcd_client::Client,
 ) -> Vec<EtcdRendezvous> {
+    // Every write that changes etcd moves its revision by one: the re-form's cost is how
+    // far it moved (the master's key included, written once the new round is held).
+    let revision = |c: &mut etcd_client::Client| {
+        let mut c = c.clone();
+        async move {
+            let r = c.get("/", None).await.expect("read etcd's revision");
+            r.header().map_or(0, |h| h.revision())
+        }
+    };
+    let before = revision(etcd).await;
     let nodes = held.len();
     // The round's last node: never the coordinator's first claim, a plain member.
     held.sort_by_key(|(_, r)| r.group_rank);
@@ -143,9 +161,8 @@ async fn reform_after_loss(
         );
         survivors.push(node);
     }
-    println!(
-        "nodes={nodes} lose={how} reform_s={:.3}",
-        start.elapsed().as_secs_f64()
-    );
+    let reform_s = start.elapsed().as_secs_f64();
+    let writes = revision(etcd).await - before;
+    println!("nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes}");
     survivors
 }
