@@ -101,9 +101,7 @@ impl Driver {
     }
 
     fn publish(&mut self) {
-        if let Some(v) = self.machine.changed_view() {
-            self.view.send_replace(v.for_handle());
-        }
+        publish(&mut self.machine, &self.view);
     }
 
     async fn carry_out(&mut self, effects: Vec<Effect>) {
@@ -121,9 +119,7 @@ impl Driver {
                                 answer = &mut exec => break answer,
                                 Some(sent) = self.proofs.1.recv() => {
                                     self.machine.step(Instant::now(), Input::NoLeader { sent });
-                                    if let Some(v) = self.machine.changed_view() {
-                                        self.view.send_replace(v.for_handle());
-                                    }
+                                    publish(&mut self.machine, &self.view);
                                 }
                             }
                         }
@@ -415,4 +411,18 @@ pub async fn commit_round(
 ) -> EtcdResult<bool> {
     let spec = records::commit_round(keys, fence, lease, record, None);
     Ok(client.txn(txn(spec)).await?.succeeded())
+}
+
+/// Hands the machine's view on to the handle when it changed.
+fn publish(machine: &mut Machine, view: &watch::Sender<View>) {
+    if let Some(v) = machine.changed_view() {
+        view.send_replace(v.for_handle());
+    } else if let Some(safe_until) = machine.lease_moved() {
+        // In place, waking nobody: a wait timed by the older moment wakes early and reads
+        // this one.
+        view.send_if_modified(|v| {
+            v.lease_safe_until = safe_until;
+            false
+        });
+    }
 }

@@ -28,8 +28,15 @@ impl Machine {
 
     pub(super) fn publish_lease(&mut self) {
         let safe_until = self.clock.safe_until();
-        if self.view.lease_safe_until != safe_until {
-            self.view_mut().lease_safe_until = safe_until;
+        let old = self.view.lease_safe_until;
+        if old == safe_until {
+            return;
+        }
+        self.view.lease_safe_until = safe_until;
+        if matches!((old, safe_until), (Some(o), Some(n)) if n > o) {
+            self.lease_moved = true;
+        } else {
+            self.view_changed = true;
         }
     }
 

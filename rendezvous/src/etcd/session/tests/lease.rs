@@ -45,7 +45,10 @@ fn an_answered_keep_alive_extends_lease_safe_until_from_when_it_was_sent() {
     h.at_ms(1_050);
     h.step(Input::LeaseAnswer(Some(6)));
     assert_eq!(h.m.view().lease_safe_until, Some(h.t0 + SECOND + TTL));
-    assert!(h.m.changed_view().is_some(), "the driver publishes it");
+    // Later: handed on in place, waking nobody.
+    assert!(h.m.changed_view().is_none());
+    assert_eq!(h.m.lease_moved(), Some(Some(h.t0 + SECOND + TTL)));
+    assert_eq!(h.m.lease_moved(), None, "once");
 }
 
 #[test]
