@@ -195,12 +195,12 @@ pub fn hang_report(h: &v1::HangReport) -> crate::HangReport {
 /// by a member's departure alone: the coordinator seals the survivors whose keys are still
 /// there without waiting for a word from them. It does not stand after a reported failure
 /// (the coordinator waits for every member of the failed round to say it stopped, so that
-/// a dying peer is not charged as a failure), when nobody holds the coordinator key (the
-/// registration also campaigns), when a health record of this node is there (a
-/// registration clears it), or when the round is intact (the node wants a new round for
-/// a reason of its own, which only its registration says).
+/// a dying peer is not charged as a failure), when a health record of this node is there
+/// (a registration clears it), or when the round is intact (the node wants a new round
+/// for a reason of its own, which only its registration says). A coordinator that went
+/// is claimed in turn by the session, not by every registration.
 pub(crate) fn registration_stands(v: &View, me: &str, incarnation: u64, wants: u64) -> bool {
-    if v.coordinator.is_none() || v.unhealthy.contains_key(me) || v.halted().is_some() {
+    if v.unhealthy.contains_key(me) || v.halted().is_some() {
         return false;
     }
     let Some(round) = v.round.as_ref().map(|r| &r.record) else {

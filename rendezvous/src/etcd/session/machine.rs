@@ -173,6 +173,9 @@ pub struct Machine {
     pub(super) grace_until: Option<Instant>,
     /// When the coordinator asked to look again.
     pub(super) recheck: Option<Instant>,
+    /// The coordinator key went and this node is not the first to claim it: when to claim
+    /// it if nobody has by then.
+    pub(super) campaign_at: Option<Instant>,
     pub(super) keep_alive_at: Option<Instant>,
     /// The revision of the last ranged read (the watches start after it).
     pub(super) read_rev: i64,
@@ -226,6 +229,7 @@ impl Machine {
             sent: now,
             grace_until: None,
             recheck: None,
+            campaign_at: None,
             keep_alive_at: None,
             read_rev: 0,
             watch_role: Role::Member,
@@ -318,6 +322,7 @@ impl Machine {
         match self.phase {
             Phase::Watching { .. } => [
                 self.keep_alive_at,
+                self.campaign_at,
                 self.recheck,
                 self.grace_until,
                 self.answer_due(),

@@ -9,6 +9,10 @@ use super::machine::{FIRST_RETRY, LAST_RETRY, Machine, Phase, Resync};
 use super::sync::Todo;
 use crate::RendezvousError;
 
+/// How long each member of the round waits after the one before it to claim a coordinator
+/// key that went.
+const CAMPAIGN_STEP: Duration = Duration::from_millis(200);
+
 impl Machine {
     pub(super) fn on_input(&mut self, input: Input) {
         match (self.phase, input) {
@@ -43,7 +47,7 @@ impl Machine {
         match input {
             Input::Watched(events) => {
                 if self.apply(events) {
-                    self.todo.push_back(Todo::Campaign);
+                    self.campaign_in_turn();
                 }
                 if self.view.round_wanted.is_some() {
                     self.todo.push_back(Todo::ReadRoster);
@@ -87,6 +91,39 @@ impl Machine {
         }
     }
 
+    /// The coordinator key went: the round's members not seen to go claim it in rank
+    /// order, the first at once and each next one [`CAMPAIGN_STEP`] later if nobody has
+    /// by then (the ones before it may be gone too); a node outside the round after a
+    /// lease TTL. A claim that finds the key taken writes nothing. Every member claiming at
+    /// once was a transaction per node each time the coordinator died: 999 at 1,000
+    /// nodes (issue 30).
+    fn campaign_in_turn(&mut self) {
+        let me = self.cfg.node_id.as_str();
+        let v = &self.view;
+        let turn = v.round.as_ref().and_then(|r| {
+            r.record
+                .members
+                .iter()
+                .filter(|m| {
+                    v.departed
+                        .get(&m.node_id)
+                        .is_none_or(|d| d.incarnation < m.incarnation)
+                })
+                .position(|m| m.node_id == me)
+        });
+        let wait = match (turn, v.round.is_some()) {
+            (Some(k), _) => CAMPAIGN_STEP.saturating_mul(k as u32).min(self.cfg.ttl),
+            // A fresh run: everyone registered claims.
+            (None, false) => Duration::ZERO,
+            (None, true) => self.cfg.ttl,
+        };
+        if wait.is_zero() {
+            self.todo.push_back(Todo::Campaign);
+        } else {
+            self.campaign_at = Some(self.now + wait);
+        }
+    }
+
     /// The timers that are due.
     pub(super) fn on_timer(&mut self) {
         let Phase::Watching { lease, .. } = self.phase else {
@@ -119,6 +156,10 @@ impl Machine {
         if self.grace_until.is_some_and(|at| at <= now) {
             self.grace_until = None;
             self.todo.extend([Todo::CheckAbsent, Todo::SayLost]);
+        }
+        if self.campaign_at.is_some_and(|at| at <= now) {
+            self.campaign_at = None;
+            self.todo.push_back(Todo::Campaign);
         }
         if self.recheck.is_some_and(|at| at <= now) {
             self.recheck = None;

@@ -147,3 +147,57 @@ fn a_delta_of_a_round_not_held_makes_the_member_read_the_roster() {
     assert_eq!((r.record.as_ref(), r.mod_rev), (&next, 12));
     assert_eq!(h.m.view().round_wanted, None);
 }
+
+fn coordinator_gone() -> WatchEvent {
+    WatchEvent::Delete {
+        key: keys().key::<v1::Coordinator>(""),
+        prev: None,
+    }
+}
+
+/// The coordinator b went with its registration: a, the round's first member left,
+/// claims the key at once.
+#[test]
+fn the_first_member_left_claims_a_coordinator_key_that_went_at_once() {
+    let mut h = running_round_one();
+    let gone_b = WatchEvent::Delete {
+        key: keys().key::<v1::Member>("b"),
+        prev: Some(member("b", 200, 1, 1).encode_to_vec()),
+    };
+    let e = h.step(Input::Watched(vec![coordinator_gone(), gone_b]));
+    let spec = txn(the_op(&e));
+    assert_eq!(
+        spec.when,
+        vec![Compare::Absent(keys().key::<v1::Coordinator>(""))]
+    );
+}
+
+/// b, before a in the round, is still there: a waits its turn, and claims only if the key
+/// is still free then (one transaction per coordinator loss, not one per node).
+#[test]
+fn a_later_member_claims_only_in_its_turn() {
+    let mut h = running_round_one();
+    let e = h.step(Input::Watched(vec![coordinator_gone()]));
+    no_op(&e);
+    let turn = h.now + std::time::Duration::from_millis(200);
+    assert!(h.m.deadline().is_some_and(|d| d <= turn));
+    h.now = turn;
+    let mut e = h.timer();
+    if the_op(&e) == Op::KeepAlive {
+        e = h.answer(Answer::Done);
+    }
+    assert!(matches!(the_op(&e), Op::Txn(_)), "{e:?}");
+    // Had b claimed first, the turn would have found the key taken and written nothing.
+    let mut h = running_round_one();
+    h.step(Input::Watched(vec![coordinator_gone()]));
+    h.step(Input::Watched(vec![WatchEvent::Put(coordinator_kv(
+        "b", 200,
+    ))]));
+    h.now = turn;
+    let e = h.timer();
+    if the_op(&e) == Op::KeepAlive {
+        no_op(&h.answer(Answer::Done));
+    } else {
+        no_op(&e);
+    }
+}
