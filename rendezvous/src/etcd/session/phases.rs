@@ -104,10 +104,12 @@ impl Machine {
             r.record
                 .members
                 .iter()
+                // This node lives, whatever became of the registration the round names.
                 .filter(|m| {
-                    v.departed
-                        .get(&m.node_id)
-                        .is_none_or(|d| d.incarnation < m.incarnation)
+                    m.node_id == me
+                        || v.departed
+                            .get(&m.node_id)
+                            .is_none_or(|d| d.incarnation < m.incarnation)
                 })
                 .position(|m| m.node_id == me)
         });
