@@ -73,12 +73,13 @@ fn without_incarnations_the_simulator_finds_the_frozen_agents_loop() {
     assert!(looped.seed < 1_000);
     let mut opts = Options::new(4);
     opts.switches = old;
-    // Seed 4 found it until issue 30's re-forms without re-registrations changed every
-    // trace; seed 29 is the first that finds it since.
-    let kept = run_seed(29, &opts);
+    // Seed 4 found it until issue 30's re-forms without re-registrations (and claims of
+    // the coordinator key in turn) changed every trace; seed 62 is the first that finds it
+    // since.
+    let kept = run_seed(62, &opts);
     let v = kept.violation.clone().unwrap_or_default();
     assert!(v.starts_with("livelock"), "{v}");
-    assert_eq!(run_seed(29, &Options::new(4)).violation, None, "fixed");
+    assert_eq!(run_seed(62, &Options::new(4)).violation, None, "fixed");
 }
 
 /// Issue 26's store restarted in place: lease ids from 1 again, and revokes that do not
@@ -104,12 +105,12 @@ fn with_the_old_store_the_simulator_finds_live_agents_evicted() {
     let mut opts = Options::new(4);
     opts.switches = old;
     // Seed 4 found it until issue 32's departure records added ops that change every
-    // trace, then seed 5 until issue 30's re-forms without re-registrations; seed 14 is
+    // trace, then seed 5 until issue 30's re-forms without re-registrations; seed 19 is
     // the first that finds it (as lease 1) since.
-    let kept = run_seed(14, &opts);
+    let kept = run_seed(19, &opts);
     let v = kept.violation.clone().unwrap_or_default();
     assert!(v.contains("fencing") && v.contains("lease 1 ended"), "{v}");
-    assert_eq!(run_seed(14, &Options::new(4)).violation, None, "fixed");
+    assert_eq!(run_seed(19, &Options::new(4)).violation, None, "fixed");
 }
 
 /// The checker can fail: agents that never fence themselves are caught within 1,000
