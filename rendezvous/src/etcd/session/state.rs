@@ -63,14 +63,7 @@ impl Machine {
         let v = self.view_mut();
         for ev in events {
             match ev {
-                WatchEvent::Put(kv) => v.put(
-                    &keys,
-                    &kv.key,
-                    &kv.value,
-                    kv.create_rev,
-                    kv.mod_rev,
-                    kv.lease,
-                ),
+                WatchEvent::Put(kv) => super::sync::put_kv(v, &keys, &kv),
                 WatchEvent::Delete { key, prev } => {
                     coordinator_gone |= key == coordinator;
                     v.delete(&keys, &key, now, prev.as_deref());

@@ -369,14 +369,7 @@ impl Machine {
         let keys = self.cfg.keys.clone();
         let v = self.view_mut();
         for kv in kvs {
-            v.put(
-                &keys,
-                &kv.key,
-                &kv.value,
-                kv.create_rev,
-                kv.mod_rev,
-                kv.lease,
-            );
+            put_kv(v, &keys, kv);
         }
         if kvs.is_empty() && self.view.round_wanted.is_some() {
             tracing::warn!(
@@ -470,14 +463,19 @@ fn fresh_view(m: &Machine, kvs: &[Kv]) -> View {
         ..View::default()
     };
     for kv in kvs {
-        fresh.put(
-            &m.cfg.keys,
-            &kv.key,
-            &kv.value,
-            kv.create_rev,
-            kv.mod_rev,
-            kv.lease,
-        );
+        put_kv(&mut fresh, &m.cfg.keys, kv);
     }
     fresh
+}
+
+/// Applies a stored key and value to `v`.
+pub(super) fn put_kv(v: &mut View, keys: &crate::etcd::keys::Keys, kv: &Kv) {
+    v.put(
+        keys,
+        &kv.key,
+        &kv.value,
+        kv.create_rev,
+        kv.mod_rev,
+        kv.lease,
+    );
 }
