@@ -418,12 +418,13 @@ pub trait JobRecords {
     /// How the loss of `node` from round `round` was noticed.
     fn detection(&self, node: &str, round: u64) -> Detection;
 
-    /// A worker of this node failed in the current round (`exit`, in words). Called the
-    /// moment the agent sees it, before it stops anything: the order of a round's reports
-    /// tells whose failure came first ([`JobRecords::first_fault`]).
-    async fn report_fault(&mut self, exit: String) -> Result<(), RendezvousError>;
+    /// A worker of this node failed in the current round (`exit`, in words), seen at
+    /// `exited_ms` (Unix ms). Called the moment the agent sees it, before it stops
+    /// anything: the reports tell whose failure came first ([`JobRecords::first_fault`]).
+    async fn report_fault(&mut self, exit: String, exited_ms: u64) -> Result<(), RendezvousError>;
 
-    /// The node whose worker failure in `round` was reported first, if any was.
+    /// The node whose worker failed first in `round`, if any did: the earliest exit seen,
+    /// then the first report.
     fn first_fault(&self, round: u64) -> Option<String>;
 
     /// Keeps `machine` out of the run until `until_ms` (Unix ms), for `reason`.
@@ -477,7 +478,7 @@ impl JobRecords for NoRecords {
         match *self {}
     }
 
-    async fn report_fault(&mut self, _exit: String) -> Result<(), RendezvousError> {
+    async fn report_fault(&mut self, _exit: String, _at: u64) -> Result<(), RendezvousError> {
         match *self {}
     }
 

@@ -418,7 +418,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             Shown::Stopping,
             format!("worker rank {} failed: {}", first.rank, first.exit),
         );
-        self.report_fault(&round, first.exit).await;
+        self.report_fault(&round, &first).await;
         let reached = self.reached();
         let verdict = decide::failed_here(&mut self.memory, &round, &first, reached, &self.rules);
         if let AfterFailure::Halt { exit_code, reason } = &verdict {

@@ -12,23 +12,31 @@ use fsdp_rendezvous::{JobRecords, Rendezvous, Round};
 use super::decide::{self, signalled};
 use super::driver::{Loop, interruptible};
 use super::{DEPART_PATIENCE, Phase};
-use crate::failure::WorkerExit;
+use crate::failure::Failure;
 
 /// How long reporting a fault may hold up stopping a failed group.
 const FAULT_PATIENCE: Duration = Duration::from_secs(1);
 
 impl<R: Rendezvous> Loop<'_, R> {
-    /// A worker of this node failed in `round`: say so before stopping anything (the
-    /// order of the reports is the attribution).
-    pub(super) async fn report_fault(&mut self, round: &Round, exit: WorkerExit) {
+    /// A worker of this node failed in `round`: say so, with when it was seen, before
+    /// stopping anything (the reports are the attribution).
+    pub(super) async fn report_fault(&mut self, round: &Round, first: &Failure) {
+        let exit = first.exit;
         if !decide::reports_fault(round, exit, &self.rules.failure) {
             return;
         }
         let Some(records) = self.rdzv.records() else {
             return;
         };
-        let said =
-            tokio::time::timeout(FAULT_PATIENCE, records.report_fault(exit.to_string())).await;
+        let exited_ms = first
+            .at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let said = tokio::time::timeout(
+            FAULT_PATIENCE,
+            records.report_fault(exit.to_string(), exited_ms),
+        )
+        .await;
         if !matches!(said, Ok(Ok(()))) {
             tracing::debug!("the fault report did not reach the rendezvous in time");
         }

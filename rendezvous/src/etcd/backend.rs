@@ -207,7 +207,7 @@ impl JobRecords for EtcdRendezvous {
         }
     }
 
-    async fn report_fault(&mut self, exit: String) -> Result<(), RendezvousError> {
+    async fn report_fault(&mut self, exit: String, exited_ms: u64) -> Result<(), RendezvousError> {
         let Some(held) = &self.held else {
             return Ok(());
         };
@@ -216,6 +216,7 @@ impl JobRecords for EtcdRendezvous {
             round: held.record.number,
             node_id: self.cfg.node_id.clone(),
             exit,
+            exited_ms,
         };
         self.write(&record).await
     }

@@ -41,6 +41,14 @@ pub struct LeftEntry {
     pub mod_rev: i64,
 }
 
+/// A worker fault report as the view keeps it: when its agent saw the exit, and the
+/// revision at which the report reached etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultSeen {
+    pub exited_ms: u64,
+    pub rev: i64,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct View {
     /// A watch is established and the view is current.
@@ -78,9 +86,9 @@ pub struct View {
     pub refused_round_rev: Option<i64>,
     /// How each lost member's loss was noticed, by node (the latest round's record).
     pub gone: BTreeMap<String, v1::Gone>,
-    /// Per round, the nodes that saw their own worker fail, with the revision of their
-    /// report (the first is the origin); the latest rounds only.
-    pub faults: BTreeMap<u64, BTreeMap<String, i64>>,
+    /// Per round, the nodes that saw their own worker fail, with when and the revision of
+    /// their report ([`View::first_fault`] finds the origin); the latest rounds only.
+    pub faults: BTreeMap<u64, BTreeMap<String, FaultSeen>>,
     /// Machines kept out of the run, by machine.
     pub quarantine: BTreeMap<String, v1::Quarantine>,
     /// Nodes whose health check fails, by node.
@@ -184,12 +192,17 @@ impl View {
             .is_some_and(|r| self.unfinished(&r.record).is_empty())
     }
 
-    /// The node whose fault report for `round` reached etcd first.
+    /// The node whose worker failed first in `round`: the earliest exit its agent saw,
+    /// then the report that reached etcd first. A secondary failure (a collective cut by
+    /// the first one's exit) can reach etcd first when the first node's agent is busy;
+    /// it cannot have exited first. Reports without a time (older agents) are ordered by
+    /// revision alone.
     pub fn first_fault(&self, round: u64) -> Option<String> {
-        self.faults
-            .get(&round)?
+        let reports = self.faults.get(&round)?;
+        let timed = reports.values().all(|f| f.exited_ms > 0);
+        reports
             .iter()
-            .min_by_key(|(node, rev)| (**rev, (*node).clone()))
+            .min_by_key(|(node, f)| (if timed { f.exited_ms } else { 0 }, f.rev, *node))
             .map(|(node, _)| node.clone())
     }
 

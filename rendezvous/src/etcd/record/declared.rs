@@ -295,9 +295,13 @@ impl Record for v1::Fault {
     }
 
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
-        // The revision orders the reports: the first is the origin of the failure.
         let round = view.faults.entry(self.round).or_default();
-        round.entry(self.node_id).or_insert(at.mod_rev);
+        round
+            .entry(self.node_id)
+            .or_insert(crate::etcd::view::FaultSeen {
+                exited_ms: self.exited_ms,
+                rev: at.mod_rev,
+            });
         while view.faults.len() > FAULT_ROUNDS_KEPT {
             view.faults.pop_first();
         }

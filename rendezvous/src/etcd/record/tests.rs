@@ -435,3 +435,36 @@ fn a_forged_departure_is_refused_and_none_reaches_the_handle() {
         "the loop decides nothing from them"
     );
 }
+
+/// The loaded suite's finding: node a's worker failed first, but a busy agent wrote its
+/// report after b's — whose worker failed only because a's cut its collective. The exit
+/// times decide, not the order of arrival; reports without one fall back to that order.
+#[test]
+fn the_first_fault_is_the_earliest_exit_not_the_first_report() {
+    let k = keys();
+    let report = |v: &mut View, node: &str, exited_ms: u64, rev: i64| {
+        let fault = v1::Fault {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round: 4,
+            node_id: node.into(),
+            exit: "exit code 1".into(),
+            exited_ms,
+        };
+        let at = At {
+            create_rev: rev,
+            mod_rev: rev,
+            lease: 0,
+        };
+        put(v, &k, &k.of(&fault), &fault.encode_to_vec(), at);
+    };
+    let mut v = View::default();
+    report(&mut v, "b", 1_700_000_000_250, 10);
+    report(&mut v, "a", 1_700_000_000_100, 11);
+    assert_eq!(v.first_fault(4).as_deref(), Some("a"));
+    assert_eq!(v.first_fault(5), None);
+
+    let mut old = View::default();
+    report(&mut old, "b", 1_700_000_000_250, 10);
+    report(&mut old, "a", 0, 11);
+    assert_eq!(old.first_fault(4).as_deref(), Some("b"));
+}
