@@ -10,6 +10,7 @@
 //! holding the next round.
 //!
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
+//! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,13 @@ fn main() {
     // One HTTP/2 connection carries many nodes' streams, as separate hosts would not;
     // a few connections keep one slow stream from holding up everyone.
     let clients = clients.unwrap_or(nodes.div_ceil(100)).max(1);
+    // RUST_LOG=fsdp_rendezvous=info shows what the nodes' sessions do (off by default).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -58,7 +58,7 @@ impl Machine {
     /// As coordinator, outside an outage's grace: the next member of the round gone
     /// without a word gets one ("lost"), or the oldest records beyond those kept go.
     pub(super) fn say_lost(&mut self) {
-        if self.role() != Role::Coordinator || self.grace_until.is_some() {
+        if self.role() != Role::Coordinator || self.grace_until.is_some() || self.control_only {
             return;
         }
         self.forget_dealt();

@@ -179,6 +179,12 @@ pub struct Machine {
     pub(super) keep_alive_at: Option<Instant>,
     /// The revision of the last ranged read (the watches start after it).
     pub(super) read_rev: i64,
+    /// The view was read from the control keys alone (a joining member's first sync):
+    /// it holds no registrations, so it cannot seal or judge who vanished until a whole
+    /// read (the role change that makes this node coordinator brings one).
+    pub(super) control_only: bool,
+    /// This sync must read the whole run even if it is the first.
+    pub(super) whole_read: bool,
     /// The role and lease the watches being opened are for.
     pub(super) watch_role: Role,
     pub(super) watch_lease: i64,
@@ -232,6 +238,8 @@ impl Machine {
             campaign_at: None,
             keep_alive_at: None,
             read_rev: 0,
+            control_only: false,
+            whole_read: false,
             watch_role: Role::Member,
             watch_lease: 0,
         }

@@ -107,7 +107,14 @@ impl Machine {
                 ttl: self.cfg.ttl.as_secs().max(1) as i64,
             },
             Todo::Read => Op::Range {
-                key: keys.root().to_owned(),
+                // A joining member reads what it watches: the control keys. The whole run
+                // holds every registration so far, and N joiners each reading it was
+                // O(N²) bytes from etcd at formation (10,000 nodes: gigabytes; issue 30).
+                key: if self.first_read() {
+                    keys.ctl()
+                } else {
+                    keys.root().to_owned()
+                },
                 prefix: true,
                 keys_only: false,
             },
@@ -210,9 +217,24 @@ impl Machine {
             }
             (Todo::Grant, Answer::Granted { id }) => self.lease_renewed(id),
             (Todo::Read, Answer::Range { revision, kvs }) => {
+                let control_only = self.first_read();
+                let fresh = fresh_view(self, &kvs);
+                if control_only && fresh.coordinator.as_deref() == Some(&*self.cfg.node_id) {
+                    // An earlier run of this node still holds the role: a coordinator
+                    // needs every registration.
+                    self.whole_read = true;
+                    self.todo.push_front(Todo::Read);
+                    return;
+                }
                 self.read_rev = revision;
+                self.control_only = control_only;
                 let voluntary = matches!(self.phase, Phase::Syncing(Resync::RoleChanged { .. }));
-                self.install(fresh_view(self, &kvs), voluntary);
+                self.install(fresh, voluntary);
+                if control_only && self.view.round_wanted.is_some() {
+                    // The round key holds a difference: the whole round is at the roster,
+                    // outside the control keys.
+                    self.todo.push_front(Todo::ReadRoster);
+                }
             }
             (Todo::CountMembers, Answer::MemberCount(n)) => self.single_member = n == 1,
             (Todo::CheckLease { resync }, Answer::TimeToLive { ttl }) => {
@@ -407,9 +429,14 @@ impl Machine {
         }
     }
 
+    /// The read of this sync takes the control keys alone: a joining member's first.
+    fn first_read(&self) -> bool {
+        matches!(self.phase, Phase::Syncing(Resync::First)) && !self.whole_read
+    }
+
     /// As coordinator: observe the view, and commit a round if the rule says so.
     fn coordinate(&mut self) {
-        if self.role() != Role::Coordinator {
+        if self.role() != Role::Coordinator || self.control_only {
             self.recheck = None;
             return;
         }

@@ -194,6 +194,15 @@ pub(super) fn round_kv(r: &v1::Round, mod_rev: i64) -> Kv {
     }
 }
 
+/// A joining member's first read: the control keys alone.
+pub(super) fn read_ctl() -> Op {
+    Op::Range {
+        key: keys().ctl(),
+        prefix: true,
+        keys_only: false,
+    }
+}
+
 pub(super) fn read_root() -> Op {
     Op::Range {
         key: keys().root().to_owned(),
@@ -371,10 +380,16 @@ impl Harness {
             let answer = match op {
                 Op::PickEndpoint | Op::Watch { .. } => Answer::Done,
                 Op::Range {
-                    keys_only: false, ..
-                } if *op == read_root() => Answer::Range {
+                    key,
+                    prefix: true,
+                    keys_only: false,
+                } if *op == read_root() || *op == read_ctl() => Answer::Range {
                     revision: REV,
-                    kvs: kvs.to_vec(),
+                    kvs: kvs
+                        .iter()
+                        .filter(|kv| kv.key.starts_with(key.as_str()))
+                        .cloned()
+                        .collect(),
                 },
                 Op::MemberCount => Answer::MemberCount(1),
                 Op::TimeToLive { .. } => Answer::TimeToLive { ttl: 6 },

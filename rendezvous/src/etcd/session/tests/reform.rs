@@ -201,3 +201,44 @@ fn a_later_member_claims_only_in_its_turn() {
         no_op(&e);
     }
 }
+
+/// A node joining a run whose round key holds a difference: its control-only first read
+/// cannot hold the round, so the roster (outside the control keys) is read next, before
+/// the watches open.
+#[test]
+fn a_first_sync_that_finds_a_delta_reads_the_roster_before_watching() {
+    let base = round(1, &[("b", 1), ("c", 1)]);
+    let next = round(2, &[("b", 1)]);
+    let d = crate::etcd::roster::delta(&base, 6, &next).unwrap();
+    let mut h = Harness::new();
+    let e = h.m.start(h.now);
+    let (ops, e) = h.sync_through(e, &[delta_kv(&d, 9)]);
+    assert_eq!(ops, vec![read_ctl()]);
+    assert_eq!(h.m.view().round_wanted, Some(2));
+    let roster_key = keys().key::<v1::Roster>("");
+    assert_eq!(
+        the_op(&e),
+        Op::Range {
+            key: roster_key.clone(),
+            prefix: false,
+            keys_only: false
+        }
+    );
+    let roster = v1::Roster {
+        schema: SCHEMA_VERSION,
+        round: Some(next.clone()),
+    };
+    let e = h.answer(Answer::Range {
+        revision: REV,
+        kvs: vec![Kv {
+            key: roster_key,
+            value: roster.encode_to_vec(),
+            create_rev: 1,
+            mod_rev: 9,
+            lease: 0,
+        }],
+    });
+    let (ops, _) = h.sync_through(e, &[]);
+    assert!(matches!(ops.last(), Some(Op::Watch { from, .. }) if *from == REV + 1));
+    assert_eq!(h.m.view().round.as_ref().unwrap().record.as_ref(), &next);
+}

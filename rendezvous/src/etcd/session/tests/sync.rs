@@ -15,7 +15,8 @@ fn the_first_sync_reads_counts_members_checks_the_lease_and_watches_from_the_nex
     assert_eq!(
         ops,
         vec![
-            read_root(),
+            // A joining member reads the control keys, not every registration (issue 30).
+            read_ctl(),
             Op::MemberCount,
             Op::TimeToLive { lease: LEASE },
             Op::Watch {
@@ -34,6 +35,41 @@ fn the_first_sync_reads_counts_members_checks_the_lease_and_watches_from_the_nex
             lease: LEASE
         }
     );
+}
+
+/// The coordinator key names this node (an earlier run of it, its lease not expired
+/// yet): a coordinator seals from every registration, so the control-only read is
+/// followed by a whole one, and the watches open for the coordinator.
+#[test]
+fn a_first_sync_that_finds_itself_coordinator_reads_the_whole_run() {
+    let other = member("b", 200, 1, 0);
+    let kvs = [coordinator_kv("a", 99), member_kv(&other, 5)];
+    let mut h = Harness::new();
+    let e = h.m.start(h.now);
+    let (ops, _) = h.sync_through(e, &kvs);
+    assert_eq!(ops[..2], [read_ctl(), read_root()]);
+    assert!(matches!(
+        ops.last(),
+        Some(Op::Watch {
+            role: Role::Coordinator,
+            ..
+        })
+    ));
+    assert!(h.m.view().members.contains_key("b"));
+}
+
+/// A member's view read from the control keys holds no registrations: were it to seal
+/// (or call the round's members lost) before the whole read its role change brings, it
+/// would seal without the others. The claim won on registration resyncs first.
+#[test]
+fn a_claim_won_on_a_control_only_view_reads_the_whole_run_before_anything_else() {
+    let mut h = Harness::synced();
+    assert!(h.m.view().members.is_empty());
+    h.command(1, Command::Register { wants_round: 0 });
+    let e = h.answer(Answer::Txn { succeeded: true });
+    // Straight to the whole read: no round committed from the view without registrations.
+    assert!(!etcd_ops(&e).iter().any(|op| matches!(op, Op::Txn(_))));
+    assert_eq!(etcd_ops(&e), vec![read_root()]);
 }
 
 #[test]
