@@ -169,6 +169,26 @@ pub fn transient(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// Whether etcd answered that it is too busy for the request, on a connection that
+/// works: a proposal or a linearizable read that timed out inside the server ("request
+/// timed out", "waiting for the applied index took too long"), or its request limiter
+/// ("too many requests"). The gRPC code (Unavailable, ResourceExhausted) is shared with a
+/// connection that failed, so etcd's own error descriptions decide, as etcd's Go client
+/// decides them (its rpctypes match the same descriptions). Such an answer is no reason
+/// to drop the watches and read the run again: that is load added exactly when etcd is
+/// slowest (the collapse of issue 30); the request is sent again later instead.
+pub fn overloaded(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    let said = s.message();
+    // The limiter's answer reaches etcd-client with the code Unknown (seen at 4,000
+    // joining nodes), not ResourceExhausted: its description alone decides.
+    said == "etcdserver: too many requests"
+        || (s.code() == Code::Unavailable && said.starts_with("etcdserver: request timed out"))
+}
+
 /// A TLS handshake that failed on its content (a certificate refused by either side, or
 /// TLS spoken to a plaintext server): rustls reports it as an `InvalidData` I/O error
 /// somewhere down the error's source chain.

@@ -11,6 +11,30 @@ use super::etcd::{cut, prefix_end};
 use super::world::{Ev, World};
 use crate::etcd::session::{Answer, Input, Op, Role, WatchEvent, Write};
 
+/// etcd's answer to a request it gave up on while overloaded.
+fn timed_out() -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: request timed out"))
+}
+
+/// A request etcd answers on its own (not a stream, not the connection's).
+fn is_request(op: &Op) -> bool {
+    !matches!(op, Op::Watch { .. } | Op::KeepAlive | Op::PickEndpoint)
+}
+
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Range { .. } => "range",
+        Op::Txn(_) => "txn",
+        Op::Put(_) => "put",
+        Op::Grant { .. } => "grant",
+        Op::Revoke { .. } => "revoke",
+        Op::TimeToLive { .. } => "time-to-live",
+        Op::MemberCount => "member count",
+        Op::Depart { .. } => "departure",
+        Op::Watch { .. } | Op::KeepAlive | Op::PickEndpoint => "stream op",
+    }
+}
+
 impl World {
     /// An op reaches etcd: carried out if it gets through, answered after the way back.
     pub fn arrive(&mut self, a: usize, process: u64, op: Op) {
@@ -40,6 +64,24 @@ impl World {
                     input: Input::Answer(Err(cut())),
                 },
             );
+        } else if self.agents[a].slow && is_request(&op) && self.rng.chance(30) {
+            // A slow etcd answers "request timed out" to some requests, having applied
+            // some of them anyway (the proposal committed after the server gave up
+            // waiting): the session sends the same op again.
+            self.expire();
+            let applied = self.rng.chance(50);
+            if applied {
+                let answer = self.etcd.execute(&op, now);
+                self.after_write(&op, &answer);
+                self.broadcast();
+            }
+            self.note(|| {
+                format!(
+                    "etcd: n{a}'s {} timed out (applied: {applied})",
+                    op_name(&op)
+                )
+            });
+            Err(timed_out())
         } else {
             self.expire();
             if let Op::Watch { role, from, lease } = &op {

@@ -74,12 +74,12 @@ fn without_incarnations_the_simulator_finds_the_frozen_agents_loop() {
     let mut opts = Options::new(4);
     opts.switches = old;
     // Seed 4 found it until issue 30's re-forms without re-registrations (and claims of
-    // the coordinator key in turn) changed every trace; seed 62 is the first that finds it
-    // since.
-    let kept = run_seed(62, &opts);
+    // the coordinator key in turn) changed every trace, then seed 62 until overloaded
+    // answers joined the simulation; seed 81 is the first that finds it since.
+    let kept = run_seed(81, &opts);
     let v = kept.violation.clone().unwrap_or_default();
     assert!(v.starts_with("livelock"), "{v}");
-    assert_eq!(run_seed(62, &Options::new(4)).violation, None, "fixed");
+    assert_eq!(run_seed(81, &Options::new(4)).violation, None, "fixed");
 }
 
 /// Issue 26's store restarted in place: lease ids from 1 again, and revokes that do not
@@ -143,7 +143,8 @@ fn a_broken_fence_is_caught_within_a_thousand_seeds_and_shrinks() {
 fn the_seeds_that_found_bugs_pass() {
     let opts = Options::new(4);
     for seed in [
-        1, 3, 6, 19, 28, 42, 45, 49, 51, 53, 96, 222, 331, 574, 988, 1238, 1957, 4622, 5713,
+        1, 3, 6, 19, 28, 42, 45, 49, 51, 53, 96, 222, 269, 275, 331, 574, 988, 1238, 1957, 4622,
+        5713,
     ] {
         let r = run_seed(seed, &opts);
         assert_eq!(

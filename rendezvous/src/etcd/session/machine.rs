@@ -13,6 +13,7 @@ use super::io::{Answer, Command, CommandId, Effect, Input, Op, Role};
 use super::serve::Serving;
 use super::sync::Todo;
 use crate::Counters;
+use crate::etcd::connect::overloaded;
 use crate::etcd::coordinator::Coordinator;
 use crate::etcd::keys::Keys;
 use crate::etcd::left;
@@ -185,6 +186,15 @@ pub struct Machine {
     pub(super) control_only: bool,
     /// This sync must read the whole run even if it is the first.
     pub(super) whole_read: bool,
+    /// The op in flight, kept to be sent again if etcd answers that it is overloaded.
+    pub(super) in_flight: Option<Op>,
+    /// An op etcd was too busy for, and when to send it again. Until then the machine
+    /// waits as if it were still in flight.
+    pub(super) retry: Option<(Instant, Then, Op)>,
+    /// Overloaded answers in a row, and since when: the next retry waits longer, and a
+    /// busy spell longer than the outage bound ends the session as an outage would.
+    pub(super) slowed: u32,
+    pub(super) slowed_since: Option<Instant>,
     /// The role and lease the watches being opened are for.
     pub(super) watch_role: Role,
     pub(super) watch_lease: i64,
@@ -242,6 +252,10 @@ impl Machine {
             whole_read: false,
             watch_role: Role::Member,
             watch_lease: 0,
+            in_flight: None,
+            retry: None,
+            slowed: 0,
+            slowed_since: None,
         }
     }
 
@@ -258,9 +272,18 @@ impl Machine {
     pub fn step(&mut self, now: Instant, input: Input) -> Vec<Effect> {
         self.now = now;
         match input {
-            Input::Answer(answer) => match self.awaiting.take() {
-                Some(then) => self.on_answer(then, answer),
-                None => tracing::debug!("an answer nobody waited for"),
+            Input::Answer(answer) => match (self.awaiting.take(), answer) {
+                (Some(then), Err(e)) if overloaded(&e) && self.may_retry() => {
+                    self.slowed_down(then, e)
+                }
+                (Some(then), answer) => {
+                    self.in_flight = None;
+                    if answer.is_ok() {
+                        (self.slowed, self.slowed_since) = (0, None);
+                    }
+                    self.on_answer(then, answer)
+                }
+                (None, _) => tracing::debug!("an answer nobody waited for"),
             },
             // A proof counts at once, even while an op waits on the etcd it is about.
             Input::NoLeader { sent } => {
@@ -324,7 +347,20 @@ impl Machine {
 
     /// When [`Input::Timer`] is due, if ever.
     pub fn deadline(&self) -> Option<Instant> {
-        if self.busy() || !self.todo.is_empty() {
+        if self.busy() {
+            return None;
+        }
+        if let Some((at, ..)) = &self.retry {
+            // Only for the lease the stream was opened for: a command that took a new
+            // lease meanwhile resyncs once it is answered (found by the simulator: a
+            // keep-alive due at once, never sent, woke the machine without end).
+            let keep_alive = match self.phase {
+                Phase::Watching { lease, .. } if lease == self.lease => self.keep_alive_at,
+                _ => None,
+            };
+            return Some(keep_alive.map_or(*at, |k| k.min(*at)));
+        }
+        if !self.todo.is_empty() {
             return None;
         }
         match self.phase {
@@ -346,7 +382,14 @@ impl Machine {
     /// Works until an op is in flight or nothing is left to do.
     fn advance(&mut self) {
         while self.awaiting.is_none() && self.phase != Phase::Ended {
-            if let Some(todo) = self.todo.pop_front() {
+            if let Some((at, ..)) = &self.retry {
+                if self.now < *at {
+                    self.keep_alive_while_waiting();
+                    break;
+                }
+                let (_, then, op) = self.retry.take().expect("a retry");
+                self.issue(then, op);
+            } else if let Some(todo) = self.todo.pop_front() {
                 self.run(todo);
             } else if let Some(input) = self.inbox.pop_front() {
                 self.on_input(input);
@@ -393,6 +436,74 @@ impl Machine {
         debug_assert!(self.awaiting.is_none(), "one op at a time");
         self.sent = self.now;
         self.awaiting = Some(then);
+        self.in_flight = Some(op.clone());
         self.effects.push(Effect::Etcd(op));
+    }
+
+    /// While an op waits to be sent again, the lease still needs its keep-alives (a
+    /// busy spell can outlast a TTL in retries) and their answers still move the lease
+    /// clock; everything else waits its turn.
+    fn keep_alive_while_waiting(&mut self) {
+        let mut rest = VecDeque::with_capacity(self.inbox.len());
+        for input in std::mem::take(&mut self.inbox) {
+            match input {
+                Input::LeaseAnswer(_) => self.on_input(input),
+                // The deadline asks again; the retry's own time is what it waited for.
+                Input::Timer => {}
+                other => rest.push_back(other),
+            }
+        }
+        self.inbox = rest;
+        let Phase::Watching { lease, .. } = self.phase else {
+            return;
+        };
+        if lease == self.lease && self.keep_alive_at.is_some_and(|at| at <= self.now) {
+            self.clock.keep_alive_sent(self.now);
+            self.keep_alive_at = Some(self.now + self.cfg.ttl / 3);
+            self.issue(Then::Todo(Todo::KeepAlive), Op::KeepAlive);
+        }
+    }
+
+    /// Whether an overloaded answer is retried in place. Not during an outage or after the
+    /// end (nothing is in flight then). With several etcd members, only for a quarter
+    /// TTL: a member cut from its quorum answers "request timed out" too, and then
+    /// another member is the way on (the outage path picks one).
+    fn may_retry(&self) -> bool {
+        let watching = matches!(self.phase, Phase::Watching { .. } | Phase::Syncing(_));
+        let since = self.slowed_since.unwrap_or(self.now);
+        watching && !(self.cfg.several_endpoints && self.now - since >= self.cfg.ttl / 4)
+    }
+
+    /// etcd answered the op in flight that it is overloaded: the same op goes again after
+    /// a backoff, the watches stay open and the view stays; nothing else is done meanwhile
+    /// (the op is as good as still in flight). A write that timed out may still have been
+    /// applied: every op here is safe to send twice (a fenced or guarded transaction
+    /// fails its compare the second time, and the watch brings what the first one did;
+    /// a second grant only leaves a lease to expire).
+    fn slowed_down(&mut self, then: Then, e: etcd_client::Error) {
+        let Some(op) = self.in_flight.take() else {
+            return self.on_answer(then, Err(e));
+        };
+        let now = self.now;
+        let busy_for = now - *self.slowed_since.get_or_insert(now);
+        if busy_for > self.cfg.outage_limit {
+            // The command being served hears why with the ones waiting.
+            if let Then::Command(s) = then {
+                self.pending.push_front(s.into_waiting());
+            }
+            return self.give_up(busy_for, &e);
+        }
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        let delay = crate::backoff::nth(FIRST_RETRY, LAST_RETRY.min(self.cfg.ttl / 4), self.slowed);
+        if self.slowed == 0 {
+            tracing::warn!(error = %e, retry_in = ?delay, "etcd is overloaded; sending the request again later (the watches stay open)");
+        } else {
+            tracing::debug!(error = %e, retry_in = ?delay, "etcd is still overloaded");
+        }
+        self.slowed = self.slowed.saturating_add(1);
+        // A single member that cannot answer may have no leader: look for the proof that
+        // keeps the lease safe meanwhile.
+        self.trouble();
+        self.retry = Some((now + delay, then, op));
     }
 }

@@ -213,6 +213,7 @@ impl Machine {
     pub(super) fn begin_sync(&mut self, why: Resync) {
         self.close_watches();
         self.phase = Phase::Syncing(why);
+        self.whole_read = false;
         self.grace_until = match why {
             Resync::First => None,
             Resync::RoleChanged { grace_until } => grace_until,
@@ -246,6 +247,11 @@ impl Machine {
     pub(super) fn lost(&mut self, e: etcd_client::Error) {
         self.close_watches();
         self.todo.clear();
+        // An op waiting to be sent again after an overloaded answer goes with the rest; a
+        // command's is served after the next sync, as any command caught by an outage.
+        if let Some((_, super::machine::Then::Command(s), _)) = self.retry.take() {
+            self.pending.push_front(s.into_waiting());
+        }
         self.view_mut().connected = false;
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let now = self.now;

@@ -21,6 +21,13 @@ pub struct Serving {
     claiming: bool,
 }
 
+impl Serving {
+    /// The command, to be answered with the others waiting (the session is ending).
+    pub(super) fn into_waiting(self) -> (CommandId, Command) {
+        (self.id, self.command)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
     /// The command's write; `retried` once the lease was replaced for it.

@@ -54,6 +54,9 @@ pub enum Todo {
     CheckAbsent,
     /// A round came as a delta of one this view does not hold: read it whole.
     ReadRoster,
+    /// After a control-only read on a resync: this node's own registration, to tell
+    /// whether it is still there.
+    ReadOwn,
     KeepAlive,
     Resync(Resync),
 }
@@ -106,11 +109,18 @@ impl Machine {
             Todo::Grant => Op::Grant {
                 ttl: self.cfg.ttl.as_secs().max(1) as i64,
             },
+            Todo::ReadOwn => Op::Range {
+                key: keys.key::<fsdp_proto::v1::Member>(&self.cfg.node_id),
+                prefix: false,
+                keys_only: false,
+            },
             Todo::Read => Op::Range {
-                // A joining member reads what it watches: the control keys. The whole run
-                // holds every registration so far, and N joiners each reading it was
-                // O(N²) bytes from etcd at formation (10,000 nodes: gigabytes; issue 30).
-                key: if self.first_read() {
+                // A member reads what it watches: the control keys (and then its own
+                // registration). The whole run holds every registration, and N members
+                // each reading it — N joiners at formation, or every node after etcd
+                // was too slow for their streams — was O(N²) bytes from etcd exactly
+                // when it was busiest (10,000 nodes: gigabytes; issue 30).
+                key: if self.control_read() {
                     keys.ctl()
                 } else {
                     keys.root().to_owned()
@@ -146,6 +156,16 @@ impl Machine {
                 Op::Txn(records::registration(keys, me, None, (self.lease, 0), true))
             }
             Todo::OpenWatches => {
+                if self.control_only && self.role() == Role::Coordinator {
+                    // Elected during this sync (a campaign after an outage) on a view
+                    // without registrations: read them all before watching as the
+                    // coordinator (found by the simulator: a coordinator that never
+                    // sealed, seed 275).
+                    self.whole_read = true;
+                    self.todo.push_front(Todo::OpenWatches);
+                    self.todo.push_front(Todo::Read);
+                    return;
+                }
                 self.watch_role = self.role();
                 self.watch_lease = self.lease;
                 Op::Watch {
@@ -216,8 +236,15 @@ impl Machine {
                 self.todo.push_front(Todo::Grant);
             }
             (Todo::Grant, Answer::Granted { id }) => self.lease_renewed(id),
+            (Todo::ReadOwn, Answer::Range { kvs, .. }) => {
+                let keys = self.cfg.keys.clone();
+                let v = self.view_mut();
+                for kv in &kvs {
+                    put_kv(v, &keys, kv);
+                }
+            }
             (Todo::Read, Answer::Range { revision, kvs }) => {
-                let control_only = self.first_read();
+                let control_only = self.control_read();
                 let fresh = fresh_view(self, &kvs);
                 if control_only && fresh.coordinator.as_deref() == Some(&*self.cfg.node_id) {
                     // An earlier run of this node still holds the role: a coordinator
@@ -230,6 +257,11 @@ impl Machine {
                 self.control_only = control_only;
                 let voluntary = matches!(self.phase, Phase::Syncing(Resync::RoleChanged { .. }));
                 self.install(fresh, voluntary);
+                if control_only && self.phase != Phase::Syncing(Resync::First) {
+                    // Whether this node is still registered decides what the sync does
+                    // next (a joining node registers when it joins).
+                    self.todo.push_front(Todo::ReadOwn);
+                }
                 if control_only && self.view.round_wanted.is_some() {
                     // The round key holds a difference: the whole round is at the roster,
                     // outside the control keys.
@@ -429,9 +461,13 @@ impl Machine {
         }
     }
 
-    /// The read of this sync takes the control keys alone: a joining member's first.
-    fn first_read(&self) -> bool {
-        matches!(self.phase, Phase::Syncing(Resync::First)) && !self.whole_read
+    /// The read of this sync takes the control keys alone: a member's, at join or after
+    /// an outage. A change of role reads the whole run: a new coordinator seals from
+    /// every registration, and a former one compares what it knew with the snapshot.
+    fn control_read(&self) -> bool {
+        matches!(self.phase, Phase::Syncing(Resync::First | Resync::Outage))
+            && !self.whole_read
+            && self.role() == Role::Member
     }
 
     /// As coordinator: observe the view, and commit a round if the rule says so.

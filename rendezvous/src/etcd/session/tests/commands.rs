@@ -116,7 +116,7 @@ fn lease_not_found_on_register_grants_a_new_lease_and_writes_again_as_incarnatio
     replied_ok(&e, 1);
     // The open keep-alive stream is the old lease's: a resync opens one for the new.
     assert!(closes_watches(&e));
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     assert_eq!(h.m.phase(), Phase::Syncing(Resync::Outage));
 }
 
@@ -128,7 +128,7 @@ fn a_second_lease_not_found_after_the_regrant_is_the_reply() {
     h.answer(Answer::Granted { id: 300 });
     let e = h.fail(no_such_lease());
     // Answered, and the session syncs again to keep the lease it now holds alive.
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     match reply_of(&e, 1) {
         Err(RendezvousError::Etcd { what, .. }) => assert_eq!(*what, "registering this node"),
         other => panic!("expected the refusal as the reply, got {other:?}"),

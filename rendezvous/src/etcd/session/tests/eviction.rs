@@ -36,7 +36,8 @@ fn abandon_makes_the_next_sync_say_why_then_revoke_then_grant_then_read() {
     assert_eq!(
         ops,
         vec![
-            read_root(),
+            read_ctl(),
+            read_own(),
             Op::MemberCount,
             Op::TimeToLive { lease: 300 },
             Op::Watch {
@@ -65,7 +66,7 @@ fn a_revoke_answered_lease_not_found_still_grants_and_reads() {
     let e = h.fail(no_such_lease());
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     let e = h.answer(Answer::Granted { id: 300 });
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     assert_eq!(h.counters.errors.load(Ordering::Relaxed), 0);
 }
 

@@ -65,7 +65,7 @@ fn a_lease_answer_of_none_grants_registers_and_resyncs() {
     assert_eq!(v1::Member::decode(value).unwrap().incarnation, 2);
     let e = h.answer(Answer::Txn { succeeded: true });
     assert!(closes_watches(&e));
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     assert_eq!(h.m.phase(), Phase::Syncing(Resync::Outage));
 }
 
@@ -75,7 +75,7 @@ fn a_lease_answer_of_none_without_a_registration_only_grants_and_resyncs() {
     let e = h.step(Input::LeaseAnswer(None));
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     let e = h.answer(Answer::Granted { id: 300 });
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
 }
 
 #[test]
@@ -176,5 +176,5 @@ fn with_several_endpoints_a_late_keep_alive_drops_the_connection_and_the_next_sy
     let e = h.fire();
     assert_eq!(the_op(&e), Op::PickEndpoint);
     let e = h.answer(Answer::Done);
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
 }

@@ -26,6 +26,7 @@ mod departures;
 mod eviction;
 mod lease;
 mod outage;
+mod overload;
 mod reform;
 mod sync;
 
@@ -199,6 +200,15 @@ pub(super) fn read_ctl() -> Op {
     Op::Range {
         key: keys().ctl(),
         prefix: true,
+        keys_only: false,
+    }
+}
+
+/// After a member's control-only read on a resync: its own registration.
+pub(super) fn read_own() -> Op {
+    Op::Range {
+        key: keys().key::<v1::Member>("a"),
+        prefix: false,
         keys_only: false,
     }
 }
@@ -390,6 +400,15 @@ impl Harness {
                         .filter(|kv| kv.key.starts_with(key.as_str()))
                         .cloned()
                         .collect(),
+                },
+                // A member's own registration, read after a control-only read.
+                Op::Range {
+                    key,
+                    prefix: false,
+                    keys_only: false,
+                } if *key == keys().key::<v1::Member>("a") => Answer::Range {
+                    revision: REV,
+                    kvs: kvs.iter().filter(|kv| kv.key == *key).cloned().collect(),
                 },
                 Op::MemberCount => Answer::MemberCount(1),
                 Op::TimeToLive { .. } => Answer::TimeToLive { ttl: 6 },

@@ -33,8 +33,8 @@ fn a_transient_error_keeps_the_command_until_the_next_sync_serves_it() {
     let (ops, e) = h.sync_through(e, &[]);
     assert_eq!(
         ops.len(),
-        4,
-        "read, member count, time-to-live, watch: {ops:?}"
+        5,
+        "read, own registration, member count, time-to-live, watch: {ops:?}"
     );
     // The waiting command is served once the watches are open again.
     let Op::Put(Write::Put { key, .. }) = the_op(&e) else {
@@ -117,11 +117,11 @@ fn the_backoff_doubles_after_another_failure() {
     h.disconnect();
     assert_eq!(h.retry_in_ms(), 100);
     let e = h.fire();
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     h.fail(cut());
     assert_eq!(h.retry_in_ms(), 200);
     let e = h.fire();
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     h.fail(cut());
     assert_eq!(h.retry_in_ms(), 400);
 }
@@ -144,7 +144,7 @@ fn the_session_gives_up_after_the_outage_limit_and_answers_the_waiting_commands(
     assert!(e.is_empty());
     h.later(Duration::from_secs(61));
     let e = h.timer();
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     let e = h.fail(cut());
     no_op(&e);
     assert_eq!(h.m.phase(), Phase::Ended);
@@ -166,7 +166,7 @@ fn an_outage_shorter_than_the_limit_does_not_give_up() {
     h.disconnect();
     h.later(Duration::from_secs(59));
     let e = h.timer();
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     h.fail(cut());
     assert!(matches!(h.m.phase(), Phase::Disconnected { .. }));
     assert_eq!(h.m.view().gave_up, None);
@@ -181,7 +181,7 @@ fn a_watch_that_ended_resyncs_without_raising_the_backoff() {
     no_op(&rest);
     let e = h.step(Input::WatchEnded);
     assert!(closes_watches(&e));
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     assert_eq!(h.m.phase(), Phase::Syncing(Resync::Outage));
     h.fail(cut());
     // One failure before the good watch, none since: the backoff starts over.
@@ -332,4 +332,49 @@ fn an_evicted_node_records_its_departure_and_registers_as_the_next_incarnation()
     let m = v1::Member::decode(value).unwrap();
     assert_eq!((m.lease, m.incarnation), (LEASE, 2));
     assert_eq!(h.m.incarnation(), 2);
+}
+
+/// After an outage a member reads the control keys and its own registration; if its
+/// campaign then wins the free coordinator key, it reads every registration before it
+/// watches as the coordinator. Found by the simulator (seed 275): a coordinator elected
+/// inside such a sync watched with a view of no registrations and never sealed.
+#[test]
+fn a_campaign_won_during_a_resync_reads_every_registration_before_watching_as_coordinator() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 0, false);
+    h.disconnect();
+    let me = member("a", LEASE, 1, 0);
+    let other = member("c", 300, 1, 0);
+    let kvs = [member_kv(&me, 6), member_kv(&other, 7)];
+    let e = h.fire();
+    let (ops, e) = h.sync_through(e, &kvs);
+    assert_eq!(
+        ops,
+        vec![
+            read_ctl(),
+            read_own(),
+            Op::MemberCount,
+            Op::TimeToLive { lease: LEASE }
+        ]
+    );
+    // The coordinator key went with the outage: the campaign.
+    assert!(matches!(the_op(&e), Op::Txn(_)));
+    let e = h.answer(Answer::Txn { succeeded: true });
+    let elected = [kvs[0].clone(), kvs[1].clone(), coordinator_kv("a", LEASE)];
+    let (ops, rest) = h.sync_through(e, &elected);
+    assert_eq!(ops[0], read_root(), "{ops:?} then {rest:?}");
+    assert!(
+        matches!(
+            ops.last(),
+            Some(Op::Watch {
+                role: Role::Coordinator,
+                ..
+            })
+        ),
+        "{ops:?} then {rest:?}"
+    );
+    assert!(
+        h.m.view().members.contains_key("c"),
+        "every registration read"
+    );
 }

@@ -153,7 +153,7 @@ fn stale_watch_events_queued_before_a_resync_are_dropped() {
     assert!(h.command(1, report_done(1)).is_empty());
     let e = h.answer(Answer::Done);
     assert!(closes_watches(&e));
-    assert_eq!(the_op(&e), read_root());
+    assert_eq!(the_op(&e), read_ctl());
     let (_, e) = h.sync_through(e, &[]);
     // The put came from the closed watch: the read says there is no round.
     assert!(h.m.view().round.is_none());

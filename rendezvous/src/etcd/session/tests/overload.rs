@@ -1,0 +1,144 @@
+//! etcd answering that it is overloaded, on a connection that works: the request goes
+//! again after a backoff, the watches and the view stay (issue 30: 3,000 joining nodes
+//! each dropped their watches on "request timed out" and read the run again, and etcd
+//! never caught up).
+
+use super::*;
+
+/// etcd's answer when a proposal or a linearizable read timed out inside it.
+fn timed_out() -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+        "etcdserver: request timed out, waiting for the applied index took too long",
+    ))
+}
+
+fn limited() -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::resource_exhausted(
+        "etcdserver: too many requests",
+    ))
+}
+
+/// Watching, with the first keep-alive (due at once) sent and answered.
+fn watching(h: Harness) -> Harness {
+    let (mut h, rest) = h.first_sync(&[]);
+    no_op(&rest);
+    assert_eq!(the_op(&h.fire()), Op::KeepAlive);
+    no_op(&h.answer(Answer::Done));
+    h
+}
+
+fn wait_ms(h: &Harness) -> u64 {
+    let at = h.m.deadline().expect("a retry is due");
+    (at.duration_since(h.now).as_secs_f64() * 1e3).round() as u64
+}
+
+#[test]
+fn only_etcds_own_busy_answers_count_as_overload() {
+    use crate::etcd::connect::overloaded;
+    assert!(overloaded(&timed_out()) && overloaded(&limited()));
+    let refused = etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+        "error trying to connect: tcp connect error: Connection refused",
+    ));
+    assert!(!overloaded(&refused) && !overloaded(&cut()) && !overloaded(&no_such_lease()));
+}
+
+#[test]
+fn a_command_etcd_was_too_busy_for_is_sent_again_with_the_watches_open() {
+    let mut h = watching(Harness::new());
+    let e = h.command(1, report_done(3));
+    let sent = the_op(&e);
+    let e = h.fail(timed_out());
+    assert!(!closes_watches(&e) && replied(&e).is_empty());
+    no_op(&e);
+    assert!(h.m.view().connected);
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+    assert_eq!(wait_ms(&h), 100, "the first retry waits 100 ms");
+    // Nothing else goes out meanwhile: a second command waits behind the first.
+    no_op(&h.command(2, report_done(4)));
+    // Busy again: the next wait doubles.
+    let e = h.fire();
+    assert_eq!(the_op(&e), sent);
+    no_op(&h.fail(timed_out()));
+    assert_eq!(wait_ms(&h), 200);
+    let e = h.fire();
+    assert_eq!(the_op(&e), sent);
+    let e = h.answer(Answer::Done);
+    replied_ok(&e, 1);
+    // Then the second command, and the backoff starts afresh.
+    assert!(matches!(the_op(&e), Op::Put(_)));
+    replied_ok(&h.answer(Answer::Done), 2);
+    assert_eq!(h.counters.errors.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn the_first_read_etcd_was_too_busy_for_is_sent_again_not_the_whole_sync() {
+    let mut h = Harness::new();
+    let e = h.m.start(h.now);
+    assert_eq!(the_op(&e), read_ctl());
+    no_op(&h.fail(limited()));
+    assert!(matches!(h.m.phase(), Phase::Syncing(Resync::First)));
+    let e = h.fire();
+    assert_eq!(the_op(&e), read_ctl());
+    let (ops, _) = h.sync_through(e, &[]);
+    assert!(matches!(ops.last(), Some(Op::Watch { .. })));
+}
+
+#[test]
+fn an_etcd_busy_for_longer_than_the_outage_bound_ends_the_session() {
+    let mut h = watching(Harness::new());
+    h.command(1, report_done(3));
+    no_op(&h.fail(timed_out()));
+    h.later(Duration::from_secs(61));
+    h.fire();
+    let e = h.fail(timed_out());
+    assert!(h.m.ended());
+    let Err(err) = reply_of(&e, 1) else {
+        panic!("the waiting command hears why")
+    };
+    assert!(err.to_string().contains("has not answered"), "{err}");
+}
+
+/// With several members, "request timed out" may be a member cut from its quorum: after
+/// a quarter TTL of it, the outage path picks another member.
+#[test]
+fn with_several_members_a_long_busy_spell_tries_another_member() {
+    let mut h = watching(Harness::with(|c| c.several_endpoints = true));
+    h.command(1, report_done(3));
+    let e = h.fail(timed_out());
+    assert!(!closes_watches(&e));
+    h.later(TTL / 4);
+    h.fire();
+    let e = h.fail(timed_out());
+    assert!(closes_watches(&e));
+    assert!(matches!(h.m.phase(), Phase::Disconnected { .. }));
+}
+
+/// A busy spell can outlast a TTL in retries: the lease is kept alive meanwhile, and the
+/// answers move its clock, while the op itself waits for its turn.
+#[test]
+fn the_lease_is_kept_alive_while_a_request_waits_to_be_sent_again() {
+    let mut h = watching(Harness::new());
+    let e = h.command(1, report_done(3));
+    let sent = the_op(&e);
+    h.fail(timed_out());
+    // The keep-alive falls due a third of a TTL later, before the op's next try ends.
+    let mut kept_alive = 0;
+    while kept_alive < 2 {
+        let e = h.fire();
+        if the_op(&e) == sent {
+            h.fail(timed_out());
+        } else {
+            assert_eq!(the_op(&e), Op::KeepAlive);
+            kept_alive += 1;
+            h.step(Input::LeaseAnswer(Some(6)));
+            no_op(&h.answer(Answer::Done));
+        }
+        assert!(h.now - h.t0 < TTL, "two keep-alives within a TTL");
+    }
+    let safe = h.m.view().lease_safe_until.expect("the clock moved");
+    assert!(
+        safe > h.t0 + TTL,
+        "the keep-alive's answer moved the lease clock"
+    );
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+}
