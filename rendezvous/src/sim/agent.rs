@@ -67,6 +67,9 @@ pub struct SimAgent {
     pub pinned: usize,
     pub cut: bool,
     pub slow: bool,
+    /// etcd ended this agent's keep-alive stream: its keep-alives go nowhere until it
+    /// opens another (or new streams).
+    pub keep_alive_ended: bool,
     pub probing: bool,
     /// Inputs that came while it was frozen, with the streams they came on.
     pub frozen_inbox: Vec<(Option<u64>, crate::etcd::session::Input)>,
@@ -118,6 +121,7 @@ impl SimAgent {
             pinned: 0,
             cut: false,
             slow: false,
+            keep_alive_ended: false,
             probing: false,
             frozen_inbox: Vec::new(),
             fence_margin,

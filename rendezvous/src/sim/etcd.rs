@@ -178,7 +178,9 @@ impl SimEtcd {
                 }
                 Answer::Departed { said, revoked }
             }
-            Op::Watch { .. } | Op::KeepAlive | Op::PickEndpoint => Answer::Done,
+            Op::Watch { .. } | Op::KeepAlive | Op::ReopenKeepAlive { .. } | Op::PickEndpoint => {
+                Answer::Done
+            }
         })
     }
 

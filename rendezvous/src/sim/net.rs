@@ -18,7 +18,10 @@ fn timed_out() -> etcd_client::Error {
 
 /// A request etcd answers on its own (not a stream, not the connection's).
 fn is_request(op: &Op) -> bool {
-    !matches!(op, Op::Watch { .. } | Op::KeepAlive | Op::PickEndpoint)
+    !matches!(
+        op,
+        Op::Watch { .. } | Op::KeepAlive | Op::ReopenKeepAlive { .. } | Op::PickEndpoint
+    )
 }
 
 fn op_name(op: &Op) -> &'static str {
@@ -31,7 +34,9 @@ fn op_name(op: &Op) -> &'static str {
         Op::TimeToLive { .. } => "time-to-live",
         Op::MemberCount => "member count",
         Op::Depart { .. } => "departure",
-        Op::Watch { .. } | Op::KeepAlive | Op::PickEndpoint => "stream op",
+        Op::Watch { .. } | Op::KeepAlive | Op::ReopenKeepAlive { .. } | Op::PickEndpoint => {
+            "stream op"
+        }
     }
 }
 
@@ -95,6 +100,9 @@ impl World {
                     lease: *lease,
                 });
             }
+            if let Op::Watch { .. } | Op::ReopenKeepAlive { .. } = &op {
+                self.agents[a].keep_alive_ended = false;
+            }
             if let Op::Watch { .. } = &op {
                 // The watch's first answer: the revision etcd is at.
                 let (streams, revision) = (self.agents[a].streams, self.etcd.state.revision());
@@ -130,9 +138,24 @@ impl World {
         let now = self.now();
         if ag.streams != streams
             || ag.cut
+            || ag.keep_alive_ended
             || !self.etcd.serves(now, ag.pinned, self.opts.three_members)
         {
             return;
+        }
+        if ag.slow && self.rng.chance(20) {
+            // Too busy to renew: etcd ends the keep-alive stream (the watches go on).
+            self.agents[a].keep_alive_ended = true;
+            self.note(|| format!("etcd: ends n{a}'s keep-alive stream (too busy)"));
+            let lat = self.latency(a);
+            return self.after(
+                lat,
+                Ev::Stream {
+                    a,
+                    streams,
+                    input: Input::KeepAliveFailed(timed_out()),
+                },
+            );
         }
         self.expire();
         let ttl = self.etcd.keep_alive(lease, now);
@@ -288,19 +311,16 @@ impl World {
 
     /// The watches a role opens (as the driver opens them).
     pub(super) fn specs(&self, role: Role) -> Vec<WatchSpec> {
-        let spec = |key: &str, members: bool| WatchSpec {
+        let spec = |key: &str| WatchSpec {
             key: key.as_bytes().to_vec(),
             range_end: prefix_end(key.as_bytes()),
-            no_put: members,
+            no_put: false,
             no_delete: false,
-            prev_kv: members,
+            prev_kv: false,
         };
         match role {
-            Role::Coordinator => vec![spec(self.keys.root(), false)],
-            Role::Member => vec![
-                spec(&self.keys.ctl(), false),
-                spec(&self.keys.members(), true),
-            ],
+            Role::Coordinator => vec![spec(self.keys.root())],
+            Role::Member => vec![spec(&self.keys.ctl())],
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use etcd_client::{
     Client, Compare as EtcdCompare, CompareOp, EventType, GetOptions, LeaseKeepAliveStream,
-    LeaseKeeper, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+    LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchResponse, WatchStream,
 };
 use fsdp_proto::v1;
 use tokio::sync::{mpsc, watch};
@@ -29,7 +29,9 @@ struct Streams {
     /// Member departures (members only: the coordinator's one watch has them in order).
     members: Option<WatchStream>,
     keeper: LeaseKeeper,
-    kept: LeaseKeepAliveStream,
+    /// `None` once it failed or ended, until a new one is opened: an ended stream answers
+    /// every poll at once, and each answer would be read as the lease gone again.
+    kept: Option<LeaseKeepAliveStream>,
 }
 
 /// The connection to etcd and the streams open on it: what an op needs.
@@ -161,15 +163,15 @@ impl Driver {
             ..
         } = self;
         let (ctl, members, kept) = match streams {
-            Some(s) => (Some(&mut s.ctl), s.members.as_mut(), Some(&mut s.kept)),
+            Some(s) => (Some(&mut s.ctl), s.members.as_mut(), s.kept.as_mut()),
             None => (None, None, None),
         };
-        tokio::select! {
+        let input = tokio::select! {
             msg = next_watch(ctl) => watch_input(msg),
             msg = next_watch(members) => watch_input(msg),
             msg = next_answer(kept) => match msg {
                 Ok(answer) => Input::LeaseAnswer(answer.map(|r| r.ttl())),
-                Err(e) => Input::StreamFailed(e),
+                Err(e) => Input::KeepAliveFailed(e),
             },
             () = sleep => Input::Timer,
             req = commands.recv() => match req {
@@ -183,7 +185,13 @@ impl Driver {
                 None => Input::CommandsClosed,
             },
             Some(sent) = proofs.1.recv() => Input::NoLeader { sent },
+        };
+        if matches!(input, Input::KeepAliveFailed(_) | Input::LeaseAnswer(None)) {
+            if let Some(s) = streams.as_mut() {
+                s.kept = None;
+            }
         }
+        input
     }
 }
 
@@ -244,6 +252,15 @@ impl Conn {
                 s.keeper.keep_alive().await?;
                 Answer::Done
             }
+            Op::ReopenKeepAlive { lease } => {
+                let Some(s) = self.streams.as_mut() else {
+                    let e = std::io::Error::other("no streams are open");
+                    return Err(etcd_client::Error::IoError(e));
+                };
+                let (keeper, kept) = self.client.lease_keep_alive(lease).await?;
+                (s.keeper, s.kept) = (keeper, Some(kept));
+                Answer::Done
+            }
             Op::PickEndpoint => {
                 if let Some(opts) = &self.options {
                     let patience = (self.ttl / 4).min(opts.connect_timeout);
@@ -272,23 +289,18 @@ impl Conn {
             let all = c.watch(self.keys.root(), Some(ctl_opts)).await?;
             (all, None)
         } else {
+            // Only the coordinator watches registrations; the others learn of new rounds
+            // through the round key and of departures through the records that say so
+            // (`state.rs`, `said_gone`).
             let ctl = c.watch(self.keys.ctl(), Some(ctl_opts)).await?;
-            // Only the coordinator needs registrations; the others learn of new rounds
-            // through the round key and of departures through deletes.
-            let member_opts = WatchOptions::new()
-                .with_prefix()
-                .with_start_revision(from)
-                .with_prev_key()
-                .with_filters([WatchFilterType::NoPut]);
-            let members = c.watch(self.keys.members(), Some(member_opts)).await?;
-            (ctl, Some(members))
+            (ctl, None)
         };
         let (keeper, kept) = c.lease_keep_alive(lease).await?;
         Ok(Streams {
             ctl,
             members,
             keeper,
-            kept,
+            kept: Some(kept),
         })
     }
 }

@@ -106,6 +106,11 @@ pub enum Op {
     },
     /// Send one keep-alive on the open stream.
     KeepAlive,
+    /// A new keep-alive stream for `lease` beside the open watches (etcd ended the old
+    /// one because it was too busy to renew).
+    ReopenKeepAlive {
+        lease: i64,
+    },
     /// Pin the connection to a member that answers.
     PickEndpoint,
     /// Leave: `record` (the first word on how) beside the revoke of `lease`, both at once.
@@ -191,6 +196,8 @@ pub enum Input {
     WatchEnded,
     /// A watch or keep-alive stream failed.
     StreamFailed(etcd_client::Error),
+    /// The keep-alive stream alone failed (the watches did not).
+    KeepAliveFailed(etcd_client::Error),
     /// The keep-alive stream answered with the lease's TTL left (`None`: it ended).
     LeaseAnswer(Option<i64>),
     /// The answer to the op in flight.

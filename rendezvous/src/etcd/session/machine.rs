@@ -195,6 +195,8 @@ pub struct Machine {
     /// busy spell longer than the outage bound ends the session as an outage would.
     pub(super) slowed: u32,
     pub(super) slowed_since: Option<Instant>,
+    /// etcd ended the keep-alive stream for load: the next keep-alive needs a new one.
+    pub(super) keep_alive_ended: bool,
     /// The role and lease the watches being opened are for.
     pub(super) watch_role: Role,
     pub(super) watch_lease: i64,
@@ -256,6 +258,7 @@ impl Machine {
             retry: None,
             slowed: 0,
             slowed_since: None,
+            keep_alive_ended: false,
         }
     }
 
@@ -448,6 +451,7 @@ impl Machine {
         for input in std::mem::take(&mut self.inbox) {
             match input {
                 Input::LeaseAnswer(_) => self.on_input(input),
+                Input::KeepAliveFailed(e) if overloaded(&e) => self.keep_alive_ended = true,
                 // The deadline asks again; the retry's own time is what it waited for.
                 Input::Timer => {}
                 other => rest.push_back(other),
@@ -457,7 +461,14 @@ impl Machine {
         let Phase::Watching { lease, .. } = self.phase else {
             return;
         };
-        if lease == self.lease && self.keep_alive_at.is_some_and(|at| at <= self.now) {
+        if lease != self.lease {
+            return;
+        }
+        if self.keep_alive_ended {
+            let op = Op::ReopenKeepAlive { lease };
+            return self.issue(Then::Todo(Todo::ReopenKeepAlive), op);
+        }
+        if self.keep_alive_at.is_some_and(|at| at <= self.now) {
             self.clock.keep_alive_sent(self.now);
             self.keep_alive_at = Some(self.now + self.cfg.ttl / 3);
             self.issue(Then::Todo(Todo::KeepAlive), Op::KeepAlive);

@@ -70,6 +70,16 @@ impl Machine {
             }
             Input::WatchCreated { .. } => {}
             Input::StreamFailed(e) => self.lost(e),
+            // etcd ends a keep-alive stream when it is too busy to renew ("waiting for
+            // the applied index took too long"): a new stream, the watches kept. At 4,000
+            // nodes every such end was a resync of the whole node before.
+            Input::KeepAliveFailed(e) if crate::etcd::connect::overloaded(&e) => {
+                tracing::debug!(error = %e, "etcd ended the keep-alive stream; opening another");
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                self.keep_alive_ended = true;
+                self.todo.push_back(Todo::ReopenKeepAlive);
+            }
+            Input::KeepAliveFailed(e) => self.lost(e),
             Input::LeaseAnswer(Some(ttl)) if ttl > 0 => {
                 self.clock
                     .keep_alive_answered(Duration::from_secs(ttl.unsigned_abs()));

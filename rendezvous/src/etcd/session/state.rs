@@ -3,9 +3,13 @@
 
 use std::sync::atomic::Ordering;
 
-use super::io::{CommandId, Effect, Role, WatchEvent};
+use fsdp_proto::v1;
+use prost::Message;
+
+use super::io::{CommandId, Effect, Kv, Role, WatchEvent};
 use super::machine::Machine;
 use crate::RendezvousError;
+use crate::etcd::keys::Keys;
 use crate::etcd::view::View;
 
 impl Machine {
@@ -60,10 +64,16 @@ impl Machine {
         let now = self.now;
         let mut coordinator_gone = false;
         let keys = self.cfg.keys.clone();
+        let member = self.watch_role == Role::Member;
         let v = self.view_mut();
         for ev in events {
             match ev {
-                WatchEvent::Put(kv) => super::sync::put_kv(v, &keys, &kv),
+                WatchEvent::Put(kv) => {
+                    super::sync::put_kv(v, &keys, &kv);
+                    if member {
+                        said_gone(v, &keys, &kv, now);
+                    }
+                }
                 WatchEvent::Delete { key, prev } => {
                     coordinator_gone |= key == coordinator;
                     v.delete(&keys, &key, now, prev.as_deref());
@@ -122,5 +132,40 @@ impl Machine {
         self.incarnation += 1;
         let n = self.incarnation;
         self.view_mut().incarnation = n;
+    }
+}
+
+/// A member watches no registrations (N members each watching every registration made
+/// etcd match every put against N watchers: formation was O(N²) inside etcd, and 4,000
+/// nodes never formed; issue 30). It learns that a round member went from the records
+/// that say so, all under the control keys: the node's own word before it revokes its
+/// lease (a leave, a fence), the coordinator's "lost" for a lease that expired, and the
+/// ring watcher's record of a dead node it evicts.
+fn said_gone(v: &mut View, keys: &Keys, kv: &Kv, now: std::time::Instant) {
+    let went = if kv.key.starts_with(&keys.key::<v1::Left>("")) {
+        let tail = &kv.key[keys.key::<v1::Left>("").len()..];
+        v.left
+            .get(tail)
+            .map(|e| (e.record.node_id.clone(), e.record.incarnation))
+    } else if kv.key.starts_with(&keys.key::<v1::Gone>("")) {
+        let Ok(g) = v1::Gone::decode(kv.value.as_slice()) else {
+            return;
+        };
+        v.round
+            .as_ref()
+            .filter(|r| r.record.number == g.round)
+            .and_then(|r| r.record.members.iter().find(|m| m.node_id == g.node_id))
+            .map(|m| (m.node_id.clone(), m.incarnation))
+    } else {
+        None
+    };
+    if let Some((node, incarnation)) = went {
+        // An earlier sighting of this incarnation's departure keeps its time.
+        if v.departed
+            .get(&node)
+            .is_none_or(|d| d.incarnation < incarnation)
+        {
+            v.depart(&node, incarnation, now);
+        }
     }
 }

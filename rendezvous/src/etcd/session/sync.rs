@@ -54,6 +54,8 @@ pub enum Todo {
     CheckAbsent,
     /// A round came as a delta of one this view does not hold: read it whole.
     ReadRoster,
+    /// The keep-alive stream ended (etcd too busy): a new one, the watches kept.
+    ReopenKeepAlive,
     /// After a control-only read on a resync: this node's own registration, to tell
     /// whether it is still there.
     ReadOwn,
@@ -196,7 +198,17 @@ impl Machine {
                     keys_only: false,
                 }
             }
+            // A keep-alive queued before the stream ended goes on a new one.
+            Todo::KeepAlive if self.keep_alive_ended => {
+                self.todo.push_front(Todo::KeepAlive);
+                let lease = self.watch_lease;
+                let op = Op::ReopenKeepAlive { lease };
+                return self.issue(Then::Todo(Todo::ReopenKeepAlive), op);
+            }
             Todo::KeepAlive => Op::KeepAlive,
+            Todo::ReopenKeepAlive => Op::ReopenKeepAlive {
+                lease: self.watch_lease,
+            },
             Todo::Coordinate => return self.coordinate(),
             Todo::Drain => return self.drain(),
             Todo::Enter => return self.enter(),
@@ -292,10 +304,14 @@ impl Machine {
                     self.elected();
                 }
             }
-            (Todo::OpenWatches, Answer::Done) => self.clock.stream_closed(),
+            (Todo::OpenWatches, Answer::Done) => {
+                self.keep_alive_ended = false;
+                self.clock.stream_closed();
+            }
             (Todo::CheckAbsent, Answer::Range { kvs, .. }) => self.check_absent(&kvs),
             (Todo::ReadRoster, Answer::Range { kvs, .. }) => self.read_roster(&kvs),
             (Todo::KeepAlive, Answer::Done) => {}
+            (Todo::ReopenKeepAlive, Answer::Done) => self.keep_alive_ended = false,
             (_, other) => self.unexpected(&other),
         }
     }

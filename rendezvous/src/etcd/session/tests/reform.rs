@@ -242,3 +242,51 @@ fn a_first_sync_that_finds_a_delta_reads_the_roster_before_watching() {
     assert!(matches!(ops.last(), Some(Op::Watch { from, .. }) if *from == REV + 1));
     assert_eq!(h.m.view().round.as_ref().unwrap().record.as_ref(), &next);
 }
+
+fn record_kv<R: crate::etcd::record::Record + prost::Message>(r: &R, mod_rev: i64) -> Kv {
+    Kv {
+        key: keys().of(r),
+        value: r.encode_to_vec(),
+        create_rev: mod_rev,
+        mod_rev,
+        lease: 0,
+    }
+}
+
+/// A member watches no registrations: it learns that a round member went from the
+/// records that say so — the node's own word (a leave, a fence), the coordinator's
+/// "lost", the ring watcher's record of a node it evicted. A word about an older
+/// incarnation than the round's is no departure from it.
+#[test]
+fn a_member_learns_of_departures_from_the_records_that_say_so() {
+    let mut h = running_round_one();
+    let old_word = v1::Left {
+        schema: SCHEMA_VERSION,
+        node_id: "c".into(),
+        incarnation: 0,
+        kind: v1::LeftKind::Left.into(),
+        written_by: "c".into(),
+        ..Default::default()
+    };
+    h.step(Input::Watched(vec![WatchEvent::Put(record_kv(
+        &old_word, 10,
+    ))]));
+    let c = h.m.view().departed.get("c").map(|d| d.incarnation);
+    assert!(c.is_none_or(|i| i < 1), "an older incarnation: {c:?}");
+    let word = v1::Left {
+        incarnation: 1,
+        ..old_word
+    };
+    h.step(Input::Watched(vec![WatchEvent::Put(record_kv(&word, 11))]));
+    assert_eq!(h.m.view().departed.get("c").map(|d| d.incarnation), Some(1));
+
+    let evicted = crate::etcd::session::records::gone(1, "b", v1::Detection::Refused, 40);
+    h.step(Input::Watched(vec![WatchEvent::Put(record_kv(
+        &evicted, 12,
+    ))]));
+    assert_eq!(h.m.view().departed.get("b").map(|d| d.incarnation), Some(1));
+    // A record of another round's loss says nothing of this one.
+    let other = crate::etcd::session::records::gone(0, "d", v1::Detection::Refused, 40);
+    h.step(Input::Watched(vec![WatchEvent::Put(record_kv(&other, 13))]));
+    assert!(!h.m.view().departed.contains_key("d"));
+}
