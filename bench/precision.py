@@ -51,7 +51,8 @@ def main():
              "PyTorch FSDP2": ([a.python, FSDP2], [], "--bf16 {}")}
     if a.tiny:
         del kinds["PyTorch FSDP2"]  # it imports torch in every rank: the smoke test's time
-    out = {"world": 2, "steps": STEPS, "runs": {}}
+    out = {"world": 2, "steps": STEPS, "runs": {},
+           "model": "the trainer's default model" if a.tiny else "hidden 512, 8 layers, batch 8 × 256 tokens per rank"}
     for name, (program, extra, flag) in kinds.items():
         for bf16 in (0, 1):
             text = launch(a, program, model + common + extra + flag.format(bf16).split(), 2)

@@ -13,7 +13,10 @@ import datetime
 import json
 import os
 import platform
+import random
 import re
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -158,8 +161,14 @@ def bench_rendezvous(a):
                 for _ in range(a.runs_slow):
                     r = subprocess.run([a.rdzv_bench, "--endpoint", ep, "--nodes", str(n), "--lose", how,
                                         "--ttl", "3"], capture_output=True, text=True, check=True, env=QUIET)
-                    m = re.search(r"reform_s=([0-9.]+)", r.stdout.strip().splitlines()[-1])
-                    xs.append(float(m.group(1)))
+                    last = r.stdout.strip().splitlines()[-1]
+                    xs.append(float(re.search(r"reform_s=([0-9.]+)", last).group(1)))
+                    # How far etcd's revision moved from the loss to every survivor holding
+                    # the next round (the survivors write nothing: a handful, whatever N).
+                    w = re.search(r"reform_etcd_writes=(\d+)", last)
+                    if w:
+                        out.setdefault(f"reform writes {how}", {})[n] = max(
+                            int(w.group(1)), out.get(f"reform writes {how}", {}).get(n, 0))
                 out.setdefault(f"reform {how}", {})[n] = stats(xs)
                 log(f"rdzv re-form after {how} {n}: {cell(out[f'reform {how}'][n], '{:.3f}')} s")
         for n in a.torch_nodes:
@@ -198,6 +207,181 @@ def bench_trainer(a):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def run_script(name, args, stdout_json=False, env=None):
+    """Runs bench/<name> with this interpreter, its progress on our stderr. Returns the JSON
+    it wrote to --json FILE, or with stdout_json the JSON object it printed last."""
+    cmd = [PY, os.path.join(HERE, name)] + args
+    log(f"{name}: {' '.join(args)}")
+    if stdout_json:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        if r.returncode != 0:
+            sys.stderr.write(r.stdout[-4000:])
+            r.check_returncode()
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    # Under the suite's own temporary directory (main sets TMPDIR), removed with it.
+    path = os.path.join(tempfile.gettempdir(), name + ".json")
+    subprocess.run(cmd + ["--json", path], check=True, stdout=sys.stderr, env=env)
+    with open(path) as f:
+        data = json.load(f)
+    os.unlink(path)
+    return data
+
+
+def by_launcher(results):
+    """elastic.py's and prewarm.py's result list as {scenario/launcher: stats}."""
+    return {f"{x['scenario']}/{x['launcher']}": stats(x["seconds"]) or {"never": len(x["seconds"])} for x in results}
+
+
+def bench_agents_scale(a):
+    """6. N real fsdp-agent processes on one etcd: form, then re-form after one loss."""
+    out = []
+    for n in a.scale_nodes:
+        for how in a.scale_hows:
+            args = ["--agent", a.agent, "--nodes", str(n), "--how", how, "--idle", str(a.scale_idle)]
+            log(f"agents_scale: {' '.join(args)}")
+            r = subprocess.run([PY, os.path.join(HERE, "agents_scale.py")] + args, stdout=subprocess.PIPE, text=True)
+            if r.returncode != 0:
+                sys.stderr.write(r.stdout[-4000:])
+                r.check_returncode()
+            # One `key=value ...` line per run.
+            line = next(l for l in r.stdout.splitlines() if l.startswith("agents="))
+            out.append(dict(kv.split("=", 1) for kv in line.split()))
+            log(f"agents_scale {n} {how}: re-form {out[-1]['reform_s']} s")
+    return out
+
+
+def bench_hangs(a):
+    """8. A stalled rank to the group running again; the cost of progress reports."""
+    return run_script("hangs.py", ["--agent", a.agent, "--timeout", str(a.hang_timeout), "--seconds",
+                                   str(a.hang_seconds), "--kinds", a.hang_kinds])
+
+
+def bench_demo(a):
+    """9. The elastic demo (scripts/demo/elastic.py): kill, delete and bring back nodes."""
+    return run_script("demo.py", ["--agent", a.agent, "--trainer", a.trainer, "--steps", str(a.demo_steps)],
+                      stdout_json=True)
+
+
+def bench_full_shard(a):
+    """11. Peak RSS by strategy and world size, the largest model in a budget, samples/s."""
+    return run_script("full_shard.py", ["--runs", str(a.runs_shard), "--budget-mib", str(a.budget_mib), "--agent",
+                                        a.agent, "--trainer", a.trainer] + (["--tiny"] if a.tiny else []),
+                      stdout_json=True)
+
+
+def bench_prewarm(a):
+    """12. First all-reduce after a pod delete, a crash and the first round, --prewarm or not."""
+    d = run_script("prewarm.py", ["--runs", str(a.runs_slow), "--agent", a.agent, "--timeout", str(a.prewarm_timeout),
+                                  "--scenarios", a.prewarm_scenarios, "--kinds", a.prewarm_kinds, "--settle",
+                                  str(a.prewarm_settle), "--spare-wait", str(a.spare_wait)])
+    return {"settle_s": d["settle_s"], "timeout_s": d["timeout_s"], "spare_rss_mib": d["spare_rss_mib"],
+            "results": by_launcher(d["results"])}
+
+
+def bench_livelock(a):
+    """13. An agent frozen past its lease: one re-form, one restart, no loop."""
+    return run_script("livelock.py", ["--agent", a.agent, "--runs", str(a.runs_slow), "--limit", str(a.livelock_limit),
+                                      "--freeze", str(a.livelock_freeze), "--work", str(a.livelock_work)])
+
+
+def sim_run(a, args):
+    """One campaign of the simulator: its summary line's figures and the first violation."""
+    r = subprocess.run([a.sim, "--threads", "2", "--quiet"] + args, capture_output=True, text=True)
+    m = re.search(r"seeds (\d+), events (\d+), violations (\d+) \(([0-9.]+) s, (\d+) seeds/s", r.stdout)
+    if m is None:
+        sys.stderr.write(r.stdout[-2000:] + r.stderr[-2000:])
+        raise RuntimeError(f"{a.sim} {' '.join(args)}: no summary line")
+    first = re.search(r"^seed (\d+): (.*)$", r.stderr, re.M)
+    return {"seeds": int(m.group(1)), "events": int(m.group(2)), "violations": int(m.group(3)),
+            "seconds": float(m.group(4)), "seeds_per_s": int(m.group(5)),
+            "first": {"seed": int(first.group(1)), "said": first.group(2)} if first else None}
+
+
+def bench_sim(a):
+    """14. The deterministic simulator: clean campaigns, and each fix switched off."""
+    if not os.path.exists(a.sim):
+        why = f"{a.sim} is missing (cargo build --release -p fsdp-rendezvous --example sim)"
+        log(f"sim: not run: {why}")
+        return {"not_run": why}
+    out = {"campaigns": [], "switches": {}}
+    for seeds, start, agents, faults in a.sim_campaigns:
+        args = ["--seeds", str(seeds), "--seed-start", str(start), "--agents", str(agents), "--faults", str(faults)]
+        r = sim_run(a, args)
+        r.update(start=start, agents=agents, faults=faults)
+        out["campaigns"].append(r)
+        log(f"sim {' '.join(args)}: {r['violations']} violations, {r['seeds_per_s']} seeds/s")
+    for switch in ("old-departures", "old-store", "broken-fence"):
+        out["switches"][switch] = sim_run(a, ["--seeds", str(a.sim_switch_seeds), "--switch", switch])
+        log(f"sim --switch {switch}: first failing seed {(out['switches'][switch]['first'] or {}).get('seed')}")
+    return out
+
+
+def slurm_missing():
+    """Why scripts/slurm/start.sh cannot start its cluster here (what it checks first), or None."""
+    missing = [c for c in ("slurmctld", "slurmd", "srun", "scontrol", "sinfo", "munged", "mungekey", "unshare",
+                           "nsenter") if shutil.which(c) is None]
+    if missing:
+        return (f"{', '.join(missing)} not found: scripts/setup.sh installs Debian's slurmctld, slurmd, "
+                "slurm-client and munge")
+    if os.geteuid() != 0:
+        return "not root: the cluster's nodes are namespaces, each with its own bind-mounted /etc/hosts"
+    return None
+
+
+def free_ports(n):
+    """A base port with the n ports from it free on the loopback (slurmctld's and the slurmds')."""
+    for _ in range(100):
+        base = random.randrange(20000, 40000)
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            pass
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} free ports in a row")
+
+
+def bench_slurm(a):
+    """15. A node killed under `srun --no-kill` on the real three-node Slurm of scripts/slurm."""
+    why = ("--tiny: the smoke test starts no Slurm cluster (tests/tests/slurm.rs tests the same set-up)" if a.tiny
+           else slurm_missing())
+    if why:
+        log(f"slurm: not run: {why}")
+        return {"not_run": why}
+    # A cluster of its own, as each Slurm test starts one, but in its own state directory
+    # and on its own ports, so that the tests' cluster (fixed ones) may run beside it.
+    env = dict(os.environ, FSDP_SLURM_DIR=os.path.join(tempfile.gettempdir(), "slurm"),
+               FSDP_SLURM_PORT=str(free_ports(4)))
+    d = run_script("slurm.py", ["--runs", str(a.runs_slurm), "--agent", a.agent, "--kinds", a.slurm_kinds,
+                                "--limit", str(a.slurm_limit), "--port", str(free_ports(1))], env=env)
+    d["version"] = subprocess.run(["srun", "--version"], capture_output=True, text=True).stdout.strip()
+    return d
+
+
+def bench_mixed(a):
+    """16. Two nodes, one under torchrun: how soon fsdp-agent says so and exits."""
+    return run_script("mixed.py", ["--agent", a.agent, "--cases", a.mixed_cases, "--import-runs",
+                                   str(a.import_runs)])
+
+
+def bench_checkpoint(a):
+    """17. Sharded background saves against gathered ones and none, at world 2 and 4."""
+    return run_script("checkpoint.py", ["--agent", a.agent, "--trainer", a.trainer, "--worlds", a.ckpt_worlds]
+                      + (["--tiny"] if a.tiny else []))
+
+
+def bench_precision(a):
+    """17. bf16 against fp32: fsdp-trainer and PyTorch FSDP2; bf16's losses."""
+    return run_script("precision.py", ["--agent", a.agent, "--trainer", a.trainer] + (["--tiny"] if a.tiny else []),
+                      stdout_json=True)
+
+
 def machine():
     mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -212,7 +396,7 @@ def machine():
     }
 
 
-def report(a, m, r, elapsed):
+def report(a, m, r, took, elapsed):
     figs = os.path.join(a.out, "bench")
     os.makedirs(figs, exist_ok=True)
     md = ["# Benchmarks", "",
@@ -313,10 +497,15 @@ def report(a, m, r, elapsed):
     reform_rows = ["", "Re-form after one loss, same N: one node then leaves (its lease revoked, as on a pod "
                    "delete) or dies (no word: its 3 s lease expires, as on SIGKILL); the clock runs from the loss "
                    "to every survivor holding the next round (`rdzv-bench --nodes N --lose leave|kill --ttl 3`, "
-                   "MIN = N−1).", "", "| N | leave s | kill s (TTL 3 s) |", "|---|---|---|"]
+                   "MIN = N−1). The etcd writes of a re-form are how far etcd's revision moved from the loss to "
+                   "every survivor holding the next round (the most over the runs).", "",
+                   "| N | leave s | etcd writes (leave) | kill s (TTL 3 s) | etcd writes (kill) |",
+                   "|---|---|---|---|---|"]
     for n in sorted(R.get("reform leave", {}), key=int):
         reform_rows.append(f"| {n} | {cell(R['reform leave'][n], '{:.3f}')} | "
-                           f"{cell(R.get('reform kill', {}).get(n), '{:.3f}')} |")
+                           f"{R.get('reform writes leave', {}).get(n, '–')} | "
+                           f"{cell(R.get('reform kill', {}).get(n), '{:.3f}')} | "
+                           f"{R.get('reform writes kill', {}).get(n, '–')} |")
     for n in sizes:
         o, t = R["fsdp-agent"].get(n), R["torch etcd-v2"].get(n)
         w = R["writes_per_node"].get(n)
@@ -329,8 +518,7 @@ def report(a, m, r, elapsed):
         with open(os.path.join(figs, "rendezvous.svg"), "w") as f:
             f.write(svg.lines_loglog("Time to seal one round vs nodes", "simulated nodes", "seconds", series))
         md += ["", "![rendezvous](bench/rendezvous.svg)", ""]
-    md += reform_rows + ["", "Real agents (processes, not tasks) at 16 to 1,000 nodes: "
-                         "[bench/agents-scale.md](bench/agents-scale.md) (`bench/agents_scale.py`).", ""]
+    md += reform_rows + [""] + md_agents_scale(a, r["agents_scale"])
 
     T = r["trainer"]
     sp = T["speed"]
@@ -357,12 +545,21 @@ def report(a, m, r, elapsed):
                                          for k in ("no_shard", "shard_grad_op", "python-ddp")]]))
     md += ["", "![trainer](bench/trainer.svg)", "",
            "The trainer's shard saving is the optimizer state divided by the world size (2 here); Gloo's CPU "
-           "reduce-scatter and all-gather make `shard_grad_op` slower than `no_shard` on CPU.", "",
-           "## Reproduce", "", "```", "scripts/bench.sh           # everything, about 20 minutes on 2 cores",
-           "python bench/suite.py --tiny --out /tmp/r   # the smoke test's tiny version", "```",
-           "Raw results of this run: [bench/results.json](bench/results.json).", ""]
+           "reduce-scatter and all-gather make `shard_grad_op` slower than `no_shard` on CPU.", ""]
+    md += md_hangs(a, r["hangs"])
+    md += md_demo(a, r["demo"])
+    md += md_c10d(a, E)
+    md += md_full_shard(a, r["full_shard"])
+    md += md_prewarm(a, r["prewarm"], m)
+    md += md_livelock(a, r["livelock"])
+    md += md_sim(a, r["sim"])
+    md += md_slurm(a, r["slurm"])
+    md += md_mixed(a, r["mixed"])
+    md += md_trainer_issue31(a, r["checkpoint"], r["precision"])
+    md += md_reproduce(a, took)
     with open(os.path.join(figs, "results.json"), "w") as f:
-        json.dump({"machine": m, "results": r}, f, indent=1, default=str)
+        json.dump({"machine": m, "results": r, "minutes": {k: v / 60 for k, v in took.items()}}, f, indent=1,
+                  default=str)
     with open(os.path.join(a.out, "benchmarks.md"), "w") as f:
         f.write("\n".join(md))
 
