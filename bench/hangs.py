@@ -146,12 +146,12 @@ def main():
     ap.add_argument("--agent", default=os.path.join(ROOT, "target/release/fsdp-agent"))
     ap.add_argument("--timeout", type=float, default=90)
     ap.add_argument("--seconds", type=float, default=10, help="how long the cost measurement's workers run")
-    ap.add_argument("--kinds", default="fsdp-agent,torchrun", help="the launchers of the stall measurement")
+    ap.add_argument("--kinds", default="fsdp-agent,torchrun", help="the launchers of the stall measurement (none: '')")
     ap.add_argument("--json", help="also write the figures here as JSON")
     a = ap.parse_args()
     print(f"machine: {os.cpu_count()} cpus")
     out = {"timeout_s": a.timeout, "seconds": a.seconds, "hang_min_s": HANG_MIN, "stall_s": {}, "cost": {}}
-    for kind in a.kinds.split(","):
+    for kind in filter(None, a.kinds.split(",")):
         s = stall(kind, a.agent, a.timeout)
         out["stall_s"][kind] = s
         print(f"stall->running-again {kind}: " + (f"{s:.2f} s" if s is not None else f"not within {a.timeout:.0f} s"),
