@@ -357,18 +357,22 @@ def free_ports(n):
 
 def bench_slurm(a):
     """15. A node killed under `srun --no-kill` on the real three-node Slurm of scripts/slurm."""
-    why = ("--tiny: the smoke test starts no Slurm cluster (tests/tests/slurm.rs tests the same set-up)" if a.tiny
-           else slurm_missing())
+    why = ("--tiny: the smoke test starts no Slurm cluster (tests/tests/slurm.rs tests the same set-up; "
+           "`--tiny --only slurm` runs this step at its tiny size)" if a.tiny and not a.slurm_asked else slurm_missing())
     if why:
         log(f"slurm: not run: {why}")
         return {"not_run": why}
     # A cluster of its own, as each Slurm test starts one, but in its own state directory
     # and on its own ports, so that the tests' cluster (fixed ones) may run beside it.
+    # munged runs as the munge user and reaches its files through the suite's directory.
+    os.chmod(tempfile.gettempdir(), 0o755)
     env = dict(os.environ, FSDP_SLURM_DIR=os.path.join(tempfile.gettempdir(), "slurm"),
                FSDP_SLURM_PORT=str(free_ports(4)))
     d = run_script("slurm.py", ["--runs", str(a.runs_slurm), "--agent", a.agent, "--kinds", a.slurm_kinds,
-                                "--limit", str(a.slurm_limit), "--port", str(free_ports(1))], env=env)
-    d["version"] = subprocess.run(["srun", "--version"], capture_output=True, text=True).stdout.strip()
+                                "--limit", str(a.slurm_limit), "--steps", str(a.slurm_steps), "--port",
+                                str(free_ports(1))], env=env)
+    # (srun --version wants a cluster's configuration; slurmd's does not.)
+    d["version"] = subprocess.run(["slurmd", "-V"], capture_output=True, text=True).stdout.strip()
     return d
 
 
@@ -1012,8 +1016,11 @@ def main():
     ap.add_argument("--trainer", default=os.path.join(ROOT, "target/release/fsdp-trainer"))
     ap.add_argument("--rdzv-bench", dest="rdzv_bench", default=os.path.join(ROOT, "target/release/rdzv-bench"))
     ap.add_argument("--sim", help="the simulator (default: examples/sim beside --agent, as cargo builds it)")
-    ap.add_argument("--only", default=",".join(STEPS), help="these steps only: their results as JSON, no report")
+    ap.add_argument("--only", help="these steps only (default: all): their results as JSON, no report")
     a = ap.parse_args()
+    only = (a.only or ",".join(STEPS)).split(",")
+    # The smoke test (--tiny, every step) starts no Slurm cluster; --tiny --only slurm does.
+    a.slurm_asked = a.only is not None and "slurm" in only
     a.sim = a.sim or os.path.join(os.path.dirname(a.agent), "examples", "sim")
     if a.tiny:
         a.runs, a.runs_slow, a.nprocs = 1, 1, [1]
@@ -1029,6 +1036,7 @@ def main():
         a.prewarm_settle, a.spare_wait = 3, 0
         a.livelock_limit, a.livelock_freeze, a.livelock_work = 30, 4, 1
         a.sim_campaigns, a.sim_switch_seeds = [(20, 0, 4, 200)], 20
+        a.runs_slurm, a.slurm_kinds, a.slurm_limit, a.slurm_steps = 1, "fsdp-agent", 60, 60
         a.mixed_cases, a.import_runs = "c10d-torchrun-host", 0
         a.ckpt_worlds = "2"
     else:
@@ -1050,10 +1058,9 @@ def main():
         # (seeds, first seed, agents, faults per seed)
         a.sim_campaigns = [(10000, 0, 4, 200), (10000, 10000, 3, 200), (5000, 100000, 5, 200), (4000, 50000, 6, 300)]
         a.sim_switch_seeds = 100
-        a.runs_slurm, a.slurm_kinds, a.slurm_limit = 3, "fsdp-agent,fsdp-agent-prewarm,torchrun", 90
+        a.runs_slurm, a.slurm_kinds, a.slurm_limit, a.slurm_steps = 3, "fsdp-agent,fsdp-agent-prewarm,torchrun", 90, 300
         a.mixed_cases, a.import_runs = "static-torchrun-0,static-torchrun-1,c10d-torchrun-host,c10d-agent-host", 3
         a.ckpt_worlds = "2,4"
-    only = a.only.split(",")
     unknown = [k for k in only if k not in STEPS]
     if unknown:
         sys.exit(f"bench: no step {', '.join(unknown)}; the steps: {', '.join(STEPS)}")
