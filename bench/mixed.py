@@ -38,7 +38,7 @@ LINE = "the other node runs torchrun; run the same launcher on every node"
 WAIT = 3  # seconds between the first launcher and the second
 
 
-def clean_env(d):
+def clean_env():
     """Nothing of this environment (as the test's): the venv first on PATH, no status port."""
     return {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
             "FSDP_STATUS_ADDR": "off", "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
@@ -59,7 +59,7 @@ def case(agent, backend, torchrun_first, limit):
             cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "mixed",
                     "--local-addr", "127.0.0.1"]
         err = open(os.path.join(d, f"{os.path.basename(program)}.err"), "w+")
-        return subprocess.Popen(cmd + ["train.py"], cwd=d, env=clean_env(d), stdin=subprocess.DEVNULL,
+        return subprocess.Popen(cmd + ["train.py"], cwd=d, env=clean_env(), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err), err
 
     first, second = (torchrun, agent) if torchrun_first else (agent, torchrun)

@@ -142,7 +142,8 @@ def bench_elastic(a):
 ELASTIC_DESC = {"startup-2": "2 nodes: last node started → every worker running",
                 "startup-4": "4 nodes: last node started → every worker running",
                 "reform-KILL": "3 nodes, SIGKILL of one pod → survivors' workers running in a group of 2",
-                "reform-TERM": "3 nodes, SIGTERM of one pod (a pod delete) → survivors' workers running in a group of 2",
+                "reform-TERM": "3 nodes, SIGTERM of one pod (a pod delete) → survivors' workers running in a group "
+                               "of 2",
                 "scaleup-3": "2 nodes running, a third started → every worker running in a group of 3"}
 
 
@@ -279,9 +280,9 @@ def bench_full_shard(a):
 
 def bench_prewarm(a):
     """12. First all-reduce after a pod delete, a crash and the first round, --prewarm or not."""
-    d = run_script("prewarm.py", ["--runs", str(a.runs_slow), "--agent", a.agent, "--timeout", str(a.prewarm_timeout),
-                                  "--scenarios", a.prewarm_scenarios, "--kinds", a.prewarm_kinds, "--settle",
-                                  str(a.prewarm_settle), "--spare-wait", str(a.spare_wait)])
+    d = run_script("prewarm.py", ["--runs", str(a.runs_prewarm), "--agent", a.agent, "--timeout",
+                                  str(a.prewarm_timeout), "--scenarios", a.prewarm_scenarios, "--kinds",
+                                  a.prewarm_kinds, "--settle", str(a.prewarm_settle), "--spare-wait", str(a.spare_wait)])
     return {"settle_s": d["settle_s"], "timeout_s": d["timeout_s"], "spare_rss_mib": d["spare_rss_mib"],
             "results": by_launcher(d["results"])}
 
@@ -357,8 +358,11 @@ def free_ports(n):
 
 def bench_slurm(a):
     """15. A node killed under `srun --no-kill` on the real three-node Slurm of scripts/slurm."""
-    why = ("--tiny: the smoke test starts no Slurm cluster (tests/tests/slurm.rs tests the same set-up; "
-           "`--tiny --only slurm` runs this step at its tiny size)" if a.tiny and not a.slurm_asked else slurm_missing())
+    if a.tiny and not a.slurm_asked:
+        why = ("--tiny: the smoke test starts no Slurm cluster (tests/tests/slurm.rs tests the same set-up; "
+               "`--tiny --only slurm` runs this step at its tiny size)")
+    else:
+        why = slurm_missing()
     if why:
         log(f"slurm: not run: {why}")
         return {"not_run": why}
@@ -471,7 +475,8 @@ def md_hangs(a, H):
             "its time) to the last restarted rank's start line.", "",
             f"| | fsdp-agent (`--hang-min {H['hang_min_s']}`, automatic timeout) | torchrun (`--max-restarts 1`) |",
             "|---|---|---|",
-            f"| stall → both ranks running again from the checkpoint | {stall('fsdp-agent')} | {stall('torchrun')} |", "",
+            f"| stall → both ranks running again from the checkpoint | {stall('fsdp-agent')} | "
+            f"{stall('torchrun')} |", "",
             f"fsdp-agent's figure is its allowance ({H['hang_min_s']} s, or 10 steps' time if that is longer), up to a "
             "second to its next look, the py-spy dumps, then the restart: Python, the torch import, gloo.", "",
             f"Cost of progress reports: 2 workers each sending 1,000 step reports a second for {t:g} s (paced busy "
@@ -595,7 +600,7 @@ def md_prewarm(a, P, m):
           "How soon the workers train again, measured where it matters: the first all-reduce of the new group "
           "completing in the workers themselves (the `allreduced ... t=` line of `tests/py/elastic_worker.py`, wall "
           "clock; pods as in §3–5). "
-          f"`bench/prewarm.py --runs {a.runs_slow} --timeout {P['timeout_s']:g} --settle {P['settle_s']:g}`, "
+          f"`bench/prewarm.py --runs {a.runs_prewarm} --timeout {P['timeout_s']:g} --settle {P['settle_s']:g}`, "
           f"side by side in one run: {', '.join(PREWARM_KINDS.get(k, k) for k in kinds)}; torchrun gets "
           "`--max-restarts 3`, fsdp-agent too (the crash needs it), and torchrun c10d's store is on pod0. Each "
           f"fault comes after {P['settle_s']:g} s of training, by when the spares for the next start have finished "
@@ -608,8 +613,9 @@ def md_prewarm(a, P, m):
     term = R.get("reform-TERM/fsdp-agent-prewarm")
     target = ""
     if term and "median" in term:
-        target = (f"The target, training again within 0.5 s of a pod delete, is {'met' if term['median'] < 0.5 else 'not met'} "
-                  f"on this machine ({term['median']:.2f} s). ")
+        met = "met" if term["median"] < 0.5 else "not met"
+        target = (f"The target, training again within 0.5 s of a pod delete, is {met} on this machine "
+                  f"({term['median']:.2f} s). ")
     md += ["", target + "With `--prewarm` the agent re-forms in tens of milliseconds and the survivors' spares are "
            "past `import torch`, so what is left is `init_process_group` and one all-reduce; on few cores the new "
            "spares' own imports compete with the workers' start-up. A crash costs more than a pod delete: the failed "
@@ -633,8 +639,8 @@ def md_livelock(a, L):
     n = len(L["runs"])
     md = ["## 13. A frozen agent: the livelock (issue 26)", "",
           f"The command outside testing found: a one-node etcd job, lease TTL {L['ttl_s']} s, whose first attempt's "
-          f"worker freezes its own agent for {L['freeze_s']:g} s (SIGSTOP, then SIGCONT) — a node swapping hard, a VM "
-          f"pause; the restarted worker then runs {L['work_s']:g} s. `bench/livelock.py --runs {n} --limit "
+          f"worker freezes its own agent for {L['freeze_s']:g} s (SIGSTOP, then SIGCONT) — a node swapping hard, a "
+          f"VM pause; the restarted worker then runs {L['work_s']:g} s. `bench/livelock.py --runs {n} --limit "
           f"{L['limit_s']:g} --freeze {L['freeze_s']:g} --work {L['work_s']:g}`, one etcd:", "",
           "| run | exit | worker starts (`TORCHELASTIC_RESTART_COUNT`) | rounds sealed | etcd revisions used | "
           "seconds | a seal held by the pace net |", "|---|---|---|---|---|---|---|"]
@@ -737,7 +743,8 @@ def md_mixed(a, X):
           "`--nnodes 2 --nproc-per-node 1`, one node under torchrun and the other under fsdp-agent; the first "
           f"launcher starts, {X['wait_s']} s later the second, and the clock runs from the second's start to "
           "fsdp-agent's exit.", "",
-          "| job | fsdp-agent exits 64 with `the other node runs torchrun…`, after the second node starts |", "|---|---|"]
+          "| job | fsdp-agent exits 64 with `the other node runs torchrun…`, after the second node starts |",
+          "|---|---|"]
     for name, label in MIXED_CASES.items():
         c = X["cases"].get(name)
         if c is None:
@@ -1032,7 +1039,8 @@ def main():
         a.hang_timeout, a.hang_seconds, a.hang_kinds = 30, 1, ""
         a.demo_steps = 40
         a.runs_shard, a.budget_mib = 1, 400
-        a.prewarm_timeout, a.prewarm_scenarios, a.prewarm_kinds = 30, "reform-TERM", "fsdp-agent-prewarm"
+        a.runs_prewarm, a.prewarm_timeout, a.prewarm_scenarios = 1, 30, "reform-TERM"
+        a.prewarm_kinds = "fsdp-agent-prewarm"
         a.prewarm_settle, a.spare_wait = 3, 0
         a.livelock_limit, a.livelock_freeze, a.livelock_work = 30, 4, 1
         a.sim_campaigns, a.sim_switch_seeds = [(20, 0, 4, 200)], 20
@@ -1052,7 +1060,7 @@ def main():
         a.demo_steps = 800
         a.runs_shard, a.budget_mib = 2, 1024
         # torchrun etcd-v2's recovery is §3–5's already; here torchrun c10d stands for it.
-        a.prewarm_timeout, a.prewarm_scenarios = 35, "reform-TERM,crash,startup-3"
+        a.runs_prewarm, a.prewarm_timeout, a.prewarm_scenarios = 2, 35, "reform-TERM,crash,startup-3"
         a.prewarm_kinds, a.prewarm_settle, a.spare_wait = "fsdp-agent-prewarm,fsdp-agent,torchrun-c10d", 10, 15
         a.livelock_limit, a.livelock_freeze, a.livelock_work = 60, 8, 20
         # (seeds, first seed, agents, faults per seed)
