@@ -132,8 +132,7 @@ def bench_elastic(a):
         with open(path) as f:
             data = json.load(f)
         os.unlink(path)
-        for r in data["results"]:
-            out[f"{r['scenario']}/{r['launcher']}"] = stats(r["seconds"]) or {"never": len(r["seconds"])}
+        out.update(by_launcher(data["results"]))
         for k, v in data["agent_group_formed_s"].items():
             out[f"{k}/fsdp-agent group formed"] = stats(v)
     return out
