@@ -1,12 +1,16 @@
-"""The benchmark suite: every figure of fsdp-agent's claim, measured side by side with
-torchrun (same PyTorch 2.13 venv) in one run on this machine, and docs/benchmarks.md
-regenerated from the results with tables and SVG plots.
+"""The benchmark suite: every figure of docs/benchmarks.md, measured in one run on this
+machine (side by side with torchrun, from the same PyTorch venv, wherever it has a
+counterpart), and the whole of docs/benchmarks.md regenerated from the results, with tables
+and SVG plots. Each step runs one benchmark (bench/*.py, rdzv-bench, the simulator) and
+reads its figures; STEPS lists the steps with their estimates.
 
 usage: scripts/bench.sh            (builds release binaries, then runs this)
-       python bench/suite.py [--out docs] [--runs 5] [--tiny]
+       python bench/suite.py [--out docs] [--runs 5] [--tiny] [--only STEP,...]
 
---tiny runs every benchmark at the smallest size once (the smoke test uses it); it writes
-its report where --out says, never over docs/ unless told to.
+--tiny runs every benchmark at the smallest size once (the smoke test uses it; it starts no
+Slurm cluster unless --only names slurm); it writes its report where --out says, never over
+docs/ unless told to. --only runs those steps and prints their results as JSON, writing
+nothing.
 """
 import argparse
 import datetime
