@@ -14,6 +14,8 @@ usage: python bench/full_shard.py [--only memory,budget,speed] [--runs 2] [--bud
                                   [--agent target/release/fsdp-agent]
                                   [--trainer target/release/fsdp-trainer] [--tiny]
        python bench/full_shard.py --render result.json
+--tiny: a small model at world 1 and 2, the budget of `full` alone (give a small
+--budget-mib), no Python kinds in the speed runs: the smoke test's sizes.
 Prints one JSON object on stdout, progress and the markdown tables on stderr.
 """
 import argparse
@@ -79,7 +81,7 @@ def model_line(text):
 def bench_memory(a):
     model = TINY if a.tiny else MEMORY_MODEL
     rows = []
-    for world in [1, 2, 4]:
+    for world in [1, 2] if a.tiny else [1, 2, 4]:
         for strategy in STRATEGIES:
             text = launch(a, [a.trainer], model + ["--max_steps", "2", "--threads", "1",
                                                   "--sharding_strategy", strategy], world)
@@ -96,7 +98,7 @@ def bench_budget(a):
     wrapped = ["/bin/sh", "-c", f'ulimit -d {kib}; exec "$0" "$@"', a.trainer]
     rows = []
     for world in [1, 2, 4] if not a.tiny else [2]:
-        for strategy in STRATEGIES:
+        for strategy in STRATEGIES if not a.tiny else ["full"]:
             if world == 1 and strategy != "no_shard":
                 continue
             # Bytes of state a layer adds per rank: params, grads, two moments (16 B a
@@ -144,6 +146,9 @@ def bench_speed(a):
         "python FSDP2": ([a.python, FSDP2], []),
         "python DDP": ([a.python, DDP], []),
     }
+    if a.tiny:
+        # The smoke test's time: the Python kinds import torch in every rank.
+        del kinds["python FSDP2"], kinds["python DDP"]
     out = {}
     for _ in range(a.runs):
         # Interleaved, so a slow spell on the shared machine spreads over every kind.

@@ -8,7 +8,11 @@ per run: exit code, seconds, rounds sealed (the agent's "round sealed" lines), w
 and their TORCHELASTIC_RESTART_COUNT, etcd revisions used, and whether the coordinator's
 safety net ("too fast") had to hold a round.
 
+--freeze sets how long the agent is frozen (8 s) and --work how long the restarted worker
+then runs (20 s); --json also writes the runs there (bench/suite.py reads them).
+
 usage: python bench/livelock.py [--agent target/debug/fsdp-agent] [--runs 3] [--limit 60]
+                                [--freeze 8] [--work 20] [--json FILE]
 """
 import argparse
 import json
@@ -24,8 +28,13 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from elastic import Etcd  # noqa: E402
 
+TTL = 3  # the lease TTL (s): the freeze must outlast it
+
+# The first attempt outlasts the freeze (its agent's thaw ends it); the restarted one runs
+# WORK seconds.
 WORKER = ("echo start restart=$TORCHELASTIC_RESTART_COUNT; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then "
-          "sleep 2; P=$PPID; kill -STOP $P; (sleep 8; kill -CONT $P) & fi; exec sleep 20")
+          "sleep 2; P=$PPID; kill -STOP $P; (sleep {freeze}; kill -CONT $P) & exec sleep {first}; fi; "
+          "exec sleep {work}")
 
 
 def revision(port):
@@ -34,10 +43,11 @@ def revision(port):
         return int(json.load(r)["header"]["revision"])
 
 
-def run(agent, etcd, n, limit):
+def run(agent, etcd, n, limit, freeze, work):
     argv = [agent, "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{etcd.port}",
-            "--rdzv-conf", "keep_alive_ttl=3,straggler_timeout=10", "--rdzv-id", f"stoploop-{n}-{time.time_ns()}",
-            "--max-restarts", "1", "--term-timeout", "2", "--no-python", "/bin/sh", "-c", WORKER]
+            "--rdzv-conf", f"keep_alive_ttl={TTL},straggler_timeout=10", "--rdzv-id", f"stoploop-{n}-{time.time_ns()}",
+            "--max-restarts", "1", "--term-timeout", "2", "--no-python", "/bin/sh", "-c",
+            WORKER.format(freeze=freeze, first=freeze + work, work=work)]
     env = dict(os.environ, RUST_LOG="info", FSDP_STATUS_ADDR="127.0.0.1:0")
     rev0 = revision(etcd.port)
     t0 = time.monotonic()
@@ -67,18 +77,25 @@ def main():
     ap.add_argument("--agent", default=os.path.join(ROOT, "target/debug/fsdp-agent"))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--limit", type=float, default=60)
+    ap.add_argument("--freeze", type=float, default=8, help="seconds the first worker freezes its agent")
+    ap.add_argument("--work", type=float, default=20, help="seconds the restarted worker runs")
+    ap.add_argument("--json", help="also write the runs here as JSON")
     a = ap.parse_args()
     etcd = Etcd(v2=False)
     try:
         results = []
         for n in range(a.runs):
-            r = run(a.agent, etcd, n, a.limit)
+            r = run(a.agent, etcd, n, a.limit, a.freeze, a.work)
             results.append(r)
             print(f"run {n}: exit={r['exit']} seconds={r['seconds']} rounds_sealed={r['rounds_sealed']} "
                   f"starts={','.join(r['starts'])} etcd_revisions={r['etcd_revisions']} held={r['held']}", flush=True)
         ok = sum(1 for r in results if r["exit"] == 0 and r["starts"] == ["0", "1"] and r["rounds_sealed"] <= 5)
         print(f"livelock: {ok} of {len(results)} runs exit 0 with the worker restarted once and at most 5 rounds sealed; "
               f"rounds sealed max {max(r['rounds_sealed'] for r in results)}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"freeze_s": a.freeze, "work_s": a.work, "limit_s": a.limit, "ttl_s": TTL, "ok": ok,
+                           "runs": results}, f, indent=1)
     finally:
         etcd.stop()
 

@@ -15,6 +15,7 @@ Scenarios:
 Also: the idle RSS of a spare.
 
 usage: python bench/prewarm.py [--runs 3] [--agent target/release/fsdp-agent] [--json FILE]
+                               [--scenarios ...] [--kinds ...] [--settle 10] [--spare-wait 15]
 """
 import argparse
 import json
@@ -127,7 +128,7 @@ def spare_rss(args, env, workdir):
     agent = subprocess.Popen([args.agent, "--standalone", "--nproc-per-node", "1", "--prewarm", elastic.WORKER, ckpt,
                               "1000000"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(15)  # the worker runs; the next spare has imported torch
+        time.sleep(args.spare_wait)  # the worker runs; the next spare has imported torch
         with open(f"/proc/{agent.pid}/task/{agent.pid}/children") as f:
             kids = [int(p) for p in f.read().split()]
 
@@ -154,6 +155,8 @@ def main():
     ap.add_argument("--json", help="also write the results here as JSON")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--settle", type=float, default=10, help="seconds of training before the fault")
+    ap.add_argument("--spare-wait", dest="spare_wait", type=float, default=15,
+                    help="seconds after the start before the idle spare's RSS is read (0: not read)")
     args = ap.parse_args()
     env = elastic.pod_env()
     workdir = tempfile.mkdtemp(prefix="bench-prewarm-")
@@ -167,8 +170,9 @@ def main():
             med = f"{statistics.median(ok):.2f}" if ok else "-"
             print(f"{name:12} {kind:20} first all-reduce median_s={med} all={['-' if x is None else round(x, 2) for x in xs]}",
                   flush=True)
-    rss = spare_rss(args, env, workdir)
-    print(f"idle spare (torch imported) VmRSS: {rss:.0f} MiB")
+    rss = spare_rss(args, env, workdir) if args.spare_wait > 0 else None
+    if rss is not None:
+        print(f"idle spare (torch imported) VmRSS: {rss:.0f} MiB")
     print("\n| scenario | " + " | ".join(args.kinds.split(",")) + " |")
     print("|---|" + "---|" * len(args.kinds.split(",")))
     for name in args.scenarios.split(","):
@@ -181,7 +185,7 @@ def main():
         print(f"| {name} | " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"runs": args.runs, "timeout_s": args.timeout, "spare_rss_mib": rss,
+            json.dump({"runs": args.runs, "timeout_s": args.timeout, "settle_s": args.settle, "spare_rss_mib": rss,
                        "results": [{"scenario": n, "launcher": k, "seconds": xs} for (n, k), xs in results.items()]},
                       f, indent=1)
     if not args.keep:

@@ -94,7 +94,8 @@ fn rendezvous_benchmark_prints_its_summary_line() {
 }
 
 /// The whole benchmark suite at tiny sizes: every benchmark runs once, side by side with
-/// torchrun, and the report with its plots is written (to a temp dir, not over docs/).
+/// torchrun, and the report with its plots is written (to a temp dir, not over docs/), every
+/// section of it (under --tiny the Slurm section says it was not run, and why).
 #[test]
 fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
     let out = tempfile::tempdir().unwrap();
@@ -118,18 +119,44 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     let report = std::fs::read_to_string(out.path().join("benchmarks.md")).expect("report");
+    // Every section, in order, and the machine line before them.
+    let mut at = 0;
     for heading in [
+        "Machine: ",
         "## 1. Single-node launch",
         "## 2. Supervising idle workers",
         "## 3–5. Multi-node",
         "## 6. Rendezvous at scale",
-        "## 7. Trainer throughput and memory",
         "Re-form after one loss",
-        "Machine: ",
+        "Real agents (processes, not tasks)",
+        "## 7. Trainer throughput and memory",
+        "## 8. Hangs",
+        "## 9. The elastic demo",
+        "## 10. c10d without etcd",
+        "## 11. Full sharding",
+        "## 12. Pre-warmed workers",
+        "## 13. A frozen agent",
+        "## 14. Deterministic simulation",
+        "## 15. Slurm",
+        "## 16. A job run half under torchrun",
+        "## 17. Trainer (issue 31)",
+        "## Reproduce",
     ] {
-        assert!(report.contains(heading), "{heading} missing:\n{report}");
+        let i = report
+            .find(heading)
+            .unwrap_or_else(|| panic!("{heading} missing:\n{report}"));
+        assert!(i >= at, "{heading} out of order:\n{report}");
+        at = i;
     }
     assert!(report.contains("| 1 | "), "launch row for N=1:\n{report}");
+    // Generated whole: no section is left for a later run to fill in.
+    assert!(
+        report.starts_with("# Benchmarks\n\nGenerated, whole,"),
+        "{report}"
+    );
+    assert!(!report.contains("regenerates"), "{report}");
+    // One machine line, at the top.
+    assert_eq!(report.matches("Machine: ").count(), 1, "{report}");
     for svg in ["launch", "idle", "elastic", "rendezvous", "trainer"] {
         let text = std::fs::read_to_string(out.path().join(format!("bench/{svg}.svg")))
             .unwrap_or_else(|e| panic!("{svg}.svg: {e}"));
@@ -139,6 +166,29 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
         &std::fs::read_to_string(out.path().join("bench/results.json")).unwrap(),
     )
     .unwrap();
+    for step in [
+        "launch",
+        "idle",
+        "elastic",
+        "rendezvous",
+        "agents_scale",
+        "trainer",
+        "hangs",
+        "demo",
+        "full_shard",
+        "prewarm",
+        "livelock",
+        "sim",
+        "slurm",
+        "mixed",
+        "checkpoint",
+        "precision",
+    ] {
+        assert!(
+            !raw["results"][step].is_null(),
+            "{step} missing from results.json"
+        );
+    }
     let launch = &raw["results"]["launch"];
     assert!(launch["fsdp-agent/1"]["median"].as_f64().unwrap() > 0.0);
     assert!(launch["torchrun/1"]["median"].as_f64().unwrap() > 0.0);
