@@ -185,8 +185,15 @@ pub fn overloaded(e: &etcd_client::Error) -> bool {
     let said = s.message();
     // The limiter's answer reaches etcd-client with the code Unknown (seen at 4,000
     // joining nodes), not ResourceExhausted: its description alone decides.
+    // Not "request timed out, possibly due to previous leader failure" nor "…connection
+    // lost": those are a member without its leader, where another member is the way on.
     said == "etcdserver: too many requests"
-        || (s.code() == Code::Unavailable && said.starts_with("etcdserver: request timed out"))
+        || (s.code() == Code::Unavailable
+            && matches!(
+                said,
+                "etcdserver: request timed out"
+                    | "etcdserver: request timed out, waiting for the applied index took too long"
+            ))
 }
 
 /// A TLS handshake that failed on its content (a certificate refused by either side, or

@@ -18,9 +18,14 @@ fn timed_out() -> etcd_client::Error {
 
 /// A request etcd answers on its own (not a stream, not the connection's).
 fn is_request(op: &Op) -> bool {
+    // (The real driver's departure always answers: its errors are logged, not returned.)
     !matches!(
         op,
-        Op::Watch { .. } | Op::KeepAlive | Op::ReopenKeepAlive { .. } | Op::PickEndpoint
+        Op::Watch { .. }
+            | Op::KeepAlive
+            | Op::ReopenKeepAlive { .. }
+            | Op::PickEndpoint
+            | Op::Depart { .. }
     )
 }
 

@@ -166,14 +166,18 @@ impl Driver {
             Some(s) => (Some(&mut s.ctl), s.members.as_mut(), s.kept.as_mut()),
             None => (None, None, None),
         };
+        // In this order when several are ready: the keep-alive stream's end before the
+        // timer that would send a keep-alive on it ("channel closed", an outage), and the
+        // timer before the watches, so that a busy watch never holds up a keep-alive.
         let input = tokio::select! {
-            msg = next_watch(ctl) => watch_input(msg),
-            msg = next_watch(members) => watch_input(msg),
+            biased;
             msg = next_answer(kept) => match msg {
                 Ok(answer) => Input::LeaseAnswer(answer.map(|r| r.ttl())),
                 Err(e) => Input::KeepAliveFailed(e),
             },
             () = sleep => Input::Timer,
+            msg = next_watch(ctl) => watch_input(msg),
+            msg = next_watch(members) => watch_input(msg),
             req = commands.recv() => match req {
                 Some(req) => {
                     *next_id += 1;

@@ -276,12 +276,15 @@ impl Machine {
         self.now = now;
         match input {
             Input::Answer(answer) => match (self.awaiting.take(), answer) {
-                (Some(then), Err(e)) if overloaded(&e) && self.may_retry() => {
+                (Some(then), Err(e)) if overloaded(&e) && self.may_retry(&then) => {
                     self.slowed_down(then, e)
                 }
                 (Some(then), answer) => {
                     self.in_flight = None;
-                    if answer.is_ok() {
+                    // A keep-alive is answered by the local send, not by etcd: it says
+                    // nothing of whether etcd keeps up.
+                    let from_etcd = !matches!(then, Then::Todo(Todo::KeepAlive));
+                    if answer.is_ok() && from_etcd {
                         (self.slowed, self.slowed_since) = (0, None);
                     }
                     self.on_answer(then, answer)
@@ -451,7 +454,11 @@ impl Machine {
         for input in std::mem::take(&mut self.inbox) {
             match input {
                 Input::LeaseAnswer(_) => self.on_input(input),
-                Input::KeepAliveFailed(e) if overloaded(&e) => self.keep_alive_ended = true,
+                Input::KeepAliveFailed(e) if overloaded(&e) => {
+                    // A keep-alive on a new stream at once.
+                    self.keep_alive_ended = true;
+                    self.keep_alive_at = Some(self.now);
+                }
                 // The deadline asks again; the retry's own time is what it waited for.
                 Input::Timer => {}
                 other => rest.push_back(other),
@@ -461,28 +468,32 @@ impl Machine {
         let Phase::Watching { lease, .. } = self.phase else {
             return;
         };
-        if lease != self.lease {
+        if lease != self.lease || self.keep_alive_at.is_none_or(|at| at > self.now) {
             return;
         }
+        // Once per keep-alive period, whatever the outcome: a reopen etcd is too busy for
+        // is not sent again at once.
+        self.keep_alive_at = Some(self.now + self.cfg.ttl / 3);
         if self.keep_alive_ended {
             let op = Op::ReopenKeepAlive { lease };
             return self.issue(Then::Todo(Todo::ReopenKeepAlive), op);
         }
-        if self.keep_alive_at.is_some_and(|at| at <= self.now) {
-            self.clock.keep_alive_sent(self.now);
-            self.keep_alive_at = Some(self.now + self.cfg.ttl / 3);
-            self.issue(Then::Todo(Todo::KeepAlive), Op::KeepAlive);
-        }
+        self.clock.keep_alive_sent(self.now);
+        self.issue(Then::Todo(Todo::KeepAlive), Op::KeepAlive);
     }
 
     /// Whether an overloaded answer is retried in place. Not during an outage or after the
     /// end (nothing is in flight then). With several etcd members, only for a quarter
     /// TTL: a member cut from its quorum answers "request timed out" too, and then
     /// another member is the way on (the outage path picks one).
-    fn may_retry(&self) -> bool {
+    fn may_retry(&self, then: &Then) -> bool {
         let watching = matches!(self.phase, Phase::Watching { .. } | Phase::Syncing(_));
         let since = self.slowed_since.unwrap_or(self.now);
-        watching && !(self.cfg.several_endpoints && self.now - since >= self.cfg.ttl / 4)
+        let safe = match then {
+            Then::Command(s) => s.retry_safe(),
+            _ => true,
+        };
+        safe && watching && !(self.cfg.several_endpoints && self.now - since >= self.cfg.ttl / 4)
     }
 
     /// etcd answered the op in flight that it is overloaded: the same op goes again after
@@ -495,6 +506,13 @@ impl Machine {
         let Some(op) = self.in_flight.take() else {
             return self.on_answer(then, Err(e));
         };
+        if self.retry.is_some() {
+            // A keep-alive stream's reopen sent while another op waits for its turn
+            // failed the same way: it is tried again when the next keep-alive falls due
+            // (`keep_alive_ended` stays), never in the waiting op's place.
+            debug_assert!(matches!(then, Then::Todo(Todo::ReopenKeepAlive)));
+            return;
+        }
         let now = self.now;
         let busy_for = now - *self.slowed_since.get_or_insert(now);
         if busy_for > self.cfg.outage_limit {
@@ -512,9 +530,6 @@ impl Machine {
             tracing::debug!(error = %e, retry_in = ?delay, "etcd is still overloaded");
         }
         self.slowed = self.slowed.saturating_add(1);
-        // A single member that cannot answer may have no leader: look for the proof that
-        // keeps the lease safe meanwhile.
-        self.trouble();
         self.retry = Some((now + delay, then, op));
     }
 }

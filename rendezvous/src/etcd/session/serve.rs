@@ -22,6 +22,13 @@ pub struct Serving {
 }
 
 impl Serving {
+    /// Whether its op may be sent a second time after an overloaded answer that may have
+    /// applied it. Not a withdrawal: it deletes the coordinator key whoever holds it, and
+    /// a member in turn may have claimed it meanwhile.
+    pub(super) fn retry_safe(&self) -> bool {
+        !matches!(self.command, Command::Withdraw { .. })
+    }
+
     /// The command, to be answered with the others waiting (the session is ending).
     pub(super) fn into_waiting(self) -> (CommandId, Command) {
         (self.id, self.command)

@@ -156,6 +156,16 @@ fn said_gone(v: &mut View, keys: &Keys, kv: &Kv, now: std::time::Instant) {
             .filter(|r| r.record.number == g.round)
             .and_then(|r| r.record.members.iter().find(|m| m.node_id == g.node_id))
             .map(|m| (m.node_id.clone(), m.incarnation))
+    } else if kv.key.starts_with(&keys.key::<v1::Unhealthy>("")) {
+        // A withdrawal for a failing health check: the registration went in the same
+        // transaction, and nobody else says so (the coordinator counts it explained).
+        let Ok(u) = v1::Unhealthy::decode(kv.value.as_slice()) else {
+            return;
+        };
+        v.round
+            .as_ref()
+            .and_then(|r| r.record.members.iter().find(|m| m.node_id == u.node_id))
+            .map(|m| (m.node_id.clone(), m.incarnation))
     } else {
         None
     };

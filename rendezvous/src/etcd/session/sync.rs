@@ -311,7 +311,12 @@ impl Machine {
             (Todo::CheckAbsent, Answer::Range { kvs, .. }) => self.check_absent(&kvs),
             (Todo::ReadRoster, Answer::Range { kvs, .. }) => self.read_roster(&kvs),
             (Todo::KeepAlive, Answer::Done) => {}
-            (Todo::ReopenKeepAlive, Answer::Done) => self.keep_alive_ended = false,
+            (Todo::ReopenKeepAlive, Answer::Done) => {
+                // The keep-alives sent on the ended stream will never be answered: the
+                // next answer must be matched with a keep-alive sent on this one.
+                self.keep_alive_ended = false;
+                self.clock.stream_closed();
+            }
             (_, other) => self.unexpected(&other),
         }
     }

@@ -189,3 +189,25 @@ fn a_keep_alive_stream_ended_during_a_retry_is_opened_again_before_the_next_keep
         assert!(h.now - h.t0 < TTL, "a keep-alive within a TTL");
     }
 }
+
+/// A new keep-alive stream that etcd is too busy to open (its first renewal times out)
+/// while a command waits to be sent again: the command keeps its place and is answered,
+/// and the reopen waits for the next keep-alive period instead of going out again at once.
+#[test]
+fn a_reopen_etcd_is_too_busy_for_never_takes_a_waiting_commands_place() {
+    let mut h = watching(Harness::new());
+    let e = h.command(1, report_done(3));
+    let sent = the_op(&e);
+    h.fail(timed_out());
+    let e = h.step(Input::KeepAliveFailed(timed_out()));
+    assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
+    no_op(&h.fail(timed_out()));
+    // Next: the command, not another reopen.
+    let e = h.fire();
+    assert_eq!(the_op(&e), sent);
+    replied_ok(&h.answer(Answer::Done), 1);
+    // The reopen comes back when the next keep-alive falls due, a third of a TTL on.
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
+    assert!(h.now - h.t0 >= TTL / 3);
+}
