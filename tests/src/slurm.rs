@@ -141,9 +141,17 @@ impl Cluster {
         loop {
             let job = self.job(name);
             let state = Self::field(&job, "JobState");
+            // SIGNALING is Slurm delivering a `--signal` to a running job (seen under load:
+            // the job was read while its batch shell was being warned), not an end.
             if !matches!(
                 state,
-                "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "REQUEUED" | "REQUEUE_HOLD"
+                "PENDING"
+                    | "RUNNING"
+                    | "CONFIGURING"
+                    | "COMPLETING"
+                    | "REQUEUED"
+                    | "REQUEUE_HOLD"
+                    | "SIGNALING"
             ) {
                 return job;
             }

@@ -156,7 +156,23 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
     match v.round.as_ref().map(|r| &r.record) {
         Some(r) if r.number > held.number => {
             if r.members.iter().any(|m| m.node_id == me) {
-                Some(Change::NewRound { number: r.number })
+                // A member does not watch registrations: when the coordinator's next round
+                // comes before the word of a loss, the round itself says who is missing
+                // (as the deleted registration said before; the agent tells a loss from a
+                // change of membership by it).
+                let next: std::collections::HashSet<&str> =
+                    r.members.iter().map(|m| m.node_id.as_str()).collect();
+                let missing = held.members.iter().find(|m| {
+                    m.node_id != me
+                        && !next.contains(m.node_id.as_str())
+                        && !done.is_some_and(|d| d.contains(&m.node_id))
+                });
+                Some(match missing {
+                    Some(m) => Change::MemberLost {
+                        node: m.node_id.clone(),
+                    },
+                    None => Change::NewRound { number: r.number },
+                })
             } else {
                 Some(Change::MemberLost {
                     node: me.to_owned(),

@@ -146,3 +146,42 @@ fn a_finished_member_that_leaves_is_not_a_loss_but_an_unfinished_one_is() {
         Some(Change::PeerFailed { restart_count: 1 })
     );
 }
+
+/// A member watches no registrations: when the coordinator's next round reaches it before
+/// any word of a loss, the round says who is missing — a loss, as the deleted
+/// registration said before (the real-etcd test of a dead node found the change read as a
+/// plain new round). A round that only adds members, or drops one that finished, is not.
+#[test]
+fn a_next_round_without_a_member_of_the_held_one_is_its_loss() {
+    let since = Instant::now();
+    let held = view_with_round(&["me", "peer", "gone"])
+        .round
+        .unwrap()
+        .record;
+    let mut v = view_with_round(&["me", "peer"]);
+    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).number = held.number + 1;
+    assert_eq!(
+        detect(&v, &held, "me", since),
+        Some(Change::MemberLost {
+            node: "gone".into()
+        })
+    );
+    v.done
+        .entry(held.number)
+        .or_default()
+        .insert("gone".to_owned());
+    assert_eq!(
+        detect(&v, &held, "me", since),
+        Some(Change::NewRound {
+            number: held.number + 1
+        })
+    );
+    let mut grown = view_with_round(&["me", "peer", "gone", "new"]);
+    std::sync::Arc::make_mut(&mut grown.round.as_mut().unwrap().record).number = held.number + 1;
+    assert_eq!(
+        detect(&grown, &held, "me", since),
+        Some(Change::NewRound {
+            number: held.number + 1
+        })
+    );
+}
