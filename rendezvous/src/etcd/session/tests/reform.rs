@@ -89,6 +89,15 @@ fn a_node_whose_key_went_writes_again() {
     assert!(matches!(the_op(&e), Op::Txn(_)));
 }
 
+/// The read of the whole round a member makes when a difference comes that it cannot apply.
+fn read_roster() -> Op {
+    Op::Range {
+        key: keys().key::<v1::Roster>(""),
+        prefix: false,
+        keys_only: false,
+    }
+}
+
 fn delta_kv(d: &v1::Round, mod_rev: i64) -> Kv {
     Kv {
         key: keys().key::<v1::Round>(""),
@@ -119,14 +128,7 @@ fn a_delta_of_a_round_not_held_makes_the_member_read_the_roster() {
     let d = crate::etcd::roster::delta(&base, 6, &next).unwrap();
     let e = h.step(Input::Watched(vec![WatchEvent::Put(delta_kv(&d, 12))]));
     let roster_key = keys().key::<v1::Roster>("");
-    assert_eq!(
-        the_op(&e),
-        Op::Range {
-            key: roster_key.clone(),
-            prefix: false,
-            keys_only: false
-        }
-    );
+    assert_eq!(the_op(&e), read_roster());
     assert_eq!(h.m.view().round.as_ref().unwrap().record.number, 1);
     let roster = v1::Roster {
         schema: SCHEMA_VERSION,
@@ -216,14 +218,7 @@ fn a_first_sync_that_finds_a_delta_reads_the_roster_before_watching() {
     assert_eq!(ops, vec![read_ctl()]);
     assert_eq!(h.m.view().round_wanted, Some(2));
     let roster_key = keys().key::<v1::Roster>("");
-    assert_eq!(
-        the_op(&e),
-        Op::Range {
-            key: roster_key.clone(),
-            prefix: false,
-            keys_only: false
-        }
-    );
+    assert_eq!(the_op(&e), read_roster());
     let roster = v1::Roster {
         schema: SCHEMA_VERSION,
         round: Some(next.clone()),
