@@ -29,10 +29,29 @@ fn main() {
         build
             .define("USE_C10D_NCCL", None)
             .define("FSDP_WITH_NCCL", None);
-        // The CUDA runtime headers come with the wheel's nvidia packages.
+        // The CUDA runtime and NCCL headers come with the wheel's nvidia packages: one
+        // `nvidia/cu13` tree for CUDA 13 wheels (torch 2.10 on), one package per library
+        // for CUDA 12 ones.
         let site = torch.parent().expect("site-packages");
-        for sub in ["nvidia/cuda_runtime/include", "nvidia/nccl/include"] {
-            build.include(site.join(sub));
+        // torch's headers include cuda_runtime.h, which needs the compiler's `crt/` and
+        // CCCL's `nv/` headers: the wheel's dependencies do not bring them.
+        let cu13 = site.join("nvidia/cu13/include");
+        if cu13.is_dir() && !cu13.join("crt/host_config.h").is_file() {
+            panic!(
+                "--features cuda: {} lacks crt/host_config.h (and CCCL's nv/target), which the \
+                 PyTorch wheel's dependencies do not install; install them beside it: \
+                 pip install 'nvidia-cuda-crt==13.0.*' 'nvidia-cuda-cccl==13.0.*'",
+                cu13.display()
+            );
+        }
+        for sub in [
+            "nvidia/cu13/include",
+            "nvidia/cuda_runtime/include",
+            "nvidia/nccl/include",
+        ] {
+            if site.join(sub).is_dir() {
+                build.include(site.join(sub));
+            }
         }
     }
     build.compile("fsdp_c10d_shim");

@@ -227,6 +227,10 @@ pub struct Args {
     /// at a time instead of one).
     #[arg(long = "prefetch", default_value_t = true, action = clap::ArgAction::Set)]
     pub prefetch: bool,
+    /// The collectives library: `auto` (NCCL on a GPU, Gloo on CPU, no group at world 1),
+    /// `gloo` or `nccl` (a group even at world 1).
+    #[arg(long = "backend", value_enum, default_value = "auto")]
+    pub backend: crate::device::Backend,
     /// Seconds a collective waits for the other ranks before failing.
     #[arg(long = "collective_timeout", default_value_t = 60)]
     pub collective_timeout: u64,

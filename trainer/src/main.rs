@@ -6,6 +6,7 @@
 //! * [`args`]: flags named like the seeds' `train.py`, checked up front.
 //! * [`launch`]: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher.
 //! * [`c10d`]: TCPStore and ProcessGroupGloo (NCCL with `cuda`) through a C++ shim.
+//! * [`device`]: which GPU (or the CPU) a rank uses and which backend, from `--backend`.
 //! * [`model`]: embedding, RMSNorm, rotary GQA attention, SwiGLU MLP.
 //! * [`data`]: samples addressed by a global index, so any world size resumes in place.
 //! * [`tokenizer`]: a Hugging Face `tokenizer.json` (`--tokenizer`), or bytes.
@@ -31,6 +32,7 @@ mod c10d;
 mod checkpoint;
 mod data;
 mod dataset;
+mod device;
 mod engine;
 mod full_shard;
 mod launch;

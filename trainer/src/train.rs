@@ -17,14 +17,22 @@ use crate::schedule::Schedule;
 use crate::shard::AdamW;
 use crate::tensorboard::EventWriter;
 
-fn device_for(launch: Option<&Launch>) -> (Device, &'static str) {
+fn placement(
+    args: &Args,
+    launch: Option<&Launch>,
+) -> Result<(Device, Option<&'static str>), crate::BadInput> {
     #[cfg(feature = "cuda")]
-    if tch::Cuda::is_available() {
-        let local = launch.map_or(0, |l| l.local_rank);
-        return (Device::Cuda(local), "nccl");
-    }
-    let _ = launch;
-    (Device::Cpu, "gloo")
+    let gpus = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
+    #[cfg(not(feature = "cuda"))]
+    let gpus = 0;
+    let p = crate::device::choose(
+        args.backend,
+        gpus,
+        launch.map(|l| l.local_rank),
+        launch.map(|l| l.world),
+    )
+    .map_err(crate::BadInput)?;
+    Ok((p.cuda.map_or(Device::Cpu, Device::Cuda), p.group))
 }
 
 pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
@@ -32,9 +40,9 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     if let Some(n) = args.threads {
         tch::set_num_threads(n);
     }
-    let (device, backend) = device_for(launch.as_ref());
-    let comm = match &launch {
-        Some(l) if l.world > 1 => Comm::Group(
+    let (device, backend) = placement(args, launch.as_ref())?;
+    let comm = match (&launch, backend) {
+        (Some(l), Some(backend)) => Comm::Group(
             ProcessGroup::new(&GroupSpec {
                 backend,
                 master_addr: l.master_addr.clone(),
@@ -58,6 +66,16 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             println!("{msg}");
         }
     };
+    say(format!(
+        "Device: {}; collectives: {}",
+        match device {
+            Device::Cuda(i) => format!("cuda:{i} on each rank's LOCAL_RANK"),
+            _ => "cpu".to_string(),
+        },
+        backend.map_or("none (one rank)".to_string(), |b| format!(
+            "{b}, world {world}"
+        ))
+    ));
     for note in args.notes(device != Device::Cpu) {
         say(format!("Note: {note}"));
     }

@@ -59,6 +59,33 @@ fn world_1_and_world_2_give_the_same_losses_with_shard_grad_op() {
     equivalence("shard_grad_op");
 }
 
+/// `--backend gloo` forms a process group of one under the agent (as a script's
+/// `init_process_group` does) and trains exactly as without one; `--backend nccl` on a
+/// build or machine without CUDA is refused with the way out.
+#[test]
+fn a_named_backend_forms_a_group_of_one_with_the_same_losses() {
+    let common = ["--max_steps", "8", "--train_batch_size", "4"];
+    let alone_out = stdout(&run(alone(&common)));
+    assert!(
+        alone_out.contains("collectives: none (one rank)"),
+        "{alone_out}"
+    );
+    let grouped = stdout(&run(launched(
+        1,
+        &[&common[..], &["--backend", "gloo"]].concat(),
+    )));
+    assert!(grouped.contains("collectives: gloo, world 1"), "{grouped}");
+    assert_close(&losses(&alone_out), &losses(&grouped), 1e-5);
+    assert_eq!(losses(&grouped).len(), 8);
+    let mut nccl = alone(&[&common[..], &["--backend", "nccl"]].concat());
+    nccl.env("RANK", "0")
+        .env("LOCAL_RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "29400");
+    fails_with(nccl, 2, "--backend gloo");
+}
+
 /// The parameter count and, under `full`, the largest unit's MiB, from the start-up line.
 fn model_line(text: &str) -> (u64, Option<f64>) {
     let line = text
