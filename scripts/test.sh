@@ -19,6 +19,14 @@ cargo clippy --workspace --all-targets -- -D warnings
 export FSDP_DIST_DIR="$PWD/target/dist-test"
 FSDP_DIST_PROFILE=${FSDP_DIST_PROFILE:-dev} scripts/dist.sh "$FSDP_DIST_DIR"
 
+# What the tests leave in the temporary directory (the default log directories of the
+# agents they start, as torchrun's /tmp/torchelastic_*, and anything a killed test could
+# not remove) goes into one directory, removed when the run ends: CI runs on a machine
+# whose /tmp outlives it.
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-test.XXXXXX")
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
+
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --profile ci "$@"
 else

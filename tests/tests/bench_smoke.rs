@@ -93,6 +93,36 @@ fn rendezvous_benchmark_prints_its_summary_line() {
     );
 }
 
+/// A thousand nodes on one HTTP/2 connection leave at once: every node's watch gets every
+/// departure, h2's flood guard closes the connection (`GoAway(too_many_data_frames)`),
+/// and requests in flight on it were never answered: the sessions waited on them for
+/// ever, and `rdzv-bench --nodes 1000` hung in docs/benchmarks.md's run. Now an op
+/// unanswered for twice the TTL (at least 10 s) counts as a lost connection. rdzv-bench
+/// exits 3, naming the nodes, when a departure has not returned within a minute.
+#[test]
+fn a_mass_departure_over_one_connection_does_not_hang() {
+    let etcd = fsdp_tests::etcd::Etcd::start();
+    let bench = agent_bin().with_file_name("rdzv-bench");
+    let out = Command::new(&bench)
+        .args([
+            "--endpoint",
+            &etcd.endpoint(),
+            "--nodes",
+            "1000",
+            "--clients",
+            "1",
+        ])
+        .output()
+        .expect("run rdzv-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("nodes=1000 seal_s="), "{stdout}");
+}
+
 /// The whole benchmark suite at tiny sizes: every benchmark runs once, side by side with
 /// torchrun, and the report with its plots is written (to a temp dir, not over docs/), every
 /// section of it (under --tiny the Slurm section says it was not run, and why).

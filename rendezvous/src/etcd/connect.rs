@@ -138,6 +138,32 @@ pub(super) fn options(opts: &EtcdOptions) -> Result<ConnectOptions, RendezvousEr
 /// configuration problem that retrying cannot fix. Decided by the error's kind and gRPC
 /// code, never its text: a malformed endpoint or a refused credential fails at once
 /// instead of being retried for the whole window as if etcd were down.
+/// The error of an op that etcd did not answer within `patience` (the driver's deadline):
+/// a transient failure, and a sign that the connection itself is wedged.
+pub(crate) fn unanswered(patience: std::time::Duration) -> etcd_client::Error {
+    etcd_client::Error::IoError(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        Unanswered(patience),
+    ))
+}
+
+/// Whether `e` is [`unanswered`]'s: requests on that connection may never return, so the
+/// session reconnects on a fresh one, even to the same endpoint.
+pub(crate) fn is_unanswered(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::IoError(io) if io.get_ref().is_some_and(|r| r.is::<Unanswered>()))
+}
+
+#[derive(Debug)]
+struct Unanswered(std::time::Duration);
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "etcd did not answer within {:?}", self.0)
+    }
+}
+
+impl std::error::Error for Unanswered {}
+
 pub fn transient(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     use tonic::Code;

@@ -103,17 +103,37 @@ fn main() {
 }
 
 /// Every node leaves at once, as a job's pods do when it is deleted (one by one, each
-/// departure would be a loss the others re-form for).
+/// departure would be a loss the others re-form for). A departure that has not returned
+/// within a minute is a hang: named, and the bench fails (exit 3) instead of waiting.
 async fn leave_all(nodes: Vec<EtcdRendezvous>) {
+    let mut waiting: std::collections::BTreeSet<String> =
+        nodes.iter().map(|n| n.node_id().to_string()).collect();
     let mut tasks = tokio::task::JoinSet::new();
     for mut n in nodes {
         tasks.spawn(async move {
             let _ = n
                 .depart(fsdp_rendezvous::Departure::Finished, finished())
                 .await;
+            n.node_id().to_string()
         });
     }
-    while tasks.join_next().await.is_some() {}
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match tokio::time::timeout_at(deadline, tasks.join_next()).await {
+            Ok(Some(done)) => {
+                waiting.remove(&done.expect("node task"));
+            }
+            Ok(None) => return,
+            Err(_) => {
+                let ids: Vec<&String> = waiting.iter().take(20).collect();
+                eprintln!(
+                    "rdzv-bench: {} departures did not return within 60 s: {ids:?}",
+                    waiting.len()
+                );
+                std::process::exit(3);
+            }
+        }
+    }
 }
 
 fn finished() -> fsdp_rendezvous::LeftReason {

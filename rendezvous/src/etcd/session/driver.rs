@@ -3,7 +3,7 @@
 //! the session.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, Compare as EtcdCompare, CompareOp, EventType, GetOptions, LeaseKeepAliveStream,
@@ -113,12 +113,16 @@ impl Driver {
                 Effect::Etcd(op) => {
                     // The prober's proofs count while an op waits on a stalled etcd: that
                     // is when they are needed.
+                    let patience = op_patience(self.conn.ttl);
                     let answer = {
                         let exec = self.conn.execute(op);
                         tokio::pin!(exec);
+                        let give_up = tokio::time::sleep(patience);
+                        tokio::pin!(give_up);
                         loop {
                             tokio::select! {
                                 answer = &mut exec => break answer,
+                                () = &mut give_up => break Err(connect::unanswered(patience)),
                                 Some(sent) = self.proofs.1.recv() => {
                                     self.machine.step(Instant::now(), Input::NoLeader { sent });
                                     publish(&mut self.machine, &self.view);
@@ -349,6 +353,17 @@ fn watch_input(msg: EtcdResult<Option<WatchResponse>>) -> Input {
                 .collect(),
         ),
     }
+}
+
+/// How long one op may go unanswered before it counts as a broken connection (a
+/// transient failure: the session reconnects, as after any outage). Requests on an
+/// HTTP/2 connection that the client library had closed (`GoAway(too_many_data_frames)`,
+/// a flood of small watch events at a mass departure) never returned, and the session
+/// waited on them for ever: no keep-alive, no leave. Twice the lease's TTL, and at least
+/// 10 s: an op slower than that has outlived the lease it works for, while one merely
+/// slow (etcd under load answers in seconds) must not be cut, or the retry adds the load.
+pub(super) fn op_patience(ttl: Duration) -> Duration {
+    (2 * ttl).max(Duration::from_secs(10))
 }
 
 /// The first word on how this node left, beside the revoke of its lease (both at once:

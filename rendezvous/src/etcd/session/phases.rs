@@ -270,7 +270,9 @@ impl Machine {
             return self.give_up(lasted, &e);
         }
         self.trouble();
-        self.reselect = self.cfg.several_endpoints;
+        // A connection whose requests went unanswered may stay that way (HTTP/2 closed
+        // under them by the client library): a fresh one, even to the same member.
+        self.reselect = self.cfg.several_endpoints || crate::etcd::connect::is_unanswered(&e);
         // Retry well within the fencing margin: a refused probe keeps the lease safe only
         // for a TTL from when it was sent.
         let last = LAST_RETRY.min(self.cfg.ttl / 4);

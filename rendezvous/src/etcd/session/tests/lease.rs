@@ -178,3 +178,33 @@ fn with_several_endpoints_a_late_keep_alive_drops_the_connection_and_the_next_sy
     let e = h.answer(Answer::Done);
     assert_eq!(the_op(&e), read_ctl());
 }
+
+/// An op that etcd left unanswered past the driver's deadline may have died with its
+/// connection (HTTP/2 closed under it by the client library), and the requests that
+/// follow on that connection too: the next sync connects afresh even to the one member.
+/// A plain cut (etcd restarted) reuses the client, which reconnects by itself.
+#[test]
+fn an_unanswered_op_makes_the_next_sync_connect_afresh_even_to_one_member() {
+    for (error, fresh) in [
+        (
+            crate::etcd::connect::unanswered(Duration::from_secs(10)),
+            true,
+        ),
+        (cut(), false),
+    ] {
+        let mut h = Harness::synced();
+        let e = h.fire();
+        assert_eq!(the_op(&e), Op::KeepAlive);
+        let e = h.fail(error);
+        assert!(closes_watches(&e));
+        assert!(matches!(h.m.phase(), Phase::Disconnected { .. }));
+        let e = h.fire();
+        if fresh {
+            assert_eq!(the_op(&e), Op::PickEndpoint);
+            let e = h.answer(Answer::Done);
+            assert_eq!(the_op(&e), read_ctl());
+        } else {
+            assert_eq!(the_op(&e), read_ctl());
+        }
+    }
+}
