@@ -3,7 +3,8 @@
 # GPU in fp32 and bf16; under fsdp-agent with an NCCL process group (of one: NCCL refuses
 # two ranks on one GPU) under `full` sharding, saving sharded checkpoints from GPU tensors
 # and resuming from them; two workers on a one-GPU node refused with the fix; and the same
-# model on the CPU for the speed beside it. Not part of the tests (CI has no GPU).
+# model under plain PyTorch on the GPU and under fsdp-trainer on the CPU, for the speeds
+# beside it. Not part of the tests (CI has no GPU).
 #
 #   scripts/gpu-check.sh TRAINER AGENT [LOG_DIR]
 #
@@ -32,8 +33,8 @@ step() { # NAME EXPECTED-RC COMMAND...: run it, keep its output, check its exit 
     echo "-- $name: exit $rc (want $want), $((SECONDS - t0)) s"
     [ "$rc" = "$want" ] || failed=1
 }
-step alone-fp32 0 "$trainer" "${model[@]}" --max_steps 60
-step alone-bf16 0 "$trainer" "${model[@]}" --max_steps 60 --bf16=1
+step alone-fp32 0 "$trainer" "${model[@]}" --max_steps 200
+step alone-bf16 0 "$trainer" "${model[@]}" --max_steps 200 --bf16=1
 step agent-nccl-full 0 "$agent" --standalone --nproc-per-node 1 --no-python "$trainer" \
     "${model[@]}" --backend nccl --sharding_strategy full --bf16=1 --max_steps 40 \
     --checkpoint_freq 20 --checkpoint_dir "$work/ck" --validation_freq 20 --validation_batches 2
@@ -45,6 +46,9 @@ step agent-gloo-on-gpu 0 "$agent" --standalone --nproc-per-node 1 --no-python "$
 step two-workers-one-gpu 2 "$agent" --standalone --nproc-per-node 2 --max-restarts 0 \
     --no-python "$trainer" "${model[@]}" --max_steps 5
 grep -h "LOCAL_RANK is" "$out/two-workers-one-gpu.log" | head -2
+here=$(dirname "$(realpath "$0")")/..
+step pytorch-same-model 0 python3 "$here/trainer/baseline/train_baseline.py" --device cuda \
+    "${model[@]}" --max_steps 200
 step cpu-same-model 0 env CUDA_VISIBLE_DEVICES= "$trainer" "${model[@]}" --max_steps 10 --threads 16
 grep -q "Loaded checkpoint" "$out/agent-nccl-resume.log" || { echo "resume did not load"; failed=1; }
 grep -q "Device: cuda:0" "$out/alone-fp32.log" || { echo "not on the GPU"; failed=1; }

@@ -119,6 +119,7 @@ def main():
     ap.add_argument("--rotary_emb_base", type=float, default=10000.0)
     ap.add_argument("--warmup", type=float, default=0.05)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (each rank on its LOCAL_RANK's GPU)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -127,7 +128,10 @@ def main():
     if world > 1:
         dist.init_process_group("gloo")
     torch.manual_seed(a.seed)
-    model = Decoder(a)
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    model = Decoder(a).to(dev)
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=a.weight_decay)
@@ -147,6 +151,7 @@ def main():
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = data.batch(seen + rank * a.train_batch_size, a.train_batch_size, a.max_context_width)
+        x, y = x.to(dev), y.to(dev)
         loss = F.cross_entropy(model(x).reshape(-1, a.vocab_size), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef FSDP_WITH_NCCL
+#include <dlfcn.h>
+#include <nccl.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -86,6 +88,23 @@ fsdp_pg* fsdp_pg_new(const char* backend, const char* master_addr, uint16_t port
     }
 #ifdef FSDP_WITH_NCCL
     else if (which == "nccl") {
+      // ProcessGroupNCCL::Options embeds NCCL's ncclConfig_t, which grows between NCCL
+      // releases: compiled against other NCCL headers than the library PyTorch loads,
+      // this file and libtorch lay it out differently (seen: a crash in ~Options when
+      // the group was freed, after training had run). Refuse that build up front.
+      using get_version_fn = ncclResult_t (*)(int*);
+      auto get = reinterpret_cast<get_version_fn>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
+      int loaded = 0;
+      if (get != nullptr && get(&loaded) == ncclSuccess && loaded / 100 != NCCL_VERSION_CODE / 100) {
+        delete pg;
+        std::ostringstream msg;
+        msg << "this fsdp-trainer was compiled against NCCL " << NCCL_MAJOR << "." << NCCL_MINOR
+            << " headers but NCCL " << loaded / 10000 << "." << (loaded / 100) % 100
+            << " is loaded (PyTorch's): rebuild it (cargo build --features cuda) in the "
+               "environment whose nvidia-nccl package this PyTorch uses";
+        *err = dup_message(msg.str().c_str());
+        return nullptr;
+      }
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = timeout;
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
@@ -102,7 +121,21 @@ fsdp_pg* fsdp_pg_new(const char* backend, const char* master_addr, uint16_t port
   return nullptr;
 }
 
-void fsdp_pg_free(fsdp_pg* pg) { delete pg; }
+// Ends the group as destroy_process_group() does: NCCL's is shut down first (its
+// communicators and watchdog threads), or its destructor warns that
+// destroy_process_group() was not called.
+void fsdp_pg_free(fsdp_pg* pg) {
+#ifdef FSDP_WITH_NCCL
+  if (auto nccl = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(pg->backend)) {
+    try {
+      nccl->shutdown();
+    } catch (...) {
+      // Nothing to report to: the group is going away either way.
+    }
+  }
+#endif
+  delete pg;
+}
 
 int fsdp_all_reduce_sum(fsdp_pg* pg, at::Tensor* t, char** err) {
   FSDP_TRY(err, {
