@@ -23,7 +23,12 @@ FSDP_DIST_PROFILE=${FSDP_DIST_PROFILE:-dev} scripts/dist.sh "$FSDP_DIST_DIR"
 # agents they start, as torchrun's /tmp/torchelastic_*, and anything a killed test could
 # not remove) goes into one directory, removed when the run ends: CI runs on a machine
 # whose /tmp outlives it.
+# The Slurm tests' cluster stays at its fixed place: munged runs as the munge user (who
+# cannot enter a root-only directory), and a cluster left by a killed test is found and
+# stopped there by the next run.
+export FSDP_SLURM_DIR=${FSDP_SLURM_DIR:-/tmp/fsdp-slurm}
 TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/fsdp-test.XXXXXX")
+chmod 1777 "$TMPDIR"
 export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
 

@@ -58,6 +58,27 @@ void fsdp_free_error(char* err) { std::free(err); }
 fsdp_pg* fsdp_pg_new(const char* backend, const char* master_addr, uint16_t port, int rank,
                      int world, int64_t timeout_ms, const char* ifnames, char** err) {
   FSDP_TRY(err, {
+#ifdef FSDP_WITH_NCCL
+    if (std::string(backend) == "nccl") {
+      // ProcessGroupNCCL::Options embeds NCCL's ncclConfig_t, which grows between NCCL
+      // releases: compiled against other NCCL headers than the library PyTorch loads,
+      // this file and libtorch lay it out differently (seen: a crash in ~Options when
+      // the group was freed, after training had run). Refused before anyone waits on
+      // the store. (A statically linked NCCL has no symbol to ask: not checked.)
+      using get_version_fn = ncclResult_t (*)(int*);
+      auto get = reinterpret_cast<get_version_fn>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
+      int loaded = 0;
+      if (get != nullptr && get(&loaded) == ncclSuccess && loaded / 100 != NCCL_VERSION_CODE / 100) {
+        std::ostringstream msg;
+        msg << "this fsdp-trainer was compiled against NCCL " << NCCL_MAJOR << "." << NCCL_MINOR
+            << " headers but NCCL " << loaded / 10000 << "." << (loaded / 100) % 100
+            << " is loaded (PyTorch's): rebuild it (cargo build --features cuda) in the "
+               "environment whose nvidia-nccl package this PyTorch uses";
+        *err = dup_message(msg.str().c_str());
+        return nullptr;
+      }
+    }
+#endif
     auto timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions opts;
     opts.port = port;
@@ -88,23 +109,6 @@ fsdp_pg* fsdp_pg_new(const char* backend, const char* master_addr, uint16_t port
     }
 #ifdef FSDP_WITH_NCCL
     else if (which == "nccl") {
-      // ProcessGroupNCCL::Options embeds NCCL's ncclConfig_t, which grows between NCCL
-      // releases: compiled against other NCCL headers than the library PyTorch loads,
-      // this file and libtorch lay it out differently (seen: a crash in ~Options when
-      // the group was freed, after training had run). Refuse that build up front.
-      using get_version_fn = ncclResult_t (*)(int*);
-      auto get = reinterpret_cast<get_version_fn>(dlsym(RTLD_DEFAULT, "ncclGetVersion"));
-      int loaded = 0;
-      if (get != nullptr && get(&loaded) == ncclSuccess && loaded / 100 != NCCL_VERSION_CODE / 100) {
-        delete pg;
-        std::ostringstream msg;
-        msg << "this fsdp-trainer was compiled against NCCL " << NCCL_MAJOR << "." << NCCL_MINOR
-            << " headers but NCCL " << loaded / 10000 << "." << (loaded / 100) % 100
-            << " is loaded (PyTorch's): rebuild it (cargo build --features cuda) in the "
-               "environment whose nvidia-nccl package this PyTorch uses";
-        *err = dup_message(msg.str().c_str());
-        return nullptr;
-      }
       auto o = c10d::ProcessGroupNCCL::Options::create();
       o->timeout = timeout;
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
@@ -121,18 +125,25 @@ fsdp_pg* fsdp_pg_new(const char* backend, const char* master_addr, uint16_t port
   return nullptr;
 }
 
-// Ends the group as destroy_process_group() does: NCCL's is shut down first (its
-// communicators and watchdog threads), or its destructor warns that
-// destroy_process_group() was not called.
-void fsdp_pg_free(fsdp_pg* pg) {
+// Ends the group. `clean` (a finished run): as destroy_process_group() does, NCCL's
+// communicators are shut down first, or its destructor warns that destroy_process_group()
+// was not called. Otherwise (a failed collective, a peer gone, a warning signal) they are
+// aborted: a graceful end could wait on work a dead peer will never complete.
+void fsdp_pg_free(fsdp_pg* pg, int clean) {
 #ifdef FSDP_WITH_NCCL
   if (auto nccl = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(pg->backend)) {
     try {
-      nccl->shutdown();
+      if (clean != 0) {
+        nccl->shutdown();
+      } else {
+        nccl->abort();
+      }
     } catch (...) {
       // Nothing to report to: the group is going away either way.
     }
   }
+#else
+  (void)clean;
 #endif
   delete pg;
 }

@@ -32,7 +32,7 @@ unsafe extern "C" {
         ifnames: *const c_char,
         err: *mut *mut c_char,
     ) -> *mut RawGroup;
-    fn fsdp_pg_free(pg: *mut RawGroup);
+    fn fsdp_pg_free(pg: *mut RawGroup, clean: c_int);
     fn fsdp_all_reduce_sum(pg: *mut RawGroup, t: *mut RawTensor, err: *mut *mut c_char) -> c_int;
     fn fsdp_reduce_scatter_sum(
         pg: *mut RawGroup,
@@ -285,10 +285,22 @@ impl ProcessGroup {
     }
 }
 
+impl ProcessGroup {
+    /// Ends the group after a finished run, as `destroy_process_group` (NCCL's
+    /// communicators shut down gracefully). Dropping it instead aborts them.
+    pub fn close(mut self) {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        // SAFETY: created by fsdp_pg_new and freed once (Drop skips a null one).
+        unsafe { fsdp_pg_free(raw, 1) };
+    }
+}
+
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        // SAFETY: created by fsdp_pg_new and freed once.
-        unsafe { fsdp_pg_free(self.raw) };
+        if !self.raw.is_null() {
+            // SAFETY: created by fsdp_pg_new and freed once.
+            unsafe { fsdp_pg_free(self.raw, 0) };
+        }
     }
 }
 
@@ -310,6 +322,13 @@ impl Comm {
         match self {
             Self::Single => 1,
             Self::Group(g) => g.world,
+        }
+    }
+
+    /// Ends the group after a finished run ([`ProcessGroup::close`]).
+    pub fn close(self) {
+        if let Self::Group(g) = self {
+            g.close();
         }
     }
 

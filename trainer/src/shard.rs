@@ -20,11 +20,13 @@ use crate::model::Model;
 
 /// Elements per rank per bucket (1 MiB of f32).
 const BUCKET: i64 = 1 << 18;
-/// Elements per AdamW pass on the CPU, sized to stay in cache across its nine passes. A
-/// GPU takes the whole vector in one pass: in chunks this size, a 90 M-parameter model
-/// launched 27,000 kernels a step and trained at a tenth of its speed (scripts/gpu-check.sh
-/// on an H100: 25 samples/s whatever the precision).
+/// Elements per AdamW pass on the CPU, sized to stay in cache across its nine passes.
 const CACHE_CHUNK: i64 = 1 << 15;
+/// Elements per pass on a GPU: in CPU-sized chunks a 90 M-parameter model launched 27,000
+/// kernels a step and trained at a fifth of its speed (scripts/gpu-check.sh on an H100:
+/// 25 samples/s whatever the precision); in chunks this size a few launches, and the
+/// pass's temporaries stay at a few 64 MiB vectors instead of the whole shard's size each.
+const GPU_CHUNK: i64 = 1 << 24;
 
 pub struct AdamW {
     pub beta1: f64,
@@ -60,7 +62,7 @@ impl AdamW {
         let chunk = if p.device() == tch::Device::Cpu {
             CACHE_CHUNK
         } else {
-            len.max(1)
+            GPU_CHUNK
         };
         let mut at = 0;
         tch::no_grad(|| {

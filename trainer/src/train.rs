@@ -302,6 +302,8 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     if let Some(kib) = peak_rss_kib() {
         println!("Rank {rank} peak RSS: {:.1} MiB", kib as f64 / 1024.0);
     }
+    drop(saver);
+    comm.close();
     Ok(())
 }
 

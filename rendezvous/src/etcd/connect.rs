@@ -134,10 +134,6 @@ pub(super) fn options(opts: &EtcdOptions) -> Result<ConnectOptions, RendezvousEr
     Ok(o)
 }
 
-/// Whether an error can go away by itself (etcd starting, a network blip) as opposed to a
-/// configuration problem that retrying cannot fix. Decided by the error's kind and gRPC
-/// code, never its text: a malformed endpoint or a refused credential fails at once
-/// instead of being retried for the whole window as if etcd were down.
 /// The error of an op that etcd did not answer within `patience` (the driver's deadline):
 /// a transient failure, and a sign that the connection itself is wedged.
 pub(crate) fn unanswered(patience: std::time::Duration) -> etcd_client::Error {
@@ -164,6 +160,10 @@ impl std::fmt::Display for Unanswered {
 
 impl std::error::Error for Unanswered {}
 
+/// Whether an error can go away by itself (etcd starting, a network blip) as opposed to a
+/// configuration problem that retrying cannot fix. Decided by the error's kind and gRPC
+/// code, never its text: a malformed endpoint or a refused credential fails at once
+/// instead of being retried for the whole window as if etcd were down.
 pub fn transient(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     use tonic::Code;

@@ -95,17 +95,23 @@ fn main() {
         if let Some(how) = lose {
             let mut probe = conns[0].clone();
             let survivors = reform_after_loss(held, &how, &mut probe).await;
-            leave_all(survivors).await;
+            leave_all(survivors, cfg.keep_alive_ttl).await;
             return;
         }
-        leave_all(held.into_iter().map(|(n, _)| n).collect()).await;
+        leave_all(
+            held.into_iter().map(|(n, _)| n).collect(),
+            cfg.keep_alive_ttl,
+        )
+        .await;
     });
 }
 
 /// Every node leaves at once, as a job's pods do when it is deleted (one by one, each
 /// departure would be a loss the others re-form for). A departure that has not returned
-/// within a minute is a hang: named, and the bench fails (exit 3) instead of waiting.
-async fn leave_all(nodes: Vec<EtcdRendezvous>) {
+/// within a minute (six lease TTLs if longer) is a hang: named, and the bench fails (exit
+/// 3) instead of waiting.
+async fn leave_all(nodes: Vec<EtcdRendezvous>, ttl: Duration) {
+    let patience = Duration::from_secs(60).max(6 * ttl);
     let mut waiting: std::collections::BTreeSet<String> =
         nodes.iter().map(|n| n.node_id().to_string()).collect();
     let mut tasks = tokio::task::JoinSet::new();
@@ -117,7 +123,7 @@ async fn leave_all(nodes: Vec<EtcdRendezvous>) {
             n.node_id().to_string()
         });
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + patience;
     loop {
         match tokio::time::timeout_at(deadline, tasks.join_next()).await {
             Ok(Some(done)) => {
@@ -127,7 +133,7 @@ async fn leave_all(nodes: Vec<EtcdRendezvous>) {
             Err(_) => {
                 let ids: Vec<&String> = waiting.iter().take(20).collect();
                 eprintln!(
-                    "rdzv-bench: {} departures did not return within 60 s: {ids:?}",
+                    "rdzv-bench: {} departures did not return within {patience:?}: {ids:?}",
                     waiting.len()
                 );
                 std::process::exit(3);

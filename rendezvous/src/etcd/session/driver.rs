@@ -51,6 +51,8 @@ pub struct Driver {
     replies: HashMap<u64, tokio::sync::oneshot::Sender<Result<(), crate::RendezvousError>>>,
     next_id: u64,
     prober: Option<Prober>,
+    /// Ops in a row that went unanswered past their deadline (see [`op_patience`]).
+    cuts: u32,
     proofs: (
         mpsc::UnboundedSender<Instant>,
         mpsc::UnboundedReceiver<Instant>,
@@ -78,6 +80,7 @@ impl Driver {
             view,
             commands,
             replies: HashMap::new(),
+            cuts: 0,
             next_id: 0,
             prober: None,
             proofs: mpsc::unbounded_channel(),
@@ -113,7 +116,7 @@ impl Driver {
                 Effect::Etcd(op) => {
                     // The prober's proofs count while an op waits on a stalled etcd: that
                     // is when they are needed.
-                    let patience = op_patience(self.conn.ttl);
+                    let patience = op_patience(self.conn.ttl, self.cuts);
                     let answer = {
                         let exec = self.conn.execute(op);
                         tokio::pin!(exec);
@@ -129,6 +132,10 @@ impl Driver {
                                 }
                             }
                         }
+                    };
+                    self.cuts = match &answer {
+                        Err(e) if connect::is_unanswered(e) => self.cuts.saturating_add(1),
+                        _ => 0,
                     };
                     queue.extend(self.step(Input::Answer(answer)));
                 }
@@ -356,14 +363,17 @@ fn watch_input(msg: EtcdResult<Option<WatchResponse>>) -> Input {
 }
 
 /// How long one op may go unanswered before it counts as a broken connection (a
-/// transient failure: the session reconnects, as after any outage). Requests on an
-/// HTTP/2 connection that the client library had closed (`GoAway(too_many_data_frames)`,
-/// a flood of small watch events at a mass departure) never returned, and the session
-/// waited on them for ever: no keep-alive, no leave. Twice the lease's TTL, and at least
-/// 10 s: an op slower than that has outlived the lease it works for, while one merely
-/// slow (etcd under load answers in seconds) must not be cut, or the retry adds the load.
-pub(super) fn op_patience(ttl: Duration) -> Duration {
-    (2 * ttl).max(Duration::from_secs(10))
+/// transient failure: the session reconnects on a fresh connection, as after any
+/// outage). Requests on an HTTP/2 connection that the client library had closed
+/// (`GoAway(too_many_data_frames)`, a flood of small watch events at a mass departure)
+/// never returned, and the session waited on them for ever: no keep-alive, no leave.
+/// Twice the lease's TTL, and at least 10 s: an op slower than that has outlived the
+/// lease it works for, while one merely slow (etcd under load answers in seconds) must
+/// not be cut. Doubled for each op in a row cut before it (`cuts`, up to 16 times), so
+/// that an etcd slower than the deadline still answers the retry instead of every agent
+/// reconnecting and asking again at the same pace.
+pub(super) fn op_patience(ttl: Duration, cuts: u32) -> Duration {
+    (2 * ttl).max(Duration::from_secs(10)) * (1 << cuts.min(4))
 }
 
 /// The first word on how this node left, beside the revoke of its lease (both at once:

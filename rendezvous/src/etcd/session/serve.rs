@@ -305,6 +305,13 @@ impl Machine {
                 }
                 self.served(s, Ok(()));
             }
+            // The depart op itself never fails; only the driver's deadline can end it so.
+            // Leaving is not retried after a re-sync: that would register the leaving node
+            // again (its lease lapsed while the op hung) and could make it coordinator.
+            (Stage::Depart, Err(e)) => {
+                tracing::warn!(error = %e, "could not leave in words; peers will notice after its TTL");
+                self.served(s, Ok(()));
+            }
             (stage, Err(source)) => self.command_failed(s, stage, source),
             (_, Ok(other)) => self.unexpected(&other),
         }

@@ -213,3 +213,17 @@ fn a_departing_node_deletes_the_oldest_record_beside_its_word() {
     ));
     assert_eq!(spec.then.len(), 2, "{spec:?}");
 }
+
+/// A departure that etcd left unanswered past the driver's deadline is answered (leaving
+/// never fails the agent) and ends the session; it is not kept for after a re-sync, which
+/// would grant a new lease and register the leaving node again.
+#[test]
+fn an_unanswered_departure_ends_the_session_without_registering_again() {
+    let mut h = Harness::synced();
+    let e = h.command(1, depart(Departure::Finished, crate::LeftKind::Finished));
+    assert!(matches!(the_op(&e), Op::Depart { .. }), "{e:?}");
+    let e = h.fail(crate::etcd::connect::unanswered(Duration::from_secs(10)));
+    replied_ok(&e, 1);
+    assert!(h.m.ended(), "{:?}", h.m.phase());
+    no_op(&e);
+}
