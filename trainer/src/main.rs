@@ -64,8 +64,7 @@ pub struct BadInput(pub String);
 
 fn main() -> ExitCode {
     let args = args::Args::parse();
-    // Only `full` frees and reallocates unit-sized buffers every step; elsewhere the fixed
-    // threshold costs speed (page faults on every large activation) and saves nothing.
+    // `full` allocates the most temporaries per step (every unit recomputed): see malloc.rs.
     if args.sharding_strategy == args::Sharding::Full {
         malloc::fix_mmap_threshold();
     }

@@ -166,10 +166,12 @@ fn full_sharding_has_the_lowest_peak_memory_and_saves_what_the_arithmetic_predic
                 world,
                 &[&model[..], &["--sharding_strategy", strategy]].concat(),
             );
-            // Every strategy under the allocator policy `full` sets for itself (a fixed
-            // 1 MiB mmap threshold): under glibc's moving threshold the other two keep freed
-            // buffers in their heap arenas or not as the order of allocations happens to
-            // fall, and their peaks moved by 50 MiB with changes that allocate nothing new.
+            // Every strategy under one allocator policy, a fixed 1 MiB mmap threshold, under
+            // which large buffers are mappings of their own and the peak follows the
+            // arithmetic: under glibc's moving threshold freed buffers stay in the heap or
+            // not as the order of allocations happens to fall, and peaks moved by 50 MiB
+            // with changes that allocate nothing new. (`full`'s own default, 32 MiB, is
+            // for speed: 2-7% more peak, trainer/src/malloc.rs.)
             cmd.env("MALLOC_MMAP_THRESHOLD_", "1048576");
             let text = stdout(&run(cmd));
             let ranks: Vec<f64> = text
