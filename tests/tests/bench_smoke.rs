@@ -33,20 +33,26 @@ fn launch_benchmark_prints_its_summary_line() {
     }
 }
 
+/// `rdzv-bench --endpoint <etcd> ARGS`, which must succeed: its stdout.
+fn rdzv_bench(etcd: &fsdp_tests::etcd::Etcd, args: &[&str]) -> String {
+    let out = Command::new(agent_bin().with_file_name("rdzv-bench"))
+        .args(["--endpoint", &etcd.endpoint()])
+        .args(args)
+        .output()
+        .expect("run rdzv-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "rdzv-bench {args:?}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn rendezvous_benchmark_prints_its_summary_line() {
     let etcd = fsdp_tests::etcd::Etcd::start();
-    let bench = agent_bin().with_file_name("rdzv-bench");
-    let out = Command::new(&bench)
-        .args(["--endpoint", &etcd.endpoint(), "--nodes", "8"])
-        .output()
-        .expect("run rdzv-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = rdzv_bench(&etcd, &["--nodes", "8"]);
     let last = stdout.lines().last().unwrap_or_default();
     assert!(last.starts_with("nodes=8 seal_s="), "{last}");
     let writes: u64 = last
@@ -59,23 +65,7 @@ fn rendezvous_benchmark_prints_its_summary_line() {
     assert!(writes <= 3 * 8, "{writes} writes for 8 nodes");
 
     // One node leaves the sealed round: the seven others hold the next one.
-    let out = Command::new(&bench)
-        .args([
-            "--endpoint",
-            &etcd.endpoint(),
-            "--nodes",
-            "8",
-            "--lose",
-            "leave",
-        ])
-        .output()
-        .expect("run rdzv-bench --lose leave");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = rdzv_bench(&etcd, &["--nodes", "8", "--lose", "leave"]);
     let last = stdout.lines().last().unwrap_or_default();
     assert!(last.starts_with("nodes=8 lose=leave reform_s="), "{last}");
     // The survivors write nothing: the leaver's word and revoke, the round (with its
@@ -102,24 +92,7 @@ fn rendezvous_benchmark_prints_its_summary_line() {
 #[test]
 fn a_mass_departure_over_one_connection_does_not_hang() {
     let etcd = fsdp_tests::etcd::Etcd::start();
-    let bench = agent_bin().with_file_name("rdzv-bench");
-    let out = Command::new(&bench)
-        .args([
-            "--endpoint",
-            &etcd.endpoint(),
-            "--nodes",
-            "1000",
-            "--clients",
-            "1",
-        ])
-        .output()
-        .expect("run rdzv-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = rdzv_bench(&etcd, &["--nodes", "1000", "--clients", "1"]);
     assert!(stdout.contains("nodes=1000 seal_s="), "{stdout}");
 }
 

@@ -1069,6 +1069,7 @@ fn an_agent_in_a_venv_runs_that_venvs_python() {
         cmd.env_clear()
             .env("PATH", "/usr/bin:/bin")
             .env("FSDP_STATUS_ADDR", "off")
+            .env("TMPDIR", std::env::temp_dir())
             .arg("--standalone");
         for (k, v) in extra_env {
             cmd.env(k, v);

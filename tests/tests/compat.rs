@@ -45,6 +45,8 @@ fn clean(mut cmd: Command, dir: &Path) -> Command {
             std::env::var("HOME").unwrap_or_else(|_| "/root".into()),
         )
         .env("FSDP_STATUS_ADDR", "off")
+        // The run's temporary directory (scripts/test.sh's): log directories go there.
+        .env("TMPDIR", std::env::temp_dir())
         .current_dir(dir)
         .stdin(std::process::Stdio::null());
     cmd

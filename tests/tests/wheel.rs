@@ -56,6 +56,7 @@ fn the_wheel_installs_into_a_venv_whose_python_then_runs_the_workers() {
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("FSDP_STATUS_ADDR", "off")
+        .env("TMPDIR", std::env::temp_dir())
         .args(["--standalone", "--nproc-per-node", "2"])
         .arg(workspace_file("examples/allreduce.py"))
         .current_dir(dir.path())
