@@ -177,6 +177,14 @@ pub struct ProcessGroup {
 }
 
 impl ProcessGroup {
+    /// Ends the group after a finished run, as `destroy_process_group` (NCCL's
+    /// communicators shut down gracefully). Dropping it instead aborts them.
+    pub fn close(mut self) {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        // SAFETY: created by fsdp_pg_new and freed once (Drop skips a null one).
+        unsafe { fsdp_pg_free(raw, 1) };
+    }
+
     /// Rank 0 hosts the store at `master_addr:master_port`; everyone connects to it.
     pub fn new(spec: &GroupSpec) -> Result<Self, C10dError> {
         let cstr = |s: &str| {
@@ -282,16 +290,6 @@ impl ProcessGroup {
         // SAFETY: plain call on a live group.
         let rc = unsafe { fsdp_barrier(self.raw, &mut err) };
         self.check("barrier", rc, err)
-    }
-}
-
-impl ProcessGroup {
-    /// Ends the group after a finished run, as `destroy_process_group` (NCCL's
-    /// communicators shut down gracefully). Dropping it instead aborts them.
-    pub fn close(mut self) {
-        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
-        // SAFETY: created by fsdp_pg_new and freed once (Drop skips a null one).
-        unsafe { fsdp_pg_free(raw, 1) };
     }
 }
 
