@@ -6,6 +6,7 @@
 //! [`writer`]) and the gathered one (1, `step_<N>/{state.pt, meta.json}` written by the lead
 //! alone, `--sharded_checkpoints=0`). Both load on any world size and strategy.
 
+pub mod safetensors;
 pub mod sharded;
 pub mod writer;
 
@@ -177,6 +178,20 @@ pub(crate) fn crash_point(step: u64) {
             "fsdp-trainer: FSDP_TRAINER_CRASH_IN_SAVE={step}: aborting in the middle of the save"
         );
         std::process::abort();
+    }
+}
+
+/// Test hook: `FSDP_TRAINER_SLOW_SAVE_MS=<ms>` makes a shard writer pause that long after
+/// each tensor it reads, to prove training does not change what it has yet to read.
+pub(crate) fn slow_point() {
+    static PAUSE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let pause = PAUSE.get_or_init(|| {
+        std::env::var("FSDP_TRAINER_SLOW_SAVE_MS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+    });
+    if let Some(ms) = pause {
+        std::thread::sleep(std::time::Duration::from_millis(*ms));
     }
 }
 

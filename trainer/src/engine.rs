@@ -7,7 +7,7 @@ use crate::args::Sharding;
 use crate::c10d::{C10dError, Comm};
 use crate::full_shard::FullShard;
 use crate::model::{Model, ModelConfig};
-use crate::shard::{AdamW, FlatOptimizer, FullState, LocalState};
+use crate::shard::{AdamW, FlatOptimizer, FullState, LiveState};
 
 pub enum Engine {
     Flat { model: Model, opt: FlatOptimizer },
@@ -63,23 +63,25 @@ impl Engine {
     }
 
     /// Forward, backward and the optimizer step on this rank's batch; returns this rank's
-    /// loss (detached).
+    /// loss (detached). `before_update` runs before the optimizer changes any state (a
+    /// checkpoint in flight may still be reading it).
     pub fn step(
         &mut self,
         comm: &Comm,
-        inputs: &Tensor,
-        targets: &Tensor,
+        (inputs, targets): (&Tensor, &Tensor),
         lr: f64,
         clip: f64,
+        before_update: &mut dyn FnMut(),
     ) -> Result<Tensor, C10dError> {
         match self {
             Self::Flat { model, opt } => {
                 let loss = model.loss(inputs, targets);
                 loss.backward();
+                before_update();
                 opt.step(comm, lr, clip)?;
                 Ok(loss.detach())
             }
-            Self::Full(f) => Ok(f.step(comm, inputs, targets, lr, clip)?.0),
+            Self::Full(f) => Ok(f.step(comm, inputs, targets, lr, clip, before_update)?.0),
         }
     }
 
@@ -127,10 +129,10 @@ impl Engine {
     }
 
     /// This rank's part of a sharded checkpoint, copied to host memory (not a collective).
-    pub fn local_state(&self, comm: &Comm) -> LocalState {
+    pub fn live_state(&self, comm: &Comm) -> LiveState {
         match self {
-            Self::Flat { opt, .. } => opt.local_state(comm.rank() as i64, comm.world() as i64),
-            Self::Full(f) => f.local_state(),
+            Self::Flat { opt, .. } => opt.live_state(comm.rank() as i64, comm.world() as i64),
+            Self::Full(f) => f.live_state(),
         }
     }
 

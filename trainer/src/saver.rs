@@ -1,8 +1,10 @@
-//! Saving checkpoints from the training loop. Sharded (the default): each rank copies its
-//! part to host memory, hands it to its background [`Writer`] and trains on; once a step,
-//! while a save is in flight, one all-reduce asks whether every rank's shard is written,
-//! and when it is the lead writes the manifest that makes the checkpoint complete. The
-//! next save, and the end of training, wait for the one in flight. Gathered
+//! Saving checkpoints from the training loop. Sharded (the default): each rank hands its
+//! live state to its background [`Writer`] and trains on; the optimizer's next update
+//! waits until the writer has read it ([`Saver::fence`]); the lead's writer makes the
+//! checkpoint complete as soon as every shard is in the shared directory. Once a step,
+//! while a save is in flight, one all-reduce asks whether every rank's part is done, to
+//! report it (and stop every rank if one failed). The next save, and the end of training,
+//! wait for the one in flight. Gathered
 //! (`--sharded_checkpoints=0`): the whole state is gathered on the lead and written there
 //! while every rank waits, as before.
 
@@ -13,7 +15,7 @@ use anyhow::bail;
 use tch::{Device, Tensor};
 
 use crate::c10d::Comm;
-use crate::checkpoint::writer::Writer;
+use crate::checkpoint::writer::{Lead, Writer};
 use crate::checkpoint::{self, Meta, sharded};
 use crate::engine::Engine;
 
@@ -112,16 +114,30 @@ impl Saver {
         // At most one in flight: the next save waits for the last.
         self.complete(comm, true, say)?;
         let began = Instant::now();
-        let local = engine.local_state(comm);
+        let live = engine.live_state(comm);
         let partial = sharded::partial_dir(&self.dir, meta.step, self.token);
+        let lead = (comm.rank() == 0).then(|| Lead {
+            dir: self.dir.clone(),
+            meta: meta.clone(),
+            keep: self.keep,
+            token: self.token,
+        });
         self.writer
-            .start(meta.step, partial, comm.rank(), comm.world(), local);
+            .start(meta.step, partial, (comm.rank(), comm.world()), live, lead);
         self.pending = Some((meta, began, paused.elapsed()));
         if last {
             self.complete(comm, true, say)?;
             comm.barrier()?;
         }
         Ok(paused.elapsed())
+    }
+
+    /// Before the optimizer changes the state: waits until the save in flight has read it.
+    pub fn fence(&mut self) {
+        let waited = self.writer.fence();
+        if let Some((_, _, paused)) = &mut self.pending {
+            *paused += waited;
+        }
     }
 
     /// Once a step: completes the save in flight if every rank's shard is written.
@@ -135,16 +151,22 @@ impl Saver {
         let Some(step) = self.writer.in_flight() else {
             return Ok(());
         };
-        let (code, written_in) = match self.writer.written(wait) {
+        let lead = comm.rank() == 0;
+        let ended = self.writer.thread_ended();
+        let (code, written_in) = match self.writer.shard_written(wait) {
             None => (WRITING, Duration::ZERO),
-            Some(Ok(took)) => (0.0, *took),
             Some(Err(e)) => {
                 eprintln!("fsdp-trainer: error: writing this rank's checkpoint shard: {e}");
                 (FAILED, Duration::ZERO)
             }
+            // The lead's part is done when the checkpoint is complete; waiting, it waits
+            // for that below, once every rank has said its shard is written.
+            Some(Ok(_)) if lead && !wait && !ended => (WRITING, Duration::ZERO),
+            Some(Ok(took)) => (0.0, *took),
         };
         let sum = comm.sum_over_ranks(code, self.device)?;
         if sum >= f64::from(FAILED) {
+            self.writer.abandon();
             bail!(
                 "the checkpoint of step {step} could not be written (see the failing ranks' errors)"
             );
@@ -152,32 +174,17 @@ impl Saver {
         if sum > 0.0 {
             return Ok(());
         }
-        self.writer.clear();
+        let finished = self.writer.end();
         let pending = self.pending.take();
-        let finished = match (comm.rank(), &pending) {
-            (0, Some((meta, _, _))) => {
-                let partial = sharded::partial_dir(&self.dir, step, self.token);
-                Some(sharded::finish(
-                    &self.dir,
-                    &partial,
-                    meta,
-                    comm.world(),
-                    self.keep,
-                    self.token,
-                ))
-            }
-            _ => None,
-        }
-        .transpose();
-        let path = lead_result(comm, self.device, finished, step)?;
-        if let (Some(path), Some((meta, began, paused))) = (path, pending) {
+        let finished = lead_result(comm, self.device, finished, step)?;
+        if let (Some(done), Some((meta, began, paused))) = (finished, pending) {
             say(format!(
                 "Saved checkpoint {} (step {step}, sample {}; {} shards written in the background, rank 0's in {:.2} s; complete {:.2} s after the step, training paused {:.3} s)",
-                path.display(),
+                done.path.display(),
                 meta.samples_seen,
                 comm.world(),
                 written_in.as_secs_f64(),
-                began.elapsed().as_secs_f64(),
+                done.at.duration_since(began).as_secs_f64(),
                 paused.as_secs_f64()
             ));
         }

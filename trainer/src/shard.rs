@@ -172,42 +172,54 @@ pub struct FlatOptimizer {
     half: Option<(Tensor, Tensor)>,
 }
 
-/// What one rank writes of a sharded checkpoint: host copies of the elements it holds,
-/// and where each run of them goes in the whole flat order (`(flat offset, length)`).
-pub struct LocalState {
-    pub runs: Vec<(i64, i64)>,
+/// `(offset, length)` runs of a 1-D tensor.
+pub type Runs = Vec<(i64, i64)>;
+
+/// What one rank writes of a sharded checkpoint: the elements it holds, read in place.
+pub struct LiveState {
+    /// `(flat offset, offset in the local tensors, length)`: where each run of this rank's
+    /// elements goes in the whole flat order and where it is held.
+    pub pieces: Vec<(i64, i64, i64)>,
+    /// The live tensors (shallow clones): the writer reads them in place, and the next
+    /// optimizer update waits for it ([`crate::saver::Saver::fence`]).
     pub params: Tensor,
+    /// `params` is indexed by flat offsets (it holds the whole model) rather than local ones.
+    pub params_flat: bool,
     pub m: Tensor,
     pub v: Tensor,
 }
 
-impl LocalState {
-    /// Copies `(flat offset, local offset, length)` runs of `params`, `m`, `v` (in local
-    /// offsets, or the flat offsets where `params_flat`) to host memory.
-    pub fn copy(
-        pieces: &[(i64, i64, i64)],
+impl LiveState {
+    pub fn new(
+        pieces: Vec<(i64, i64, i64)>,
         params: &Tensor,
         params_flat: bool,
         m: &Tensor,
         v: &Tensor,
     ) -> Self {
-        let take = |t: &Tensor, flat: bool| {
-            let parts: Vec<Tensor> = pieces
-                .iter()
-                .map(|&(f, l, n)| t.narrow(0, if flat { f } else { l }, n))
-                .collect();
-            if parts.is_empty() {
-                Tensor::zeros([0], (Kind::Float, tch::Device::Cpu))
-            } else {
-                host_copy(&Tensor::cat(&parts, 0))
-            }
-        };
         Self {
-            runs: pieces.iter().map(|&(f, _, n)| (f, n)).collect(),
-            params: take(params, params_flat),
-            m: take(m, false),
-            v: take(v, false),
+            pieces,
+            params: params.shallow_clone(),
+            params_flat,
+            m: m.shallow_clone(),
+            v: v.shallow_clone(),
         }
+    }
+
+    /// `(flat offset, length)` of each run.
+    pub fn runs(&self) -> Runs {
+        self.pieces.iter().map(|&(f, _, n)| (f, n)).collect()
+    }
+
+    /// `(offset, length)` of each run in `params`, then in `m` and `v`.
+    pub fn offsets(&self) -> (Runs, Runs) {
+        let local: Runs = self.pieces.iter().map(|&(_, l, n)| (l, n)).collect();
+        let params = if self.params_flat {
+            self.runs()
+        } else {
+            local.clone()
+        };
+        (params, local)
     }
 }
 
@@ -403,7 +415,7 @@ impl FlatOptimizer {
     /// This rank's part of a sharded checkpoint: what it owns under `shard_grad_op`; an
     /// even 1/world slice under `no_shard`, where every rank holds everything, so that the
     /// ranks write in parallel.
-    pub fn local_state(&self, rank: i64, world: i64) -> LocalState {
+    pub fn live_state(&self, rank: i64, world: i64) -> LiveState {
         let total = self.total;
         let pieces: Vec<(i64, i64, i64)> = if self.layout.sharded {
             self.layout
@@ -421,7 +433,7 @@ impl FlatOptimizer {
                 Vec::new()
             }
         };
-        LocalState::copy(&pieces, &self.flat, true, &self.m, &self.v)
+        LiveState::new(pieces, &self.flat, true, &self.m, &self.v)
     }
 
     /// The whole state (a collective when sharded: every rank must call it).

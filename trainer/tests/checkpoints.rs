@@ -45,8 +45,8 @@ fn a_sharded_checkpoint_is_a_shard_per_rank_and_a_manifest_and_either_format_res
         names(&ck.join("step_00000010")),
         [
             "meta.json",
-            "shard-00000-of-00002.pt",
-            "shard-00001-of-00002.pt"
+            "shard-00000-of-00002.safetensors",
+            "shard-00001-of-00002.safetensors"
         ]
     );
     let manifest = std::fs::read_to_string(ck.join("step_00000010/meta.json")).unwrap();
@@ -78,11 +78,11 @@ fn a_sharded_checkpoint_is_a_shard_per_rank_and_a_manifest_and_either_format_res
     assert!(third.contains("(step 15, sample 125"), "{third}");
     assert!(third.contains("Training finished at step 20"), "{third}");
     // A manifest whose shard is gone is refused, naming it.
-    std::fs::remove_file(ck.join("step_00000020/shard-00000-of-00001.pt")).unwrap();
+    std::fs::remove_file(ck.join("step_00000020/shard-00000-of-00001.safetensors")).unwrap();
     fails_with(
         alone(&[&base[..6], &["--max_steps", "25"]].concat()),
         2,
-        "shard-00000-of-00001.pt",
+        "shard-00000-of-00001.safetensors",
     );
 }
 
@@ -209,4 +209,84 @@ fn a_warning_signal_saves_at_the_current_step_and_the_run_resumes_there() {
         resumed.contains(&format!("(step {stopped}, sample {}", stopped * 8)),
         "{resumed}"
     );
+}
+
+/// Each shard is written from the live tensors while training goes on. With the writer
+/// slowed down (a test hook: 600 ms after each of its three tensors), the next optimizer
+/// update waits for it, the pause is reported, and the shards hold exactly the state the
+/// gathered save of the same run holds at that step.
+#[test]
+fn a_slow_shard_writer_holds_the_next_update_back_and_saves_its_steps_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_to = |name: &str, extra: &[&str], slow: bool| {
+        let ck = dir.path().join(name);
+        let args = [
+            &[
+                "--max_steps",
+                "6",
+                "--checkpoint_freq",
+                "3",
+                "--checkpoint_dir",
+                ck.to_str().unwrap(),
+                "--train_batch_size",
+                "4",
+                "--sharding_strategy",
+                "full",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let mut command = launched(2, &args);
+        if slow {
+            command.env("FSDP_TRAINER_SLOW_SAVE_MS", "600");
+        }
+        (stdout(&run(command)), ck.join("step_00000003"))
+    };
+    let (text, sharded) = run_to("sharded", &[], true);
+    let line = text
+        .lines()
+        .find(|l| l.contains("(step 3, sample"))
+        .unwrap_or_else(|| panic!("no save of step 3: {text}"));
+    let paused: f64 = line
+        .split("training paused ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no pause in: {line}"));
+    assert!(paused > 1.0, "the update waited for the writer: {line}");
+    let (_, gathered) = run_to("gathered", &["--sharded_checkpoints=0"], false);
+
+    let whole: Vec<(String, tch::Tensor)> =
+        tch::Tensor::load_multi(gathered.join("state.pt")).unwrap();
+    let whole = |n: &str| {
+        whole
+            .iter()
+            .find(|(k, _)| k == n)
+            .unwrap()
+            .1
+            .shallow_clone()
+    };
+    let mut covered = 0;
+    for shard in ["shard-00000-of-00002", "shard-00001-of-00002"] {
+        let part: Vec<(String, tch::Tensor)> =
+            tch::Tensor::read_safetensors(sharded.join(format!("{shard}.safetensors"))).unwrap();
+        let part = |n: &str| part.iter().find(|(k, _)| k == n).unwrap().1.shallow_clone();
+        let runs = Vec::<i64>::try_from(part("runs")).unwrap();
+        let mut at = 0;
+        for pair in runs.chunks(2) {
+            let (flat_at, n) = (pair[0], pair[1]);
+            for name in ["params", "adam_m", "adam_v"] {
+                assert!(
+                    part(name)
+                        .narrow(0, at, n)
+                        .equal(&whole(name).narrow(0, flat_at, n)),
+                    "{shard}'s {name} at {flat_at}..{} differ from the gathered save's",
+                    flat_at + n
+                );
+            }
+            at += n;
+            covered += n;
+        }
+    }
+    assert_eq!(covered, whole("params").numel() as i64);
 }

@@ -5,20 +5,24 @@
 //! as the one resumed: a directory without its manifest is never renamed, and resume only
 //! looks at renamed ones.
 //!
-//! Each shard file holds its ranks's `params`, `adam_m` and `adam_v` elements and `runs`,
-//! where they go in the whole flat order, so a checkpoint loads on any world size and
-//! strategy: the loader assembles the whole state from the runs.
+//! Each shard file (safetensors) holds its rank's `params`, `adam_m` and `adam_v` elements
+//! and `runs`, where they go in the whole flat order (`(offset, length)` pairs), so a
+//! checkpoint loads on any world size and strategy: the loader assembles the whole state
+//! from the runs. The shards are written from the live tensors, without a copy; the
+//! optimizer's next update waits until they are read. `.pt` shards (the format's first
+//! files) still load.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
 
+use super::safetensors::{self, Entry};
 use super::{
-    CheckpointError, Meta, crash_point, fsync, invalid, io, name, named_tensors, prune,
-    replace_dir, to_bytes,
+    CheckpointError, Meta, crash_point, fsync, invalid, io, name, named_tensors, prune, replace_dir,
 };
-use crate::shard::{FullState, LocalState};
+use crate::shard::{FullState, LiveState};
 
 pub const FORMAT: u32 = 2;
 
@@ -29,33 +33,57 @@ pub fn partial_dir(dir: &Path, step: u64, token: u64) -> PathBuf {
 }
 
 fn shard_name(rank: usize, world: usize) -> String {
-    format!("shard-{rank:05}-of-{world:05}.pt")
+    format!("shard-{rank:05}-of-{world:05}.safetensors")
 }
 
-/// Writes this rank's shard into `partial`: under a temporary name, synced, then renamed,
-/// so a shard file that exists is whole.
+/// Writes this rank's shard into `partial` from the live tensors: under a temporary name,
+/// synced, then renamed, so a shard file that exists is whole. `read` is called once the
+/// live tensors are no longer read (before the sync), whether the write failed or not.
 pub fn write_shard(
     partial: &Path,
     step: u64,
     rank: usize,
     world: usize,
-    local: &LocalState,
+    live: &LiveState,
+    read: impl FnOnce(),
 ) -> Result<PathBuf, CheckpointError> {
-    fs::create_dir_all(partial).map_err(io(partial))?;
     let file = partial.join(shard_name(rank, world));
     let part = partial.join(format!("{}.part", shard_name(rank, world)));
-    let flat: Vec<i64> = local.runs.iter().flat_map(|&(at, n)| [at, n]).collect();
-    let runs = Tensor::from_slice(&flat).view([-1, 2]);
-    let bytes = to_bytes(
-        &file,
-        &[
-            ("params", &local.params),
-            ("adam_m", &local.m),
-            ("adam_v", &local.v),
-            ("runs", &runs),
-        ],
-    )?;
-    fs::write(&part, bytes).map_err(io(&part))?;
+    let flat: Vec<i64> = live.runs().iter().flat_map(|&(at, n)| [at, n]).collect();
+    let runs = Tensor::from_slice(&flat);
+    let whole = [(0, flat.len() as i64)];
+    let (in_params, in_moments) = live.offsets();
+    let written = fs::create_dir_all(partial)
+        .map_err(io(partial))
+        .and_then(|()| {
+            safetensors::write(
+                &part,
+                &[
+                    Entry {
+                        name: "params",
+                        source: &live.params,
+                        runs: &in_params,
+                    },
+                    Entry {
+                        name: "adam_m",
+                        source: &live.m,
+                        runs: &in_moments,
+                    },
+                    Entry {
+                        name: "adam_v",
+                        source: &live.v,
+                        runs: &in_moments,
+                    },
+                    Entry {
+                        name: "runs",
+                        source: &runs,
+                        runs: &whole,
+                    },
+                ],
+            )
+        });
+    read();
+    written?;
     fsync(&part)?;
     fs::rename(&part, &file).map_err(io(&file))?;
     fsync(partial)?;
@@ -63,6 +91,27 @@ pub fn write_shard(
         crash_point(step);
     }
     Ok(file)
+}
+
+/// The shards of `world` ranks found in `partial` so far (whole ones: renamed into place).
+pub fn shards_written(partial: &Path, world: usize) -> usize {
+    (0..world)
+        .filter(|&r| partial.join(shard_name(r, world)).is_file())
+        .count()
+}
+
+/// A shard's tensors by name: this trainer's safetensors shards, or the `.pt` archives
+/// that earlier ones wrote.
+fn shard_tensors(file: &Path) -> Result<BTreeMap<String, Tensor>, CheckpointError> {
+    if file.extension().is_some_and(|e| e == "pt") {
+        let get = named_tensors(file)?;
+        ["params", "adam_m", "adam_v", "runs"]
+            .into_iter()
+            .map(|n| Ok((n.to_owned(), get(n)?)))
+            .collect()
+    } else {
+        safetensors::read(file)
+    }
 }
 
 /// The lead, once every rank's shard is written: the manifest last, then the rename that
@@ -108,8 +157,18 @@ pub fn load(path: &Path, meta: &Meta, total: i64) -> Result<FullState, Checkpoin
     let mut covered = 0;
     for shard in &meta.shards {
         let file = path.join(shard);
-        let get = named_tensors(&file)?;
+        let tensors = shard_tensors(&file)?;
+        let get = |n: &str| {
+            tensors
+                .get(n)
+                .map(Tensor::shallow_clone)
+                .ok_or_else(|| invalid(&file, format!("no tensor '{n}'")))
+        };
         let runs = get("runs")?;
+        if runs.numel() % 2 != 0 {
+            return Err(invalid(&file, "its runs are not (offset, length) pairs"));
+        }
+        let runs = runs.view([-1, 2]);
         let (sp, sm, sv) = (get("params")?, get("adam_m")?, get("adam_v")?);
         if sm.numel() != sp.numel() || sv.numel() != sp.numel() || runs.dim() != 2 {
             return Err(invalid(&file, "its tensors do not match each other"));
@@ -134,4 +193,34 @@ pub fn load(path: &Path, meta: &Meta, total: i64) -> Result<FullState, Checkpoin
         ));
     }
     Ok(FullState { params, m, v })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_of_the_first_files_pt_archives_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("shard-00000-of-00001.pt");
+        let params = Tensor::from_slice(&[1.0f32, 2.0]);
+        let runs = Tensor::from_slice(&[0i64, 2]).view([-1, 2]);
+        Tensor::save_multi(
+            &[
+                ("params", &params),
+                ("adam_m", &params),
+                ("adam_v", &params),
+                ("runs", &runs),
+            ],
+            &file,
+        )
+        .unwrap();
+        let got = shard_tensors(&file).unwrap();
+        assert_eq!(got.len(), 4);
+        assert_eq!(
+            Vec::<i64>::try_from(got["runs"].view([-1])).unwrap(),
+            [0, 2]
+        );
+        assert_eq!(Vec::<f32>::try_from(&got["adam_v"]).unwrap(), [1.0, 2.0]);
+    }
 }

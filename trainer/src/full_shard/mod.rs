@@ -26,7 +26,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::c10d::{self, C10dError, Comm, Pending};
 use crate::model::{self, ModelConfig, Rotary};
-use crate::shard::{AdamW, FullState, LocalState};
+use crate::shard::{AdamW, FullState, LiveState};
 use plan::{Unit, gather_order, local_len};
 
 pub struct FullShard {
@@ -240,8 +240,8 @@ impl FullShard {
 
     /// One training step on this rank's batch: forward and backward unit by unit, the
     /// gradients reduce-scattered into the local shard, the global norm clipped to `clip`
-    /// (0: off), AdamW at `lr` on the local shard. Returns this rank's loss and the global
-    /// gradient norm before clipping.
+    /// (0: off), AdamW at `lr` on the local shard, after `before_update`. Returns this
+    /// rank's loss and the global gradient norm before clipping.
     pub fn step(
         &mut self,
         comm: &Comm,
@@ -249,6 +249,7 @@ impl FullShard {
         targets: &Tensor,
         lr: f64,
         clip: f64,
+        before_update: &mut dyn FnMut(),
     ) -> Result<(Tensor, f64), C10dError> {
         let n = self.plan.len();
         let mut gathers = Gathers::new(self, gather_order(n), self.prefetch);
@@ -293,6 +294,7 @@ impl FullShard {
             drop((w, grad, whole));
             self.give_back(grad_buffer);
         }
+        before_update();
         let norm = self.update(comm, lr, clip)?;
         Ok((loss, norm))
     }
@@ -322,8 +324,8 @@ impl FullShard {
     }
 
     /// This rank's part of a sharded checkpoint: the real (unpadded) elements of its shard
-    /// of every unit, in host memory.
-    pub fn local_state(&self) -> LocalState {
+    /// of every unit.
+    pub fn live_state(&self) -> LiveState {
         let pieces: Vec<(i64, i64, i64)> = self
             .plan
             .iter()
@@ -332,7 +334,7 @@ impl FullShard {
                 (len > 0).then_some((unit.flat_at + start, unit.local_at, len))
             })
             .collect();
-        LocalState::copy(&pieces, &self.params, false, &self.m, &self.v)
+        LiveState::new(pieces, &self.params, false, &self.m, &self.v)
     }
 
     /// The whole state, world-size independent, on the lead rank (`None` elsewhere). Every
