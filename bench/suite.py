@@ -775,7 +775,8 @@ def md_trainer_issue31(a, C, Pr):
           f"AdamW moments), {C['steps']} steps, a save every {C['every']}. `gathered` (`--sharded_checkpoints=0`): the "
           "lead gathers and writes the whole state while every rank waits; `sharded` (the default): each rank's "
           "writer thread writes its shard from the live tensors while it trains on, the next optimizer update waits "
-          "until the writer has read them (counted in the pause), and the lead's writer makes the checkpoint "
+          "until the writer has read them (counted in the pause: the write's time less one forward and backward "
+          "pass), and the lead's writer makes the checkpoint "
           "complete as soon as the last shard is there ([trainer.md](trainer.md)). \"Lost to saves\" is the run's "
           "wall time less the run's without checkpoints (run-to-run noise is about a second).", "",
           "| world | save | complete after its step (median) | training paused per save (median) | run wall | "
@@ -793,7 +794,7 @@ def md_trainer_issue31(a, C, Pr):
         f"world {w}: a sharded save is complete in {sh[w]['complete_s'] / ga[w]['complete_s']:.2f}× the gathered "
         f"save's time, its peak {sh[w]['peak_mib'] - st[w]['peak_mib']:+.0f} MiB against the run without saves"
         for w in sorted(sh) if w in ga and w in st and ga[w]["complete_s"])
-    md += ["", f"{ratios}. A sharded save holds one 16 MiB chunk of host memory beside the model (no copy of the "
+    md += ["", (f"{ratios}. " if ratios else "") + "A sharded save holds one 16 MiB chunk of host memory beside the model (no copy of the "
            "shard), so its peak is the steady state's within the run-to-run noise.", ""]
     runs = Pr["runs"]
     params = next((v["params"] for v in runs.values() if v["params"]), 0)

@@ -128,7 +128,7 @@ impl Engine {
         }
     }
 
-    /// This rank's part of a sharded checkpoint, copied to host memory (not a collective).
+    /// This rank's part of a sharded checkpoint, to be read in place (not a collective).
     pub fn live_state(&self, comm: &Comm) -> LiveState {
         match self {
             Self::Flat { opt, .. } => opt.live_state(comm.rank() as i64, comm.world() as i64),

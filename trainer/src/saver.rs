@@ -40,6 +40,9 @@ pub fn lead_result<T>(
 
 /// A rank's answer to "is your shard written?", summed over ranks.
 const WRITING: f32 = 1.0;
+/// The lead's shard is written and it waits for the others': a sum of exactly this says
+/// every other rank has written its own.
+const LEAD_WAITING: f32 = 0.5;
 const FAILED: f32 = 1_000_000.0;
 
 pub struct Saver {
@@ -133,11 +136,13 @@ impl Saver {
     }
 
     /// Before the optimizer changes the state: waits until the save in flight has read it.
-    pub fn fence(&mut self) {
+    /// Returns how long it waited (training paused for the save).
+    pub fn fence(&mut self) -> Duration {
         let waited = self.writer.fence();
         if let Some((_, _, paused)) = &mut self.pending {
             *paused += waited;
         }
+        waited
     }
 
     /// Once a step: completes the save in flight if every rank's shard is written.
@@ -161,7 +166,7 @@ impl Saver {
             }
             // The lead's part is done when the checkpoint is complete; waiting, it waits
             // for that below, once every rank has said its shard is written.
-            Some(Ok(_)) if lead && !wait && !ended => (WRITING, Duration::ZERO),
+            Some(Ok(_)) if lead && !wait && !ended => (LEAD_WAITING, Duration::ZERO),
             Some(Ok(took)) => (0.0, *took),
         };
         let sum = comm.sum_over_ranks(code, self.device)?;
@@ -172,6 +177,11 @@ impl Saver {
             );
         }
         if sum > 0.0 {
+            if sum == f64::from(LEAD_WAITING) {
+                // Their shards are written: if the lead cannot see them, the directory is
+                // not shared, and it says so after a grace instead of at the next save.
+                self.writer.others_written();
+            }
             return Ok(());
         }
         let finished = self.writer.end();

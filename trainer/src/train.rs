@@ -209,12 +209,15 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         let first = first_sample(samples_seen, rank, per_rank);
         let (inputs, targets) = corpus.batch(first, per_rank, args.max_context_width, device);
         engine.set_dropout(true, dropout_seed(args, step, rank));
+        let mut fenced = Duration::ZERO;
         let mut fence = || {
             if let Some(s) = saver.as_mut() {
-                s.fence();
+                fenced += s.fence();
             }
         };
         let loss = engine.step(&comm, (&inputs, &targets), lr, args.grad_clip, &mut fence)?;
+        // Speed is training speed: waiting for a save's writer is not counted.
+        window_start += fenced;
         samples_seen += global_batch;
         window_samples += global_batch;
         let done = step + 1;

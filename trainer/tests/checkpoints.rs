@@ -212,11 +212,17 @@ fn a_warning_signal_saves_at_the_current_step_and_the_run_resumes_there() {
 }
 
 /// Each shard is written from the live tensors while training goes on. With the writer
-/// slowed down (a test hook: 600 ms after each of its three tensors), the next optimizer
+/// slowed down (a test hook: 600 ms after each tensor it writes), the next optimizer
 /// update waits for it, the pause is reported, and the shards hold exactly the state the
-/// gathered save of the same run holds at that step.
+/// gathered save of the same run holds at that step: under `full` (the shards of units)
+/// and `shard_grad_op` (the flat optimizer's owned runs).
 #[test]
 fn a_slow_shard_writer_holds_the_next_update_back_and_saves_its_steps_state() {
+    slow_writer("full");
+    slow_writer("shard_grad_op");
+}
+
+fn slow_writer(strategy: &str) {
     let dir = tempfile::tempdir().unwrap();
     let run_to = |name: &str, extra: &[&str], slow: bool| {
         let ck = dir.path().join(name);
@@ -231,7 +237,7 @@ fn a_slow_shard_writer_holds_the_next_update_back_and_saves_its_steps_state() {
                 "--train_batch_size",
                 "4",
                 "--sharding_strategy",
-                "full",
+                strategy,
             ][..],
             extra,
         ]
@@ -253,7 +259,10 @@ fn a_slow_shard_writer_holds_the_next_update_back_and_saves_its_steps_state() {
         .and_then(|s| s.split(' ').next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no pause in: {line}"));
-    assert!(paused > 1.0, "the update waited for the writer: {line}");
+    assert!(
+        paused > 1.0,
+        "{strategy}: the update waited for the writer: {line}"
+    );
     let (_, gathered) = run_to("gathered", &["--sharded_checkpoints=0"], false);
 
     let whole: Vec<(String, tch::Tensor)> =
@@ -280,7 +289,7 @@ fn a_slow_shard_writer_holds_the_next_update_back_and_saves_its_steps_state() {
                     part(name)
                         .narrow(0, at, n)
                         .equal(&whole(name).narrow(0, flat_at, n)),
-                    "{shard}'s {name} at {flat_at}..{} differ from the gathered save's",
+                    "{strategy}: {shard}'s {name} at {flat_at}..{} differ from the gathered save's",
                     flat_at + n
                 );
             }

@@ -123,6 +123,7 @@ impl EtcdRendezvous {
                 granted_at,
                 unix_ms_at_grant,
                 first_incarnation: session::first_incarnation(unix_ms_at_grant),
+                pick_port: |addr| crate::port::free_port(addr).ok(),
                 allowed: Allowed {
                     nodes: 1..=cfg.max_nodes.min(*cfg.allowed.nodes.end()),
                     ..cfg.allowed.clone()

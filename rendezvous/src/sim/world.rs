@@ -265,6 +265,7 @@ impl World {
             first_incarnation: crate::etcd::session::first_incarnation(
                 UNIX_MS_AT_START + self.now_ms,
             ),
+            pick_port: |_| Some(29_500),
         };
         let mut machine = Machine::new(cfg, Counters::default(), self.writes[a].clone());
         let effects = machine.start(now);

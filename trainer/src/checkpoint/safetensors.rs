@@ -2,7 +2,7 @@
 //! header naming each tensor's dtype, shape and byte range, then the raw bytes), written
 //! straight from the live tensors a chunk at a time: a save holds one chunk of host memory
 //! beside the model instead of a copy of the shard and its serialized bytes. Read back with
-//! tch's reader (the `safetensors` crate); Python's `safetensors` opens them too.
+//! tch's reader (the `safetensors` crate, the format's reference implementation).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -46,6 +46,10 @@ fn dtype(kind: Kind) -> Option<(&'static str, usize)> {
 /// Writes `entries` into `file` (created or truncated). Returns once every byte was handed
 /// to the kernel; the caller syncs.
 pub fn write(path: &Path, entries: &[Entry]) -> Result<(), CheckpointError> {
+    write_in_chunks(path, entries, CHUNK)
+}
+
+fn write_in_chunks(path: &Path, entries: &[Entry], chunk: usize) -> Result<(), CheckpointError> {
     let mut header = BTreeMap::new();
     let mut at = 0u64;
     for e in entries {
@@ -64,7 +68,8 @@ pub fn write(path: &Path, entries: &[Entry]) -> Result<(), CheckpointError> {
         at += bytes;
     }
     let mut json = serde_json::to_vec(&header).map_err(|e| io(path)(e.into()))?;
-    // The data starts 8-aligned, as the format asks, so readers may map it in place.
+    // The data starts 8-aligned, as the format asks; each tensor stays aligned to its
+    // element when the caller puts the widest elements first.
     json.resize(json.len().next_multiple_of(8), b' ');
     let mut out = File::create(path).map_err(io(path))?;
     out.write_all(&(json.len() as u64).to_le_bytes())
@@ -76,7 +81,7 @@ pub fn write(path: &Path, entries: &[Entry]) -> Result<(), CheckpointError> {
         for &(offset, len) in e.runs {
             let mut done = 0;
             while done < len {
-                let n = (len - done).min(CHUNK as i64);
+                let n = (len - done).min(chunk as i64);
                 buffer.resize(n as usize * size, 0);
                 e.source
                     .narrow(0, offset + done, n)
@@ -109,20 +114,22 @@ mod tests {
         let file = dir.path().join("x.safetensors");
         let a = Tensor::arange(10, (Kind::Float, tch::Device::Cpu));
         let b = Tensor::from_slice(&[7i64, 8, 9, 10]).view([-1]);
-        write(
+        // Chunks of 2 elements: a run is written in several.
+        write_in_chunks(
             &file,
             &[
-                Entry {
-                    name: "a",
-                    source: &a,
-                    runs: &[(1, 2), (6, 3)],
-                },
                 Entry {
                     name: "b",
                     source: &b,
                     runs: &[(0, 4)],
                 },
+                Entry {
+                    name: "a",
+                    source: &a,
+                    runs: &[(1, 2), (6, 3)],
+                },
             ],
+            2,
         )
         .unwrap();
         let got = read(&file).unwrap();
@@ -131,11 +138,14 @@ mod tests {
             [1.0, 2.0, 6.0, 7.0, 8.0]
         );
         assert_eq!(Vec::<i64>::try_from(&got["b"]).unwrap(), [7, 8, 9, 10]);
-        // Data starts 8-aligned after the header.
+        // The header says where each tensor's bytes are, and nothing else is in the file.
         let bytes = std::fs::read(&file).unwrap();
-        let len = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-        assert_eq!(len % 8, 0);
-        assert_eq!(bytes.len() as u64, 8 + len + 5 * 4 + 4 * 8);
+        let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+        assert_eq!(header["b"]["data_offsets"], serde_json::json!([0, 32]));
+        assert_eq!(header["a"]["data_offsets"], serde_json::json!([32, 52]));
+        assert_eq!(header["a"]["dtype"], "F32");
+        assert_eq!(bytes.len(), 8 + len + 52);
     }
 
     #[test]

@@ -58,7 +58,13 @@ pub fn write_shard(
         .and_then(|()| {
             safetensors::write(
                 &part,
+                // Widest elements first: every tensor's data stays aligned to its element.
                 &[
+                    Entry {
+                        name: "runs",
+                        source: &runs,
+                        runs: &whole,
+                    },
                     Entry {
                         name: "params",
                         source: &live.params,
@@ -74,19 +80,17 @@ pub fn write_shard(
                         source: &live.v,
                         runs: &in_moments,
                     },
-                    Entry {
-                        name: "runs",
-                        source: &runs,
-                        runs: &whole,
-                    },
                 ],
             )
         });
     read();
     written?;
     fsync(&part)?;
+    // Opened before the rename: once the shard is there the lead may rename the directory
+    // to `step_<N>` at any moment, and the directory must still be synced after it.
+    let dir = fs::File::open(partial).map_err(io(partial))?;
     fs::rename(&part, &file).map_err(io(&file))?;
-    fsync(partial)?;
+    dir.sync_all().map_err(io(partial))?;
     if rank == 0 {
         crash_point(step);
     }

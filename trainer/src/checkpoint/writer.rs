@@ -150,6 +150,14 @@ impl Writer {
         job.thread.join().unwrap_or_else(|_| Err(panicked()))
     }
 
+    /// Every other rank has said its shard is written: the lead's wait for them is bounded
+    /// from now on.
+    pub fn others_written(&self) {
+        if let Some(job) = &self.job {
+            job.reported.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Abandons the save in flight (another rank's shard failed): the lead stops waiting.
     pub fn abandon(&mut self) {
         if let Some(job) = self.job.take() {

@@ -59,6 +59,9 @@ pub struct Config {
     pub first_incarnation: u64,
     /// What this node accepts from the records others write.
     pub allowed: crate::etcd::record::Allowed,
+    /// A port free on `addr` now, for the master of a round this node seals as its rank 0
+    /// (the driver's is [`crate::port::free_port`]; a simulation's a fixed one).
+    pub pick_port: fn(&str) -> Option<u16>,
 }
 
 /// The first incarnation of a process started at `unix_ms`: a node id outlives its

@@ -64,6 +64,67 @@ fn a_coordinator_with_enough_members_commits_a_round_fenced_on_an_absent_round_k
     );
 }
 
+/// Sealing a round it is rank 0 of, the coordinator names the master in the same write:
+/// the members form on one event instead of waiting for rank 0 to see the round and
+/// publish it.
+#[test]
+fn a_coordinator_that_is_rank_0_names_the_master_in_the_seal() {
+    let k = keys();
+    let (_, spec) = coordinating(0);
+    let (value, lease) = put_at(&spec.then, &k.key::<v1::Master>(""));
+    assert_eq!(lease, LEASE, "the master goes with rank 0's lease");
+    let master = v1::Master::decode(value).unwrap();
+    assert_eq!(
+        (master.round, master.addr.as_str(), master.port),
+        (0, "10.0.0.1", 29_501)
+    );
+}
+
+/// A coordinator that is not the round's rank 0 leaves the master to rank 0 (its host's
+/// port), and one that finds no free port seals all the same.
+#[test]
+fn a_coordinator_that_is_not_rank_0_or_has_no_port_seals_without_a_master() {
+    let k = keys();
+    let earlier = member("b", LEASE + 1, 1, 0);
+    let mut h = Harness::synced();
+    h.command(1, Command::Register { wants_round: 0 });
+    let e = h.answer(Answer::Txn { succeeded: true });
+    let me = member("a", LEASE, 1, 0);
+    let kvs = [
+        member_kv(&earlier, 5),
+        member_kv(&me, 6),
+        coordinator_kv("a", LEASE),
+    ];
+    let (_, e) = h.sync_through(e, &kvs);
+    let spec = txn(the_op(&e));
+    let (value, _) = put_at(&spec.then, &k.key::<v1::Round>(""));
+    let ranks: Vec<String> = v1::Round::decode(value)
+        .unwrap()
+        .members
+        .into_iter()
+        .map(|m| m.node_id)
+        .collect();
+    assert_eq!(ranks, ["b", "a"]);
+    let master_key = k.key::<v1::Master>("");
+    let names_master = |spec: &TxnSpec| {
+        spec.then
+            .iter()
+            .any(|w| matches!(w, Write::Put { key, .. } if *key == master_key))
+    };
+    assert!(!names_master(&spec), "{spec:?}");
+
+    let mut h = Harness::with(|c| c.pick_port = |_| None);
+    let e = h.m.start(h.now);
+    let (_, e) = h.sync_through(e, &[]);
+    no_op(&e);
+    h.command(1, Command::Register { wants_round: 0 });
+    let e = h.answer(Answer::Txn { succeeded: true });
+    let (_, e) = h.sync_through(e, &[member_kv(&me, 6), coordinator_kv("a", LEASE)]);
+    let spec = txn(the_op(&e));
+    put_at(&spec.then, &k.key::<v1::Round>(""));
+    assert!(!names_master(&spec), "{spec:?}");
+}
+
 #[test]
 fn a_failed_commit_does_not_count_as_sealed() {
     let (mut h, _) = coordinating(0);

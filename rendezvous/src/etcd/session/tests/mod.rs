@@ -71,6 +71,7 @@ fn config(t0: Instant) -> Config {
         unix_ms_at_grant: UNIX_MS_AT_GRANT,
         // Incarnations 1, 2, ... keep the expectations readable.
         first_incarnation: 1,
+        pick_port: |_| Some(29_501),
         allowed: Default::default(),
     }
 }
