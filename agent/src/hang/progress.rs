@@ -157,13 +157,25 @@ fn private_dir(parent: &Path) -> io::Result<PathBuf> {
 /// Removes the socket directories under `parent` that agents of user `uid` left behind
 /// when they were killed; returns how many. A directory stays unless its socket is
 /// there and refuses a connection (an agent between `mkdir` and `bind` has none yet).
+/// One whose name's process id is a live process is passed over at the cost of one
+/// signal-0 `kill`: with many agents on one host (1,000 in `bench/agents_scale.py`),
+/// every agent's start otherwise tried every other agent's socket.
 pub fn sweep(parent: &Path, uid: u32) -> usize {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return 0;
     };
     let mut removed = 0;
     for entry in entries.flatten() {
-        if !entry.file_name().to_string_lossy().starts_with(DIR_PREFIX) {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else {
+            continue;
+        };
+        // Another pid namespace's agent may look dead by its pid here: the socket decides.
+        if rest
+            .split_once('-')
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+            .is_some_and(process_exists)
+        {
             continue;
         }
         let dir = entry.path();
@@ -178,6 +190,17 @@ pub fn sweep(parent: &Path, uid: u32) -> usize {
         }
     }
     removed
+}
+
+/// Whether a process with id `pid` exists (in this pid namespace).
+fn process_exists(pid: i32) -> bool {
+    if pid <= 0 {
+        return false;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(e) => e == nix::errno::Errno::EPERM,
+    }
 }
 
 /// Whether the socket at `path` exists and no process holds it.
@@ -342,11 +365,24 @@ mod tests {
     async fn the_sweep_removes_dead_agents_sockets_only() {
         let parent = tempfile::tempdir().unwrap();
         let live = Progress::start(parent.path()).unwrap();
-        let dead = parent.path().join(format!("{DIR_PREFIX}1-dead"));
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let dead = parent
+            .path()
+            .join(format!("{DIR_PREFIX}{}-dead", gone.id()));
         std::fs::create_dir(&dead).unwrap();
         drop(std::os::unix::net::UnixDatagram::bind(dead.join(SOCKET)).unwrap());
         assert!(dead.join(SOCKET).exists(), "what SIGKILL leaves behind");
-        let starting = parent.path().join(format!("{DIR_PREFIX}2-starting"));
+        let starting = parent
+            .path()
+            .join(format!("{DIR_PREFIX}{}-starting", gone.id()));
+        // A live process's directory is passed over without a look at its socket (this
+        // one's socket is what SIGKILL leaves, but its process id is this test's).
+        let alive = parent
+            .path()
+            .join(format!("{DIR_PREFIX}{}-alive", std::process::id()));
+        std::fs::create_dir(&alive).unwrap();
+        drop(std::os::unix::net::UnixDatagram::bind(alive.join(SOCKET)).unwrap());
         std::fs::create_dir(&starting).unwrap();
         let other = parent.path().join("someone-else");
         std::fs::create_dir(&other).unwrap();
@@ -363,5 +399,6 @@ mod tests {
             "no socket yet: maybe an agent about to bind"
         );
         assert!(other.join(SOCKET).exists(), "not ours by name");
+        assert!(alive.join(SOCKET).exists(), "its process lives");
     }
 }
