@@ -8,7 +8,8 @@
 //! 2. One agent holds `ctl/coordinator` (a lease-bound create-if-absent). It watches the
 //!    registrations and asks [`crate::seal::decide`] whether to seal; when yes it writes
 //!    `ctl/round` in a transaction fenced on the revision of the round it replaces.
-//! 3. The round's group rank 0 picks a free port and writes `ctl/master`; every member
+//! 3. The round's group rank 0 picks a free port and writes `ctl/master` (the coordinator,
+//!    when it is rank 0, in the seal's own transaction); every member
 //!    that sees the round and its master returns from [`EtcdRendezvous::next_round`].
 //!
 //! Every etcd write of an agent after its lease grant is made by one task, the session

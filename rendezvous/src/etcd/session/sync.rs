@@ -532,7 +532,14 @@ impl Machine {
                 // write. Otherwise every member waits for a second event, after rank 0
                 // has seen the round through its own watch (a quarter second at 1,000
                 // members, where etcd sends the round to every watcher first).
-                let rank0 = p.members.first() == Some(&self.cfg.node_id);
+                // Only from this process's own registration: one an earlier process left
+                // (sealed before it expired) is not started by this one, which would
+                // leave the members dialling a master nobody binds.
+                let rank0 = record.members.first().is_some_and(|m| {
+                    m.node_id == self.cfg.node_id
+                        && m.lease == self.lease
+                        && m.incarnation >= self.view.incarnation
+                });
                 if let Some(port) = rank0
                     .then(|| (self.cfg.pick_port)(&self.cfg.addr))
                     .flatten()
