@@ -7,6 +7,11 @@ use std::path::Path;
 
 use common::*;
 
+/// The number that follows the first `marker` in `text`, up to the next space.
+fn number_after<T: std::str::FromStr>(text: &str, marker: &str) -> Option<T> {
+    text.split(marker).nth(1)?.split(' ').next()?.parse().ok()
+}
+
 fn names(dir: &Path) -> Vec<String> {
     let mut n: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -191,12 +196,8 @@ fn a_warning_signal_saves_at_the_current_step_and_the_run_resumes_there() {
     let status = child.wait().unwrap();
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(status.code(), Some(138), "{text}");
-    let stopped: u64 = text
-        .split("Stopping at step ")
-        .nth(1)
-        .and_then(|r| r.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no stop line\n{text}"));
+    let stopped: u64 =
+        number_after(&text, "Stopping at step ").unwrap_or_else(|| panic!("no stop line\n{text}"));
     assert!(
         ck.join(format!("step_{stopped:08}/meta.json")).is_file(),
         "{text}"
@@ -253,12 +254,8 @@ fn slow_writer(strategy: &str) {
         .lines()
         .find(|l| l.contains("(step 3, sample"))
         .unwrap_or_else(|| panic!("no save of step 3: {text}"));
-    let paused: f64 = line
-        .split("training paused ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no pause in: {line}"));
+    let paused: f64 =
+        number_after(line, "training paused ").unwrap_or_else(|| panic!("no pause in: {line}"));
     assert!(
         paused > 1.0,
         "{strategy}: the update waited for the writer: {line}"
