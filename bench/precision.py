@@ -55,8 +55,12 @@ def main():
            "model": "the trainer's default model" if a.tiny else "hidden 512, 8 layers, batch 8 × 256 tokens per rank"}
     for name, (program, extra, flag) in kinds.items():
         for bf16 in (0, 1):
-            text = launch(a, program, model + common + extra + flag.format(bf16).split(), 2)
-            s = speeds(text, skip=1)
+            # PyTorch's Gloo sometimes aborts in destroy_process_group after its last step
+            # ("terminate called without an active exception"): the speeds it logged stand.
+            text = launch(a, program, model + common + extra + flag.format(bf16).split(), 2, check=False)
+            s = speeds(text or "", skip=1)
+            if not s:
+                raise RuntimeError(f"{name} bf16={bf16}: no speeds logged:\n{(text or '')[-2000:]}")
             params = re.search(r"Model: (\d+) parameters", text)
             out["runs"][f"{name} {'bf16' if bf16 else 'fp32'}"] = {
                 "samples_per_s": s, "peak_mib": max(peaks(text) or [0]) or None,

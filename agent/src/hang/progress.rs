@@ -20,7 +20,9 @@
 //! A SIGKILLed agent cannot remove its socket, so each agent first sweeps the directories
 //! of dead agents ([`sweep`]). "Dead" is asked of the socket itself rather than of a pid:
 //! connecting to a datagram socket that no process holds is refused, which is true in any
-//! pid namespace and after the pid is reused, and never true for a live agent.
+//! pid namespace and after the pid is reused, and never true for a live agent. A pid that
+//! names another live process only spares the look (a reused pid keeps a dead agent's
+//! directory while its new owner lives, never longer).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
@@ -157,13 +159,17 @@ fn private_dir(parent: &Path) -> io::Result<PathBuf> {
 /// Removes the socket directories under `parent` that agents of user `uid` left behind
 /// when they were killed; returns how many. A directory stays unless its socket is
 /// there and refuses a connection (an agent between `mkdir` and `bind` has none yet).
-/// One whose name's process id is a live process is passed over at the cost of one
-/// signal-0 `kill`: with many agents on one host (1,000 in `bench/agents_scale.py`),
-/// every agent's start otherwise tried every other agent's socket.
+/// One whose name's process id is another live process is passed over at the cost of
+/// one signal-0 `kill`: with many agents on one host (1,000 in `bench/agents_scale.py`),
+/// every agent's start otherwise tried every other agent's socket. One named with this
+/// process's own id is not ours (ours has no socket yet) but an earlier process's that
+/// had the same id: a restarted container's agent is pid 1 again, with `/tmp` on a volume
+/// that outlived the last one. Its socket decides.
 pub fn sweep(parent: &Path, uid: u32) -> usize {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return 0;
     };
+    let own = std::process::id() as i32;
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
@@ -174,7 +180,7 @@ pub fn sweep(parent: &Path, uid: u32) -> usize {
         if rest
             .split_once('-')
             .and_then(|(pid, _)| pid.parse::<i32>().ok())
-            .is_some_and(process_exists)
+            .is_some_and(|pid| pid != own && process_exists(pid))
         {
             continue;
         }
@@ -364,26 +370,34 @@ mod tests {
     #[tokio::test]
     async fn the_sweep_removes_dead_agents_sockets_only() {
         let parent = tempfile::tempdir().unwrap();
+        let dir = |name: String| {
+            let d = parent.path().join(format!("{DIR_PREFIX}{name}"));
+            std::fs::create_dir(&d).unwrap();
+            d
+        };
+        // Under this process's id, holding its socket.
         let live = Progress::start(parent.path()).unwrap();
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         gone.wait().unwrap();
-        let dead = parent
-            .path()
-            .join(format!("{DIR_PREFIX}{}-dead", gone.id()));
-        std::fs::create_dir(&dead).unwrap();
+        let dead = dir(format!("{}-dead", gone.id()));
         drop(std::os::unix::net::UnixDatagram::bind(dead.join(SOCKET)).unwrap());
         assert!(dead.join(SOCKET).exists(), "what SIGKILL leaves behind");
-        let starting = parent
-            .path()
-            .join(format!("{DIR_PREFIX}{}-starting", gone.id()));
+        let starting = dir(format!("{}-starting", gone.id()));
+        // Under a dead process's id (another pid namespace's agent), a held socket.
+        let elsewhere = dir(format!("{}-elsewhere", gone.id()));
+        let _held = std::os::unix::net::UnixDatagram::bind(elsewhere.join(SOCKET)).unwrap();
         // A live process's directory is passed over without a look at its socket (this
-        // one's socket is what SIGKILL leaves, but its process id is this test's).
-        let alive = parent
-            .path()
-            .join(format!("{DIR_PREFIX}{}-alive", std::process::id()));
-        std::fs::create_dir(&alive).unwrap();
+        // one's socket is what SIGKILL leaves, but its process lives).
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let alive = dir(format!("{}-alive", sleeper.id()));
         drop(std::os::unix::net::UnixDatagram::bind(alive.join(SOCKET)).unwrap());
-        std::fs::create_dir(&starting).unwrap();
+        // This process's own id on a directory that is not its own: an earlier process
+        // that had the id (a restarted container's pid 1).
+        let earlier = dir(format!("{}-earlier", std::process::id()));
+        drop(std::os::unix::net::UnixDatagram::bind(earlier.join(SOCKET)).unwrap());
         let other = parent.path().join("someone-else");
         std::fs::create_dir(&other).unwrap();
         drop(std::os::unix::net::UnixDatagram::bind(other.join(SOCKET)).unwrap());
@@ -391,14 +405,21 @@ mod tests {
         let uid = std::fs::metadata(parent.path()).unwrap().uid();
         assert_eq!(sweep(parent.path(), uid + 1), 0, "another user's");
         assert!(dead.exists());
-        assert_eq!(sweep(parent.path(), uid), 1);
+        assert_eq!(sweep(parent.path(), uid), 2);
         assert!(!dead.exists());
+        assert!(
+            !earlier.exists(),
+            "an earlier process's, under this one's id"
+        );
         assert!(live.path().exists(), "a live agent's socket stays");
         assert!(
             starting.exists(),
             "no socket yet: maybe an agent about to bind"
         );
+        assert!(elsewhere.join(SOCKET).exists(), "held, whatever its pid");
         assert!(other.join(SOCKET).exists(), "not ours by name");
         assert!(alive.join(SOCKET).exists(), "its process lives");
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
     }
 }

@@ -11,7 +11,8 @@
 //! tries them all. Time stands still except when the coordinator waits for a deadline
 //! (the straggler timeout, a pace hold): then one event moves the clock there. Events:
 //!
-//! * the coordinator observes and seals; rank 0 publishes the master;
+//! * the coordinator (on node a) observes and seals, naming the master in the seal when a
+//!   is the round's rank 0; otherwise rank 0 publishes it;
 //! * an agent acts on what it sees: a waiting one joins the round (or comes back for the
 //!   next when it broke before it started, or it is a spare), a running one stops its
 //!   workers when its round is over; an agent registers for the round it wants;

@@ -31,7 +31,12 @@ impl World {
                     record: record.into(),
                     mod_rev: w.rev,
                 });
-                w.view.master = None;
+                // The coordinator runs on node a: when a is the round's rank 0, the seal's
+                // transaction names the master too (`session::sync`'s `coordinate`), and a
+                // starts without publishing it.
+                let names_master = p.members.first().is_some_and(|m| m == NODES[0])
+                    && matches!(self.phases[NODES[0]], Phase::Waiting { .. });
+                w.view.master = names_master.then(|| master(p.number));
                 w.coordinator.sealed(w.now, p.number, &obs.reason);
                 w.sealed_since_fault += 1;
                 push(
