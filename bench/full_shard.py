@@ -6,11 +6,12 @@
 * budget: the largest model (decoder layers of a fixed width) that trains under a fixed
   limit of private memory per rank (RLIMIT_DATA, `ulimit -d`: heap and anonymous
   mappings, not the shared libraries), at world 2 and 4;
-* speed: samples/s at world 2 of `full` (with and without prefetch) and `no_shard`, and of
+* speed: samples/s at world 2 (`--speed-world`) of `full` (with and without prefetch) and `no_shard`, and of
   the same model in Python under FSDP2 (`bench/fsdp2_baseline.py`) and DDP
   (`trainer/baseline/train_baseline.py`).
 
 usage: python bench/full_shard.py [--only memory,budget,speed] [--runs 2] [--budget-mib 1024]
+                                  [--speed-world 2]
                                   [--agent target/release/fsdp-agent]
                                   [--trainer target/release/fsdp-trainer] [--tiny]
        python bench/full_shard.py --render result.json
@@ -155,12 +156,12 @@ def bench_speed(a):
         for name, (program, extra) in kinds.items():
             # Python's Gloo sometimes aborts in destroy_process_group after the last step;
             # the speeds it logged stand.
-            text = launch(a, program, common + extra, 2, check=False)
+            text = launch(a, program, common + extra, a.speed_world, check=False)
             if not speeds(text, skip=2):
                 raise RuntimeError(f"{name}: no speeds logged:\n{text[-2000:]}")
             out.setdefault(name, []).append(statistics.median(speeds(text, skip=2)))
     for name, s in out.items():
-        log(f"speed: {name}: samples/s per run {['%.1f' % x for x in s]}")
+        log(f"speed, world {a.speed_world}: {name}: samples/s per run {['%.1f' % x for x in s]}")
     return out
 
 
@@ -188,7 +189,8 @@ def render(r):
             md.append(f"| {x['world']} | {x['strategy']} | {x['layers']} | {x['params'] / 1e6:.0f}M | {peak} |")
         md.append("")
     if "speed" in r:
-        md += ["samples/s at world 2 (median of the logged speeds after the first two, per run):", "",
+        md += [f"samples/s at world {r.get('speed_world', 2)} (median of the logged speeds after the first two, "
+               "per run):", "",
                "| | runs | median | vs no_shard |", "|---|---|---|---|"]
         base = statistics.median(r["speed"]["no_shard"])
         for name, s in r["speed"].items():
@@ -203,6 +205,7 @@ def main():
     ap.add_argument("--only", default="memory,budget,speed")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--budget-mib", type=int, default=1024)
+    ap.add_argument("--speed-world", type=int, default=2, help="ranks of the speed runs")
     ap.add_argument("--agent", default=os.path.join(ROOT, "target/release/fsdp-agent"))
     ap.add_argument("--trainer", default=os.path.join(ROOT, "target/release/fsdp-trainer"))
     ap.add_argument("--python", default=sys.executable)
@@ -213,7 +216,7 @@ def main():
         with open(a.render) as f:
             print(render(json.load(f)))
         return
-    result = {"budget_mib": a.budget_mib}
+    result = {"budget_mib": a.budget_mib, "speed_world": a.speed_world}
     for part, fn in [("memory", bench_memory), ("budget", bench_budget), ("speed", bench_speed)]:
         if part in a.only.split(","):
             result[part] = fn(a)

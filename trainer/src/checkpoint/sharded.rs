@@ -39,7 +39,25 @@ fn shard_name(rank: usize, world: usize) -> String {
 /// Writes this rank's shard into `partial` from the live tensors: under a temporary name,
 /// synced, then renamed, so a shard file that exists is whole. `read` is called once the
 /// live tensors are no longer read (before the sync), whether the write failed or not.
+/// Tensors on a GPU are staged in host memory first and `read` called then.
 pub fn write_shard(
+    partial: &Path,
+    step: u64,
+    rank: usize,
+    world: usize,
+    live: &LiveState,
+    read: impl FnOnce(),
+) -> Result<PathBuf, CheckpointError> {
+    if live.on_host() {
+        write_shard_from(partial, step, rank, world, live, read)
+    } else {
+        let staged = live.to_host();
+        read();
+        write_shard_from(partial, step, rank, world, &staged, || ())
+    }
+}
+
+fn write_shard_from(
     partial: &Path,
     step: u64,
     rank: usize,
@@ -202,6 +220,44 @@ pub fn load(path: &Path, meta: &Meta, total: i64) -> Result<FullState, Checkpoin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a GPU rank writes (its runs staged in host memory) is byte for byte what the
+    /// live tensors give, for a rank holding the whole flat model (`shard_grad_op`) and
+    /// for one holding its shard only (`full`).
+    #[test]
+    fn a_shard_staged_in_host_memory_is_the_shard_read_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole = Tensor::arange(40, (tch::Kind::Float, tch::Device::Cpu));
+        let moments = Tensor::arange(12, (tch::Kind::Float, tch::Device::Cpu)) * 0.5;
+        // This rank's elements: flat 4..10 (local 0..6) and flat 20..26 (local 6..12).
+        let pieces = vec![(4, 0, 6), (20, 6, 6)];
+        let local = Tensor::cat(&[whole.narrow(0, 4, 6), whole.narrow(0, 20, 6)], 0);
+        for (params, flat) in [(&whole, true), (&local, false)] {
+            let live = LiveState::new(pieces.clone(), params, flat, &moments, &(&moments + 1.0));
+            let staged = live.to_host();
+            assert!(!staged.params_flat);
+            assert_eq!(staged.params.numel(), 12);
+            let mut read = 0;
+            let a = write_shard_from(&dir.path().join("a"), 1, 0, 2, &live, || read += 1).unwrap();
+            let b =
+                write_shard_from(&dir.path().join("b"), 1, 0, 2, &staged, || read += 1).unwrap();
+            assert_eq!(read, 2);
+            assert_eq!(
+                fs::read(a).unwrap(),
+                fs::read(b).unwrap(),
+                "params_flat {flat}"
+            );
+            let got = shard_tensors(&dir.path().join("b").join(shard_name(0, 2))).unwrap();
+            assert_eq!(
+                Vec::<f32>::try_from(&got["params"]).unwrap(),
+                [
+                    4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 20.0, 21.0, 22.0, 23.0, 24.0, 25.0
+                ]
+            );
+            fs::remove_dir_all(dir.path().join("a")).unwrap();
+            fs::remove_dir_all(dir.path().join("b")).unwrap();
+        }
+    }
 
     #[test]
     fn shards_of_the_first_files_pt_archives_still_load() {
