@@ -234,8 +234,8 @@ impl LiveState {
             // Page-locked memory takes the copy at the bus's speed: the copy holds the GPU's
             // stream (training's kernels wait behind it) for tens of milliseconds a GB
             // rather than a second. PyTorch's host allocator keeps it for the next save.
-            // (A page-locked tensor cannot be made empty in tch; one grown by `resize_`
-            // is not page-locked: measured on an H100, its copy stalled training 0.85 s.)
+            // (tch makes no empty page-locked tensor; one grown by `resize_` from a
+            // page-locked one behaved as pageable on an H100: its copy stalled training.)
             let host = Tensor::empty([total], (t.kind(), tch::Device::Cpu));
             let host = match t.device() {
                 tch::Device::Cuda(_) => host.f_pin_memory(t.device()).unwrap_or(host),
