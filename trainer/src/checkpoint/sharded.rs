@@ -48,23 +48,17 @@ pub fn write_shard(
     live: &LiveState,
     read: impl FnOnce(),
 ) -> Result<PathBuf, CheckpointError> {
-    if live.on_host() {
-        write_shard_from(partial, step, rank, world, live, read)
+    let mut read = Some(read);
+    let staged;
+    let live = if live.on_host() {
+        live
     } else {
-        let staged = live.to_host();
-        read();
-        write_shard_from(partial, step, rank, world, &staged, || ())
-    }
-}
-
-fn write_shard_from(
-    partial: &Path,
-    step: u64,
-    rank: usize,
-    world: usize,
-    live: &LiveState,
-    read: impl FnOnce(),
-) -> Result<PathBuf, CheckpointError> {
+        staged = live.to_host();
+        if let Some(read) = read.take() {
+            read();
+        }
+        &staged
+    };
     let file = partial.join(shard_name(rank, world));
     let part = partial.join(format!("{}.part", shard_name(rank, world)));
     let flat: Vec<i64> = live.runs().iter().flat_map(|&(at, n)| [at, n]).collect();
@@ -101,7 +95,9 @@ fn write_shard_from(
                 ],
             )
         });
-    read();
+    if let Some(read) = read {
+        read();
+    }
     written?;
     fsync(&part)?;
     // Opened before the rename: once the shard is there the lead may rename the directory
@@ -238,9 +234,8 @@ mod tests {
             assert!(!staged.params_flat);
             assert_eq!(staged.params.numel(), 12);
             let mut read = 0;
-            let a = write_shard_from(&dir.path().join("a"), 1, 0, 2, &live, || read += 1).unwrap();
-            let b =
-                write_shard_from(&dir.path().join("b"), 1, 0, 2, &staged, || read += 1).unwrap();
+            let a = write_shard(&dir.path().join("a"), 1, 0, 2, &live, || read += 1).unwrap();
+            let b = write_shard(&dir.path().join("b"), 1, 0, 2, &staged, || read += 1).unwrap();
             assert_eq!(read, 2);
             assert_eq!(
                 fs::read(a).unwrap(),
