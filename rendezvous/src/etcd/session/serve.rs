@@ -1,9 +1,12 @@
 //! Commands: every write the handle asks for, each a few ops with its own answers.
 
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
 use fsdp_proto::{SCHEMA_VERSION, v1};
 
 use super::io::{Answer, Command, CommandId, Op};
-use super::machine::{Machine, Phase, Resync, Then};
+use super::machine::{FIRST_RETRY, LAST_RETRY, Machine, Phase, Resync, Then};
 use super::records;
 use crate::etcd::connect::transient;
 use crate::etcd::left;
@@ -19,6 +22,10 @@ pub struct Serving {
     stage: Stage,
     /// A registration that claims the coordinator key too.
     claiming: bool,
+    /// Leases granted for it so far, and when the first was asked for: each one etcd
+    /// no longer had when the write with it arrived.
+    regrants: u32,
+    regranting_since: Option<Instant>,
 }
 
 impl Serving {
@@ -37,10 +44,8 @@ impl Serving {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
-    /// The command's write; `retried` once the lease was replaced for it.
-    Write {
-        retried: bool,
-    },
+    /// The command's write.
+    Write,
     /// etcd no longer had the lease the write named: a new one.
     Regrant,
     /// Eviction: does the dead node's registration still live on that lease?
@@ -55,8 +60,10 @@ impl Machine {
         let mut s = Serving {
             id,
             command,
-            stage: Stage::Write { retried: false },
+            stage: Stage::Write,
             claiming: false,
+            regrants: 0,
+            regranting_since: None,
         };
         match &s.command {
             Command::Running { round } => {
@@ -141,7 +148,7 @@ impl Machine {
     /// Sends the op of `s`'s stage.
     fn next_op(&mut self, s: Serving) {
         let op = match s.stage {
-            Stage::Write { .. } => self.write_op(&s),
+            Stage::Write => self.write_op(&s),
             Stage::Regrant => Op::Grant {
                 ttl: self.cfg.ttl.as_secs().max(1) as i64,
             },
@@ -240,25 +247,17 @@ impl Machine {
         match (s.stage, answer) {
             // etcd no longer has the lease (this agent was frozen past its TTL, or etcd
             // lost it): a new one, and the write again with it, so the agent rejoins as a
-            // new incarnation instead of exiting. A second refusal right after a fresh
-            // grant is not a stale lease: it is reported.
-            (Stage::Write { retried: false }, Err(e)) if uses_lease && lease_not_found(&e) => {
+            // new incarnation instead of exiting.
+            (Stage::Write, Err(source)) if uses_lease && lease_not_found(&source) => {
                 self.lease_gone();
-                s.stage = Stage::Regrant;
-                self.next_op(s);
-            }
-            (Stage::Write { retried: true }, Err(source))
-                if uses_lease && lease_not_found(&source) =>
-            {
-                let what = what(&s.command, s.stage);
-                self.served(s, Err(RendezvousError::Etcd { what, source }));
+                self.regrant(s, source);
             }
             (Stage::Regrant, Ok(Answer::Granted { id })) => {
                 self.lease_renewed(id);
-                s.stage = Stage::Write { retried: true };
+                s.stage = Stage::Write;
                 self.next_op(s);
             }
-            (Stage::Write { .. }, Ok(answer)) => {
+            (Stage::Write, Ok(answer)) => {
                 self.wrote();
                 if matches!(s.command, Command::Register { .. }) {
                     self.written = Some((self.lease, self.incarnation));
@@ -315,6 +314,37 @@ impl Machine {
             (stage, Err(source)) => self.command_failed(s, stage, source),
             (_, Ok(other)) => self.unexpected(&other),
         }
+    }
+
+    /// The lease `s`'s write named was gone: the first time, a new one at once. A fresh
+    /// lease that expired too before the write with it landed says the writes wait in
+    /// etcd (or in this process) longer than a TTL: the next grant waits a backoff, as
+    /// an overloaded answer's retry does, so that 10,000 agents regranting add no load
+    /// faster than etcd drains it; past the outage bound the refusal is the answer.
+    fn regrant(&mut self, mut s: Serving, source: etcd_client::Error) {
+        let now = self.now;
+        let since = *s.regranting_since.get_or_insert(now);
+        s.regrants += 1;
+        s.stage = Stage::Regrant;
+        if s.regrants == 1 {
+            return self.next_op(s);
+        }
+        if now - since > self.cfg.outage_limit {
+            let what = what(&s.command, Stage::Write);
+            return self.served(s, Err(RendezvousError::Etcd { what, source }));
+        }
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        let cap = LAST_RETRY.min(self.cfg.ttl / 4);
+        let delay = crate::backoff::nth(FIRST_RETRY, cap, s.regrants - 2);
+        tracing::warn!(
+            leases = s.regrants - 1,
+            retry_in = ?delay,
+            "a new lease expired before the write with it reached etcd; granting another after a backoff"
+        );
+        let op = Op::Grant {
+            ttl: self.cfg.ttl.as_secs().max(1) as i64,
+        };
+        self.retry = Some((now + delay, Then::Command(s), op));
     }
 
     /// A command's op failed: a transient failure keeps the command for after the next
