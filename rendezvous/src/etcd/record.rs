@@ -5,7 +5,8 @@
 //! members/<node_id>                 Member       leased: present while the agent lives
 //! ctl/round                         Round        fenced on the revision of the round it replaces;
 //!                                                the difference from it when it can be
-//! roster                            Roster       the whole round, in the same transaction
+//! roster                            Roster       beside a delta, the whole round, in the same
+//!                                                transaction
 //! ctl/master                        Master       leased: where the round's workers meet
 //! ctl/coordinator                   Coordinator  leased, claimed if absent: the election key
 //! ctl/failures/<n>                  Failure      first word, unless halted: round n failed

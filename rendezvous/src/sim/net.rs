@@ -223,15 +223,23 @@ impl World {
                 }
             }
         }
+        // The whole round is at the roster beside a delta, at the round key otherwise.
+        let round_key = self.keys.key::<v1::Round>("");
         for w in &spec.then {
             if let Write::Put { key, value, .. } = w {
-                if *key == roster_key {
-                    if let Some(r) = v1::Roster::decode(value.as_slice())
+                let whole = if *key == roster_key {
+                    v1::Roster::decode(value.as_slice())
                         .ok()
                         .and_then(|r| r.round)
-                    {
-                        self.on_sealed(&r);
-                    }
+                } else if *key == round_key {
+                    v1::Round::decode(value.as_slice())
+                        .ok()
+                        .filter(|r| !r.delta)
+                } else {
+                    None
+                };
+                if let Some(r) = whole {
+                    self.on_sealed(&r);
                 }
             }
         }

@@ -173,8 +173,8 @@ pub fn lease_holds(keys: &Keys, node: &str, lease: i64) -> TxnSpec {
 /// etcd does not give an ID twice), so the lease comparison refuses it.
 ///
 /// `ctl/round` gets the difference from `base` (the round replaced and its revision, which
-/// is the fence) where there is one, the whole round otherwise; `roster` always gets the
-/// whole round ([`crate::etcd::roster`]).
+/// is the fence) where there is one, and then `roster` the whole round beside it
+/// ([`crate::etcd::roster`]); the whole round otherwise, once.
 pub fn commit_round(
     keys: &Keys,
     fence: Option<i64>,
@@ -201,10 +201,17 @@ pub fn commit_round(
             // Never after a halt, even one this coordinator has not seen yet.
             Compare::Absent(keys.key::<v1::Halt>("")),
         ],
-        then: vec![
-            put(key, delta.as_ref().unwrap_or(record).encode_to_vec(), 0),
-            put(keys.of(&roster), roster.encode_to_vec(), 0),
-        ],
+        then: match &delta {
+            Some(d) => vec![
+                put(key, d.encode_to_vec(), 0),
+                put(keys.of(&roster), roster.encode_to_vec(), 0),
+            ],
+            // Once: etcd refuses a request over 1.5 MiB (`--max-request-bytes`), and a
+            // round of 10,000 written twice was 2.4 MB. The roster is read only for a
+            // delta's whole round; it keeps the last of those, which is never older
+            // than a delta a member could still be waiting to apply.
+            None => vec![put(key, record.encode_to_vec(), 0)],
+        },
         otherwise: Vec::new(),
     }
 }

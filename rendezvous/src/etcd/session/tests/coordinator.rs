@@ -226,3 +226,51 @@ fn withdraw_as_a_member_leaves_the_coordinator_key() {
     assert!(touches(&spec.then, &k.key::<v1::Member>("a")));
     assert!(!touches(&spec.then, &k.key::<v1::Coordinator>("")));
 }
+
+/// etcd refuses a request over `--max-request-bytes` (1.5 MiB by default). A round written
+/// whole was written twice, at `ctl/round` and at the roster: a first round of 10,000
+/// nodes (~95 bytes each) made a 1.9 MB transaction that etcd could never take. The roster
+/// is needed only beside a delta; a whole round is written once.
+#[test]
+fn a_first_round_of_10000_nodes_fits_etcds_default_request_limit() {
+    let k = keys();
+    let members: Vec<v1::Member> = (0..10_000)
+        .map(|i| v1::Member {
+            schema: SCHEMA_VERSION,
+            node_id: format!("trainer-{i:05}.gpu.example.internal-1234567-9f3a2c"),
+            addr: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+            local_world_size: 8,
+            wants_round: 1,
+            status_addr: format!("10.{}.{}.{}:29401", i / 65536, (i / 256) % 256, i % 256),
+            lease: 7_587_890_123_456_789_012,
+            incarnation: 1_764_200_000_000_000 + i,
+            min_nodes: 10_000,
+            max_nodes: 10_000,
+            max_restarts: Some(3),
+            restart_window_s: 3600,
+        })
+        .collect();
+    let r = v1::Round {
+        schema: SCHEMA_VERSION,
+        number: 1,
+        members,
+        reason: "10000 of 10000 nodes present".into(),
+        ..Default::default()
+    };
+    let spec = crate::etcd::session::records::commit_round(&k, None, LEASE, &r, None);
+    let bytes: usize = spec
+        .then
+        .iter()
+        .map(|w| match w {
+            Write::Put { key, value, .. } => key.len() + value.len(),
+            Write::Delete(key) => key.len(),
+        })
+        .sum();
+    assert!(
+        bytes < 1_400_000,
+        "a 10,000-node seal is {bytes} bytes, over etcd's 1.5 MiB request limit"
+    );
+    assert!(!touches(&spec.then, &k.key::<v1::Roster>("")));
+    let whole = v1::Round::decode(put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
+    assert_eq!(whole.members.len(), 10_000);
+}
