@@ -299,6 +299,30 @@ fn a_run_prefix_nested_in_another_run_is_refused_and_harms_nothing() {
             intruder.output()
         );
     }
+    // A run around the live one: its root, /fsdp/, holds the live run's keys, which only
+    // the reads of the gaps between a run's own keys can find.
+    let other = TempDir::new().unwrap();
+    let mut outer = AgentCmd::new(other.path(), "outer")
+        .args([
+            "--nnodes",
+            "1",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            &etcd.endpoint(),
+            "--rdzv-id",
+            "fsdp",
+            "--rdzv-conf",
+            "etcd_prefix=/,last_call_timeout=0.2,keep_alive_ttl=2",
+        ])
+        .args(fake_worker_args(other.path(), &["--sleep", "5"]))
+        .run(LIMIT);
+    assert_eq!(outer.code(), 64, "{}", outer.output());
+    assert!(
+        outer.stderr().contains("another run's keys (/fsdp/train/"),
+        "{}",
+        outer.output()
+    );
     // The live run never noticed.
     std::thread::sleep(Duration::from_secs(3));
     assert!(

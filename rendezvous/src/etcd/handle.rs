@@ -325,7 +325,9 @@ impl EtcdRendezvous {
 /// Refuses to start a run whose keys would lie inside another run's (its prefix is
 /// below another run's root) or around one (another run's prefix is below this run's
 /// root): the outer run would read the inner one's keys as its own. Costs one read per
-/// level of the prefix, once, at start.
+/// level of the prefix and four of the gaps between this run's own keys, once, at start,
+/// none of them O(N): reading every key under the root made the k-th agent to join read
+/// k registrations, 50 million keys in all for 10,000 agents (issue 30).
 pub(super) async fn refuse_nesting(
     client: &mut Client,
     keys: &Keys,
@@ -351,23 +353,25 @@ pub(super) async fn refuse_nesting(
             }
         }
     }
-    let inner = client
-        .get(
-            keys.root(),
-            Some(GetOptions::new().with_prefix().with_keys_only()),
-        )
-        .await
-        .map_err(read("checking that no other run nests in this run's keys"))?;
-    if let Some(k) = inner
-        .kvs()
-        .iter()
-        .filter_map(|kv| kv.key_str().ok())
-        .find(|k| keys.nested_run_key(k))
-    {
-        return Err(RendezvousError::InvalidConfig(format!(
-            "another run's keys ({k}) lie inside this run's ({}); give that run or this one a different etcd_prefix or --rdzv-id",
-            keys.root()
-        )));
+    for (from, to) in keys.foreign_ranges() {
+        let inner = client
+            .get(
+                from,
+                Some(GetOptions::new().with_range(to).with_keys_only()),
+            )
+            .await
+            .map_err(read("checking that no other run nests in this run's keys"))?;
+        if let Some(k) = inner
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok())
+            .find(|k| keys.nested_run_key(k))
+        {
+            return Err(RendezvousError::InvalidConfig(format!(
+                "another run's keys ({k}) lie inside this run's ({}); give that run or this one a different etcd_prefix or --rdzv-id",
+                keys.root()
+            )));
+        }
     }
     Ok(())
 }

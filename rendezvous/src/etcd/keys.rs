@@ -86,6 +86,24 @@ impl Keys {
         segs.len() > 2 && segs[1..segs.len() - 1].iter().any(|s| RESERVED.contains(s))
     }
 
+    /// The ranges `[from, to)` under the root that hold none of this run's own keys
+    /// (`ctl/…`, `members/…`, `roster`): where another run nested in this one keeps its
+    /// keys ([`Keys::nested_run_key`]). Reading them costs what they hold, not what the run
+    /// holds; a nested run's root cannot have a `ctl` or `members` segment ([`Keys::new`]),
+    /// so it is never inside `ctl/` or `members/`.
+    pub fn foreign_ranges(&self) -> [(String, String); 4] {
+        let r = &self.root;
+        // The key just after every key that starts with `p` ('/' + 1 is '0').
+        let past = |p: &str| format!("{}0", p.trim_end_matches('/'));
+        [
+            (r.clone(), format!("{r}ctl/")),
+            (past(&self.ctl()), self.members()),
+            (past(&self.members()), format!("{r}roster")),
+            // Past the roster key itself, to the end of the root.
+            (format!("{r}roster\0"), past(r)),
+        ]
+    }
+
     pub fn root(&self) -> &str {
         &self.root
     }
@@ -167,6 +185,43 @@ mod tests {
         assert_eq!(Keys::new("/", "j").unwrap().root(), "/j/");
         assert_eq!(Keys::new("", "j").unwrap().root(), "/j/");
         assert_eq!(Keys::new("/team/a/", "j").unwrap().root(), "/team/a/j/");
+    }
+
+    #[test]
+    fn foreign_ranges_hold_every_nested_run_and_none_of_the_runs_own_keys() {
+        use fsdp_proto::v1;
+        let k = Keys::new("/fsdp", "train").unwrap();
+        let ranges = k.foreign_ranges();
+        let inside = |key: &str| {
+            ranges
+                .iter()
+                .filter(|(from, to)| from.as_str() <= key && key < to.as_str())
+                .count()
+        };
+        for own in [
+            k.key::<v1::Member>("n1"),
+            k.key::<v1::Member>(""),
+            k.key::<v1::Round>(""),
+            k.key::<v1::Roster>(""),
+            k.key::<v1::Failure>("00000000000000000007"),
+            k.ctl(),
+        ] {
+            assert_eq!(inside(&own), 0, "{own}");
+        }
+        for nested in [
+            "/fsdp/train/x/members/n1",
+            "/fsdp/train/a/b/ctl/round",
+            "/fsdp/train/roster/members/n1",
+            "/fsdp/train/members0/ctl/round",
+            "/fsdp/train/ctl0/members/n",
+            "/fsdp/train/zz/ctl/halt",
+            "/fsdp/train/0/members/n",
+        ] {
+            assert!(k.nested_run_key(nested), "{nested}");
+            assert_eq!(inside(nested), 1, "{nested}");
+        }
+        assert_eq!(inside("/fsdp/train0"), 0, "the root's end is its own");
+        assert_eq!(inside("/fsdp/other/x/members/n"), 0);
     }
 
     #[test]
