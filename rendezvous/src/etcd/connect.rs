@@ -326,6 +326,29 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
     })
 }
 
+/// Runs `op` again while etcd answers that it is overloaded ([`overloaded`]), backing off
+/// with jitter, for at most `window`. What an agent asks once at join (the nesting check,
+/// its lease) must not end it because thousands of others joined in the same second:
+/// `rdzv-bench --nodes 10000` lost nodes to one "request timed out" at their lease grant.
+/// Both are safe to send twice (reads, and a grant that only leaves a lease to expire).
+pub(crate) async fn while_overloaded<T, F, Fut>(
+    window: Duration,
+    op: F,
+) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let backoff = crate::backoff::exponential(Duration::from_millis(100), Duration::from_secs(2))
+        .with_jitter()
+        .with_max_times(10_000)
+        .with_total_delay(Some(window));
+    op.retry(backoff)
+        .when(overloaded)
+        .notify(|e, wait| tracing::debug!(error = %e, ?wait, "etcd is overloaded; asking again"))
+        .await
+}
+
 /// How often a store that stays unreachable is said to be, after the first time.
 const SAY_AGAIN: Duration = Duration::from_secs(10);
 
@@ -490,6 +513,56 @@ mod tests {
     use super::*;
     use etcd_client::Error as E;
     use tonic::Status;
+
+    /// An op that etcd answers "request timed out" `busy` times, then answers; and how
+    /// many times it was sent.
+    fn answered_after(
+        busy: usize,
+        other: Option<E>,
+    ) -> (
+        impl FnMut() -> std::future::Ready<Result<u32, E>>,
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = sent.clone();
+        let mut other = other;
+        let op = move || {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::future::ready(match other.take() {
+                Some(e) => Err(e),
+                None if n < busy => Err(E::GRpcStatus(Status::unavailable(
+                    "etcdserver: request timed out",
+                ))),
+                None => Ok(7),
+            })
+        };
+        (op, sent)
+    }
+
+    #[tokio::test]
+    async fn a_join_request_etcd_is_too_busy_for_is_sent_again() {
+        let (op, sent) = answered_after(2, None);
+        let got = while_overloaded(Duration::from_secs(30), op).await;
+        assert_eq!(got.unwrap(), 7);
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn any_other_failure_is_the_answer_at_once() {
+        let (op, sent) = answered_after(0, Some(E::GRpcStatus(Status::permission_denied("no"))));
+        assert!(while_overloaded(Duration::from_secs(30), op).await.is_err());
+        assert_eq!(sent.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn an_etcd_busy_past_the_window_is_the_answer() {
+        let (op, sent) = answered_after(usize::MAX, None);
+        let began = std::time::Instant::now();
+        let got = while_overloaded(Duration::from_millis(500), op).await;
+        assert!(got.as_ref().is_err_and(overloaded), "{got:?}");
+        assert!(began.elapsed() < Duration::from_secs(5));
+        assert!(sent.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    }
 
     #[test]
     fn debug_hides_the_password() {

@@ -10,6 +10,7 @@ use fsdp_proto::v1;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use super::connect::while_overloaded;
 use super::record::{Outgoing, Record};
 use super::session::{Command, Config as SessionConfig, Driver, Machine, Request};
 use super::*;
@@ -83,18 +84,22 @@ impl EtcdRendezvous {
             cfg.node_id = new_node_id();
         }
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
-        refuse_nesting(&mut client, &keys, &cfg.prefix).await?;
+        let window = cfg.options.retry_window;
+        refuse_nesting(&mut client, &keys, &cfg.prefix, window).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
-        let granted_at = std::time::Instant::now();
-        let unix_ms_at_grant = crate::unix_ms();
-        let grant =
-            client
-                .lease_grant(ttl_s, None)
-                .await
-                .map_err(|source| RendezvousError::Etcd {
-                    what: "granting the membership lease",
-                    source,
-                })?;
+        // The moment of the grant that took, with the Unix time then: the session maps
+        // one onto the other.
+        let (mut granted_at, mut unix_ms_at_grant) = (Instant::now(), crate::unix_ms());
+        let grant = while_overloaded(window, || {
+            (granted_at, unix_ms_at_grant) = (Instant::now(), crate::unix_ms());
+            let mut client = client.clone();
+            async move { client.lease_grant(ttl_s, None).await }
+        })
+        .await
+        .map_err(|source| RendezvousError::Etcd {
+            what: "granting the membership lease",
+            source,
+        })?;
         let writes = Arc::new(AtomicU64::new(1));
         let counters = Counters::default();
         let (tx, mut view) = watch::channel(View::default());
@@ -332,19 +337,26 @@ pub(super) async fn refuse_nesting(
     client: &mut Client,
     keys: &Keys,
     prefix: &str,
+    window: Duration,
 ) -> Result<(), RendezvousError> {
+    let client = &*client;
+    let range = |from: String, opts: GetOptions| {
+        while_overloaded(window, move || {
+            let (mut c, from, opts) = (client.clone(), from.clone(), opts.clone());
+            async move { c.get(from, Some(opts)).await }
+        })
+    };
     let read = |what| move |source| RendezvousError::Etcd { what, source };
     let fix = "choose an etcd_prefix outside other runs' keys (e.g. the default /fsdp)";
     for outer in keys.enclosing_roots() {
         for sub in ["members/", "ctl/"] {
-            let found = client
-                .get(
-                    format!("{outer}{sub}"),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                )
-                .await
-                .map_err(read("checking that the run's keys nest in no other run"))?
-                .count();
+            let found = range(
+                format!("{outer}{sub}"),
+                GetOptions::new().with_prefix().with_count_only(),
+            )
+            .await
+            .map_err(read("checking that the run's keys nest in no other run"))?
+            .count();
             if found > 0 {
                 return Err(RendezvousError::InvalidConfig(format!(
                     "etcd_prefix '{prefix}' puts this run's keys ({}) inside those of the run at {outer}; {fix}",
@@ -354,11 +366,7 @@ pub(super) async fn refuse_nesting(
         }
     }
     for (from, to) in keys.foreign_ranges() {
-        let inner = client
-            .get(
-                from,
-                Some(GetOptions::new().with_range(to).with_keys_only()),
-            )
+        let inner = range(from, GetOptions::new().with_range(to).with_keys_only())
             .await
             .map_err(read("checking that no other run nests in this run's keys"))?;
         if let Some(k) = inner
