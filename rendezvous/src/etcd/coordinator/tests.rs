@@ -155,10 +155,22 @@ fn a_seal_commits_the_members_own_records_fenced_on_the_round_it_replaces() {
         (p.number, p.members.as_slice(), o.fence),
         (5, ["a", "b", "new"].map(String::from).as_slice(), Some(40))
     );
+    // What it was told of the group and its budget, too: status reads that from the
+    // registrations, and every byte of a member is sent to every member.
+    if let Some(m) = v.members.get_mut("new") {
+        m.record.min_nodes = 1;
+        m.record.max_nodes = 3;
+        m.record.max_restarts = Some(3);
+        m.record.restart_window_s = 600;
+    }
     let r = round_record(p, &v, &o.reason, 1_000);
     // Its own record, less the round it asked for (said nothing once it is in one).
     let own = v1::Member {
         wants_round: 0,
+        min_nodes: 0,
+        max_nodes: 0,
+        max_restarts: None,
+        restart_window_s: 0,
         ..v.members["new"].record.clone()
     };
     assert_eq!(r.members[2], own);
