@@ -89,6 +89,12 @@ pub struct Counters {
     pub rounds_sealed: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Times the coordinator held a round back because rounds came too fast ([`pace`]).
     pub seals_held: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// CPU time (ns, this thread's) spent deciding as the coordinator: every look at the
+    /// registrations, and building each round it sealed. Issue 30 asks that the seal's
+    /// grow linearly with the group (`rdzv-bench` prints both).
+    pub coordinating_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The part of `coordinating_ns` spent in the decisions that sealed a round.
+    pub sealing_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Charged restarts whose times a round keeps.

@@ -1,7 +1,9 @@
 //! Rendezvous scale benchmark: N simulated nodes (tasks in one process, sharing a few
 //! connections) form one round on an etcd. Prints, as its last line,
-//! `nodes=N seal_s=<seconds> etcd_writes=<count>`: the time from the first join to every
-//! node holding the sealed round, and the writes all nodes made.
+//! `nodes=N seal_s=<seconds> etcd_writes=<count> coordinator_cpu_ms=<ms> seal_cpu_ms=<ms>`:
+//! the time from the first join to every node holding the sealed round, the writes all
+//! nodes made, and the coordinator's CPU time for its decisions (all of them, and those
+//! that sealed).
 //!
 //! With `--lose leave|kill`, one node then leaves the sealed round — `leave` revokes its
 //! lease (a pod deleted: SIGTERM), `kill` drops it without a word (SIGKILL: its lease
@@ -12,10 +14,11 @@
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use fsdp_rendezvous::Rendezvous;
 use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, connect};
+use fsdp_rendezvous::{JobRecords, Rendezvous};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -91,7 +94,17 @@ fn main() {
         );
         let writes: u64 = held.iter().map(|(n, _)| n.writes()).sum();
         println!("per_node_writes={:.2}", writes as f64 / nodes as f64);
-        println!("nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes}");
+        // The coordinator's own CPU (every coordinator's, if the role moved): all its
+        // looks at the registrations, and the decisions that sealed.
+        let ms = |pick: fn(&fsdp_rendezvous::Counters) -> u64| {
+            held.iter().map(|(n, _)| pick(&n.counters())).sum::<u64>() as f64 / 1e6
+        };
+        let coordinating_ms = ms(|c| c.coordinating_ns.load(Ordering::Relaxed));
+        let sealing_ms = ms(|c| c.sealing_ns.load(Ordering::Relaxed));
+        println!(
+            "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
+             coordinator_cpu_ms={coordinating_ms:.1} seal_cpu_ms={sealing_ms:.2}"
+        );
         if let Some(how) = lose {
             let mut probe = conns[0].clone();
             let survivors = reform_after_loss(held, &how, &mut probe).await;

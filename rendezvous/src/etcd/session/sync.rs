@@ -491,12 +491,27 @@ impl Machine {
             && self.role() == Role::Member
     }
 
-    /// As coordinator: observe the view, and commit a round if the rule says so.
+    /// As coordinator: observe the view, and commit a round if the rule says so; counts
+    /// the CPU time it took ([`crate::Counters::coordinating_ns`]).
     fn coordinate(&mut self) {
         if self.role() != Role::Coordinator || self.control_only {
             self.recheck = None;
             return;
         }
+        let began = thread_cpu_ns();
+        let sealed = self.decide_and_seal();
+        let spent = thread_cpu_ns().saturating_sub(began);
+        let c = &self.counters;
+        c.coordinating_ns
+            .fetch_add(spent, std::sync::atomic::Ordering::Relaxed);
+        if sealed {
+            c.sealing_ns
+                .fetch_add(spent, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// [`Machine::coordinate`]'s decision; whether it sent a commit.
+    fn decide_and_seal(&mut self) -> bool {
         let obs = self.coordinator.observe(self.now, &self.view);
         // Once every member finished, the members leaving is the job ending: "re-forming
         // (lost ...)" would read as a failure in the last lines of a successful run. The
@@ -563,9 +578,22 @@ impl Machine {
                     reason: obs.reason,
                 };
                 self.issue(then, Op::Txn(txn));
+                return true;
             }
         }
+        false
     }
+}
+
+/// This thread's CPU time in ns (0 where the clock cannot be read): what the coordinator's
+/// decisions cost, apart from the time other tasks and processes had the core.
+fn thread_cpu_ns() -> u64 {
+    use nix::time::{ClockId, clock_gettime};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0, |t| {
+        (t.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec() as u64)
+    })
 }
 
 /// The view a ranged read of the run gives.

@@ -274,3 +274,14 @@ fn a_first_round_of_10000_nodes_fits_etcds_default_request_limit() {
     let whole = v1::Round::decode(put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
     assert_eq!(whole.members.len(), 10_000);
 }
+
+/// What the coordinator's decisions cost is counted (rdzv-bench prints it): the seal's
+/// part of it too.
+#[test]
+fn the_coordinators_cpu_for_its_decisions_and_its_seals_is_counted() {
+    let (h, _) = coordinating(0);
+    let all = h.counters.coordinating_ns.load(Ordering::Relaxed);
+    let sealing = h.counters.sealing_ns.load(Ordering::Relaxed);
+    assert!(sealing > 0, "the seal took no time at all?");
+    assert!(all >= sealing, "{all} < {sealing}");
+}
