@@ -97,6 +97,38 @@ fn the_last_call_restarts_whenever_a_node_joins_or_leaves() {
     );
 }
 
+/// Below the minimum before the first round, the look takes no copy of the
+/// registrations (at every registration of a formation that was O(N²)); it says what the
+/// full look says, and the last call starts when the minimum is reached, as it did.
+#[test]
+fn below_the_minimum_the_first_round_waits_and_the_last_call_starts_at_the_minimum() {
+    let t = Instant::now();
+    let mut c = Coordinator::new(cfg(3, 4), t);
+    let mut v = View::default();
+    join(&mut v, "a", 1, 0);
+    let o = c.observe(t + S, &v);
+    assert!(matches!(
+        o.decision,
+        SealDecision::Wait { recheck_at: None }
+    ));
+    assert_eq!(o.reason, "waiting for nodes: 1 of min 3 present");
+    assert!(o.new_reason);
+    join(&mut v, "b", 2, 0);
+    let o = c.observe(t + 2 * S, &v);
+    assert_eq!(o.reason, "waiting for nodes: 2 of min 3 present");
+    assert!(
+        !o.new_reason,
+        "the same shape of reason is not logged again at once"
+    );
+    // A look woken by something else changes nothing.
+    assert_eq!(recheck(&c.observe(t + 4 * S, &v)), None);
+    join(&mut v, "c", 3, 0);
+    assert_eq!(recheck(&c.observe(t + 10 * S, &v)), Some(t + 40 * S));
+    assert_eq!(recheck(&c.observe(t + 20 * S, &v)), Some(t + 40 * S));
+    let o = c.observe(t + 40 * S, &v);
+    assert_eq!(sealed(&o).members, ["a", "b", "c"]);
+}
+
 #[test]
 fn the_straggler_clock_starts_once_per_round_and_not_again_for_the_next() {
     let t = Instant::now();
