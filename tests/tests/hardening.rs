@@ -275,9 +275,10 @@ fn a_run_prefix_nested_in_another_run_is_refused_and_harms_nothing() {
     wait_for("the live run's group", LIMIT, || {
         group_formed_count(&train) == 1
     });
-    for prefix in ["/fsdp/train/members", "/fsdp/train", "/fsdp/train/ctl"] {
+    // One agent of run `id` under `prefix`: refused (64), and what it said.
+    let refused = |id: &str, prefix: &str| {
         let other = TempDir::new().unwrap();
-        let mut intruder = AgentCmd::new(other.path(), "intruder")
+        let mut a = AgentCmd::new(other.path(), id)
             .args([
                 "--nnodes",
                 "1",
@@ -286,43 +287,23 @@ fn a_run_prefix_nested_in_another_run_is_refused_and_harms_nothing() {
                 "--rdzv-endpoint",
                 &etcd.endpoint(),
                 "--rdzv-id",
-                "x",
+                id,
                 "--rdzv-conf",
                 &format!("etcd_prefix={prefix},last_call_timeout=0.2,keep_alive_ttl=2"),
             ])
             .args(fake_worker_args(other.path(), &["--sleep", "5"]))
             .run(LIMIT);
-        assert_eq!(intruder.code(), 64, "{prefix}: {}", intruder.output());
-        assert!(
-            intruder.stderr().contains("etcd_prefix"),
-            "{prefix}: {}",
-            intruder.output()
-        );
+        assert_eq!(a.code(), 64, "{id} under {prefix}: {}", a.output());
+        a.stderr()
+    };
+    for prefix in ["/fsdp/train/members", "/fsdp/train", "/fsdp/train/ctl"] {
+        let said = refused("x", prefix);
+        assert!(said.contains("etcd_prefix"), "{prefix}: {said}");
     }
     // A run around the live one: its root, /fsdp/, holds the live run's keys, which only
     // the reads of the gaps between a run's own keys can find.
-    let other = TempDir::new().unwrap();
-    let mut outer = AgentCmd::new(other.path(), "outer")
-        .args([
-            "--nnodes",
-            "1",
-            "--rdzv-backend",
-            "etcd",
-            "--rdzv-endpoint",
-            &etcd.endpoint(),
-            "--rdzv-id",
-            "fsdp",
-            "--rdzv-conf",
-            "etcd_prefix=/,last_call_timeout=0.2,keep_alive_ttl=2",
-        ])
-        .args(fake_worker_args(other.path(), &["--sleep", "5"]))
-        .run(LIMIT);
-    assert_eq!(outer.code(), 64, "{}", outer.output());
-    assert!(
-        outer.stderr().contains("another run's keys (/fsdp/train/"),
-        "{}",
-        outer.output()
-    );
+    let said = refused("fsdp", "/");
+    assert!(said.contains("another run's keys (/fsdp/train/"), "{said}");
     // The live run never noticed.
     std::thread::sleep(Duration::from_secs(3));
     assert!(
