@@ -103,7 +103,7 @@ fn main() {
         let sealing_ms = ms(|c| c.sealing_ns.load(Ordering::Relaxed));
         println!(
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
-             coordinator_cpu_ms={coordinating_ms:.1} seal_cpu_ms={sealing_ms:.2}"
+             coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3}"
         );
         if let Some(how) = lose {
             let mut probe = conns[0].clone();
