@@ -222,6 +222,23 @@ pub fn overloaded(e: &etcd_client::Error) -> bool {
             ))
 }
 
+/// Whether etcd refused a request for its size: over `--max-request-bytes` (1.5 MiB by
+/// default) etcd says so itself, and over that plus its gRPC margin (512 KiB) gRPC does.
+/// Sending it again cannot help.
+pub(crate) fn too_large(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    let etcd_client::Error::GRpcStatus(s) = e else {
+        return false;
+    };
+    match s.code() {
+        Code::InvalidArgument => s.message() == "etcdserver: request is too large",
+        Code::ResourceExhausted => s
+            .message()
+            .starts_with("grpc: received message larger than max"),
+        _ => false,
+    }
+}
+
 /// A TLS handshake that failed on its content (a certificate refused by either side, or
 /// TLS spoken to a plaintext server): rustls reports it as an `InvalidData` I/O error
 /// somewhere down the error's source chain.
@@ -562,6 +579,24 @@ mod tests {
         assert!(got.as_ref().is_err_and(overloaded), "{got:?}");
         assert!(began.elapsed() < Duration::from_secs(5));
         assert!(sent.load(std::sync::atomic::Ordering::Relaxed) >= 2);
+    }
+
+    #[test]
+    fn a_request_over_etcds_size_limit_is_told_from_other_refusals() {
+        let big = E::GRpcStatus(Status::invalid_argument("etcdserver: request is too large"));
+        let bigger = E::GRpcStatus(Status::resource_exhausted(
+            "grpc: received message larger than max (2700000 vs. 2097152)",
+        ));
+        assert!(too_large(&big) && too_large(&bigger));
+        for other in [
+            E::GRpcStatus(Status::invalid_argument("etcdserver: key is not provided")),
+            E::GRpcStatus(Status::unavailable("etcdserver: request timed out")),
+            E::GRpcStatus(Status::resource_exhausted(
+                "etcdserver: mvcc: database space exceeded",
+            )),
+        ] {
+            assert!(!too_large(&other), "{other}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::io::{Answer, Command, CommandId, Effect, Input, Op, Role};
 use super::serve::Serving;
 use super::sync::Todo;
 use crate::Counters;
-use crate::etcd::connect::overloaded;
+use crate::etcd::connect::{overloaded, too_large};
 use crate::etcd::coordinator::Coordinator;
 use crate::etcd::keys::Keys;
 use crate::etcd::left;
@@ -430,7 +430,21 @@ impl Machine {
                     }
                 }
                 Ok(other) => self.unexpected(&other),
-                Err(e) => self.lost(e),
+                Err(e) => {
+                    if too_large(&e) {
+                        // Read again and sealed again, it fails the same way: only the
+                        // operator can end this, and the line must say how.
+                        tracing::error!(
+                            round = number,
+                            members,
+                            error = %e,
+                            "the round is larger than etcd takes in one request (its --max-request-bytes, \
+                             1.5 MiB by default, holds about 12,000 nodes); no round can form until etcd \
+                             is started with a larger --max-request-bytes"
+                        );
+                    }
+                    self.lost(e)
+                }
             },
         }
     }
