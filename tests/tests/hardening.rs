@@ -41,6 +41,9 @@ fn etcd_agent(dir: &Path, etcd: &Etcd, run: &str, conf: &str, worker: &[&str]) -
             conf,
             "--local-addr",
             "127.0.0.1",
+            // Its own logs go with the test's directory, not to a default one in /tmp.
+            "--log-dir",
+            &dir.join("logs").to_string_lossy(),
         ])
         .args(fake_worker_args(dir, worker))
         .spawn()
