@@ -292,10 +292,7 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
             Err(last.unwrap_or(etcd_client::Error::EndpointsNotManaged))
         }
     };
-    let backoff = crate::backoff::exponential(Duration::from_millis(100), Duration::from_secs(2))
-        .with_jitter()
-        .with_max_times(10_000)
-        .with_total_delay(Some(opts.retry_window));
+    let backoff = join_backoff(opts.retry_window);
     let retried = std::sync::atomic::AtomicBool::new(false);
     let torchrun = std::sync::Mutex::new(None);
     // A c10d store that does not answer may be torchrun's TCPStore: its host runs torchrun,
@@ -343,6 +340,15 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
     })
 }
 
+/// The retries of what an agent asks at start: from 100 ms with jitter, doubling up to
+/// 2 s, for at most `window`.
+fn join_backoff(window: Duration) -> backon::ExponentialBuilder {
+    crate::backoff::exponential(Duration::from_millis(100), Duration::from_secs(2))
+        .with_jitter()
+        .with_max_times(10_000)
+        .with_total_delay(Some(window))
+}
+
 /// Runs `op` again while etcd answers that it is overloaded ([`overloaded`]), backing off
 /// with jitter, for at most `window`. What an agent asks once at join (the nesting check,
 /// its lease) must not end it because thousands of others joined in the same second:
@@ -356,11 +362,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
-    let backoff = crate::backoff::exponential(Duration::from_millis(100), Duration::from_secs(2))
-        .with_jitter()
-        .with_max_times(10_000)
-        .with_total_delay(Some(window));
-    op.retry(backoff)
+    op.retry(join_backoff(window))
         .when(overloaded)
         .notify(|e, wait| tracing::debug!(error = %e, ?wait, "etcd is overloaded; asking again"))
         .await

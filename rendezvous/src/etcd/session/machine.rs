@@ -499,6 +499,12 @@ impl Machine {
         self.issue(Then::Todo(Todo::KeepAlive), Op::KeepAlive);
     }
 
+    /// The `n`-th (0-based) wait before a request etcd was too busy for goes again: from
+    /// 100 ms, doubling, at most a quarter TTL (and 2 s).
+    pub(super) fn retry_delay(&self, n: u32) -> Duration {
+        crate::backoff::nth(FIRST_RETRY, LAST_RETRY.min(self.cfg.ttl / 4), n)
+    }
+
     /// Whether an overloaded answer is retried in place. Not during an outage or after the
     /// end (nothing is in flight then). With several etcd members, only for a quarter
     /// TTL: a member cut from its quorum answers "request timed out" too, and then
@@ -540,7 +546,7 @@ impl Machine {
             return self.give_up(busy_for, &e);
         }
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        let delay = crate::backoff::nth(FIRST_RETRY, LAST_RETRY.min(self.cfg.ttl / 4), self.slowed);
+        let delay = self.retry_delay(self.slowed);
         if self.slowed == 0 {
             tracing::warn!(error = %e, retry_in = ?delay, "etcd is overloaded; sending the request again later (the watches stay open)");
         } else {

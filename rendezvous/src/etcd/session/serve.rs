@@ -6,7 +6,7 @@ use std::time::Instant;
 use fsdp_proto::{SCHEMA_VERSION, v1};
 
 use super::io::{Answer, Command, CommandId, Op};
-use super::machine::{FIRST_RETRY, LAST_RETRY, Machine, Phase, Resync, Then};
+use super::machine::{Machine, Phase, Resync, Then};
 use super::records;
 use crate::etcd::connect::transient;
 use crate::etcd::left;
@@ -334,8 +334,7 @@ impl Machine {
             return self.served(s, Err(RendezvousError::Etcd { what, source }));
         }
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        let cap = LAST_RETRY.min(self.cfg.ttl / 4);
-        let delay = crate::backoff::nth(FIRST_RETRY, cap, s.regrants - 2);
+        let delay = self.retry_delay(s.regrants - 2);
         tracing::warn!(
             leases = s.regrants - 1,
             retry_in = ?delay,
