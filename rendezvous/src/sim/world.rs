@@ -376,20 +376,9 @@ impl World {
                             input: Input::Answer(Ok(Answer::Done)),
                         },
                     );
-                    let Some(w) = self.agents[a].watching.clone() else {
-                        continue;
-                    };
-                    let lat = self.latency(a);
-                    let streams = self.agents[a].streams;
-                    self.after(
-                        lat,
-                        Ev::KeepAlive {
-                            a,
-                            streams,
-                            lease: w.lease,
-                        },
-                    );
+                    self.send_keep_alive(a);
                 }
+                Effect::KeepAlive => self.send_keep_alive(a),
                 Effect::Etcd(op) => {
                     let lat = self.latency(a);
                     self.after(lat, Ev::Arrive { a, process, op });
@@ -413,6 +402,23 @@ impl World {
                 }
             }
         }
+    }
+
+    /// One keep-alive on agent `a`'s open stream, if it has one.
+    fn send_keep_alive(&mut self, a: usize) {
+        let Some(w) = self.agents[a].watching.clone() else {
+            return;
+        };
+        let lat = self.latency(a);
+        let streams = self.agents[a].streams;
+        self.after(
+            lat,
+            Ev::KeepAlive {
+                a,
+                streams,
+                lease: w.lease,
+            },
+        );
     }
 
     /// A phase as the trace shows it: times from the start of the run.

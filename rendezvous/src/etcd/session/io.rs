@@ -120,6 +120,17 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// Whether the op opens, uses or replaces the connection's streams (or the connection
+    /// itself), rather than being one request on it.
+    pub fn uses_streams(&self) -> bool {
+        matches!(
+            self,
+            Op::Watch { .. } | Op::KeepAlive | Op::ReopenKeepAlive { .. } | Op::PickEndpoint
+        )
+    }
+}
+
 /// What an [`Op`] returned.
 #[derive(Debug)]
 pub enum Answer {
@@ -219,4 +230,7 @@ pub enum Effect {
     CloseWatches,
     /// Start (`true`) or stop looking for proof that etcd has no leader.
     Probe(bool),
+    /// Send one keep-alive on the open stream beside the op in flight. Nothing answers
+    /// it but the stream, as [`Input::LeaseAnswer`].
+    KeepAlive,
 }

@@ -299,6 +299,12 @@ impl Machine {
                 self.clock.no_leader_at(sent, self.cfg.ttl);
                 self.publish_lease();
             }
+            // The lease's keep-alives go on while an op waits, and their answers count at
+            // once (see `keep_alive_beside`).
+            Input::Timer if self.busy() => self.send_keep_alive_beside(),
+            Input::LeaseAnswer(Some(ttl)) if ttl > 0 && self.counts_beside() => {
+                self.on_input(input);
+            }
             other => self.inbox.push_back(other),
         }
         self.advance();
@@ -357,7 +363,7 @@ impl Machine {
     /// When [`Input::Timer`] is due, if ever.
     pub fn deadline(&self) -> Option<Instant> {
         if self.busy() {
-            return None;
+            return self.keep_alive_beside();
         }
         if let Some((at, ..)) = &self.retry {
             // Only for the lease the stream was opened for: a command that took a new
@@ -461,6 +467,47 @@ impl Machine {
         self.awaiting = Some(then);
         self.in_flight = Some(op.clone());
         self.effects.push(Effect::Etcd(op));
+    }
+
+    /// When the next keep-alive is due while an op is in flight, if it may go beside it.
+    /// An op can wait in etcd far longer than a keep-alive period: under load a write
+    /// waited seconds for "request timed out", and a lease renewed only between ops
+    /// expired meanwhile (issue 30: at 10,000 nodes, thousands of keep-alive streams
+    /// ended in "lease not found", each a registration again and a resync). etcd's leader
+    /// renews a lease without a consensus round, so keep-alives still get through when
+    /// writes are slow. Only for the lease the open stream keeps, on a stream that has
+    /// not ended, and not beside the keep-alive or reopen that is itself in flight.
+    pub(super) fn keep_alive_beside(&self) -> Option<Instant> {
+        let own = matches!(
+            self.awaiting,
+            Some(Then::Todo(Todo::KeepAlive | Todo::ReopenKeepAlive))
+        );
+        if own || self.keep_alive_ended || !self.counts_beside() {
+            return None;
+        }
+        self.keep_alive_at
+    }
+
+    /// Whether a keep-alive answer counts at once, while an op is in flight: only on
+    /// the stream of the lease held, and only if no answer waits before it (the lease
+    /// clock pairs answers with keep-alives in the order they were sent).
+    fn counts_beside(&self) -> bool {
+        let held = matches!(self.phase, Phase::Watching { lease, .. } if lease == self.lease);
+        let queued = self
+            .inbox
+            .iter()
+            .any(|i| matches!(i, Input::LeaseAnswer(_)));
+        self.busy() && held && !queued
+    }
+
+    /// A timer while an op is in flight: the keep-alive, if due. Every other timer waits
+    /// for the answer (the inbox keeps no timer: the deadline asks again).
+    fn send_keep_alive_beside(&mut self) {
+        if self.keep_alive_beside().is_some_and(|at| at <= self.now) {
+            self.clock.keep_alive_sent(self.now);
+            self.keep_alive_at = Some(self.now + self.cfg.ttl / 3);
+            self.effects.push(Effect::KeepAlive);
+        }
     }
 
     /// While an op waits to be sent again, the lease still needs its keep-alives (a

@@ -143,6 +143,66 @@ fn the_lease_is_kept_alive_while_a_request_waits_to_be_sent_again() {
     assert!(matches!(h.m.phase(), Phase::Watching { .. }));
 }
 
+fn keep_alives_beside(effects: &[Effect]) -> usize {
+    effects
+        .iter()
+        .filter(|e| matches!(e, Effect::KeepAlive))
+        .count()
+}
+
+/// A write can wait in etcd longer than a TTL before "request timed out" comes back: the
+/// lease's keep-alives go beside it when due, and their answers move the lease clock at
+/// once, so the agent does not fence itself and etcd does not expire the lease while a
+/// slow op is in flight (issue 30: at 10,000 nodes, thousands of leases expired so).
+#[test]
+fn the_lease_is_kept_alive_while_an_op_waits_in_etcd() {
+    let mut h = watching(Harness::new());
+    no_op(&h.step(Input::LeaseAnswer(Some(6))));
+    h.command(1, report_done(3));
+    let mut beside = 0;
+    for n in 1..=5 {
+        let e = h.fire();
+        assert_eq!(keep_alives_beside(&e), 1, "keep-alive {n} went beside the op");
+        assert!(etcd_ops(&e).is_empty(), "nothing else is sent: {e:?}");
+        assert_eq!(h.now, h.t0 + TTL / 3 * n, "one each third of a TTL");
+        beside += 1;
+        let e = h.step(Input::LeaseAnswer(Some(6)));
+        no_op(&e);
+        assert_eq!(
+            h.m.view().lease_safe_until,
+            Some(h.now + TTL),
+            "the answer counted at once"
+        );
+    }
+    assert!(h.now - h.t0 > TTL, "the op waited longer than a TTL");
+    assert!(h.m.busy(), "still the same op in flight");
+    let e = h.answer(Answer::Done);
+    replied_ok(&e, 1);
+    assert_eq!(beside, 5);
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+}
+
+/// A keep-alive answer that arrives while an op is in flight behind another answer still
+/// queued counts after it, in order; and no keep-alive goes beside the op on a stream etcd
+/// ended (a new one is opened after the answer).
+#[test]
+fn no_keep_alive_goes_beside_an_op_on_an_ended_stream() {
+    let mut h = watching(Harness::new());
+    h.command(1, report_done(3));
+    let e = h.step(Input::KeepAliveFailed(timed_out()));
+    no_op(&e);
+    // Queued: the machine hears of the end after the answer; until then the stream
+    // still counts as open, and one keep-alive goes on it.
+    assert_eq!(keep_alives_beside(&h.fire()), 1);
+    let e = h.answer(Answer::Done);
+    replied_ok(&e, 1);
+    assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
+    no_op(&h.answer(Answer::Done));
+    h.command(2, report_done(4));
+    assert!(h.m.busy());
+    assert!(h.m.deadline().is_some(), "the reopened stream is kept alive");
+}
+
 /// etcd ends a keep-alive stream it is too busy to renew on: a new keep-alive stream
 /// for the same lease, the watches kept. Any other end of it is an outage as before.
 #[test]

@@ -86,15 +86,19 @@ fn the_view_is_connected_once_the_first_sync_opened_the_watches() {
 }
 
 #[test]
-fn deadline_is_none_while_an_op_is_in_flight() {
+fn while_an_op_is_in_flight_the_only_deadline_is_the_next_keep_alive() {
     let mut h = Harness::new();
     h.m.start(h.now);
-    assert_eq!(h.m.deadline(), None);
+    assert_eq!(h.m.deadline(), None, "no lease is kept while syncing");
     let mut h = Harness::synced();
-    assert!(h.m.deadline().is_some());
+    assert_eq!(h.m.deadline(), Some(h.t0), "the first keep-alive");
+    // The keep-alive itself in flight: nothing goes beside it.
+    assert_eq!(the_op(&h.fire()), Op::KeepAlive);
+    assert_eq!(h.m.deadline(), None);
+    h.answer(Answer::Done);
     h.command(1, report_done(1));
     assert!(h.m.busy());
-    assert_eq!(h.m.deadline(), None);
+    assert_eq!(h.m.deadline(), Some(h.t0 + TTL / 3), "the next keep-alive");
     h.answer(Answer::Done);
     assert!(h.m.deadline().is_some());
 }
