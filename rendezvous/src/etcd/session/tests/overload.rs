@@ -162,7 +162,11 @@ fn the_lease_is_kept_alive_while_an_op_waits_in_etcd() {
     let mut beside = 0;
     for n in 1..=5 {
         let e = h.fire();
-        assert_eq!(keep_alives_beside(&e), 1, "keep-alive {n} went beside the op");
+        assert_eq!(
+            keep_alives_beside(&e),
+            1,
+            "keep-alive {n} went beside the op"
+        );
         assert!(etcd_ops(&e).is_empty(), "nothing else is sent: {e:?}");
         assert_eq!(h.now, h.t0 + TTL / 3 * n, "one each third of a TTL");
         beside += 1;
@@ -200,7 +204,10 @@ fn no_keep_alive_goes_beside_an_op_on_an_ended_stream() {
     no_op(&h.answer(Answer::Done));
     h.command(2, report_done(4));
     assert!(h.m.busy());
-    assert!(h.m.deadline().is_some(), "the reopened stream is kept alive");
+    assert!(
+        h.m.deadline().is_some(),
+        "the reopened stream is kept alive"
+    );
 }
 
 /// etcd ends a keep-alive stream it is too busy to renew on: a new keep-alive stream
