@@ -148,6 +148,15 @@ fn next_look(every: Duration, ttl: Duration, lives: u32) -> Duration {
     (every * (1 << lives.saturating_sub(1).min(4))).min(ttl.max(every))
 }
 
+/// A look that found etcd without a leader, sent at `sent`. `silent`: all it found is
+/// that nothing answered a fresh connection, which an etcd too loaded to accept in time
+/// shows as well as a stopped one (the session weighs that against what it heard).
+#[derive(Debug, Clone, Copy)]
+pub struct Proof {
+    pub sent: Instant,
+    pub silent: bool,
+}
+
 /// A running prober; dropping it stops it.
 pub struct Prober(AbortHandle);
 
@@ -164,7 +173,7 @@ impl Prober {
         endpoint: String,
         opts: EtcdOptions,
         ttl: Duration,
-        proofs: mpsc::UnboundedSender<Instant>,
+        proofs: mpsc::UnboundedSender<Proof>,
     ) -> Self {
         let every = ttl / 4;
         // A healthy etcd answers in milliseconds; the proof only counts from when the probe
@@ -175,7 +184,8 @@ impl Prober {
             loop {
                 let sent = Instant::now();
                 let found = probe(&endpoint, &opts, patience).await;
-                if found.proves_no_leader() && proofs.send(sent).is_err() {
+                let silent = found == Probe::Silent;
+                if found.proves_no_leader() && proofs.send(Proof { sent, silent }).is_err() {
                     return;
                 }
                 tracing::debug!(?found, %endpoint, "etcd probe");

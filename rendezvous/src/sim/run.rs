@@ -147,7 +147,13 @@ fn probe(w: &mut World, a: usize, process: u64) {
     let now = w.now();
     // A frozen process's prober is frozen too: it proves nothing while it sleeps.
     if ag.life == Life::Up && !ag.cut && !w.etcd.has_leader(now, w.opts.three_members) {
-        w.feed(a, Input::NoLeader { sent: now });
+        w.feed(
+            a,
+            Input::NoLeader {
+                sent: now,
+                silent: false,
+            },
+        );
     }
     let every = w.opts.ttl.as_millis() as u64 / 4;
     w.after(every, Ev::Probe { a, process });

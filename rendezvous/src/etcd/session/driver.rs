@@ -17,7 +17,7 @@ use super::machine::Machine;
 use super::{Request, records};
 use crate::etcd::connect::{self, EtcdOptions};
 use crate::etcd::keys::Keys;
-use crate::etcd::probe::Prober;
+use crate::etcd::probe::{Prober, Proof};
 use crate::etcd::view::View;
 
 type EtcdResult<T> = Result<T, etcd_client::Error>;
@@ -53,10 +53,7 @@ pub struct Driver {
     prober: Option<Prober>,
     /// Ops in a row that went unanswered past their deadline (see [`op_patience`]).
     cuts: u32,
-    proofs: (
-        mpsc::UnboundedSender<Instant>,
-        mpsc::UnboundedReceiver<Instant>,
-    ),
+    proofs: (mpsc::UnboundedSender<Proof>, mpsc::UnboundedReceiver<Proof>),
 }
 
 impl Driver {
@@ -156,8 +153,9 @@ impl Driver {
             tokio::select! {
                 answer = &mut exec => break answer,
                 () = &mut give_up => break Err(connect::unanswered(patience)),
-                Some(sent) = self.proofs.1.recv() => {
-                    self.machine.step(Instant::now(), Input::NoLeader { sent });
+                Some(p) = self.proofs.1.recv() => {
+                    let input = Input::NoLeader { sent: p.sent, silent: p.silent };
+                    self.machine.step(Instant::now(), input);
                     publish(&mut self.machine, &self.view);
                 }
             }
@@ -208,7 +206,7 @@ impl Driver {
                 biased;
                 answer = &mut exec => return (answer, beside),
                 () = &mut give_up => return (Err(connect::unanswered(patience)), beside),
-                Some(sent) = proofs.1.recv() => Input::NoLeader { sent },
+                Some(p) = proofs.1.recv() => Input::NoLeader { sent: p.sent, silent: p.silent },
                 msg = next_answer(kept) => match msg {
                     Ok(answer) => Input::LeaseAnswer(answer.map(|r| r.ttl())),
                     Err(e) => Input::KeepAliveFailed(e),
@@ -284,7 +282,7 @@ impl Driver {
                 }
                 None => Input::CommandsClosed,
             },
-            Some(sent) = proofs.1.recv() => Input::NoLeader { sent },
+            Some(p) = proofs.1.recv() => Input::NoLeader { sent: p.sent, silent: p.silent },
         };
         if matches!(input, Input::KeepAliveFailed(_) | Input::LeaseAnswer(None)) {
             if let Some(s) = streams.as_mut() {

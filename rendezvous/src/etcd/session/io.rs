@@ -215,9 +215,11 @@ pub enum Input {
     Answer(Result<Answer, etcd_client::Error>),
     /// A deadline the machine gave ([`super::Machine::deadline`]) passed.
     Timer,
-    /// The prober saw etcd without a leader, looking at `sent`.
+    /// The prober saw etcd without a leader, looking at `sent`; `silent`: it saw only
+    /// that nothing answered a fresh connection (see [`super::Machine`]'s use of it).
     NoLeader {
         sent: Instant,
+        silent: bool,
     },
 }
 

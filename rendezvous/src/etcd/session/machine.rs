@@ -200,6 +200,8 @@ pub struct Machine {
     pub(super) slowed_since: Option<Instant>,
     /// etcd ended the keep-alive stream for load: the next keep-alive needs a new one.
     pub(super) keep_alive_ended: bool,
+    /// When etcd last said anything to this session (see [`Machine::said_by_etcd`]).
+    heard_at: Option<Instant>,
     /// The role and lease the watches being opened are for.
     pub(super) watch_role: Role,
     pub(super) watch_lease: i64,
@@ -262,6 +264,7 @@ impl Machine {
             slowed: 0,
             slowed_since: None,
             keep_alive_ended: false,
+            heard_at: None,
         }
     }
 
@@ -277,6 +280,9 @@ impl Machine {
     /// op in flight; anything else waits until no op is in flight and no work is left.
     pub fn step(&mut self, now: Instant, input: Input) -> Vec<Effect> {
         self.now = now;
+        if self.said_by_etcd(&input) {
+            self.heard_at = Some(now);
+        }
         match input {
             Input::Answer(answer) => match (self.awaiting.take(), answer) {
                 (Some(then), Err(e)) if overloaded(&e) && self.may_retry(&then) => {
@@ -295,9 +301,17 @@ impl Machine {
                 (None, _) => tracing::debug!("an answer nobody waited for"),
             },
             // A proof counts at once, even while an op waits on the etcd it is about.
-            Input::NoLeader { sent } => {
-                self.clock.no_leader_at(sent, self.cfg.ttl);
-                self.publish_lease();
+            Input::NoLeader { sent, silent } => {
+                if silent && self.heard_at.is_some_and(|h| h + self.cfg.ttl / 4 > sent) {
+                    // A connection nobody answered, while this session heard etcd lately:
+                    // loaded, not stopped (at 10,000 nodes, etcd took longer than the
+                    // probe's eighth of a TTL to accept connections, with a leader that
+                    // went on expiring leases). A stopped etcd says nothing on any stream.
+                    tracing::debug!(?sent, "a silent etcd heard from lately proves nothing");
+                } else {
+                    self.clock.no_leader_at(sent, self.cfg.ttl);
+                    self.publish_lease();
+                }
             }
             // The lease's keep-alives go on while an op waits, and their answers count at
             // once (see `keep_alive_beside`).
@@ -467,6 +481,20 @@ impl Machine {
         self.awaiting = Some(then);
         self.in_flight = Some(op.clone());
         self.effects.push(Effect::Etcd(op));
+    }
+
+    /// Whether `input` is something etcd said (not the driver's own doing: a local send,
+    /// a deadline, a broken connection).
+    fn said_by_etcd(&self, input: &Input) -> bool {
+        let said = |e: &etcd_client::Error| matches!(e, etcd_client::Error::GRpcStatus(_));
+        match input {
+            Input::Watched(_) | Input::WatchCreated { .. } | Input::LeaseAnswer(_) => true,
+            Input::StreamFailed(e) | Input::KeepAliveFailed(e) => said(e),
+            // A keep-alive is answered by the local send.
+            Input::Answer(Ok(_)) => !matches!(self.awaiting, Some(Then::Todo(Todo::KeepAlive))),
+            Input::Answer(Err(e)) => said(e),
+            _ => false,
+        }
     }
 
     /// When the next keep-alive is due while an op is in flight, if it may go beside it.
