@@ -34,6 +34,16 @@ pub enum WatchEvent {
     },
 }
 
+impl WatchEvent {
+    /// About how many bytes it holds.
+    pub fn size(&self) -> usize {
+        match self {
+            WatchEvent::Put(kv) => kv.key.len() + kv.value.len(),
+            WatchEvent::Delete { key, prev } => key.len() + prev.as_ref().map_or(0, Vec::len),
+        }
+    }
+}
+
 /// A condition of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Compare {

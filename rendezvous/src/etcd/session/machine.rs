@@ -302,11 +302,17 @@ impl Machine {
             },
             // A proof counts at once, even while an op waits on the etcd it is about.
             Input::NoLeader { sent, silent } => {
-                if silent && self.heard_at.is_some_and(|h| h + self.cfg.ttl / 4 > sent) {
+                if silent && self.heard_at.is_some_and(|h| h + self.cfg.ttl / 8 > sent) {
                     // A connection nobody answered, while this session heard etcd lately:
-                    // loaded, not stopped (at 10,000 nodes, etcd took longer than the
-                    // probe's eighth of a TTL to accept connections, with a leader that
-                    // went on expiring leases). A stopped etcd says nothing on any stream.
+                    // loaded, not stopped (at 4,000 to 10,000 nodes, etcd took longer than
+                    // the probe's eighth of a TTL to answer new connections, with a leader
+                    // that went on expiring leases). A stopped etcd says nothing on any
+                    // stream. Lately: an eighth of a TTL, as long as the look itself
+                    // waits. With a fence margin up to a third of a TTL the first look
+                    // comes later than that after the last word a frozen etcd can have
+                    // said (the keep-alive after it is sent a third of a TTL after the
+                    // last answered one, the look a quarter TTL before the fence), so a
+                    // freeze is still proved in time; a longer window cost such fences.
                     tracing::debug!(?sent, "a silent etcd heard from lately proves nothing");
                 } else {
                     self.clock.no_leader_at(sent, self.cfg.ttl);
@@ -367,6 +373,15 @@ impl Machine {
 
     pub fn incarnation(&self) -> u64 {
         self.incarnation
+    }
+
+    /// About how many bytes of watch events wait in the inbox.
+    pub fn queued_bytes(&self) -> usize {
+        let batch = |i: &Input| match i {
+            Input::Watched(events) => events.iter().map(super::io::WatchEvent::size).sum(),
+            _ => 0,
+        };
+        self.inbox.iter().map(batch).sum()
     }
 
     /// Whether an op is in flight (its answer is the next input that counts).

@@ -162,8 +162,8 @@ fn no_leader_extends_lease_safe_until() {
 }
 
 /// "Nothing answered a fresh connection" is what a stopped etcd shows, and also one too
-/// loaded to accept in time. A session that heard etcd within a quarter TTL before the
-/// look takes it for the second: no proof. One that heard nothing takes the proof; a
+/// loaded to accept in time. A session that heard etcd within an eighth of a TTL before
+/// the look takes it for the second: no proof. One that heard nothing takes the proof; a
 /// leaderless status counts whatever was heard.
 #[test]
 fn a_silent_etcd_proves_no_leader_only_if_the_session_heard_nothing_from_it_lately() {
@@ -172,23 +172,28 @@ fn a_silent_etcd_proves_no_leader_only_if_the_session_heard_nothing_from_it_late
     h.at_ms(3_000);
     // etcd answers a watch: it lives.
     h.step(Input::Watched(vec![]));
-    h.at_ms(4_000);
+    let soon = h.t0 + 3 * SECOND + TTL / 8 - Duration::from_millis(1);
+    h.now = soon;
     h.step(Input::NoLeader {
-        sent: h.t0 + 4 * SECOND,
+        sent: soon,
         silent: true,
     });
-    assert_eq!(h.m.view().lease_safe_until, before, "heard 1 s before: no proof");
+    assert_eq!(
+        h.m.view().lease_safe_until,
+        before,
+        "heard just before: no proof"
+    );
     h.step(Input::NoLeader {
-        sent: h.t0 + 4 * SECOND,
+        sent: soon,
         silent: false,
     });
     assert_eq!(
         h.m.view().lease_safe_until,
-        Some(h.t0 + 4 * SECOND + TTL),
+        Some(soon + TTL),
         "etcd said it has no leader"
     );
-    // Heard nothing since 3 s: at 3 s + TTL/4 a silent look proves no leader again.
-    let quiet = h.t0 + 3 * SECOND + TTL / 4;
+    // Heard nothing since 3 s: at 3 s + TTL/8 a silent look proves no leader again.
+    let quiet = h.t0 + 3 * SECOND + TTL / 8;
     h.now = quiet;
     h.step(Input::NoLeader {
         sent: quiet,
@@ -202,10 +207,10 @@ fn a_silent_etcd_proves_no_leader_only_if_the_session_heard_nothing_from_it_late
 fn a_keep_alives_local_send_is_not_hearing_from_etcd() {
     let mut h = Harness::synced();
     assert_eq!(the_op(&h.fire()), Op::KeepAlive);
-    h.at_ms(1_000);
-    // Heard during the sync at t0; the local "sent" at 1 s does not count.
+    h.at_ms(500);
+    // Heard during the sync at t0; the local "sent" at 0.5 s does not count.
     h.answer(Answer::Done);
-    let sent = h.t0 + TTL / 4;
+    let sent = h.t0 + TTL / 8;
     h.now = sent;
     h.step(Input::NoLeader { sent, silent: true });
     assert_eq!(h.m.view().lease_safe_until, Some(sent + TTL));

@@ -210,6 +210,26 @@ fn no_keep_alive_goes_beside_an_op_on_an_ended_stream() {
     );
 }
 
+/// What the watches bring while an op waits is kept for after its answer, and counted
+/// (the driver stops reading the watches past a bound, see `driver.rs`).
+#[test]
+fn watch_events_that_come_while_an_op_waits_are_counted_until_taken() {
+    let mut h = watching(Harness::new());
+    h.command(1, report_done(3));
+    let kv = Kv {
+        key: "k".repeat(10),
+        value: vec![0; 990],
+        create_rev: 5,
+        mod_rev: 5,
+        lease: 0,
+    };
+    no_op(&h.step(Input::Watched(vec![WatchEvent::Put(kv.clone())])));
+    no_op(&h.step(Input::Watched(vec![WatchEvent::Put(kv)])));
+    assert_eq!(h.m.queued_bytes(), 2_000);
+    h.answer(Answer::Done);
+    assert_eq!(h.m.queued_bytes(), 0, "taken once the op was answered");
+}
+
 /// etcd ends a keep-alive stream it is too busy to renew on: a new keep-alive stream
 /// for the same lease, the watches kept. Any other end of it is an outage as before.
 #[test]
