@@ -187,8 +187,8 @@ impl Driver {
             let due = self.machine.deadline();
             // What the watches bring waits in the machine; past this much they are left
             // to the connection's flow control again (etcd keeps a slow watcher's events
-            // in its store, not in memory). Unbounded, 10,000 simulated nodes in one
-            // process grew to 19 GB while etcd was behind.
+            // in its store, not in memory). 10,000 simulated nodes in one process, each
+            // keeping up to 4 MiB, grew to 18 GB while etcd was behind.
             let room = self.machine.queued_bytes() < QUEUED_WHILE_WAITING;
             let Self {
                 conn: Conn { streams, .. },
@@ -477,7 +477,7 @@ fn watch_input(msg: EtcdResult<Option<WatchResponse>>) -> Input {
 
 /// The most bytes of watch events read while ops wait and the machine has not taken
 /// them (see `wait_reading`): a round of 10,000 members is about 1.2 MB.
-const QUEUED_WHILE_WAITING: usize = 4 << 20;
+const QUEUED_WHILE_WAITING: usize = 2 << 20;
 
 /// How long one op may go unanswered before it counts as a broken connection (a
 /// transient failure: the session reconnects on a fresh connection, as after any
