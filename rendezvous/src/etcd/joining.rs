@@ -154,7 +154,7 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
         });
     }
     match v.round.as_ref().map(|r| &r.record) {
-        Some(r) if r.number > held.number => {
+        Some(r) if r.number > held.number || another_seal(r, held) => {
             if r.members.iter().any(|m| m.node_id == me) {
                 // A member does not watch registrations: when the coordinator's next round
                 // comes before the word of a loss, the round itself says who is missing
@@ -181,6 +181,25 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
         }
         _ => None,
     }
+}
+
+/// Whether `r` is another round under the number of the one held. An etcd that lost its
+/// data lost the round record too; its members write the round they run back, but a
+/// coordinator that never saw that round (frozen meanwhile) can seal its own under the
+/// same number first. A member of both took it for the round it runs, the others waited
+/// for it without end (found by the simulator: seed 8847, an empty restart of etcd as a
+/// frozen node came back). The same round written back has the same nodes in the same
+/// order and the same seal time.
+fn another_seal(r: &v1::Round, held: &v1::Round) -> bool {
+    let ids = |x: &v1::Round| {
+        x.members
+            .iter()
+            .map(|m| m.node_id.clone())
+            .collect::<Vec<_>>()
+    };
+    let sealed_apart =
+        r.sealed_at_ms != 0 && held.sealed_at_ms != 0 && r.sealed_at_ms != held.sealed_at_ms;
+    r.number == held.number && (sealed_apart || ids(r) != ids(held))
 }
 
 /// A stored hang report as the agent reads it.

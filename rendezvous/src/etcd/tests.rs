@@ -185,3 +185,39 @@ fn a_next_round_without_a_member_of_the_held_one_is_its_loss() {
         })
     );
 }
+
+/// etcd came back empty; a coordinator that never saw round 3 (frozen meanwhile) sealed
+/// its own round 3 before the members wrote theirs back. The number alone said "the
+/// round held": one member ran on with the other's workers gone, another waited for
+/// ever (the simulator's seed 8847). The round written back (the same record) is no
+/// change; another seal under the number is.
+#[test]
+fn another_round_under_the_held_number_is_a_change_and_the_same_one_written_back_is_not() {
+    let since = Instant::now();
+    let mut held = view_with_round(&["me", "peer"]).round.unwrap().record;
+    std::sync::Arc::make_mut(&mut held).sealed_at_ms = 1_000;
+    let mut same = view_with_round(&["me", "peer"]);
+    std::sync::Arc::make_mut(&mut same.round.as_mut().unwrap().record).sealed_at_ms = 1_000;
+    assert_eq!(detect(&same, &held, "me", since), None, "written back");
+    // Another coordinator's round 3: "me" in it, "peer" not.
+    let other = view_with_round(&["me", "late"]);
+    assert_eq!(
+        detect(&other, &held, "me", since),
+        Some(Change::MemberLost {
+            node: "peer".into()
+        })
+    );
+    // The same nodes, sealed at another time: still another round.
+    let mut resealed = view_with_round(&["me", "peer"]);
+    std::sync::Arc::make_mut(&mut resealed.round.as_mut().unwrap().record).sealed_at_ms = 2_000;
+    assert_eq!(
+        detect(&resealed, &held, "me", since),
+        Some(Change::NewRound { number: 3 })
+    );
+    // A member left out of the other round has lost its place.
+    let without = view_with_round(&["late", "other"]);
+    assert_eq!(
+        detect(&without, &held, "me", since),
+        Some(Change::MemberLost { node: "me".into() })
+    );
+}
