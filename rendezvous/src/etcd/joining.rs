@@ -191,15 +191,14 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
 /// frozen node came back). The same round written back has the same nodes in the same
 /// order and the same seal time.
 fn another_seal(r: &v1::Round, held: &v1::Round) -> bool {
-    let ids = |x: &v1::Round| {
-        x.members
-            .iter()
-            .map(|m| m.node_id.clone())
-            .collect::<Vec<_>>()
-    };
+    if r.number != held.number {
+        return false;
+    }
+    // Looked at on every change of the view, most often with the round held: no copies.
     let sealed_apart =
         r.sealed_at_ms != 0 && held.sealed_at_ms != 0 && r.sealed_at_ms != held.sealed_at_ms;
-    r.number == held.number && (sealed_apart || ids(r) != ids(held))
+    let (a, b) = (r.members.iter(), held.members.iter());
+    sealed_apart || !a.map(|m| &m.node_id).eq(b.map(|m| &m.node_id))
 }
 
 /// A stored hang report as the agent reads it.

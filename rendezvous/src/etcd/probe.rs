@@ -76,10 +76,17 @@ pub enum Reach {
 
 /// Connects to `addr` (`host:port`) and closes again, waiting at most `patience`.
 pub async fn reach(addr: &str, patience: Duration) -> Reach {
+    dial(addr, patience)
+        .await
+        .map_or_else(|r| r, |_| Reach::Accepted)
+}
+
+/// A connection to `addr` within `patience`, or how it failed.
+async fn dial(addr: &str, patience: Duration) -> Result<TcpStream, Reach> {
     match tokio::time::timeout(patience, TcpStream::connect(addr)).await {
-        Ok(Ok(_)) => Reach::Accepted,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Reach::Refused,
-        Ok(Err(_)) | Err(_) => Reach::NoAnswer,
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(Reach::Refused),
+        Ok(Err(_)) | Err(_) => Err(Reach::NoAnswer),
     }
 }
 
@@ -93,13 +100,7 @@ const HTTP2_HELLO: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\
 /// reset) within `patience`, or how the connection itself failed.
 async fn hears_back(addr: &str, patience: Duration) -> Result<bool, Reach> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = match tokio::time::timeout(patience, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            return Err(Reach::Refused);
-        }
-        Ok(Err(_)) | Err(_) => return Err(Reach::NoAnswer),
-    };
+    let mut stream = dial(addr, patience).await?;
     // A stopped process's kernel still takes the bytes: only the read tells.
     let said = async {
         let _ = stream.write_all(HTTP2_HELLO).await;

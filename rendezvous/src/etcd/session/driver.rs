@@ -154,8 +154,7 @@ impl Driver {
                 answer = &mut exec => break answer,
                 () = &mut give_up => break Err(connect::unanswered(patience)),
                 Some(p) = self.proofs.1.recv() => {
-                    let input = Input::NoLeader { sent: p.sent, silent: p.silent };
-                    self.machine.step(Instant::now(), input);
+                    self.machine.step(Instant::now(), Input::from(p));
                     publish(&mut self.machine, &self.view);
                 }
             }
@@ -213,7 +212,7 @@ impl Driver {
                 biased;
                 answer = &mut exec => return (answer, beside),
                 () = &mut give_up => return (Err(connect::unanswered(patience)), beside),
-                Some(p) = proofs.1.recv() => Input::NoLeader { sent: p.sent, silent: p.silent },
+                Some(p) = proofs.1.recv() => Input::from(p),
                 msg = next_answer(kept) => match msg {
                     Ok(answer) => Input::LeaseAnswer(answer.map(|r| r.ttl())),
                     Err(e) => Input::KeepAliveFailed(e),
@@ -289,7 +288,7 @@ impl Driver {
                 }
                 None => Input::CommandsClosed,
             },
-            Some(p) = proofs.1.recv() => Input::NoLeader { sent: p.sent, silent: p.silent },
+            Some(p) = proofs.1.recv() => Input::from(p),
         };
         if matches!(input, Input::KeepAliveFailed(_) | Input::LeaseAnswer(None)) {
             if let Some(s) = streams.as_mut() {

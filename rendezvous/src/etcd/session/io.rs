@@ -233,6 +233,15 @@ pub enum Input {
     },
 }
 
+impl From<crate::etcd::probe::Proof> for Input {
+    fn from(p: crate::etcd::probe::Proof) -> Self {
+        Input::NoLeader {
+            sent: p.sent,
+            silent: p.silent,
+        }
+    }
+}
+
 /// What the machine asks its driver to do.
 #[derive(Debug)]
 pub enum Effect {
