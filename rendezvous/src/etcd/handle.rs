@@ -329,57 +329,85 @@ impl EtcdRendezvous {
 
 /// Refuses to start a run whose keys would lie inside another run's (its prefix is
 /// below another run's root) or around one (another run's prefix is below this run's
-/// root): the outer run would read the inner one's keys as its own. Costs one read per
-/// level of the prefix and four of the gaps between this run's own keys, once, at start,
-/// none of them O(N): reading every key under the root made the k-th agent to join read
-/// k registrations, 50 million keys in all for 10,000 agents (issue 30).
+/// root): the outer run would read the inner one's keys as its own. One read-only
+/// transaction, once, at start: a count per level of the prefix (its `members/` and
+/// `ctl/`) and the keys of the four gaps between this run's own keys, none of them O(N).
+/// Reading every key under the root made the k-th agent to join read k registrations,
+/// 50 million keys in all for 10,000 agents (issue 30); and as eight reads they were
+/// eight of the thirteen requests an agent made to join, where etcd 3.4 copies its
+/// buffer of writes not yet committed for each one (a third of its CPU at formation).
 pub(super) async fn refuse_nesting(
     client: &mut Client,
     keys: &Keys,
     prefix: &str,
     window: Duration,
 ) -> Result<(), RendezvousError> {
-    let client = &*client;
-    let range = |from: String, opts: GetOptions| {
-        while_overloaded(window, move || {
-            let (mut c, from, opts) = (client.clone(), from.clone(), opts.clone());
-            async move { c.get(from, Some(opts)).await }
-        })
-    };
-    let read = |what| move |source| RendezvousError::Etcd { what, source };
-    let fix = "choose an etcd_prefix outside other runs' keys (e.g. the default /fsdp)";
-    for outer in keys.enclosing_roots() {
-        for sub in ["members/", "ctl/"] {
-            let found = range(
-                format!("{outer}{sub}"),
-                GetOptions::new().with_prefix().with_count_only(),
+    use etcd_client::{Txn, TxnOp, TxnOpResponse};
+    let outer: Vec<String> = keys
+        .enclosing_roots()
+        .into_iter()
+        .flat_map(|outer| ["members/", "ctl/"].map(|sub| format!("{outer}{sub}")))
+        .collect();
+    let gaps = keys.foreign_ranges();
+    let reads: Vec<TxnOp> = outer
+        .iter()
+        .map(|p| {
+            TxnOp::get(
+                p.as_str(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
             )
-            .await
-            .map_err(read("checking that the run's keys nest in no other run"))?
-            .count();
-            if found > 0 {
-                return Err(RendezvousError::InvalidConfig(format!(
-                    "etcd_prefix '{prefix}' puts this run's keys ({}) inside those of the run at {outer}; {fix}",
-                    keys.root()
-                )));
-            }
-        }
+        })
+        .chain(gaps.iter().map(|(from, to)| {
+            TxnOp::get(
+                from.as_str(),
+                Some(GetOptions::new().with_range(to.as_str()).with_keys_only()),
+            )
+        }))
+        .collect();
+    let client = &*client;
+    let answer = while_overloaded(window, || {
+        let (mut c, txn) = (client.clone(), Txn::new().and_then(reads.clone()));
+        async move { c.txn(txn).await }
+    })
+    .await;
+    let what = "checking that the run's keys nest in no other run, and none in it";
+    let failed = |source| RendezvousError::Etcd { what, source };
+    let got: Vec<_> = answer
+        .map_err(failed)?
+        .op_responses()
+        .into_iter()
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        })
+        .collect();
+    if got.len() != outer.len() + gaps.len() {
+        let e = std::io::Error::other(format!(
+            "etcd answered {} of the {} reads of the run's surroundings",
+            got.len(),
+            outer.len() + gaps.len()
+        ));
+        return Err(failed(etcd_client::Error::IoError(e)));
     }
-    for (from, to) in keys.foreign_ranges() {
-        let inner = range(from, GetOptions::new().with_range(to).with_keys_only())
-            .await
-            .map_err(read("checking that no other run nests in this run's keys"))?;
-        if let Some(k) = inner
-            .kvs()
-            .iter()
-            .filter_map(|kv| kv.key_str().ok())
-            .find(|k| keys.nested_run_key(k))
-        {
-            return Err(RendezvousError::InvalidConfig(format!(
-                "another run's keys ({k}) lie inside this run's ({}); give that run or this one a different etcd_prefix or --rdzv-id",
-                keys.root()
-            )));
-        }
+    let fix = "choose an etcd_prefix outside other runs' keys (e.g. the default /fsdp)";
+    let (counts, inner) = got.split_at(outer.len());
+    if let Some((p, _)) = outer.iter().zip(counts).find(|(_, g)| g.count() > 0) {
+        let root = p.trim_end_matches("members/").trim_end_matches("ctl/");
+        return Err(RendezvousError::InvalidConfig(format!(
+            "etcd_prefix '{prefix}' puts this run's keys ({}) inside those of the run at {root}; {fix}",
+            keys.root()
+        )));
+    }
+    if let Some(k) = inner
+        .iter()
+        .flat_map(|g| g.kvs())
+        .filter_map(|kv| kv.key_str().ok())
+        .find(|k| keys.nested_run_key(k))
+    {
+        return Err(RendezvousError::InvalidConfig(format!(
+            "another run's keys ({k}) lie inside this run's ({}); give that run or this one a different etcd_prefix or --rdzv-id",
+            keys.root()
+        )));
     }
     Ok(())
 }

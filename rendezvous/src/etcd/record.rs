@@ -217,7 +217,7 @@ impl Outgoing {
         const { assert!(!matches!(R::MODE, Mode::Own)) };
         Outgoing {
             key: keys.of(record),
-            value: record.encode_to_vec(),
+            value: fsdp_proto::encode(record),
             mode: R::MODE,
             writing: R::WRITING,
         }

@@ -4,7 +4,6 @@
 
 use fsdp_proto::v1;
 use fsdp_store::state::WatchSpec;
-use prost::Message;
 
 use super::agent::Watching;
 use super::etcd::{cut, prefix_end};
@@ -209,7 +208,7 @@ impl World {
             for w in &spec.then {
                 if let Write::Put { key, value, lease } = w {
                     if key.starts_with(&members) {
-                        if let Ok(m) = v1::Member::decode(value.as_slice()) {
+                        if let Ok(m) = fsdp_proto::decode::<v1::Member>(key, value) {
                             let (id, inc, wants) =
                                 (m.node_id, m.incarnation % 1_000_000, m.wants_round);
                             self.note(|| {
@@ -228,11 +227,11 @@ impl World {
         for w in &spec.then {
             if let Write::Put { key, value, .. } = w {
                 let whole = if *key == roster_key {
-                    v1::Roster::decode(value.as_slice())
+                    fsdp_proto::decode::<v1::Roster>(key, value)
                         .ok()
                         .and_then(|r| r.round)
                 } else if *key == round_key {
-                    v1::Round::decode(value.as_slice())
+                    fsdp_proto::decode::<v1::Round>(key, value)
                         .ok()
                         .filter(|r| !r.delta)
                 } else {

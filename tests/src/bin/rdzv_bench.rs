@@ -11,7 +11,13 @@
 //! `nodes=N lose=<how> reform_s=<seconds>` gives the time from the loss to every survivor
 //! holding the next round.
 //!
-//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
+//! With `--ceiling`, no rendezvous runs: each of the N nodes grants a lease and puts one
+//! key on it, all at once over the same connections, and the line
+//! `nodes=N ceiling_s=<seconds> writes=<2N>` says how fast this etcd on this machine takes
+//! the least a formation must write (a lease and a registration per node), whatever the
+//! protocol does above it.
+//!
+//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S] [--ceiling]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
 
 use std::sync::atomic::Ordering;
@@ -23,7 +29,7 @@ use fsdp_rendezvous::{JobRecords, Rendezvous};
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
-    let (mut lose, mut ttl) = (None::<String>, 3u64);
+    let (mut lose, mut ttl, mut ceiling) = (None::<String>, 3u64, false);
     while let Some(a) = args.next() {
         let mut v = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
@@ -32,6 +38,7 @@ fn main() {
             "--clients" => clients = Some(v().parse().expect("--clients K")),
             "--lose" => lose = Some(v()).filter(|h| h == "leave" || h == "kill"),
             "--ttl" => ttl = v().parse().expect("--ttl seconds"),
+            "--ceiling" => ceiling = true,
             other => {
                 eprintln!(
                     "usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] (unknown {other})"
@@ -69,6 +76,9 @@ fn main() {
         let mut conns = Vec::new();
         for _ in 0..clients {
             conns.push(connect(&cfg.options).await.expect("connect to etcd"));
+        }
+        if ceiling {
+            return etcd_ceiling(&conns, nodes, &run_id).await;
         }
         let start = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
@@ -117,6 +127,57 @@ fn main() {
         )
         .await;
     });
+}
+
+/// The least any formation writes, a lease and a key per node, sent all at once: the
+/// floor under `seal_s` that this etcd on this machine sets. Ends by revoking the leases.
+async fn etcd_ceiling(conns: &[etcd_client::Client], nodes: usize, run_id: &str) {
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..nodes {
+        let mut c = conns[i % conns.len()].clone();
+        let key = format!("/fsdp/{run_id}/ceiling/{i:05}");
+        tasks.spawn(async move {
+            // etcd refuses with "too many requests" while its applied index trails the
+            // committed one by 5,000; a client waits and asks again.
+            let mut refused = 0u64;
+            let lease = loop {
+                match c.lease_grant(10, None).await {
+                    Ok(l) => break l.id(),
+                    Err(e) if e.to_string().contains("too many requests") => refused += 1,
+                    Err(e) => panic!("lease grant: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            let opts = etcd_client::PutOptions::new().with_lease(lease);
+            loop {
+                match c.put(key.clone(), vec![0u8; 64], Some(opts.clone())).await {
+                    Ok(_) => break,
+                    Err(e) if e.to_string().contains("too many requests") => refused += 1,
+                    Err(e) => panic!("put: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (lease, refused)
+        });
+    }
+    let (mut leases, mut refused) = (Vec::new(), 0);
+    while let Some(r) = tasks.join_next().await {
+        let (lease, n) = r.expect("ceiling task");
+        leases.push(lease);
+        refused += n;
+    }
+    let ceiling_s = start.elapsed().as_secs_f64();
+    println!(
+        "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused}",
+        2 * nodes
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, lease) in leases.into_iter().enumerate() {
+        let mut c = conns[i % conns.len()].clone();
+        tasks.spawn(async move { c.lease_revoke(lease).await.map(|_| ()) });
+    }
+    while tasks.join_next().await.is_some() {}
 }
 
 /// Every node leaves at once, as a job's pods do when it is deleted (one by one, each

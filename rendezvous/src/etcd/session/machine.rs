@@ -474,8 +474,8 @@ impl Machine {
                             members,
                             error = %e,
                             "the round is larger than etcd takes in one request (its --max-request-bytes, \
-                             1.5 MiB by default, holds about 12,000 nodes); no round can form until etcd \
-                             is started with a larger --max-request-bytes"
+                             1.5 MiB by default, holds a round of about 40,000 nodes, stored packed); no \
+                             round can form until etcd is started with a larger --max-request-bytes"
                         );
                     }
                     self.lost(e)

@@ -3,7 +3,6 @@
 //! (the registration with its election, the fenced round, the withdrawal).
 
 use fsdp_proto::{SCHEMA_VERSION, v1};
-use prost::Message;
 
 use super::io::{Compare, Op, TxnSpec, Write};
 use crate::etcd::keys::Keys;
@@ -65,7 +64,7 @@ pub fn say_gone(keys: &Keys, g: &v1::Gone) -> TxnSpec {
 /// its word is put whether or not the first word stands, and replaces a "lost" the
 /// coordinator wrote at its key meanwhile. The oldest records at `trim` go with it.
 pub fn say_left(keys: &Keys, word: &v1::Left, gone: Option<&v1::Gone>, trim: &[String]) -> TxnSpec {
-    let mut then = vec![put(keys.of(word), word.encode_to_vec(), 0)];
+    let mut then = vec![put(keys.of(word), fsdp_proto::encode(word), 0)];
     then.extend(trim.iter().map(|t| Write::Delete(keys.key::<v1::Left>(t))));
     match gone {
         Some(g) => {
@@ -90,7 +89,7 @@ pub fn say_lost(keys: &Keys, word: &v1::Left, trim: &[String]) -> TxnSpec {
         .map(|t| Write::Delete(keys.key::<v1::Left>(t)))
         .collect();
     let key = keys.of(word);
-    let mut said = first_word(key, word.encode_to_vec(), &[]);
+    let mut said = first_word(key, fsdp_proto::encode(word), &[]);
     said.then.extend(deletes.clone());
     said.otherwise = deletes;
     said
@@ -126,7 +125,7 @@ pub fn registration(
                 ..m.clone()
             };
             [
-                put(keys.of(&record), record.encode_to_vec(), lease),
+                put(keys.of(&record), fsdp_proto::encode(&record), lease),
                 Write::Delete(keys.key::<v1::Unhealthy>(&m.node_id)),
             ]
         })
@@ -145,7 +144,7 @@ pub fn registration(
         node_id: node_id.to_owned(),
     };
     let mut then = put_member.clone();
-    then.push(put(key.clone(), record.encode_to_vec(), lease));
+    then.push(put(key.clone(), fsdp_proto::encode(&record), lease));
     TxnSpec {
         when: vec![Compare::Absent(key)],
         then,
@@ -203,14 +202,14 @@ pub fn commit_round(
         ],
         then: match &delta {
             Some(d) => vec![
-                put(key, d.encode_to_vec(), 0),
-                put(keys.of(&roster), roster.encode_to_vec(), 0),
+                put(key, fsdp_proto::encode(d), 0),
+                put(keys.of(&roster), fsdp_proto::encode(&roster), 0),
             ],
             // Once: etcd refuses a request over 1.5 MiB (`--max-request-bytes`), and a
             // round of 10,000 written twice was 2.4 MB. The roster is read only for a
             // delta's whole round; it keeps the last of those, which is never older
             // than a delta a member could still be waiting to apply.
-            None => vec![put(key, record.encode_to_vec(), 0)],
+            None => vec![put(key, fsdp_proto::encode(record), 0)],
         },
         otherwise: Vec::new(),
     }
@@ -228,7 +227,7 @@ pub fn withdrawal(
 ) -> TxnSpec {
     let mut then = vec![
         Write::Delete(keys.key::<v1::Member>(node)),
-        put(keys.of(record), record.encode_to_vec(), lease),
+        put(keys.of(record), fsdp_proto::encode(record), lease),
     ];
     if coordinating {
         then.push(Write::Delete(keys.key::<v1::Coordinator>("")));

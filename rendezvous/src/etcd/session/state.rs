@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 
 use fsdp_proto::v1;
-use prost::Message;
 
 use super::io::{CommandId, Effect, Kv, Role, WatchEvent};
 use super::machine::Machine;
@@ -148,7 +147,7 @@ fn said_gone(v: &mut View, keys: &Keys, kv: &Kv, now: std::time::Instant) {
             .get(tail)
             .map(|e| (e.record.node_id.clone(), e.record.incarnation))
     } else if kv.key.starts_with(&keys.key::<v1::Gone>("")) {
-        let Ok(g) = v1::Gone::decode(kv.value.as_slice()) else {
+        let Ok(g) = fsdp_proto::decode::<v1::Gone>(&kv.key, &kv.value) else {
             return;
         };
         v.round
@@ -159,7 +158,7 @@ fn said_gone(v: &mut View, keys: &Keys, kv: &Kv, now: std::time::Instant) {
     } else if kv.key.starts_with(&keys.key::<v1::Unhealthy>("")) {
         // A withdrawal for a failing health check: the registration went in the same
         // transaction, and nobody else says so (the coordinator counts it explained).
-        let Ok(u) = v1::Unhealthy::decode(kv.value.as_slice()) else {
+        let Ok(u) = fsdp_proto::decode::<v1::Unhealthy>(&kv.key, &kv.value) else {
             return;
         };
         v.round

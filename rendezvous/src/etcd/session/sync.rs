@@ -4,8 +4,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use prost::Message;
-
 use super::io::{Answer, Kv, Op, Role};
 use super::machine::{Machine, Phase, Resync, Then};
 use super::records;
@@ -131,6 +129,12 @@ impl Machine {
                 keys_only: false,
             },
             Todo::CountMembers => Op::MemberCount,
+            // No lease was ever granted (the first sync): etcd would answer that lease 0
+            // is not found. At formation every request made etcd 3.4 copy its buffer of
+            // uncommitted writes; one fewer per joining agent (issue 30).
+            Todo::CheckLease { resync } if self.lease == 0 => {
+                return self.ensure_registered(resync, -1);
+            }
             Todo::CheckLease { .. } => Op::TimeToLive { lease: self.lease },
             Todo::Register => match &self.member {
                 Some(m) => Op::Txn(records::registration(
@@ -145,7 +149,7 @@ impl Machine {
             Todo::Republish => match self.round_to_put_back() {
                 Some(r) => Op::Txn(records::first_word(
                     keys.key::<fsdp_proto::v1::Round>(""),
-                    r.encode_to_vec(),
+                    fsdp_proto::encode(r),
                     &[],
                 )),
                 None => return,
@@ -567,7 +571,7 @@ impl Machine {
                     };
                     txn.then.push(records::put(
                         self.cfg.keys.of(&master),
-                        master.encode_to_vec(),
+                        fsdp_proto::encode(&master),
                         self.lease,
                     ));
                 }
