@@ -27,10 +27,9 @@ pub enum Todo {
     /// The ranged read of the whole run; the view is rebuilt from it.
     Read,
     CountMembers,
-    /// Whether the lease lives, then what it takes to be registered again.
-    CheckLease {
-        resync: bool,
-    },
+    /// Whether the lease lives, then what it takes to be registered again (not on the
+    /// first sync: see [`Todo::sync`]).
+    CheckLease,
     /// This node's registration with the current lease, if it has one to write.
     Register,
     /// etcd came back without our round: put the same round back.
@@ -79,10 +78,13 @@ impl Todo {
         if !matches!(why, Resync::RoleChanged { .. }) {
             plan.push(Todo::CountMembers);
         }
-        plan.push(Todo::CheckLease {
-            resync: why != Resync::First,
-        });
         if why != Resync::First {
+            // Not on the first: the lease was granted just before it, and its clock runs
+            // from the grant. Asked anyway, it was one of the requests every joining agent
+            // made, each of which etcd 3.4 answers by copying its buffer of uncommitted
+            // writes (a third of its CPU at formation; issue 30). A lease that expired
+            // meanwhile is found at the registration, which grants another (`serve.rs`).
+            plan.push(Todo::CheckLease);
             // On the first sync the agent's registration claims the role if it is free.
             plan.push(Todo::Campaign);
         }
@@ -129,13 +131,7 @@ impl Machine {
                 keys_only: false,
             },
             Todo::CountMembers => Op::MemberCount,
-            // No lease was ever granted (the first sync): etcd would answer that lease 0
-            // is not found. At formation every request made etcd 3.4 copy its buffer of
-            // uncommitted writes; one fewer per joining agent (issue 30).
-            Todo::CheckLease { resync } if self.lease == 0 => {
-                return self.ensure_registered(resync, -1);
-            }
-            Todo::CheckLease { .. } => Op::TimeToLive { lease: self.lease },
+            Todo::CheckLease => Op::TimeToLive { lease: self.lease },
             Todo::Register => match &self.member {
                 Some(m) => Op::Txn(records::registration(
                     keys,
@@ -285,9 +281,7 @@ impl Machine {
                 }
             }
             (Todo::CountMembers, Answer::MemberCount(n)) => self.single_member = n == 1,
-            (Todo::CheckLease { resync }, Answer::TimeToLive { ttl }) => {
-                self.ensure_registered(resync, ttl)
-            }
+            (Todo::CheckLease, Answer::TimeToLive { ttl }) => self.ensure_registered(ttl),
             (Todo::Register, Answer::Txn { .. }) => {
                 self.wrote();
                 self.written = Some((self.lease, self.incarnation));
@@ -364,7 +358,7 @@ impl Machine {
 
     /// After a read: make sure our lease lives and our registration is there; put back
     /// our round if etcd lost it.
-    fn ensure_registered(&mut self, resync: bool, ttl: i64) {
+    fn ensure_registered(&mut self, ttl: i64) {
         let alive = ttl > 0;
         if alive {
             let left = Duration::from_secs(ttl.unsigned_abs());
@@ -398,8 +392,7 @@ impl Machine {
         if !alive {
             self.lease_gone();
             next.extend([Todo::Grant, Todo::Register]);
-        } else if !present && resync {
-            // On the first sync the agent writes its own registration when it joins.
+        } else if !present {
             next.push(Todo::Register);
         }
         if round_missing {

@@ -8,7 +8,7 @@ use super::*;
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn the_first_sync_reads_counts_members_checks_the_lease_and_watches_from_the_next_revision() {
+fn the_first_sync_reads_counts_members_and_watches_from_the_next_revision() {
     let mut h = Harness::new();
     let e = h.m.start(h.now);
     let (ops, rest) = h.sync_through(e, &[]);
@@ -18,7 +18,8 @@ fn the_first_sync_reads_counts_members_checks_the_lease_and_watches_from_the_nex
             // A joining member reads the control keys, not every registration (issue 30).
             read_ctl(),
             Op::MemberCount,
-            Op::TimeToLive { lease: LEASE },
+            // No time-to-live of the lease granted just before (issue 30: one request
+            // fewer per joining agent, each costly to etcd 3.4 at formation).
             Op::Watch {
                 role: Role::Member,
                 from: REV + 1,
