@@ -11,11 +11,11 @@
 //! `nodes=N lose=<how> reform_s=<seconds>` gives the time from the loss to every survivor
 //! holding the next round.
 //!
-//! With `--ceiling`, no rendezvous runs: each of the N nodes grants a lease and puts one
-//! key on it, all at once over the same connections, and the line
+//! With `--ceiling`, no rendezvous runs: each of the N nodes grants a lease, puts one key
+//! on it and opens a watch, all at once over the same connections, and the line
 //! `nodes=N ceiling_s=<seconds> writes=<2N>` says how fast this etcd on this machine takes
-//! the least a formation must write (a lease and a registration per node), whatever the
-//! protocol does above it.
+//! the least a formation must do (a lease, a registration and a watch per node), whatever
+//! the protocol does above it.
 //!
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S] [--ceiling]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
@@ -113,7 +113,10 @@ fn main() {
         let sealing_ms = ms(|c| c.sealing_ns.load(Ordering::Relaxed));
         println!(
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
-             coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3}"
+             coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
+             bench_cpu_s={:.2} bench_rss_mb={}",
+            own_cpu_s(),
+            own_peak_rss_mb()
         );
         if let Some(how) = lose {
             let mut probe = conns[0].clone();
@@ -137,6 +140,8 @@ async fn etcd_ceiling(conns: &[etcd_client::Client], nodes: usize, run_id: &str)
     for i in 0..nodes {
         let mut c = conns[i % conns.len()].clone();
         let key = format!("/fsdp/{run_id}/ceiling/{i:05}");
+        // One prefix that every member watches, as every member watches the run's `ctl/`.
+        let ctl = format!("/fsdp/{run_id}/ctl/");
         tasks.spawn(async move {
             // etcd refuses with "too many requests" while its applied index trails the
             // committed one by 5,000; a client waits and asks again.
@@ -158,26 +163,55 @@ async fn etcd_ceiling(conns: &[etcd_client::Client], nodes: usize, run_id: &str)
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            (lease, refused)
+            // And the watch every member holds (nothing is written under it here).
+            let opts = etcd_client::WatchOptions::new().with_prefix();
+            let watch = loop {
+                match c.watch(ctl.clone(), Some(opts.clone())).await {
+                    Ok(w) => break w,
+                    Err(e) if e.to_string().contains("too many requests") => refused += 1,
+                    Err(e) => panic!("watch: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            (lease, refused, watch)
         });
     }
-    let (mut leases, mut refused) = (Vec::new(), 0);
+    let (mut leases, mut refused, mut watches) = (Vec::new(), 0, Vec::new());
     while let Some(r) = tasks.join_next().await {
-        let (lease, n) = r.expect("ceiling task");
+        let (lease, n, watch) = r.expect("ceiling task");
         leases.push(lease);
         refused += n;
+        watches.push(watch);
     }
     let ceiling_s = start.elapsed().as_secs_f64();
     println!(
-        "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused}",
-        2 * nodes
+        "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused} bench_cpu_s={:.2}",
+        2 * nodes,
+        own_cpu_s()
     );
+    drop(watches);
     let mut tasks = tokio::task::JoinSet::new();
     for (i, lease) in leases.into_iter().enumerate() {
         let mut c = conns[i % conns.len()].clone();
         tasks.spawn(async move { c.lease_revoke(lease).await.map(|_| ()) });
     }
     while tasks.join_next().await.is_some() {}
+}
+
+/// This process's CPU so far (every simulated node's, user and system): on a machine
+/// shared with etcd, what the nodes took from it.
+fn own_cpu_s() -> f64 {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF);
+    usage.map_or(0.0, |u| {
+        let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+        t(u.user_time()) + t(u.system_time())
+    })
+}
+
+/// This process's peak resident memory in MB.
+fn own_peak_rss_mb() -> i64 {
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF);
+    usage.map_or(0, |u| u.max_rss() / 1024)
 }
 
 /// Every node leaves at once, as a job's pods do when it is deleted (one by one, each

@@ -169,7 +169,7 @@ pub struct Machine {
     pub(super) todo: VecDeque<Todo>,
     pub(super) awaiting: Option<Then>,
     /// Inputs that came while an op was in flight or work was left.
-    pub(super) inbox: VecDeque<Input>,
+    pub(super) inbox: super::inbox::Inbox,
     pub(super) effects: Vec<Effect>,
     /// When the op in flight was sent.
     pub(super) sent: Instant,
@@ -247,7 +247,7 @@ impl Machine {
             phase: Phase::Syncing(Resync::First),
             todo: VecDeque::new(),
             awaiting: None,
-            inbox: VecDeque::new(),
+            inbox: super::inbox::Inbox::default(),
             effects: Vec::new(),
             sent: now,
             grace_until: None,
@@ -377,11 +377,7 @@ impl Machine {
 
     /// About how many bytes of watch events wait in the inbox.
     pub fn queued_bytes(&self) -> usize {
-        let batch = |i: &Input| match i {
-            Input::Watched(events) => events.iter().map(super::io::WatchEvent::size).sum(),
-            _ => 0,
-        };
-        self.inbox.iter().map(batch).sum()
+        self.inbox.bytes()
     }
 
     /// Whether an op is in flight (its answer is the next input that counts).
@@ -536,11 +532,7 @@ impl Machine {
     /// clock pairs answers with keep-alives in the order they were sent).
     fn counts_beside(&self) -> bool {
         let held = matches!(self.phase, Phase::Watching { lease, .. } if lease == self.lease);
-        let queued = self
-            .inbox
-            .iter()
-            .any(|i| matches!(i, Input::LeaseAnswer(_)));
-        self.busy() && held && !queued
+        self.busy() && held && !self.inbox.holds_lease_answer()
     }
 
     /// A timer while an op is in flight: the keep-alive, if due. Every other timer waits
@@ -557,8 +549,8 @@ impl Machine {
     /// busy spell can outlast a TTL in retries) and their answers still move the lease
     /// clock; everything else waits its turn.
     fn keep_alive_while_waiting(&mut self) {
-        let mut rest = VecDeque::with_capacity(self.inbox.len());
-        for input in std::mem::take(&mut self.inbox) {
+        let mut rest = super::inbox::Inbox::default();
+        for input in self.inbox.take() {
             match input {
                 Input::LeaseAnswer(_) => self.on_input(input),
                 Input::KeepAliveFailed(e) if overloaded(&e) => {

@@ -11,6 +11,7 @@
 //! * `io.rs` — the data that crosses the boundary: [`Op`], [`Answer`], [`Input`],
 //!   [`Effect`], [`Command`];
 //! * `machine.rs` — the state, [`Machine::step`] and the one op in flight;
+//! * `inbox.rs` — the inputs that wait while an op is in flight;
 //! * `phases.rs` — the phases (syncing, watching, disconnected, ended) and what each does
 //!   with an input: watch batches, keep-alive answers, timers, commands; outages;
 //! * `state.rs` — small steps on the state: the view, the lease, the incarnation;
@@ -31,6 +32,7 @@
 
 mod departures;
 mod driver;
+mod inbox;
 mod io;
 mod machine;
 mod phases;

@@ -314,7 +314,7 @@ impl Machine {
             .pending
             .drain(..)
             .map(|(id, _)| id)
-            .chain(self.inbox.drain(..).filter_map(|i| match i {
+            .chain(self.inbox.take().into_iter().filter_map(|i| match i {
                 Input::Command(id, _) => Some(id),
                 _ => None,
             }))
