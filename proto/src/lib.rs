@@ -65,7 +65,7 @@ pub const UNPACKED_AT_MOST: u64 = 64 << 20;
 /// from before packing refuses a packed record as malformed instead of misreading it.
 const PACKED: &[u8] = b"\0zst";
 
-/// A stored value that is not a record this build can trust.
+/// A record with a schema version field.
 pub trait Versioned: prost::Message + Default {
     /// Name used in error messages.
     const KIND: &'static str;
@@ -113,7 +113,7 @@ pub fn unpack(bytes: &[u8]) -> Result<std::borrow::Cow<'_, [u8]>, String> {
     let Some(frame) = bytes.strip_prefix(PACKED) else {
         return Ok(std::borrow::Cow::Borrowed(bytes));
     };
-    // Unknown and error sizes are u64::MAX and u64::MAX - 1: refused with the too large.
+    // zstd says "unknown" as u64::MAX and "not a frame" as u64::MAX - 1: past the bound too.
     let size = zstd::zstd_safe::get_frame_content_size(frame);
     if size > UNPACKED_AT_MOST {
         return Err(if size >= u64::MAX - 1 {

@@ -155,6 +155,13 @@ impl AgentCmd {
         cmd.env("RUST_LOG", "info")
             .env("FSDP_STATUS_ADDR", "127.0.0.1:0")
             .stdin(Stdio::null());
+        // What an agent keeps under the temporary directory when given no --log-dir (its
+        // logs, its progress files, as torchrun keeps /tmp/torchelastic_*) goes where the
+        // test's own directory is removed with it: each run of the suite left dozens of
+        // /tmp/fsdp-agent-* behind. A test that means another TMPDIR sets it after.
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("the agent's TMPDIR");
+        cmd.env("TMPDIR", tmp);
         Self {
             cmd,
             dir: dir.to_path_buf(),
