@@ -199,6 +199,8 @@ fn an_agent_whose_stdout_nobody_reads_still_exits_on_sigterm() {
     ])
     .args(["--no-python", "/bin/sh", "-c", noisy])
     .env("FSDP_STATUS_ADDR", "off")
+    // Its default log directory goes with the test's.
+    .env("TMPDIR", dir.path())
     .stdin(std::process::Stdio::null())
     .stdout(std::process::Stdio::from(write_end))
     .stderr(std::fs::File::create(dir.path().join("agent.stderr")).unwrap());
