@@ -166,6 +166,12 @@ def bench_rendezvous(a):
                 out["writes_per_node"][n] = int(m.group(2)) / n
             out["fsdp-agent"][n] = stats(xs)
             log(f"rdzv fsdp-agent {n}: {cell(out['fsdp-agent'][n], '{:.3f}')} s")
+            # The floor this etcd on this machine sets: a lease, a key and a watch per
+            # node and nothing else (no protocol can do less).
+            r = subprocess.run([a.rdzv_bench, "--endpoint", ep, "--nodes", str(n), "--ceiling"],
+                               capture_output=True, text=True, check=True, env=QUIET)
+            m = re.search(r"ceiling_s=([0-9.]+)", r.stdout.strip().splitlines()[-1])
+            out.setdefault("etcd floor", {})[n] = float(m.group(1))
             # Then one node leaves (lease revoked: a pod delete) or dies (lease expires
             # after --ttl 3 s: SIGKILL) and the survivors re-form.
             for how in ("leave", "kill"):
@@ -930,8 +936,11 @@ def report(a, m, r, took, elapsed):
            "fsdp-agent: `target/release/rdzv-bench --endpoint E --nodes N` (tasks sharing a few connections). "
            "torch: `bench/torch_rdzv.py` drives `DynamicRendezvousHandler` on its etcd-v2 backend (what "
            "`torchrun --rdzv-backend etcd-v2` uses) with one thread per node, `min_nodes = max_nodes = N`; it stops "
-           f"growing N once a size takes more than {a.torch_rdzv_stop:.0f} s.", "",
-           "| N | fsdp-agent s | etcd writes per node | torch etcd-v2 s | ratio |", "|---|---|---|---|---|"]
+           f"growing N once a size takes more than {a.torch_rdzv_stop:.0f} s. The etcd floor is what no "
+           "protocol goes below on this etcd and machine: each node only grants a lease, puts one key on it and "
+           "opens a watch (`rdzv-bench --nodes N --ceiling`, one run).", "",
+           "| N | fsdp-agent s | etcd floor s | etcd writes per node | torch etcd-v2 s | ratio |",
+           "|---|---|---|---|---|---|"]
     sizes = sorted(set(R["fsdp-agent"]) | set(R["torch etcd-v2"]), key=int)
     reform_rows = ["", "Re-form after one loss, same N: one node then leaves (its lease revoked, as on a pod "
                    "delete) or dies (no word: its 3 s lease expires, as on SIGKILL); the clock runs from the loss "
@@ -948,7 +957,9 @@ def report(a, m, r, took, elapsed):
     for n in sizes:
         o, t = R["fsdp-agent"].get(n), R["torch etcd-v2"].get(n)
         w = R["writes_per_node"].get(n)
-        md.append(f"| {n} | {cell(o, '{:.3f}') if n in R['fsdp-agent'] else '–'} | {f'{w:.2f}' if w else '–'} | "
+        floor = R.get("etcd floor", {}).get(n)
+        md.append(f"| {n} | {cell(o, '{:.3f}') if n in R['fsdp-agent'] else '–'} | "
+                  f"{f'{floor:.3f}' if floor is not None else '–'} | {f'{w:.2f}' if w else '–'} | "
                   f"{cell(t, '{:.2f}') if n in R['torch etcd-v2'] else 'not run'} | {ratio(t, o)} |")
     series = [("fsdp-agent", [(int(n), s["median"]) for n, s in R["fsdp-agent"].items() if s]),
               ("torch etcd-v2", [(int(n), s["median"]) for n, s in R["torch etcd-v2"].items() if s])]

@@ -86,6 +86,14 @@ fn rendezvous_benchmark_prints_its_summary_line() {
         writes <= 6,
         "{writes} etcd writes to re-form 7 of 8 nodes: {last}"
     );
+
+    // The floor: a lease, a key and a watch per node, nothing of the rendezvous.
+    let stdout = rdzv_bench(&etcd, &["--nodes", "8", "--ceiling"]);
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("nodes=8 ceiling_s=") && last.contains(" writes=16 "),
+        "{last}"
+    );
 }
 
 /// A thousand nodes on one HTTP/2 connection leave at once: every node's watch gets every
