@@ -334,7 +334,7 @@ impl EtcdRendezvous {
 /// `ctl/`) and the keys of the four gaps between this run's own keys, none of them O(N).
 /// Reading every key under the root made the k-th agent to join read k registrations,
 /// 50 million keys in all for 10,000 agents (issue 30); and as eight reads they were
-/// eight of the thirteen requests an agent made to join, where etcd 3.4 copies its
+/// eight of the sixteen requests an agent made to join, where etcd 3.4 copies its
 /// buffer of writes not yet committed for each one (a third of its CPU at formation).
 pub(super) async fn refuse_nesting(
     client: &mut Client,
