@@ -57,6 +57,9 @@ fn the_wheel_installs_with_pip_into_a_fresh_venv_and_runs_a_job_with_no_rust_on_
         c.env_clear()
             .env("PATH", &path)
             .env("HOME", dir.path())
+            // The agent's default log directory goes with the test's (env_clear drops
+            // the suite's own TMPDIR).
+            .env("TMPDIR", dir.path())
             .current_dir(dir.path());
         c
     };
