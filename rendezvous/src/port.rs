@@ -4,16 +4,21 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, ToSocketAddr
 
 use crate::RendezvousError;
 
-/// Asks the kernel for a port free on every address of this host and releases it at once.
+/// A port free on every address of this host, taken and released at once.
 ///
 /// Worker rank 0 binds the port later, when it starts the c10d store, and torch's store
 /// binds the wildcard address, not `addr`: a port free on `addr` but taken on another
 /// address (127.0.0.1, say) would fail there with EADDRINUSE. So the port is taken on the
 /// wildcard address of `addr`'s family, which the kernel grants only if no address has it.
-/// Another process could take it in between; the window is a few milliseconds and the same
-/// one torchrun leaves when its agent does not host the store itself. A fresh port every
-/// round (rather than a fixed 29500) keeps a restarted group clear of a previous store
-/// still in `TIME_WAIT`.
+///
+/// And it is taken below the kernel's ephemeral range, at random, where only a process
+/// that asks for a port by number can take it. A port the kernel hands out (bind to port
+/// 0, as torchrun's agent does) comes from the range every outgoing connection on the host
+/// also takes its local port from: in the few hundred milliseconds before the store bound
+/// it, a connection took it on a busy host and the store failed with EADDRINUSE (seen in
+/// this repository's test suite). Where the range starts too low to leave room below it,
+/// the kernel picks. A fresh port every round (rather than a fixed 29500) keeps a
+/// restarted group clear of a previous store still in `TIME_WAIT`.
 pub fn free_port(addr: &str) -> Result<u16, RendezvousError> {
     let fail = |source| RendezvousError::NoFreePort {
         addr: addr.to_owned(),
@@ -28,8 +33,30 @@ pub fn free_port(addr: &str) -> Result<u16, RendezvousError> {
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
+    if let Some(below) = below_ephemeral(&ephemeral_range()) {
+        for _ in 0..64 {
+            let span = u128::from(below.end - below.start);
+            let port = below.start + (uuid::Uuid::new_v4().as_u128() % span) as u16;
+            if TcpListener::bind(SocketAddr::new(wildcard, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener = TcpListener::bind(SocketAddr::new(wildcard, 0)).map_err(fail)?;
     Ok(listener.local_addr().map_err(fail)?.port())
+}
+
+/// The kernel's ephemeral port range as `/proc` says it (`low high`), if it can be read.
+fn ephemeral_range() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default()
+}
+
+/// The ports a master port is picked from: from 10,000 (clear of the well-known and
+/// registered services most hosts run) up to the start of the ephemeral range, if that
+/// leaves at least 1,000 (Linux's default range starts at 32768).
+fn below_ephemeral(range: &str) -> Option<std::ops::Range<u16>> {
+    let low: u16 = range.split_whitespace().next()?.parse().ok()?;
+    (low >= 11_000).then_some(10_000..low)
 }
 
 #[cfg(test)]
@@ -41,6 +68,31 @@ mod tests {
         let port = free_port("127.0.0.1").expect("a free port");
         assert_ne!(port, 0);
         TcpListener::bind(("127.0.0.1", port)).expect("the port is free again");
+    }
+
+    /// Outside the range outgoing connections take their local ports from: a busy host's
+    /// connection took the picked port before the store bound it (EADDRINUSE).
+    #[test]
+    fn the_port_is_picked_below_the_ephemeral_range_when_there_is_room() {
+        assert_eq!(below_ephemeral("32768\t60999\n"), Some(10_000..32_768));
+        assert_eq!(
+            below_ephemeral("10500 60999"),
+            None,
+            "too little room below"
+        );
+        assert_eq!(below_ephemeral(""), None);
+        if below_ephemeral(&ephemeral_range()).is_some() {
+            let low: u16 = ephemeral_range()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            for _ in 0..20 {
+                let port = free_port("127.0.0.1").unwrap();
+                assert!((10_000..low).contains(&port), "{port}");
+            }
+        }
     }
 
     #[test]
@@ -69,14 +121,27 @@ mod tests {
                 return;
             }
             in_ns("ip link set lo up");
-            in_ns("echo '40000 40001' > /proc/sys/net/ipv4/ip_local_port_range");
-            let taken = TcpListener::bind(("127.0.0.1", 40001)).unwrap();
+            // Too low a range to pick below it: the kernel picks, from these two.
+            in_ns("echo '10000 10001' > /proc/sys/net/ipv4/ip_local_port_range");
+            let taken = TcpListener::bind(("127.0.0.1", 10001)).unwrap();
             for _ in 0..20 {
                 let port = free_port("127.0.1.10").unwrap();
-                assert_eq!(port, 40000, "a port taken on 127.0.0.1");
+                assert_eq!(port, 10000, "a port taken on 127.0.0.1");
                 TcpListener::bind(("0.0.0.0", port)).expect("the store can bind it");
             }
             drop(taken);
+            // Below the range: only 10000 and 10001 left, one taken on 127.0.0.1.
+            in_ns("echo '11002 60999' > /proc/sys/net/ipv4/ip_local_port_range");
+            let fill: Vec<TcpListener> = (10_002..11_002)
+                .filter_map(|p| TcpListener::bind(("0.0.0.0", p)).ok())
+                .collect();
+            let taken = TcpListener::bind(("127.0.0.1", 10001)).unwrap();
+            for _ in 0..5 {
+                let port = free_port("127.0.1.10").unwrap();
+                assert_ne!(port, 10001, "a port taken on 127.0.0.1");
+                TcpListener::bind(("0.0.0.0", port)).expect("the store can bind it");
+            }
+            drop((taken, fill));
         })
         .join()
         .unwrap();
