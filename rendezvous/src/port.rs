@@ -95,6 +95,52 @@ mod tests {
         }
     }
 
+    /// The suite's race, on demand: in a network namespace of its own whose ephemeral range
+    /// is ten ports, the port is picked, then ten outgoing connections take every port of
+    /// that range, as a busy host's connections do in the window before the store binds.
+    /// A port the kernel handed out (bind to port 0) is one of them, and the store's bind
+    /// fails with EADDRINUSE; a port picked below the range still binds.
+    #[test]
+    fn outgoing_connections_cannot_take_the_picked_port_before_the_store_binds_it() {
+        std::thread::spawn(move || {
+            if nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+                eprintln!("skipped: creating a network namespace needs root");
+                return;
+            }
+            let sh = |cmd: &str| {
+                let ok = std::process::Command::new("sh").args(["-c", cmd]).status();
+                assert!(ok.is_ok_and(|s| s.success()), "{cmd}");
+            };
+            sh("ip link set lo up");
+            sh("echo '40000 40009' > /proc/sys/net/ipv4/ip_local_port_range");
+            // Two servers: the first ten connections leave their ports in TIME_WAIT
+            // towards the first, and only another destination can reuse them at once.
+            let servers = [20_000, 20_001].map(|p| TcpListener::bind(("127.0.0.1", p)).unwrap());
+            let take_the_range = |to: u16| -> Vec<std::net::TcpStream> {
+                (0..10)
+                    .map(|_| std::net::TcpStream::connect(("127.0.0.1", to)).unwrap())
+                    .collect()
+            };
+            // What the kernel hands out is what the connections take.
+            let handed_out = TcpListener::bind(("0.0.0.0", 0)).unwrap();
+            let port = handed_out.local_addr().unwrap().port();
+            drop(handed_out);
+            let conns = take_the_range(20_000);
+            assert!(
+                TcpListener::bind(("0.0.0.0", port)).is_err(),
+                "port {port} from the kernel survived ten connections"
+            );
+            drop(conns);
+            // The pick is below the range: the same connections leave it alone.
+            let port = free_port("127.0.0.1").unwrap();
+            let conns = take_the_range(20_001);
+            TcpListener::bind(("0.0.0.0", port)).expect("the store binds the picked port");
+            drop((conns, servers));
+        })
+        .join()
+        .unwrap();
+    }
+
     #[test]
     fn unresolvable_address_is_an_error_naming_it() {
         let err = free_port("no-such-host.invalid").unwrap_err();
