@@ -46,7 +46,10 @@ mod view;
 
 use std::time::Duration;
 
-pub use connect::{EtcdOptions, TlsFiles, connect, short_cause, transient as is_transient};
+pub use connect::{
+    EtcdOptions, TlsFiles, connect, overloaded as is_overloaded, short_cause,
+    transient as is_transient,
+};
 pub use keys::Keys;
 pub use record::Allowed;
 pub use session::{commit_round, lease_holds};

@@ -138,41 +138,31 @@ async fn etcd_ceiling(conns: &[etcd_client::Client], nodes: usize, run_id: &str)
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..nodes {
-        let mut c = conns[i % conns.len()].clone();
+        let c = conns[i % conns.len()].clone();
         let key = format!("/fsdp/{run_id}/ceiling/{i:05}");
         // One prefix that every member watches, as every member watches the run's `ctl/`.
         let ctl = format!("/fsdp/{run_id}/ctl/");
         tasks.spawn(async move {
-            // etcd refuses with "too many requests" while its applied index trails the
-            // committed one by 5,000; a client waits and asks again.
             let mut refused = 0u64;
-            let lease = loop {
-                match c.lease_grant(10, None).await {
-                    Ok(l) => break l.id(),
-                    Err(e) if e.to_string().contains("too many requests") => refused += 1,
-                    Err(e) => panic!("lease grant: {e}"),
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
+            let lease = until_taken("lease grant", &mut refused, || {
+                let mut c = c.clone();
+                async move { c.lease_grant(10, None).await }
+            })
+            .await
+            .id();
             let opts = etcd_client::PutOptions::new().with_lease(lease);
-            loop {
-                match c.put(key.clone(), vec![0u8; 64], Some(opts.clone())).await {
-                    Ok(_) => break,
-                    Err(e) if e.to_string().contains("too many requests") => refused += 1,
-                    Err(e) => panic!("put: {e}"),
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            until_taken("put", &mut refused, || {
+                let (mut c, key, opts) = (c.clone(), key.clone(), opts.clone());
+                async move { c.put(key, vec![0u8; 64], Some(opts)).await }
+            })
+            .await;
             // And the watch every member holds (nothing is written under it here).
-            let opts = etcd_client::WatchOptions::new().with_prefix();
-            let watch = loop {
-                match c.watch(ctl.clone(), Some(opts.clone())).await {
-                    Ok(w) => break w,
-                    Err(e) if e.to_string().contains("too many requests") => refused += 1,
-                    Err(e) => panic!("watch: {e}"),
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            };
+            let watch = until_taken("watch", &mut refused, || {
+                let (mut c, ctl) = (c.clone(), ctl.clone());
+                let opts = etcd_client::WatchOptions::new().with_prefix();
+                async move { c.watch(ctl, Some(opts)).await }
+            })
+            .await;
             (lease, refused, watch)
         });
     }
@@ -196,6 +186,24 @@ async fn etcd_ceiling(conns: &[etcd_client::Client], nodes: usize, run_id: &str)
         tasks.spawn(async move { c.lease_revoke(lease).await.map(|_| ()) });
     }
     while tasks.join_next().await.is_some() {}
+}
+
+/// `op`'s answer, asked again every 50 ms while etcd says it is too busy ("too many
+/// requests" while its applied index trails the committed one by 5,000), each such
+/// refusal counted in `refused`; any other error ends the bench, naming `what`.
+async fn until_taken<T, F, Fut>(what: &str, refused: &mut u64, mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    loop {
+        match op().await {
+            Ok(answer) => return answer,
+            Err(e) if fsdp_rendezvous::etcd::is_overloaded(&e) => *refused += 1,
+            Err(e) => panic!("{what}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// This process's CPU so far (every simulated node's, user and system): on a machine
