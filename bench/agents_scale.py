@@ -15,8 +15,13 @@ transaction that changed something); `proposals` counts every raft proposal comm
 survivors that fenced themselves because etcd answered their keep-alives too late (0 when
 etcd keeps up).
 
+With `--floor target/release/agent-floor`, the same N processes and workers run the least
+an agent can do instead (tests/src/bin/agent_floor.rs: a lease, a registration, one
+watched round key that node 0 rewrites on every change, the worker stopped and started
+again): the floor this machine and etcd set under the agents' figures.
+
 Usage: bench/agents_scale.py --agent target/release/fsdp-agent --nodes 256 [--how kill|term]
-       [--ttl 5] [--runs 1] [--no-liveness]
+       [--ttl 5] [--runs 1] [--no-liveness] [--floor target/release/agent-floor]
 """
 
 import argparse
@@ -89,17 +94,23 @@ def cpu_busy(seconds):
 
 
 def cpu_ms(pids):
-    """CPU time (user + system, ms) the processes `pids` have used so far."""
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU time (ms) the processes `pids` have used so far, from the scheduler's own count
+    in nanoseconds (/proc/PID/schedstat): /proc/PID/stat's clock ticks round each process
+    down to 10 ms, which a process that works 2 ms per re-form mostly stays under. Every
+    thread counts (an exited one's time is lost: the agents' threads live long)."""
     total = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            pass
-    return total * 1000 / tick
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+                pass
+    return total / 1e6
 
 
 def rounds(path):
@@ -138,12 +149,16 @@ def run(a, tmp):
         for i in range(a.nodes):
             log = os.path.join(tmp, f"agent{i}.log")
             logs.append(log)
+            if a.floor:
+                argv = [a.floor, "--endpoint", f"127.0.0.1:{port}", "--run", "scale", "--node", str(i),
+                        "--nodes", str(a.nodes), "--ttl", str(a.ttl), "--", "/bin/sleep", "3600"]
+            else:
+                argv = [a.agent, "--nnodes", f"{a.nodes - 1}:{a.nodes}", "--nproc-per-node", "1",
+                        "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "scale",
+                        "--rdzv-conf", f"keep_alive_ttl={a.ttl},last_call_timeout=5,straggler_timeout={4 * a.ttl}",
+                        "--local-addr", "127.0.0.1", "--log-dir", "/dev/null", "--no-python", "/bin/sleep", "3600"]
             agents.append(subprocess.Popen(
-                [a.agent, "--nnodes", f"{a.nodes - 1}:{a.nodes}", "--nproc-per-node", "1",
-                 "--rdzv-backend", "etcd", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "scale",
-                 "--rdzv-conf", f"keep_alive_ttl={a.ttl},last_call_timeout=5,straggler_timeout={4 * a.ttl}",
-                 "--local-addr", "127.0.0.1", "--log-dir", "/dev/null", "--no-python", "/bin/sleep", "3600"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env))
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=env))
         # One script starting N processes one after another: on two cores this alone is
         # seconds, which a real job (every agent on its own machine) does not pay.
         spawn_s = time.time() - start
@@ -183,12 +198,12 @@ def run(a, tmp):
         fenced = sum(1 for p in survivors if "fencing: stopping the workers" in open(p, errors="replace").read())
         if fence_lines:
             print(f"agents_scale: {len(fence_lines)} fences, the first: {fence_lines[0].strip()[:400]}", flush=True)
-        print(f"agents={a.nodes} how={a.how} liveness={'on' if a.liveness else 'off'} form_s={form_s:.3f} "
+        print(f"agents={a.nodes} {'floor=1 ' if a.floor else ''}how={a.how} liveness={'on' if a.liveness else 'off'} form_s={form_s:.3f} "
               f"spawn_s={spawn_s:.3f} reform_s={reform_s:.3f} p50_s={p50:.3f} p99_s={p99:.3f} exited={exited} fenced={fenced} "
               f"writes={cost['revision']} proposals={cost['proposals']} puts={cost['puts']} "
               f"deletes={cost['deletes']} txns={cost['txns']} ranges={cost['ranges']} "
               f"further_rounds={further} held_s={a.hold} idle_busy={idle:.2f} "
-              f"agent_cpu_ms={agent_ms:.1f}", flush=True)
+              f"agent_cpu_ms={agent_ms:.2f}", flush=True)
     finally:
         for p in agents:
             if p.poll() is None:
@@ -217,6 +232,7 @@ def main():
                     help="after the re-form, watch this many seconds for further rounds (there must be none)")
     ap.add_argument("--no-liveness", dest="liveness", action="store_false",
                     help="no status ports: a SIGKILL is noticed by the lease alone")
+    ap.add_argument("--floor", help="the agent-floor binary: run the least an agent can do instead of --agent")
     a = ap.parse_args()
     for _ in range(a.runs):
         tmp = tempfile.mkdtemp(prefix="agents-scale-")

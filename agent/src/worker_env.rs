@@ -97,7 +97,7 @@ mod tests {
             master_addr: "10.0.0.1".into(),
             master_port: 29511,
             restart_count: 2,
-            members: Vec::new(),
+            members: Vec::new().into(),
             reason: String::new(),
             charged_at_ms: Vec::new(),
             sealed_at_ms: 0,

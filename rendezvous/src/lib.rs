@@ -64,7 +64,10 @@ pub struct Round {
     /// Failure restarts used so far by the whole job (`TORCHELASTIC_RESTART_COUNT`).
     pub restart_count: u32,
     /// Every node of the round in group-rank order (for status; ranks as [`ranks::assign`]).
-    pub members: Vec<RoundMember>,
+    /// Shared, not copied: at 1,000 nodes each copy of the list is thousands of
+    /// allocations, and the agent keeps the round in its status, its memory of the last
+    /// round and its report (issue 30).
+    pub members: std::sync::Arc<[RoundMember]>,
     /// Why the round was sealed, in words (for status and logs).
     pub reason: String,
     /// When each charged failure restart was charged (Unix ms), oldest first; at most the
@@ -148,7 +151,7 @@ impl Round {
             master_addr: master.0,
             master_port: master.1,
             restart_count,
-            members,
+            members: members.into(),
             reason,
             charged_at_ms: Vec::new(),
             sealed_at_ms: unix_ms(),

@@ -191,8 +191,8 @@ pub fn losses(memory: &mut Memory, next: &Round, me: Option<&str>) -> Option<(u6
     let last = memory.last_round.take()?;
     let lost = last
         .missing_from(next)
-        .filter(|id| Some(id.as_str()) != me)
-        .cloned()
+        .filter(|id| Some(*id) != me)
+        .map(str::to_owned)
         .collect();
     Some((last.number, lost))
 }

@@ -191,13 +191,10 @@ impl<R: Rendezvous> Loop<'_, R> {
     /// Once the round after a hang this node declared formed (or the run ends): compare
     /// every node's report and name the ranks behind.
     pub(super) async fn name_culprit(&mut self) {
-        let Some(RoundMembers {
-            number: round,
-            members,
-        }) = self.memory.declared_hang.take()
-        else {
+        let Some(hung) = self.memory.declared_hang.take() else {
             return;
         };
+        let (round, members) = (hung.number, hung.ids());
         let Some(records) = self.rdzv.records() else {
             return;
         };

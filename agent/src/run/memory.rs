@@ -2,36 +2,52 @@
 //! (a later round is compared with it), and everything a later decision reads lives in
 //! one [`Memory`] that only the pure handler ([`super::decide`]) changes.
 
-use fsdp_rendezvous::Round;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use fsdp_rendezvous::{Round, RoundMember};
 
 use crate::failure::{Failure, WorkerExit};
 use crate::policy::{FailedRound, ProgressLedger};
 
-/// A round by its number, with the nodes that were in it.
+/// A round by its number, with the nodes that were in it (the round's own list, shared).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoundMembers {
     pub number: u64,
-    pub members: Vec<String>,
+    pub members: Arc<[RoundMember]>,
 }
 
 impl RoundMembers {
     pub fn of(round: &Round) -> Self {
         Self {
             number: round.number,
-            members: round.members.iter().map(|m| m.node_id.clone()).collect(),
+            members: round.members.clone(),
         }
     }
 
-    /// The members of this round that `next` lacks.
-    pub fn missing_from<'a>(&'a self, next: &'a Round) -> impl Iterator<Item = &'a String> {
-        // A set: a scan of the next round per member was a million string comparisons per
-        // agent per re-form at 1,000 nodes (issue 30).
-        let there: std::collections::HashSet<&str> =
-            next.members.iter().map(|m| m.node_id.as_str()).collect();
-        self.members
-            .iter()
-            .filter(move |id| !there.contains(id.as_str()))
+    /// The members' node ids, in rank order.
+    pub fn ids(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.node_id.clone()).collect()
     }
+
+    /// The members of this round that `next` lacks.
+    pub fn missing_from<'a>(&'a self, next: &'a Round) -> impl Iterator<Item = &'a str> {
+        missing(&self.members, &next.members)
+    }
+}
+
+/// The node ids of `before` that `after` lacks.
+pub fn missing<'a>(
+    before: &'a [RoundMember],
+    after: &'a [RoundMember],
+) -> impl Iterator<Item = &'a str> {
+    // A set: a scan of the next round per member was a million string comparisons per
+    // agent per re-form at 1,000 nodes (issue 30).
+    let there: HashSet<&str> = after.iter().map(|m| m.node_id.as_str()).collect();
+    before
+        .iter()
+        .map(|m| m.node_id.as_str())
+        .filter(move |id| !there.contains(id))
 }
 
 /// The loop's state that outlives a phase.

@@ -2,12 +2,14 @@
 //! metrics) follows the phases through this one reporter, so the loop's decisions carry
 //! no bookkeeping of their own.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use fsdp_proto::v1::Phase as Shown;
-use fsdp_rendezvous::{Change, Round};
+use fsdp_rendezvous::{Change, Round, RoundMember};
 
 use super::AgentExit;
+use super::memory::missing;
 use crate::error::AgentError;
 use crate::status::Board;
 use crate::supervisor::{WorkerGroup, WorkerStatus};
@@ -19,7 +21,7 @@ pub struct Reporter {
     /// timings.
     broke_at: Option<Instant>,
     /// The members of the last round, to tell a loss (detect timing) from a growth.
-    previous_members: Vec<String>,
+    previous_members: Arc<[RoundMember]>,
 }
 
 impl Reporter {
@@ -27,7 +29,7 @@ impl Reporter {
         Self {
             board: board.clone(),
             broke_at: None,
-            previous_members: Vec::new(),
+            previous_members: Vec::new().into(),
         }
     }
 
@@ -91,19 +93,14 @@ impl Reporter {
 
     pub fn formed(&mut self, round: &Round, coordinator: Option<String>) {
         self.board.round(round, coordinator);
-        let members: Vec<String> = round.members.iter().map(|m| m.node_id.clone()).collect();
-        if let Some(t) = self.broke_at {
-            // A set, not a scan per member: O(N) per round, not O(N²) (issue 30).
-            let now: std::collections::HashSet<&str> = members.iter().map(String::as_str).collect();
-            if self
-                .previous_members
-                .iter()
-                .any(|m| !now.contains(m.as_str()))
-            {
-                self.board.observe_detect(t.elapsed());
-            }
+        if let Some(t) = self.broke_at
+            && missing(&self.previous_members, &round.members)
+                .next()
+                .is_some()
+        {
+            self.board.observe_detect(t.elapsed());
         }
-        self.previous_members = members;
+        self.previous_members = round.members.clone();
     }
 
     /// The round's workers run.

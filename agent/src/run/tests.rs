@@ -112,7 +112,7 @@ fn round(number: u64, base_rank: u32, restart_count: u32) -> Round {
         master_addr: "127.0.0.1".into(),
         master_port: 29_500,
         restart_count,
-        members: Vec::new(),
+        members: Vec::new().into(),
         reason: "scripted".into(),
         charged_at_ms: Vec::new(),
         sealed_at_ms: 0,

@@ -39,7 +39,12 @@ impl Timing {
 /// Everything the status server shows, as one consistent copy.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
+    /// The shown state; its `members` are filled from [`Snapshot::round_members`] only
+    /// in the copy [`Board::snapshot`] hands out.
     pub state: AgentState,
+    /// The round's members as the rendezvous gave them, shared: copied into the shown
+    /// state only when someone asks (a re-form at 1,000 nodes copied them every round).
+    pub round_members: Arc<[fsdp_rendezvous::RoundMember]>,
     /// Workers that exited on their own, by exit label ("0", "1", "SIGKILL", ...).
     pub worker_exits: BTreeMap<String, u64>,
     /// Times the group was stopped to re-form or restart, by reason.
@@ -118,6 +123,17 @@ impl Board {
 
     pub fn snapshot(&self) -> Snapshot {
         let mut s = self.lock().clone();
+        s.state.members = s
+            .round_members
+            .iter()
+            .map(|m| RoundMember {
+                node_id: m.node_id.clone(),
+                addr: m.addr.clone(),
+                group_rank: m.group_rank,
+                base_rank: m.base_rank,
+                local_world_size: m.local_world_size,
+            })
+            .collect();
         if let Some(c) = self
             .inner
             .backend
@@ -179,18 +195,8 @@ impl Board {
         st.restarts_used = round.restart_count;
         st.restarts_left = st.max_restarts.saturating_sub(round.restart_count);
         st.coordinator = coordinator.unwrap_or_default();
-        st.members = round
-            .members
-            .iter()
-            .map(|m| RoundMember {
-                node_id: m.node_id.clone(),
-                addr: m.addr.clone(),
-                group_rank: m.group_rank,
-                base_rank: m.base_rank,
-                local_world_size: m.local_world_size,
-            })
-            .collect();
         st.workers.clear();
+        s.round_members = round.members.clone();
     }
 
     /// Records the workers' states. `own_exits` counts exits the workers made on their

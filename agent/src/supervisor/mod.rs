@@ -604,7 +604,7 @@ pub fn spare_command(cfg: &Config, local_rank: u32) -> (PathBuf, Vec<String>, sp
         master_addr: String::new(),
         master_port: 0,
         restart_count: 0,
-        members: Vec::new(),
+        members: Vec::new().into(),
         reason: String::new(),
         charged_at_ms: Vec::new(),
         sealed_at_ms: 0,

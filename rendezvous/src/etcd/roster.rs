@@ -67,29 +67,45 @@ pub fn delta(base: &v1::Round, base_rev: i64, full: &v1::Round) -> Option<v1::Ro
 
 /// The whole round `d` (a delta) makes of `base`, or why it does not apply to it.
 pub fn apply(base: &v1::Round, d: &v1::Round) -> Result<v1::Round, String> {
-    let names: BTreeSet<&str> = base.members.iter().map(|m| m.node_id.as_str()).collect();
-    if let Some(stray) = d
-        .removed
-        .iter()
-        .map(String::as_str)
-        .chain(d.updated.iter().map(|m| m.node_id.as_str()))
-        .find(|id| !names.contains(id))
+    // Every member applies every delta to a round of N: one pass over the round, looking
+    // each member up among the delta's few names (sorted), not sets of all N names built
+    // per member per re-form (issue 30).
+    let mut removed: Vec<&str> = d.removed.iter().map(String::as_str).collect();
+    removed.sort_unstable();
+    removed.dedup();
+    // The last update of a node named twice wins, as it would in a map.
+    let mut updated: Vec<&v1::Member> = d.updated.iter().rev().collect();
+    updated.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+    updated.dedup_by(|a, b| a.node_id == b.node_id);
+    let mut seen_removed = vec![false; removed.len()];
+    let mut seen_updated = vec![false; updated.len()];
+    let mut members = Vec::with_capacity(base.members.len() + d.added.len());
+    for m in &base.members {
+        let id = m.node_id.as_str();
+        let update = updated
+            .binary_search_by(|u| u.node_id.as_str().cmp(id))
+            .ok();
+        if let Some(i) = update {
+            seen_updated[i] = true;
+        }
+        if let Ok(i) = removed.binary_search(&id) {
+            seen_removed[i] = true;
+        } else {
+            members.push(update.map_or(m, |i| updated[i]).clone());
+        }
+    }
+    let unseen_removed = removed.iter().zip(&seen_removed).find(|(_, seen)| !**seen);
+    let unseen_updated = updated.iter().zip(&seen_updated).find(|(_, seen)| !**seen);
+    if let Some(stray) = unseen_removed
+        .map(|(id, _)| *id)
+        .or(unseen_updated.map(|(u, _)| u.node_id.as_str()))
     {
         return Err(format!(
             "changes node {stray}, which round {} does not have",
             base.number
         ));
     }
-    let removed: BTreeSet<&str> = d.removed.iter().map(String::as_str).collect();
-    let updated: BTreeMap<&str, &v1::Member> =
-        d.updated.iter().map(|m| (m.node_id.as_str(), m)).collect();
-    let members = base
-        .members
-        .iter()
-        .filter(|m| !removed.contains(m.node_id.as_str()))
-        .map(|m| (*updated.get(m.node_id.as_str()).unwrap_or(&m)).clone())
-        .chain(d.added.iter().cloned())
-        .collect();
+    members.extend(d.added.iter().cloned());
     Ok(v1::Round {
         members,
         delta: false,

@@ -74,3 +74,27 @@ fn a_delta_naming_a_node_the_base_lacks_does_not_apply() {
     let e = apply(&base, &d).unwrap_err();
     assert!(e.contains("node z"), "{e}");
 }
+
+/// `apply` looks names up in the delta's sorted lists: a name given twice, or both gone
+/// and updated, reads as a map of them would (the last update wins; gone is gone).
+#[test]
+fn a_delta_that_names_a_node_twice_applies_as_sets_of_names_would() {
+    let base = round(1, &[("a", 1), ("b", 1), ("c", 1), ("d", 1)]);
+    let mut d = delta(&base, 3, &round(2, &[("b", 1), ("d", 1)])).unwrap();
+    d.removed = vec!["c".into(), "a".into(), "c".into()];
+    d.updated = vec![member("b", 2), member("b", 3), member("a", 4)];
+    d.added = vec![member("e", 1)];
+    let whole = apply(&base, &d).unwrap();
+    let got: Vec<(&str, u64)> = whole
+        .members
+        .iter()
+        .map(|m| (m.node_id.as_str(), m.incarnation))
+        .collect();
+    assert_eq!(got, [("b", 3), ("d", 1), ("e", 1)]);
+    d.updated.push(member("z", 1));
+    let e = apply(&base, &d).unwrap_err();
+    assert!(
+        e.contains("node z"),
+        "an update of a node the base lacks: {e}"
+    );
+}
