@@ -164,6 +164,8 @@ def run(a, tmp):
         spawn_s = time.time() - start
         wait(f"a round of {a.nodes}", lambda: all(formed(p, a.nodes) for p in logs), 300)
         form_s = max(formed(p, a.nodes)[0] for p in logs) - start
+        # What each agent used to start and form (its threads still alive).
+        form_cpu_ms = cpu_ms([p.pid for p in agents]) / a.nodes
         time.sleep(2)
         # What a formed group costs while nothing happens (keep-alives, liveness streams).
         idle = cpu_busy(a.idle) if a.idle else 0.0
@@ -203,7 +205,7 @@ def run(a, tmp):
               f"writes={cost['revision']} proposals={cost['proposals']} puts={cost['puts']} "
               f"deletes={cost['deletes']} txns={cost['txns']} ranges={cost['ranges']} "
               f"further_rounds={further} held_s={a.hold} idle_busy={idle:.2f} "
-              f"agent_cpu_ms={agent_ms:.2f}", flush=True)
+              f"agent_cpu_ms={agent_ms:.2f} form_cpu_ms={form_cpu_ms:.2f}", flush=True)
     finally:
         for p in agents:
             if p.poll() is None:

@@ -16,7 +16,7 @@ pub mod help;
 pub mod torchrun_flags;
 
 use abbrev::AmbiguousFlag;
-pub use help::command;
+pub use help::{command, parser};
 use torchrun_flags::TORCHRUN_LONG_FLAGS;
 
 /// The status server's address unless told otherwise (next to torchrun's 29400 and 29500).

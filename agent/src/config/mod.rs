@@ -201,7 +201,7 @@ pub fn resolve(
     argv: Vec<OsString>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, Result<String, ConfigError>> {
-    let command = crate::cli::command();
+    let command = crate::cli::parser();
     let argv0 = argv.first().map(std::path::PathBuf::from);
     // Only the words up to the script go through clap, abbreviations written out; the rest
     // are the script's, verbatim.
@@ -225,9 +225,14 @@ pub fn resolve(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let matches = match command.clone().try_get_matches_from(argv) {
+    let matches = match command.clone().try_get_matches_from(&argv) {
         Ok(m) => m,
-        Err(e) => {
+        Err(quick) => {
+            // Rendered by the command help shows: the same words, the same error.
+            let e = crate::cli::command()
+                .try_get_matches_from(argv)
+                .err()
+                .unwrap_or(quick);
             use clap::error::ErrorKind;
             return Err(match e.kind() {
                 ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Ok(e.render().to_string()),
