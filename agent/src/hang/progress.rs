@@ -135,6 +135,8 @@ pub struct Progress {
     path: PathBuf,
     ranks: Ranks,
     task: AbortHandle,
+    /// The background sweep of dead agents' directories (how many it removed).
+    sweeper: Option<std::thread::JoinHandle<usize>>,
 }
 
 impl Drop for Progress {
@@ -202,7 +204,7 @@ pub fn sweep(parent: &Path, uid: u32) -> usize {
 
 /// [`sweep`] on a thread of its own at the lowest priority (`SCHED_IDLE`: it runs when
 /// nothing else wants the CPU), so that no start waits for it.
-fn sweep_in_background(parent: PathBuf, uid: u32) {
+fn sweep_in_background(parent: PathBuf, uid: u32) -> Option<std::thread::JoinHandle<usize>> {
     let spawned = std::thread::Builder::new()
         .name("progress-sweep".into())
         .spawn(move || {
@@ -214,10 +216,13 @@ fn sweep_in_background(parent: PathBuf, uid: u32) {
             if swept > 0 {
                 tracing::debug!(swept, "removed the progress sockets of killed agents");
             }
+            swept
         });
-    if let Err(e) = spawned {
-        tracing::debug!(error = %e, "no thread for the sweep of dead agents' sockets; leaving them");
-    }
+    spawned
+        .inspect_err(|e| {
+            tracing::debug!(error = %e, "no thread for the sweep of dead agents' sockets; leaving them");
+        })
+        .ok()
 }
 
 /// Whether a process with id `pid` exists (in this pid namespace).
@@ -258,7 +263,7 @@ impl Progress {
         };
         // The directory already keeps others out; the mode says so on the socket too.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        sweep_in_background(parent.to_owned(), uid);
+        let sweeper = sweep_in_background(parent.to_owned(), uid);
         let ranks: Ranks = Arc::default();
         let heard = ranks.clone();
         let task = tokio::spawn(async move {
@@ -288,7 +293,14 @@ impl Progress {
             path,
             ranks,
             task: task.abort_handle(),
+            sweeper,
         })
+    }
+
+    /// Waits for the background sweep; how many directories it removed (0 when it was
+    /// waited for already, or had no thread).
+    pub fn swept(&mut self) -> usize {
+        self.sweeper.take().and_then(|t| t.join().ok()).unwrap_or(0)
     }
 
     pub fn path(&self) -> &Path {
@@ -385,6 +397,24 @@ mod tests {
         assert_eq!(mode(progress.path().parent().unwrap()), 0o700);
     }
 
+    /// An agent's start sweeps, in the background, what a killed one left.
+    #[tokio::test]
+    async fn a_start_sweeps_a_killed_agents_directory_in_the_background() {
+        let parent = tempfile::tempdir().unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let dead = parent
+            .path()
+            .join(format!("{DIR_PREFIX}{}-dead", gone.id()));
+        std::fs::create_dir(&dead).unwrap();
+        drop(std::os::unix::net::UnixDatagram::bind(dead.join(SOCKET)).unwrap());
+        let mut progress = Progress::start(parent.path()).unwrap();
+        assert_eq!(progress.swept(), 1);
+        assert!(!dead.exists());
+        assert!(progress.path().exists(), "its own stays");
+        assert_eq!(progress.swept(), 0, "waited for once");
+    }
+
     /// A killed agent's socket is a file nobody holds; a live agent's is held.
     #[tokio::test]
     async fn the_sweep_removes_dead_agents_sockets_only() {
@@ -394,8 +424,10 @@ mod tests {
             std::fs::create_dir(&d).unwrap();
             d
         };
-        // Under this process's id, holding its socket.
-        let live = Progress::start(parent.path()).unwrap();
+        // Under this process's id, holding its socket; its own sweep, in the background,
+        // is over before the directories below are made (it found nothing to remove).
+        let mut live = Progress::start(parent.path()).unwrap();
+        assert_eq!(live.swept(), 0);
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         gone.wait().unwrap();
         let dead = dir(format!("{}-dead", gone.id()));
