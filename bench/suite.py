@@ -455,7 +455,9 @@ def md_agents_scale(a, S):
           "from the survivors' own `group formed` lines; etcd writes are how far etcd's revision moved from the loss "
           "to a second after the last survivor formed; idle load is the machine's CPU load (1.00: every core busy) "
           f"over {a.scale_idle:g} s while the formed group does nothing; agent CPU is what each survivor used from the "
-          "loss to a second after the last formed. Larger N, and how these figures came down: "
+          "loss to a second after the last formed (the scheduler's count, in ns). The agents' logs and `TMPDIR` are on "
+          "`/dev/shm`, etcd's data on disk. Larger N, the floor that the least possible agent sets on this machine "
+          "(`--floor`), and how these figures came down: "
           "[bench/agents-scale.md](bench/agents-scale.md).", "",
           "| N | taken out by | form s | re-form s (slowest) | p50 s | p99 s | etcd writes | survivors exited | "
           "survivors fenced | idle load | agent CPU ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
