@@ -80,8 +80,7 @@ fn the_progress_socket_is_private_under_any_umask_and_a_killed_agents_is_swept()
     assert!(socket.exists(), "a SIGKILLed agent leaves its socket file");
 
     // The next agent on the host sweeps it, and keeps its own. The sweep runs in the
-    // background at the lowest priority (no start waits for it): on a busy machine it
-    // comes when a core is free.
+    // background (no start waits for it), so it is waited for.
     let second = tempfile::tempdir().unwrap();
     let mut next = spawn_open_umask(tmp.path(), second.path(), "second");
     let own = socket_path(&next, second.path());

@@ -18,7 +18,7 @@
 //! socket appears in it: there is no moment when another user could reach the socket.
 //!
 //! A SIGKILLed agent cannot remove its socket, so each agent, once its own socket is bound,
-//! sweeps the directories of dead agents ([`sweep`]) on a thread of the lowest priority:
+//! sweeps the directories of dead agents ([`sweep`]) on a thread of its own:
 //! housekeeping that no start waits for (with 1,000 agents on one host, each start's
 //! sweep read every other agent's directory, a tenth of its CPU). "Dead" is asked of the socket itself rather than of a pid:
 //! connecting to a datagram socket that no process holds is refused, which is true in any
@@ -202,16 +202,15 @@ pub fn sweep(parent: &Path, uid: u32) -> usize {
     removed
 }
 
-/// [`sweep`] on a thread of its own at the lowest priority (`SCHED_IDLE`: it runs when
-/// nothing else wants the CPU), so that no start waits for it.
+/// [`sweep`] on a thread of its own, so that no start waits for it. At the normal
+/// priority: a thread at `SCHED_IDLE` that a busy machine never ran kept a SIGKILLed
+/// agent's process, and with it the c10d store's port, alive until it ran (its exit needs
+/// the CPU too), and the store host restarted in place found its own port taken (the
+/// loaded suite's `a_store_host_restarted_in_place_brings_the_job_back`).
 fn sweep_in_background(parent: PathBuf, uid: u32) -> Option<std::thread::JoinHandle<usize>> {
     let spawned = std::thread::Builder::new()
         .name("progress-sweep".into())
         .spawn(move || {
-            let idle = libc::sched_param { sched_priority: 0 };
-            #[expect(unsafe_code, reason = "sched_setscheduler has no safe wrapper here")]
-            // SAFETY: pid 0 is the calling thread, and `idle` outlives the call.
-            let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
             let swept = sweep(&parent, uid);
             if swept > 0 {
                 tracing::debug!(swept, "removed the progress sockets of killed agents");
