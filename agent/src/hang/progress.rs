@@ -17,10 +17,11 @@
 //! that exists, so nobody can prepare it in advance) and is already 0700 or less when the
 //! socket appears in it: there is no moment when another user could reach the socket.
 //!
-//! A SIGKILLed agent cannot remove its socket, so each agent, once its own socket is bound,
-//! sweeps the directories of dead agents ([`sweep`]) on a thread of its own:
+//! A SIGKILLed agent cannot remove its socket, so each agent, [`SWEEP_AFTER`] after its
+//! start, sweeps the directories of dead agents ([`sweep`]) on a thread of its own:
 //! housekeeping that no start waits for (with 1,000 agents on one host, each start's
-//! sweep read every other agent's directory, a tenth of its CPU). "Dead" is asked of the socket itself rather than of a pid:
+//! sweep read every other agent's directory, a tenth of its CPU). "Dead" is asked of the
+//! socket itself rather than of a pid:
 //! connecting to a datagram socket that no process holds is refused, which is true in any
 //! pid namespace and after the pid is reused, and never true for a live agent. A pid that
 //! names another live process only spares the look (a reused pid keeps a dead agent's
@@ -202,15 +203,26 @@ pub fn sweep(parent: &Path, uid: u32) -> usize {
     removed
 }
 
-/// [`sweep`] on a thread of its own, so that no start waits for it. At the normal
-/// priority: a thread at `SCHED_IDLE` that a busy machine never ran kept a SIGKILLed
-/// agent's process, and with it the c10d store's port, alive until it ran (its exit needs
-/// the CPU too), and the store host restarted in place found its own port taken (the
-/// loaded suite's `a_store_host_restarted_in_place_brings_the_job_back`).
-fn sweep_in_background(parent: PathBuf, uid: u32) -> Option<std::thread::JoinHandle<usize>> {
+/// How long after its start an agent sweeps: past its start and its first rendezvous, the
+/// busiest seconds of a node, and of a host of many agents (1,000 on two cores in
+/// `bench/agents_scale.py`, where each sweep reads every other agent's directory). An
+/// agent that ends sooner leaves the sweep to the next one.
+pub const SWEEP_AFTER: Duration = Duration::from_secs(5);
+
+/// [`sweep`] on a thread of its own, `after` from now, so that no start waits for it. At
+/// the normal priority: a thread at `SCHED_IDLE` that a busy machine never ran kept a
+/// SIGKILLed agent's process, and with it the c10d store's port, alive until it ran (its
+/// exit needs the CPU too), and the store host restarted in place found its own port
+/// taken (the loaded suite's `a_store_host_restarted_in_place_brings_the_job_back`).
+fn sweep_in_background(
+    parent: PathBuf,
+    uid: u32,
+    after: Duration,
+) -> Option<std::thread::JoinHandle<usize>> {
     let spawned = std::thread::Builder::new()
         .name("progress-sweep".into())
         .spawn(move || {
+            std::thread::sleep(after);
             let swept = sweep(&parent, uid);
             if swept > 0 {
                 tracing::debug!(swept, "removed the progress sockets of killed agents");
@@ -247,8 +259,12 @@ fn abandoned(path: &Path) -> bool {
 
 impl Progress {
     /// Binds a socket in a private directory under `parent`, starts reading it, and
-    /// sweeps the directories of dead agents in the background.
+    /// sweeps the directories of dead agents in the background, [`SWEEP_AFTER`] later.
     pub fn start(parent: &Path) -> io::Result<Self> {
+        Self::start_sweeping_after(parent, SWEEP_AFTER)
+    }
+
+    fn start_sweeping_after(parent: &Path, after: Duration) -> io::Result<Self> {
         let dir = private_dir(parent)?;
         // Our own directory says who we are (and its live socket keeps it from the sweep).
         let uid = std::fs::metadata(&dir)?.uid();
@@ -262,7 +278,7 @@ impl Progress {
         };
         // The directory already keeps others out; the mode says so on the socket too.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-        let sweeper = sweep_in_background(parent.to_owned(), uid);
+        let sweeper = sweep_in_background(parent.to_owned(), uid, after);
         let ranks: Ranks = Arc::default();
         let heard = ranks.clone();
         let task = tokio::spawn(async move {
@@ -407,7 +423,7 @@ mod tests {
             .join(format!("{DIR_PREFIX}{}-dead", gone.id()));
         std::fs::create_dir(&dead).unwrap();
         drop(std::os::unix::net::UnixDatagram::bind(dead.join(SOCKET)).unwrap());
-        let mut progress = Progress::start(parent.path()).unwrap();
+        let mut progress = Progress::start_sweeping_after(parent.path(), Duration::ZERO).unwrap();
         assert_eq!(progress.swept(), 1);
         assert!(!dead.exists());
         assert!(progress.path().exists(), "its own stays");
@@ -425,7 +441,7 @@ mod tests {
         };
         // Under this process's id, holding its socket; its own sweep, in the background,
         // is over before the directories below are made (it found nothing to remove).
-        let mut live = Progress::start(parent.path()).unwrap();
+        let mut live = Progress::start_sweeping_after(parent.path(), Duration::ZERO).unwrap();
         assert_eq!(live.swept(), 0);
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         gone.wait().unwrap();
