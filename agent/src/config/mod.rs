@@ -228,7 +228,7 @@ pub fn resolve(
     let matches = match command.clone().try_get_matches_from(&argv) {
         Ok(m) => m,
         Err(quick) => {
-            // Rendered by the command help shows: the same words, the same error.
+            // Printed by the command whose help is shown: the same words, the same error.
             let e = crate::cli::command()
                 .try_get_matches_from(argv)
                 .err()

@@ -51,6 +51,7 @@ fn pause(since_break: Option<u32>) -> Duration {
         None => RETRY,
     }
 }
+
 /// Before the first contact, plus up to as much again at random: a round's forming is
 /// the busiest moment of a run (at 1,000 agents every one of them re-registers and reads
 /// the new round), and connecting 1,000 streams then slowed it by half a second. A death
@@ -207,7 +208,7 @@ impl Watcher {
                     }
                     None => {
                         tokio::time::sleep(pause(since_break)).await;
-                        since_break = since_break.map(|n| n + 1);
+                        since_break = since_break.map(|n| n.saturating_add(1));
                     }
                 }
             }
