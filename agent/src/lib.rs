@@ -188,7 +188,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                         .await
                         .map_err(RendezvousError::from)?
                 }
-                None => None,
+                None => fsdp_store::Hosted::Elsewhere,
             };
             let mut rc = m.rendezvous.clone();
             rc.allowed = allowed(cfg);
@@ -200,7 +200,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                     rc.keep_alive_ttl,
                 );
             }
-            rc.torchrun_clients = store.as_ref().map(|s| s.torchrun_clients());
+            rc.torchrun_clients = store.torchrun_clients();
             rc.budget = fsdp_rendezvous::etcd::Budget {
                 max_restarts: Some(cfg.max_restarts),
                 window_s: cfg.failure.restart_window.map_or(0, |w| w.as_secs()),
@@ -209,13 +209,14 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 r = EtcdRendezvous::connect(rc) => r?,
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
             };
+            let store = store.joined().await;
             let over = match &m.store {
                 Some(_) => "the c10d store",
                 None => "etcd",
             };
             tracing::info!(node_id = rdzv.node_id(), over, "joined the rendezvous");
             let exit = run::run(cfg, &mut rdzv, &mut signals, &board).await;
-            if let Some(store) = store {
+            if let Some(store) = store.into_served().await {
                 drop(rdzv);
                 store.close(store_patience(&exit, m)).await;
             }

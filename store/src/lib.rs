@@ -10,8 +10,9 @@
 //! What it cannot survive is the host: the store lives in one agent's memory, so when that
 //! agent dies the others lose the rendezvous (as every torchrun c10d job does). A host
 //! that comes back within the others' outage window serves an empty store, and they
-//! register again as they would after an etcd restart without data; otherwise the job
-//! ends. etcd is the resilient choice.
+//! register again as they would after an etcd restart without data (once its
+//! predecessor's process has let go of the port: it stands by until then); otherwise the
+//! job ends. etcd is the resilient choice.
 //!
 //! * [`state`]: the keys, revisions, leases and watch history, pure.
 //! * [`service`]: the gRPC services over that state.
@@ -26,7 +27,9 @@
 //!   an address, a client's greeting), so that a job run half under torchrun fails in
 //!   seconds instead of waiting forever.
 //! * [`host`]: whether this agent serves ([`decide_host`], a pure function of what binding
-//!   the endpoint found; [`host::bind`] does the binding, [`host_if_here`] both).
+//!   the endpoint found; [`host::bind`] does the binding, [`host_if_here`] both), and the
+//!   [`host::Standby`] of an agent that found the port taken on its own machine: it serves
+//!   once the port is free, should the holder have been its own predecessor, still dying.
 //!
 //! A crate of its own, below the rendezvous: the agent serves it, and the rendezvous
 //! crate's deterministic simulator runs [`state`] as its etcd. It knows nothing of the
@@ -43,6 +46,6 @@ pub mod tcpstore;
 pub mod tls;
 
 pub use auth::Credentials;
-pub use host::{DEFAULT_PORT, HostError, decide_host, host_if_here};
+pub use host::{DEFAULT_PORT, HostError, Hosted, decide_host, host_if_here};
 pub use server::{Security, StoreServer};
 pub use tls::ServerTls;

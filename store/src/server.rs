@@ -2,12 +2,12 @@
 //! on the bounded accept loop of [`listener`] (with TLS when [`Security::tls`] is set),
 //! and the lease expiry, until [`StoreServer::close`].
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use fsdp_proto::etcdserverpb as pb;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::auth::{Credentials, Gate};
 use crate::listener::{self, Limits};
@@ -36,7 +36,7 @@ pub struct StoreServer {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     served: tokio::task::JoinHandle<()>,
-    torchrun: tokio::sync::watch::Receiver<Option<std::net::IpAddr>>,
+    torchrun: watch::Receiver<Option<IpAddr>>,
 }
 
 impl StoreServer {
@@ -50,6 +50,17 @@ impl StoreServer {
         listener: TcpListener,
         security: &Security,
         limits: Limits,
+    ) -> Result<Self, TlsError> {
+        Self::start_reporting(listener, security, limits, watch::channel(None).0)
+    }
+
+    /// [`StoreServer::start_within`], telling torchrun clients to `seen`: a receiver handed
+    /// out before the store was served ([`crate::host::Standby`]) learns of them too.
+    pub(crate) fn start_reporting(
+        listener: TcpListener,
+        security: &Security,
+        limits: Limits,
+        seen: watch::Sender<Option<IpAddr>>,
     ) -> Result<Self, TlsError> {
         use pb::{
             auth_server::AuthServer, cluster_server::ClusterServer, kv_server::KvServer,
@@ -85,7 +96,7 @@ impl StoreServer {
         )))
         .into_axum_router();
         let expiry = shared.clone().expire_leases();
-        let (seen, torchrun) = tokio::sync::watch::channel(None);
+        let torchrun = seen.subscribe();
         let seen = Some(std::sync::Arc::new(seen));
         let served = tokio::spawn(async move {
             tokio::select! {
@@ -105,7 +116,7 @@ impl StoreServer {
 
     /// Becomes the address of the first client that spoke torchrun's TCPStore protocol to
     /// this store (a node of the job runs torchrun: the job cannot form).
-    pub fn torchrun_clients(&self) -> tokio::sync::watch::Receiver<Option<std::net::IpAddr>> {
+    pub fn torchrun_clients(&self) -> watch::Receiver<Option<IpAddr>> {
         self.torchrun.clone()
     }
 

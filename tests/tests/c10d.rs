@@ -164,3 +164,65 @@ fn a_store_host_restarted_in_place_brings_the_job_back() {
         logs[1]
     );
 }
+
+#[test]
+fn an_agent_whose_port_a_dying_predecessor_holds_serves_the_store_once_it_is_gone() {
+    // A store host restarted in place can start while its SIGKILLed predecessor still
+    // holds the port (a process not yet reaped, one in D state on a hung mount). Finding
+    // the port taken, the new agent takes it for another agent's store and connects; when
+    // the predecessor goes, nobody serves. It must bind again and serve. The predecessor
+    // here is a socket that listens and accepts nothing, for 3 s.
+    use fsdp_tests::{AgentCmd, TempDir, free_port, python, wait_for};
+    use std::io::BufRead;
+    use std::time::Duration;
+
+    let dir = TempDir::new().unwrap();
+    let port = free_port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let mut holder = std::process::Command::new(python())
+        .args([
+            "-c",
+            &format!(
+                "import socket, time\n\
+                 s = socket.socket()\n\
+                 s.bind(('127.0.0.1', {port}))\n\
+                 s.listen(1)\n\
+                 print('held', flush=True)\n\
+                 time.sleep(3)\n"
+            ),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the predecessor");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line.trim(),
+        "held",
+        "the predecessor did not bind {endpoint}"
+    );
+
+    let mut a = AgentCmd::new(dir.path(), "agent")
+        .args(["--rdzv-backend", "c10d", "--rdzv-endpoint", &endpoint])
+        // Elastic, so that the store serves the run (one fixed node runs standalone).
+        .args(["--rdzv-id", "standby", "--nnodes", "1:2"])
+        .args(["--rdzv-conf", "last_call_timeout=0"])
+        .args(["--nproc-per-node", "1"])
+        .args(["--no-python", "/bin/sh", "-c", "echo the-worker-ran"])
+        .spawn();
+    wait_for("the predecessor to exit", Duration::from_secs(30), || {
+        holder.try_wait().unwrap().is_some()
+    });
+    a.wait(Duration::from_secs(90));
+    assert_eq!(a.code(), 0, "{}", a.output());
+    let err = a.stderr();
+    assert!(
+        err.contains("the c10d rendezvous store is served by another agent"),
+        "the port was taken, yet the agent did not stand by: {err}"
+    );
+    assert!(err.contains("standby takes over"), "{err}");
+    assert!(err.contains(SERVING), "{err}");
+    assert!(a.stdout().contains("the-worker-ran"), "{}", a.output());
+}

@@ -1,12 +1,14 @@
 //! Worker supervision: spawn a group, watch it, stop it.
 //!
 //! Each worker is the leader of its own process group, so a stop signal reaches whatever
-//! it started too; each dies with the agent through `PR_SET_PDEATHSIG` ([`unix`]). A stop
+//! it started too; each dies with the agent through `PR_SET_PDEATHSIG` ([`launch`] for a
+//! cold start, [`unix`] for a spare). A stop
 //! is the signal (SIGTERM, or the one the agent received), a grace period, then SIGKILL to
 //! every group still alive.
 
 pub mod disk;
 pub mod files;
+mod launch;
 pub mod output;
 pub mod spare;
 mod unix;
@@ -14,7 +16,6 @@ mod unix;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -22,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use fsdp_rendezvous::Round;
 use nix::sys::signal::Signal;
 use tokio::net::unix::pipe::Receiver;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -32,6 +33,7 @@ use crate::reaper;
 use crate::worker_env::{GroupEnv, worker_env};
 use disk::Disk;
 use files::{AttemptFiles, Files, Route};
+use launch::{Launch, Launched};
 use output::{Console, Sinks, Stream};
 use spare::{Spares, Start};
 
@@ -235,26 +237,27 @@ impl WorkerGroup {
                 if let (Some(err), Some(sinks)) = (err, err_sinks) {
                     self.pumps.spawn(output::pump(err, sinks));
                 }
-                (child, pid)
+                (Process::Spare(child), pid)
             }
             None => {
-                let mut cmd = command(cfg, local_rank, &overlay);
-                cmd.stdout(out_wire.stdio()).stderr(err_wire.stdio());
-                let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
-                    local_rank,
-                    program: cfg.entrypoint.program.display().to_string(),
-                    source,
-                })?;
-                let pid = child.id().unwrap_or(0);
+                let (child, [out, err]) =
+                    start_cold(cfg, local_rank, &overlay, [&out_wire, &err_wire]).map_err(
+                        |source| SpawnError::Exec {
+                            local_rank,
+                            program: cfg.entrypoint.program.display().to_string(),
+                            source,
+                        },
+                    )?;
+                let pid = child.id();
                 // Before any await: the PID-1 reaper must never wait for a worker leader.
                 reaper::register(pid);
-                if let (Some(out), Some(sinks)) = (child.stdout.take(), out_sinks) {
+                if let (Some(out), Some(sinks)) = (out, out_sinks) {
                     self.pumps.spawn(output::pump(out, sinks));
                 }
-                if let (Some(err), Some(sinks)) = (child.stderr.take(), err_sinks) {
+                if let (Some(err), Some(sinks)) = (err, err_sinks) {
                     self.pumps.spawn(output::pump(err, sinks));
                 }
-                (child, pid)
+                (Process::Cold(child), pid)
             }
         };
         self.watch(
@@ -279,7 +282,7 @@ impl WorkerGroup {
     /// file when it failed on its own (read off the runtime thread, with a deadline).
     fn watch(
         &mut self,
-        mut child: Child,
+        mut child: Process,
         pid: u32,
         error_file: Option<PathBuf>,
         disk: Disk,
@@ -619,22 +622,41 @@ pub fn spare_command(cfg: &Config, local_rank: u32) -> (PathBuf, Vec<String>, sp
     )
 }
 
-/// The worker's cold command: program, arguments, environment, its own process group.
-fn command(cfg: &Config, local_rank: u32, overlay: &spare::Overlay) -> Command {
-    let mut cmd = Command::new(&cfg.entrypoint.program);
-    cmd.args(worker_args(cfg, local_rank))
-        // The agent's stdin, as under torchrun (each worker leads its own session, so a
-        // terminal there is readable without job control stopping it).
-        .stdin(Stdio::inherit())
-        .kill_on_drop(true);
-    for (k, v) in overlay {
-        match v {
-            Some(v) => cmd.env(k, v),
-            None => cmd.env_remove(k),
-        };
+/// Starts worker `local_rank` cold ([`launch`]): the entrypoint with its arguments and
+/// environment, its output where `wires` say; the read ends the agent pumps.
+fn start_cold(
+    cfg: &Config,
+    local_rank: u32,
+    overlay: &spare::Overlay,
+    wires: [&Wire; 2],
+) -> std::io::Result<(Launched, [Option<Receiver>; 2])> {
+    // The agent's stdin stays the worker's, as under torchrun (each worker leads its own
+    // session, so a terminal there is readable without job control stopping it).
+    let (stdout, out) = wires[0].descriptor(Stream::Stdout)?;
+    let (stderr, err) = wires[1].descriptor(Stream::Stderr)?;
+    let child = launch::start(&Launch {
+        program: &cfg.entrypoint.program,
+        args: &worker_args(cfg, local_rank),
+        env: overlay,
+        stdout: &stdout,
+        stderr: &stderr,
+    })?;
+    Ok((child, [out, err]))
+}
+
+/// A started worker: started cold by the agent, or a spare that became the worker.
+enum Process {
+    Cold(Launched),
+    Spare(Child),
+}
+
+impl Process {
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Process::Cold(c) => c.wait().await,
+            Process::Spare(c) => c.wait().await,
+        }
     }
-    unix::prepare(&mut cmd);
-    cmd
 }
 
 /// What one of a worker's output streams is connected to.
@@ -649,19 +671,9 @@ enum Wire {
 }
 
 impl Wire {
-    /// For a cold start.
-    fn stdio(self) -> Stdio {
-        match self {
-            Wire::Inherit => Stdio::inherit(),
-            Wire::Null => Stdio::null(),
-            Wire::File(f) => Stdio::from(f),
-            Wire::Pipe => Stdio::piped(),
-        }
-    }
-
-    /// For a spare, which puts it in place of its `stream`: a descriptor of its own, and
-    /// the read end the agent pumps when it is a pipe. The wire itself stays usable for a
-    /// cold start should the handoff fail.
+    /// What the worker puts in place of its `stream`: a descriptor of its own, and the
+    /// read end the agent pumps when it is a pipe. The wire itself stays usable for a cold
+    /// start should a spare's handoff fail.
     fn descriptor(&self, stream: Stream) -> std::io::Result<(OwnedFd, Option<Receiver>)> {
         Ok(match self {
             Wire::Inherit => match stream {
