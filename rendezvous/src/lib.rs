@@ -29,6 +29,7 @@ pub mod error;
 pub mod etcd;
 pub mod fence;
 pub mod fixed;
+pub mod gone;
 mod host;
 pub mod pace;
 pub mod port;

@@ -2,7 +2,6 @@
 //! (a later round is compared with it), and everything a later decision reads lives in
 //! one [`Memory`] that only the pure handler ([`super::decide`]) changes.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use fsdp_rendezvous::{Round, RoundMember};
@@ -41,13 +40,7 @@ pub fn missing<'a>(
     before: &'a [RoundMember],
     after: &'a [RoundMember],
 ) -> impl Iterator<Item = &'a str> {
-    // A set: a scan of the next round per member was a million string comparisons per
-    // agent per re-form at 1,000 nodes (issue 30).
-    let there: HashSet<&str> = after.iter().map(|m| m.node_id.as_str()).collect();
-    before
-        .iter()
-        .map(|m| m.node_id.as_str())
-        .filter(move |id| !there.contains(id))
+    fsdp_rendezvous::gone::gone(before, after, |m| &m.node_id).into_iter()
 }
 
 /// The loop's state that outlives a phase.

@@ -146,9 +146,15 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
     let departed = |m: &v1::Member| {
         v.departed_since(m, since) && !done.is_some_and(|d| d.contains(&m.node_id))
     };
-    let mine = held.members.iter().find(|m| m.node_id == me);
-    let others = held.members.iter().filter(|m| m.node_id != me);
-    if let Some(m) = mine.into_iter().chain(others).find(|m| departed(m)) {
+    // Looked at on every change of the view: the members are scanned only when someone
+    // went since (most views have no departure at all).
+    let any_went = v.departed.values().any(|d| d.at >= since);
+    let lost = any_went.then(|| {
+        let mine = held.members.iter().find(|m| m.node_id == me);
+        let others = held.members.iter().filter(|m| m.node_id != me);
+        mine.into_iter().chain(others).find(|m| departed(m))
+    });
+    if let Some(m) = lost.flatten() {
         return Some(Change::MemberLost {
             node: m.node_id.clone(),
         });
@@ -160,16 +166,12 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
                 // comes before the word of a loss, the round itself says who is missing
                 // (as the deleted registration said before; the agent tells a loss from a
                 // change of membership by it).
-                let next: std::collections::HashSet<&str> =
-                    r.members.iter().map(|m| m.node_id.as_str()).collect();
-                let missing = held.members.iter().find(|m| {
-                    m.node_id != me
-                        && !next.contains(m.node_id.as_str())
-                        && !done.is_some_and(|d| d.contains(&m.node_id))
-                });
+                let missing = crate::gone::gone(&held.members, &r.members, |m| &m.node_id)
+                    .into_iter()
+                    .find(|id| *id != me && !done.is_some_and(|d| d.contains(*id)));
                 Some(match missing {
-                    Some(m) => Change::MemberLost {
-                        node: m.node_id.clone(),
+                    Some(node) => Change::MemberLost {
+                        node: node.to_owned(),
                     },
                     None => Change::NewRound { number: r.number },
                 })

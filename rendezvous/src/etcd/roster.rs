@@ -65,7 +65,8 @@ pub fn delta(base: &v1::Round, base_rev: i64, full: &v1::Round) -> Option<v1::Ro
     })
 }
 
-/// The whole round `d` (a delta) makes of `base`, or why it does not apply to it.
+/// The whole round `d` (a delta) makes of `base`, or why it does not apply to it. When
+/// `base` lists no node twice, neither does the result.
 pub fn apply(base: &v1::Round, d: &v1::Round) -> Result<v1::Round, String> {
     // Every member applies every delta to a round of N: one pass over the round, looking
     // each member up among the delta's few names (sorted), not sets of all N names built
@@ -77,6 +78,13 @@ pub fn apply(base: &v1::Round, d: &v1::Round) -> Result<v1::Round, String> {
     let mut updated: Vec<&v1::Member> = d.updated.iter().rev().collect();
     updated.sort_by(|a, b| a.node_id.cmp(&b.node_id));
     updated.dedup_by(|a, b| a.node_id == b.node_id);
+    // The round applied to was checked distinct; the result is too when no name is added
+    // twice or added while kept, which the same pass checks (no set of all N names).
+    let mut added: Vec<&str> = d.added.iter().map(|m| m.node_id.as_str()).collect();
+    added.sort_unstable();
+    if let Some(twice) = added.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("adds node {} twice", twice[0]));
+    }
     let mut seen_removed = vec![false; removed.len()];
     let mut seen_updated = vec![false; updated.len()];
     let mut members = Vec::with_capacity(base.members.len() + d.added.len());
@@ -90,6 +98,11 @@ pub fn apply(base: &v1::Round, d: &v1::Round) -> Result<v1::Round, String> {
         }
         if let Ok(i) = removed.binary_search(&id) {
             seen_removed[i] = true;
+        } else if added.binary_search(&id).is_ok() {
+            return Err(format!(
+                "adds node {id}, which round {} has already",
+                base.number
+            ));
         } else {
             members.push(update.map_or(m, |i| updated[i]).clone());
         }

@@ -98,3 +98,22 @@ fn a_delta_that_names_a_node_twice_applies_as_sets_of_names_would() {
         "an update of a node the base lacks: {e}"
     );
 }
+
+/// The view takes a round made from a delta without checking its N names again, so the
+/// delta may not add a node twice, nor one the round keeps.
+#[test]
+fn a_delta_that_adds_a_node_twice_or_one_the_round_keeps_does_not_apply() {
+    let base = round(1, &[("a", 1), ("b", 1), ("c", 1)]);
+    let mut d = delta(&base, 3, &round(2, &[("a", 1), ("b", 1)])).unwrap();
+    d.added = vec![member("e", 1), member("e", 1)];
+    let e = apply(&base, &d).unwrap_err();
+    assert!(e.contains("adds node e twice"), "{e}");
+    d.added = vec![member("e", 1), member("b", 2)];
+    let e = apply(&base, &d).unwrap_err();
+    assert!(e.contains("adds node b"), "{e}");
+    // A node removed and added back in one delta is listed once.
+    d.added = vec![member("c", 2)];
+    let whole = apply(&base, &d).unwrap();
+    let ids: Vec<&str> = whole.members.iter().map(|m| m.node_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+}
