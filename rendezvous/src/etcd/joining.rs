@@ -193,10 +193,11 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
 /// frozen node came back). The same round written back has the same nodes in the same
 /// order and the same seal time.
 fn another_seal(r: &v1::Round, held: &v1::Round) -> bool {
-    if r.number != held.number {
+    // Looked at on every change of the view, most often with the very record held (the
+    // view's, shared): then nothing is compared.
+    if r.number != held.number || std::ptr::eq(r, held) {
         return false;
     }
-    // Looked at on every change of the view, most often with the round held: no copies.
     let sealed_apart =
         r.sealed_at_ms != 0 && held.sealed_at_ms != 0 && r.sealed_at_ms != held.sealed_at_ms;
     let (a, b) = (r.members.iter(), held.members.iter());
