@@ -7,8 +7,8 @@
 //! whenever their count changes after that, writes the count as the round (one write, one watch event fanned out to every node). A node
 //! that sees a round stops its worker (SIGTERM to its process group, then waits for the
 //! exit), logs `group formed world_size=N` as the agent does, and starts the worker again
-//! (fork and exec, in its own process group with PR_SET_PDEATHSIG, as the agent starts
-//! it). SIGTERM revokes the lease and exits: the leave of a deleted pod. No ranks, no
+//! in its own process group, by vfork and exec as the agent does (without the agent's
+//! death signal: see `Floor::start`). SIGTERM revokes the lease and exits: the leave of a deleted pod. No ranks, no
 //! fencing, no status, no checks: so a real agent cannot re-form faster than this on the
 //! same machine, whatever its protocol.
 //!
@@ -154,24 +154,15 @@ impl Floor {
         }
     }
 
-    /// The worker, as the agent starts it: its own process group, killed with this
-    /// process.
+    /// The worker in its own process group, started without copying this process (std's
+    /// `posix_spawn`, a vfork, as the agent's clone is). Less than the agent does: no
+    /// death signal, which needs a step in the child that std's spawn cannot run; a floor
+    /// may do less, never more.
     fn start(&self) -> tokio::process::Child {
         let mut cmd = std::process::Command::new(&self.worker[0]);
         cmd.args(&self.worker[1..])
             .stdin(std::process::Stdio::null())
             .process_group(0);
-        #[allow(
-            unsafe_code,
-            reason = "pre_exec is the only way to run prctl in the child before exec"
-        )]
-        // SAFETY: only prctl, which is async-signal-safe, runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
         tokio::process::Command::from(cmd)
             .spawn()
             .expect("the worker starts")
