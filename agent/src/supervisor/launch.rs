@@ -85,7 +85,9 @@ pub fn start(launch: &Launch<'_>) -> io::Result<Launched> {
         parent: std::process::id() as libc::pid_t,
         error: AtomicI32::new(0),
     };
-    let mut stack = vec![0u128; CHILD_STACK / size_of::<u128>()];
+    // Not zeroed: the child touches only the top few pages of it.
+    let mut stack: Vec<std::mem::MaybeUninit<u128>> =
+        Vec::with_capacity(CHILD_STACK / size_of::<u128>());
     let mut pidfd: c_int = -1;
     #[expect(
         unsafe_code,
@@ -97,7 +99,7 @@ pub fn start(launch: &Launch<'_>) -> io::Result<Launched> {
     // thread meanwhile, so no handler of the agent's runs in the child before it restores
     // the defaults.
     let (pid, clone_errno) = unsafe {
-        let top = stack.as_mut_ptr().add(stack.len()).cast::<c_void>();
+        let top = stack.as_mut_ptr().add(stack.capacity()).cast::<c_void>();
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
@@ -192,8 +194,16 @@ extern "C" fn child(arg: *mut c_void) -> c_int {
         if libc::getppid() != plan.parent {
             libc::kill(libc::getpid(), libc::SIGKILL);
         }
-        if libc::dup2(plan.stdout, 1) < 0 || libc::dup2(plan.stderr, 2) < 0 {
-            return fail(plan);
+        // dup2 onto itself keeps close-on-exec: a descriptor already in place (the agent's
+        // own 1 or 2 closed, and the copy given that number) is let through instead.
+        for (fd, target) in [(plan.stdout, 1), (plan.stderr, 2)] {
+            let placed = match fd == target {
+                true => libc::fcntl(fd, libc::F_SETFD, 0),
+                false => libc::dup2(fd, target),
+            };
+            if placed < 0 {
+                return fail(plan);
+            }
         }
         libc::execve(plan.path.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
         fail(plan)
