@@ -119,34 +119,31 @@ async fn the_worker_writes_where_it_is_told() {
     assert_eq!(got, "hello\n");
 }
 
-#[tokio::test]
-async fn a_program_that_is_not_there_is_an_error_and_leaves_no_process() {
+/// The error starting `program` gives.
+fn refused(program: &Path) -> io::Error {
     let (out, err) = (null(), null());
-    for program in ["fsdp-no-such-program", "/nonexistent/fsdp-no-such-program"] {
-        let e = start(&Launch {
-            program: Path::new(program),
-            args: &[],
-            env: &[],
-            stdout: &out,
-            stderr: &err,
-        })
-        .err()
-        .unwrap();
-        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{program}: {e}");
-    }
-    // A file that is not executable fails in the child's exec, and the child is reaped.
-    let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("not-executable");
-    std::fs::write(&script, "#!/bin/sh\n").unwrap();
-    let e = start(&Launch {
-        program: &script,
+    let started = start(&Launch {
+        program,
         args: &[],
         env: &[],
         stdout: &out,
         stderr: &err,
-    })
-    .err()
-    .unwrap();
+    });
+    started.err().expect("the start fails")
+}
+
+#[tokio::test]
+async fn a_program_that_is_not_there_or_cannot_run_is_an_error() {
+    for program in ["fsdp-no-such-program", "/nonexistent/fsdp-no-such-program"] {
+        let e = refused(Path::new(program));
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{program}: {e}");
+    }
+    // Not executable: found, and refused by the child's exec, whose errno comes back
+    // through the memory the child shares (the child itself is reaped by `start`).
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("not-executable");
+    std::fs::write(&script, "#!/bin/sh\n").unwrap();
+    let e = refused(&script);
     assert_eq!(e.raw_os_error(), Some(libc::EACCES), "{e}");
 }
 
