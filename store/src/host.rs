@@ -126,15 +126,23 @@ pub async fn bind(host: &str, port: u16, hostname: &str) -> (Bind, Option<TcpLis
     };
     let mut outcome = Bind::NotLocal;
     for addr in addrs {
-        match TcpListener::bind(addr).await {
-            Ok(l) => return (Bind::Bound(l.local_addr().unwrap_or(addr)), Some(l)),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => outcome = Bind::InUse(addr),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {}
-            Err(e) if matches!(outcome, Bind::NotLocal) => outcome = Bind::Failed(e),
-            Err(_) => {}
+        match bind_one(addr).await {
+            bound @ (Bind::Bound(_), Some(_)) => return bound,
+            (Bind::Failed(e), _) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {}
+            (Bind::Failed(e), _) if !matches!(outcome, Bind::NotLocal) => drop(e),
+            (found, _) => outcome = found,
         }
     }
     (outcome, None)
+}
+
+/// Tries to listen on `addr` alone: bound, in use, or failed otherwise.
+async fn bind_one(addr: SocketAddr) -> (Bind, Option<TcpListener>) {
+    match TcpListener::bind(addr).await {
+        Ok(l) => (Bind::Bound(l.local_addr().unwrap_or(addr)), Some(l)),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => (Bind::InUse(addr), None),
+        Err(e) => (Bind::Failed(e), None),
+    }
 }
 
 /// The store as this agent has it ([`host_if_here`]).
@@ -262,11 +270,7 @@ async fn stand_by(
             () = tokio::time::sleep(pause) => {}
         }
         pause = next_standby_pause(pause);
-        let (bound, listener) = match TcpListener::bind(addr).await {
-            Ok(l) => (Bind::Bound(l.local_addr().unwrap_or(addr)), Some(l)),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => (Bind::InUse(addr), None),
-            Err(e) => (Bind::Failed(e), None),
-        };
+        let (bound, listener) = bind_one(addr).await;
         match (decide_host(None, &bound), listener) {
             ((Hosting::Serve, _), Some(listener)) => break listener,
             ((_, why), _) => tracing::trace!(%addr, why, "the c10d standby goes on standing by"),
