@@ -4,14 +4,55 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }
-    let descriptors = protox::compile(files, ["proto"])?;
+    let mut descriptors = protox::compile(files, ["proto"])?;
     // Kept for gRPC server reflection, so `grpcurl` works against an agent without .proto files.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out.join("fsdp_descriptor.bin"),
         prost::Message::encode_to_vec(&descriptors),
     )?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // A member is generated as `MemberFields`, and `fsdp.v1.Member` wherever a record holds
+    // one is `member::Member`, a shared handle to those fields: every agent applies each
+    // new round to the one it holds, and at 1,000 members copying every member's strings
+    // was thousands of allocations per agent per re-form (issue 30). The wire format is
+    // the proto's own.
+    let records = descriptors
+        .file
+        .iter_mut()
+        .find(|f| f.package() == "fsdp.v1" && f.name().ends_with("records.proto"))
+        .ok_or("records.proto has no fsdp.v1 package")?;
+    let at = records
+        .message_type
+        .iter()
+        .position(|m| m.name() == "Member")
+        .ok_or("records.proto has no Member")?;
+    let mut fields = records.message_type[at].clone();
+    fields.name = Some("MemberFields".into());
+    records.message_type.push(fields);
+    // The copy's comments are the member's (the generator looks every message up there).
+    let copy = i32::try_from(records.message_type.len() - 1)?;
+    if let Some(info) = records.source_code_info.as_mut() {
+        const MESSAGE_TYPE: i32 = 4;
+        let at = i32::try_from(at)?;
+        let copies: Vec<_> = info
+            .location
+            .iter()
+            .filter(|l| l.path.starts_with(&[MESSAGE_TYPE, at]))
+            .cloned()
+            .map(|mut l| {
+                l.path[1] = copy;
+                l
+            })
+            .collect();
+        info.location.extend(copies);
+    }
+    tonic_prost_build::configure()
+        .extern_path(".fsdp.v1.Member", "crate::member::Member")
+        .message_attribute(
+            ".fsdp.v1.MemberFields",
+            "///\n/// Generated as `MemberFields`: records hold these fields shared, as [`Member`].",
+        )
+        .compile_fds(descriptors)?;
 
     // The embedded store serves this subset of etcd's API; the agent talks to it through
     // etcd-client, so only the server side is generated.

@@ -9,8 +9,12 @@
 //! record packed (zstd), so that a round of tens of thousands of members stays within
 //! etcd's request limit.
 
-/// Generated types of `fsdp.v1`.
+mod member;
+
+/// Generated types of `fsdp.v1`; a member is [`v1::Member`], a shared handle to its
+/// [`v1::MemberFields`].
 pub mod v1 {
+    pub use crate::member::Member;
     include!(concat!(env!("OUT_DIR"), "/fsdp.v1.rs"));
 }
 
@@ -161,7 +165,7 @@ mod tests {
     use prost::Message;
 
     fn member() -> v1::Member {
-        v1::Member {
+        v1::MemberFields {
             schema: SCHEMA_VERSION,
             node_id: "host-a-123-x".into(),
             addr: "10.0.0.5".into(),
@@ -169,6 +173,7 @@ mod tests {
             wants_round: 3,
             ..Default::default()
         }
+        .into()
     }
 
     #[test]
@@ -198,7 +203,7 @@ mod tests {
             .map(|i| {
                 let host = format!("llama70b-pretrain-worker-{i}");
                 let r = rand();
-                v1::Member {
+                v1::MemberFields {
                     schema: SCHEMA_VERSION,
                     node_id: format!("{host}-{}-{:08x}", r % 4_000_000, r >> 32),
                     status_addr: format!(
@@ -217,6 +222,7 @@ mod tests {
                     max_restarts: Some(3),
                     restart_window_s: 3600,
                 }
+                .into()
             })
             .collect();
         v1::Round {

@@ -43,7 +43,7 @@ pub fn assign(local_world_sizes: &[u32]) -> Result<(Vec<NodeRanks>, u32), String
 
 /// Gives each member its ranks by [`assign`], in the order given; returns the world size.
 pub fn rank_members(members: &mut [crate::RoundMember]) -> Result<u32, String> {
-    let sizes: Vec<u32> = members.iter().map(|m| m.local_world_size).collect();
+    let sizes: Vec<u32> = members.iter().map(|m| m.local_world_size()).collect();
     let (ranks, world_size) = assign(&sizes)?;
     for (m, r) in members.iter_mut().zip(ranks) {
         m.group_rank = r.group_rank;

@@ -350,7 +350,7 @@ async fn expect_corrupt(n: &mut EtcdRendezvous, what: &str) -> String {
 }
 
 fn member(id: &str, local_world_size: u32) -> fsdp_proto::v1::Member {
-    fsdp_proto::v1::Member {
+    fsdp_proto::v1::MemberFields {
         schema: fsdp_proto::SCHEMA_VERSION,
         node_id: id.into(),
         addr: "127.0.0.1".into(),
@@ -358,6 +358,7 @@ fn member(id: &str, local_world_size: u32) -> fsdp_proto::v1::Member {
         wants_round: 0,
         ..Default::default()
     }
+    .into()
 }
 
 #[tokio::test]
@@ -425,7 +426,7 @@ async fn a_member_without_a_lease_or_with_a_huge_worker_count_is_refused() {
         .await
         .expect("a round, not a hang")
         .expect("a round, not an error");
-    let ids: Vec<&str> = r.members.iter().map(|m| m.node_id.as_str()).collect();
+    let ids: Vec<&str> = r.members.iter().map(|m| m.node_id()).collect();
     assert_eq!(ids, [n.node_id()], "the ghost was trusted");
     let refused = n.view().refused;
     let why = &refused[&keys.key::<fsdp_proto::v1::Member>("ghost")];

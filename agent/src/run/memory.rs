@@ -26,7 +26,10 @@ impl RoundMembers {
 
     /// The members' node ids, in rank order.
     pub fn ids(&self) -> Vec<String> {
-        self.members.iter().map(|m| m.node_id.clone()).collect()
+        self.members
+            .iter()
+            .map(|m| m.node_id().to_owned())
+            .collect()
     }
 
     /// The members of this round that `next` lacks.
@@ -40,7 +43,7 @@ pub fn missing<'a>(
     before: &'a [RoundMember],
     after: &'a [RoundMember],
 ) -> impl Iterator<Item = &'a str> {
-    fsdp_rendezvous::gone::gone(before, after, |m| &m.node_id).into_iter()
+    fsdp_rendezvous::gone::gone(before, after, RoundMember::node_id).into_iter()
 }
 
 /// The loop's state that outlives a phase.

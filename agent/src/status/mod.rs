@@ -127,11 +127,11 @@ impl Board {
             .round_members
             .iter()
             .map(|m| RoundMember {
-                node_id: m.node_id.clone(),
-                addr: m.addr.clone(),
+                node_id: m.node_id().to_owned(),
+                addr: m.addr().to_owned(),
                 group_rank: m.group_rank,
                 base_rank: m.base_rank,
-                local_world_size: m.local_world_size,
+                local_world_size: m.local_world_size(),
             })
             .collect();
         if let Some(c) = self

@@ -276,13 +276,15 @@ pub fn round_record(p: &Proposal, v: &View, reason: &str, now_ms: u64) -> v1::Ro
             // it was told of the group and its budget is for `fsdp-agent status`, which
             // reads it from the registrations: a round is sent to every member, and at
             // 10,000 nodes each byte a member costs there is 100 MB of watch traffic.
-            .map(|m| v1::Member {
-                wants_round: 0,
-                min_nodes: 0,
-                max_nodes: 0,
-                max_restarts: None,
-                restart_window_s: 0,
-                ..m
+            .map(|mut m| {
+                // A copy of the registration's fields (it is shared with the view).
+                let fields = &mut *m;
+                fields.wants_round = 0;
+                fields.min_nodes = 0;
+                fields.max_nodes = 0;
+                fields.max_restarts = None;
+                fields.restart_window_s = 0;
+                m
             })
             .collect(),
         restart_count: p.restart_count,

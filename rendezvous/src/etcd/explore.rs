@@ -97,7 +97,7 @@ struct World {
 }
 
 fn member(node: &str, wants: u64, incarnation: u64, lease: i64) -> v1::Member {
-    v1::Member {
+    v1::Member::from(v1::MemberFields {
         schema: SCHEMA_VERSION,
         node_id: node.into(),
         addr: format!("{node}.local"),
@@ -107,7 +107,7 @@ fn member(node: &str, wants: u64, incarnation: u64, lease: i64) -> v1::Member {
         lease,
         incarnation,
         ..Default::default()
-    }
+    })
 }
 
 impl World {

@@ -236,27 +236,27 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
             .filter(|m| m.round == rd.number)
             .map(|m| format!("{}:{}", m.addr, m.port));
         for m in ranked {
-            let state = if done.is_some_and(|d| d.contains(&m.node_id)) {
+            let state = if done.is_some_and(|d| d.contains(m.node_id())) {
                 MemberState::Done
-            } else if v.members.contains_key(&m.node_id) {
+            } else if v.members.contains_key(m.node_id()) {
                 MemberState::Running
             } else {
                 MemberState::Missing
             };
             let status_addr = v
                 .members
-                .get(&m.node_id)
+                .get(m.node_id())
                 .map(|e| &e.record)
-                .or_else(|| rd.members.iter().find(|x| x.node_id == m.node_id))
+                .or_else(|| rd.members.iter().find(|x| x.node_id == m.node_id()))
                 .map(|x| x.status_addr.clone())
                 .unwrap_or_default();
             r.members.push(MemberReport {
                 status_addr,
                 group_rank: Some(m.group_rank),
                 base_rank: Some(m.base_rank),
-                node_id: m.node_id,
-                addr: m.addr,
-                nproc: m.local_world_size,
+                node_id: m.node_id().to_owned(),
+                addr: m.addr().to_owned(),
+                nproc: m.local_world_size(),
                 state,
             });
         }
@@ -428,14 +428,14 @@ mod tests {
     use fsdp_proto::v1;
 
     fn member(id: &str, n: u32) -> v1::Member {
-        v1::Member {
+        v1::Member::from(v1::MemberFields {
             schema: 1,
             node_id: id.into(),
             addr: format!("{id}.local"),
             local_world_size: n,
             wants_round: 0,
             ..Default::default()
-        }
+        })
     }
 
     fn view(round_members: &[(&str, u32)], live: &[&str]) -> View {

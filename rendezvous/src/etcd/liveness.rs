@@ -189,7 +189,11 @@ impl Watcher {
                 let (found, stream) = contact(&addr, &me).await;
                 if let Verdict::Gone { reason } = verdict(&target.node_id, &addr, &found, seen) {
                     let detect = broke.map_or(Duration::ZERO, |t: Instant| t.elapsed());
-                    evict(target.node_id, target.lease, Proof { reason, detect });
+                    evict(
+                        target.node_id.clone(),
+                        target.lease,
+                        Proof { reason, detect },
+                    );
                     return;
                 }
                 let itself =
@@ -262,11 +266,13 @@ mod tests {
             schema: SCHEMA_VERSION,
             members: members
                 .iter()
-                .map(|(id, status)| v1::Member {
-                    node_id: (*id).into(),
-                    status_addr: (*status).into(),
-                    lease: 7,
-                    ..Default::default()
+                .map(|(id, status)| {
+                    v1::Member::from(v1::MemberFields {
+                        node_id: (*id).into(),
+                        status_addr: (*status).into(),
+                        lease: 7,
+                        ..Default::default()
+                    })
                 })
                 .collect(),
             ..Default::default()

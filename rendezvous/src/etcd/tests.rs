@@ -9,14 +9,14 @@ use super::view::{RoundEntry, View};
 use crate::Change;
 
 fn member(id: &str) -> v1::Member {
-    v1::Member {
+    v1::Member::from(v1::MemberFields {
         schema: SCHEMA_VERSION,
         node_id: id.into(),
         addr: "a".into(),
         local_world_size: 2,
         wants_round: 3,
         ..Default::default()
-    }
+    })
 }
 
 fn view_with_round(members: &[&str]) -> View {

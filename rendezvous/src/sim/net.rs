@@ -210,7 +210,7 @@ impl World {
                     if key.starts_with(&members) {
                         if let Ok(m) = fsdp_proto::decode::<v1::Member>(key, value) {
                             let (id, inc, wants) =
-                                (m.node_id, m.incarnation % 1_000_000, m.wants_round);
+                                (m.node_id.clone(), m.incarnation % 1_000_000, m.wants_round);
                             self.note(|| {
                                 format!(
                                     "etcd: {id} registered #..{inc} for round {wants} (lease ..{})",

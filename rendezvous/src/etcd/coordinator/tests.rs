@@ -16,14 +16,14 @@ fn cfg(min: u32, max: u32) -> SealConfig {
 
 /// Registers `id` (joined at revision `rev`) wanting round `wants`.
 fn join(v: &mut View, id: &str, rev: i64, wants: u64) {
-    let record = v1::Member {
+    let record = v1::Member::from(v1::MemberFields {
         schema: SCHEMA_VERSION,
         node_id: id.into(),
         addr: format!("{id}.local"),
         local_world_size: 2,
         wants_round: wants,
         ..Default::default()
-    };
+    });
     v.members.insert(
         id.into(),
         MemberEntry {
@@ -197,14 +197,14 @@ fn a_seal_commits_the_members_own_records_fenced_on_the_round_it_replaces() {
     }
     let r = round_record(p, &v, &o.reason, 1_000);
     // Its own record, less the round it asked for (said nothing once it is in one).
-    let own = v1::Member {
+    let own = v1::Member::from(v1::MemberFields {
         wants_round: 0,
         min_nodes: 0,
         max_nodes: 0,
         max_restarts: None,
         restart_window_s: 0,
-        ..v.members["new"].record.clone()
-    };
+        ..(*v.members["new"].record).clone()
+    });
     assert_eq!(r.members[2], own);
     assert_eq!((r.restart_count, r.reason.as_str()), (1, o.reason.as_str()));
 }

@@ -90,7 +90,7 @@ fn a_flood_is_trimmed_in_bounded_bites_down_to_the_hundred() {
 }
 
 fn member(id: &str, incarnation: u64) -> v1::Member {
-    v1::Member {
+    v1::Member::from(v1::MemberFields {
         schema: SCHEMA_VERSION,
         node_id: id.into(),
         addr: format!("{id}.local"),
@@ -98,7 +98,7 @@ fn member(id: &str, incarnation: u64) -> v1::Member {
         lease: 7,
         incarnation,
         ..Default::default()
-    }
+    })
 }
 
 /// A coordinator's view: round 3 of `round` (node, incarnation), `registered` now.

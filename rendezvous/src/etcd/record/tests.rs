@@ -31,10 +31,10 @@ fn found(key: &str) -> (Place, String) {
 #[test]
 fn every_record_is_found_at_its_own_key() {
     let k = keys();
-    let member = v1::Member {
+    let member = v1::Member::from(v1::MemberFields {
         node_id: "n1".into(),
         ..Default::default()
-    };
+    });
     let fault = v1::Fault {
         round: 3,
         node_id: "n1".into(),
@@ -199,13 +199,13 @@ fn a_halt_is_accepted_only_with_a_code_this_nodes_policy_writes() {
 }
 
 fn member(id: &str, local_world_size: u32) -> v1::Member {
-    v1::Member {
+    v1::Member::from(v1::MemberFields {
         schema: fsdp_proto::SCHEMA_VERSION,
         node_id: id.into(),
         addr: "10.0.0.9".into(),
         local_world_size,
         ..Default::default()
-    }
+    })
 }
 
 #[test]

@@ -2,7 +2,7 @@ use super::*;
 use prost::Message;
 
 fn member(id: &str, incarnation: u64) -> v1::Member {
-    v1::Member {
+    v1::Member::from(v1::MemberFields {
         schema: fsdp_proto::SCHEMA_VERSION,
         node_id: id.into(),
         addr: format!("{id}.local"),
@@ -11,7 +11,7 @@ fn member(id: &str, incarnation: u64) -> v1::Member {
         lease: 7_000 + incarnation as i64,
         incarnation,
         ..Default::default()
-    }
+    })
 }
 
 fn round(number: u64, ids: &[(&str, u64)]) -> v1::Round {

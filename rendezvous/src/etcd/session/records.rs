@@ -119,11 +119,11 @@ pub fn registration(
     // A registration says the node is healthy again: its unhealthy record goes with it.
     let put_member: Vec<Write> = member
         .map(|m| {
-            let record = v1::Member {
+            let record = v1::Member::from(v1::MemberFields {
                 lease,
                 incarnation,
-                ..m.clone()
-            };
+                ..(**m).clone()
+            });
             [
                 put(keys.of(&record), fsdp_proto::encode(&record), lease),
                 Write::Delete(keys.key::<v1::Unhealthy>(&m.node_id)),

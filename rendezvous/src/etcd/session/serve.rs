@@ -128,7 +128,7 @@ impl Machine {
     }
 
     fn member_record(&self, wants_round: u64) -> v1::Member {
-        v1::Member {
+        v1::MemberFields {
             schema: SCHEMA_VERSION,
             node_id: self.cfg.node_id.clone(),
             addr: self.cfg.addr.clone(),
@@ -143,6 +143,7 @@ impl Machine {
             max_restarts: self.cfg.budget.max_restarts,
             restart_window_s: self.cfg.budget.window_s,
         }
+        .into()
     }
 
     /// Sends the op of `s`'s stage.

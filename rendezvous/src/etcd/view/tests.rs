@@ -21,11 +21,11 @@ fn garbage_is_recorded_with_its_key_and_cleared_by_a_good_value() {
     let good = v1::Round {
         schema: fsdp_proto::SCHEMA_VERSION,
         number: 3,
-        members: vec![v1::Member {
+        members: vec![v1::Member::from(v1::MemberFields {
             node_id: "a".into(),
             local_world_size: 1,
             ..Default::default()
-        }],
+        })],
         ..Default::default()
     };
     v.put(
@@ -75,10 +75,12 @@ fn a_round_is_finished_once_every_member_reported_done() {
     let keys = Keys::new("/fsdp", "r").unwrap();
     let mut v = View::default();
     assert!(!v.round_finished());
-    let member = |id: &str| v1::Member {
-        node_id: id.into(),
-        local_world_size: 1,
-        ..Default::default()
+    let member = |id: &str| {
+        v1::Member::from(v1::MemberFields {
+            node_id: id.into(),
+            local_world_size: 1,
+            ..Default::default()
+        })
     };
     let round = v1::Round {
         schema: fsdp_proto::SCHEMA_VERSION,
@@ -137,13 +139,13 @@ fn a_round_is_finished_once_every_member_reported_done() {
 fn deletes_of_members_are_remembered_as_departures() {
     let keys = Keys::new("/fsdp", "r").unwrap();
     let mut v = View::default();
-    let m = v1::Member {
+    let m = v1::Member::from(v1::MemberFields {
         schema: fsdp_proto::SCHEMA_VERSION,
         node_id: "a".into(),
         local_world_size: 1,
         incarnation: 3,
         ..Default::default()
-    };
+    });
     v.put(
         &keys,
         &keys.key::<fsdp_proto::v1::Member>("a"),
@@ -184,12 +186,14 @@ fn deletes_of_members_are_remembered_as_departures() {
 #[test]
 fn members_that_left_while_the_watches_switched_include_those_only_a_round_names() {
     let keys = Keys::new("/fsdp", "r").unwrap();
-    let member = |id: &str, incarnation: u64| v1::Member {
-        schema: fsdp_proto::SCHEMA_VERSION,
-        node_id: id.into(),
-        local_world_size: 1,
-        incarnation,
-        ..Default::default()
+    let member = |id: &str, incarnation: u64| {
+        v1::Member::from(v1::MemberFields {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: id.into(),
+            local_world_size: 1,
+            incarnation,
+            ..Default::default()
+        })
     };
     let round = |members: Vec<v1::Member>| RoundEntry {
         record: std::sync::Arc::new(v1::Round {
@@ -247,11 +251,11 @@ fn foreign_keys_and_mislabelled_members_are_not_trusted() {
     v.put(&keys, "/fsdp/r/other", b"x", 1, 1, 0);
     assert!(v.corruption().is_none(), "refused, not fatal");
     assert!(v.refused["/fsdp/r/other"].contains("unexpected key"));
-    let m = v1::Member {
+    let m = v1::Member::from(v1::MemberFields {
         schema: fsdp_proto::SCHEMA_VERSION,
         node_id: "b".into(),
         ..Default::default()
-    };
+    });
     v.put(
         &keys,
         &keys.key::<fsdp_proto::v1::Member>("a"),
@@ -266,11 +270,13 @@ fn foreign_keys_and_mislabelled_members_are_not_trusted() {
 #[test]
 fn records_that_decode_are_still_checked_and_refused() {
     let keys = Keys::new("/fsdp", "r").unwrap();
-    let member = |n: u32| v1::Member {
-        schema: fsdp_proto::SCHEMA_VERSION,
-        node_id: "a".into(),
-        local_world_size: n,
-        ..Default::default()
+    let member = |n: u32| {
+        v1::Member::from(v1::MemberFields {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: "a".into(),
+            local_world_size: n,
+            ..Default::default()
+        })
     };
     let mut v = View::default();
     v.put(

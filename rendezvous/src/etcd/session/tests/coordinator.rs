@@ -102,7 +102,7 @@ fn a_coordinator_that_is_not_rank_0_or_has_no_port_seals_without_a_master() {
         .unwrap()
         .members
         .into_iter()
-        .map(|m| m.node_id)
+        .map(|m| m.node_id.clone())
         .collect();
     assert_eq!(ranks, ["b", "a"]);
     let master_key = k.key::<v1::Master>("");
@@ -157,10 +157,10 @@ fn a_commit_is_fenced_on_the_round_it_replaces_and_the_coordinators_lease() {
     // The round key gets the difference from round 1 (b went, a came); the roster beside
     // it, in the same transaction, the whole round.
     let d = v1::Round::decode(put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
-    let me = v1::Member {
+    let me = v1::Member::from(v1::MemberFields {
         wants_round: 0,
-        ..me
-    };
+        ..(*me).clone()
+    });
     assert!(d.delta && d.members.is_empty());
     assert_eq!((d.base, d.base_rev, d.number), (1, 9, 2));
     assert_eq!(
@@ -236,20 +236,22 @@ fn withdraw_as_a_member_leaves_the_coordinator_key() {
 fn a_first_round_of_30000_nodes_fits_etcds_default_request_limit() {
     let k = keys();
     let members: Vec<v1::Member> = (0..30_000u64)
-        .map(|i| v1::Member {
-            schema: SCHEMA_VERSION,
-            node_id: format!("trainer-{i:05}.gpu.example.internal-1234567-9f3a2c"),
-            addr: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
-            local_world_size: 8,
-            wants_round: 1,
-            status_addr: format!("10.{}.{}.{}:29401", i / 65536, (i / 256) % 256, i % 256),
-            // Leases as etcd gives them: nothing a packer can guess.
-            lease: (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 1) as i64,
-            incarnation: 1_764_200_000_000_000 + i,
-            min_nodes: 30_000,
-            max_nodes: 30_000,
-            max_restarts: Some(3),
-            restart_window_s: 3600,
+        .map(|i| {
+            v1::Member::from(v1::MemberFields {
+                schema: SCHEMA_VERSION,
+                node_id: format!("trainer-{i:05}.gpu.example.internal-1234567-9f3a2c"),
+                addr: format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256),
+                local_world_size: 8,
+                wants_round: 1,
+                status_addr: format!("10.{}.{}.{}:29401", i / 65536, (i / 256) % 256, i % 256),
+                // Leases as etcd gives them: nothing a packer can guess.
+                lease: (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 1) as i64,
+                incarnation: 1_764_200_000_000_000 + i,
+                min_nodes: 30_000,
+                max_nodes: 30_000,
+                max_restarts: Some(3),
+                restart_window_s: 3600,
+            })
         })
         .collect();
     let r = v1::Round {

@@ -134,7 +134,7 @@ pub(super) fn cut() -> etcd_client::Error {
 }
 
 pub(super) fn member(id: &str, lease: i64, incarnation: u64, wants_round: u64) -> v1::Member {
-    v1::Member {
+    v1::Member::from(v1::MemberFields {
         schema: SCHEMA_VERSION,
         node_id: id.into(),
         addr: format!("{id}.local"),
@@ -144,7 +144,7 @@ pub(super) fn member(id: &str, lease: i64, incarnation: u64, wants_round: u64) -
         lease,
         incarnation,
         ..Default::default()
-    }
+    })
 }
 
 /// Round `number` of `members` (node, incarnation).
