@@ -221,3 +221,20 @@ fn another_round_under_the_held_number_is_a_change_and_the_same_one_written_back
         Some(Change::MemberLost { node: "me".into() })
     );
 }
+
+/// The round an agent runs holds the record's members themselves: building it at every
+/// re-form copies no member (issue 30), and the ranks still come from the record's order.
+#[test]
+fn the_round_an_agent_runs_shares_the_records_members() {
+    let v = view_with_round(&["b", "a", "c"]);
+    let rec = &v.round.as_ref().unwrap().record;
+    let change = Change::NewRound { number: 4 };
+    let round = super::joining::broken_round(rec, "a", change).unwrap();
+    assert_eq!(
+        (round.group_rank, round.base_rank, round.world_size),
+        (1, 2, 6)
+    );
+    for (m, r) in round.members.iter().zip(&rec.members) {
+        assert!(v1::Member::same(&m.record, r), "{} was copied", m.node_id());
+    }
+}

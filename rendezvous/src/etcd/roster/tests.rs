@@ -117,3 +117,19 @@ fn a_delta_that_adds_a_node_twice_or_one_the_round_keeps_does_not_apply() {
     let ids: Vec<&str> = whole.members.iter().map(|m| m.node_id.as_str()).collect();
     assert_eq!(ids, ["a", "b", "c"]);
 }
+
+/// Every agent applies every delta to the round it holds: the round it makes shares the
+/// kept members' records with that round, nothing is copied per member (issue 30).
+#[test]
+fn the_round_a_delta_makes_shares_its_kept_members_with_the_round_it_applied_to() {
+    let base = round(4, &[("b", 1), ("a", 1), ("c", 1), ("d", 1)]);
+    let full = round(5, &[("b", 1), ("a", 1), ("d", 2), ("e", 1)]);
+    let d = delta(&base, 40, &full).unwrap();
+    let next = apply(&base, &d).unwrap();
+    let shared = |i: usize, j: usize| v1::Member::same(&next.members[i], &base.members[j]);
+    assert!(shared(0, 0) && shared(1, 1), "kept members were copied");
+    // The updated and the added are the delta's own.
+    assert!(!shared(2, 3));
+    assert!(v1::Member::same(&next.members[2], &d.updated[0]));
+    assert!(v1::Member::same(&next.members[3], &d.added[0]));
+}
