@@ -571,7 +571,12 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         let mut said = Vec::new();
         for node in lost {
             let how = records.detection(&node, from);
-            tracing::info!(%node, round = from, detection = how.label(), detect = ?how, "how the lost member was noticed");
+            // From the neighbour's stream breaking to the proof, when a neighbour proved it.
+            let detect_ms = match how {
+                fsdp_rendezvous::Detection::Refused { detect } => Some(detect.as_millis() as u64),
+                _ => None,
+            };
+            tracing::info!(%node, round = from, detection = how.label(), detect_ms, "how the lost member was noticed");
             self.report.lost(&node, from, how);
             said.push((node, how.label()));
         }
