@@ -3,11 +3,12 @@
 //! [`etcdserverpb`], the servers of the part of etcd's v3 API that the embedded store of
 //! `--rdzv-backend c10d` answers.
 //!
-//! Domain code never works on these types directly: the rendezvous crate decodes them with
-//! [`decode`], which checks the schema version and names the key in every error, and then
-//! converts them into its own types. It encodes them with [`encode`], which stores a large
-//! record packed (zstd), so that a round of tens of thousands of members stays within
-//! etcd's request limit.
+//! The rendezvous crate reads records only through [`decode`], which checks the schema
+//! version and names the key in every error, and writes them with [`encode`], which stores
+//! a large record packed (zstd), so that a round of tens of thousands of members stays
+//! within etcd's request limit. A member is [`v1::Member`], a shared handle to its
+//! [`v1::MemberFields`]: every agent makes each new round from the one it holds, and a
+//! member kept from one round to the next is not copied.
 
 mod member;
 
