@@ -165,14 +165,17 @@ impl Round {
 impl RoundMember {
     /// A node of a round before [`Round::new`] or [`ranks::rank_members`] gives it ranks.
     pub fn unranked(node_id: String, addr: String, local_world_size: u32) -> Self {
-        Self::from(&fsdp_proto::v1::Member::from(
-            fsdp_proto::v1::MemberFields {
-                node_id,
-                addr,
-                local_world_size,
-                ..Default::default()
-            },
-        ))
+        let fields = fsdp_proto::v1::MemberFields {
+            node_id,
+            addr,
+            local_world_size,
+            ..Default::default()
+        };
+        Self {
+            record: fields.into(),
+            group_rank: 0,
+            base_rank: 0,
+        }
     }
 
     /// The node's id, unique per agent process.
