@@ -243,13 +243,14 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
             } else {
                 MemberState::Missing
             };
+            // The registration's, else the round's own record of the member (which the
+            // ranked member holds: no search of the round per member).
             let status_addr = v
                 .members
                 .get(m.node_id())
-                .map(|e| &e.record)
-                .or_else(|| rd.members.iter().find(|x| x.node_id == m.node_id()))
-                .map(|x| x.status_addr.clone())
-                .unwrap_or_default();
+                .map_or(&m.record, |e| &e.record)
+                .status_addr
+                .clone();
             r.members.push(MemberReport {
                 status_addr,
                 group_rank: Some(m.group_rank),
@@ -468,6 +469,21 @@ mod tests {
             );
         }
         v
+    }
+
+    /// Where status reaches a member: its registration says, and for a member whose
+    /// registration is gone, the round's own record of it.
+    #[test]
+    fn a_members_status_address_is_its_registrations_else_the_rounds() {
+        let mut v = view(&[("a", 2), ("b", 2)], &["a"]);
+        let round = v.round.as_mut().unwrap();
+        let rec = std::sync::Arc::make_mut(&mut round.record);
+        rec.members[0].status_addr = "a.local:1".into();
+        rec.members[1].status_addr = "b.local:1".into();
+        v.members.get_mut("a").unwrap().record.status_addr = "a.local:2".into();
+        let r = report("job", &v);
+        let addrs: Vec<&str> = r.members.iter().map(|m| m.status_addr.as_str()).collect();
+        assert_eq!(addrs, ["a.local:2", "b.local:1"]);
     }
 
     #[test]
