@@ -28,6 +28,7 @@
 
 mod allowed;
 mod declared;
+mod memo;
 
 use std::time::Instant;
 
@@ -105,6 +106,11 @@ pub trait Record: Versioned + Sized {
     /// cannot be trusted: it is then refused and leaves the view as it was.
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String>;
 
+    /// The record stored as `value` at `key`, or why it is not one.
+    fn read(key: &str, value: &[u8]) -> Result<Self, fsdp_proto::RecordError> {
+        decode::<Self>(key, value)
+    }
+
     /// A record of this kind, at revisions `at`, was refused: what the view must still
     /// know of it. Most records: nothing.
     fn refused(_view: &mut View, _at: At) {}
@@ -153,7 +159,7 @@ const DECLARED: &[Declared] = {
 /// Decodes the value at `key` as an `R` and applies it; an undecodable or untrusted value
 /// marks the key corrupt, a good one clears it.
 fn put_as<R: Record>(view: &mut View, key: &str, tail: &str, value: &[u8], at: At) {
-    let record = match decode::<R>(key, value) {
+    let record = match R::read(key, value) {
         Ok(r) => r,
         Err(e) => {
             view.corrupt.insert(key.to_owned(), e.to_string());

@@ -64,6 +64,11 @@ impl Record for v1::Round {
     const MODE: Mode = Mode::Own;
     const WRITING: &'static str = "sealing a round";
 
+    // Every member takes each round: see `memo` for why one process decodes it once.
+    fn read(key: &str, value: &[u8]) -> Result<Self, fsdp_proto::RecordError> {
+        super::memo::round(key, value)
+    }
+
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
         let (whole, distinct) = if self.delta {
             let held = view.round.as_ref();

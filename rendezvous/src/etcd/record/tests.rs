@@ -284,6 +284,39 @@ fn a_round_larger_than_the_run_allows_is_refused_and_the_old_round_stands() {
     assert_eq!(v.round.as_ref().map(|r| r.record.number), Some(1));
 }
 
+/// Nodes simulated in one process (`rdzv-bench`) each take the same round: they hold one
+/// decode of it between them, not a copy each, and each still judges it by its own run.
+#[test]
+fn views_in_one_process_share_the_round_they_take_and_each_still_judges_it() {
+    let k = keys();
+    let key = k.key::<v1::Round>("");
+    let sealed = round(1, vec![member("a", 1), member("b", 1), member("c", 1)]);
+    let bytes = sealed.encode_to_vec();
+    let taken: Vec<View> = (0..2)
+        .map(|_| {
+            let mut v = View::default();
+            put(&mut v, &k, &key, &bytes, At::default());
+            v
+        })
+        .collect();
+    let held = |v: &View| v.round.as_ref().expect("the round is taken").record.clone();
+    let (one, other) = (held(&taken[0]), held(&taken[1]));
+    assert_eq!(*one, sealed);
+    for (x, y) in one.members.iter().zip(&other.members) {
+        assert!(v1::Member::same(x, y), "node {} was copied", x.node_id);
+    }
+    let mut smaller = View {
+        allowed: Allowed {
+            nodes: 1..=2,
+            ..Allowed::default()
+        },
+        ..View::default()
+    };
+    put(&mut smaller, &k, &key, &bytes, At::default());
+    assert!(smaller.round.is_none());
+    assert!(smaller.refused[&key].contains("has 3 nodes, outside 1..=2"));
+}
+
 #[test]
 fn an_unexpected_key_is_refused_and_garbage_is_still_a_clear_error() {
     let k = keys();
