@@ -939,8 +939,9 @@ def report(a, m, r, took, elapsed):
            "torch: `bench/torch_rdzv.py` drives `DynamicRendezvousHandler` on its etcd-v2 backend (what "
            "`torchrun --rdzv-backend etcd-v2` uses) with one thread per node, `min_nodes = max_nodes = N`; it stops "
            f"growing N once a size takes more than {a.torch_rdzv_stop:.0f} s. The etcd floor is what no "
-           "protocol goes below on this etcd and machine: each node only grants a lease, puts one key on it and "
-           "opens a watch (`rdzv-bench --nodes N --ceiling`, one run).", "",
+           "protocol goes below on this etcd and machine: each node only grants a lease, puts one key on it, "
+           "opens a watch and a keep-alive stream and renews once, at most 500 nodes under way at a time "
+           "(`rdzv-bench --nodes N --ceiling`, one run).", "",
            "| N | fsdp-agent s | etcd floor s | etcd writes per node | torch etcd-v2 s | ratio |",
            "|---|---|---|---|---|---|"]
     sizes = sorted(set(R["fsdp-agent"]) | set(R["torch etcd-v2"]), key=int)

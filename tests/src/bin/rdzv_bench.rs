@@ -12,12 +12,17 @@
 //! holding the next round.
 //!
 //! With `--ceiling`, no rendezvous runs: each of the N nodes grants a lease, puts one key
-//! on it and opens a watch, all at once over the same connections, and the line
-//! `nodes=N ceiling_s=<seconds> writes=<2N>` says how fast this etcd on this machine takes
-//! the least a formation must do (a lease, a registration and a watch per node), whatever
-//! the protocol does above it.
+//! on it, opens a watch and a keep-alive stream and renews once, over the same
+//! connections, and the line `nodes=N ceiling_s=<seconds> writes=<2N>` says how fast
+//! this etcd on this machine takes the least a formation must do (a lease kept alive, a
+//! registration and a watch per node), whatever the protocol does above it. At most
+//! `--inflight K` nodes (default 500) are between their first request and their last at
+//! once: with all N at once, etcd's limiter refuses tens of thousands of requests at
+//! 10,000 and the floor measures the refusals. `--ceiling-without watch,keepalive`
+//! leaves those steps out, to see what each costs.
 //!
-//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S] [--ceiling]
+//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
+//! [--ceiling [--inflight K] [--ceiling-without watch,keepalive]]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
 
 use std::sync::atomic::Ordering;
@@ -30,6 +35,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
     let (mut lose, mut ttl, mut ceiling) = (None::<String>, 3u64, false);
+    let (mut inflight, mut without) = (500usize, String::new());
     while let Some(a) = args.next() {
         let mut v = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
@@ -39,6 +45,8 @@ fn main() {
             "--lose" => lose = Some(v()).filter(|h| h == "leave" || h == "kill"),
             "--ttl" => ttl = v().parse().expect("--ttl seconds"),
             "--ceiling" => ceiling = true,
+            "--inflight" => inflight = v().parse().expect("--inflight K"),
+            "--ceiling-without" => without = v(),
             other => {
                 eprintln!(
                     "usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] (unknown {other})"
@@ -78,7 +86,11 @@ fn main() {
             conns.push(connect(&cfg.options).await.expect("connect to etcd"));
         }
         if ceiling {
-            return etcd_ceiling(&conns, nodes, &run_id).await;
+            let steps = CeilingSteps {
+                watch: !without.contains("watch"),
+                keep_alive: !without.contains("keepalive"),
+            };
+            return etcd_ceiling(&conns, nodes, &run_id, inflight.max(1), steps).await;
         }
         let start = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
@@ -132,17 +144,34 @@ fn main() {
     });
 }
 
-/// The least any formation writes, a lease and a key per node, sent all at once: the
-/// floor under `seal_s` that this etcd on this machine sets. Ends by revoking the leases.
-async fn etcd_ceiling(conns: &[etcd_client::Client], nodes: usize, run_id: &str) {
+/// Which of a member's least steps beyond its lease and key the ceiling takes.
+#[derive(Clone, Copy)]
+struct CeilingSteps {
+    watch: bool,
+    keep_alive: bool,
+}
+
+/// The least any formation does, per node: a lease, a key on it, a watch and a keep-alive
+/// stream that has renewed once; the floor under `seal_s` that this etcd on this machine
+/// sets. At most `inflight` nodes are under way at once. Ends by revoking the leases.
+async fn etcd_ceiling(
+    conns: &[etcd_client::Client],
+    nodes: usize,
+    run_id: &str,
+    inflight: usize,
+    steps: CeilingSteps,
+) {
     let start = Instant::now();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(inflight));
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..nodes {
         let c = conns[i % conns.len()].clone();
         let key = format!("/fsdp/{run_id}/ceiling/{i:05}");
         // One prefix that every member watches, as every member watches the run's `ctl/`.
         let ctl = format!("/fsdp/{run_id}/ctl/");
+        let gate = gate.clone();
         tasks.spawn(async move {
+            let _turn = gate.acquire_owned().await.expect("the gate stays open");
             let mut refused = 0u64;
             let lease = until_taken("lease grant", &mut refused, || {
                 let mut c = c.clone();
@@ -157,29 +186,60 @@ async fn etcd_ceiling(conns: &[etcd_client::Client], nodes: usize, run_id: &str)
             })
             .await;
             // And the watch every member holds (nothing is written under it here).
-            let watch = until_taken("watch", &mut refused, || {
-                let (mut c, ctl) = (c.clone(), ctl.clone());
-                let opts = etcd_client::WatchOptions::new().with_prefix();
-                async move { c.watch(ctl, Some(opts)).await }
-            })
-            .await;
-            (lease, refused, watch)
+            let watch = if steps.watch {
+                Some(
+                    until_taken("watch", &mut refused, || {
+                        let (mut c, ctl) = (c.clone(), ctl.clone());
+                        let opts = etcd_client::WatchOptions::new().with_prefix();
+                        async move { c.watch(ctl, Some(opts)).await }
+                    })
+                    .await,
+                )
+            } else {
+                None
+            };
+            // And its lease's keep-alive stream, renewed once and answered (all again if
+            // etcd says it is too busy to answer).
+            let keeper = if steps.keep_alive {
+                Some(
+                    until_taken("keep-alive", &mut refused, || {
+                        let mut c = c.clone();
+                        async move {
+                            let (mut keeper, mut kept) = c.lease_keep_alive(lease).await?;
+                            keeper.keep_alive().await?;
+                            match kept.message().await? {
+                                Some(_) => Ok((keeper, kept)),
+                                None => Err(etcd_client::Error::IoError(std::io::Error::other(
+                                    "the keep-alive stream ended unanswered",
+                                ))),
+                            }
+                        }
+                    })
+                    .await,
+                )
+            } else {
+                None
+            };
+            (lease, refused, (watch, keeper))
         });
     }
-    let (mut leases, mut refused, mut watches) = (Vec::new(), 0, Vec::new());
+    let (mut leases, mut refused, mut streams) = (Vec::new(), 0, Vec::new());
     while let Some(r) = tasks.join_next().await {
-        let (lease, n, watch) = r.expect("ceiling task");
+        let (lease, n, held) = r.expect("ceiling task");
         leases.push(lease);
         refused += n;
-        watches.push(watch);
+        streams.push(held);
     }
     let ceiling_s = start.elapsed().as_secs_f64();
     println!(
-        "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused} bench_cpu_s={:.2}",
+        "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused} inflight={inflight} \
+         watch={} keepalive={} bench_cpu_s={:.2}",
         2 * nodes,
+        steps.watch,
+        steps.keep_alive,
         own_cpu_s()
     );
-    drop(watches);
+    drop(streams);
     let mut tasks = tokio::task::JoinSet::new();
     for (i, lease) in leases.into_iter().enumerate() {
         let mut c = conns[i % conns.len()].clone();
