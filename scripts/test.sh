@@ -10,6 +10,10 @@ source scripts/env.sh
 cargo fmt --all -- --check
 cargo build --workspace --all-targets
 cargo clippy --workspace --all-targets -- -D warnings
+# The code's own docs (the crate tours link private modules and items: they are documented
+# too) have no broken link.
+RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
+    cargo doc --workspace --no-deps --document-private-items
 
 # The wheel and the plain binary that the install tests put into a fresh venv and a
 # minimal root (tests/tests/install.rs, wheel.rs), made by the script that makes the

@@ -93,6 +93,9 @@ pub struct Args {
     )]
     pub rdzv_backend: String,
 
+    // The comment below is the flag's --help text, where `[:port]` must read as written,
+    // not as a link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Rendezvous endpoint host[:port] (etcd: a list).
     ///
     /// etcd: one or more endpoints, comma-separated. c10d: the one host whose agent serves

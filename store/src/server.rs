@@ -1,4 +1,4 @@
-//! The store on a listener: the gRPC services of [`service`] behind the [`auth`] gate,
+//! The store on a listener: the gRPC services of [`service`] behind the [`auth`](crate::auth) gate,
 //! on the bounded accept loop of [`listener`] (with TLS when [`Security::tls`] is set),
 //! and the lease expiry, until [`StoreServer::close`].
 

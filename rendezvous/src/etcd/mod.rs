@@ -3,14 +3,14 @@
 //!
 //! # How a round forms
 //!
-//! 1. Each agent grants a lease (TTL `keep_alive_ttl`) and writes its [`v1::Member`]
+//! 1. Each agent grants a lease (TTL `keep_alive_ttl`) and writes its [`v1::Member`](fsdp_proto::v1::Member)
 //!    record under `members/` with that lease, saying which round it is ready for.
 //! 2. One agent holds `ctl/coordinator` (a lease-bound create-if-absent). It watches the
 //!    registrations and asks [`crate::seal::decide`] whether to seal; when yes it writes
 //!    `ctl/round` in a transaction fenced on the revision of the round it replaces.
 //! 3. The round's group rank 0 picks a free port and writes `ctl/master` (the coordinator,
 //!    when it is rank 0, in the seal's own transaction); every member
-//!    that sees the round and its master returns from [`EtcdRendezvous::next_round`].
+//!    that sees the round and its master returns from [`EtcdRendezvous::next_round`](crate::Rendezvous::next_round).
 //!
 //! Every etcd write of an agent after its lease grant is made by one task, the session
 //! (`session/`), which owns the lease; [`EtcdRendezvous`] asks it for writes through
@@ -88,7 +88,7 @@ pub struct EtcdConfig {
     /// bounded by `max_nodes`).
     pub allowed: Allowed,
     /// The store this agent serves ([`fsdp_store::StoreServer::torchrun_clients`]): a
-    /// torchrun client reaching it ends the rendezvous ([`RendezvousError::TorchrunPeer`]).
+    /// torchrun client reaching it ends the rendezvous ([`RendezvousError::TorchrunPeer`](crate::RendezvousError::TorchrunPeer)).
     pub torchrun_clients: Option<tokio::sync::watch::Receiver<Option<std::net::IpAddr>>>,
     /// The agent's restart budget, told to `fsdp-agent status` in its registration.
     pub budget: Budget,

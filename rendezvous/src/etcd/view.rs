@@ -70,7 +70,7 @@ pub struct View {
     pub done: BTreeMap<u64, BTreeSet<String>>,
     pub coordinator: Option<String>,
     /// The lease the coordinator key lives on (0: none): the coordinator's seal is fenced
-    /// on it ([`super::session::records::commit_round`]).
+    /// on it (`session::records::commit_round`).
     pub coordinator_lease: i64,
     /// Keys holding values that do not decode (garbage, another schema), with the
     /// reason: the rendezvous stops with a clear error naming the key.
