@@ -46,7 +46,19 @@ fn main() {
             "--ttl" => ttl = v().parse().expect("--ttl seconds"),
             "--ceiling" => ceiling = true,
             "--inflight" => inflight = v().parse().expect("--inflight K"),
-            "--ceiling-without" => without = v(),
+            "--ceiling-without" => {
+                without = v();
+                if let Some(bad) = without
+                    .split(',')
+                    .find(|s| !["watch", "keepalive"].contains(s))
+                {
+                    eprintln!(
+                        "rdzv-bench: --ceiling-without takes watch, keepalive or both \
+                         (comma-separated), not '{bad}'"
+                    );
+                    std::process::exit(64);
+                }
+            }
             other => {
                 eprintln!(
                     "usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] (unknown {other})"
@@ -87,8 +99,8 @@ fn main() {
         }
         if ceiling {
             let steps = CeilingSteps {
-                watch: !without.contains("watch"),
-                keep_alive: !without.contains("keepalive"),
+                watch: !without.split(',').any(|s| s == "watch"),
+                keep_alive: !without.split(',').any(|s| s == "keepalive"),
             };
             return etcd_ceiling(&conns, nodes, &run_id, inflight.max(1), steps).await;
         }
