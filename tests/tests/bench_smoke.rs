@@ -9,7 +9,10 @@ use fsdp_tests::{agent_bin, python};
 fn launch_benchmark_prints_its_summary_line() {
     let bench = agent_bin().with_file_name("bench-launch");
     let torchrun = python().with_file_name("torchrun");
+    // The launchers' default log directories (ours and torchrun's) go here, not into /tmp.
+    let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(&bench)
+        .env("TMPDIR", tmp.path())
         .args(["--runs", "1", "--agent"])
         .arg(agent_bin())
         .arg("--torchrun")
@@ -120,7 +123,11 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
         bin("fsdp-trainer").exists(),
         "build the trainer first (cargo build --workspace)"
     );
+    // What the benchmarks' launchers leave in the temporary directory goes with `out`.
+    let tmp = out.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
     let run = Command::new(python())
+        .env("TMPDIR", &tmp)
         .arg(fsdp_tests::workspace_file("bench/suite.py"))
         .args(["--tiny", "--out"])
         .arg(out.path())
