@@ -94,6 +94,16 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// The `TMPDIR` for the processes a test starts: `dir/tmp`, created. What a launcher
+/// keeps there when given no log directory (ours `fsdp-agent-*`, torchrun's
+/// `torchelastic_*`), and what a killed one cannot remove, goes with the test's own
+/// directory instead of staying in /tmp.
+pub fn tmpdir_in(dir: &Path) -> PathBuf {
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("a TMPDIR in the test's directory");
+    tmp
+}
+
 /// A file in the workspace, e.g. `tests/py/raise_with_record.py` or `examples/allreduce.py`.
 pub fn workspace_file(rel: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
@@ -155,13 +165,9 @@ impl AgentCmd {
         cmd.env("RUST_LOG", "info")
             .env("FSDP_STATUS_ADDR", "127.0.0.1:0")
             .stdin(Stdio::null());
-        // What an agent keeps under the temporary directory when given no --log-dir (its
-        // logs, its progress files, as torchrun keeps /tmp/torchelastic_*) goes where the
-        // test's own directory is removed with it: each run of the suite left dozens of
-        // /tmp/fsdp-agent-* behind. A test that means another TMPDIR sets it after.
-        let tmp = dir.join("tmp");
-        std::fs::create_dir_all(&tmp).expect("the agent's TMPDIR");
-        cmd.env("TMPDIR", tmp);
+        // Each run of the suite left dozens of /tmp/fsdp-agent-* behind (its logs, its
+        // progress files). A test that means another TMPDIR sets it after.
+        cmd.env("TMPDIR", tmpdir_in(dir));
         Self {
             cmd,
             dir: dir.to_path_buf(),

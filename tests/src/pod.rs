@@ -31,8 +31,6 @@ impl Pod {
     ) -> Self {
         let out = dir.join(format!("{name}.{}.stdout", unique()));
         let err = out.with_extension("stderr");
-        let tmp = dir.join("tmp");
-        std::fs::create_dir_all(&tmp).expect("the pod's TMPDIR");
         let mut cmd = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -56,10 +54,8 @@ impl Pod {
         .env("RUST_LOG", "info")
         .env("FSDP_STATUS_ADDR", "127.0.0.1:0")
         .env("GLOO_SOCKET_IFNAME", "lo")
-        // A killed pod cannot remove what it keeps under the temporary directory (its
-        // logs when given no --log-dir): it goes into the test's directory, removed with
-        // it, not /tmp (a direct run of the detection tests left 31 directories there).
-        .env("TMPDIR", &tmp)
+        // A direct run of the detection tests left 31 killed pods' directories in /tmp.
+        .env("TMPDIR", crate::tmpdir_in(dir))
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).expect("pod stdout"))
         .stderr(std::fs::File::create(&err).expect("pod stderr"));

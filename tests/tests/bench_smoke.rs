@@ -9,10 +9,9 @@ use fsdp_tests::{agent_bin, python};
 fn launch_benchmark_prints_its_summary_line() {
     let bench = agent_bin().with_file_name("bench-launch");
     let torchrun = python().with_file_name("torchrun");
-    // The launchers' default log directories (ours and torchrun's) go here, not into /tmp.
     let tmp = tempfile::tempdir().unwrap();
     let out = Command::new(&bench)
-        .env("TMPDIR", tmp.path())
+        .env("TMPDIR", fsdp_tests::tmpdir_in(tmp.path()))
         .args(["--runs", "1", "--agent"])
         .arg(agent_bin())
         .arg("--torchrun")
@@ -123,11 +122,8 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
         bin("fsdp-trainer").exists(),
         "build the trainer first (cargo build --workspace)"
     );
-    // What the benchmarks' launchers leave in the temporary directory goes with `out`.
-    let tmp = out.path().join("tmp");
-    std::fs::create_dir(&tmp).unwrap();
     let run = Command::new(python())
-        .env("TMPDIR", &tmp)
+        .env("TMPDIR", fsdp_tests::tmpdir_in(out.path()))
         .arg(fsdp_tests::workspace_file("bench/suite.py"))
         .args(["--tiny", "--out"])
         .arg(out.path())

@@ -35,7 +35,11 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
     let (mut lose, mut ttl, mut ceiling) = (None::<String>, 3u64, false);
-    let (mut inflight, mut without) = (500usize, String::new());
+    let mut inflight = 500usize;
+    let mut steps = CeilingSteps {
+        watch: true,
+        keep_alive: true,
+    };
     while let Some(a) = args.next() {
         let mut v = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
         match a.as_str() {
@@ -47,16 +51,18 @@ fn main() {
             "--ceiling" => ceiling = true,
             "--inflight" => inflight = v().parse().expect("--inflight K"),
             "--ceiling-without" => {
-                without = v();
-                if let Some(bad) = without
-                    .split(',')
-                    .find(|s| !["watch", "keepalive"].contains(s))
-                {
-                    eprintln!(
-                        "rdzv-bench: --ceiling-without takes watch, keepalive or both \
-                         (comma-separated), not '{bad}'"
-                    );
-                    std::process::exit(64);
+                for step in v().split(',') {
+                    match step {
+                        "watch" => steps.watch = false,
+                        "keepalive" => steps.keep_alive = false,
+                        bad => {
+                            eprintln!(
+                                "rdzv-bench: --ceiling-without takes watch, keepalive or both \
+                                 (comma-separated), not '{bad}'"
+                            );
+                            std::process::exit(64);
+                        }
+                    }
                 }
             }
             other => {
@@ -98,10 +104,6 @@ fn main() {
             conns.push(connect(&cfg.options).await.expect("connect to etcd"));
         }
         if ceiling {
-            let steps = CeilingSteps {
-                watch: !without.split(',').any(|s| s == "watch"),
-                keep_alive: !without.split(',').any(|s| s == "keepalive"),
-            };
             return etcd_ceiling(&conns, nodes, &run_id, inflight.max(1), steps).await;
         }
         let start = Instant::now();
