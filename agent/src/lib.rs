@@ -25,6 +25,8 @@
 //! to the thread that forked the worker, and the main thread lives exactly as long as the
 //! agent.
 
+#[macro_use]
+mod console;
 pub mod cli;
 pub mod config;
 pub mod devices;
@@ -71,12 +73,12 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(Err(e)) => {
-            eprintln!("fsdp-agent: error: {e}");
+            say_err!("fsdp-agent: error: {e}");
             return ExitCode::from(exit_code::CONFIG);
         }
     };
     if config.print_config {
-        print!("{}", config.render());
+        console::out(&config.render());
         return ExitCode::SUCCESS;
     }
     if let Some(dir) = config
@@ -86,7 +88,7 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
         .filter(|d| *d != std::path::Path::new("/dev/null"))
     {
         if let Err(e) = std::fs::create_dir_all(dir) {
-            eprintln!(
+            say_err!(
                 "fsdp-agent: error: --log-dir {} cannot be created: {e}",
                 dir.display()
             );
@@ -111,7 +113,7 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
             if config.log_format == config::LogFormat::Json {
                 tracing::error!("{text}");
             }
-            eprintln!("fsdp-agent: error: {text}");
+            say_err!("fsdp-agent: error: {text}");
             ExitCode::from(e.exit_code())
         }
     }
@@ -129,7 +131,7 @@ fn help(topic: cli::first_word::HelpTopic) -> ExitCode {
             );
         }
         HelpTopic::Unknown(topic) => {
-            eprintln!(
+            say_err!(
                 "fsdp-agent: error: no help on '{topic}': try fsdp-agent help, fsdp-agent help all or fsdp-agent help status"
             );
             return ExitCode::from(exit_code::CONFIG);
@@ -140,8 +142,7 @@ fn help(topic: cli::first_word::HelpTopic) -> ExitCode {
 
 /// Help text to stdout; a reader that stops early (`| head`) is no error.
 fn print_text(text: &str) {
-    use std::io::Write;
-    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    console::out(text);
 }
 
 async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
@@ -227,6 +228,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             node_rank,
             master_addr,
             master_port,
+            join_timeout,
         } => {
             let mut rdzv = StaticRendezvous::new(StaticConfig {
                 run_id: cfg.run_id.clone(),
@@ -235,6 +237,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 local_world_size: cfg.nproc_per_node,
                 master_addr: master_addr.clone(),
                 master_port: *master_port,
+                join_timeout: *join_timeout,
             })?;
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
@@ -353,7 +356,10 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Its default prints a failed write with `eprintln!`, which panics on a closed
+        // stderr (`| head`): see `console`.
+        .log_internal_errors(false);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder

@@ -14,7 +14,7 @@ pub(crate) fn build(who: &str) -> Result<tokio::runtime::Runtime, ExitCode> {
         .enable_all()
         .build()
         .map_err(|e| {
-            eprintln!("{who}: error: cannot start the async runtime: {e}");
+            say_err!("{who}: error: cannot start the async runtime: {e}");
             ExitCode::from(exit_code::INTERNAL)
         })
 }

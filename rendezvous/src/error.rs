@@ -62,12 +62,10 @@ pub enum RendezvousError {
     /// the fix.
     #[error("{0}")]
     TorchrunPeer(String),
-    /// No round could be formed in time.
-    #[error("no round formed within join_timeout ({timeout:?}): {state}")]
-    Timeout {
-        timeout: std::time::Duration,
-        state: String,
-    },
+    /// No round could be formed in time: what the node waited for, and the fix
+    /// ([`crate::etcd::waiting`]).
+    #[error("{0}")]
+    Timeout(String),
 }
 
 /// How the connection failed, as the error says it.

@@ -30,6 +30,12 @@ pub trait Group {
     /// The group of the next round; called once per round.
     fn layout(&self) -> Result<Layout, RendezvousError>;
 
+    /// Waits, before the first round, until the group's other nodes are there; a group
+    /// that cannot tell is there at once.
+    async fn gather(&self) -> Result<(), RendezvousError> {
+        Ok(())
+    }
+
     /// Resolves when the group can never form (another node runs another launcher);
     /// `since` is when the rendezvous began. A group that cannot tell waits forever.
     async fn watch(&self, since: std::time::Instant) -> RendezvousError {
@@ -80,6 +86,10 @@ impl<G: Group> Rendezvous for Fixed<G> {
     }
 
     async fn next_round(&mut self) -> Result<Round, RendezvousError> {
+        if self.rounds == 0 {
+            // Restarts are local, as in torchrun: only the first start waits.
+            self.group.gather().await?;
+        }
         let l = self.group.layout()?;
         let reason = if self.rounds == 0 {
             "first round"

@@ -38,6 +38,7 @@ pub mod seal;
 #[doc(hidden)]
 pub mod sim;
 pub mod standalone;
+pub mod static_gate;
 pub mod static_group;
 #[doc(hidden)]
 pub mod switches;
@@ -366,7 +367,8 @@ pub enum LeftKind {
     Quarantined,
     /// The run ended for every node.
     Halted,
-    /// The restart budget was spent, or the exit barrier ran out.
+    /// The restart budget was spent, the exit barrier ran out, or no round formed
+    /// within the join timeout.
     Failed,
     /// It could not renew its lease and stopped its own workers.
     Fenced,

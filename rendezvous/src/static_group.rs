@@ -20,6 +20,8 @@ pub struct StaticConfig {
     pub local_world_size: u32,
     pub master_addr: String,
     pub master_port: u16,
+    /// How long the first round waits for every node ([`crate::static_gate`]).
+    pub join_timeout: std::time::Duration,
 }
 
 /// A rendezvous whose every round is the configured group.
@@ -67,6 +69,14 @@ impl Group for StaticConfig {
         })
     }
 
+    /// Every node of `--nnodes` is there before any worker starts ([`crate::static_gate`]).
+    async fn gather(&self) -> Result<(), RendezvousError> {
+        if self.nnodes < 2 {
+            return Ok(());
+        }
+        crate::static_gate::gather(self).await
+    }
+
     /// Looks at the master's store for a torchrun agent until it finds one: with torchrun
     /// on the master node its agent hosts the store, on another node its agent joins the
     /// store our master's rank 0 hosts; either way its keys show there once both sides
@@ -97,7 +107,6 @@ impl Group for StaticConfig {
 mod tests {
     use super::*;
     use crate::Rendezvous;
-    use crate::fixed::block_on;
 
     fn config(node_rank: u32) -> StaticConfig {
         StaticConfig {
@@ -107,6 +116,7 @@ mod tests {
             local_world_size: 2,
             master_addr: "10.0.0.1".into(),
             master_port: 29500,
+            join_timeout: std::time::Duration::from_secs(600),
         }
     }
 
@@ -117,14 +127,47 @@ mod tests {
         assert!(err.contains("0..2"), "{err}");
     }
 
-    #[test]
-    fn every_node_derives_its_block_of_ranks() {
-        let mut rdzv = StaticRendezvous::new(config(2)).unwrap();
-        let round = block_on(rdzv.next_round()).unwrap();
-        assert_eq!(round.group_rank, 2);
-        assert_eq!(round.base_rank, 4);
-        assert_eq!(round.world_size, 6);
-        assert_eq!(round.master_addr, "10.0.0.1");
-        assert_eq!(round.master_port, 29500);
+    /// The three nodes of a group meet at node 0's gate on a real port (none starts
+    /// before all are there), then each derives its block of ranks.
+    #[tokio::test]
+    async fn every_node_waits_for_the_others_then_derives_its_block_of_ranks() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let node = |rank: u32| {
+            StaticRendezvous::new(StaticConfig {
+                master_addr: "127.0.0.1".into(),
+                master_port: port,
+                ..config(rank)
+            })
+            .unwrap()
+        };
+        let (mut n0, mut n1, mut n2) = (node(0), node(1), node(2));
+        // Two of three: neither gets a round.
+        let two = async { tokio::join!(n0.next_round(), n2.next_round()) };
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(1500), two)
+                .await
+                .is_err(),
+            "a round before node 1 came"
+        );
+        let (r0, r1, r2) = tokio::join!(n0.next_round(), n1.next_round(), n2.next_round());
+        let (r0, r2) = (r0.unwrap(), r2.unwrap());
+        assert_eq!(r1.unwrap().base_rank, 2);
+        assert_eq!(r0.group_rank, 0);
+        assert_eq!(r2.group_rank, 2);
+        assert_eq!(r2.base_rank, 4);
+        assert_eq!(r2.world_size, 6);
+        assert_eq!(
+            (r2.master_addr.as_str(), r2.master_port),
+            ("127.0.0.1", port)
+        );
+        // The gate let go of the port: the workers' store can bind it.
+        std::net::TcpListener::bind(("0.0.0.0", port)).expect("the master port is free");
+        // A restart is local: no waiting.
+        let again = tokio::time::timeout(std::time::Duration::from_secs(1), n2.next_round()).await;
+        assert_eq!(again.unwrap().unwrap().number, 1);
     }
 }

@@ -1166,3 +1166,49 @@ fn under_srun_pet_variables_win_over_slurm_and_print_config_names_the_source() {
     assert_eq!(a.code(), 64, "{}", a.output());
     assert!(a.stderr().contains("--ntasks-per-node=1"), "{}", a.output());
 }
+
+/// `fsdp-agent ... 2>&1 | head -1`: the reader goes after one line. The agent once
+/// panicked on its next log line ("failed printing to stderr: Broken pipe", exit 101) and
+/// left its workers unsupervised; now it drops what it cannot print and its workers run to
+/// their end.
+#[test]
+fn a_console_closed_after_one_line_neither_panics_nor_stops_the_job() {
+    let dir = TempDir::new().unwrap();
+    let done = dir.path().join("done");
+    let code = dir.path().join("code");
+    // Each worker writes many lines, pauses past the reader's exit, then writes more
+    // (now into the closed pipe) and leaves a mark.
+    let worker = format!(
+        "for i in $(seq 50); do echo line $i; echo err $i >&2; done; sleep 1; \
+         for i in $(seq 50); do echo late $i; echo late $i >&2; done; touch {}.$LOCAL_RANK",
+        done.display()
+    );
+    let script = format!(
+        "{agent} --standalone --nproc-per-node 2 --max-restarts 0 --no-python sh -c '{worker}' 2>&1 | head -1; \
+         echo ${{PIPESTATUS[0]}} > {code}",
+        agent = fsdp_tests::agent_bin().display(),
+        code = code.display()
+    );
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .env("RUST_LOG", "info")
+        .env("FSDP_STATUS_ADDR", "127.0.0.1:0")
+        .env("TMPDIR", fsdp_tests::tmpdir_in(dir.path()))
+        .output()
+        .expect("bash");
+    let code = std::fs::read_to_string(&code).unwrap_or_default();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        code.trim(),
+        "0",
+        "the agent's exit code; head printed: {shown}"
+    );
+    assert!(!shown.contains("panicked"), "{shown}");
+    for rank in 0..2 {
+        assert!(
+            dir.path().join(format!("done.{rank}")).exists(),
+            "worker {rank} did not run to its end"
+        );
+    }
+}

@@ -39,8 +39,18 @@ impl Resolver<'_> {
         )?;
         let prefixed = chosen.is_some();
         let prefix_template = chosen.unwrap_or_else(|| DEFAULT_PREFIX_TEMPLATE.to_owned());
-        if let Some(dir) = &a.log_dir {
-            self.record_flag("log-dir", dir.display());
+        match &a.log_dir {
+            Some(dir) => self.record_flag("log-dir", dir.display()),
+            // Where the logs go is what a person looks for first when a worker fails.
+            None => {
+                let tmp = (self.env)("TMPDIR").filter(|t| !t.is_empty());
+                let tmp = tmp.as_deref().unwrap_or("/tmp").trim_end_matches('/');
+                self.record(
+                    "log-dir",
+                    format!("{tmp}/fsdp-agent-XXXXXXXX (a new directory each start)"),
+                    super::Source::Default,
+                );
+            }
         }
         Ok(LogConfig {
             dir: a.log_dir.clone(),

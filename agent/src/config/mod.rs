@@ -70,6 +70,8 @@ pub enum Mode {
         node_rank: u32,
         master_addr: String,
         master_port: u16,
+        /// How long the first round waits for every node (`--rdzv-conf join_timeout`).
+        join_timeout: Duration,
     },
 }
 
@@ -241,6 +243,10 @@ pub fn resolve(
         }
     };
     let agent_dir = argv0_dir(argv0.as_deref(), env);
+    let typed = argv
+        .iter()
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
     let mut args = Args::from_arg_matches(&matches)
         .map_err(|e| Err(ConfigError::CommandLine(clap_message(&e))))?;
     args.script_args = script_args;
@@ -252,6 +258,7 @@ pub fn resolve(
         settings: Vec::new(),
         warnings: Vec::new(),
         filled: Vec::new(),
+        typed,
     }
     .resolve(args)
     .map_err(Err)
@@ -376,7 +383,10 @@ impl Resolver<'_> {
         }
         let node_rank = self.value("node-rank", &a.node_rank, whole_number)?;
         let master_port = match &a.master_port {
-            Some(p) => Some(self.value("master-port", p, parse::port)?),
+            // Recorded with the mode, which decides what the workers really get.
+            Some(p) => {
+                Some(parse::port(p).map_err(|reason| self.invalid("master-port", p, reason))?)
+            }
             None => None,
         };
         let term_timeout = self.term_timeout(&a)?;

@@ -18,6 +18,19 @@ pub(super) struct GroupArgs {
     pub(super) nproc_per_node: u32,
 }
 
+/// How long a static group's first round waits for its nodes without `join_timeout`
+/// (torchrun's static rendezvous: 600 s).
+const STATIC_JOIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Whether `host` names this machine's loopback (which no other node can reach).
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The run id of a c10d job started without `--rdzv-id` (torchrun's default id).
 const C10D_RUN_ID: &str = "none";
 
@@ -46,16 +59,61 @@ impl Resolver<'_> {
     ) -> Result<Mode, ConfigError> {
         self.record_flag("rdzv-backend", &a.rdzv_backend);
         self.record_flag("rdzv-endpoint", &a.rdzv_endpoint);
-        self.record_flag("master-addr", &a.master_addr);
         let mode = if standalone {
             self.standalone_mode()
         } else {
             self.backend_mode(a, g, rdzv_conf)?
         };
+        self.record_master(&mode, a, g);
         self.check_rdzv_conf(rdzv_conf, &mode)?;
         let (desc, source) = self.describe_mode(&mode, standalone, g);
         self.record("rendezvous", desc, source);
         Ok(mode)
+    }
+
+    /// `MASTER_ADDR` and `MASTER_PORT` as the workers get them, with where each comes
+    /// from: `--print-config` showed `master-addr 127.0.0.1 (default)` to a standalone job
+    /// whose workers got `localhost`, and no port at all.
+    fn record_master(&mut self, mode: &Mode, a: &Args, g: GroupArgs) {
+        let endpoint = !a.rdzv_endpoint.trim().is_empty();
+        match mode {
+            Mode::Standalone { master_addr } => {
+                let why = Source::Derived("one node: its workers meet on this machine".into());
+                self.record("master-addr", master_addr, why.clone());
+                self.record("master-port", "a free port, chosen each round", why);
+            }
+            Mode::Static {
+                master_addr,
+                master_port,
+                ..
+            } => {
+                let from_endpoint = Source::Derived("--rdzv-endpoint".into());
+                let addr_source = match endpoint {
+                    true => from_endpoint.clone(),
+                    false => self.source("master-addr"),
+                };
+                let port_source = match (g.master_port.is_some(), endpoint) {
+                    (true, _) => self.source("master-port"),
+                    (false, true) => from_endpoint,
+                    (false, false) => Source::Default,
+                };
+                self.record("master-addr", master_addr, addr_source);
+                self.record("master-port", master_port, port_source);
+            }
+            Mode::Etcd(_) => {
+                let why = Source::Derived("the rendezvous: group rank 0's node".into());
+                self.record(
+                    "master-addr",
+                    "group rank 0's --local-addr, each round",
+                    why.clone(),
+                );
+                self.record(
+                    "master-port",
+                    "a free port on group rank 0's node, each round",
+                    why,
+                );
+            }
+        }
     }
 
     /// `--standalone`: one node whatever the rendezvous flags say, which are reported.
@@ -81,7 +139,7 @@ impl Resolver<'_> {
         rdzv_conf: &BTreeMap<String, String>,
     ) -> Result<Mode, ConfigError> {
         match a.rdzv_backend.trim().to_ascii_lowercase().as_str() {
-            "static" => self.static_mode(a, g),
+            "static" => self.static_mode(a, g, rdzv_conf),
             "c10d" if g.max_nodes == 1 => {
                 self.warn(
                     "--rdzv-backend c10d with one node runs as --standalone (the c10d store protocol is torchrun's own)",
@@ -98,7 +156,12 @@ impl Resolver<'_> {
         }
     }
 
-    fn static_mode(&mut self, a: &Args, g: GroupArgs) -> Result<Mode, ConfigError> {
+    fn static_mode(
+        &mut self,
+        a: &Args,
+        g: GroupArgs,
+        rdzv_conf: &BTreeMap<String, String>,
+    ) -> Result<Mode, ConfigError> {
         let GroupArgs {
             min_nodes,
             max_nodes,
@@ -151,11 +214,24 @@ impl Resolver<'_> {
                 ),
             ));
         }
+        let join_timeout = match rdzv_conf.get("join_timeout") {
+            Some(raw) => parse::duration(raw)
+                .map_err(|reason| self.invalid("rdzv-conf join_timeout", raw, reason))?,
+            None => STATIC_JOIN_TIMEOUT,
+        };
+        if max_nodes > 1 && is_loopback(&master_addr) {
+            // The other nodes would knock at their own loopback: node 0 waits for them
+            // until its join timeout, they for a node 0 that is not on their machine.
+            self.warn(format!(
+                "--master-addr {master_addr} is this machine's loopback, but --nnodes {max_nodes} needs the other nodes to reach node rank 0 there; give node rank 0's host name or address (fine only when every node runs on this machine)"
+            ));
+        }
         Ok(Mode::Static {
             nnodes: max_nodes,
             node_rank,
             master_addr,
             master_port: port,
+            join_timeout,
         })
     }
 
@@ -244,11 +320,12 @@ impl Resolver<'_> {
                 node_rank,
                 master_addr,
                 master_port,
+                join_timeout,
             } => (
                 format!(
                     // Static nodes share no records, so none can learn that the others
                     // finished: said here, where a torchrun user would expect 300 s.
-                    "static nnodes={nnodes} node_rank={node_rank} master={master_addr}:{master_port} exit_barrier=none"
+                    "static nnodes={nnodes} node_rank={node_rank} master={master_addr}:{master_port} join_timeout={join_timeout:?} exit_barrier=none"
                 ),
                 Source::Derived(
                     "--rdzv-backend static with --nnodes, --node-rank, --master-addr/port".into(),
@@ -267,7 +344,9 @@ impl Resolver<'_> {
         let (read, backend): (fn(&rdzv_keys::Key) -> bool, &str) = match mode {
             Mode::Etcd(m) if m.store.is_some() => (|k| k.c10d, "the c10d rendezvous"),
             Mode::Etcd(_) => (|k| k.etcd, "the etcd rendezvous"),
-            _ => (|_| false, "a single-node or static rendezvous"),
+            // The static group's first round waits for its nodes (`crate::static_gate`).
+            Mode::Static { .. } => (|k| k.name == "join_timeout", "a static rendezvous"),
+            _ => (|_| false, "a single-node rendezvous"),
         };
         let mut unused = Vec::new();
         for key in conf.keys() {

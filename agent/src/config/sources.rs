@@ -21,6 +21,9 @@ pub(super) struct Resolver<'a> {
     /// Flags the user did not give that took their value from Slurm (`super::slurm`),
     /// with where from: for every purpose they count as given.
     pub(super) filled: Vec<(&'static str, Source)>,
+    /// The agent's own words as given (abbreviations written out), for the spelling of
+    /// each flag ([`Resolver::spelled`]).
+    pub(super) typed: Vec<String>,
 }
 
 /// The clap id of the flag `--name`: the field name, dashes written as underscores.
@@ -37,7 +40,9 @@ impl Resolver<'_> {
         match self.matches.value_source(&id) {
             Some(ValueSource::CommandLine) => Source::Flag(format!(
                 "--{}",
-                arg.and_then(|a| a.get_long()).unwrap_or(&id)
+                arg.and_then(|a| self.spelled(a))
+                    .or_else(|| arg.and_then(|a| a.get_long()))
+                    .unwrap_or(&id)
             )),
             Some(ValueSource::EnvVariable) => Source::Env(
                 arg.and_then(|a| a.get_env())
@@ -50,6 +55,22 @@ impl Resolver<'_> {
                 .find(|(flag, _)| *flag == name)
                 .map_or(Source::Default, |(_, source)| source.clone()),
         }
+    }
+
+    /// How the command line spelled `arg` (its name or one of its aliases, the last one
+    /// given): `--shutdown-timeout 5` was reported as `flag --term-timeout`, a flag the
+    /// user never typed.
+    fn spelled<'c>(&self, arg: &'c clap::Arg) -> Option<&'c str> {
+        let names: Vec<&'c str> = arg
+            .get_long()
+            .into_iter()
+            .chain(arg.get_all_aliases().unwrap_or_default())
+            .collect();
+        self.typed.iter().rev().find_map(|word| {
+            let flag = word.strip_prefix("--")?;
+            let flag = flag.split_once('=').map_or(flag, |(f, _)| f);
+            names.iter().copied().find(|n| *n == flag)
+        })
     }
 
     /// Whether the flag `--name` was given, on the command line or by its variable.

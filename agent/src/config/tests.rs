@@ -90,9 +90,13 @@ fn defaults_are_recorded_as_defaults() {
 fn a_flag_is_recorded_under_its_dashed_name_whatever_the_spelling() {
     let c = config(&["--max_restarts", "2", "--shutdown_timeout", "5"], &[]);
     assert_eq!(c.max_restarts, 2);
-    assert_eq!(setting(&c, "max-restarts"), ("2", &flag("--max-restarts")));
+    // The name is the dashed one; the source is the flag as it was typed.
+    assert_eq!(setting(&c, "max-restarts"), ("2", &flag("--max_restarts")));
     assert_eq!(c.term_timeout, Duration::from_secs(5));
-    assert_eq!(setting(&c, "term-timeout"), ("5", &flag("--term-timeout")));
+    assert_eq!(
+        setting(&c, "term-timeout"),
+        ("5", &flag("--shutdown_timeout"))
+    );
 }
 
 #[test]
@@ -267,6 +271,7 @@ fn static_groups_from_master_port_or_endpoint() {
         node_rank,
         master_addr,
         master_port,
+        ..
     } = &c.mode
     else {
         panic!("{:?}", c.mode);
@@ -279,7 +284,7 @@ fn static_groups_from_master_port_or_endpoint() {
     assert_eq!(c.run_id, "none");
     assert_eq!(
         setting(&c, "rendezvous").0,
-        "static nnodes=1 node_rank=0 master=127.0.0.1:1234 exit_barrier=none"
+        "static nnodes=1 node_rank=0 master=127.0.0.1:1234 join_timeout=600s exit_barrier=none"
     );
 
     let master = |args: &[&str]| match config(args, &[]).mode {
@@ -620,7 +625,28 @@ fn rdzv_conf_keys_without_effect_are_warned_about() {
     let c = config(&["--rdzv-conf", "is_host=1,join_timeout=5"], &[]);
     assert_eq!(
         c.warnings,
-        ["--rdzv-conf is_host,join_timeout has no effect with a single-node or static rendezvous"]
+        ["--rdzv-conf is_host,join_timeout has no effect with a single-node rendezvous"]
+    );
+    // A static group's first round waits for its nodes, up to join_timeout.
+    let c = config(
+        &[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "n0",
+            "--rdzv-conf",
+            "is_host=1,join_timeout=5",
+        ],
+        &[],
+    );
+    assert_eq!(
+        c.warnings,
+        ["--rdzv-conf is_host has no effect with a static rendezvous"]
+    );
+    assert!(
+        matches!(c.mode, Mode::Static { join_timeout, .. } if join_timeout == Duration::from_secs(5))
     );
     let c = config(
         &with(
@@ -721,7 +747,8 @@ fn log_settings_default_to_the_console_with_torchruns_prefix() {
     assert_eq!((l.redirects.clone(), l.tee.clone()), Default::default());
     assert_eq!(l.prefix_template, "[${role_name}${local_rank}]:");
     assert!(!recorded(&c, "log-line-prefix-template"));
-    assert!(!recorded(&c, "log-dir"));
+    // Shown all the same: where the logs go is what a person looks for first.
+    assert_eq!(setting(&c, "log-dir").1, &Source::Default);
     assert_eq!(l.dir, None);
     assert_eq!(l.console_ranks, None);
     assert!(l.stdout_filters.is_empty() && l.stderr_filters.is_empty());
@@ -900,6 +927,24 @@ fn a_standalone_job_keeps_its_status_port_private_unless_told() {
         listen(config(&["--nnodes", "2", "--node-rank", "0"], &[])),
         ("0.0.0.0:29450".into(), false)
     );
+    // One node on etcd is a one-replica PyTorchJob, whose probes aim at the known port:
+    // the default the README gives every job with a rendezvous backend.
+    assert_eq!(
+        listen(config(
+            &[
+                "--nnodes",
+                "1",
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-endpoint",
+                "e:2379",
+                "--rdzv-id",
+                "j"
+            ],
+            &[]
+        )),
+        ("0.0.0.0:29450".into(), false)
+    );
     assert_eq!(
         listen(config(
             &["--standalone", "--status-addr", "0.0.0.0:29450"],
@@ -983,4 +1028,119 @@ fn under_srun_two_agents_on_a_node_is_an_error_naming_the_fix() {
     step.push(("SLURM_STEP_TASKS_PER_NODE", "2(x3)"));
     let e = error(&[], &step);
     assert!(e.contains("--ntasks-per-node=1"), "{e}");
+}
+
+// ---- --print-config shows what the workers get ----
+
+#[test]
+fn print_config_shows_the_master_the_workers_get_and_where_it_comes_from() {
+    // Standalone: the workers get localhost and a free port, not the flag's default.
+    let c = config(&["--standalone"], &[]);
+    assert_eq!(setting(&c, "master-addr").0, "localhost");
+    assert_eq!(
+        setting(&c, "master-port").0,
+        "a free port, chosen each round"
+    );
+    assert!(matches!(setting(&c, "master-addr").1, Source::Derived(_)));
+    // Static: the given address, and the port with its own source (the default 29500).
+    let c = config(
+        &["--nnodes", "2", "--node-rank", "0", "--master-addr", "m"],
+        &[],
+    );
+    assert_eq!(setting(&c, "master-addr"), ("m", &flag("--master-addr")));
+    assert_eq!(setting(&c, "master-port"), ("29500", &Source::Default));
+    let c = config(
+        &["--nnodes", "2", "--node-rank", "0", "--master-port", "1234"],
+        &[],
+    );
+    assert_eq!(setting(&c, "master-port"), ("1234", &flag("--master-port")));
+    let c = config(
+        &[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--rdzv-endpoint",
+            "h:77",
+        ],
+        &[],
+    );
+    assert_eq!(setting(&c, "master-addr").0, "h");
+    assert_eq!(
+        setting(&c, "master-port"),
+        ("77", &Source::Derived("--rdzv-endpoint".into()))
+    );
+    // Elastic: rank 0's node, each round.
+    let c = config(
+        &[
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "e:2379",
+            "--rdzv-id",
+            "j",
+        ],
+        &[],
+    );
+    assert!(setting(&c, "master-addr").0.contains("rank 0"));
+}
+
+#[test]
+fn print_config_shows_the_default_log_directory() {
+    let c = config(&["--standalone"], &[("TMPDIR", "/scratch/")]);
+    assert_eq!(
+        setting(&c, "log-dir"),
+        (
+            "/scratch/fsdp-agent-XXXXXXXX (a new directory each start)",
+            &Source::Default
+        )
+    );
+}
+
+#[test]
+fn a_flag_is_reported_as_it_was_spelled() {
+    let c = config(&["--standalone", "--shutdown-timeout", "5"], &[]);
+    assert_eq!(setting(&c, "term-timeout").1, &flag("--shutdown-timeout"));
+    let c = config(&["--standalone", "--term_timeout=5"], &[]);
+    assert_eq!(setting(&c, "term-timeout").1, &flag("--term_timeout"));
+    let c = config(&["--standalone", "--term-timeout", "5"], &[]);
+    assert_eq!(setting(&c, "term-timeout").1, &flag("--term-timeout"));
+}
+
+#[test]
+fn a_static_group_of_several_nodes_on_a_loopback_master_is_warned_about() {
+    for master in ["127.0.0.1", "localhost", "::1"] {
+        let c = config(
+            &["--nnodes", "2", "--node-rank", "0", "--master-addr", master],
+            &[],
+        );
+        assert!(
+            warned(&c, "is this machine's loopback"),
+            "{master}: {:?}",
+            c.warnings
+        );
+    }
+    // The default master is loopback too.
+    let c = config(&["--nnodes", "2", "--node-rank", "1"], &[]);
+    assert!(
+        warned(&c, "--master-addr 127.0.0.1 is this machine's loopback"),
+        "{:?}",
+        c.warnings
+    );
+    let c = config(
+        &[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-addr",
+            "node0",
+        ],
+        &[],
+    );
+    assert!(!warned(&c, "loopback"), "{:?}", c.warnings);
+    let c = config(&["--nnodes", "1", "--master-port", "1234"], &[]);
+    assert!(!warned(&c, "loopback"), "{:?}", c.warnings);
 }

@@ -156,11 +156,11 @@ pub fn formed(memory: &mut Memory, round: &Round, rules: &Rules) -> (AfterFormed
 }
 
 /// Whether `round`, sealed but broken before it started, spent the budget: the exit code
-/// if it did. Nothing is remembered of it (the next round is asked for).
-pub fn spent(memory: &Memory, round: &Round, rules: &Rules) -> Option<u8> {
+/// and the failures counted against `--max-restarts` if it did. Nothing is remembered of it (the next round is asked for).
+pub fn spent(memory: &Memory, round: &Round, rules: &Rules) -> Option<(u8, u32)> {
     let counted = restarts_counted(round, rules.failure.restart_window);
     match budget(counted, rules.max_restarts, memory.last_failure) {
-        Budget::Spent { exit_code } => Some(exit_code),
+        Budget::Spent { exit_code } => Some((exit_code, counted)),
         Budget::Left => None,
     }
 }

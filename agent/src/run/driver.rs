@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fsdp_proto::v1::Phase as Shown;
-use fsdp_rendezvous::{Change, JobRecords, Rendezvous, RendezvousError, Round};
+use fsdp_rendezvous::{
+    Change, Departure, JobRecords, LeftKind, LeftReason, Rendezvous, RendezvousError, Round,
+};
 use nix::sys::signal::Signal;
 
 use super::decide::{
@@ -150,10 +152,12 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 r = self.rdzv.next_round() => match r {
                     Err(RendezvousError::Halted(h)) => return Ok(self.halted(&h)),
                     Ok(round) if round.broken.is_some() => {
-                        if let Some(exit_code) = decide::spent(&self.memory, &round, &self.rules) {
+                        if let Some((exit_code, failures)) = decide::spent(&self.memory, &round, &self.rules) {
+                            // Failures, not restarts: with --max-restarts 0 the first
+                            // failure spends the budget and no restart ever happened.
                             tracing::error!(
                                 round = round.number,
-                                restart_count = round.restart_count,
+                                failures,
                                 max_restarts = self.cfg.max_restarts,
                                 exit_code,
                                 "the restart budget is spent; giving up"
@@ -161,6 +165,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                             return Ok(decide::failed(exit_code).into());
                         }
                     }
+                    Err(e @ RendezvousError::Timeout(_)) => return Err(self.gave_up_waiting(e).await),
                     r => break r?,
                 },
                 sig = self.signals.recv() => return Ok(signalled(sig).into()),
@@ -168,6 +173,19 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             }
         };
         self.formed(round).await
+    }
+
+    /// No round formed within the join timeout: the run's records keep why this node
+    /// went (`fsdp-agent status` showed nothing of a run whose agents all gave up), then
+    /// the error ends the agent.
+    async fn gave_up_waiting(&mut self, e: RendezvousError) -> AgentError {
+        let why = LeftReason::new(LeftKind::Failed, e.to_string());
+        let depart =
+            tokio::time::timeout(DEPART_PATIENCE, self.rdzv.depart(Departure::Failed, why));
+        if let Ok(Ok(Err(left))) = interruptible(self.signals, depart).await {
+            tracing::warn!(error = %left, "could not record why this node left");
+        }
+        e.into()
     }
 
     async fn formed(&mut self, round: Round) -> Result<Phase, AgentError> {
@@ -186,8 +204,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             AfterFormed::GiveUp { exit_code } => {
                 tracing::error!(
                     round = round.number,
-                    restart_count = round.restart_count,
-                    counted,
+                    failures = counted,
                     max_restarts = self.cfg.max_restarts,
                     exit_code,
                     "the restart budget is spent; giving up"
@@ -476,7 +493,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             decide::spent_at_once(charged, has_records, &self.memory, &self.rules)
         {
             tracing::error!(
-                restart_count = charged,
+                failures = charged,
                 max_restarts = self.cfg.max_restarts,
                 exit_code,
                 "the restart budget is spent; giving up"

@@ -58,7 +58,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         match StatusArgs::try_parse_from(std::iter::once("fsdp-agent status".into()).chain(args)) {
             Ok(a) => a,
             Err(e) if !e.use_stderr() => {
-                print!("{e}");
+                crate::console::out(&e.to_string());
                 return ExitCode::SUCCESS;
             }
             Err(e) => {
@@ -140,19 +140,19 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
         Ok(Some(report)) => {
             if a.json {
                 match serde_json::to_string_pretty(&report) {
-                    Ok(j) => println!("{j}"),
+                    Ok(j) => crate::console::out(&format!("{j}\n")),
                     Err(e) => {
-                        eprintln!("fsdp-agent status: error: {e}");
+                        say_err!("fsdp-agent status: error: {e}");
                         return ExitCode::from(exit_code::INTERNAL);
                     }
                 }
             } else {
-                print!("{}", table(&report));
+                crate::console::out(&table(&report));
             }
             ExitCode::SUCCESS
         }
         Ok(None) => {
-            eprintln!(
+            say_err!(
                 "fsdp-agent status: error: no run '{}' under {}/ at {}; check --rdzv-id (and --rdzv-conf etcd_prefix)",
                 cfg.run_id,
                 cfg.prefix.trim_end_matches('/'),
@@ -161,7 +161,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             ExitCode::from(exit_code::NO_SUCH_RUN)
         }
         Err(e) => {
-            eprintln!("fsdp-agent status: error: {e}");
+            say_err!("fsdp-agent status: error: {e}");
             ExitCode::from(if e.is_configuration() {
                 exit_code::CONFIG
             } else {
@@ -172,7 +172,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
 }
 
 fn usage(msg: &str) -> ExitCode {
-    eprintln!("fsdp-agent status: error: {msg}");
+    say_err!("fsdp-agent status: error: {msg}");
     ExitCode::from(exit_code::CONFIG)
 }
 

@@ -8,6 +8,7 @@ use fsdp_proto::v1;
 
 use super::handle::Held;
 use super::session::Command;
+use super::waiting;
 use super::*;
 use crate::fence::{self, FenceDecision};
 use crate::{
@@ -53,6 +54,7 @@ impl Rendezvous for EtcdRendezvous {
         };
         self.ask(Command::Register { wants_round: wants }).await?;
         let mut published = None;
+        let mut next_word = tokio::time::Instant::now() + waiting::EVERY;
         loop {
             let next = step(
                 &self.view.borrow_and_update(),
@@ -115,7 +117,12 @@ impl Rendezvous for EtcdRendezvous {
             }
             tokio::select! {
                 r = self.view.changed() => r.map_err(|_| self.ended())?,
-                () = tokio::time::sleep_until(deadline) => return Err(self.join_timed_out()),
+                () = tokio::time::sleep_until(next_word) => {
+                    next_word += waiting::EVERY;
+                    let line = self.waiting(wants).await.progress(since.elapsed());
+                    tracing::info!("{line}");
+                }
+                () = tokio::time::sleep_until(deadline) => return Err(self.join_timed_out(wants).await),
                 e = super::handle::torchrun_seen(self.cfg.torchrun_clients.clone()) => return Err(e),
             }
         }
@@ -376,17 +383,47 @@ impl EtcdRendezvous {
         }
     }
 
-    fn join_timed_out(&self) -> RendezvousError {
-        let v = self.view.borrow();
-        let state = format!(
-            "round {:?}, coordinator {:?}, connected {}",
-            v.round.as_ref().map(|r| r.record.number),
-            v.coordinator,
-            v.connected
+    /// What this node knows while it waits for round `wants`: the round it is not in,
+    /// and the registrations, counted afresh (the handle's view holds none).
+    async fn waiting(&mut self, wants: u64) -> waiting::Waiting<'_> {
+        let (round, connected) = {
+            let v = self.view.borrow();
+            let round = v
+                .round
+                .as_ref()
+                .filter(|r| r.record.number + 1 >= wants)
+                .map(|r| (r.record.number, r.record.members.len()));
+            (round, v.connected)
+        };
+        let count = self.counter.get(
+            self.keys.members(),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
         );
-        RendezvousError::Timeout {
-            timeout: self.cfg.join_timeout,
-            state,
+        // A count is worth a line, never a wait: a store that does not answer soon says
+        // so by its absence.
+        let registered = match tokio::time::timeout(Duration::from_secs(2), count).await {
+            Ok(Ok(r)) => u64::try_from(r.count()).ok(),
+            _ => None,
+        };
+        waiting::Waiting {
+            run_id: &self.cfg.run_id,
+            store: self.cfg.options.store_name(),
+            endpoints: self.cfg.options.endpoints.join(","),
+            min_nodes: self.cfg.min_nodes,
+            max_nodes: self.cfg.max_nodes,
+            registered,
+            round,
+            connected,
         }
+    }
+
+    /// The join timeout's error: what the node waited for, and the fix.
+    async fn join_timed_out(&mut self, wants: u64) -> RendezvousError {
+        let timeout = self.cfg.join_timeout;
+        RendezvousError::Timeout(self.waiting(wants).await.gave_up(timeout))
     }
 }

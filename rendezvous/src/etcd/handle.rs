@@ -45,6 +45,9 @@ pub struct EtcdRendezvous {
     pub(super) restarts_told: u32,
     /// Watches the held round's ring neighbour ([`liveness`]).
     pub(super) watcher: Option<Watching>,
+    /// A connection of its own for counting the registrations a waiting node reports
+    /// ([`super::waiting`]): the session's view holds none but the coordinator's.
+    pub(super) counter: Client,
 }
 
 /// The ring watcher and what it watches. A new round whose neighbour is the same
@@ -137,6 +140,7 @@ impl EtcdRendezvous {
             counters.clone(),
             writes.clone(),
         );
+        let counter = client.clone();
         let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
         let session = tokio::spawn(driver.run());
         let synced = view.wait_for(|v| v.connected);
@@ -160,6 +164,7 @@ impl EtcdRendezvous {
             held: None,
             restarts_told: 0,
             watcher: None,
+            counter,
         })
     }
 

@@ -342,6 +342,17 @@ pub fn report(run_id: &str, v: &View) -> RunReport {
                 ),
             )
         }
+    } else if let (true, Some(last)) = (v.members.is_empty(), r.left.last()) {
+        // Nobody waits any more: the run ended before a round formed (every agent gave up
+        // at its join timeout, or was stopped). "Forming" beside the left rows read as if
+        // it still might.
+        (
+            Health::Stopped,
+            format!(
+                "no round ever formed and no node is registered; the last to go was {} ({}: {})",
+                last.node_id, last.reason, last.detail
+            ),
+        )
     } else {
         (
             Health::Forming,
@@ -558,6 +569,53 @@ mod tests {
         let r = report("job", &v);
         assert_eq!(r.left.len(), left::KEPT);
         assert_eq!(r.left.last().unwrap().node_id, "n149");
+    }
+
+    /// A run whose only agent gave up (its join timeout) or was stopped before any round:
+    /// it said "forming: 0 node(s) registered" beside the row saying it left.
+    #[test]
+    fn a_run_that_never_formed_and_has_nobody_left_is_stopped_and_says_why() {
+        let mut v = View::default();
+        let l = v1::Left {
+            schema: 1,
+            node_id: "n1".into(),
+            incarnation: 1,
+            addr: "n1.local".into(),
+            kind: v1::LeftKind::Left.into(),
+            detail: "no round formed within join_timeout (8 s)".into(),
+            at_ms: 1,
+            round: 0,
+            written_by: "n1".into(),
+        };
+        let tail = crate::etcd::record::left_tail(&l.node_id, l.incarnation);
+        v.left.insert(
+            tail,
+            LeftEntry {
+                record: l,
+                mod_rev: 3,
+            },
+        );
+        let r = report("job", &v);
+        assert_eq!(r.health, Health::Stopped, "{}", r.health_reason);
+        assert!(
+            r.health_reason.contains("no round ever formed"),
+            "{}",
+            r.health_reason
+        );
+        assert!(
+            r.health_reason.contains("join_timeout (8 s)"),
+            "{}",
+            r.health_reason
+        );
+        // One still waiting: forming, as before.
+        v.members.insert(
+            "n2".into(),
+            MemberEntry {
+                record: member("n2", 2),
+                create_rev: 4,
+            },
+        );
+        assert_eq!(report("job", &v).health, Health::Forming);
     }
 
     #[test]

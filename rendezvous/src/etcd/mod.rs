@@ -43,6 +43,7 @@ pub(crate) mod session;
 #[cfg(test)]
 mod tests;
 mod view;
+pub mod waiting;
 
 use std::time::Duration;
 

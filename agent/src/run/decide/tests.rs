@@ -580,12 +580,12 @@ fn a_round_that_broke_before_it_started_still_spends_the_budget_it_charged() {
     // Two restarts charged against one allowed: given up, with the budget's code.
     assert_eq!(
         spent(&memory, &broken, &rules(1)),
-        Some(exit_code::BUDGET_EXHAUSTED)
+        Some((exit_code::BUDGET_EXHAUSTED, 2))
     );
     // Within the budget: nothing decided, nothing remembered.
     assert_eq!(spent(&memory, &broken, &rules(2)), None);
     memory.last_failure = Some(WorkerExit::Code(3));
-    assert_eq!(spent(&memory, &broken, &rules(1)), Some(3));
+    assert_eq!(spent(&memory, &broken, &rules(1)), Some((3, 2)));
     assert_eq!(memory.last_restart_count, 0);
 }
 
