@@ -184,6 +184,11 @@ impl AgentCmd {
         self
     }
 
+    pub fn arg(mut self, a: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.cmd.arg(a);
+        self
+    }
+
     pub fn arg_path(mut self, p: impl AsRef<Path>) -> Self {
         self.cmd.arg(p.as_ref());
         self

@@ -577,9 +577,25 @@ fn static_node_has_no_exit_barrier() -> Result<(), String> {
         &setting(&out, "rendezvous")?,
         &["static", "exit_barrier=none"],
     )?;
-    // Node 1 alone: were there a barrier it would wait for node 0, which never comes.
+    // Node 1 done while node 0's worker still runs: were there a barrier it would wait
+    // for node 0. (Node 0 is there: a static group's first round waits for every node.)
     let port = free_port().to_string();
-    let (code, err) = run_job(&[
+    let mut node0 = agent()
+        .args(["--status-addr", "off", "--log-dir", "/dev/null"])
+        .args([
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-addr",
+            "127.0.0.1",
+        ])
+        .args(["--master-port", &port, "--no-python", "sleep", "60"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let node1 = run_job(&[
         "--nnodes",
         "2",
         "--node-rank",
@@ -590,7 +606,10 @@ fn static_node_has_no_exit_barrier() -> Result<(), String> {
         &port,
         "--no-python",
         "true",
-    ])?;
+    ]);
+    let _ = node0.kill();
+    let _ = node0.wait();
+    let (code, err) = node1?;
     if code != 0 || !err.contains("a static group has no exit barrier") {
         return Err(format!("exit {code}, log:\n{err}"));
     }

@@ -404,18 +404,18 @@ fn as_pid_1_the_agent_reaps_orphans_the_workers_leave() {
 #[test]
 fn a_static_node_does_not_claim_the_job_is_done() {
     let dir = TempDir::new().unwrap();
-    let mut a = AgentCmd::new(dir.path(), "node1")
-        .args([
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "1",
-            "--master-addr",
-            "127.0.0.1",
-        ])
-        .args(["--master-port", &fsdp_tests::free_port().to_string()])
-        .args(["--no-python", "true"])
-        .run(LIMIT);
+    let port = fsdp_tests::free_port().to_string();
+    let node = |rank: &str, worker: &[&str]| {
+        AgentCmd::new(dir.path(), &format!("node{rank}"))
+            .args(["--nnodes", "2", "--node-rank", rank])
+            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+            .arg("--no-python")
+            .args(worker)
+    };
+    // Node 0's worker outlasts node 1's: node 1 exits 0 while node 0 still runs.
+    let node0 = node("0", &["sleep", "120"]).spawn();
+    let mut a = node("1", &["true"]).run(LIMIT);
+    assert!(fsdp_tests::alive(node0.pid()), "{}", node0.output());
     assert_eq!(a.code(), 0, "{}", a.output());
     let err = a.stderr();
     assert!(
