@@ -58,11 +58,25 @@ pub fn status_cmd(args: &[&str]) -> (i32, String, String) {
         .env_remove("PET_RDZV_CONF")
         .output()
         .expect("run fsdp-agent status");
-    (
-        out.status.code().expect("exit code"),
+    let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    );
+    // The whole of status's table is for a person (its JSON is for programs).
+    if !args.contains(&"--json") {
+        for text in [&stdout, &stderr] {
+            let found: Vec<&str> = text
+                .lines()
+                .filter(|l| DEBUG_TEXT.iter().any(|d| l.contains(d)))
+                .collect();
+            assert!(
+                found.is_empty(),
+                "fsdp-agent status printed Rust debug text:\n{}",
+                found.join("\n")
+            );
+        }
+    }
+    (out.status.code().expect("exit code"), stdout, stderr)
 }
 
 /// Path of the `fake-worker` helper.
@@ -318,7 +332,51 @@ impl Drop for Agent {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        refuse_debug_text(&self.err);
     }
+}
+
+/// What Rust's `{:?}` leaves in a line meant for a person (`Some("vm-7")`, `None,`).
+const DEBUG_TEXT: [&str; 3] = ["Some(", "None,", "Err("];
+
+/// The lines of `log` the agent wrote for a person (its log lines and its `error:`
+/// lines, not its workers' output) that hold Rust debug text.
+pub fn debug_text_in(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| is_agent_line(l))
+        .filter(|l| DEBUG_TEXT.iter().any(|d| l.contains(d)))
+        .collect()
+}
+
+/// A line the agent printed: a text log line (`2026-11-28T06:14:10.265022Z  WARN ...`)
+/// or one of its error lines.
+fn is_agent_line(line: &str) -> bool {
+    let stamped = line.len() > 28
+        && line.as_bytes()[..4].iter().all(u8::is_ascii_digit)
+        && line.as_bytes()[10] == b'T'
+        && ["  INFO ", "  WARN ", " ERROR ", " DEBUG ", " TRACE "]
+            .iter()
+            .any(|level| line[..40.min(line.len())].contains(level));
+    stamped
+        || line.starts_with("fsdp-agent: error:")
+        || line.starts_with("fsdp-agent status: error:")
+}
+
+/// Every agent a test starts is checked when it is dropped, so that the suite's runs
+/// together say no line the agent prints holds Rust debug text (a test that already
+/// failed is left to say why it did).
+pub fn refuse_debug_text(log_file: &Path) {
+    if std::thread::panicking() {
+        return;
+    }
+    let log = std::fs::read_to_string(log_file).unwrap_or_default();
+    let found = debug_text_in(&log);
+    assert!(
+        found.is_empty(),
+        "the agent printed Rust debug text for a person to read ({}):\n{}",
+        log_file.display(),
+        found.join("\n")
+    );
 }
 
 /// Polls `cond` every 10 ms until it holds; panics naming `what` after `limit`.
@@ -397,4 +455,28 @@ pub fn metrics_text(addr: &str) -> String {
     s.read_to_string(&mut resp).unwrap();
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
     resp
+}
+
+#[cfg(test)]
+mod debug_text_tests {
+    use super::debug_text_in;
+
+    #[test]
+    fn only_the_agents_own_lines_are_judged() {
+        let log = "\
+2026-11-28T06:14:10.265022Z ERROR fsdp-agent: error: x
+2026-11-28T06:14:10.265022Z  INFO coordinator reason=round Some(3)
+fsdp-agent: error: no round formed within join_timeout (8s): round None, coordinator Some(\"vm\")
+[0]: (None, 3)
+print(Err(x))
+2026-11-28T06:14:10.265022Z  WARN all fine here
+";
+        assert_eq!(
+            debug_text_in(log),
+            [
+                "2026-11-28T06:14:10.265022Z  INFO coordinator reason=round Some(3)",
+                "fsdp-agent: error: no round formed within join_timeout (8s): round None, coordinator Some(\"vm\")"
+            ]
+        );
+    }
 }

@@ -144,6 +144,7 @@ impl Pod {
 impl Drop for Pod {
     fn drop(&mut self) {
         self.kill();
+        crate::refuse_debug_text(&self.err);
     }
 }
 
