@@ -19,8 +19,10 @@
 //! * Backends: [`standalone::StandaloneRendezvous`] (one node, in-process, no external
 //!   service) and [`static_group::StaticRendezvous`] (a fixed set of nodes whose ranks and
 //!   master are given on the command line, Kubeflow's non-elastic master mode) share one
-//!   body, [`fixed::Fixed`], and share no records. The etcd v3 backend implements both
-//!   traits.
+//!   body, [`fixed::Fixed`], and share no records; a static group's agents meet once, at
+//!   node 0's [`static_gate`], so that no worker starts before every node is there. The
+//!   etcd v3 backend implements both traits; a node waiting in it says what it waits for
+//!   ([`etcd::waiting`]).
 //! * [`fence`] decides when an agent cut off from etcd stops its own workers (before its
 //!   lease can expire), from the pure [`fence::LeaseClock`].
 

@@ -1,9 +1,10 @@
 //! The `static` backend: a fixed set of nodes, ranks and master given up front.
 //!
 //! This is Kubeflow's non-elastic "master mode" (`MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`,
-//! `RANK` injected by the operator). Nothing is exchanged between agents: every node derives
-//! the same round from the same flags, and the workers meet at the master's c10d store.
-//! There is no elasticity; a failure restart is local to the node, as in torchrun.
+//! `RANK` injected by the operator). Every node derives the same round from the same flags,
+//! and the workers meet at the master's c10d store; the agents only wait for each other
+//! once, before the first round ([`crate::static_gate`]). There is no elasticity; a failure
+//! restart is local to the node, as in torchrun.
 
 use crate::fixed::{Fixed, Group, Layout};
 use crate::{RendezvousError, RoundMember};

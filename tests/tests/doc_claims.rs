@@ -218,19 +218,19 @@ const CLAIMS: &[Claim] = &[
     Claim {
         doc: "docs/migrating-from-torchrun.md",
         phrase: "Default `0.0.0.0:29450`, and `127.0.0.1:0` under `--standalone`",
-        behaviour: "--print-config's status-addr under --standalone (127.0.0.1:0) and for a job of several nodes (0.0.0.0:29450)",
+        behaviour: "--print-config's status-addr under --standalone (127.0.0.1:0), and for a job of several nodes and a one-node etcd job (0.0.0.0:29450)",
         check: |_, _| status_addr_defaults(),
     },
     Claim {
         doc: "README.md",
-        phrase: "default 0.0.0.0:29450 for a job of several nodes, 127.0.0.1 and a free port under --standalone",
-        behaviour: "--print-config's status-addr under --standalone (127.0.0.1:0) and for a job of several nodes (0.0.0.0:29450)",
+        phrase: "default 0.0.0.0:29450 for a job with a rendezvous backend, one node or many, 127.0.0.1 and a free port under --standalone",
+        behaviour: "--print-config's status-addr under --standalone (127.0.0.1:0), and for a job of several nodes and a one-node etcd job (0.0.0.0:29450)",
         check: |_, _| status_addr_defaults(),
     },
     Claim {
         doc: "docs/glossary.md",
-        phrase: "`0.0.0.0:29450` for a job of several nodes, `127.0.0.1:0` under `--standalone`",
-        behaviour: "--print-config's status-addr under --standalone (127.0.0.1:0) and for a job of several nodes (0.0.0.0:29450)",
+        phrase: "`0.0.0.0:29450` for a job with a rendezvous backend (etcd, c10d, static; even of one node, where a pod's probes aim), `127.0.0.1:0` under `--standalone`",
+        behaviour: "--print-config's status-addr under --standalone (127.0.0.1:0), and for a job of several nodes and a one-node etcd job (0.0.0.0:29450)",
         check: |_, _| status_addr_defaults(),
     },
 ];
@@ -772,6 +772,11 @@ fn status_addr_defaults() -> Result<(), String> {
     let several = print_config(&etcd_args("2", &[]))?;
     expect_in(
         &setting(&several, "status-addr")?,
+        &["0.0.0.0:29450", "(default)"],
+    )?;
+    let one = print_config(&etcd_args("1", &[]))?;
+    expect_in(
+        &setting(&one, "status-addr")?,
         &["0.0.0.0:29450", "(default)"],
     )
 }

@@ -202,7 +202,13 @@ impl<R: Rendezvous> Loop<'_, R> {
             .hang_reports(round, &members, REPORTS_PATIENCE)
             .await;
         let blame = hang::culprit::blame(&reports, &members);
-        tracing::error!(round, behind = ?blame.behind, "the hang's culprit: {}", blame.text);
+        // `node rank` pairs, as a person reads them (not Rust's tuple text).
+        let behind: Vec<String> = blame
+            .behind
+            .iter()
+            .map(|(node, rank)| format!("{node} rank {rank}"))
+            .collect();
+        tracing::error!(round, behind = %behind.join(", "), "the hang's culprit: {}", blame.text);
         self.report.culprit(round, &blame.text);
     }
 }

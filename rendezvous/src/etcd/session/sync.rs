@@ -289,11 +289,17 @@ impl Machine {
             (Todo::Republish, Answer::Txn { succeeded }) => {
                 self.wrote();
                 if succeeded {
-                    let round = self.round_to_put_back().map(|r| r.number);
-                    tracing::info!(
-                        ?round,
-                        "etcd lost the round record; put the newest round it knew back"
-                    );
+                    // The field only when there is a number: `round=Some(0)` is Rust's
+                    // text, not a person's.
+                    match self.round_to_put_back().map(|r| r.number) {
+                        Some(round) => tracing::info!(
+                            round,
+                            "etcd lost the round record; put the newest round it knew back"
+                        ),
+                        None => tracing::info!(
+                            "etcd lost the round record; put the newest round it knew back"
+                        ),
+                    }
                 }
             }
             (Todo::Campaign, Answer::Txn { succeeded }) => {
