@@ -259,6 +259,8 @@ fn allowed(cfg: &Config) -> fsdp_rendezvous::etcd::Allowed {
             false => defaults.workers_per_node.clone(),
         },
         halt_codes: Some(halt_codes),
+        // A quarantine is obeyed only as this node's own policy would write it.
+        quarantine_for: (cfg.failure.quarantine_after > 0).then_some(cfg.failure.quarantine_for),
         ..defaults
     }
 }

@@ -44,6 +44,7 @@ pub mod static_gate;
 pub mod static_group;
 #[doc(hidden)]
 pub mod switches;
+pub mod text;
 
 pub use error::RendezvousError;
 pub use host::hostname;

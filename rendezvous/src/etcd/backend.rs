@@ -222,7 +222,7 @@ impl JobRecords for EtcdRendezvous {
             schema: fsdp_proto::SCHEMA_VERSION,
             round: held.record.number,
             node_id: self.cfg.node_id.clone(),
-            exit,
+            exit: crate::text::one_line(&exit, crate::text::LINE_MAX),
             exited_ms,
         };
         self.write(&record).await
@@ -242,7 +242,7 @@ impl JobRecords for EtcdRendezvous {
             schema: fsdp_proto::SCHEMA_VERSION,
             machine,
             node_id: self.cfg.node_id.clone(),
-            reason,
+            reason: crate::text::one_line(&reason, crate::text::LINE_MAX),
             until_ms,
         };
         self.write(&record).await
@@ -258,7 +258,7 @@ impl JobRecords for EtcdRendezvous {
         let record = v1::Unhealthy {
             schema: fsdp_proto::SCHEMA_VERSION,
             node_id: self.cfg.node_id.clone(),
-            reason,
+            reason: crate::text::one_line(&reason, crate::text::LINE_MAX),
             failures,
             at_ms: crate::unix_ms(),
         };
@@ -270,7 +270,7 @@ impl JobRecords for EtcdRendezvous {
             schema: fsdp_proto::SCHEMA_VERSION,
             node_id: self.cfg.node_id.clone(),
             exit_code: u32::from(exit_code),
-            reason,
+            reason: crate::text::one_line(&reason, crate::text::LINE_MAX),
             round: self.held.as_ref().map_or(0, |h| h.record.number),
         };
         self.write(&halt).await
@@ -286,14 +286,17 @@ impl JobRecords for EtcdRendezvous {
             round,
             node_id: self.cfg.node_id.clone(),
             declared: report.declared,
-            reason: report.reason,
+            reason: crate::text::one_line(&report.reason, crate::text::LINE_MAX),
             ranks: report
                 .ranks
                 .into_iter()
                 .map(|r| v1::RankStep {
                     rank: r.rank,
                     last_step: r.last_step,
-                    phase: r.phase.unwrap_or_default(),
+                    phase: crate::text::one_line(
+                        &r.phase.unwrap_or_default(),
+                        crate::text::NAME_MAX,
+                    ),
                 })
                 .collect(),
         };

@@ -102,8 +102,15 @@ pub trait Record: Versioned + Sized {
         String::new()
     }
 
-    /// Takes the record, found at the key of `tail`, into `view`; `Err` says why it
-    /// cannot be trusted: it is then refused and leaves the view as it was.
+    /// Whether this node accepts the record, found at the key of `tail`: the rule each
+    /// kind states (required, so that a new kind cannot forget one: anyone who can write
+    /// the store can write any record). `Err` says why not: it is then refused, logged
+    /// once and left out of the view, never obeyed.
+    fn allowed(&self, view: &View, tail: &str) -> Result<(), String>;
+
+    /// Takes the record, found at the key of `tail`, into `view` once it is
+    /// [`Record::allowed`]; `Err` says why it cannot be trusted after all (a check that
+    /// needs the view changed): it is then refused and leaves the view as it was.
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String>;
 
     /// The record stored as `value` at `key`, or why it is not one.
@@ -118,6 +125,18 @@ pub trait Record: Versioned + Sized {
     /// Its key at `tail` was deleted, seen at `now`; `prev` is the value the event
     /// carried. Most records are never deleted by agents: nothing to do.
     fn remove(_view: &mut View, _tail: &str, _now: Instant, _prev: Option<&[u8]>) {}
+}
+
+/// A record of a kind whose key names it ([`Place::Under`]) must be at its own key: one at
+/// another's would stand for that other (a `done` of node a at node b's key).
+fn own_key<R: Record>(r: &R, tail: &str) -> Result<(), String> {
+    if r.tail() == tail {
+        return Ok(());
+    }
+    Err(format!(
+        "is at {}, not at its own key",
+        crate::text::shown(tail)
+    ))
 }
 
 /// A record's entry in the table a key is looked up in.
@@ -167,7 +186,10 @@ fn put_as<R: Record>(view: &mut View, key: &str, tail: &str, value: &[u8], at: A
         }
     };
     view.corrupt.remove(key);
-    match record.apply(view, tail, at) {
+    let judged = record
+        .allowed(view, tail)
+        .and_then(|()| record.apply(view, tail, at));
+    match judged {
         Ok(()) => {
             view.refused.remove(key);
         }

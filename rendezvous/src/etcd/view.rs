@@ -61,6 +61,9 @@ pub struct View {
     /// went, and when it was seen. A later registration of the same node is not departed.
     pub departed: BTreeMap<String, Departed>,
     pub round: Option<RoundEntry>,
+    /// The round `round` replaced, if it held a lower number: a halt may come from its
+    /// members ([`super::record`]).
+    pub previous_round: Option<std::sync::Arc<v1::Round>>,
     /// A round sealed as a delta of a round this view does not hold: the roster must be
     /// read.
     pub round_wanted: Option<u64>,
@@ -124,6 +127,7 @@ impl View {
             members: _,
             departed,
             round,
+            previous_round,
             round_wanted,
             master,
             failures,
@@ -150,6 +154,7 @@ impl View {
             members: BTreeMap::new(),
             departed: departed.clone(),
             round: round.clone(),
+            previous_round: previous_round.clone(),
             round_wanted: *round_wanted,
             master: master.clone(),
             failures: failures.clone(),
@@ -274,7 +279,9 @@ impl View {
     /// is logged once (again only if the reason changes).
     pub fn refuse(&mut self, key: &str, why: String) {
         if self.refused.get(key) != Some(&why) {
-            tracing::warn!(%key, "refused a record: {why}; ignoring it");
+            // Both from the store: shown, never obeyed by the terminal.
+            let (shown_key, shown_why) = (crate::text::shown(key), crate::text::shown(&why));
+            tracing::warn!(key = %shown_key, "refused a record: {shown_why}; ignoring it");
             self.refused.insert(key.to_owned(), why);
         }
     }

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::ops::RangeInclusive;
+use std::time::Duration;
 
 use fsdp_proto::v1;
 
@@ -20,7 +21,17 @@ pub struct Allowed {
     /// Exit codes a halt may end the run with: those this node's own failure policy
     /// writes (`--no-retry-exit-codes`, the no-progress rule's); `None`: any but 0.
     pub halt_codes: Option<BTreeSet<u8>>,
+    /// How long this node's own policy keeps a machine out (`--quarantine-for`); `None`
+    /// when it never quarantines (`--quarantine-after 0`), and then it obeys no
+    /// quarantine either.
+    pub quarantine_for: Option<Duration>,
 }
+
+/// How far another node's clock may run ahead of this one's in a quarantine's end.
+const CLOCK_SLACK: Duration = Duration::from_secs(60);
+
+/// `--quarantine-for`'s default: what a reader that knows no flags (status) accepts.
+const DEFAULT_QUARANTINE_FOR: Duration = Duration::from_secs(3600);
 
 impl Default for Allowed {
     fn default() -> Self {
@@ -28,6 +39,7 @@ impl Default for Allowed {
             nodes: 1..=u32::MAX,
             workers_per_node: 1..=ranks::MAX_LOCAL_WORLD_SIZE,
             halt_codes: None,
+            quarantine_for: Some(DEFAULT_QUARANTINE_FOR),
         }
     }
 }
@@ -50,6 +62,28 @@ impl Allowed {
             }
             _ => Ok(()),
         }
+    }
+
+    /// A quarantine is obeyed only as this node's own policy would write it: one that
+    /// keeps a machine out for longer than `--quarantine-for` from `now_ms` (with a minute
+    /// for the writer's clock) is a forgery that would keep it out for ever.
+    pub fn quarantine(&self, q: &v1::Quarantine, now_ms: u64) -> Result<(), String> {
+        let Some(bound) = self.quarantine_for else {
+            return Err(
+                "is not obeyed: this node's failure policy never quarantines (--quarantine-after 0)"
+                    .into(),
+            );
+        };
+        let latest = now_ms
+            .saturating_add(u64::try_from((bound + CLOCK_SLACK).as_millis()).unwrap_or(u64::MAX));
+        if q.until_ms > latest {
+            return Err(format!(
+                "keeps the machine out {} s from now, longer than --quarantine-for ({} s) allows",
+                (q.until_ms - now_ms) / 1000,
+                bound.as_secs()
+            ));
+        }
+        Ok(())
     }
 
     /// A node's worker count.
@@ -85,10 +119,9 @@ impl Allowed {
 /// The longest detail an agent writes in a `left` record (it cuts its own to fit).
 pub const LEFT_DETAIL_MAX: usize = 500;
 
-/// `detail` cut to [`LEFT_DETAIL_MAX`] characters, on one line.
+/// `detail` cut to [`LEFT_DETAIL_MAX`] characters, on one line, with no control character.
 pub fn left_detail(detail: &str) -> String {
-    let line = detail.replace(['\n', '\r'], " ");
-    line.chars().take(LEFT_DETAIL_MAX).collect()
+    crate::text::one_line(detail, LEFT_DETAIL_MAX)
 }
 
 impl Allowed {

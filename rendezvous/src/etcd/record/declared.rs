@@ -6,10 +6,11 @@ use std::time::Instant;
 
 use fsdp_proto::{decode, v1};
 
-use super::{At, Mode, Place, Record};
+use super::{At, Mode, Place, Record, own_key};
 use crate::etcd::roster;
 use crate::etcd::view::{LeftEntry, MemberEntry, RoundEntry, View};
 use crate::ranks;
+use crate::text::{LINE_MAX, NAME_MAX, field};
 
 /// Rounds whose hang reports a view keeps.
 const HANG_ROUNDS_KEPT: usize = 4;
@@ -31,6 +32,13 @@ impl Record for v1::Member {
 
     fn tail(&self) -> String {
         self.node_id.clone()
+    }
+
+    fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
+        // Its key, its lease and its worker count are judged in `apply`.
+        field("node id", &self.node_id, NAME_MAX)?;
+        field("address", &self.addr, NAME_MAX)?;
+        field("status address", &self.status_addr, NAME_MAX)
     }
 
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String> {
@@ -67,6 +75,18 @@ impl Record for v1::Round {
     // Every member takes each round: see `memo` for why one process decodes it once.
     fn read(key: &str, value: &[u8]) -> Result<Self, fsdp_proto::RecordError> {
         super::memo::round(key, value)
+    }
+
+    /// Its size, its members' worker counts and their distinctness are judged whole in
+    /// `apply` (a delta only together with the round it is based on); here its text.
+    fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
+        field("reason", &self.reason, LINE_MAX)?;
+        for m in self.members.iter().chain(&self.added).chain(&self.updated) {
+            field("member's node id", &m.node_id, NAME_MAX)?;
+            field("member's address", &m.addr, NAME_MAX)?;
+            field("member's status address", &m.status_addr, NAME_MAX)?;
+        }
+        Ok(())
     }
 
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
@@ -118,17 +138,60 @@ fn set_round(view: &mut View, r: v1::Round, at: At, distinct: Distinct) -> Resul
     if view.round_wanted.is_some_and(|n| n <= r.number) {
         view.round_wanted = None;
     }
-    view.round = Some(RoundEntry {
+    let replaced = view.round.replace(RoundEntry {
         record: std::sync::Arc::new(r),
         mod_rev: at.mod_rev,
     });
+    if let Some(old) = replaced.filter(|old| {
+        view.round
+            .as_ref()
+            .is_some_and(|new| new.record.number > old.record.number)
+    }) {
+        view.previous_round = Some(old.record);
+    }
+    // A halt read before any round was known is judged now.
+    if let Some(h) = &view.halt
+        && let Err(why) = halt_writer(view, h)
+    {
+        let why = format!(
+            "{} record at ctl/halt {why}",
+            <v1::Halt as fsdp_proto::Versioned>::KIND
+        );
+        view.halt = None;
+        view.refuse("ctl/halt", why);
+    }
     Ok(())
+}
+
+/// A halt ends every node: only a node of the round it ends, or of the one before (where
+/// it may have decided), can write one. Before any round is known it cannot be judged yet.
+fn halt_writer(view: &View, h: &v1::Halt) -> Result<(), String> {
+    let Some(round) = &view.round else {
+        return Ok(());
+    };
+    let member = |r: &v1::Round| r.members.iter().any(|m| m.node_id == h.node_id);
+    let before = view.previous_round.as_deref().is_some_and(member);
+    if member(&round.record) || before {
+        return Ok(());
+    }
+    Err(format!(
+        "comes from node {}, a member of neither round {} nor the one before; only they end the run",
+        crate::text::shown(&h.node_id),
+        round.record.number
+    ))
 }
 
 impl Record for v1::Roster {
     const PLACE: Place = Place::Fixed("roster");
     const MODE: Mode = Mode::Own;
     const WRITING: &'static str = "sealing a round";
+
+    fn allowed(&self, view: &View, tail: &str) -> Result<(), String> {
+        // The round in it is judged as a round.
+        self.round
+            .as_ref()
+            .map_or(Ok(()), |r| r.allowed(view, tail))
+    }
 
     /// Used only by a view that holds no round or waits for one it could not apply: any
     /// other has the round from `ctl/round` (written in the same transaction).
@@ -146,6 +209,11 @@ impl Record for v1::Master {
     const PLACE: Place = Place::Fixed("ctl/master");
     const MODE: Mode = Mode::Leased;
     const WRITING: &'static str = "publishing the master address";
+
+    fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
+        // Its port is judged in `apply`.
+        field("address", &self.addr, NAME_MAX)
+    }
 
     fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
         if !(1..=u32::from(u16::MAX)).contains(&self.port) || self.addr.is_empty() {
@@ -167,6 +235,10 @@ impl Record for v1::Coordinator {
     const PLACE: Place = Place::Fixed("ctl/coordinator");
     const MODE: Mode = Mode::Own;
     const WRITING: &'static str = "claiming the coordinator role";
+
+    fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
+        field("node id", &self.node_id, NAME_MAX)
+    }
 
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
         view.coordinator = Some(self.node_id);
@@ -191,6 +263,11 @@ impl Record for v1::Failure {
         format!("{:020}", self.round)
     }
 
+    fn allowed(&self, _: &View, tail: &str) -> Result<(), String> {
+        own_key(self, tail)?;
+        field("node id", &self.node_id, NAME_MAX)
+    }
+
     fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
         view.failures.insert(self.round);
         Ok(())
@@ -204,6 +281,11 @@ impl Record for v1::Done {
 
     fn tail(&self) -> String {
         per_round(self.round, &self.node_id)
+    }
+
+    fn allowed(&self, _: &View, tail: &str) -> Result<(), String> {
+        own_key(self, tail)?;
+        field("node id", &self.node_id, NAME_MAX)
     }
 
     fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
@@ -224,6 +306,11 @@ impl Record for v1::Gone {
 
     fn tail(&self) -> String {
         per_round(self.round, &self.node_id)
+    }
+
+    fn allowed(&self, _: &View, tail: &str) -> Result<(), String> {
+        own_key(self, tail)?;
+        field("node id", &self.node_id, NAME_MAX)
     }
 
     fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
@@ -247,6 +334,16 @@ impl Record for v1::HangReport {
         per_round(self.round, &self.node_id)
     }
 
+    fn allowed(&self, _: &View, tail: &str) -> Result<(), String> {
+        own_key(self, tail)?;
+        field("node id", &self.node_id, NAME_MAX)?;
+        field("reason", &self.reason, LINE_MAX)?;
+        for r in &self.ranks {
+            field("rank's phase", &r.phase, NAME_MAX)?;
+        }
+        Ok(())
+    }
+
     fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
         view.hangs
             .entry(self.round)
@@ -265,6 +362,16 @@ impl Record for v1::Halt {
     const PLACE: Place = HALT;
     const MODE: Mode = Mode::FirstWord { unless: &[] };
     const WRITING: &'static str = "ending the run for every node";
+
+    /// Its exit code is judged in `apply` (this node's failure policy); here its text and
+    /// its writer: a node of the round it ends (or of the one before, which it may have
+    /// decided in). Before any round is known it waits for the round's judgement
+    /// (`set_round`).
+    fn allowed(&self, view: &View, _: &str) -> Result<(), String> {
+        field("node id", &self.node_id, NAME_MAX)?;
+        field("reason", &self.reason, LINE_MAX)?;
+        halt_writer(view, self)
+    }
 
     fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
         view.allowed.halt(&self)?;
@@ -287,6 +394,12 @@ impl Record for v1::Unhealthy {
         self.node_id.clone()
     }
 
+    fn allowed(&self, _: &View, tail: &str) -> Result<(), String> {
+        own_key(self, tail)?;
+        field("node id", &self.node_id, NAME_MAX)?;
+        field("reason", &self.reason, LINE_MAX)
+    }
+
     fn apply(self, view: &mut View, tail: &str, _: At) -> Result<(), String> {
         view.unhealthy.insert(tail.to_owned(), self);
         Ok(())
@@ -304,6 +417,12 @@ impl Record for v1::Fault {
 
     fn tail(&self) -> String {
         per_round(self.round, &self.node_id)
+    }
+
+    fn allowed(&self, _: &View, tail: &str) -> Result<(), String> {
+        own_key(self, tail)?;
+        field("node id", &self.node_id, NAME_MAX)?;
+        field("exit", &self.exit, LINE_MAX)
     }
 
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
@@ -328,6 +447,16 @@ impl Record for v1::Quarantine {
 
     fn tail(&self) -> String {
         self.machine.clone()
+    }
+
+    /// Obeyed only as far as this node's own policy would quarantine: not at all with
+    /// `--quarantine-after 0`, never for longer than `--quarantine-for` from now.
+    fn allowed(&self, view: &View, tail: &str) -> Result<(), String> {
+        own_key(self, tail)?;
+        field("machine", &self.machine, NAME_MAX)?;
+        field("node id", &self.node_id, NAME_MAX)?;
+        field("reason", &self.reason, LINE_MAX)?;
+        view.allowed.quarantine(self, crate::unix_ms())
     }
 
     fn apply(self, view: &mut View, tail: &str, _: At) -> Result<(), String> {
@@ -355,6 +484,14 @@ impl Record for v1::Left {
 
     fn tail(&self) -> String {
         left_tail(&self.node_id, self.incarnation)
+    }
+
+    fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
+        // Its key and its kind are judged in `apply` and `Allowed::left`.
+        field("node id", &self.node_id, NAME_MAX)?;
+        field("address", &self.addr, NAME_MAX)?;
+        field("writer", &self.written_by, NAME_MAX)?;
+        field("detail", &self.detail, LINE_MAX)
     }
 
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String> {

@@ -448,7 +448,7 @@ fn a_forged_departure_is_refused_and_none_reaches_the_handle() {
                 detail: "two\nlines".into(),
                 ..own.clone()
             },
-            "several lines",
+            "control character (\\u{a}) in its detail",
         ),
     ];
     for (key, record, why) in forged {
@@ -500,4 +500,168 @@ fn the_first_fault_is_the_earliest_exit_not_the_first_report() {
     report(&mut old, "b", 1_700_000_000_250, 10);
     report(&mut old, "a", 0, 11);
     assert_eq!(old.first_fault(4).as_deref(), Some("b"));
+}
+
+// ---- every record kind has its rule (issue 55) ----
+
+fn quarantine(until_ms: u64) -> v1::Quarantine {
+    v1::Quarantine {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        machine: "host-7".into(),
+        node_id: "n1".into(),
+        reason: "failed 3 rounds in a row".into(),
+        until_ms,
+    }
+}
+
+/// One put of `ctl/quarantine/<machine>` with `until_ms = u64::MAX` kept every agent on
+/// that machine out for ever, even with `--quarantine-after 0`.
+#[test]
+fn a_quarantine_is_obeyed_only_as_this_nodes_own_policy_would_write_it() {
+    let k = keys();
+    let now = crate::unix_ms();
+    let hour = Some(std::time::Duration::from_secs(3600));
+    let judged = |quarantine_for, q: &v1::Quarantine| {
+        let mut v = View {
+            allowed: Allowed {
+                quarantine_for,
+                ..Allowed::default()
+            },
+            ..View::default()
+        };
+        put(&mut v, &k, &k.of(q), &q.encode_to_vec(), At::default());
+        (
+            v.quarantine.contains_key("host-7"),
+            v.refused.get(&k.of(q)).cloned(),
+        )
+    };
+    let forever = quarantine(u64::MAX);
+    let (obeyed, why) = judged(hour, &forever);
+    assert!(!obeyed, "a quarantine for ever was obeyed");
+    assert!(
+        why.unwrap()
+            .contains("longer than --quarantine-for (3600 s)")
+    );
+    let fair = quarantine(now + 3_000_000);
+    assert!(
+        judged(hour, &fair).0,
+        "a quarantine within the policy's bound"
+    );
+    let (obeyed, why) = judged(None, &fair);
+    assert!(!obeyed, "obeyed with --quarantine-after 0");
+    assert!(why.unwrap().contains("--quarantine-after 0"));
+    // At another machine's key: it would keep that one out.
+    let mut elsewhere = fair.clone();
+    elsewhere.machine = "host-8".into();
+    let mut v = View::default();
+    put(
+        &mut v,
+        &k,
+        &k.of(&fair),
+        &elsewhere.encode_to_vec(),
+        At::default(),
+    );
+    assert!(v.quarantine.is_empty());
+    assert!(v.refused[&k.of(&fair)].contains("not at its own key"));
+}
+
+/// A forged halt from a node in no round (`evil-node`) ended every agent with its code.
+#[test]
+fn a_halt_is_obeyed_only_from_a_node_of_the_round_or_the_one_before() {
+    let k = keys();
+    let round_key = k.key::<v1::Round>("");
+    let mut v = View::default();
+    let r1 = round(1, vec![member("a", 1), member("b", 1)]);
+    put(&mut v, &k, &round_key, &r1.encode_to_vec(), At::default());
+    let mut evil = halt(78);
+    evil.node_id = "evil-node".into();
+    put(
+        &mut v,
+        &k,
+        &k.of(&evil),
+        &evil.encode_to_vec(),
+        At::default(),
+    );
+    assert!(v.halt.is_none(), "a halt from outside the round was obeyed");
+    assert!(v.refused[&k.of(&evil)].contains("member of neither round 1"));
+    // b left; round 2 has a alone: b decided in round 1, its halt stands.
+    let r2 = round(2, vec![member("a", 1)]);
+    put(&mut v, &k, &round_key, &r2.encode_to_vec(), At::default());
+    let mut from_b = halt(78);
+    from_b.node_id = "b".into();
+    put(
+        &mut v,
+        &k,
+        &k.of(&from_b),
+        &from_b.encode_to_vec(),
+        At::default(),
+    );
+    assert_eq!(v.halt.as_ref().map(|h| h.node_id.as_str()), Some("b"));
+}
+
+/// A fresh agent reads `ctl/halt` before `ctl/round` (keys come sorted): the halt waits
+/// for the round's judgement.
+#[test]
+fn a_halt_read_before_the_round_is_judged_when_the_round_comes() {
+    let k = keys();
+    let round_key = k.key::<v1::Round>("");
+    for (writer, obeyed) in [("a", true), ("evil-node", false)] {
+        let mut v = View::default();
+        let mut h = halt(78);
+        h.node_id = writer.into();
+        put(&mut v, &k, &k.of(&h), &h.encode_to_vec(), At::default());
+        let r = round(1, vec![member("a", 1)]);
+        put(&mut v, &k, &round_key, &r.encode_to_vec(), At::default());
+        assert_eq!(v.halt.is_some(), obeyed, "{writer}");
+        assert_eq!(v.refused.is_empty(), obeyed, "{writer}: {:?}", v.refused);
+    }
+}
+
+/// Text from the store reaches terminals: ESC, a newline or a megabyte is refused.
+#[test]
+fn text_fields_with_control_characters_or_past_their_length_are_refused() {
+    let k = keys();
+    let mut l = left("n1", 1, v1::LeftKind::Left);
+    l.detail = "\u{1b}]0;owned\u{7}".into();
+    let mut v = View::default();
+    put(&mut v, &k, &k.of(&l), &l.encode_to_vec(), At::default());
+    assert!(v.left.is_empty());
+    assert!(v.refused[&k.of(&l)].contains("control character"));
+    let mut l = left("n1", 2, v1::LeftKind::Left);
+    l.addr = "10.0.0.1\nhealth healthy".into();
+    put(&mut v, &k, &k.of(&l), &l.encode_to_vec(), At::default());
+    assert!(v.refused[&k.of(&l)].contains("in its address"));
+    let mut h = halt(3);
+    h.reason = "x".repeat(10_000);
+    let mut v = View::default();
+    put(&mut v, &k, &k.of(&h), &h.encode_to_vec(), At::default());
+    assert!(v.halt.is_none());
+    assert!(v.refused[&k.of(&h)].contains("reason of 10000 characters"));
+    // The refusal names the key as it is, shown escaped (the log line prints it).
+    let mut m = member("n\u{1b}[2J", 1);
+    m.addr = "a".into();
+    let at = At {
+        lease: 9,
+        ..At::default()
+    };
+    let key = k.of(&m);
+    put(&mut v, &k, &key, &m.encode_to_vec(), at);
+    assert!(v.members.is_empty());
+    assert!(v.refused[&key].contains("control character"));
+}
+
+/// A record at another's key stands for that other: refused.
+#[test]
+fn a_record_at_another_records_key_is_refused() {
+    let k = keys();
+    let done = v1::Done {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        round: 3,
+        node_id: "a".into(),
+    };
+    let b_key = k.key::<v1::Done>(&per_round(3, "b"));
+    let mut v = View::default();
+    put(&mut v, &k, &b_key, &done.encode_to_vec(), At::default());
+    assert!(v.done.is_empty());
+    assert!(v.refused[&b_key].contains("not at its own key"));
 }
