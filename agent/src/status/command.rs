@@ -258,6 +258,17 @@ pub fn slowest(mut all: Vec<RankLine>) -> Vec<RankLine> {
 
 /// The report as a table: the run's facts, one line per node, then the slowest ranks.
 pub fn table(shown: &Shown) -> String {
+    let text = table_text(shown);
+    // Every field comes from the store, where anyone who can write it writes any bytes:
+    // no control character reaches the terminal (ESC could clear the screen, set the
+    // title or forge a line), each is shown as its escape.
+    let lines: Vec<_> = text.lines().map(fsdp_rendezvous::text::shown).collect();
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
+}
+
+fn table_text(shown: &Shown) -> String {
     use std::fmt::Write;
     let mut out = run_table(&shown.run);
     if let Some(h) = &shown.last_hang {

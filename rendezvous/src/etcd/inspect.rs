@@ -2,6 +2,7 @@
 //! decoded into a [`View`] and summarised by [`report`], a pure function.
 
 use etcd_client::{Client, GetOptions};
+use fsdp_proto::v1;
 use serde::Serialize;
 
 use super::keys::Keys;
@@ -401,6 +402,31 @@ fn left_nodes(v: &View) -> Vec<LeftNode> {
         .collect()
 }
 
+/// The rules the run's agents judge records by, as far as their registrations tell them:
+/// the coordinator's `--nnodes` (else the first registration's). Status judges as the
+/// agents do: a round larger than the run allows, or a halt no member wrote, is shown as
+/// `refused`, not as the run's state.
+fn told_bounds(keys: &Keys, kvs: &[etcd_client::KeyValue]) -> super::Allowed {
+    let registrations: Vec<v1::Member> = kvs
+        .iter()
+        .filter(|kv| kv.key().starts_with(keys.members().as_bytes()))
+        .filter_map(|kv| fsdp_proto::decode::<v1::Member>("", kv.value()).ok())
+        .collect();
+    let coordinator = kvs
+        .iter()
+        .find(|kv| kv.key() == keys.key::<v1::Coordinator>("").as_bytes())
+        .and_then(|kv| fsdp_proto::decode::<v1::Coordinator>("", kv.value()).ok());
+    let told = coordinator
+        .and_then(|c| registrations.iter().find(|m| m.node_id == c.node_id))
+        .or(registrations.first())
+        .filter(|m| m.max_nodes > 0);
+    let defaults = super::Allowed::default();
+    super::Allowed {
+        nodes: told.map_or(defaults.nodes.clone(), |m| 1..=m.max_nodes),
+        ..defaults
+    }
+}
+
 /// Reads the run's keys and summarises them; `Ok(None)` when the run has no keys at all.
 pub async fn inspect(
     client: &mut Client,
@@ -418,7 +444,10 @@ pub async fn inspect(
     if resp.kvs().is_empty() {
         return Ok(None);
     }
-    let mut view = View::default();
+    let mut view = View {
+        allowed: told_bounds(&keys, resp.kvs()),
+        ..View::default()
+    };
     for kv in resp.kvs() {
         let key = String::from_utf8_lossy(kv.key());
         view.put(
@@ -437,7 +466,6 @@ pub async fn inspect(
 mod tests {
     use super::*;
     use crate::etcd::view::{LeftEntry, MemberEntry, RoundEntry};
-    use fsdp_proto::v1;
 
     fn member(id: &str, n: u32) -> v1::Member {
         v1::Member::from(v1::MemberFields {

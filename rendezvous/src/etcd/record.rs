@@ -181,7 +181,10 @@ fn put_as<R: Record>(view: &mut View, key: &str, tail: &str, value: &[u8], at: A
     let record = match R::read(key, value) {
         Ok(r) => r,
         Err(e) => {
-            view.corrupt.insert(key.to_owned(), e.to_string());
+            view.corrupt.insert(
+                key.to_owned(),
+                crate::text::shown(&e.to_string()).into_owned(),
+            );
             return;
         }
     };
@@ -195,7 +198,8 @@ fn put_as<R: Record>(view: &mut View, key: &str, tail: &str, value: &[u8], at: A
         }
         Err(why) => {
             R::refused(view, at);
-            view.refuse(key, format!("{} record at {key} {why}", R::KIND));
+            let shown = crate::text::shown(key);
+            view.refuse(key, format!("{} record at {shown} {why}", R::KIND));
         }
     }
 }
@@ -215,7 +219,13 @@ pub(super) fn put(view: &mut View, keys: &Keys, key: &str, value: &[u8], at: At)
         // Another run whose prefix lies under ours: its keys are not ours to judge
         // (agents refuse to start such a run; this keeps a race harmless).
         None if keys.nested_run_key(key) => {}
-        None => view.refuse(key, format!("unexpected key {key} under the run's prefix")),
+        None => {
+            let shown = crate::text::shown(key);
+            view.refuse(
+                key,
+                format!("unexpected key {shown} under the run's prefix"),
+            );
+        }
     }
 }
 
