@@ -238,3 +238,46 @@ fn print_config_and_errors_never_show_the_password() {
         assert!(!a.output().contains(SECRET), "{conf}: {}", a.output());
     }
 }
+
+/// `FSDP_ETCD_PASSWORD=` (a Secret key that does not exist) served an open c10d store with
+/// only the generic warning, where an empty `password_file` is exit 64; a FIFO as the
+/// password file hung even `--print-config`.
+#[test]
+fn an_empty_password_variable_or_a_fifo_is_refused_at_once() {
+    let dir = TempDir::new().unwrap();
+    let c10d = [
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:29999",
+    ];
+    let mut a = AgentCmd::new(dir.path(), "empty")
+        .env("FSDP_ETCD_PASSWORD", "")
+        .args(["--print-config"])
+        .args(c10d)
+        .args(["--no-python", "true"])
+        .run(LIMIT);
+    assert_eq!(a.code(), 64, "{}", a.output());
+    assert!(
+        a.stderr().contains("FSDP_ETCD_PASSWORD is set but empty"),
+        "{}",
+        a.output()
+    );
+    let fifo = dir.path().join("pw");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let mut a = AgentCmd::new(dir.path(), "fifo")
+        .args(["--print-config"])
+        .args(c10d)
+        .arg("--rdzv-conf")
+        .arg(format!("password_file={}", fifo.display()))
+        .args(["--no-python", "true"])
+        .run(Duration::from_secs(10));
+    assert_eq!(a.code(), 64, "{}", a.output());
+    assert!(
+        a.stderr().contains("is not a regular file"),
+        "{}",
+        a.output()
+    );
+}

@@ -407,13 +407,46 @@ fn user(
     }
 }
 
+/// The largest password file read: a password is a line, and `/dev/zero` was read until
+/// the agent ran out of memory.
+const SECRET_FILE_MAX: u64 = 64 * 1024;
+
+/// The text of the secret file at `path`: a regular file of at most [`SECRET_FILE_MAX`]
+/// bytes (a FIFO would block even `--print-config`, a device would never end).
+fn read_secret(path: &str) -> Result<String, String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| format!("--rdzv-conf password_file={path} cannot be read: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "--rdzv-conf password_file={path} is not a regular file; write the password into a file (a Kubernetes Secret mounted as a volume is one)"
+        ));
+    }
+    if meta.len() > SECRET_FILE_MAX {
+        return Err(format!(
+            "--rdzv-conf password_file={path} holds {} bytes; a password file holds one line (at most {SECRET_FILE_MAX} bytes)",
+            meta.len()
+        ));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(SECRET_FILE_MAX).read_to_string(&mut text))
+        .map_err(|e| format!("--rdzv-conf password_file={path} cannot be read: {e}"))?;
+    Ok(text)
+}
+
 /// The etcd password from exactly one of `password=`, `password_file=` and
-/// `$FSDP_ETCD_PASSWORD` (an empty variable counts as unset).
+/// `$FSDP_ETCD_PASSWORD`. A variable set but empty is refused, as an empty file is: it is
+/// what a Secret key that does not exist gives, and it used to serve an open store.
 fn password(
     conf: &BTreeMap<String, String>,
     env_password: Option<&str>,
 ) -> Result<Option<String>, String> {
-    let env_password = env_password.filter(|p| !p.is_empty());
+    if env_password == Some("") {
+        return Err(format!(
+            "${PASSWORD_ENV} is set but empty (a Secret key that does not exist?); give the password, or unset the variable for no password"
+        ));
+    }
     match (
         conf.get("password"),
         conf.get("password_file"),
@@ -423,8 +456,7 @@ fn password(
         (Some(p), None, None) => Ok(Some(p.clone())),
         (None, None, Some(p)) => Ok(Some(p.to_owned())),
         (None, Some(path), None) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("--rdzv-conf password_file={path} cannot be read: {e}"))?;
+            let text = read_secret(path)?;
             // One trailing newline is the file's, not the password's.
             let p = text
                 .strip_suffix('\n')
@@ -764,10 +796,15 @@ mod tests {
             Ok(Some("from-file".into()))
         );
         assert_eq!(user(&[u], Some("from-env")), Ok(Some("from-env".into())));
-        assert_eq!(
-            user(&[u, ("password", "p")], Some("")),
-            Ok(Some("p".into()))
-        );
+        // Set but empty: a Secret key that does not exist, refused as an empty file is.
+        for pairs in [&[u, ("password", "p")][..], &[u]] {
+            assert!(
+                user(pairs, Some(""))
+                    .unwrap_err()
+                    .contains("FSDP_ETCD_PASSWORD is set but empty"),
+                "{pairs:?}"
+            );
+        }
         assert!(
             user(&[u, ("password", "p")], Some("e"))
                 .unwrap_err()
@@ -781,6 +818,26 @@ mod tests {
             user(&[u, ("password_file", &path)], None)
                 .unwrap_err()
                 .contains("empty")
+        );
+        // A device never ends and a FIFO blocks: neither is read.
+        assert!(
+            user(&[u, ("password_file", "/dev/zero")], None)
+                .unwrap_err()
+                .contains("not a regular file")
+        );
+        let fifo = dir.join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let fifo = fifo.display().to_string();
+        assert!(
+            user(&[u, ("password_file", &fifo)], None)
+                .unwrap_err()
+                .contains("not a regular file")
+        );
+        std::fs::write(&file, vec![b'x'; 100_000]).unwrap();
+        assert!(
+            user(&[u, ("password_file", &path)], None)
+                .unwrap_err()
+                .contains("holds 100000 bytes")
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
