@@ -53,6 +53,12 @@ pub fn nproc(s: &str) -> Result<NprocRequest, String> {
         "auto" => Ok(NprocRequest::Auto),
         other => match other.parse::<u32>() {
             Ok(0) => Err("must be at least 1".into()),
+            // Every node's workers get a rank: a count no group can hold is refused here,
+            // not when the first round is sealed.
+            Ok(n) if n > fsdp_rendezvous::ranks::MAX_LOCAL_WORLD_SIZE => Err(format!(
+                "at most {} workers per node",
+                fsdp_rendezvous::ranks::MAX_LOCAL_WORLD_SIZE
+            )),
             Ok(n) => Ok(NprocRequest::Count(n)),
             Err(_) => Err("expected a positive number, `gpu`, `cpu` or `auto`".into()),
         },

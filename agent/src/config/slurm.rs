@@ -10,8 +10,6 @@
 //! [`plan`] decides from the environment and what was given, without I/O;
 //! [`Resolver::slurm`] applies it before anything is parsed, recording each value's source.
 
-use std::collections::BTreeSet;
-
 use super::sources::{Resolver, whole_number};
 use super::{ConfigError, Source, hostlist, parse};
 use crate::cli::Args;
@@ -139,13 +137,14 @@ pub(super) fn plan(env: &dyn Fn(&str) -> Option<String>, given: &Given) -> Resul
     };
 
     let nodelist = first_of(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST");
-    let hosts = match &nodelist {
-        Some((var, list)) => Some(hostlist::expand(list).map_err(|e| format!("{var}: {e}"))?),
+    // Only the first host is built, and the list matched against, never expanded.
+    let first = match &nodelist {
+        Some((var, list)) => Some(hostlist::first(list).map_err(|e| format!("{var}: {e}"))?),
         None => None,
     };
     let first_host = |what: &str| {
         let (var, list) = nodelist.as_ref()?;
-        let host = hosts.as_ref()?.first()?.clone();
+        let host = first.clone()?;
         Some((
             host,
             Source::Derived(format!("Slurm: first host of {var}={list}{what}")),
@@ -182,20 +181,31 @@ pub(super) fn plan(env: &dyn Fn(&str) -> Option<String>, given: &Given) -> Resul
     if !given.nproc_per_node {
         if let Some(gpus) = env("SLURM_GPUS_ON_NODE") {
             let gpus = gpus.trim().to_owned();
-            if whole_number(&gpus).is_ok_and(|n| n > 0) {
-                let source = Source::Env("SLURM_GPUS_ON_NODE".into());
-                fill(&mut fills, "nproc-per-node", gpus, source);
+            match whole_number(&gpus) {
+                Ok(n) if n > 0 && n <= fsdp_rendezvous::ranks::MAX_LOCAL_WORLD_SIZE => {
+                    let source = Source::Env("SLURM_GPUS_ON_NODE".into());
+                    fill(&mut fills, "nproc-per-node", gpus, source);
+                }
+                // No GPU on this node: the default count stands.
+                Ok(0) => {}
+                // Slurm writes a count; anything else (`-1`, `gpu:8`) was ignored without
+                // a word, and the node then ran one worker.
+                _ => {
+                    return Err(format!(
+                        "SLURM_GPUS_ON_NODE={gpus} is not a number of GPUs; give --nproc-per-node"
+                    ));
+                }
             }
         }
     }
 
-    let is_host = match (&endpoint, &hosts, env("SLURMD_NODENAME")) {
-        (Some(e), Some(hosts), Some(me)) if backend == "c10d" && !given.is_host => {
+    let is_host = match (&endpoint, &nodelist, env("SLURMD_NODENAME")) {
+        (Some(e), Some((_, list)), Some(me)) if backend == "c10d" && !given.is_host => {
             let host = parse::split_host_port(e)
                 .map(|(h, _)| h)
                 .unwrap_or_default();
-            let nodes: BTreeSet<&str> = hosts.iter().map(String::as_str).collect();
-            nodes.contains(host.as_str()).then(|| {
+            // The list was checked when its first host was read.
+            hostlist::contains(list, &host).unwrap_or(false).then(|| {
                 let here = host == me;
                 let how = if here { "is" } else { "is not" };
                 (

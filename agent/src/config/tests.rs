@@ -1144,3 +1144,46 @@ fn a_static_group_of_several_nodes_on_a_loopback_master_is_warned_about() {
     let c = config(&["--nnodes", "1", "--master-port", "1234"], &[]);
     assert!(!warned(&c, "loopback"), "{:?}", c.warnings);
 }
+
+// ---- inputs bounded where they are read (issue 55) ----
+
+/// A node list of a hundred million hosts took 2.7 GB and aborted; one of 10^12 padded
+/// numbers aborted at once. Only its first host is ever built.
+#[test]
+fn a_huge_slurm_node_list_costs_nothing() {
+    for (list, first) in [
+        ("n[1-99999999]", "n1"),
+        ("n[000000000000-999999999999]", "n000000000000"),
+    ] {
+        let mut step = srun_step("n1", "0");
+        step.retain(|(k, _)| *k != "SLURM_STEP_NODELIST");
+        step.push(("SLURM_STEP_NODELIST", list));
+        let c = config(&[], &step);
+        let m = etcd_mode(&c);
+        assert_eq!(m.store.as_ref().expect("c10d").host, first, "{list}");
+    }
+}
+
+#[test]
+fn worker_counts_no_group_can_hold_are_refused_where_they_are_read() {
+    let e = error(&["--nproc-per-node", "99999999"], &[]);
+    assert!(e.contains("at most 65536 workers per node"), "{e}");
+    for gpus in ["-1", "gpu:8", "99999999"] {
+        let mut step = srun_step("n1", "0");
+        step.push(("SLURM_GPUS_ON_NODE", gpus));
+        let e = error(&[], &step);
+        assert!(
+            e.contains(&format!(
+                "SLURM_GPUS_ON_NODE={gpus} is not a number of GPUs"
+            )),
+            "{e}"
+        );
+    }
+    let mut step = srun_step("n1", "0");
+    step.push(("SLURM_GPUS_ON_NODE", "0"));
+    let c = config(&[], &step);
+    assert_eq!(c.nproc_per_node, 1, "a node without GPUs keeps the default");
+    let mut step = srun_step("n1", "0");
+    step.push(("SLURM_GPUS_ON_NODE", "8"));
+    assert_eq!(config(&[], &step).nproc_per_node, 8);
+}
