@@ -49,10 +49,7 @@ impl Default for Shared {
 
 impl Shared {
     pub fn new() -> Self {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let state = State::with_first_lease(super::state::first_lease_id(now_ms));
+        let state = State::serving();
         let (revision, _) = watch::channel(state.revision());
         Self {
             state: Arc::new(Mutex::new(state)),
@@ -130,6 +127,8 @@ impl From<StoreError> for Status {
             StoreError::LeaseExists => Status::failed_precondition(msg),
             StoreError::KeyNotFound => Status::invalid_argument(msg),
             StoreError::Compacted | StoreError::FutureRevision => Status::out_of_range(msg),
+            StoreError::TtlTooLarge | StoreError::BadLeaseId => Status::invalid_argument(msg),
+            StoreError::TooManyLeases => Status::resource_exhausted(msg),
         }
     }
 }
@@ -212,6 +211,10 @@ impl Lease for Shared {
         &self,
         r: Request<pb::LeaseGrantRequest>,
     ) -> Answer<pb::LeaseGrantResponse> {
+        // Every lease call is behind the password too: etcd-client sends them without a
+        // token, so they are taken on a connection that authenticated ([`Gate::admit`]).
+        // Open, an outsider kept a killed agent's lease alive and the group never re-formed.
+        self.gate.admit(&r)?;
         let now = std::time::Instant::now();
         let r = r.into_inner();
         let (granted, h) = self.write(|s| s.grant(r.ttl, r.id, now));
@@ -242,6 +245,7 @@ impl Lease for Shared {
         &self,
         r: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Answer<Self::LeaseKeepAliveStream> {
+        self.gate.admit(&r)?;
         let shared = self.clone();
         // Each keep-alive is answered with the lease's TTL, or 0 when it is gone (etcd's
         // answer, which tells the agent to register again).
@@ -262,6 +266,8 @@ impl Lease for Shared {
         &self,
         r: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Answer<pb::LeaseTimeToLiveResponse> {
+        // Its answer names the run, its members and their keys.
+        self.gate.admit(&r)?;
         let now = std::time::Instant::now();
         let r = r.into_inner();
         let (found, h) = self.read(|s| s.time_to_live(r.id, now));
@@ -281,8 +287,9 @@ impl Lease for Shared {
 impl Cluster for Shared {
     async fn member_list(
         &self,
-        _r: Request<pb::MemberListRequest>,
+        r: Request<pb::MemberListRequest>,
     ) -> Answer<pb::MemberListResponse> {
+        self.gate.admit(&r)?;
         let ((), h) = self.read(|_| ());
         Ok(Response::new(pb::MemberListResponse {
             header: Some(h),

@@ -35,7 +35,25 @@ pub enum StoreError {
     Compacted,
     #[error("etcdserver: mvcc: required revision is a future revision")]
     FutureRevision,
+    /// etcd's words for a TTL above its own bound ([`MAX_TTL`]).
+    #[error("etcdserver: too large lease TTL")]
+    TtlTooLarge,
+    /// A lease id below 0: no client asks for one.
+    #[error("etcdserver: lease ID must be positive")]
+    BadLeaseId,
+    /// [`MAX_LEASES`] are held: a job has one lease per agent.
+    #[error("etcdserver: too many requests")]
+    TooManyLeases,
 }
+
+/// The longest lease TTL granted, in seconds: etcd's own bound (about 285 years; an
+/// `i64::MAX` TTL made the deadline's arithmetic panic).
+pub const MAX_TTL: i64 = 9_000_000_000;
+
+/// The most leases the store holds at once: one per agent of a job, with room to spare.
+/// Without a bound, 500,000 granted leases cost 61 MB and a 100 ms expiry scan of all of
+/// them under the state's lock.
+pub const MAX_LEASES: usize = 100_000;
 
 /// Where a watch stands: its next events, or the revision its start was compacted to.
 #[derive(Debug, PartialEq)]
@@ -69,8 +87,12 @@ pub struct State {
     history: VecDeque<(i64, Vec<pb::Event>)>,
     /// The newest revision whose events are gone.
     compacted: i64,
-    /// The id the next lease granted without one gets; only grows.
+    /// The id the next lease granted without one gets; only grows. Unused when ids are
+    /// random ([`State::serving`]).
     next_lease: i64,
+    /// Lease ids drawn at random: ids an outsider cannot derive from the store's start
+    /// time (they were found in 7 to 12 probes, and a dead agent's lease kept alive).
+    random_ids: Option<ring::rand::SystemRandom>,
 }
 
 impl Default for State {
@@ -122,7 +144,41 @@ impl State {
             history: VecDeque::new(),
             compacted: 0,
             next_lease: first.max(1),
+            random_ids: None,
         }
+    }
+
+    /// The store an agent serves: lease ids drawn at random from the 63-bit positive
+    /// range (never reused across a restart in place but with odds of one in 2^63 per
+    /// lease, and never derivable by an outsider).
+    pub fn serving() -> Self {
+        Self {
+            random_ids: Some(ring::rand::SystemRandom::new()),
+            ..Self::new()
+        }
+    }
+
+    /// A fresh lease id: the next in order, or a random one that is not held.
+    fn fresh_id(&mut self) -> i64 {
+        if let Some(random) = &self.random_ids {
+            use ring::rand::SecureRandom;
+            loop {
+                let mut bytes = [0u8; 8];
+                if random.fill(&mut bytes).is_err() {
+                    break;
+                }
+                let id = i64::from_le_bytes(bytes) & i64::MAX;
+                if id != 0 && !self.leases.contains_key(&id) {
+                    return id;
+                }
+            }
+        }
+        // Past the largest id the count starts again at 1; at most [`MAX_LEASES`] are
+        // held, so a free one is found.
+        while self.leases.contains_key(&self.next_lease) {
+            self.next_lease = self.next_lease.checked_add(1).unwrap_or(1);
+        }
+        self.next_lease
     }
 
     /// The current revision (every response's header carries it).
@@ -382,24 +438,31 @@ impl State {
     }
 
     /// A new lease of `ttl` seconds (at least one), under `id` or a fresh id when `id` is 0.
+    /// Every number a request brings is bounded first: no arithmetic here can overflow.
     pub fn grant(&mut self, ttl: i64, id: i64, now: Instant) -> Result<(i64, i64), StoreError> {
+        if ttl > MAX_TTL {
+            return Err(StoreError::TtlTooLarge);
+        }
+        if id < 0 {
+            return Err(StoreError::BadLeaseId);
+        }
+        if self.leases.len() >= MAX_LEASES {
+            return Err(StoreError::TooManyLeases);
+        }
         let ttl = ttl.max(1);
         let id = if id == 0 {
-            while self.leases.contains_key(&self.next_lease) {
-                self.next_lease += 1;
-            }
-            self.next_lease
+            self.fresh_id()
         } else if self.leases.contains_key(&id) {
             return Err(StoreError::LeaseExists);
         } else {
             id
         };
-        self.next_lease = self.next_lease.max(id) + 1;
+        self.next_lease = self.next_lease.max(id).saturating_add(1);
         self.leases.insert(
             id,
             Lease {
                 ttl,
-                deadline: now + secs(ttl),
+                deadline: deadline(now, ttl),
                 keys: BTreeSet::new(),
             },
         );
@@ -420,7 +483,7 @@ impl State {
     /// Renews lease `id` for its whole TTL; its TTL, or `None` when it no longer exists.
     pub fn keep_alive(&mut self, id: i64, now: Instant) -> Option<i64> {
         let lease = self.leases.get_mut(&id)?;
-        lease.deadline = now + secs(lease.ttl);
+        lease.deadline = deadline(now, lease.ttl);
         Some(lease.ttl)
     }
 
@@ -434,7 +497,7 @@ impl State {
     /// Every lease a full TTL again from `now`, as etcd's new leader gives them.
     pub fn renew_all(&mut self, now: Instant) {
         for lease in self.leases.values_mut() {
-            lease.deadline = now + secs(lease.ttl);
+            lease.deadline = deadline(now, lease.ttl);
         }
     }
 
@@ -482,6 +545,12 @@ impl State {
 
 fn secs(s: i64) -> Duration {
     Duration::from_secs(s.unsigned_abs())
+}
+
+/// `ttl` seconds after `now`, or as far as the clock goes.
+fn deadline(now: Instant, ttl: i64) -> Instant {
+    now.checked_add(secs(ttl))
+        .unwrap_or_else(|| now + Duration::from_secs(u64::from(u32::MAX)))
 }
 
 fn compare_kv(c: &pb::Compare, kv: &pb::KeyValue) -> bool {

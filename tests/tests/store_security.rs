@@ -319,3 +319,145 @@ fn idle_connections_to_a_host_with_1024_descriptors_neither_end_the_job_nor_bloc
     // Open, it said so once, at start.
     assert_eq!(host.stderr().matches(OPEN).count(), 1, "{}", host.stderr());
 }
+
+/// With a password, the lease calls are behind it too (etcd-client sends them without a
+/// token: they are taken on a connection that authenticated). Open, an outsider found a
+/// killed agent's lease id in a few probes and kept it alive: the survivors never
+/// re-formed, and status said "healthy". Here the outsider is refused every call while it
+/// tries, and the survivor re-forms without the killed agent at its lease's expiry.
+#[test]
+fn an_outsider_cannot_keep_a_dead_agents_lease_alive_on_a_password_store() {
+    let dir = TempDir::new().unwrap();
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let run = "held";
+    let start = |name: &str| {
+        let wdir = dir.path().join(name);
+        std::fs::create_dir_all(&wdir).unwrap();
+        AgentCmd::new(dir.path(), name)
+            .env("FSDP_ETCD_PASSWORD", SECRET)
+            .args([
+                "--nnodes",
+                "1:2",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+            ])
+            .args([
+                "--rdzv-endpoint",
+                &endpoint,
+                "--rdzv-id",
+                run,
+                "--local-addr",
+                "127.0.0.1",
+            ])
+            .args(["--rdzv-conf", "keep_alive_ttl=2,last_call_timeout=1"])
+            // No ring liveness: the lease alone tells of a death, as for a silent host.
+            .args(["--status-addr", "off"])
+            .args(fake_worker_args(&wdir, &["--sleep", "600"]))
+            .spawn()
+    };
+    let mut host = start("host");
+    wait_serving(&host);
+    let victim = start("victim");
+    wait_for("a group of two", LIMIT, || {
+        host.stderr().contains("world_size=2")
+    });
+    let rt = runtime();
+    let lease = rt.block_on(async {
+        let mut admin = client(&endpoint, Some(("fsdp", SECRET))).await.unwrap();
+        let members = admin
+            .get(
+                format!("/fsdp/{run}/members/"),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        let host_id = host_node_id(&host.stderr());
+        members
+            .kvs()
+            .iter()
+            .find(|kv| !kv.key_str().unwrap().ends_with(&host_id))
+            .map(|kv| kv.lease())
+            .expect("the victim's registration")
+    });
+    rt.block_on(async {
+        let mut anon = client(&endpoint, None).await.expect("connect");
+        let refused = |e: EtcdError| grpc_error(&e);
+        let e = refused(anon.lease_grant(5, None).await.expect_err("grant"));
+        assert_eq!(e.1, "etcdserver: user name is empty");
+        let e = anon
+            .lease_time_to_live(
+                lease,
+                Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+            )
+            .await
+            .expect_err("time to live");
+        assert_eq!(refused(e).1, "etcdserver: user name is empty");
+        let e = anon.member_list().await.expect_err("member list");
+        assert_eq!(refused(e).1, "etcdserver: user name is empty");
+    });
+    let killed = Instant::now();
+    victim.signal(libc::SIGKILL);
+    // The outsider keeps trying to renew the dead agent's lease, as fast as it can.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tries = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let outsider = {
+        let (stop, tries, endpoint) = (stop.clone(), tries.clone(), endpoint.clone());
+        std::thread::spawn(move || {
+            runtime().block_on(async {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(mut anon) = client(&endpoint, None).await {
+                        let renewed = match anon.lease_keep_alive(lease).await {
+                            Ok((mut keeper, mut answers)) => {
+                                keeper.keep_alive().await.is_ok()
+                                    && matches!(answers.message().await, Ok(Some(a)) if a.ttl() > 0)
+                            }
+                            Err(_) => false,
+                        };
+                        assert!(!renewed, "an outsider renewed a lease");
+                        tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        })
+    };
+    wait_for(
+        "the survivor re-formed alone",
+        Duration::from_secs(30),
+        || {
+            host.stderr().matches("group formed").count() >= 2
+                && host
+                    .stderr()
+                    .lines()
+                    .filter(|l| l.contains("group formed"))
+                    .last()
+                    .is_some_and(|l| l.contains("world_size=1"))
+        },
+    );
+    let took = killed.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    outsider
+        .join()
+        .expect("the outsider never renewed the lease");
+    assert!(
+        tries.load(std::sync::atomic::Ordering::Relaxed) > 3,
+        "the outsider kept trying"
+    );
+    println!("re-formed {took:?} after the SIGKILL, the outsider refused throughout");
+    host.signal(libc::SIGTERM);
+    let _ = host.wait(LIMIT);
+}
+
+/// The node id in an agent's `joined the rendezvous` line.
+fn host_node_id(log: &str) -> String {
+    log.lines()
+        .find(|l| l.contains("joined the rendezvous"))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("node_id="))
+        })
+        .expect("the node id")
+        .to_owned()
+}

@@ -292,3 +292,86 @@ fn a_store_restarted_later_never_hands_out_an_id_it_handed_out_before() {
     assert!(ids.iter().all(|id| *id > 0));
     assert!(first_lease_id(u64::MAX) > 0);
 }
+
+/// Every number a `LeaseGrant`, `LeaseKeepAlive` or `LeaseTimeToLive` can bring, at the
+/// edges of its type: nothing panics (the tests run with overflow checks), and what is out
+/// of bounds is refused in etcd's words. `ttl = i64::MAX` panicked in the host agent on
+/// every such request; `id = i64::MAX` wrapped the next id to negative.
+#[test]
+fn no_request_number_overflows_the_store() {
+    let edges = [
+        i64::MIN,
+        i64::MIN + 1,
+        -1,
+        0,
+        1,
+        super::MAX_TTL,
+        super::MAX_TTL + 1,
+        i64::MAX - 1,
+        i64::MAX,
+    ];
+    let now = Instant::now();
+    for serving in [false, true] {
+        let mut s = if serving {
+            State::serving()
+        } else {
+            State::new()
+        };
+        for ttl in edges {
+            for id in edges {
+                match s.grant(ttl, id, now) {
+                    Ok((granted, t)) => {
+                        assert!(granted > 0, "ttl {ttl} id {id}: id {granted}");
+                        assert!((1..=super::MAX_TTL).contains(&t), "ttl {ttl}: {t}");
+                        assert_eq!(s.keep_alive(granted, now), Some(t));
+                        assert!(s.time_to_live(granted, now).is_some());
+                        s.revoke(granted).unwrap();
+                    }
+                    Err(e) => {
+                        let expected = if ttl > super::MAX_TTL {
+                            StoreError::TtlTooLarge
+                        } else {
+                            StoreError::BadLeaseId
+                        };
+                        assert_eq!(e, expected, "ttl {ttl} id {id}");
+                    }
+                }
+                assert_eq!(s.keep_alive(id, now), None);
+                assert!(s.time_to_live(id, now).is_none());
+            }
+        }
+        // After a grant at i64::MAX the next id is still positive.
+        s.grant(5, i64::MAX, now).unwrap();
+        let (next, _) = s.grant(5, 0, now).unwrap();
+        assert!(next > 0, "{next}");
+        s.expire(now + Duration::from_secs(u64::from(u32::MAX)));
+    }
+}
+
+#[test]
+fn the_store_holds_a_bounded_number_of_leases() {
+    let now = Instant::now();
+    let mut s = State::new();
+    for _ in 0..super::MAX_LEASES {
+        s.grant(5, 0, now).unwrap();
+    }
+    assert_eq!(s.grant(5, 0, now), Err(StoreError::TooManyLeases));
+    assert_eq!(
+        s.expire(now + Duration::from_secs(6)).len(),
+        super::MAX_LEASES
+    );
+    assert!(s.grant(5, 0, now).is_ok(), "room again once they lapsed");
+}
+
+/// A serving store's ids are not derivable from its start time or from each other.
+#[test]
+fn a_serving_store_draws_its_lease_ids_at_random() {
+    let now = Instant::now();
+    let mut s = State::serving();
+    let ids: Vec<i64> = (0..64).map(|_| s.grant(5, 0, now).unwrap().0).collect();
+    assert!(ids.iter().all(|id| *id > 0));
+    let consecutive = ids.windows(2).filter(|w| w[1] == w[0] + 1).count();
+    assert_eq!(consecutive, 0, "{ids:?}");
+    let distinct: std::collections::BTreeSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), ids.len());
+}
