@@ -10,6 +10,15 @@
 
 use std::io::Write;
 
+/// An error line: `who: error: text`, its control characters shown as escapes (a value
+/// from a flag, a file or the store can hold ESC).
+pub fn error(who: &str, text: &str) {
+    error_line(format_args!(
+        "{who}: error: {}",
+        fsdp_rendezvous::text::shown(text)
+    ));
+}
+
 /// Writes `args` and a newline to stderr; a closed or full stream drops it.
 pub fn error_line(args: std::fmt::Arguments<'_>) {
     let mut err = std::io::stderr().lock();

@@ -73,7 +73,7 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(Err(e)) => {
-            say_err!("fsdp-agent: error: {e}");
+            console::error("fsdp-agent", &e.to_string());
             return ExitCode::from(exit_code::CONFIG);
         }
     };
@@ -113,7 +113,7 @@ pub fn main_entry(argv: Vec<OsString>) -> ExitCode {
             if config.log_format == config::LogFormat::Json {
                 tracing::error!("{text}");
             }
-            say_err!("fsdp-agent: error: {text}");
+            console::error("fsdp-agent", &text);
             ExitCode::from(e.exit_code())
         }
     }

@@ -140,11 +140,55 @@ type Answer<T> = Result<Response<T>, Status>;
 pub struct Authenticator {
     gate: Gate,
     shared: Shared,
+    failures: Arc<Failures>,
+}
+
+/// Failed logins, answered one at a time and slowly, and said in the log: 2,000 guesses
+/// took 0.31 s, and nothing said so.
+#[derive(Default)]
+struct Failures {
+    /// Held while a refusal waits out [`FAILED_LOGIN_DELAY`]: guesses, from however many
+    /// connections, get at most one answer per delay.
+    one_at_a_time: tokio::sync::Mutex<()>,
+    /// Refusals since the last warning, and when that was.
+    since_said: std::sync::Mutex<(u64, Option<std::time::Instant>)>,
+}
+
+/// How long a refused login waits before its answer.
+const FAILED_LOGIN_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
+/// How often the refusals are said.
+const SAY_FAILURES_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Failures {
+    async fn refused(&self) {
+        let say = {
+            let mut s = self.since_said.lock().unwrap_or_else(|p| p.into_inner());
+            s.0 += 1;
+            let due = s.1.is_none_or(|at| at.elapsed() >= SAY_FAILURES_EVERY);
+            due.then(|| {
+                let n = s.0;
+                *s = (0, Some(std::time::Instant::now()));
+                n
+            })
+        };
+        if let Some(n) = say {
+            tracing::warn!(
+                refused = n,
+                "the c10d store refused a login with a wrong user or password (is something guessing the password, or started with another one?)"
+            );
+        }
+        let _turn = self.one_at_a_time.lock().await;
+        tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+    }
 }
 
 impl Authenticator {
     pub fn new(gate: Gate, shared: Shared) -> Self {
-        Self { gate, shared }
+        Self {
+            gate,
+            shared,
+            failures: Arc::default(),
+        }
     }
 }
 
@@ -159,7 +203,15 @@ impl pb::auth_server::Auth for Authenticator {
             .get::<crate::listener::ConnectionMark>()
             .cloned();
         let r = r.into_inner();
-        let token = self.gate.authenticate(&r.name, &r.password)?;
+        let token = match self.gate.authenticate(&r.name, &r.password) {
+            Ok(t) => t,
+            Err(refused) => {
+                if refused.code() == tonic::Code::InvalidArgument {
+                    self.failures.refused().await;
+                }
+                return Err(refused);
+            }
+        };
         if let Some(m) = mark {
             m.set();
         }

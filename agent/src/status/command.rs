@@ -142,7 +142,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
                 match serde_json::to_string_pretty(&report) {
                     Ok(j) => crate::console::out(&format!("{j}\n")),
                     Err(e) => {
-                        say_err!("fsdp-agent status: error: {e}");
+                        crate::console::error("fsdp-agent status", &e.to_string());
                         return ExitCode::from(exit_code::INTERNAL);
                     }
                 }
@@ -161,7 +161,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             ExitCode::from(exit_code::NO_SUCH_RUN)
         }
         Err(e) => {
-            say_err!("fsdp-agent status: error: {e}");
+            crate::console::error("fsdp-agent status", &e.to_string());
             ExitCode::from(if e.is_configuration() {
                 exit_code::CONFIG
             } else {
@@ -172,7 +172,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
 }
 
 fn usage(msg: &str) -> ExitCode {
-    say_err!("fsdp-agent status: error: {msg}");
+    crate::console::error("fsdp-agent status", msg);
     ExitCode::from(exit_code::CONFIG)
 }
 
