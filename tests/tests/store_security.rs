@@ -431,8 +431,7 @@ fn an_outsider_cannot_keep_a_dead_agents_lease_alive_on_a_password_store() {
                 && host
                     .stderr()
                     .lines()
-                    .filter(|l| l.contains("group formed"))
-                    .last()
+                    .rfind(|l| l.contains("group formed"))
                     .is_some_and(|l| l.contains("world_size=1"))
         },
     );
