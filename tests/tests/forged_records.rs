@@ -144,8 +144,31 @@ fn status_judges_as_the_agents_do_and_prints_no_control_character() {
         format!("{}members/n\u{1b}[2J\nhealth healthy", k.root()),
         member.encode_to_vec(),
     );
+    // A round of 50 nodes in a run of `--nnodes 1:2`.
+    let fifty = fsdp_proto::v1::Round {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        number: 9,
+        members: (0..50)
+            .map(|i| {
+                fsdp_proto::v1::Member::from(fsdp_proto::v1::MemberFields {
+                    schema: fsdp_proto::SCHEMA_VERSION,
+                    node_id: format!("ghost{i}"),
+                    addr: "10.0.0.3".into(),
+                    local_world_size: 1,
+                    ..Default::default()
+                })
+            })
+            .collect(),
+        reason: "forged".into(),
+        ..Default::default()
+    };
+    put(
+        &etcd,
+        k.key::<fsdp_proto::v1::Round>(""),
+        fifty.encode_to_vec(),
+    );
     wait_for("the agent refused them", LIMIT, || {
-        a.stderr().matches("refused a record").count() >= 3
+        a.stderr().matches("refused a record").count() >= 4
     });
     let (code, out, err) = status_cmd(&["--rdzv-endpoint", &etcd.endpoint(), "--rdzv-id", "st"]);
     assert_eq!(code, 0, "{out}{err}");
@@ -155,7 +178,14 @@ fn status_judges_as_the_agents_do_and_prints_no_control_character() {
         "{out}"
     );
     assert!(out.contains("refused"), "{out}");
-    assert!(out.contains("member of neither round"), "{out}");
+    // The real round is overwritten by the forged one, which status refuses: no round is
+    // left to vouch for the halt's writer, so it is refused too.
+    assert!(out.contains("no round of this run can vouch for"), "{out}");
+    assert!(out.contains("has 50 nodes, outside 1..=2"), "{out}");
+    assert!(
+        !out.contains("ghost"),
+        "the forged round is not the run's: {out}"
+    );
     assert!(!out.contains("halted"), "{out}");
     assert!(
         out.contains("\\u{1b}"),

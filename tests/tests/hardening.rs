@@ -520,11 +520,13 @@ fn a_status_command_error_is_one_complete_line() {
 }
 
 /// Writes a halt with `code` into the c10d store at `endpoint`, as a process that is not
-/// an agent (the store is open: no password configured).
-fn forge_halt(endpoint: &str, run: &str, code: u32) {
+/// an agent (the store is open: no password configured). It names `node`, a member of the
+/// round, as its writer: a halt from outside the round is refused whatever its code
+/// (tests/tests/forged_records.rs), and here only the code is to decide.
+fn forge_halt(endpoint: &str, run: &str, code: u32, node: &str) {
     let halt = fsdp_proto::v1::Halt {
         schema: fsdp_proto::SCHEMA_VERSION,
-        node_id: "intruder".into(),
+        node_id: node.into(),
         exit_code: code,
         reason: "forged".into(),
         round: 0,
@@ -555,7 +557,18 @@ fn a_forged_halt_with_code_0_never_ends_a_c10d_job_as_a_success() {
     wait_for("workers started", Duration::from_secs(60), || {
         a.stderr().contains("workers started")
     });
-    forge_halt(&endpoint, "forged-halt", 0);
+    let me = a
+        .stderr()
+        .lines()
+        .find(|l| l.contains("joined the rendezvous"))
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("node_id="))
+        })
+        .expect("the agent's node id")
+        .trim_matches('"')
+        .to_owned();
+    forge_halt(&endpoint, "forged-halt", 0, &me);
     wait_for("the forged halt refused", Duration::from_secs(20), || {
         a.stderr().contains("refused a record")
     });
@@ -582,7 +595,7 @@ fn a_forged_halt_with_code_0_never_ends_a_c10d_job_as_a_success() {
     assert!(!text.contains("halted"), "{text}");
     // A halt this node's policy writes (code 3, --no-retry-exit-codes) is obeyed: the
     // forgery reached the agent, and only the code made it refuse.
-    forge_halt(&endpoint, "forged-halt", 3);
+    forge_halt(&endpoint, "forged-halt", 3, &me);
     a.wait(Duration::from_secs(60));
     assert_eq!(a.code(), 3, "{}", a.stderr());
 }

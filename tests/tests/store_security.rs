@@ -458,6 +458,7 @@ fn host_node_id(log: &str) -> String {
                 .find_map(|w| w.strip_prefix("node_id="))
         })
         .expect("the node id")
+        .trim_matches('"')
         .to_owned()
 }
 

@@ -459,6 +459,17 @@ pub async fn inspect(
             kv.lease(),
         );
     }
+    // A halt is judged by the round it ends when that round comes after it in the read
+    // (keys come sorted: `ctl/halt` before `ctl/round`). With no round at all (lost, or
+    // refused as a forgery) nothing can vouch for its writer: shown refused, not halted.
+    if view.round.is_none() && view.halt.is_some() {
+        view.halt = None;
+        let key = keys.key::<v1::Halt>("");
+        let why = format!(
+            "halt record at {key} names a writer no round of this run can vouch for (no round is readable)"
+        );
+        view.refused.insert(key, why);
+    }
     Ok(Some(report(run_id, &view)))
 }
 
