@@ -4,6 +4,7 @@
 #   apt: etcd-server (tests start real etcd), libgloo-dev (Gloo headers for the trainer),
 #        protobuf-compiler (etcd-client compiles etcd's protos at build time),
 #        g++ (the trainer's C++ shim), python3-venv (the venv), util-linux and hostname (pod tests),
+#        binutils (objcopy: the doc-messages test reads the binary's literals),
 #        iproute2 (network namespaces and ss for the partition and liveness tests),
 #        slurmctld slurmd slurm-client munge (the three-node Slurm cluster of the Slurm
 #        tests, scripts/slurm/start.sh)
@@ -19,6 +20,8 @@ need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 [ -f /usr/include/gloo/config.h ] || need_apt+=(libgloo-dev)
+# tests/tests/doc_messages.rs reads the agent binary's literals with objcopy.
+command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
 # The trainer's c10d shim is C++ (the Rust toolchain only guarantees a C linker).
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 # Debian's python3 creates venvs only with python3-venv (ensurepip).
