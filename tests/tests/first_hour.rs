@@ -9,6 +9,13 @@ use fsdp_tests::{AgentCmd, TempDir, free_port, status_cmd};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
+/// The first agent of a `--nnodes 2` run `run` on the etcd at `ep`.
+fn one_of_two_on_etcd(dir: &std::path::Path, ep: &str, run: &str) -> AgentCmd {
+    AgentCmd::new(dir, "alone")
+        .args(["--nnodes", "2", "--rdzv-backend", "etcd"])
+        .args(["--rdzv-endpoint", ep, "--rdzv-id", run])
+}
+
 /// `--nnodes 2` on etcd with one node started: the waiting line every 30 s, then at the
 /// join timeout one line with the count and the fix (it was Rust debug text after 600 s
 /// of silence), and `fsdp-agent status` says why the run ended (it said `no run`).
@@ -17,16 +24,8 @@ fn a_node_alone_on_etcd_says_what_it_waits_for_then_gives_up_in_words() {
     let etcd = Etcd::start();
     let ep = etcd.endpoint();
     let dir = TempDir::new().unwrap();
-    let mut a = AgentCmd::new(dir.path(), "alone")
-        .args([
-            "--nnodes",
-            "2",
-            "--rdzv-backend",
-            "etcd",
-            "--rdzv-endpoint",
-            &ep,
-        ])
-        .args(["--rdzv-id", "alone", "--rdzv-conf", "join_timeout=33"])
+    let mut a = one_of_two_on_etcd(dir.path(), &ep, "alone")
+        .args(["--rdzv-conf", "join_timeout=33"])
         .args(["--no-python", "true"])
         .run(LIMIT);
     assert_eq!(a.code(), 69, "{}", a.output());
@@ -83,16 +82,8 @@ fn an_interrupted_run_that_never_formed_reads_as_ended() {
     let etcd = Etcd::start();
     let ep = etcd.endpoint();
     let dir = TempDir::new().unwrap();
-    let mut a = AgentCmd::new(dir.path(), "alone")
-        .args([
-            "--nnodes",
-            "2",
-            "--rdzv-backend",
-            "etcd",
-            "--rdzv-endpoint",
-            &ep,
-        ])
-        .args(["--rdzv-id", "ctrlc", "--no-python", "true"])
+    let mut a = one_of_two_on_etcd(dir.path(), &ep, "ctrlc")
+        .args(["--no-python", "true"])
         .spawn();
     fsdp_tests::wait_for("the agent joined", LIMIT, || {
         a.stderr().contains("joined the rendezvous")

@@ -244,5 +244,8 @@ fn a_word_is_one_line_cut_to_the_length_agents_accept() {
     );
     assert!(r.detail.starts_with("first line second"), "{}", r.detail);
     assert!(View::default().allowed.left(&r).is_ok());
+    // Its text too, as a reader judges every record's.
+    use crate::etcd::record::Record;
+    assert!(r.allowed(&View::default(), "").is_ok());
     assert_eq!(kind_of(&r), Some(LeftKind::Unhealthy));
 }

@@ -116,8 +116,9 @@ impl Allowed {
     }
 }
 
-/// The longest detail an agent writes in a `left` record (it cuts its own to fit).
-pub const LEFT_DETAIL_MAX: usize = 500;
+/// The longest detail an agent writes in a `left` record (it cuts its own to fit): a
+/// line of text, as every reason a record carries.
+pub const LEFT_DETAIL_MAX: usize = crate::text::LINE_MAX;
 
 /// `detail` cut to [`LEFT_DETAIL_MAX`] characters, on one line, with no control character.
 pub fn left_detail(detail: &str) -> String {
@@ -126,20 +127,15 @@ pub fn left_detail(detail: &str) -> String {
 
 impl Allowed {
     /// A departure record says why a node left, nothing more: one that no agent writes
-    /// (no kind, a detail longer than agents cut theirs to) is refused. Trusted ones change
-    /// nothing the group does either; status shows them.
+    /// (no kind, no node) is refused; its text is judged with every record's
+    /// (`Record::allowed`). Trusted ones change nothing the group does either; status
+    /// shows them.
     pub fn left(&self, l: &v1::Left) -> Result<(), String> {
         if !matches!(v1::LeftKind::try_from(l.kind), Ok(k) if k != v1::LeftKind::Unspecified) {
             return Err(format!("has kind {}, which no agent writes", l.kind));
         }
         if l.node_id.is_empty() {
             return Err("names no node".into());
-        }
-        let chars = l.detail.chars().count();
-        if chars > LEFT_DETAIL_MAX || l.detail.contains(['\n', '\r']) {
-            return Err(format!(
-                "has a detail of {chars} characters or several lines; agents write one line of at most {LEFT_DETAIL_MAX}"
-            ));
         }
         Ok(())
     }
