@@ -18,13 +18,19 @@
 //! ask for one there), so those stay open, as on an etcd; the one that can hurt an agent,
 //! `LeaseRevoke`, is only taken on a connection that has authenticated ([`Gate::admit`]).
 //!
-//! A token is a random nonce and its HMAC-SHA256 under a key derived from the user and
-//! password: checking one needs no table (nothing for a flood of `Authenticate` calls to
-//! grow), compares in constant time, and survives the host agent's restart in place (the
-//! others' clients keep their tokens and re-register as after an etcd restart). Passwords
-//! are compared as digests, in constant time.
+//! A token is a random nonce, the time it expires and their HMAC-SHA256 under a key derived
+//! from the run, the user and the password: checking one needs no table (nothing for a flood
+//! of `Authenticate` calls to grow), compares in constant time, and survives the host
+//! agent's restart in place (the others' clients keep their tokens and re-register as
+//! after an etcd restart). A token is good for [`Credentials::token_ttl`] (etcd's
+//! `--auth-token-ttl`, 300 s) and only on a store of its run: one taken from a log or a
+//! core dump stops working, and jobs that share a password do not share tokens. A client
+//! whose token expired is answered `invalid auth token`, as etcd answers it, and
+//! authenticates again (the agents do; etcd's Go client does). Passwords are compared as
+//! digests, in constant time.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ring::digest::{SHA256, digest};
 use ring::hmac;
@@ -36,11 +42,30 @@ use crate::listener::ConnectionMark;
 /// The metadata header etcd's clients send the token in.
 pub const TOKEN_HEADER: &str = "token";
 
-/// The one user the store accepts. Its `Debug` hides the password.
+/// How long a token is good for when nothing else is said: etcd's `--auth-token-ttl`.
+pub const TOKEN_TTL: Duration = Duration::from_secs(300);
+
+/// The one user the store accepts, for one run. Its `Debug` hides the password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
     pub user: String,
     pub password: String,
+    /// The run the store serves: its tokens are good on no other run's store.
+    pub run: String,
+    /// How long a token is good for after `Authenticate` handed it out.
+    pub token_ttl: Duration,
+}
+
+impl Credentials {
+    /// `user` and `password` for `run`, with tokens good for [`TOKEN_TTL`].
+    pub fn new(user: String, password: String, run: String) -> Self {
+        Self {
+            user,
+            password,
+            run,
+            token_ttl: TOKEN_TTL,
+        }
+    }
 }
 
 impl std::fmt::Debug for Credentials {
@@ -48,6 +73,8 @@ impl std::fmt::Debug for Credentials {
         f.debug_struct("Credentials")
             .field("user", &self.user)
             .field("password", &"***")
+            .field("run", &self.run)
+            .field("token_ttl", &self.token_ttl)
             .finish()
     }
 }
@@ -69,7 +96,23 @@ struct Secret {
     user: Digest,
     password: Digest,
     tokens: hmac::Key,
+    token_ttl: Duration,
     random: SystemRandom,
+}
+
+/// Seconds since the Unix epoch on this host's clock. Tokens outlive the host agent's
+/// restart in place, so they are dated by the clock that also outlives it.
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What a token's tag signs: its nonce and when it expires.
+fn signed(nonce: &[u8], expires: u64) -> Vec<u8> {
+    let mut m = nonce.to_vec();
+    m.extend_from_slice(&expires.to_be_bytes());
+    m
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -102,12 +145,15 @@ impl Gate {
         Self {
             secret: credentials.map(|c| {
                 let mut seed = b"fsdp-store token\0".to_vec();
+                seed.extend_from_slice(&sha256(c.run.as_bytes()));
                 seed.extend_from_slice(&sha256(c.user.as_bytes()));
                 seed.extend_from_slice(&sha256(c.password.as_bytes()));
                 Arc::new(Secret {
                     user: sha256(c.user.as_bytes()),
                     password: sha256(c.password.as_bytes()),
                     tokens: hmac::Key::new(hmac::HMAC_SHA256, &sha256(&seed)),
+                    // At least a second: a token must outlive the call that fetched it.
+                    token_ttl: c.token_ttl.max(Duration::from_secs(1)),
                     random: SystemRandom::new(),
                 })
             }),
@@ -120,6 +166,10 @@ impl Gate {
 
     /// A new token for the right user and password, as etcd's `Authenticate`.
     pub fn authenticate(&self, user: &str, password: &str) -> Result<String, Status> {
+        self.authenticate_at(user, password, unix_now())
+    }
+
+    fn authenticate_at(&self, user: &str, password: &str, now: u64) -> Result<String, Status> {
         let Some(s) = &self.secret else {
             return Err(Status::failed_precondition(
                 "etcdserver: authentication is not enabled",
@@ -140,31 +190,41 @@ impl Gate {
         s.random
             .fill(&mut nonce)
             .map_err(|_| Status::internal("etcdserver: no randomness for a token"))?;
-        let tag = hmac::sign(&s.tokens, &nonce);
-        Ok(format!("{}.{}", hex(&nonce), hex(tag.as_ref())))
+        let expires = now.saturating_add(s.token_ttl.as_secs());
+        let tag = hmac::sign(&s.tokens, &signed(&nonce, expires));
+        Ok(format!("{}.{expires}.{}", hex(&nonce), hex(tag.as_ref())))
     }
 
-    /// Whether `token` is one this store's secret signed.
-    fn valid(s: &Secret, token: &[u8]) -> bool {
-        let Some((nonce, tag)) = std::str::from_utf8(token)
-            .ok()
-            .and_then(|t| t.split_once('.'))
-            .and_then(|(n, t)| Some((unhex(n)?, unhex(t)?)))
-        else {
+    /// Whether `token` is one this store's secret signed and has not expired by `now`.
+    fn valid(s: &Secret, token: &[u8], now: u64) -> bool {
+        let Some((nonce, expires, tag)) = std::str::from_utf8(token).ok().and_then(|t| {
+            let mut parts = t.splitn(3, '.');
+            let nonce = unhex(parts.next()?)?;
+            let expires: u64 = parts.next()?.parse().ok()?;
+            Some((nonce, expires, unhex(parts.next()?)?))
+        }) else {
             return false;
         };
-        hmac::verify(&s.tokens, &nonce, &tag).is_ok()
+        // The tag first: an expiry nobody signed says nothing. Then the time, both ways:
+        // a clock set back must not stretch a token past the TTL it was given.
+        hmac::verify(&s.tokens, &signed(&nonce, expires), &tag).is_ok()
+            && now < expires
+            && expires <= now.saturating_add(s.token_ttl.as_secs())
     }
 
     /// Whether `req` may proceed: always on an open store, else only with a token this store's secret signed.
     pub fn check<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        self.check_at(req, unix_now())
+    }
+
+    fn check_at<T>(&self, req: &Request<T>, now: u64) -> Result<(), Status> {
         let Some(s) = &self.secret else {
             return Ok(());
         };
         let Some(token) = req.metadata().get(TOKEN_HEADER) else {
             return Err(Status::invalid_argument("etcdserver: user name is empty"));
         };
-        if Self::valid(s, token.as_bytes()) {
+        if Self::valid(s, token.as_bytes(), now) {
             if let Some(mark) = req.extensions().get::<ConnectionMark>() {
                 mark.set();
             }
@@ -189,11 +249,12 @@ impl Gate {
 mod tests {
     use super::*;
 
+    fn credentials(run: &str, password: &str) -> Credentials {
+        Credentials::new("fsdp".into(), password.into(), run.into())
+    }
+
     fn gate() -> Gate {
-        Gate::new(Some(&Credentials {
-            user: "fsdp".into(),
-            password: "s3cret".into(),
-        }))
+        Gate::new(Some(&credentials("job", "s3cret")))
     }
 
     fn with_token(token: Option<&str>) -> Request<()> {
@@ -260,14 +321,53 @@ mod tests {
         let t = g.authenticate("fsdp", "s3cret").unwrap();
         // The host restarted in place: the same secret still knows the token.
         assert!(gate().check(&with_token(Some(&t))).is_ok());
-        let other = Gate::new(Some(&Credentials {
-            user: "fsdp".into(),
-            password: "other".into(),
-        }));
+        let other = Gate::new(Some(&credentials("job", "other")));
         assert!(other.check(&with_token(Some(&t))).is_err());
         let mut forged = t.clone();
         forged.replace_range(0..2, if t.starts_with("00") { "01" } else { "00" });
         assert!(g.check(&with_token(Some(&forged))).is_err());
         assert!(g.check(&with_token(Some("zz.zz"))).is_err());
+        assert!(g.check(&with_token(Some("zz.1.zz"))).is_err());
+    }
+
+    #[test]
+    fn a_token_is_good_only_on_a_store_of_its_run() {
+        let t = gate().authenticate("fsdp", "s3cret").unwrap();
+        let other_run = Gate::new(Some(&credentials("another-job", "s3cret")));
+        assert!(other_run.check(&with_token(Some(&t))).is_err());
+    }
+
+    #[test]
+    fn a_token_expires_after_its_ttl_and_its_expiry_cannot_be_moved() {
+        let g = gate();
+        let t = g.authenticate_at("fsdp", "s3cret", 1_000).unwrap();
+        let at = |now| g.check_at(&with_token(Some(&t)), now);
+        assert!(at(1_000).is_ok() && at(1_299).is_ok());
+        let e = at(1_300).unwrap_err();
+        assert_eq!(
+            (e.code(), e.message()),
+            (
+                tonic::Code::Unauthenticated,
+                "etcdserver: invalid auth token"
+            ),
+            "an expired token is refused as etcd refuses one"
+        );
+        // A clock set far back does not make the token good for longer than its TTL.
+        assert!(at(900).is_err());
+        // Nor does writing a later expiry into it.
+        let (nonce, rest) = t.split_once('.').unwrap();
+        let (_, tag) = rest.split_once('.').unwrap();
+        let moved = format!("{nonce}.99999999999.{tag}");
+        assert!(g.check_at(&with_token(Some(&moved)), 1_100).is_err());
+    }
+
+    #[test]
+    fn a_ttl_under_a_second_is_a_second() {
+        let mut c = credentials("job", "s3cret");
+        c.token_ttl = Duration::ZERO;
+        let g = Gate::new(Some(&c));
+        let t = g.authenticate_at("fsdp", "s3cret", 50).unwrap();
+        assert!(g.check_at(&with_token(Some(&t)), 50).is_ok());
+        assert!(g.check_at(&with_token(Some(&t)), 51).is_err());
     }
 }

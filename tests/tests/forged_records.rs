@@ -51,7 +51,7 @@ fn a_forged_quarantine_keeps_no_agent_out() {
             .run(LIMIT);
         assert_eq!(a.code(), 0, "{run}: {}", a.output());
         let err = a.stderr();
-        assert!(err.contains("refused a record"), "{run}: {err}");
+        assert_eq!(err.matches("refused a record").count(), 1, "{run}: {err}");
         assert!(!err.contains("quarantined"), "{run}: {err}");
     }
 }
@@ -86,6 +86,13 @@ fn a_halt_from_outside_the_round_ends_nobody() {
     });
     std::thread::sleep(Duration::from_secs(1));
     assert!(fsdp_tests::alive(a.pid()), "{}", a.output());
+    // One refusal, one line: the same refusal was logged twice.
+    assert_eq!(
+        a.stderr().matches("refused a record").count(),
+        1,
+        "{}",
+        a.output()
+    );
     a.signal(libc::SIGTERM);
     assert_eq!(a.code(), 143, "{}", a.output());
 }

@@ -502,3 +502,60 @@ fn wrong_passwords_are_answered_slowly_and_said_in_the_log() {
     host.signal(libc::SIGTERM);
     let _ = host.wait(LIMIT);
 }
+
+/// Tokens expire (`token_ttl`, as etcd's `--auth-token-ttl`): one an outsider copied stops
+/// working, and the agents, whose tokens expire too, authenticate again. Before, tokens
+/// never expired, and etcd-client never authenticates again by itself: with a 1 s TTL the
+/// agents' first write after a second (a failure report, the next round) was refused as a
+/// bad password and the job ended.
+#[test]
+fn tokens_expire_and_the_agents_authenticate_again() {
+    let dir = TempDir::new().unwrap();
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    // Restarts 0 and 1 fail after 2.5 s, restart 2 succeeds: two re-forms, each well past
+    // the token's second.
+    let worker = [
+        "--exit-code",
+        "1",
+        "--fail-after",
+        "2.5",
+        "--fail-until-restart",
+        "2",
+        "--sleep",
+        "1",
+    ];
+    let start = |name: &str| {
+        let cmd = AgentCmd::new(dir.path(), name).env("FSDP_ETCD_PASSWORD", SECRET);
+        agent(cmd, dir.path(), name, &endpoint, "token_ttl=1", &worker)
+    };
+    let mut host = start("host");
+    wait_serving(&host);
+    let mut other = start("other");
+
+    runtime().block_on(async {
+        let mut copied = client(&endpoint, Some(("fsdp", SECRET))).await.unwrap();
+        copied.get("/", None).await.expect("a fresh token reads");
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        let e = copied
+            .get("/", None)
+            .await
+            .expect_err("an expired token is refused");
+        assert_eq!(
+            grpc_error(&e),
+            (
+                tonic::Code::Unauthenticated,
+                "etcdserver: invalid auth token".into()
+            )
+        );
+    });
+
+    assert_eq!(host.wait(LIMIT).code(), Some(0), "{}", host.output());
+    assert_eq!(other.wait(LIMIT).code(), Some(0), "{}", other.output());
+    for a in [&host, &other] {
+        assert!(
+            a.stderr().matches("group formed").count() >= 3,
+            "two re-forms after the tokens expired: {}",
+            a.stderr()
+        );
+    }
+}

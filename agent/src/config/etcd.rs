@@ -127,6 +127,7 @@ pub fn build_c10d(
     }
     let tls = c10d_tls(conf)?;
     let credentials = c10d_user(conf, env_password)?;
+    let token_ttl = token_ttl(conf, credentials.is_some())?;
     m.rendezvous.options.tls = tls.clone();
     m.rendezvous.options.user = credentials.clone();
     m.store = Some(EmbeddedStore {
@@ -134,8 +135,10 @@ pub fn build_c10d(
         port,
         is_host,
         security: fsdp_store::Security {
-            credentials: credentials
-                .map(|(user, password)| fsdp_store::Credentials { user, password }),
+            credentials: credentials.map(|(user, password)| fsdp_store::Credentials {
+                token_ttl,
+                ..fsdp_store::Credentials::new(user, password, run_id.to_owned())
+            }),
             tls: tls.map(|t| fsdp_store::ServerTls {
                 // c10d_tls gives all three or none.
                 cert: t.cert.unwrap_or_default(),
@@ -145,6 +148,23 @@ pub fn build_c10d(
         },
     });
     Ok(m)
+}
+
+/// `--rdzv-conf token_ttl`: how long the c10d store's tokens are good for (etcd's
+/// `--auth-token-ttl`); only a store with a password hands any out.
+fn token_ttl(conf: &BTreeMap<String, String>, password: bool) -> Result<Duration, String> {
+    let Some(ttl) = dur(conf, "token_ttl")? else {
+        return Ok(fsdp_store::auth::TOKEN_TTL);
+    };
+    if !password {
+        return Err("--rdzv-conf token_ttl: the c10d store hands out tokens only with a password; give every agent FSDP_ETCD_PASSWORD or password_file=PATH, or drop token_ttl".into());
+    }
+    if ttl < Duration::from_secs(1) {
+        return Err(
+            "--rdzv-conf token_ttl must be at least 1s (tokens count whole seconds)".into(),
+        );
+    }
+    Ok(ttl)
 }
 
 /// The c10d store's user: etcd mode's keys, the user name optional ([`C10D_DEFAULT_USER`]).
@@ -696,6 +716,33 @@ mod tests {
         assert!(err.contains("protocol=http"), "{err}");
         assert_eq!(b("https://e", &[]), Ok(true));
         assert_eq!(b("e", &[("cacert", "/ca")]), Ok(true));
+    }
+
+    #[test]
+    fn the_c10d_token_ttl_is_the_run_s_and_needs_a_password() {
+        let c10d = |pairs: &[(&str, &str)], password: Option<&str>| {
+            build_c10d(
+                "127.0.0.1:29400",
+                "job-9",
+                (1, 2),
+                &conf(pairs),
+                "h".into(),
+                1,
+                password,
+            )
+            .map(|m| m.store.and_then(|s| s.security.credentials))
+        };
+        let c = c10d(&[], Some("pw")).unwrap().unwrap();
+        assert_eq!(
+            (c.run.as_str(), c.token_ttl),
+            ("job-9", fsdp_store::auth::TOKEN_TTL)
+        );
+        let c = c10d(&[("token_ttl", "90s")], Some("pw")).unwrap().unwrap();
+        assert_eq!(c.token_ttl, Duration::from_secs(90));
+        let e = c10d(&[("token_ttl", "90")], None).unwrap_err();
+        assert!(e.contains("token_ttl") && e.contains("password"), "{e}");
+        let e = c10d(&[("token_ttl", "0.5")], Some("pw")).unwrap_err();
+        assert!(e.contains("at least 1s"), "{e}");
     }
 
     #[test]

@@ -65,6 +65,12 @@ pub const KEYS: &[Key] = &[
         c10d: true,
         note: "only the c10d backend hosts a store",
     },
+    Key {
+        name: "token_ttl",
+        etcd: false,
+        c10d: true,
+        note: "an etcd's tokens live as long as its own --auth-token-ttl says",
+    },
     torchrun(
         "store_type",
         "only a TCP store exists (store_type=tcp is torchrun's default)",

@@ -398,14 +398,14 @@ impl EtcdRendezvous {
                 .map(|r| (r.record.number, r.record.members.len()));
             (round, v.connected)
         };
-        let count = self.counter.get(
-            self.keys.members(),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only(),
-            ),
-        );
+        let count = super::token::renewing(&self.counter, || {
+            let mut c = self.counter.clone();
+            let only_count = etcd_client::GetOptions::new()
+                .with_prefix()
+                .with_count_only();
+            let members = self.keys.members();
+            async move { c.get(members, Some(only_count)).await }
+        });
         // A count is worth a line, never a wait: a store that does not answer soon says
         // so by its absence.
         let registered = match tokio::time::timeout(Duration::from_secs(2), count).await {

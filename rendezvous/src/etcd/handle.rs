@@ -371,8 +371,10 @@ pub(super) async fn refuse_nesting(
         .collect();
     let client = &*client;
     let answer = while_overloaded(window, || {
-        let (mut c, txn) = (client.clone(), Txn::new().and_then(reads.clone()));
-        async move { c.txn(txn).await }
+        super::token::renewing(client, || {
+            let (mut c, txn) = (client.clone(), Txn::new().and_then(reads.clone()));
+            async move { c.txn(txn).await }
+        })
     })
     .await;
     let what = "checking that the run's keys nest in no other run, and none in it";

@@ -42,6 +42,7 @@ pub mod roster;
 pub(crate) mod session;
 #[cfg(test)]
 mod tests;
+mod token;
 mod view;
 pub mod waiting;
 

@@ -18,6 +18,7 @@ use super::{Request, records};
 use crate::etcd::connect::{self, EtcdOptions};
 use crate::etcd::keys::Keys;
 use crate::etcd::probe::{Prober, Proof};
+use crate::etcd::token;
 use crate::etcd::view::View;
 
 type EtcdResult<T> = Result<T, etcd_client::Error>;
@@ -314,6 +315,16 @@ impl Conn {
         if !op.uses_streams() {
             return request(self.client.clone(), op).await;
         }
+        match self.on_streams(op.clone()).await {
+            Err(e) if token::expired(&e) => {
+                token::renew(&self.client, &e).await?;
+                self.on_streams(op).await
+            }
+            answer => answer,
+        }
+    }
+
+    async fn on_streams(&mut self, op: Op) -> EtcdResult<Answer> {
         Ok(match op {
             Op::Watch { role, from, lease } => {
                 self.streams = None;
@@ -381,8 +392,13 @@ impl Conn {
     }
 }
 
-/// Carries out an op that needs no stream, on its own handle to the connection.
-async fn request(mut client: Client, op: Op) -> EtcdResult<Answer> {
+/// Carries out an op that needs no stream, on its own handle to the connection
+/// (authenticating again if the token it carried had expired).
+async fn request(client: Client, op: Op) -> EtcdResult<Answer> {
+    token::renewing(&client, || send(client.clone(), op.clone())).await
+}
+
+async fn send(mut client: Client, op: Op) -> EtcdResult<Answer> {
     let c = &mut client;
     Ok(match op {
         Op::Range {

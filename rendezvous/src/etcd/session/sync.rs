@@ -601,13 +601,18 @@ fn thread_cpu_ns() -> u64 {
 
 /// The view a ranged read of the run gives.
 fn fresh_view(m: &Machine, kvs: &[Kv]) -> View {
+    // The refusals already said stay said: each re-read of the run (every re-sync) logged
+    // every refused record once more.
     let mut fresh = View {
         allowed: m.view.allowed.clone(),
+        refused: m.view.refused.clone(),
         ..View::default()
     };
     for kv in kvs {
         put_kv(&mut fresh, &m.cfg.keys, kv);
     }
+    let present: std::collections::HashSet<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
+    fresh.refused.retain(|k, _| present.contains(k.as_str()));
     fresh
 }
 
