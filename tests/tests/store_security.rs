@@ -327,6 +327,16 @@ fn idle_connections_to_a_host_with_1024_descriptors_neither_end_the_job_nor_bloc
 /// tries, and the survivor re-forms without the killed agent at its lease's expiry.
 #[test]
 fn an_outsider_cannot_keep_a_dead_agents_lease_alive_on_a_password_store() {
+    outsider_holds_the_lease_of(libc::SIGKILL);
+}
+
+/// The same with the agent frozen (SIGSTOP): its lease is as silent as a dead one's.
+#[test]
+fn an_outsider_cannot_keep_a_frozen_agents_lease_alive_on_a_password_store() {
+    outsider_holds_the_lease_of(libc::SIGSTOP);
+}
+
+fn outsider_holds_the_lease_of(signal: libc::c_int) {
     let dir = TempDir::new().unwrap();
     let endpoint = format!("127.0.0.1:{}", free_port());
     let run = "held";
@@ -398,7 +408,7 @@ fn an_outsider_cannot_keep_a_dead_agents_lease_alive_on_a_password_store() {
         assert_eq!(refused(e).1, "etcdserver: user name is empty");
     });
     let killed = Instant::now();
-    victim.signal(libc::SIGKILL);
+    victim.signal(signal);
     // The outsider keeps trying to renew the dead agent's lease, as fast as it can.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tries = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
@@ -444,9 +454,10 @@ fn an_outsider_cannot_keep_a_dead_agents_lease_alive_on_a_password_store() {
         tries.load(std::sync::atomic::Ordering::Relaxed) > 3,
         "the outsider kept trying"
     );
-    println!("re-formed {took:?} after the SIGKILL, the outsider refused throughout");
+    println!("re-formed {took:?} after signal {signal}, the outsider refused throughout");
     host.signal(libc::SIGTERM);
     let _ = host.wait(LIMIT);
+    victim.signal(libc::SIGKILL);
 }
 
 /// The node id in an agent's `joined the rendezvous` line.
