@@ -206,6 +206,9 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 max_restarts: Some(cfg.max_restarts),
                 window_s: cfg.failure.restart_window.map_or(0, |w| w.as_secs()),
             };
+            if m.job_check {
+                rc.job = job(cfg, (rc.min_nodes, rc.max_nodes));
+            }
             let mut rdzv = tokio::select! {
                 r = EtcdRendezvous::connect(rc) => r?,
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
@@ -242,6 +245,24 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
     }
+}
+
+/// What makes this agent's job ([`fsdp_rendezvous::job`]): the entrypoint by its file
+/// name (the interpreter may live at another path on another node), its arguments,
+/// `--nproc-per-node` (a number, or one word for the forms each node counts itself) and
+/// `--nnodes`.
+fn job(cfg: &Config, nnodes: (u32, u32)) -> String {
+    let e = &cfg.entrypoint;
+    let program = e.program.file_name().map_or_else(
+        || e.program.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let nproc = if cfg.nproc_given {
+        cfg.nproc_per_node.to_string()
+    } else {
+        "per-node".to_owned()
+    };
+    fsdp_rendezvous::job::fingerprint(&program, &e.args, &nproc, nnodes)
 }
 
 /// What this node accepts from the records others write: its own rules, as every agent of

@@ -222,6 +222,7 @@ mod tests {
                     max_nodes: n as u32,
                     max_restarts: Some(3),
                     restart_window_s: 3600,
+                    job: String::new(),
                 }
                 .into()
             })

@@ -62,6 +62,9 @@ pub enum RendezvousError {
     /// the fix.
     #[error("{0}")]
     TorchrunPeer(String),
+    /// The run is another job's ([`crate::job`]): what differs, and the fix.
+    #[error("{0}")]
+    AnotherJob(String),
     /// No round could be formed in time: what the node waited for, and the fix
     /// ([`crate::etcd::waiting`]).
     #[error("{0}")]
@@ -93,7 +96,7 @@ impl RendezvousError {
     /// certificate is configuration: no retry will make it work.
     pub fn is_configuration(&self) -> bool {
         match self {
-            Self::InvalidConfig(_) | Self::TorchrunPeer(_) => true,
+            Self::InvalidConfig(_) | Self::TorchrunPeer(_) | Self::AnotherJob(_) => true,
             Self::Unreachable { error, .. } => !crate::etcd::is_transient(error),
             _ => false,
         }

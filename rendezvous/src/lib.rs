@@ -33,6 +33,7 @@ pub mod fence;
 pub mod fixed;
 pub mod gone;
 mod host;
+pub mod job;
 pub mod pace;
 pub mod port;
 pub mod ranks;

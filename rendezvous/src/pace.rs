@@ -17,11 +17,18 @@
 //!   after the previous seal. A node that joins, leaves, registers again or fails changes
 //!   the basis and starts afresh.
 //! * **per second:** once [`PaceConfig::per_second`] rounds were sealed within a second,
-//!   the next waits a delay that doubles with every further seal of the last
-//!   [`WINDOW`], whatever the basis.
+//!   each next one waits a delay that doubles from the first hold, whatever the basis,
+//!   until the rounds calm down: a gap of [`WINDOW`] beyond the hold in force ends it.
+//!   The hold is measured from the last seal, never from a sliding window: a window that
+//!   emptied while the coordinator waited lifted an 8 s hold after 0.4 s, so a loop whose
+//!   basis changed every round ran at 5 rounds a second instead of backing off.
 //!
-//! A hold is an error in the coordinator's log naming the reasons of the last rounds, and
-//! a count (`fsdp_agent_round_seals_held_total`) beside `fsdp_agent_rounds_sealed_total`.
+//! A hold on one basis ([`HoldRule::SameBasis`]) is a bug: nothing a node did explains the
+//! rounds, and the coordinator's log says so as an error naming the reasons of the last
+//! rounds. A hold of the per-second rule alone ([`HoldRule::Churn`]) is nodes coming and
+//! going faster than a group can settle, which a flapping network or a crowd of restarts
+//! does: one info line per episode. Both count in `fsdp_agent_round_seals_held_total`,
+//! beside `fsdp_agent_rounds_sealed_total`.
 
 use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
@@ -57,18 +64,24 @@ impl Default for PaceConfig {
     }
 }
 
-/// What a seal rests on: the registrations present, each by node and incarnation, and the
-/// failures reported. Kept as a digest: at 1,000 nodes the coordinator computes it on every
+/// What a seal rests on: the registrations present, each by node and incarnation, the
+/// failures reported, and the members the round would have. Kept as a digest: at 1,000 nodes the coordinator computes it on every
 /// change it observes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Basis(u64);
 
 impl Basis {
     /// The basis of `registrations` (node, incarnation, create revision; in any order the
-    /// caller keeps stable, e.g. by node) and `failures` (the rounds with a failure record).
+    /// caller keeps stable, e.g. by node), `failures` (the rounds with a failure record)
+    /// and `members` (the proposed round's). The members count: rounds that each admit
+    /// one more of the nodes already registered (a store back empty, a crowd at a seal)
+    /// are progress, not a loop, though no registration changed; a loop seals the same
+    /// members again and again. The round a node asks for does not count: a node asking
+    /// for the next round after every seal, on one registration, was the loop itself.
     pub fn of<'a>(
         registrations: impl IntoIterator<Item = (&'a str, u64, i64)>,
         failures: impl IntoIterator<Item = u64>,
+        members: impl IntoIterator<Item = &'a str>,
     ) -> Self {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for r in registrations {
@@ -77,6 +90,10 @@ impl Basis {
         0xfa11u16.hash(&mut h);
         for f in failures {
             f.hash(&mut h);
+        }
+        0x6e3bu16.hash(&mut h);
+        for m in members {
+            m.hash(&mut h);
         }
         Self(h.finish())
     }
@@ -91,6 +108,15 @@ struct Sealed {
     reason: String,
 }
 
+/// Which rule holds a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldRule {
+    /// Rounds on one basis: no node joined, left, registered again or failed. A bug.
+    SameBasis,
+    /// Only the per-second rule: the `nth` hold (0 first) of one episode of churn.
+    Churn { nth: u32 },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PaceDecision {
     Go,
@@ -98,6 +124,7 @@ pub enum PaceDecision {
     Hold {
         until: Instant,
         why: String,
+        rule: HoldRule,
     },
 }
 
@@ -106,6 +133,8 @@ pub enum PaceDecision {
 pub struct Pace {
     cfg: PaceConfig,
     sealed: VecDeque<Sealed>,
+    /// Seals made while the per-second rule was in force, in the current episode (0: none).
+    strikes: u32,
 }
 
 impl Pace {
@@ -113,6 +142,7 @@ impl Pace {
         Self {
             cfg,
             sealed: VecDeque::new(),
+            strikes: 0,
         }
     }
 
@@ -137,19 +167,27 @@ impl Pace {
                 "{same} rounds in a row were sealed with no node joining, leaving, registering again or failing"
             ));
         }
-        let within = |d: Duration| {
-            self.sealed
-                .iter()
-                .filter(|s| now.saturating_duration_since(s.at) < d)
-                .count() as u32
-        };
-        let last_second = within(Duration::from_secs(1));
-        if last_second >= self.cfg.per_second {
-            let extra = within(WINDOW).saturating_sub(self.cfg.per_second);
-            let at = last.at + self.hold(extra);
+        let same_basis = until.is_some();
+        if self.strikes > 0 {
+            let at = last.at + self.hold(self.strikes - 1);
             until = until.max(Some(at));
-            rules.push(format!("{last_second} rounds were sealed within a second"));
+            rules.push(format!(
+                "more than {} rounds a second ({} in the last {}s)",
+                self.cfg.per_second,
+                self.sealed
+                    .iter()
+                    .filter(|s| last.at.saturating_duration_since(s.at) < WINDOW)
+                    .count(),
+                WINDOW.as_secs()
+            ));
         }
+        let rule = if same_basis {
+            HoldRule::SameBasis
+        } else {
+            HoldRule::Churn {
+                nth: self.strikes.saturating_sub(1),
+            }
+        };
         match until {
             Some(until) if until > now => PaceDecision::Hold {
                 until,
@@ -159,6 +197,7 @@ impl Pace {
                     (until - now).as_secs_f64(),
                     self.last_reasons()
                 ),
+                rule,
             },
             _ => PaceDecision::Go,
         }
@@ -166,6 +205,12 @@ impl Pace {
 
     /// Round `number` resting on `basis` was sealed at `now` for `reason`.
     pub fn sealed(&mut self, now: Instant, number: u64, basis: Basis, reason: &str) {
+        // The episode goes on while seals keep coming within a window of the hold in
+        // force; a longer quiet ends it.
+        let going_on = self.strikes > 0
+            && self.sealed.back().is_some_and(|p| {
+                now.saturating_duration_since(p.at) < self.hold(self.strikes - 1) + WINDOW
+            });
         if self.sealed.len() == KEPT {
             self.sealed.pop_front();
         }
@@ -175,6 +220,17 @@ impl Pace {
             basis,
             reason: reason.to_owned(),
         });
+        let burst = self
+            .sealed
+            .iter()
+            .filter(|s| now.saturating_duration_since(s.at) < Duration::from_secs(1))
+            .count() as u32
+            >= self.cfg.per_second;
+        self.strikes = match (going_on, burst) {
+            (true, _) => self.strikes.saturating_add(1),
+            (false, true) => 1,
+            (false, false) => 0,
+        };
     }
 
     /// The `n`-th (0-based) hold of a rule that keeps being crossed.
@@ -203,6 +259,7 @@ mod tests {
         Basis::of(
             nodes.iter().map(|(n, i)| (*n, *i, 1)),
             failures.iter().copied(),
+            nodes.iter().map(|(n, _)| *n),
         )
     }
 
@@ -220,6 +277,12 @@ mod tests {
         assert_ne!(a, basis(&[("a", 2), ("b", 1)], &[]), "a new incarnation");
         assert_ne!(a, basis(&[("a", 1)], &[]), "a node gone");
         assert_ne!(a, basis(&[("a", 1), ("b", 1)], &[4]), "a failure reported");
+        let regs = [("a", 1, 1), ("b", 1, 1)];
+        assert_ne!(
+            Basis::of(regs, [], ["a"]),
+            Basis::of(regs, [], ["a", "b"]),
+            "one more member admitted"
+        );
     }
 
     /// The livelock's shape: one node registering again and again for the next round on
@@ -236,9 +299,10 @@ mod tests {
             p.sealed(at, n.into(), b, "re-form (me stopped their workers)");
         }
         let last = t0 + Duration::from_secs(4);
-        let PaceDecision::Hold { until, why } = p.check(last + MS, b) else {
+        let PaceDecision::Hold { until, why, rule } = p.check(last + MS, b) else {
             panic!("a fourth seal on one basis must wait")
         };
+        assert_eq!(rule, HoldRule::SameBasis);
         assert_eq!(until, last + 500 * MS);
         assert!(why.contains("3 rounds in a row"), "{why}");
         assert!(
@@ -273,12 +337,13 @@ mod tests {
         }
         let next = basis(&[("n", 99)], &[]);
         let now = t0 + 50 * MS;
-        let PaceDecision::Hold { until, why } = p.check(now, next) else {
+        let PaceDecision::Hold { until, why, rule } = p.check(now, next) else {
             panic!("a sixth seal within a second must wait")
         };
+        assert_eq!(rule, HoldRule::Churn { nth: 0 }, "{why}");
         assert_eq!(until, t0 + 40 * MS + 500 * MS);
         assert!(
-            why.contains("5 rounds were sealed within a second"),
+            why.contains("more than 5 rounds a second (5 in the last 10s)"),
             "{why}"
         );
         assert!(why.contains("round 4: growth 4"), "{why}");
@@ -286,11 +351,52 @@ mod tests {
         p.sealed(until, 5, next, "growth 5");
         let again = basis(&[("n", 100)], &[]);
         assert_eq!(held(&p.check(until + MS, again)), Some(until + 1000 * MS));
-        // A quiet second later the rate is fine again.
+        // At the end of that hold it goes.
         assert_eq!(
             p.check(until + Duration::from_secs(1), again),
             PaceDecision::Go
         );
+    }
+
+    /// Ten pods stopping 2 s in 4: a hold of 8 s was lifted 0.4 s later, once fewer than
+    /// five seals were left in the last second, and the doubling never took hold.
+    #[test]
+    fn a_churn_hold_lasts_its_time_and_doubles_while_the_churn_goes_on() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(PaceConfig::default());
+        let mut n = 0u64;
+        let mut seal = |p: &mut Pace, at: Instant| {
+            n += 1;
+            let b = basis(&[("n", n)], &[]);
+            p.sealed(at, n, b, "churn");
+        };
+        for k in 0..5u32 {
+            seal(&mut p, t0 + k * 10 * MS);
+        }
+        let mut last = t0 + 40 * MS;
+        let fresh = || basis(&[("other", 7)], &[]);
+        for (nth, hold_ms) in [500u32, 1000, 2000, 4000, 8000, 16000, 30000, 30000]
+            .into_iter()
+            .enumerate()
+        {
+            // Asked at any time before its end, the hold stands, even with the last second empty.
+            for asked in [last + MS, last + (hold_ms - 1) * MS] {
+                let d = p.check(asked, fresh());
+                let PaceDecision::Hold { until, rule, .. } = d else {
+                    panic!("hold {nth} lifted at {:?}", asked - last)
+                };
+                assert_eq!(until, last + hold_ms * MS, "hold {nth}");
+                assert_eq!(rule, HoldRule::Churn { nth: nth as u32 });
+            }
+            last += hold_ms * MS;
+            assert_eq!(p.check(last, fresh()), PaceDecision::Go);
+            seal(&mut p, last);
+        }
+        // Quiet for the hold and a window: the episode is over, and one seal goes at once.
+        let later = last + Duration::from_secs(41);
+        assert_eq!(p.check(later, fresh()), PaceDecision::Go);
+        seal(&mut p, later);
+        assert_eq!(p.check(later + MS, fresh()), PaceDecision::Go);
     }
 
     #[test]

@@ -123,6 +123,20 @@ fn the_store_hosts_death_ends_the_job_on_every_node_with_a_clear_error() {
         job.step() <= step + 3,
         "the survivor kept training without the store"
     );
+    // Its outage lines name the store it lost (not etcd) and say when it will give up.
+    let err = p1.stderr();
+    let lost: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("connection lost") || l.contains("store lost"))
+        .collect();
+    assert!(!lost.is_empty(), "{err}");
+    for l in &lost {
+        assert!(
+            l.contains("connection to the c10d store lost; reconnecting")
+                && l.contains("gives_up_in="),
+            "{l}"
+        );
+    }
 }
 
 #[test]

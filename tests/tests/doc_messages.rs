@@ -218,7 +218,7 @@ fn the_check_refuses_what_the_binary_never_prints() {
     let bin = rodata();
     for never in [
         "WARN etcd not reachable yet",
-        "etcd at ... is unreachable or refused the connection (retried for 30s); check --rdzv-endpoint, TLS files and credentials",
+        "etcd at ... refused the connection after 30s of retries; check the firewall and the credentials",
         "the rendezvous exploded while forming",
     ] {
         assert!(check(&bin, never).is_err(), "passed: {never}");

@@ -27,6 +27,9 @@ pub struct EtcdMode {
     /// `--rdzv-backend c10d`: the store is served by the agent at the endpoint, maybe
     /// this one.
     pub store: Option<EmbeddedStore>,
+    /// `--rdzv-conf job_check` (default on): refuse to join a run that is another job's
+    /// ([`fsdp_rendezvous::job`]).
+    pub job_check: bool,
 }
 
 /// How long a c10d agent waits for a store that stopped answering: long enough for the
@@ -243,10 +246,16 @@ fn rendezvous(
         .map_err(|e| format!("--rdzv-conf etcd_prefix / --rdzv-id: {e}"))?;
     timeouts(&mut c, conf)?;
     let exit_barrier = dur(conf, "close_timeout")?.unwrap_or(DEFAULT_EXIT_BARRIER);
+    let job_check = conf
+        .get("job_check")
+        .map(|v| parse::env_bool(v).map_err(|e| format!("--rdzv-conf job_check={v}: {e}")))
+        .transpose()?
+        .unwrap_or(true);
     Ok(EtcdMode {
         rendezvous: c,
         exit_barrier,
         store: None,
+        job_check,
     })
 }
 

@@ -92,6 +92,7 @@ pub const KEYS: &[Key] = &[
         "a back-off between lost compare-and-swaps; nodes here write once per round",
     ),
     both("fence_margin"),
+    both("job_check"),
     both("outage_timeout"),
 ];
 

@@ -610,7 +610,7 @@ fn rdzv_conf_keys_are_known_or_refused_and_the_password_is_never_shown() {
              password_file, join_timeout, last_call_timeout, close_timeout, heartbeat_timeout, \
              keep_alive_interval, keep_alive_max_attempt, timeout, read_timeout, is_host, token_ttl, \
              store_type, etcd_prefix, protocol, cacert, cert, key, ca_cert, ssl_cert, \
-             ssl_cert_key, rank, cas_backoff_max_seconds, fence_margin, outage_timeout"
+             ssl_cert_key, rank, cas_backoff_max_seconds, fence_margin, job_check, outage_timeout"
         ),
         "{e}"
     );
@@ -672,7 +672,7 @@ fn every_key_the_table_gives_to_etcd_is_taken_by_the_etcd_rendezvous() {
     let first = "join_timeout=5,last_call_timeout=5,close_timeout=5,keep_alive_ttl=2,\
                  keep_alive_interval=1,keep_alive_max_attempt=2,straggler_timeout=10,\
                  connect_timeout=5,etcd_prefix=/p,protocol=https,cacert=/a,cert=/b,key=/c,\
-                 username=u,password=p,outage_timeout=60,fence_margin=0.5";
+                 username=u,password=p,outage_timeout=60,fence_margin=0.5,job_check=1";
     let second = format!(
         "ca_cert=/a,ssl_cert=/b,ssl_cert_key=/c,username=u,password_file={}",
         pw.display()
@@ -698,7 +698,7 @@ fn every_key_the_table_gives_to_etcd_is_taken_by_the_etcd_rendezvous() {
 fn every_key_the_table_gives_to_c10d_is_taken_by_the_c10d_rendezvous() {
     let conf = "join_timeout=5,last_call_timeout=5,close_timeout=5,keep_alive_ttl=2,\
                 keep_alive_interval=1,keep_alive_max_attempt=2,straggler_timeout=10,\
-                connect_timeout=5,etcd_prefix=/p,outage_timeout=60,fence_margin=0.5,is_host=1,token_ttl=60,\
+                connect_timeout=5,etcd_prefix=/p,outage_timeout=60,fence_margin=0.5,job_check=0,is_host=1,token_ttl=60,\
                 username=u,password=p,protocol=https,cacert=/a,cert=/b,key=/c";
     let args = [
         "--rdzv-backend",

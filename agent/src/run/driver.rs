@@ -165,7 +165,9 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                             return Ok(decide::failed(exit_code).into());
                         }
                     }
-                    Err(e @ RendezvousError::Timeout(_)) => return Err(self.gave_up_waiting(e).await),
+                    Err(e @ (RendezvousError::Timeout(_) | RendezvousError::AnotherJob(_))) => {
+                        return Err(self.gave_up_waiting(e).await);
+                    }
                     r => break r?,
                 },
                 sig = self.signals.recv() => return Ok(signalled(sig).into()),
@@ -175,9 +177,9 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         self.formed(round).await
     }
 
-    /// No round formed within the join timeout: the run's records keep why this node
-    /// went (`fsdp-agent status` showed nothing of a run whose agents all gave up), then
-    /// the error ends the agent.
+    /// No round formed within the join timeout, or the run is another job's: the run's
+    /// records keep why this node went (`fsdp-agent status` showed nothing of a run whose
+    /// agents all gave up, nor of a stranger turned away), then the error ends the agent.
     async fn gave_up_waiting(&mut self, e: RendezvousError) -> AgentError {
         let why = LeftReason::new(LeftKind::Failed, e.to_string());
         let depart =

@@ -42,6 +42,9 @@ impl Rendezvous for EtcdRendezvous {
         // survivors then wait for the next round, where only its eviction makes the dead
         // node's absence known before its lease runs out.
         let since = Instant::now();
+        if self.held.is_none() {
+            self.same_job()?;
+        }
         let deadline = tokio::time::Instant::now() + self.cfg.join_timeout;
         let mut wants = match &self.held {
             Some(h) => h.record.number + 1,
@@ -425,6 +428,33 @@ impl EtcdRendezvous {
     }
 
     /// The join timeout's error: what the node waited for, and the fix.
+    /// Before this node first registers: whether the run it joins is its own job, by the
+    /// running round (or, before any, by the coordinator's registration). Another job's
+    /// agents would be taken in as spares and then as ranks of it ([`crate::job`]).
+    fn same_job(&self) -> Result<(), RendezvousError> {
+        let v = self.view.borrow();
+        let running = match &v.round {
+            Some(r) => Some((r.record.job.clone(), format!("round {}", r.record.number))),
+            None => v
+                .coordinator
+                .as_ref()
+                .and_then(|c| v.members.get(c))
+                .map(|m| (m.record.job.clone(), "the first node registered".to_owned())),
+        };
+        let Some((theirs, whose)) = running else {
+            return Ok(());
+        };
+        let Some(what) = crate::job::differs(&self.cfg.job, &theirs) else {
+            return Ok(());
+        };
+        Err(RendezvousError::AnotherJob(format!(
+            "run '{}' on {} at {} is another job's: {what} differs from {whose}'s; give this job its own --rdzv-id (or, if its nodes differ on purpose, --rdzv-conf job_check=0 on every node)",
+            self.cfg.run_id,
+            self.cfg.options.store_name(),
+            self.cfg.options.endpoints.join(","),
+        )))
+    }
+
     async fn join_timed_out(&mut self, wants: u64) -> RendezvousError {
         let timeout = self.cfg.join_timeout;
         RendezvousError::Timeout(self.waiting(wants).await.gave_up(timeout))

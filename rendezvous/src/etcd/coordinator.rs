@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use fsdp_proto::{SCHEMA_VERSION, v1};
 
 use super::view::View;
-use crate::pace::{Basis, Pace, PaceConfig, PaceDecision};
+use crate::pace::{Basis, HoldRule, Pace, PaceConfig, PaceDecision};
 use crate::seal::{self, Candidate, Current, Proposal, SealConfig, SealDecision, SealState};
 
 /// What the coordinator remembers between observations.
@@ -56,9 +56,9 @@ pub struct Observation {
     pub new_reason: bool,
     /// The mod revision of the round a commit replaces (`None`: there is none).
     pub fence: Option<i64>,
-    /// The rule said seal, but rounds came too fast: why the round waits ([`crate::pace`]),
-    /// when this hold is new (worth an error line).
-    pub held: Option<String>,
+    /// The rule said seal, but rounds came too fast: why the round waits and which rule
+    /// holds it ([`crate::pace`]), when this hold is new (worth a log line).
+    pub held: Option<(String, HoldRule)>,
 }
 
 impl Coordinator {
@@ -154,7 +154,7 @@ impl Coordinator {
         let mut held = None;
         self.proposed = None;
         if let SealDecision::Seal(p) = &decision {
-            let basis = basis(v);
+            let basis = basis(v, p);
             // A round that only drops members is no loop: there are only so many to drop.
             // Held, a job torn down node by node (every pod deleted at once) logged "sealed
             // too fast" at each of its ends.
@@ -165,13 +165,13 @@ impl Coordinator {
             };
             match pace {
                 PaceDecision::Go => self.proposed = Some(basis),
-                PaceDecision::Hold { until, why } => {
+                PaceDecision::Hold { until, why, rule } => {
                     decision = SealDecision::Reforming {
                         recheck_at: Some(until),
                     };
                     if self.held_until != Some(until) {
                         self.held_until = Some(until);
-                        held = Some(why);
+                        held = Some((why, rule));
                     }
                 }
             }
@@ -197,7 +197,7 @@ impl Coordinator {
         v: &View,
         decision: SealDecision,
         reason: String,
-        held: Option<String>,
+        held: Option<(String, HoldRule)>,
     ) -> Observation {
         let shaped = shape(&reason);
         let new_reason = self.last_logged.as_ref().is_none_or(|(last, at)| {
@@ -229,12 +229,13 @@ fn only_drops(p: &Proposal, current: Option<&Current>) -> bool {
 
 /// What a seal in view `v` rests on: every registration (node, incarnation, create
 /// revision) and every failure reported.
-fn basis(v: &View) -> Basis {
+fn basis(v: &View, p: &Proposal) -> Basis {
     Basis::of(
         v.members
             .iter()
             .map(|(id, m)| (id.as_str(), m.record.incarnation, m.create_rev)),
         v.failures.iter().copied(),
+        p.members.iter().map(String::as_str),
     )
 }
 
@@ -284,6 +285,8 @@ pub fn round_record(p: &Proposal, v: &View, reason: &str, now_ms: u64) -> v1::Ro
                 fields.max_nodes = 0;
                 fields.max_restarts = None;
                 fields.restart_window_s = 0;
+                // Said once for the round (`Round.job`).
+                fields.job = String::new();
                 m
             })
             .collect(),

@@ -94,6 +94,8 @@ pub struct EtcdConfig {
     pub torchrun_clients: Option<tokio::sync::watch::Receiver<Option<std::net::IpAddr>>>,
     /// The agent's restart budget, told to `fsdp-agent status` in its registration.
     pub budget: Budget,
+    /// What makes agents one job ([`crate::job::fingerprint`]); empty: no check.
+    pub job: String,
 }
 
 /// An agent's restart budget as it was given it (`--max-restarts`, the restart window).
@@ -127,6 +129,7 @@ impl EtcdConfig {
             allowed: Allowed::default(),
             torchrun_clients: None,
             budget: Budget::default(),
+            job: String::new(),
         }
     }
 }

@@ -256,6 +256,7 @@ impl World {
             seal: self.seal_config(),
             several_endpoints: self.opts.three_members,
             budget: Default::default(),
+            job: String::new(),
             can_probe: true,
             embedded_store: false,
             lease,

@@ -251,10 +251,11 @@ fn a_member_that_stops_its_workers_after_every_seal_is_held_back() {
     }
     join(&mut v, "me", 1, 8);
     let o = c.observe(now, &v);
-    let held = o
+    let (held, rule) = o
         .held
         .clone()
         .expect("the fourth seal on one basis is held");
+    assert_eq!(rule, crate::pace::HoldRule::SameBasis, "a loop, not churn");
     assert!(held.contains("3 rounds in a row"), "{held}");
     assert!(
         held.contains("round 7: re-form (me stopped their workers)"),

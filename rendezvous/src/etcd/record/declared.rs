@@ -38,7 +38,8 @@ impl Record for v1::Member {
         // Its key, its lease and its worker count are judged in `apply`.
         field("node id", &self.node_id, NAME_MAX)?;
         field("address", &self.addr, NAME_MAX)?;
-        field("status address", &self.status_addr, NAME_MAX)
+        field("status address", &self.status_addr, NAME_MAX)?;
+        field("job", &self.job, NAME_MAX)
     }
 
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String> {
@@ -81,6 +82,7 @@ impl Record for v1::Round {
     /// `apply` (a delta only together with the round it is based on); here its text.
     fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
         field("reason", &self.reason, LINE_MAX)?;
+        field("job", &self.job, NAME_MAX)?;
         for m in self.members.iter().chain(&self.added).chain(&self.updated) {
             field("member's node id", &m.node_id, NAME_MAX)?;
             field("member's address", &m.addr, NAME_MAX)?;

@@ -45,6 +45,9 @@ pub struct Config {
     pub several_endpoints: bool,
     /// The agent's restart budget, told in its registration for `fsdp-agent status`.
     pub budget: crate::etcd::Budget,
+    /// What makes agents one job ([`crate::job`]), written in the registration and, by a
+    /// coordinator, in the rounds it seals.
+    pub job: String,
     /// The driver can look for proof that etcd has no leader ([`Effect::Probe`]).
     pub can_probe: bool,
     /// etcd is the c10d store an agent serves (for the give-up message).

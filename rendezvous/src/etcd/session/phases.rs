@@ -277,7 +277,13 @@ impl Machine {
         // for a TTL from when it was sent.
         let last = LAST_RETRY.min(self.cfg.ttl / 4);
         let delay = crate::backoff::nth(FIRST_RETRY, last, self.failures);
-        tracing::warn!(error = %e, retry_in = ?delay, "etcd connection lost; reconnecting");
+        // Said at every retry: each line says how long until the agent gives up.
+        let gives_up_in = self.cfg.outage_limit.saturating_sub(lasted);
+        if self.cfg.embedded_store {
+            tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?gives_up_in, "connection to the c10d store lost; reconnecting");
+        } else {
+            tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?gives_up_in, "etcd connection lost; reconnecting");
+        }
         self.failures = self.failures.saturating_add(1);
         self.phase = Phase::Disconnected { until: now + delay };
     }

@@ -142,6 +142,7 @@ impl Machine {
             max_nodes: self.cfg.seal.max_nodes,
             max_restarts: self.cfg.budget.max_restarts,
             restart_window_s: self.cfg.budget.window_s,
+            job: self.cfg.job.clone(),
         }
         .into()
     }

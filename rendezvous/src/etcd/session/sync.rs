@@ -10,6 +10,7 @@ use super::records;
 use crate::etcd::coordinator::round_record;
 use crate::etcd::session::lease_not_found;
 use crate::etcd::view::{View, left_between};
+use crate::pace::HoldRule;
 use crate::seal::SealDecision;
 
 /// One piece of queued work.
@@ -526,18 +527,32 @@ impl Machine {
             (true, false) => tracing::info!(reason = %obs.reason, "coordinator"),
             (false, _) => {}
         }
-        if let Some(why) = &obs.held {
+        if let Some((why, rule)) = &obs.held {
             self.counters
                 .seals_held
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::error!(reason = %obs.reason, held = %why, "rounds are being sealed too fast; is a node re-forming in a loop?");
+            match rule {
+                HoldRule::SameBasis => {
+                    tracing::error!(reason = %obs.reason, held = %why, "rounds are being sealed too fast; is a node re-forming in a loop?")
+                }
+                // Churn is the nodes' doing, not ours: said once an episode.
+                HoldRule::Churn { nth: 0 } => {
+                    tracing::info!(held = %why, "nodes are joining and leaving faster than a group can settle; each next round waits a little longer (0.5s, doubling up to 30s) until they calm down")
+                }
+                HoldRule::Churn { .. } => {
+                    tracing::debug!(held = %why, "churn goes on; holding the next round")
+                }
+            }
         }
         match obs.decision {
             SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at } => {
                 self.recheck = recheck_at;
             }
             SealDecision::Seal(p) => {
-                let record = round_record(&p, &self.view, &obs.reason, self.unix_ms());
+                let record = fsdp_proto::v1::Round {
+                    job: self.cfg.job.clone(),
+                    ..round_record(&p, &self.view, &obs.reason, self.unix_ms())
+                };
                 let base = self.view.round.as_ref();
                 let mut txn = records::commit_round(
                     &self.cfg.keys,

@@ -251,6 +251,7 @@ fn a_first_round_of_30000_nodes_fits_etcds_default_request_limit() {
                 max_nodes: 30_000,
                 max_restarts: Some(3),
                 restart_window_s: 3600,
+                job: "cmd=cfd6caedeae80bde;nproc=gpu;nnodes=30000".into(),
             })
         })
         .collect();

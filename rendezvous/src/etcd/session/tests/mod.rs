@@ -64,6 +64,7 @@ fn config(t0: Instant) -> Config {
         },
         several_endpoints: false,
         budget: Default::default(),
+        job: String::new(),
         can_probe: true,
         embedded_store: false,
         lease: LEASE,
