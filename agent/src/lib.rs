@@ -30,6 +30,7 @@ mod console;
 pub mod cli;
 pub mod config;
 pub mod devices;
+pub mod environment;
 pub mod error;
 pub mod exit_code;
 pub mod failure;

@@ -110,6 +110,20 @@ pub fn kept_out(reason: &str) -> Leave {
     }
 }
 
+/// A filesystem this node's workers write to is full (`reason`): it leaves as unhealthy,
+/// so that it is replaced, without charging the job ([`crate::environment`]).
+pub fn environment_failed(reason: &str) -> Leave {
+    let code = exit_code::UNHEALTHY;
+    Leave {
+        how: Departure::Left,
+        exit: AgentExit::Failed { exit_code: code },
+        why: LeftReason::new(
+            LeftKind::Unhealthy,
+            format!("{reason}; agent exit code {code}"),
+        ),
+    }
+}
+
 /// This node's health check failed `failures` times in a row, the last for `reason`: it
 /// leaves with `exit_code` so that it is replaced.
 pub fn unhealthy(exit_code: u8, failures: u32, reason: &str) -> Leave {

@@ -20,6 +20,7 @@ use super::memory::{Memory, RoundMembers};
 use super::report::{Reporter, change_label};
 use super::{AgentExit, DEPART_PATIENCE, HANG_LOOK, Phase, hang};
 use crate::config::Config;
+use crate::environment;
 use crate::error::AgentError;
 use crate::failure::{Failure, summary};
 use crate::hang::{Progress, Verdict};
@@ -437,6 +438,9 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             Shown::Stopping,
             format!("worker rank {} failed: {}", first.rank, first.exit),
         );
+        if let Some(full) = self.environment_full().await {
+            return Ok(self.environment_failed(&round, group, &first, &full).await);
+        }
         self.report_fault(&round, &first).await;
         let reached = self.reached();
         let verdict = decide::failed_here(&mut self.memory, &round, &first, reached, &self.rules);
@@ -470,6 +474,56 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 AfterFailed::Restart { backoff } => backoff,
             };
         self.restart_after(&round, &first, backoff).await
+    }
+
+    /// A filesystem this node's workers write to is full ([`environment`]), or `None`. The
+    /// look runs on the log-file thread: a hung mount answers nothing, and costs nothing.
+    async fn environment_full(&self) -> Option<String> {
+        let log_dir = self.run_dir.clone();
+        let cwd = std::env::current_dir().ok();
+        let places = self
+            .console
+            .disk()
+            .call(Duration::from_secs(2), move || {
+                environment::look(log_dir.as_deref(), cwd.as_deref())
+            })
+            .await?;
+        environment::full(&places)
+    }
+
+    /// The worker failed where this node's environment is at fault (`full`): the same
+    /// would fail every attempt, here only. The node stops its workers and leaves as
+    /// unhealthy, so that it is replaced; nothing is charged to the job, whose other nodes
+    /// re-form without it.
+    async fn environment_failed(
+        &mut self,
+        round: &Round,
+        mut group: WorkerGroup,
+        first: &Failure,
+        full: &str,
+    ) -> Phase {
+        tracing::error!(
+            rank = first.rank,
+            exit = %first.exit,
+            "{full}: this node's environment failed its worker, not the job; leaving the group (exit 79) without charging the restart budget"
+        );
+        let late = self
+            .stop(&mut group, Signal::SIGTERM, self.rules.term_timeout)
+            .await;
+        self.report.workers(&group, true);
+        let text = self.summary_text(round, &group, first);
+        self.blame_worker(
+            first,
+            format!(
+                "{text}
+cause: {full}"
+            ),
+        )
+        .await;
+        match late {
+            Some(sig) => signalled(sig).into(),
+            None => decide::environment_failed(full).into(),
+        }
     }
 
     /// Charges the failure to the job, pauses, and re-forms.

@@ -59,12 +59,19 @@ impl Disk {
         std::thread::Builder::new()
             .name("log-files".into())
             .spawn(move || {
+                let mut refused = false;
                 while let Some(job) = rx.blocking_recv() {
                     match job {
-                        // A full disk must not stop the run; the console still has the line.
-                        Job::Write(file, line) => {
-                            let _ = (&*file).write_all(&line);
-                        }
+                        // A full disk must not stop the run: the line is lost from the file,
+                        // said once (the console still has it if it is tee'd).
+                        Job::Write(file, line) => match (&*file).write_all(&line) {
+                            Ok(()) => refused = false,
+                            Err(e) if !refused => {
+                                refused = true;
+                                tracing::warn!(error = %e, "a worker log file refused a line; the workers keep running, and lines are lost from the files until it takes them again");
+                            }
+                            Err(_) => {}
+                        },
                         Job::Call(f) => f(),
                     }
                 }

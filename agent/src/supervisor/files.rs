@@ -32,11 +32,6 @@ pub struct Route {
 }
 
 impl Route {
-    /// Only the file: the worker writes to it directly, with no copy through the agent.
-    pub fn file_only(self) -> bool {
-        self.file && !self.console && !self.filtered
-    }
-
     /// Only the console.
     pub fn console_only(self) -> bool {
         self.console && !self.file && !self.filtered
@@ -184,7 +179,6 @@ mod tests {
         let l = logs("1", "2", &[]);
         let [out, err] = routes(&l, 0, Files::Written);
         assert_eq!(out, FILE);
-        assert!(out.file_only());
         assert_eq!(
             err,
             Route {
@@ -200,7 +194,7 @@ mod tests {
     #[test]
     fn filtered_copies_are_made_of_teed_streams_with_filters() {
         let [out, err] = routes(&logs("0", "3", &["loss"]), 0, Files::Written);
-        assert!(out.filtered && !out.file_only());
+        assert!(out.filtered && out.console);
         assert!(!err.filtered, "no stderr filters");
         let [out, _] = routes(&logs("1", "0", &["loss"]), 0, Files::Written);
         assert!(!out.filtered, "redirected, not tee'd");

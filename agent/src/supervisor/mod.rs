@@ -664,8 +664,6 @@ enum Wire {
     /// The agent's own stream.
     Inherit,
     Null,
-    /// Straight to its log file.
-    File(File),
     /// Through the agent, which pumps it to its sinks.
     Pipe,
 }
@@ -681,7 +679,6 @@ impl Wire {
                 Stream::Stderr => (std::io::stderr().as_fd().try_clone_to_owned()?, None),
             },
             Wire::Null => (File::options().write(true).open("/dev/null")?.into(), None),
-            Wire::File(f) => (f.try_clone()?.into(), None),
             Wire::Pipe => {
                 let (reader, writer) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
                 (writer, Some(Receiver::from_owned_fd(reader)?))
@@ -757,10 +754,11 @@ impl StreamIo<'_> {
         let [out_file, err_file] = self.opened;
         let wire_one = |i: usize, stream: Stream, file: Option<File>, filters: &Vec<String>| {
             let route = routes[i];
+            // A redirected stream goes through the agent too: a worker that wrote straight
+            // to its file died of ENOSPC when the log directory filled up (and its
+            // traceback went to the same full disk); through the agent a full disk costs
+            // lines in the file, never the worker.
             match file {
-                // Redirect only: the worker writes straight to its file, no copy through
-                // the agent.
-                Some(f) if route.file_only() => return (Wire::File(f), None),
                 // Console only and unprefixed (a rank that --local-ranks-filter keeps
                 // included): the agent's own stream, as torchrun's workers have it (a
                 // terminal stays a terminal: colours, progress bars, pdb).
