@@ -203,6 +203,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 );
             }
             rc.torchrun_clients = store.torchrun_clients();
+            rc.fresh_store = matches!(store, fsdp_store::Hosted::Serving(_));
             rc.budget = fsdp_rendezvous::etcd::Budget {
                 max_restarts: Some(cfg.max_restarts),
                 window_s: cfg.failure.restart_window.map_or(0, |w| w.as_secs()),

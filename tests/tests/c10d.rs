@@ -179,6 +179,43 @@ fn a_store_host_restarted_in_place_brings_the_job_back() {
     );
 }
 
+/// A host restarted in place under four pods: the new host sealed at once with the first
+/// two back, declared the others lost, then admitted one per round (5 to 6 rounds in
+/// 0.6 s, and the pace net's "no node joining" error). It now waits a lease TTL for the
+/// round's members to register again: at most 2 rounds, no error.
+#[test]
+fn a_store_host_restarted_under_four_pods_re_forms_in_at_most_two_rounds() {
+    let job = Job::c10d("c10d-four", "2:4", 3, 1_000_000, 44);
+    let mut pods = start(&job, 4);
+    wait_until("a group of 4", &pods.iter().collect::<Vec<_>>(), || {
+        pods.iter().all(|p| nth_start_world(p, 0, 4))
+    });
+    pods[0].kill();
+    let p0b = job.pod(0, &[]);
+    let others = &pods[1..];
+    wait_until("the group back at 4 on the new store", &[&p0b], || {
+        nth_start_world(&p0b, 0, 4) && others.iter().all(|p| nth_start_world(p, 1, 4))
+    });
+    let log = p0b.stderr();
+    let sealed = log.matches("round sealed").count();
+    assert!(sealed <= 2, "{sealed} rounds sealed by the new host\n{log}");
+    for l in std::iter::once(log.as_str()).chain(
+        others
+            .iter()
+            .map(|p| p.stderr())
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str),
+    ) {
+        assert!(!l.contains("too fast"), "{l}");
+    }
+    // The host's death is a node lost: nothing charged.
+    assert!(
+        others.iter().all(|p| starts(p)[1].restart == 0),
+        "the host's restart was charged"
+    );
+}
+
 #[test]
 fn an_agent_whose_port_a_dying_predecessor_holds_serves_the_store_once_it_is_gone() {
     // A store host restarted in place can start while its SIGKILLed predecessor still

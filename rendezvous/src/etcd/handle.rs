@@ -126,6 +126,7 @@ impl EtcdRendezvous {
                 several_endpoints: cfg.options.endpoints.len() > 1,
                 budget: cfg.budget,
                 job: cfg.job.clone(),
+                fresh_store: cfg.fresh_store,
                 can_probe: true,
                 embedded_store: cfg.options.embedded_store,
                 lease: grant.id(),

@@ -96,6 +96,10 @@ pub struct EtcdConfig {
     pub budget: Budget,
     /// What makes agents one job ([`crate::job::fingerprint`]); empty: no check.
     pub job: String,
+    /// This agent serves the c10d store, freshly started and empty: the other agents of a
+    /// running job are on their way back ([`crate::etcd::session`]'s re-registration
+    /// grace).
+    pub fresh_store: bool,
 }
 
 /// An agent's restart budget as it was given it (`--max-restarts`, the restart window).
@@ -130,6 +134,7 @@ impl EtcdConfig {
             torchrun_clients: None,
             budget: Budget::default(),
             job: String::new(),
+            fresh_store: false,
         }
     }
 }

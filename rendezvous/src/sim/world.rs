@@ -257,6 +257,7 @@ impl World {
             several_endpoints: self.opts.three_members,
             budget: Default::default(),
             job: String::new(),
+            fresh_store: false,
             can_probe: true,
             embedded_store: false,
             lease,

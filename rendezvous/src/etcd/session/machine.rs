@@ -48,6 +48,9 @@ pub struct Config {
     /// What makes agents one job ([`crate::job`]), written in the registration and, by a
     /// coordinator, in the rounds it seals.
     pub job: String,
+    /// This agent serves the store it uses, started empty: a round that others put back
+    /// gets their re-registration a grace before anyone is declared lost.
+    pub fresh_store: bool,
     /// The driver can look for proof that etcd has no leader ([`Effect::Probe`]).
     pub can_probe: bool,
     /// etcd is the c10d store an agent serves (for the give-up message).

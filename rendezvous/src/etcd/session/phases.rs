@@ -167,7 +167,8 @@ impl Machine {
         }
         if self.grace_until.is_some_and(|at| at <= now) {
             self.grace_until = None;
-            self.todo.extend([Todo::CheckAbsent, Todo::SayLost]);
+            self.todo
+                .extend([Todo::CheckAbsent, Todo::Coordinate, Todo::SayLost]);
         }
         if self.campaign_at.is_some_and(|at| at <= now) {
             self.campaign_at = None;
@@ -225,6 +226,12 @@ impl Machine {
         self.phase = Phase::Syncing(why);
         self.whole_read = false;
         self.grace_until = match why {
+            // A store this agent just started is empty: the agents of a running job come
+            // back to it (after its host was restarted in place), each putting back the
+            // round and registering again, in no order.
+            Resync::First if self.cfg.fresh_store => {
+                Some(self.now + self.cfg.ttl + Duration::from_secs(1))
+            }
             Resync::First => None,
             Resync::RoleChanged { grace_until } => grace_until,
             // After an outage, give members a lease TTL to re-register before anyone is

@@ -502,6 +502,9 @@ impl Machine {
             self.recheck = None;
             return;
         }
+        if self.awaiting_return() {
+            return;
+        }
         let began = thread_cpu_ns();
         let sealed = self.decide_and_seal();
         let spent = thread_cpu_ns().saturating_sub(began);
@@ -512,6 +515,23 @@ impl Machine {
             c.sealing_ns
                 .fetch_add(spent, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// A fresh store's coordinator, within its grace, while members of the round put back
+    /// are not registered yet: it waits for them (the grace's end decides, if not
+    /// sooner). A c10d host restarted in place sealed at once with the first two back,
+    /// declared the rest lost, and then admitted one per round: 5 to 6 rounds in 0.6 s.
+    fn awaiting_return(&self) -> bool {
+        if !self.cfg.fresh_store || self.grace_until.is_none_or(|g| g <= self.now) {
+            return false;
+        }
+        let v = &self.view;
+        v.round.as_ref().is_some_and(|r| {
+            r.record
+                .members
+                .iter()
+                .any(|m| !v.members.contains_key(&m.node_id))
+        })
     }
 
     /// [`Machine::coordinate`]'s decision; whether it sent a commit.

@@ -65,6 +65,7 @@ fn config(t0: Instant) -> Config {
         several_endpoints: false,
         budget: Default::default(),
         job: String::new(),
+        fresh_store: false,
         can_probe: true,
         embedded_store: false,
         lease: LEASE,
