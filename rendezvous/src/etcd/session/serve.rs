@@ -193,18 +193,11 @@ impl Machine {
             unreachable!("only an eviction checks a lease")
         };
         match s.stage {
-            // The lease its registration lives on now, not the one the round names: after
-            // a store came back empty every member registered again on a new lease, and
-            // the round put back names the old ones (the revoke found nothing, and the
-            // death was seen only at the lease's expiry). The registration's key is the
-            // node id, one per agent process, and only that process writes it: whatever
-            // lease holds it is the dead process's. A store restarted empty that handed
-            // the old id to someone else is never touched.
-            Stage::CheckHeld => Op::Range {
-                key: self.cfg.keys.key::<v1::Member>(node),
-                prefix: false,
-                keys_only: true,
-            },
+            // Only while `lease` is still the one its registration lives on: the proof is
+            // about the process that held it. A node that registered again (a new
+            // incarnation), or a store restarted empty that handed the id to someone
+            // else, is not what was found dead, and revoking it would evict a live agent.
+            Stage::CheckHeld => Op::Txn(records::lease_holds(&self.cfg.keys, node, *lease)),
             Stage::SayGone => {
                 let g = records::gone(*round, node, v1::Detection::Refused, *detect_ms);
                 Op::Txn(records::say_gone(&self.cfg.keys, &g))
@@ -277,19 +270,13 @@ impl Machine {
                 }
                 self.served(s, Ok(()));
             }
-            (Stage::CheckHeld, Ok(Answer::Range { kvs, .. })) => {
-                let holding = kvs.first().map_or(0, |kv| kv.lease);
-                let Command::Evict { node, lease, .. } = &mut s.command else {
-                    unreachable!("only an eviction checks a lease")
-                };
-                if holding == 0 {
-                    tracing::info!(%node, "the dead agent's registration is gone already; nothing to revoke");
-                    return self.served(s, Ok(()));
+            (Stage::CheckHeld, Ok(Answer::Txn { succeeded: false })) => {
+                if let Command::Evict { node, lease, .. } = &s.command {
+                    tracing::info!(%node, lease, "the dead agent's lease no longer holds its registration; nothing to revoke");
                 }
-                if holding != *lease {
-                    tracing::info!(%node, round_names = *lease, holds = holding, "the dead agent registered again on another lease (the store came back empty); revoking that one");
-                    *lease = holding;
-                }
+                self.served(s, Ok(()));
+            }
+            (Stage::CheckHeld, Ok(_)) => {
                 s.stage = Stage::SayGone;
                 self.next_op(s);
             }

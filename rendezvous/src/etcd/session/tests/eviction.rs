@@ -118,53 +118,22 @@ fn evicting_a_node_already_departed_needs_no_op() {
     no_op(&e);
 }
 
-/// The dead node's registration, as a keys-only read finds it on `lease`.
-fn b_registered_on(lease: i64) -> Answer {
-    Answer::Range {
-        revision: REV,
-        kvs: vec![Kv {
-            value: Vec::new(),
-            ..member_kv(&member("b", lease, 1, 1), 5)
-        }],
-    }
-}
-
 #[test]
-fn evicting_a_node_whose_registration_is_gone_takes_one_read() {
+fn evicting_a_node_whose_lease_no_longer_holds_its_registration_takes_one_txn() {
     let k = keys();
     let mut h = Harness::synced();
     let e = h.command(1, evict_b());
     assert!(replied(&e).is_empty());
     assert_eq!(
-        the_op(&e),
-        Op::Range {
-            key: k.key::<v1::Member>("b"),
-            prefix: false,
-            keys_only: true
+        txn(the_op(&e)),
+        TxnSpec {
+            when: vec![Compare::Lease(k.key::<v1::Member>("b"), 200)],
+            ..TxnSpec::default()
         }
     );
-    let e = h.answer(Answer::Range {
-        revision: REV,
-        kvs: Vec::new(),
-    });
+    let e = h.answer(Answer::Txn { succeeded: false });
     replied_ok(&e, 1);
     no_op(&e);
-}
-
-/// After etcd came back empty every member registered again on a new lease, and the round
-/// put back names the old ones: the eviction revoked nothing ("no longer holds its
-/// registration") and the death was seen only at the lease's expiry (2.97 s, against
-/// 0.01 s before the wipe). It revokes the lease the registration lives on now.
-#[test]
-fn evicting_a_node_that_registered_again_revokes_its_current_lease() {
-    let mut h = Harness::synced();
-    h.command(1, evict_b());
-    let e = h.answer(b_registered_on(777));
-    assert!(matches!(the_op(&e), Op::Txn(_)), "says gone first: {e:?}");
-    let e = h.answer(Answer::Txn { succeeded: true });
-    assert_eq!(the_op(&e), Op::Revoke { lease: 777 });
-    let e = h.answer(Answer::Done);
-    replied_ok(&e, 1);
 }
 
 #[test]
@@ -172,7 +141,7 @@ fn evicting_a_node_that_holds_says_gone_then_revokes() {
     let k = keys();
     let mut h = Harness::synced();
     h.command(1, evict_b());
-    let e = h.answer(b_registered_on(200));
+    let e = h.answer(Answer::Txn { succeeded: true });
     let spec = txn(the_op(&e));
     let key = k.key::<v1::Gone>(&crate::etcd::record::per_round(1, "b"));
     assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
@@ -198,7 +167,7 @@ fn evicting_a_node_that_holds_says_gone_then_revokes() {
 fn evicting_a_node_whose_lease_went_during_the_revoke_is_answered_ok() {
     let mut h = Harness::synced();
     h.command(1, evict_b());
-    h.answer(b_registered_on(200));
+    h.answer(Answer::Txn { succeeded: true });
     h.answer(Answer::Txn { succeeded: true });
     let e = h.fail(no_such_lease());
     replied_ok(&e, 1);
