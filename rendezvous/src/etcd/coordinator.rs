@@ -253,18 +253,35 @@ fn first_number_all_wait_for(p: &seal::Proposal, v: &View) -> u64 {
         .fold(p.number, u64::max)
 }
 
-pub fn round_record(p: &Proposal, v: &View, reason: &str, now_ms: u64) -> v1::Round {
+///
+/// `since_previous`: how long this coordinator has seen the round it replaces (its own
+/// monotonic clock; 0 when it saw it only now). The charges' ages grow by it.
+pub fn round_record(
+    p: &Proposal,
+    v: &View,
+    reason: &str,
+    now_ms: u64,
+    since_previous: std::time::Duration,
+) -> v1::Round {
     let previous = v.round.as_ref().map(|r| &r.record);
     let mut charged_at_ms = previous
         .map(|r| r.charged_at_ms.clone())
         .unwrap_or_default();
+    let passed = u64::try_from(since_previous.as_millis()).unwrap_or(u64::MAX);
+    let mut charged_ago_ms: Vec<u64> = previous
+        .map(|r| ages(r).map(|a| a.saturating_add(passed)).collect())
+        .unwrap_or_default();
     if p.restart_count > previous.map_or(0, |r| r.restart_count) {
         charged_at_ms.push(now_ms);
+        charged_ago_ms.push(0);
     }
     let extra = charged_at_ms.len().saturating_sub(crate::CHARGES_KEPT);
     charged_at_ms.drain(..extra);
+    let extra = charged_ago_ms.len().saturating_sub(crate::CHARGES_KEPT);
+    charged_ago_ms.drain(..extra);
     v1::Round {
         charged_at_ms,
+        charged_ago_ms,
         sealed_at_ms: now_ms,
         schema: SCHEMA_VERSION,
         number: p.number,
@@ -294,6 +311,22 @@ pub fn round_record(p: &Proposal, v: &View, reason: &str, now_ms: u64) -> v1::Ro
         reason: reason.to_owned(),
         ..v1::Round::default()
     }
+}
+
+/// The ages of `round`'s charges at its seal ([`v1::Round::charged_ago_ms`]); for a round
+/// of an older agent, which has none, its wall-clock times taken against its own seal.
+pub fn ages(round: &v1::Round) -> impl Iterator<Item = u64> + '_ {
+    let from_clock = round.charged_ago_ms.is_empty().then(|| {
+        round
+            .charged_at_ms
+            .iter()
+            .map(|t| round.sealed_at_ms.saturating_sub(*t))
+    });
+    round
+        .charged_ago_ms
+        .iter()
+        .copied()
+        .chain(from_clock.into_iter().flatten())
 }
 
 #[cfg(test)]

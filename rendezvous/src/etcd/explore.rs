@@ -135,7 +135,7 @@ impl World {
         let SealDecision::Seal(p) = &obs.decision else {
             panic!("three of max three seal at once: {}", obs.reason)
         };
-        let record = round_record(p, &view, &obs.reason, 0);
+        let record = round_record(p, &view, &obs.reason, 0, std::time::Duration::ZERO);
         coordinator.sealed(now, 0, &obs.reason);
         rev += 1;
         view.round = Some(RoundEntry {

@@ -116,10 +116,17 @@ fn joined(rec: &v1::Round, pos: usize, at: (String, u16)) -> Result<Round, Rende
         rec.reason.clone(),
     )
     .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
-    round.charged_at_ms = rec.charged_at_ms.clone();
     // A record from before the field existed: the charges of the whole run count.
     if rec.sealed_at_ms > 0 {
         round.sealed_at_ms = rec.sealed_at_ms;
+        // The charges as their ages at the seal (monotonic clocks only), put back on the
+        // seal's time: the window compares them with that time alone, so no other host's
+        // wall clock enters the count.
+        round.charged_at_ms = super::coordinator::ages(rec)
+            .map(|age| rec.sealed_at_ms.saturating_sub(age))
+            .collect();
+    } else {
+        round.charged_at_ms = rec.charged_at_ms.clone();
     }
     Ok(round)
 }

@@ -39,7 +39,10 @@ pub enum Loop {
         registered: bool,
     },
     /// Its workers run `record`.
-    Running { record: v1::Round, since: Instant },
+    Running {
+        record: Box<v1::Round>,
+        since: Instant,
+    },
 }
 
 /// What the loop asked the machine for and waits on.
@@ -269,7 +272,7 @@ impl SimAgent {
                     return vec![self.ask(Command::Abandon { reason }, Asked::Plain)];
                 }
                 self.lp = Loop::Running {
-                    record: (*record).clone(),
+                    record: Box::new((*record).clone()),
                     since,
                 };
                 // Told, not asked (the handle does not wait for it).

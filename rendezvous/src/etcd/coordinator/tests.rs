@@ -195,7 +195,7 @@ fn a_seal_commits_the_members_own_records_fenced_on_the_round_it_replaces() {
         m.record.max_restarts = Some(3);
         m.record.restart_window_s = 600;
     }
-    let r = round_record(p, &v, &o.reason, 1_000);
+    let r = round_record(p, &v, &o.reason, 1_000, Duration::ZERO);
     // Its own record, less the round it asked for (said nothing once it is in one).
     let own = v1::Member::from(v1::MemberFields {
         wants_round: 0,
@@ -294,4 +294,65 @@ fn a_member_waiting_for_a_later_round_gets_it_in_one_seal() {
     };
     assert_eq!(p.number, 9);
     assert_eq!(p.members.len(), 2);
+}
+
+/// The restart window on one clock (issue 56): coordinator A, its wall clock an hour
+/// behind, charges a failure; B, with a correct clock, takes over 20 s later and charges
+/// another. By the wall clocks A's charge was an hour before B's seal and fell out of a
+/// 10-minute window ("restart 1 of 2" for the third crash within a minute). By ages,
+/// measured on each coordinator's own monotonic clock, both count.
+#[test]
+fn the_charges_age_on_monotonic_clocks_whatever_the_wall_clocks_say() {
+    const HOUR_MS: u64 = 3_600_000;
+    let now_ms = 10 * HOUR_MS;
+    let mut v = running(&["a", "b"]);
+    let p = Proposal {
+        number: 5,
+        members: vec!["a".into(), "b".into()],
+        restart_count: 2,
+    };
+    // A seals round 5, charging a failure, by a clock an hour behind.
+    let by_a = round_record(
+        &p,
+        &v,
+        "a worker failed",
+        now_ms - HOUR_MS,
+        Duration::from_secs(3),
+    );
+    assert_eq!(by_a.charged_ago_ms, vec![0]);
+    v.round = Some(RoundEntry {
+        record: by_a.into(),
+        mod_rev: 50,
+    });
+    // B seals round 6 20 s after it saw round 5, charging again, by a correct clock.
+    let p6 = Proposal {
+        number: 6,
+        restart_count: 3,
+        ..p
+    };
+    let by_b = round_record(
+        &p6,
+        &v,
+        "a worker failed",
+        now_ms + 20_000,
+        Duration::from_secs(20),
+    );
+    assert_eq!(by_b.charged_ago_ms, vec![20_000, 0]);
+    let window = 600_000;
+    let counted = ages(&by_b).filter(|a| *a < window).count();
+    assert_eq!(counted, 2, "both charges within the window");
+    // The wall clocks alone would have forgiven A's.
+    let from = by_b.sealed_at_ms - window;
+    assert_eq!(by_b.charged_at_ms.iter().filter(|t| **t > from).count(), 1);
+}
+
+/// A round of an older agent has no ages: its wall-clock times against its own seal.
+#[test]
+fn an_older_round_s_charges_age_from_its_own_clock() {
+    let r = v1::Round {
+        charged_at_ms: vec![1_000, 9_000],
+        sealed_at_ms: 10_000,
+        ..Default::default()
+    };
+    assert_eq!(ages(&r).collect::<Vec<_>>(), vec![9_000, 1_000]);
 }

@@ -25,7 +25,7 @@ impl World {
             SealDecision::Seal(p) => {
                 let mut w = self.clone();
                 w.coordinator = c.clone();
-                let record = round_record(p, &w.view, &obs.reason, 0);
+                let record = round_record(p, &w.view, &obs.reason, 0, std::time::Duration::ZERO);
                 w.rev += 1;
                 w.view.round = Some(RoundEntry {
                     record: record.into(),

@@ -145,6 +145,11 @@ pub struct Machine {
     /// The newest round this agent has seen: put back when etcd comes back without any
     /// (its data lost), so that round numbers and the restart count go on.
     pub(super) known_round: Option<v1::Round>,
+    /// The round the view holds and when this agent first saw it: how long ago a round
+    /// was sealed, by this agent's own clock ([`v1::Round::charged_ago_ms`]).
+    pub(super) round_seen: Option<(u64, Instant)>,
+    /// The highest round number this agent has seen: a new round is numbered past it.
+    pub(super) highest_round: Option<u64>,
     pub(super) coordinator: Coordinator,
     pub(super) counters: Counters,
     pub(super) writes: Arc<AtomicU64>,
@@ -238,6 +243,8 @@ impl Machine {
             written: None,
             running: None,
             known_round: None,
+            round_seen: None,
+            highest_round: None,
             counters,
             writes,
             failures: 0,
@@ -334,6 +341,13 @@ impl Machine {
             other => self.inbox.push_back(other),
         }
         self.advance();
+        if let Some(r) = &self.view.round {
+            let n = r.record.number;
+            if self.round_seen.is_none_or(|(seen, _)| seen != n) {
+                self.round_seen = Some((n, now));
+            }
+            self.highest_round = self.highest_round.max(Some(n));
+        }
         std::mem::take(&mut self.effects)
     }
 

@@ -568,10 +568,21 @@ impl Machine {
             SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at } => {
                 self.recheck = recheck_at;
             }
-            SealDecision::Seal(p) => {
+            SealDecision::Seal(mut p) => {
+                // Never a number this agent has seen sealed, even when the store forgot it
+                // (restored from an old snapshot, its round key deleted): keys indexed by
+                // round (failures, done, gone) would collide, and a member running that
+                // number would take the new round for the one it runs.
+                if let Some(seen) = self.highest_round {
+                    p.number = p.number.max(seen + 1);
+                }
+                let since_previous = match (&self.view.round, self.round_seen) {
+                    (Some(r), Some((n, at))) if n == r.record.number => self.now - at,
+                    _ => Duration::ZERO,
+                };
                 let record = fsdp_proto::v1::Round {
                     job: self.cfg.job.clone(),
-                    ..round_record(&p, &self.view, &obs.reason, self.unix_ms())
+                    ..round_record(&p, &self.view, &obs.reason, self.unix_ms(), since_previous)
                 };
                 let base = self.view.round.as_ref();
                 let mut txn = records::commit_round(
