@@ -66,31 +66,6 @@ pub struct Failure {
 
 /// How many of a failed worker's last stderr lines the summary quotes.
 pub const TAIL_LINES: usize = 10;
-/// At most this much of the end of its stderr file is read for them.
-const TAIL_BYTES: u64 = 8 * 1024;
-
-/// The last [`TAIL_LINES`] lines of the file at `path` (none when it cannot be read).
-pub fn read_tail(path: &Path) -> Vec<String> {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let from = len.saturating_sub(TAIL_BYTES);
-    let mut bytes = Vec::new();
-    if f.seek(SeekFrom::Start(from)).is_err() || f.read_to_end(&mut bytes).is_err() {
-        return Vec::new();
-    }
-    let text = String::from_utf8_lossy(&bytes);
-    let mut lines: Vec<&str> = text.lines().collect();
-    if from > 0 && !lines.is_empty() {
-        // The first line read is most likely cut.
-        lines.remove(0);
-    }
-    let start = lines.len().saturating_sub(TAIL_LINES);
-    lines[start..].iter().map(|l| l.to_string()).collect()
-}
-
 /// Whether decorating the worker's main with `@record` would have given an error file:
 /// a Python worker that ended on an uncaught exception (exit code 1) — unless its last
 /// lines show the exception came before main could run (an import or a syntax error).
@@ -336,14 +311,7 @@ mod tests {
 
     #[test]
     fn the_summary_quotes_the_end_of_the_workers_stderr() {
-        let dir = std::env::temp_dir().join(format!("fsdp-failure-t-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join("stderr.log");
-        let lines: Vec<String> = (0..30).map(|i| format!("line {i}")).collect();
-        std::fs::write(&log, lines.join("\n") + "\n").unwrap();
-        let tail = read_tail(&log);
-        assert_eq!(tail.len(), TAIL_LINES);
-        assert_eq!(tail.last().unwrap(), "line 29");
+        let tail: Vec<String> = (20..30).map(|i| format!("line {i}")).collect();
         let mut f = failure(0, 1, WorkerExit::Code(1), None);
         f.stderr_tail = tail;
         let text = summary("train.py", true, 0, "node-a", &[f]);
@@ -351,8 +319,6 @@ mod tests {
             text.contains("last lines of its stderr:\n    line 20\n"),
             "{text}"
         );
-        assert!(read_tail(&dir.join("missing")).is_empty());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -68,6 +68,38 @@ fn a_full_log_directory_costs_lines_in_the_files_never_the_worker() {
     );
 }
 
+/// A worker that fails while the log directory is full: its traceback never reached
+/// `stderr.log` (0 bytes before); the summary quotes it from memory, and names the full
+/// filesystem as the cause.
+#[test]
+fn a_traceback_the_full_log_directory_refused_is_still_in_the_summary() {
+    let dir = TempDir::new().unwrap();
+    let tiny = Tiny::mount(dir.path(), "logs");
+    let mut a = AgentCmd::new(dir.path(), "a")
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "3",
+        ])
+        .args(["--redirects", "3", "--log-dir"])
+        .arg_path(&tiny.0)
+        .args(["--no-python", "/bin/sh", "-c"])
+        .arg("yes 'output' | head -c 2000000; echo 'RuntimeError: the real cause' >&2; exit 3")
+        .run(LIMIT);
+    assert_eq!(a.code(), 79, "{}", a.output());
+    let err = a.stderr();
+    assert!(
+        err.contains("last lines of its stderr:") && err.contains("RuntimeError: the real cause"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cause: the log directory's filesystem is full"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_worker_failed_by_its_nodes_full_working_directory_takes_the_node_out_not_the_job() {
     let etcd = Etcd::start();

@@ -208,7 +208,12 @@ impl WorkerGroup {
             error_file.as_deref(),
             spec.channels,
         );
-        let [(out_wire, out_sinks), (err_wire, err_sinks)] = io.wire(spec, local_rank, rank);
+        let [(out_wire, out_sinks), (err_wire, mut err_sinks)] = io.wire(spec, local_rank, rank);
+        // Kept when stderr goes to a log file, which a full disk may not hold.
+        let tail = err_sinks
+            .as_mut()
+            .filter(|s| s.file.is_some())
+            .map(|s| s.tail.insert(output::Tail::default()).clone());
         let warm = match spares {
             Some(spares) => {
                 let tried =
@@ -264,7 +269,7 @@ impl WorkerGroup {
             child,
             pid,
             error_file.clone(),
-            spec.console.disk().clone(),
+            (spec.console.disk().clone(), tail),
             tx,
         );
         tracing::debug!(local_rank, rank, pid, "worker started");
@@ -285,7 +290,7 @@ impl WorkerGroup {
         mut child: Process,
         pid: u32,
         error_file: Option<PathBuf>,
-        disk: Disk,
+        (disk, tail): (Disk, Option<output::Tail>),
         tx: &mpsc::UnboundedSender<Exit>,
     ) {
         let index = self.workers.len();
@@ -299,13 +304,12 @@ impl WorkerGroup {
             reaper::unregister(pid);
             let (report, stderr_tail) = match error_file {
                 Some(path) if !exit.success() && !stopping.load(Ordering::SeqCst) => {
-                    // Beside the error file when stderr goes to a file (the disk thread
-                    // writes the lines it was given first).
-                    let log = path.with_file_name("stderr.log");
-                    let tail = disk
-                        .call(ERROR_FILE_PATIENCE, move || crate::failure::read_tail(&log))
-                        .await
-                        .unwrap_or_default();
+                    // The lines the pump kept in memory: a full disk kept them out of
+                    // `stderr.log`.
+                    let tail = match tail {
+                        Some(t) => t.lines(ERROR_FILE_PATIENCE).await,
+                        None => Vec::new(),
+                    };
                     (read_report(&disk, path).await, tail)
                 }
                 _ => (None, Vec::new()),
@@ -778,6 +782,7 @@ impl StreamIo<'_> {
                 filters: filters.clone(),
                 filtered: self.filtered[i].clone().filter(|_| route.filtered),
                 disk: spec.console.disk().clone(),
+                tail: None,
             };
             (Wire::Pipe, Some(sinks))
         };

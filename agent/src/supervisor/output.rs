@@ -136,6 +136,67 @@ pub struct Sinks {
     pub filtered: Option<Arc<File>>,
     /// Writes the files.
     pub disk: Disk,
+    /// The last lines, kept in memory for a failure's summary ([`Tail`]).
+    pub tail: Option<Tail>,
+}
+
+/// The last [`crate::failure::TAIL_LINES`] lines of a stream that goes to a log file, kept
+/// in memory: a full or stalled disk keeps them out of the file, and a failed worker's
+/// traceback was lost there (`stderr.log` 0 bytes on a full log directory).
+#[derive(Debug, Clone, Default)]
+pub struct Tail(Arc<std::sync::Mutex<TailLines>>);
+
+#[derive(Debug, Default)]
+struct TailLines {
+    lines: std::collections::VecDeque<String>,
+    /// The pump read the stream to its end.
+    ended: bool,
+}
+
+impl Tail {
+    fn push(&self, line: &[u8]) {
+        let text = String::from_utf8_lossy(line).trim_end().to_owned();
+        let mut t = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if t.lines.len() == crate::failure::TAIL_LINES {
+            t.lines.pop_front();
+        }
+        t.lines.push_back(text);
+    }
+
+    fn end(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .ended = true;
+    }
+
+    /// The lines kept, once the pump read the stream to its end or after `patience` (the
+    /// worker's own children may keep the pipe open).
+    pub async fn lines(&self, patience: Duration) -> Vec<String> {
+        let until = tokio::time::Instant::now() + patience;
+        loop {
+            let done = {
+                let t = self
+                    .0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                t.ended.then(|| t.lines.iter().cloned().collect::<Vec<_>>())
+            };
+            match done {
+                Some(lines) => return lines,
+                None if tokio::time::Instant::now() >= until => break,
+                None => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        let t = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        t.lines.iter().cloned().collect()
+    }
 }
 
 /// Longest line kept whole; longer output is split so one runaway worker cannot make the
@@ -160,6 +221,9 @@ pub async fn pump(reader: impl AsyncRead + Unpin, mut sinks: Sinks) {
         if !line.ends_with(b"\n") {
             line.push(b'\n');
         }
+        if let Some(tail) = &sinks.tail {
+            tail.push(&line);
+        }
         if let Some(file) = &sinks.file {
             sinks.disk.write(file, line.clone(), &mut backlog).await;
         }
@@ -178,11 +242,45 @@ pub async fn pump(reader: impl AsyncRead + Unpin, mut sinks: Sinks) {
             }
         }
     }
+    if let Some(tail) = &sinks.tail {
+        tail.end();
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The last lines of a stream are kept in memory whatever the disk does: a full log
+    /// directory lost a failed worker's traceback.
+    #[test]
+    fn the_last_lines_are_kept_in_memory_even_when_no_file_takes_them() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // /dev/full refuses every write with ENOSPC.
+            let full = Arc::new(File::options().write(true).open("/dev/full").unwrap());
+            let tail = Tail::default();
+            let input: Vec<u8> = (0..30)
+                .flat_map(|i| format!("line {i}\n").into_bytes())
+                .collect();
+            let sinks = Sinks {
+                console: None,
+                file: Some(full),
+                filters: Vec::new(),
+                filtered: None,
+                disk: Disk::start(),
+                tail: Some(tail.clone()),
+            };
+            pump(&input[..], sinks).await;
+            let lines = tail.lines(Duration::from_secs(1)).await;
+            assert_eq!(lines.len(), crate::failure::TAIL_LINES);
+            assert_eq!(lines.first().map(String::as_str), Some("line 20"));
+            assert_eq!(lines.last().map(String::as_str), Some("line 29"));
+        });
+    }
 
     /// A pipe nobody reads stands for a stalled disk: a write blocks once its buffer is full.
     #[test]
@@ -207,6 +305,7 @@ mod tests {
                     filters: Vec::new(),
                     filtered: None,
                     disk: disk.clone(),
+                    tail: None,
                 };
                 pump(&input[..], sinks).await;
                 let _ = done.send(disk.dropped());
