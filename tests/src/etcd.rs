@@ -188,6 +188,23 @@ impl Etcd {
     pub fn dir(&self) -> &Path {
         self._dir.path()
     }
+
+    /// Runs `op` with a client of this etcd, as an outsider (a forger, an operator).
+    pub fn with_client<T, F>(&self, op: impl FnOnce(etcd_client::Client) -> F) -> T
+    where
+        F: std::future::Future<Output = T>,
+    {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let c = etcd_client::Client::connect([self.endpoint()], None)
+                    .await
+                    .unwrap();
+                op(c).await
+            })
+    }
 }
 
 impl Drop for Etcd {

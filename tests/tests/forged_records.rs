@@ -12,16 +12,7 @@ use prost::Message;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn put(etcd: &Etcd, key: String, value: Vec<u8>) {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async {
-            let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-                .await
-                .unwrap();
-            c.put(key, value, None).await.unwrap();
-        });
+    etcd.with_client(|mut c| async move { c.put(key, value, None).await.unwrap() });
 }
 
 fn keys(run: &str) -> Keys {

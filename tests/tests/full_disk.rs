@@ -41,24 +41,26 @@ impl Drop for Tiny {
     }
 }
 
-#[test]
-fn a_full_log_directory_costs_lines_in_the_files_never_the_worker() {
+/// A standalone agent whose worker runs `script`, its output redirected into a log
+/// directory on a 1 MiB tmpfs, run to its end (dropped in this order: the agent, the
+/// mount, the directory).
+fn redirected_into_tiny_logs(script: &str) -> (TempDir, Tiny, fsdp_tests::Agent) {
     let dir = TempDir::new().unwrap();
     let tiny = Tiny::mount(dir.path(), "logs");
-    // 3 MB of output into 1 MiB: the file fills a third of the way through.
-    let mut a = AgentCmd::new(dir.path(), "a")
-        .args([
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            "--max-restarts",
-            "3",
-        ])
-        .args(["--redirects", "3", "--log-dir"])
+    let a = AgentCmd::new(dir.path(), "a")
+        .args(["--standalone", "--nproc-per-node", "1"])
+        .args(["--max-restarts", "3", "--redirects", "3", "--log-dir"])
         .arg_path(&tiny.0)
-        .args(["--no-python", "/bin/sh", "-c"])
-        .arg("yes 'a line of training output' | head -c 3000000")
+        .args(["--no-python", "/bin/sh", "-c", script])
         .run(LIMIT);
+    (dir, tiny, a)
+}
+
+#[test]
+fn a_full_log_directory_costs_lines_in_the_files_never_the_worker() {
+    // 3 MB of output into 1 MiB: the file fills a third of the way through.
+    let (_dir, _tiny, mut a) =
+        redirected_into_tiny_logs("yes 'a line of training output' | head -c 3000000");
     assert_eq!(a.code(), 0, "{}", a.output());
     let err = a.stderr();
     assert!(err.contains("a worker log file refused a line"), "{err}");
@@ -73,21 +75,9 @@ fn a_full_log_directory_costs_lines_in_the_files_never_the_worker() {
 /// filesystem as the cause.
 #[test]
 fn a_traceback_the_full_log_directory_refused_is_still_in_the_summary() {
-    let dir = TempDir::new().unwrap();
-    let tiny = Tiny::mount(dir.path(), "logs");
-    let mut a = AgentCmd::new(dir.path(), "a")
-        .args([
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            "--max-restarts",
-            "3",
-        ])
-        .args(["--redirects", "3", "--log-dir"])
-        .arg_path(&tiny.0)
-        .args(["--no-python", "/bin/sh", "-c"])
-        .arg("yes 'output' | head -c 2000000; echo 'RuntimeError: the real cause' >&2; exit 3")
-        .run(LIMIT);
+    let (_dir, _tiny, mut a) = redirected_into_tiny_logs(
+        "yes 'output' | head -c 2000000; echo 'RuntimeError: the real cause' >&2; exit 3",
+    );
     assert_eq!(a.code(), 79, "{}", a.output());
     let err = a.stderr();
     assert!(

@@ -48,16 +48,9 @@ fn a_round_the_store_forgot_is_never_sealed_again_under_its_number() {
     wait_for("a group of two", LIMIT, || {
         a.stderr().contains("workers started") && b.stderr().contains("workers started")
     });
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async {
-            let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-                .await
-                .unwrap();
-            c.delete("/fsdp/numbers/ctl/round", None).await.unwrap();
-        });
+    etcd.with_client(
+        |mut c| async move { c.delete("/fsdp/numbers/ctl/round", None).await.unwrap() },
+    );
     wait_for("the group back", LIMIT, || {
         a.stderr().matches("workers started").count() >= 2
             && b.stderr().matches("workers started").count() >= 2
