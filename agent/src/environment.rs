@@ -1,11 +1,14 @@
-//! The node's own environment, when a worker fails: a filesystem it writes to that is
-//! full fails every attempt alike, on this node only. Outside testing saw a full log
+//! The node's own environment, when a worker fails: a local filesystem it writes to that
+//! is full fails every attempt alike, on this node only. Outside testing saw a full log
 //! directory spend a three-node job's whole restart budget in 9 s (every rank restarted
 //! each time) and then quarantine the machine for an hour, with nothing saying why.
 //!
-//! So a failed worker is followed by a look at the log directory's and the working
-//! directory's filesystems; a full one is named, and the node leaves the group as
-//! unhealthy (exit 79, so that the pod is replaced) instead of charging the job.
+//! So a failed worker is followed by a look at the working directory's filesystem; a full
+//! one is named, and the node leaves the group as unhealthy (exit 79, so that the pod is
+//! replaced) instead of charging the job. Only a local filesystem is this node's fault: a
+//! full shared one (NFS, Lustre) fails every node alike, and replacing pods would loop
+//! where the restart budget should end the job. The log directory is not looked at: its
+//! lines go through the agent, so a full one never fails a worker.
 
 use std::path::{Path, PathBuf};
 
@@ -14,13 +17,27 @@ use std::path::{Path, PathBuf};
 pub const FULL_BELOW: u64 = 1 << 20;
 
 /// One filesystem the workers write to: what it is to them, a path on it, and its free
-/// and total bytes (`None`: could not be asked).
+/// and total bytes (`None`: could not be asked, or not local to this node).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Place {
     pub what: &'static str,
     pub path: PathBuf,
     pub space: Option<(u64, u64)>,
 }
+
+/// Filesystems that live on this node (`statfs`'s `f_type`): ext2/3/4, XFS, Btrfs, tmpfs,
+/// overlayfs (a container's root), ZFS, F2FS, ramfs. Anything else (NFS, Lustre, CIFS,
+/// GPFS, Ceph, FUSE) may be shared, and is not judged.
+const LOCAL: [i64; 8] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x794C_7630,
+    0x2FC1_2FC1,
+    0xF2F5_2010,
+    0x8584_58F6,
+];
 
 /// The full filesystems among `places`, in words; `None` when none is full.
 pub fn full(places: &[Place]) -> Option<String> {
@@ -42,33 +59,31 @@ pub fn full(places: &[Place]) -> Option<String> {
     (!said.is_empty()).then(|| said.join("; "))
 }
 
-/// Asks the filesystems of `log_dir` (if any) and `cwd` for their space. Blocks on a hung
+/// Asks the working directory's filesystem for its space, if it is local. Blocks on a hung
 /// mount: call it where that costs nothing (the log-file thread, with a deadline).
 #[allow(
     clippy::unnecessary_cast,
-    reason = "the block counts are u64 here, 32 bits on other targets"
+    clippy::useless_conversion,
+    reason = "the field types differ between targets"
 )]
-pub fn look(log_dir: Option<&Path>, cwd: Option<&Path>) -> Vec<Place> {
-    let ask = |path: &Path| {
-        nix::sys::statvfs::statvfs(path).ok().map(|s| {
+pub fn look(cwd: &Path) -> Vec<Place> {
+    let local = nix::sys::statfs::statfs(cwd)
+        .is_ok_and(|s| LOCAL.contains(&(s.filesystem_type().0 as i64)));
+    let space = local
+        .then(|| nix::sys::statvfs::statvfs(cwd).ok())
+        .flatten()
+        .map(|s| {
             let unit = s.fragment_size() as u64;
             (
                 (s.blocks_available() as u64).saturating_mul(unit),
                 (s.blocks() as u64).saturating_mul(unit),
             )
-        })
-    };
-    let mut places = Vec::new();
-    for (what, path) in [("log directory", log_dir), ("working directory", cwd)] {
-        if let Some(path) = path {
-            places.push(Place {
-                what,
-                path: path.to_path_buf(),
-                space: ask(path),
-            });
-        }
-    }
-    places
+        });
+    vec![Place {
+        what: "working directory",
+        path: cwd.to_path_buf(),
+        space,
+    }]
 }
 
 fn bytes(n: u64) -> String {
@@ -130,9 +145,15 @@ mod tests {
     }
 
     #[test]
-    fn this_machine_s_filesystems_answer() {
-        let places = look(Some(Path::new("/")), Some(Path::new(".")));
-        assert_eq!(places.len(), 2);
-        assert!(places.iter().all(|p| p.space.is_some_and(|(f, t)| f <= t)));
+    fn a_local_filesystem_answers_and_a_pseudo_one_is_not_judged() {
+        let tmp = std::env::temp_dir();
+        let places = look(&tmp);
+        assert_eq!(places.len(), 1);
+        assert!(
+            places[0].space.is_some_and(|(f, t)| f <= t),
+            "{tmp:?} is local here: {places:?}"
+        );
+        // procfs is not among the local kinds: never judged, whatever it reports.
+        assert_eq!(look(Path::new("/proc"))[0].space, None);
     }
 }

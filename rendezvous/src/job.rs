@@ -5,8 +5,8 @@
 //! hazard.
 //!
 //! The job is what every node of one job is given alike: the entrypoint and its
-//! arguments, `--nproc-per-node` as written (`8`, `gpu`; a node with fewer GPUs under
-//! `gpu` is still the same job) and `--nnodes`. Not what differs per node by design: the
+//! arguments, `--nproc-per-node` (a number as given; `gpu`, `cpu` and `auto` as one word,
+//! since each node counts its own) and `--nnodes`. Not what differs per node by design: the
 //! node's address, host name, rank, its log or working directory, its environment. A job
 //! whose nodes are given different arguments on purpose turns the check off
 //! (`--rdzv-conf job_check=0`).

@@ -64,24 +64,22 @@ impl Default for PaceConfig {
     }
 }
 
-/// What a seal rests on: the registrations present, each by node and incarnation, the
-/// failures reported, and the members the round would have. Kept as a digest: at 1,000 nodes the coordinator computes it on every
+/// What a seal rests on: the registrations present, each by node and incarnation, and the
+/// failures reported. Kept as a digest: at 1,000 nodes the coordinator computes it on every
 /// change it observes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Basis(u64);
 
 impl Basis {
     /// The basis of `registrations` (node, incarnation, create revision; in any order the
-    /// caller keeps stable, e.g. by node), `failures` (the rounds with a failure record)
-    /// and `members` (the proposed round's). The members count: rounds that each admit
-    /// one more of the nodes already registered (a store back empty, a crowd at a seal)
-    /// are progress, not a loop, though no registration changed; a loop seals the same
-    /// members again and again. The round a node asks for does not count: a node asking
-    /// for the next round after every seal, on one registration, was the loop itself.
+    /// caller keeps stable, e.g. by node) and `failures` (the rounds with a failure
+    /// record). Neither the members a round would have (a loop that drops a node and takes
+    /// it back would alternate between two bases, never three in a row) nor the round a
+    /// node asks for (a node asking for the next round after every seal, on one
+    /// registration, was the loop of the frozen agent itself) counts.
     pub fn of<'a>(
         registrations: impl IntoIterator<Item = (&'a str, u64, i64)>,
         failures: impl IntoIterator<Item = u64>,
-        members: impl IntoIterator<Item = &'a str>,
     ) -> Self {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for r in registrations {
@@ -90,10 +88,6 @@ impl Basis {
         0xfa11u16.hash(&mut h);
         for f in failures {
             f.hash(&mut h);
-        }
-        0x6e3bu16.hash(&mut h);
-        for m in members {
-            m.hash(&mut h);
         }
         Self(h.finish())
     }
@@ -113,8 +107,9 @@ struct Sealed {
 pub enum HoldRule {
     /// Rounds on one basis: no node joined, left, registered again or failed. A bug.
     SameBasis,
-    /// Only the per-second rule: the `nth` hold (0 first) of one episode of churn.
-    Churn { nth: u32 },
+    /// Only the per-second rule, in the `episode`-th episode of churn (the first hold of
+    /// each is worth an info line).
+    Churn { episode: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +130,8 @@ pub struct Pace {
     sealed: VecDeque<Sealed>,
     /// Seals made while the per-second rule was in force, in the current episode (0: none).
     strikes: u32,
+    /// Episodes of churn so far.
+    episodes: u64,
 }
 
 impl Pace {
@@ -143,6 +140,7 @@ impl Pace {
             cfg,
             sealed: VecDeque::new(),
             strikes: 0,
+            episodes: 0,
         }
     }
 
@@ -167,12 +165,13 @@ impl Pace {
                 "{same} rounds in a row were sealed with no node joining, leaving, registering again or failing"
             ));
         }
-        let same_basis = until.is_some();
+        // The loop's rule, when its own hold is what still holds the round.
+        let same_basis = until.is_some_and(|u| u > now);
         if self.strikes > 0 {
             let at = last.at + self.hold(self.strikes - 1);
             until = until.max(Some(at));
             rules.push(format!(
-                "more than {} rounds a second ({} in the last {}s)",
+                "{} or more rounds within a second ({} in the last {}s)",
                 self.cfg.per_second,
                 self.sealed
                     .iter()
@@ -185,7 +184,7 @@ impl Pace {
             HoldRule::SameBasis
         } else {
             HoldRule::Churn {
-                nth: self.strikes.saturating_sub(1),
+                episode: self.episodes,
             }
         };
         match until {
@@ -228,7 +227,10 @@ impl Pace {
             >= self.cfg.per_second;
         self.strikes = match (going_on, burst) {
             (true, _) => self.strikes.saturating_add(1),
-            (false, true) => 1,
+            (false, true) => {
+                self.episodes += 1;
+                1
+            }
             (false, false) => 0,
         };
     }
@@ -259,7 +261,6 @@ mod tests {
         Basis::of(
             nodes.iter().map(|(n, i)| (*n, *i, 1)),
             failures.iter().copied(),
-            nodes.iter().map(|(n, _)| *n),
         )
     }
 
@@ -277,12 +278,6 @@ mod tests {
         assert_ne!(a, basis(&[("a", 2), ("b", 1)], &[]), "a new incarnation");
         assert_ne!(a, basis(&[("a", 1)], &[]), "a node gone");
         assert_ne!(a, basis(&[("a", 1), ("b", 1)], &[4]), "a failure reported");
-        let regs = [("a", 1, 1), ("b", 1, 1)];
-        assert_ne!(
-            Basis::of(regs, [], ["a"]),
-            Basis::of(regs, [], ["a", "b"]),
-            "one more member admitted"
-        );
     }
 
     /// The livelock's shape: one node registering again and again for the next round on
@@ -340,10 +335,10 @@ mod tests {
         let PaceDecision::Hold { until, why, rule } = p.check(now, next) else {
             panic!("a sixth seal within a second must wait")
         };
-        assert_eq!(rule, HoldRule::Churn { nth: 0 }, "{why}");
+        assert_eq!(rule, HoldRule::Churn { episode: 1 }, "{why}");
         assert_eq!(until, t0 + 40 * MS + 500 * MS);
         assert!(
-            why.contains("more than 5 rounds a second (5 in the last 10s)"),
+            why.contains("5 or more rounds within a second (5 in the last 10s)"),
             "{why}"
         );
         assert!(why.contains("round 4: growth 4"), "{why}");
@@ -386,7 +381,7 @@ mod tests {
                     panic!("hold {nth} lifted at {:?}", asked - last)
                 };
                 assert_eq!(until, last + hold_ms * MS, "hold {nth}");
-                assert_eq!(rule, HoldRule::Churn { nth: nth as u32 });
+                assert_eq!(rule, HoldRule::Churn { episode: 1 }, "hold {nth}");
             }
             last += hold_ms * MS;
             assert_eq!(p.check(last, fresh()), PaceDecision::Go);

@@ -1,6 +1,6 @@
-//! Round numbers are never reused, even when the store forgets a round (issue 56: an etcd
-//! restored from an old snapshot sealed round 4 twice with different members, and keys
-//! indexed by round could collide). Here the store forgets by the simplest means, the
+//! Round numbers are never reused, even when the store forgets a round (an etcd restored
+//! from an old snapshot sealed round 4 twice with different members, and keys indexed by
+//! round could collide). Here the store forgets by the simplest means, the
 //! round key deleted under two running agents; before, round 0 was sealed a second time.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! Two jobs started with one `--rdzv-id` on one etcd (issue 56). They merged: the second
+//! Two jobs started with one `--rdzv-id` on one etcd. They merged: the second
 //! job's agents waited as spares of the first, and when one of its nodes died a stranger
 //! took its rank and resumed from its own checkpoint. Now the newcomer refuses to join
 //! another job's run (exit 64, one line naming the run and what differs), the first job
@@ -91,4 +91,31 @@ fn with_the_check_off_nodes_that_differ_form_one_group() {
     wait_for("the group grown to two", LIMIT, || {
         a0.stderr().contains("world_size=2") && b.stderr().contains("world_size=2")
     });
+}
+
+/// A finished run never blocks a new job with its id, whatever the new job's command:
+/// its round key stays, but nobody runs it.
+#[test]
+fn a_finished_runs_id_is_free_for_another_job() {
+    let etcd = Etcd::start();
+    let dir = TempDir::new().unwrap();
+    let run = |name: &str, ckpt: &str| {
+        let wdir = dir.path().join(ckpt);
+        std::fs::create_dir_all(&wdir).unwrap();
+        AgentCmd::new(dir.path(), name)
+            .args(["--nnodes", "1", "--nproc-per-node", "1"])
+            .args([
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-endpoint",
+                &etcd.endpoint(),
+            ])
+            .args(["--rdzv-id", RUN, "--local-addr", "127.0.0.1"])
+            .args(fake_worker_args(&wdir, &["--sleep", "0"]))
+            .run(LIMIT)
+    };
+    let mut first = run("first", "ckpt-a");
+    assert_eq!(first.code(), 0, "{}", first.output());
+    let mut second = run("second", "ckpt-b");
+    assert_eq!(second.code(), 0, "{}", second.output());
 }

@@ -476,17 +476,14 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         self.restart_after(&round, &first, backoff).await
     }
 
-    /// A filesystem this node's workers write to is full ([`environment`]), or `None`. The
+    /// The working directory's local filesystem is full ([`environment`]), or `None`. The
     /// look runs on the log-file thread: a hung mount answers nothing, and costs nothing.
     async fn environment_full(&self) -> Option<String> {
-        let log_dir = self.run_dir.clone();
-        let cwd = std::env::current_dir().ok();
+        let cwd = std::env::current_dir().ok()?;
         let places = self
             .console
             .disk()
-            .call(Duration::from_secs(2), move || {
-                environment::look(log_dir.as_deref(), cwd.as_deref())
-            })
+            .call(Duration::from_secs(2), move || environment::look(&cwd))
             .await?;
         environment::full(&places)
     }

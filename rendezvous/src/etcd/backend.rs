@@ -427,12 +427,16 @@ impl EtcdRendezvous {
         }
     }
 
-    /// The join timeout's error: what the node waited for, and the fix.
     /// Before this node first registers: whether the run it joins is its own job, by the
     /// running round (or, before any, by the coordinator's registration). Another job's
-    /// agents would be taken in as spares and then as ranks of it ([`crate::job`]).
+    /// agents would be taken in as spares and then as ranks of it ([`crate::job`]). Only a
+    /// run somebody runs counts: its coordinator key lives on a lease, while the round key
+    /// of a finished or failed run stays, and must never block a new job with its id.
     fn same_job(&self) -> Result<(), RendezvousError> {
         let v = self.view.borrow();
+        if v.coordinator.is_none() {
+            return Ok(());
+        }
         let running = match &v.round {
             Some(r) => Some((r.record.job.clone(), format!("round {}", r.record.number))),
             None => v
@@ -455,6 +459,7 @@ impl EtcdRendezvous {
         )))
     }
 
+    /// The join timeout's error: what the node waited for, and the fix.
     async fn join_timed_out(&mut self, wants: u64) -> RendezvousError {
         let timeout = self.cfg.join_timeout;
         RendezvousError::Timeout(self.waiting(wants).await.gave_up(timeout))

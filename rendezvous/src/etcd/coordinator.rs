@@ -154,7 +154,7 @@ impl Coordinator {
         let mut held = None;
         self.proposed = None;
         if let SealDecision::Seal(p) = &decision {
-            let basis = basis(v, p);
+            let basis = basis(v);
             // A round that only drops members is no loop: there are only so many to drop.
             // Held, a job torn down node by node (every pod deleted at once) logged "sealed
             // too fast" at each of its ends.
@@ -229,20 +229,15 @@ fn only_drops(p: &Proposal, current: Option<&Current>) -> bool {
 
 /// What a seal in view `v` rests on: every registration (node, incarnation, create
 /// revision) and every failure reported.
-fn basis(v: &View, p: &Proposal) -> Basis {
+fn basis(v: &View) -> Basis {
     Basis::of(
         v.members
             .iter()
             .map(|(id, m)| (id.as_str(), m.record.incarnation, m.create_rev)),
         v.failures.iter().copied(),
-        p.members.iter().map(String::as_str),
     )
 }
 
-/// The round record to commit for `p` at `now_ms` (Unix ms): the members' own
-/// registrations, in the proposal's order (every proposed member is registered: proposals
-/// are made from registrations), and the charge times carried over, plus `now_ms` when
-/// `p` charges a failure.
 /// The first number every member of `p` waits for: a member registered for a later round
 /// than the next (it knew rounds that etcd lost with its data) would otherwise wait out one
 /// re-form per number in between.
@@ -253,9 +248,11 @@ fn first_number_all_wait_for(p: &seal::Proposal, v: &View) -> u64 {
         .fold(p.number, u64::max)
 }
 
-///
-/// `since_previous`: how long this coordinator has seen the round it replaces (its own
-/// monotonic clock; 0 when it saw it only now). The charges' ages grow by it.
+/// The round record to commit for `p` at `now_ms` (Unix ms): the members' own
+/// registrations, in the proposal's order (every proposed member is registered: proposals
+/// are made from registrations), and the charges carried over, plus one at `now_ms` when
+/// `p` charges a failure. `since_previous`: how long ago the round it replaces was sealed,
+/// as this coordinator measures it; the charges' ages grow by it.
 pub fn round_record(
     p: &Proposal,
     v: &View,

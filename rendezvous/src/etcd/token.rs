@@ -13,9 +13,11 @@ use etcd_client::{Client, Error};
 /// before the server's users changed), not that the password is wrong: authenticating
 /// again is the cure.
 pub(crate) fn expired(e: &Error) -> bool {
+    // etcd sends the second with InvalidArgument (its ErrGRPCAuthOldRevision), the first
+    // with Unauthenticated.
     matches!(e, Error::GRpcStatus(s)
-        if s.code() == tonic::Code::Unauthenticated
-            && matches!(s.message(), "etcdserver: invalid auth token" | "etcdserver: revision of auth store is old"))
+        if (s.code() == tonic::Code::Unauthenticated && s.message() == "etcdserver: invalid auth token")
+            || s.message() == "etcdserver: revision of auth store is old")
 }
 
 /// Authenticates `client` again after `refused` ([`expired`]): its calls carry the new
@@ -48,7 +50,7 @@ mod tests {
     #[test]
     fn only_a_stale_token_is_renewed_never_a_wrong_password() {
         let stale = Error::GRpcStatus(Status::unauthenticated("etcdserver: invalid auth token"));
-        let old = Error::GRpcStatus(Status::unauthenticated(
+        let old = Error::GRpcStatus(Status::invalid_argument(
             "etcdserver: revision of auth store is old",
         ));
         assert!(expired(&stale) && expired(&old));

@@ -296,7 +296,7 @@ fn a_member_waiting_for_a_later_round_gets_it_in_one_seal() {
     assert_eq!(p.members.len(), 2);
 }
 
-/// The restart window on one clock (issue 56): coordinator A, its wall clock an hour
+/// The restart window on one clock: coordinator A, its wall clock an hour
 /// behind, charges a failure; B, with a correct clock, takes over 20 s later and charges
 /// another. By the wall clocks A's charge was an hour before B's seal and fell out of a
 /// 10-minute window ("restart 1 of 2" for the third crash within a minute). By ages,

@@ -147,7 +147,10 @@ pub struct Machine {
     pub(super) known_round: Option<v1::Round>,
     /// The round the view holds and when this agent first saw it: how long ago a round
     /// was sealed, by this agent's own clock ([`v1::Round::charged_ago_ms`]).
-    pub(super) round_seen: Option<(u64, Instant)>,
+    /// (Whether it was seen while watching, that is sealed, not read at a sync.)
+    pub(super) round_seen: Option<(u64, Instant, bool)>,
+    /// The churn episode ([`crate::pace::HoldRule::Churn`]) already said at info.
+    pub(super) churn_said: Option<u64>,
     /// The highest round number this agent has seen: a new round is numbered past it.
     pub(super) highest_round: Option<u64>,
     pub(super) coordinator: Coordinator,
@@ -244,6 +247,7 @@ impl Machine {
             running: None,
             known_round: None,
             round_seen: None,
+            churn_said: None,
             highest_round: None,
             counters,
             writes,
@@ -343,8 +347,9 @@ impl Machine {
         self.advance();
         if let Some(r) = &self.view.round {
             let n = r.record.number;
-            if self.round_seen.is_none_or(|(seen, _)| seen != n) {
-                self.round_seen = Some((n, now));
+            if self.round_seen.is_none_or(|(seen, ..)| seen != n) {
+                let live = matches!(self.phase, Phase::Watching { .. });
+                self.round_seen = Some((n, now, live));
             }
             self.highest_round = self.highest_round.max(Some(n));
         }

@@ -284,7 +284,7 @@ impl Machine {
         // for a TTL from when it was sent.
         let last = LAST_RETRY.min(self.cfg.ttl / 4);
         let delay = crate::backoff::nth(FIRST_RETRY, last, self.failures);
-        // Said at every retry: each line says how long until the agent gives up.
+        // Each line stands alone in a log search: it says how long the wait can still last.
         let gives_up_in = self.cfg.outage_limit.saturating_sub(lasted);
         if self.cfg.embedded_store {
             tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?gives_up_in, "connection to the c10d store lost; reconnecting");

@@ -526,11 +526,13 @@ impl Machine {
             return false;
         }
         let v = &self.view;
+        // The old host never comes back under its node id (one per process): its place
+        // is this agent's.
         v.round.as_ref().is_some_and(|r| {
             r.record
                 .members
                 .iter()
-                .any(|m| !v.members.contains_key(&m.node_id))
+                .any(|m| m.addr != self.cfg.addr && !v.members.contains_key(&m.node_id))
         })
     }
 
@@ -556,7 +558,8 @@ impl Machine {
                     tracing::error!(reason = %obs.reason, held = %why, "rounds are being sealed too fast; is a node re-forming in a loop?")
                 }
                 // Churn is the nodes' doing, not ours: said once an episode.
-                HoldRule::Churn { nth: 0 } => {
+                HoldRule::Churn { episode } if self.churn_said != Some(*episode) => {
+                    self.churn_said = Some(*episode);
                     tracing::info!(held = %why, "nodes are joining and leaving faster than a group can settle; each next round waits a little longer (0.5s, doubling up to 30s) until they calm down")
                 }
                 HoldRule::Churn { .. } => {
@@ -574,11 +577,17 @@ impl Machine {
                 // round (failures, done, gone) would collide, and a member running that
                 // number would take the new round for the one it runs.
                 if let Some(seen) = self.highest_round {
-                    p.number = p.number.max(seen + 1);
+                    p.number = p.number.max(seen.saturating_add(1));
                 }
+                // Seen sealed, on this agent's own monotonic clock; else (this process
+                // started since, e.g. a c10d host restarted in place) the seal's wall-clock
+                // age, the one measure left.
                 let since_previous = match (&self.view.round, self.round_seen) {
-                    (Some(r), Some((n, at))) if n == r.record.number => self.now - at,
-                    _ => Duration::ZERO,
+                    (Some(r), Some((n, at, true))) if n == r.record.number => self.now - at,
+                    (Some(r), _) => {
+                        Duration::from_millis(self.unix_ms().saturating_sub(r.record.sealed_at_ms))
+                    }
+                    (None, _) => Duration::ZERO,
                 };
                 let record = fsdp_proto::v1::Round {
                     job: self.cfg.job.clone(),
