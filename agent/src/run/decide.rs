@@ -97,31 +97,25 @@ pub fn halted_by(h: &Halt) -> Leave {
     }
 }
 
-/// This node's machine is kept out of the run (`reason`); the others go on without it.
-pub fn kept_out(reason: &str) -> Leave {
-    let code = exit_code::QUARANTINED;
+/// This node leaves the group for `reason`, as `kind`, with exit `code`; the others go on
+/// without it.
+fn node_out(kind: LeftKind, code: u8, reason: &str) -> Leave {
     Leave {
         how: Departure::Left,
         exit: AgentExit::Failed { exit_code: code },
-        why: LeftReason::new(
-            LeftKind::Quarantined,
-            format!("{reason}; agent exit code {code}"),
-        ),
+        why: LeftReason::new(kind, format!("{reason}; agent exit code {code}")),
     }
+}
+
+/// This node's machine is kept out of the run (`reason`); the others go on without it.
+pub fn kept_out(reason: &str) -> Leave {
+    node_out(LeftKind::Quarantined, exit_code::QUARANTINED, reason)
 }
 
 /// A filesystem this node's workers write to is full (`reason`): it leaves as unhealthy,
 /// so that it is replaced, without charging the job ([`crate::environment`]).
 pub fn environment_failed(reason: &str) -> Leave {
-    let code = exit_code::UNHEALTHY;
-    Leave {
-        how: Departure::Left,
-        exit: AgentExit::Failed { exit_code: code },
-        why: LeftReason::new(
-            LeftKind::Unhealthy,
-            format!("{reason}; agent exit code {code}"),
-        ),
-    }
+    node_out(LeftKind::Unhealthy, exit_code::UNHEALTHY, reason)
 }
 
 /// This node's health check failed `failures` times in a row, the last for `reason`: it

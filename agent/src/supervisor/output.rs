@@ -154,12 +154,16 @@ struct TailLines {
 }
 
 impl Tail {
+    /// The lines; a pump that panicked holding them leaves them as they were.
+    fn lock(&self) -> std::sync::MutexGuard<'_, TailLines> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn push(&self, line: &[u8]) {
         let text = String::from_utf8_lossy(line).trim_end().to_owned();
-        let mut t = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut t = self.lock();
         if t.lines.len() == crate::failure::TAIL_LINES {
             t.lines.pop_front();
         }
@@ -167,35 +171,17 @@ impl Tail {
     }
 
     fn end(&self) {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .ended = true;
+        self.lock().ended = true;
     }
 
     /// The lines kept, once the pump read the stream to its end or after `patience` (the
     /// worker's own children may keep the pipe open).
     pub async fn lines(&self, patience: Duration) -> Vec<String> {
         let until = tokio::time::Instant::now() + patience;
-        loop {
-            let done = {
-                let t = self
-                    .0
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                t.ended.then(|| t.lines.iter().cloned().collect::<Vec<_>>())
-            };
-            match done {
-                Some(lines) => return lines,
-                None if tokio::time::Instant::now() >= until => break,
-                None => tokio::time::sleep(Duration::from_millis(10)).await,
-            }
+        while !self.lock().ended && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let t = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        t.lines.iter().cloned().collect()
+        self.lock().lines.iter().cloned().collect()
     }
 }
 
