@@ -89,9 +89,14 @@ pub struct Round {
     pub broken: Option<Change>,
 }
 
-/// What a backend counts for the agent's metrics; shared with its tasks.
+/// What a backend counts for the agent's metrics, and what its status service says of
+/// it; shared with its tasks.
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
+    /// The lease this node's registration lives on now (0 before the first): the
+    /// liveness heartbeats announce it, so that the ring watcher revokes the lease the
+    /// dead agent really held, not the one a round recorded before the store lost it.
+    pub lease: std::sync::Arc<std::sync::atomic::AtomicI64>,
     /// Errors it recovered from by itself (lost etcd connections, failed keep-alives).
     pub errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Rounds this agent sealed as the coordinator.

@@ -251,3 +251,64 @@ fn a_peer_whose_workers_died_first_is_still_evicted_when_its_agent_dies() {
         outputs.join("\n")
     );
 }
+
+/// Outside testing: after etcd came back empty every agent holds a new lease, but the
+/// round put back still names the old ones, so the ring watcher tried to revoke a lease
+/// that no longer held anything (`nothing to revoke`) and the loss waited out the TTL.
+/// The watcher must evict the lease the dead agent last announced.
+#[test]
+fn a_member_killed_after_etcd_came_back_empty_is_still_evicted_at_once() {
+    // A long lease: re-forming within 3 s can only be the eviction.
+    let mut job = Job::new("detect-empty", "2:3", 0, 1_000_000, 58);
+    job.rdzv_conf = "last_call_timeout=1,keep_alive_ttl=10".into();
+    let mut pods: Vec<Pod> = (0..3).map(|i| job.pod(i, &[])).collect();
+    {
+        let all: Vec<&Pod> = pods.iter().collect();
+        wait_until("a group of 3", &all, || {
+            pods.iter().all(|p| nth_start_world(p, 0, 3))
+        });
+        job.progresses(3, &all);
+        job.etcd_mut().restart(false);
+        wait_until("every agent on a new lease", &all, || {
+            pods.iter()
+                .all(|p| p.stderr().contains("the lease was gone; granted a new one"))
+        });
+        wait_until("the round put back", &all, || {
+            pods.iter().any(|p| {
+                p.stderr()
+                    .contains("etcd lost the round record; put the newest round it knew back")
+            })
+        });
+        // A heartbeat a second tells the watchers the new leases.
+        std::thread::sleep(Duration::from_secs(2));
+        job.progresses(2, &all);
+    }
+    let victim = job.coordinator().map_or(1, |c| (c + 1) % 3);
+    let t0 = now_of_day();
+    pods[victim].kill();
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    let all: Vec<&Pod> = survivors.iter().map(|&i| &pods[i]).collect();
+    wait_until("a group of 2", &all, || {
+        survivors
+            .iter()
+            .all(|&i| starts(&pods[i]).last().is_some_and(|s| s.world == 2))
+    });
+    let mut slowest = 0.0f64;
+    for &i in &survivors {
+        let formed = logged_at(&pods[i], "group formed", "world_size=2").expect("a group of 2");
+        slowest = slowest.max(formed - t0);
+    }
+    let outputs: Vec<String> = survivors.iter().map(|&i| pods[i].output()).collect();
+    assert!(
+        survivors
+            .iter()
+            .all(|&i| !pods[i].stderr().contains("nothing to revoke")),
+        "a watcher revoked the round's old lease\n{}",
+        outputs.join("\n")
+    );
+    assert!(
+        slowest < 3.0,
+        "re-formed {slowest:.3} s after the kill\n{}",
+        outputs.join("\n")
+    );
+}

@@ -94,7 +94,7 @@ fn an_agent_slow_to_reconnect_to_an_etcd_back_empty_restarts_no_worker() {
     job.etcd_mut().restart(false);
     wait_until("p0 to put the round back", &[&p0], || {
         p0.stderr()
-            .contains("etcd lost the round record; republished the running round")
+            .contains("etcd lost the round record; put the newest round it knew back")
             || p0.stderr().contains("granted a new one")
     });
     std::thread::sleep(Duration::from_millis(700));

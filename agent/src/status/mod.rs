@@ -121,6 +121,16 @@ impl Board {
         self.lock().state.node_id.clone()
     }
 
+    /// The lease this agent's registration lives on now (0 before it has one).
+    pub fn lease(&self) -> i64 {
+        self.inner
+            .backend
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |c| c.lease.load(Ordering::Relaxed))
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let mut s = self.lock().clone();
         s.state.members = s

@@ -111,6 +111,9 @@ struct StatusService {
 /// timeouts: the beat only keeps middleboxes from forgetting the connection. Once a second
 /// it was a fifth of what 1,000 idle agents cost on two cores (issue 30).
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a liveness stream looks whether the agent's lease changed: a new one (the
+/// store came back empty) is announced within this, with no traffic while it stays.
+const LEASE_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
 
 type HeartbeatStream = std::pin::Pin<
     Box<dyn futures::Stream<Item = Result<Heartbeat, tonic::Status>> + Send + 'static>,
@@ -127,22 +130,32 @@ impl AgentStatus for StatusService {
 
     type LivenessStream = HeartbeatStream;
 
-    /// The stream a ring neighbour watches: a heartbeat now, then one a second, for as
-    /// long as this process lives (see `fsdp_rendezvous::etcd::liveness`).
+    /// The stream a ring neighbour watches: a heartbeat now, then one every
+    /// [`HEARTBEAT`] or as soon as the lease changed, for as long as this process lives (see `fsdp_rendezvous::etcd::liveness`).
     async fn liveness(
         &self,
         request: tonic::Request<LivenessRequest>,
     ) -> Result<tonic::Response<HeartbeatStream>, tonic::Status> {
         tracing::debug!(watcher = %request.get_ref().watcher, "watched by a ring neighbour");
         let board = self.board.clone();
-        let beats = futures::stream::unfold(true, move |first| {
+        // The state: the lease last announced, and when the last beat went (none yet).
+        let beats = futures::stream::unfold((0i64, None), move |(said, sent)| {
             let board = board.clone();
             async move {
-                if !first {
-                    tokio::time::sleep(HEARTBEAT).await;
+                let mut sent: Option<tokio::time::Instant> = sent;
+                loop {
+                    let lease = board.lease();
+                    let due = sent.is_none_or(|t| t.elapsed() >= HEARTBEAT);
+                    if due || lease != said {
+                        let beat = Heartbeat {
+                            node_id: board.node_id(),
+                            lease,
+                        };
+                        sent = Some(tokio::time::Instant::now());
+                        return Some((Ok(beat), (lease, sent)));
+                    }
+                    tokio::time::sleep(LEASE_LOOK).await;
                 }
-                let node_id = board.node_id();
-                Some((Ok(Heartbeat { node_id }), false))
             }
         });
         Ok(tonic::Response::new(Box::pin(beats)))

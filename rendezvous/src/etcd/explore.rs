@@ -17,7 +17,7 @@
 //!   next when it broke before it started, or it is a spare), a running one stops its
 //!   workers when its round is over; an agent registers for the round it wants;
 //! * a running agent's ring watcher finds its neighbour dead and revokes the lease the
-//!   round names for it; an agent whose lease was revoked under it renews it;
+//!   neighbour last announced; an agent whose lease was revoked under it renews it;
 //! * faults, from a budget: a worker fails (a failure report); an agent's lease expires
 //!   while it is frozen (its key goes) and later it thaws (a new lease: the next
 //!   incarnation, its registration written again); an agent is killed for good; the store

@@ -6,8 +6,8 @@
 //! the stream breaks, the watcher reconnects at once, and [`verdict`] reads the outcome:
 //!
 //! - **refused** — nothing listens at that address any more: the agent is gone, and the
-//!   watcher revokes its lease (the lease id is in its registration), so every agent sees
-//!   the delete at once and re-forms;
+//!   watcher revokes its lease (the id its heartbeats last announced), so every agent
+//!   sees the delete at once and re-forms;
 //! - **another node answers** (or one that has not joined a run yet) — a restarted pod
 //!   took the address: the watched agent is gone too;
 //! - **it answers as itself** — it lives (only the connection broke): nothing happens;
@@ -63,8 +63,9 @@ const SETTLE: Duration = Duration::from_secs(1);
 pub enum Contact {
     /// The connection was refused: nothing listens there.
     Refused,
-    /// An agent answered with this node id (empty: it has not joined a run).
-    Answered { node_id: String },
+    /// An agent answered with this node id (empty: it has not joined a run) and the lease
+    /// it holds (0: none yet, or an agent too old to say).
+    Answered { node_id: String, lease: i64 },
     /// No answer in time, or another error: proves nothing.
     Silent,
 }
@@ -90,7 +91,7 @@ pub fn verdict(watched: &str, addr: &str, contact: &Contact, seen: bool) -> Verd
                 "its status port {addr} refused the connection: the agent's process is gone"
             ),
         },
-        Contact::Answered { node_id } if node_id != watched => Verdict::Gone {
+        Contact::Answered { node_id, .. } if node_id != watched => Verdict::Gone {
             reason: if node_id.is_empty() {
                 format!(
                     "a new agent that has not joined yet answers at {addr}: the watched one is gone"
@@ -114,6 +115,12 @@ pub fn neighbour<'a>(round: &'a v1::Round, me: &str) -> Option<&'a v1::Member> {
 }
 
 type Stream = tonic::Streaming<v1::Heartbeat>;
+
+/// The lease to revoke after the watched agent announced `said`: an agent that has none
+/// yet, or is too old to say, announces 0 and leaves the one known before.
+fn announced(known: i64, said: i64) -> i64 {
+    if said == 0 { known } else { said }
+}
 
 /// A gRPC client of the agent status service at `addr` (`host:port`), connected within
 /// `patience`; `None` when it cannot be reached.
@@ -142,10 +149,16 @@ async fn contact(addr: &str, me: &str) -> (Contact, Option<Stream>) {
         };
         let mut stream = client.liveness(request).await.ok()?.into_inner();
         let first = stream.message().await.ok()??;
-        Some((first.node_id, stream))
+        Some((first, stream))
     };
     match tokio::time::timeout(PATIENCE, open).await {
-        Ok(Some((node_id, stream))) => (Contact::Answered { node_id }, Some(stream)),
+        Ok(Some((beat, stream))) => (
+            Contact::Answered {
+                node_id: beat.node_id,
+                lease: beat.lease,
+            },
+            Some(stream),
+        ),
         _ => (Contact::Silent, None),
     }
 }
@@ -169,7 +182,10 @@ impl Drop for Watcher {
 
 impl Watcher {
     /// Watches `target` for `me`; calls `evict(node_id, lease, proof)` once if it proves
-    /// it gone.
+    /// it gone, with the lease it last announced (the round's when it never said).
+    /// A round records each member's lease when it was sealed; a store restarted empty
+    /// makes every agent take a new one while the round put back keeps the old ids, and
+    /// revoking those would find nothing, leaving the death to the TTL.
     pub fn start(
         me: String,
         target: v1::Member,
@@ -185,19 +201,21 @@ impl Watcher {
             let mut since_break = None::<u32>;
             let mut seen = false;
             let mut warned = false;
+            let mut lease = target.lease;
             loop {
                 let (found, stream) = contact(&addr, &me).await;
                 if let Verdict::Gone { reason } = verdict(&target.node_id, &addr, &found, seen) {
                     let detect = broke.map_or(Duration::ZERO, |t: Instant| t.elapsed());
-                    evict(
-                        target.node_id.clone(),
-                        target.lease,
-                        Proof { reason, detect },
-                    );
+                    evict(target.node_id.clone(), lease, Proof { reason, detect });
                     return;
                 }
-                let itself =
-                    matches!(&found, Contact::Answered { node_id } if *node_id == target.node_id);
+                let itself = match &found {
+                    Contact::Answered { node_id, lease: l } if *node_id == target.node_id => {
+                        lease = announced(lease, *l);
+                        true
+                    }
+                    _ => false,
+                };
                 seen |= itself;
                 if !seen && !warned && found != Contact::Silent {
                     warned = true;
@@ -206,7 +224,11 @@ impl Watcher {
                 match stream.filter(|_| itself) {
                     // Follow it until it breaks, then look again at once.
                     Some(mut s) => {
-                        while let Ok(Some(_)) = s.message().await {}
+                        while let Ok(Some(beat)) = s.message().await {
+                            if beat.node_id == target.node_id {
+                                lease = announced(lease, beat.lease);
+                            }
+                        }
                         broke = Some(Instant::now());
                         since_break = Some(0);
                     }
@@ -239,26 +261,29 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_evicted_is_the_last_one_announced() {
+        // The round named 7; the store came back empty and the agent took 9.
+        assert_eq!(announced(7, 9), 9);
+        // An agent with no lease yet, or too old to say, leaves the known one.
+        assert_eq!(announced(9, 0), 9);
+    }
+
+    #[test]
     fn only_a_refusal_or_a_stranger_proves_the_agent_gone() {
         let gone = |c: &Contact| matches!(verdict("a", "h:1", c, true), Verdict::Gone { .. });
         assert!(gone(&Contact::Refused));
-        assert!(gone(&Contact::Answered {
-            node_id: "b".into()
-        }));
-        assert!(gone(&Contact::Answered {
-            node_id: String::new()
-        }));
-        assert!(!gone(&Contact::Answered {
-            node_id: "a".into()
-        }));
+        let answered = |node_id: &str| Contact::Answered {
+            node_id: node_id.into(),
+            lease: 9,
+        };
+        assert!(gone(&answered("b")));
+        assert!(gone(&answered("")));
+        assert!(!gone(&answered("a")));
         assert!(!gone(&Contact::Silent));
         // An address where it never answered as itself proves nothing: it may be wrong
         // from here (a loopback address seen from another network namespace).
         assert_eq!(verdict("a", "h:1", &Contact::Refused, false), Verdict::Keep);
-        let stranger = Contact::Answered {
-            node_id: "b".into(),
-        };
-        assert_eq!(verdict("a", "h:1", &stranger, false), Verdict::Keep);
+        assert_eq!(verdict("a", "h:1", &answered("b"), false), Verdict::Keep);
     }
 
     fn round(members: &[(&str, &str)]) -> v1::Round {

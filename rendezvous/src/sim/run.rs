@@ -5,7 +5,7 @@ use super::agent::{Did, Life};
 use super::faults::{Fault, Mix, schedule};
 use super::world::{Ev, World};
 use super::{Options, Report};
-use crate::etcd::session::{Command, Input};
+use crate::etcd::session::{Command, Input, Machine};
 
 /// Events one seed may take before the checker calls it a loop of its own.
 const EVENT_LIMIT: u64 = 3_000_000;
@@ -252,12 +252,17 @@ fn fault(w: &mut World, f: Fault) {
 }
 
 /// SIGKILL: the process and its workers go; the ring neighbour of a running member finds
-/// its port closed and evicts it.
+/// its port closed and evicts the lease it last announced (its heartbeats carry it: the
+/// machine's lease at its death, which a frozen agent could not have changed).
 fn kill(w: &mut World, a: usize) {
     if !matches!(w.agents[a].life, Life::Up | Life::Frozen) {
         return;
     }
     let running = w.agents[a].running().cloned();
+    // The old watcher (a switch) revoked the round's id.
+    let announced = (!w.opts.switches.old_store)
+        .then(|| w.agents[a].machine.as_ref().map(Machine::lease))
+        .flatten();
     let ag = &mut w.agents[a];
     ag.life = Life::Down;
     ag.machine = None;
@@ -286,7 +291,7 @@ fn kill(w: &mut World, a: usize) {
     {
         let command = Command::Evict {
             node,
-            lease: r.members[pos].lease,
+            lease: announced.unwrap_or(r.members[pos].lease),
             round: r.number,
             detect_ms: 200,
         };

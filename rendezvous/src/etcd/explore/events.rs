@@ -207,7 +207,8 @@ impl World {
     }
 
     /// `node`'s ring watcher proves its neighbour in the round it runs dead (a refused
-    /// connection) and revokes the lease the round names for it, as `Command::Evict` does.
+    /// connection) and revokes the lease the neighbour last announced (its heartbeats say
+    /// it; the round's, under the old store), as `Command::Evict` does.
     fn evict_neighbour(&self, node: &'static str) -> Option<World> {
         let Phase::Running(_) = self.phases[node] else {
             return None;
@@ -219,7 +220,11 @@ impl World {
         if !dead || self.view.departed.contains_key(&target.node_id) {
             return None;
         }
-        let lease = target.lease;
+        let lease = if self.old_store {
+            target.lease
+        } else {
+            self.lease[target.node_id.as_str()]
+        };
         if self.revoked.contains(&lease) {
             return None;
         }

@@ -225,6 +225,7 @@ impl Machine {
     pub fn new(cfg: Config, counters: Counters, writes: Arc<AtomicU64>) -> Self {
         let mut clock = LeaseClock::default();
         clock.replaced(cfg.granted_at, cfg.ttl);
+        counters.lease.store(cfg.lease, Ordering::Relaxed);
         let now = cfg.granted_at;
         let view = View {
             lease_safe_until: clock.safe_until(),
@@ -391,7 +392,7 @@ impl Machine {
         self.cfg.ttl
     }
 
-    #[cfg(test)]
+    /// The lease this node's keys live on now.
     pub fn lease(&self) -> i64 {
         self.lease
     }

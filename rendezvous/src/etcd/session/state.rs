@@ -123,6 +123,7 @@ impl Machine {
             "the lease was gone; granted a new one"
         );
         self.lease = id;
+        self.counters.lease.store(id, Ordering::Relaxed);
         self.next_incarnation();
     }
 
