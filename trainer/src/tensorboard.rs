@@ -1,16 +1,16 @@
 //! Scalars for `--tensorboard_dir`, written as a TensorBoard event file without a TensorBoard
-//! or protobuf dependency: the file is a TFRecord stream of `Event` messages, and a scalar
-//! event needs only four protobuf field kinds, encoded here by hand.
+//! or TensorFlow dependency: the file is a TFRecord stream of `Event` messages, and a scalar
+//! event needs only three small messages, declared here with their `.proto` field numbers.
 //!
 //! Record framing (TFRecord): u64 LE length, u32 masked CRC-32C of those 8 bytes, the data,
-//! u32 masked CRC-32C of the data. Event (tensorflow/core/util/event.proto): 1 wall_time
-//! double, 2 step int64, 3 file_version string, 5 summary; Summary: repeated Value value = 1;
-//! Value: 1 tag string, 2 simple_value float.
+//! u32 masked CRC-32C of the data.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use prost::Message as _;
 
 /// The first record of every event file; TensorBoard reads it to know the format version.
 const FILE_VERSION: &str = "brain.Event:2";
@@ -65,63 +65,72 @@ fn frame_record(data: &[u8]) -> Vec<u8> {
     out
 }
 
-// Protobuf wire types used here.
-const WIRE_VARINT: u8 = 0;
-const WIRE_FIXED64: u8 = 1;
-const WIRE_LEN: u8 = 2;
-const WIRE_FIXED32: u8 = 5;
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
+/// The messages of tensorflow/core/util/event.proto and tensorflow/core/framework/summary.proto
+/// this writer needs, with their field numbers and types; the fields left out are never set.
+///
+/// Every field has presence (`optional`, or a oneof as in the `.proto`), so a zero or an
+/// empty value is still written: the bytes stay those this writer has always produced, and
+/// a step 0 or a loss of 0 reads back as written rather than as a default.
+mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Event {
+        #[prost(double, optional, tag = "1")]
+        pub wall_time: Option<f64>,
+        #[prost(int64, optional, tag = "2")]
+        pub step: Option<i64>,
+        #[prost(oneof = "What", tags = "3, 5")]
+        pub what: Option<What>,
     }
-    out.push(v as u8);
-}
 
-fn put_key(out: &mut Vec<u8>, field: u32, wire: u8) {
-    put_varint(out, (u64::from(field) << 3) | u64::from(wire));
-}
+    /// `Event.what`: the file's first event says the format, every later one a summary.
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum What {
+        #[prost(string, tag = "3")]
+        FileVersion(String),
+        #[prost(message, tag = "5")]
+        Summary(Summary),
+    }
 
-fn put_fixed64(out: &mut Vec<u8>, field: u32, v: f64) {
-    put_key(out, field, WIRE_FIXED64);
-    out.extend_from_slice(&v.to_le_bytes());
-}
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Summary {
+        #[prost(message, repeated, tag = "1")]
+        pub value: Vec<Value>,
+    }
 
-fn put_fixed32(out: &mut Vec<u8>, field: u32, v: f32) {
-    put_key(out, field, WIRE_FIXED32);
-    out.extend_from_slice(&v.to_le_bytes());
-}
-
-fn put_bytes(out: &mut Vec<u8>, field: u32, bytes: &[u8]) {
-    put_key(out, field, WIRE_LEN);
-    put_varint(out, bytes.len() as u64);
-    out.extend_from_slice(bytes);
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Value {
+        #[prost(string, optional, tag = "1")]
+        pub tag: Option<String>,
+        #[prost(float, optional, tag = "2")]
+        pub simple_value: Option<f32>,
+    }
 }
 
 /// The `Event` that opens a file: wall_time and file_version.
 fn file_version_event(wall_time: f64) -> Vec<u8> {
-    let mut out = Vec::new();
-    put_fixed64(&mut out, 1, wall_time);
-    put_bytes(&mut out, 3, FILE_VERSION.as_bytes());
-    out
+    proto::Event {
+        wall_time: Some(wall_time),
+        step: None,
+        what: Some(proto::What::FileVersion(FILE_VERSION.to_string())),
+    }
+    .encode_to_vec()
 }
 
 /// An `Event` holding one scalar: wall_time, step, summary { value { tag, simple_value } }.
 fn scalar_event(wall_time: f64, step: u64, tag: &str, value: f32) -> Vec<u8> {
-    let mut summary_value = Vec::new();
-    put_bytes(&mut summary_value, 1, tag.as_bytes());
-    put_fixed32(&mut summary_value, 2, value);
-    let mut summary = Vec::new();
-    put_bytes(&mut summary, 1, &summary_value);
-
-    let mut out = Vec::new();
-    put_fixed64(&mut out, 1, wall_time);
-    // step is an int64 on the wire: a u64 past i64::MAX would read back negative.
-    put_key(&mut out, 2, WIRE_VARINT);
-    put_varint(&mut out, step.min(i64::MAX as u64));
-    put_bytes(&mut out, 5, &summary);
-    out
+    let summary = proto::Summary {
+        value: vec![proto::Value {
+            tag: Some(tag.to_string()),
+            simple_value: Some(value),
+        }],
+    };
+    proto::Event {
+        wall_time: Some(wall_time),
+        // step is an int64 on the wire: a u64 past i64::MAX would read back negative.
+        step: Some(i64::try_from(step).unwrap_or(i64::MAX)),
+        what: Some(proto::What::Summary(summary)),
+    }
+    .encode_to_vec()
 }
 
 fn now_seconds() -> f64 {
@@ -240,93 +249,30 @@ mod tests {
         values: Vec<(String, f32)>,
     }
 
-    /// A protobuf field: number and payload (varint value, fixed bytes, or length-delimited).
-    enum Field<'a> {
-        Varint(u64),
-        Fixed64([u8; 8]),
-        Fixed32([u8; 4]),
-        Bytes(&'a [u8]),
-    }
-
-    fn take_varint(bytes: &mut &[u8]) -> u64 {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = bytes.split_first().expect("varint runs past the message");
-            *bytes = rest;
-            v |= u64::from(b & 0x7F) << shift;
-            if b & 0x80 == 0 {
-                return v;
-            }
-        }
-        panic!("varint longer than 10 bytes");
-    }
-
-    fn fields(mut bytes: &[u8]) -> Vec<(u32, Field<'_>)> {
-        let mut out = Vec::new();
-        while !bytes.is_empty() {
-            let key = take_varint(&mut bytes);
-            let field = (key >> 3) as u32;
-            let (payload, rest) = match (key & 7) as u8 {
-                WIRE_VARINT => (Field::Varint(take_varint(&mut bytes)), bytes),
-                WIRE_FIXED64 => {
-                    let (b, rest) = bytes.split_at(8);
-                    (Field::Fixed64(b.try_into().unwrap()), rest)
-                }
-                WIRE_FIXED32 => {
-                    let (b, rest) = bytes.split_at(4);
-                    (Field::Fixed32(b.try_into().unwrap()), rest)
-                }
-                WIRE_LEN => {
-                    let len = take_varint(&mut bytes) as usize;
-                    let (b, rest) = bytes.split_at(len);
-                    (Field::Bytes(b), rest)
-                }
-                other => panic!("unexpected wire type {other}"),
-            };
-            out.push((field, payload));
-            bytes = rest;
-        }
-        out
-    }
-
     fn decode_event(bytes: &[u8]) -> Event {
-        let mut event = Event::default();
-        for (field, payload) in fields(bytes) {
-            match (field, payload) {
-                (1, Field::Fixed64(b)) => event.wall_time = f64::from_le_bytes(b),
-                (2, Field::Varint(v)) => event.step = v as i64,
-                (3, Field::Bytes(b)) => event.file_version = Some(utf8(b)),
-                (5, Field::Bytes(summary)) => {
-                    for (field, value) in fields(summary) {
-                        let (1, Field::Bytes(value)) = (field, value) else {
-                            panic!("Summary field {field} is not `repeated Value value = 1`");
-                        };
-                        event.values.push(decode_value(value));
-                    }
-                }
-                (field, _) => panic!("unexpected Event field {field} or wire type"),
+        let decoded = proto::Event::decode(bytes).expect("not an Event");
+        let mut event = Event {
+            wall_time: decoded.wall_time.expect("Event without wall_time"),
+            step: decoded.step.unwrap_or_default(),
+            ..Event::default()
+        };
+        match decoded.what {
+            Some(proto::What::FileVersion(v)) => event.file_version = Some(v),
+            Some(proto::What::Summary(summary)) => {
+                event.values = summary
+                    .value
+                    .into_iter()
+                    .map(|v| {
+                        (
+                            v.tag.expect("Value without tag"),
+                            v.simple_value.expect("Value without simple_value"),
+                        )
+                    })
+                    .collect();
             }
+            None => panic!("Event with neither file_version nor summary"),
         }
         event
-    }
-
-    fn decode_value(bytes: &[u8]) -> (String, f32) {
-        let (mut tag, mut value) = (None, None);
-        for (field, payload) in fields(bytes) {
-            match (field, payload) {
-                (1, Field::Bytes(b)) => tag = Some(utf8(b)),
-                (2, Field::Fixed32(b)) => value = Some(f32::from_le_bytes(b)),
-                (field, _) => panic!("unexpected Value field {field} or wire type"),
-            }
-        }
-        (
-            tag.expect("Value without tag"),
-            value.expect("Value without simple_value"),
-        )
-    }
-
-    fn utf8(b: &[u8]) -> String {
-        String::from_utf8(b.to_vec()).expect("string field is not UTF-8")
     }
 
     /// The one event file in `dir`, its name and bytes.
@@ -364,7 +310,7 @@ mod tests {
     fn varints_match_the_protobuf_encoding() {
         let enc = |v| {
             let mut out = Vec::new();
-            put_varint(&mut out, v);
+            prost::encoding::encode_varint(v, &mut out);
             out
         };
         assert_eq!(enc(0), [0x00]);
@@ -388,6 +334,17 @@ mod tests {
         expected.push(0x15); // Value.simple_value, fixed32
         expected.extend_from_slice(&2.25f32.to_le_bytes());
         assert_eq!(scalar_event(1.5, 7, "loss", 2.25), expected);
+    }
+
+    #[test]
+    fn a_zero_step_and_value_are_still_on_the_wire() {
+        let mut expected = vec![0x09]; // field 1, fixed64
+        expected.extend_from_slice(&0f64.to_le_bytes());
+        expected.extend_from_slice(&[0x10, 0x00]); // field 2, varint 0
+        expected.extend_from_slice(&[0x2A, 10, 0x0A, 8]); // Summary { Value, 8 bytes }
+        expected.extend_from_slice(&[0x0A, 1, b't', 0x15]); // tag "t", simple_value
+        expected.extend_from_slice(&0f32.to_le_bytes());
+        assert_eq!(scalar_event(0.0, 0, "t", 0.0), expected);
     }
 
     #[test]

@@ -1,9 +1,16 @@
-//! The training loop: set up the group, build or resume the model, step, log, save.
+//! The training loop: join the group, build or resume the model, then step, log, validate
+//! and save, one phase each, until the steps or epochs run out or a warning signal stops it.
+//!
+//! The loop's state is a [`Trainer`] that borrows its [`Group`] instead of owning it: the
+//! collectives are set up before, and torn down after, everything the loop keeps.
+
+// Each phase is one method: one grown past clippy's limit is due to be split.
+#![warn(clippy::too_many_lines)]
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use tch::Device;
+use tch::{Device, Tensor};
 
 use crate::args::Args;
 use crate::c10d::{Comm, GroupSpec, ProcessGroup};
@@ -12,6 +19,7 @@ use crate::data::{Corpus, first_sample, mix};
 use crate::engine::Engine;
 use crate::launch::Launch;
 use crate::model::ModelConfig;
+use crate::progress::Progress;
 use crate::saver::Saver;
 use crate::schedule::Schedule;
 use crate::shard::AdamW;
@@ -35,63 +43,524 @@ fn placement(
     Ok((p.cuda.map_or(Device::Cpu, Device::Cuda), p.group))
 }
 
+/// Trains as the flags say, in the launcher's group (`launch`) or alone, until the steps
+/// or epochs run out; a warning signal stops every rank early with [`crate::Warned`].
 pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     crate::warning::install();
     if let Some(n) = args.threads {
         tch::set_num_threads(n);
     }
-    let (device, backend) = placement(args, launch.as_ref())?;
-    let comm = match (&launch, backend) {
-        (Some(l), Some(backend)) => Comm::Group(
-            ProcessGroup::new(&GroupSpec {
-                backend,
-                master_addr: l.master_addr.clone(),
-                master_port: l.master_port,
-                rank: l.rank,
-                world: l.world,
-                timeout: Duration::from_secs(args.collective_timeout),
-                gloo_ifnames: std::env::var("GLOO_SOCKET_IFNAME")
-                    .ok()
-                    .filter(|s| !s.is_empty()),
-            })
-            .context("joining the process group")?,
-        ),
-        _ => Comm::Single,
+    let group = Group::join(args, launch.as_ref())?;
+    let Some(mut trainer) = Trainer::new(args, &group)? else {
+        return Ok(());
     };
-    let (rank, world) = (comm.rank(), comm.world());
-    let lead = rank == 0;
-    let progress = crate::progress::Progress::from_env(rank);
-    let say = |msg: String| {
-        if lead {
-            println!("{msg}");
+    while !trainer.finished() {
+        let stepped = trainer.step()?;
+        trainer.report(&stepped);
+        if stepped.due.validate {
+            trainer.validate(stepped.done())?;
         }
-    };
-    say(format!(
-        "Device: {}; collectives: {}",
-        match device {
-            Device::Cuda(i) => format!("cuda:{i} on each rank's LOCAL_RANK"),
-            _ => "cpu".to_string(),
-        },
-        backend.map_or("none (one rank)".to_string(), |b| format!(
-            "{b}, world {world}"
-        ))
-    ));
-    for note in args.notes(device != Device::Cpu) {
-        say(format!("Note: {note}"));
+        trainer.save(&stepped)?;
+        if stepped.warned {
+            return Err(trainer.stop_on_warning());
+        }
+    }
+    trainer.finish();
+    group.close();
+    Ok(())
+}
+
+/// The ranks this process trains with, and the device its tensors live on.
+struct Group {
+    comm: Comm,
+    device: Device,
+    /// The collectives library, where there is a process group.
+    backend: Option<&'static str>,
+}
+
+impl Group {
+    /// Joins the launcher's process group (or trains alone without one).
+    fn join(args: &Args, launch: Option<&Launch>) -> anyhow::Result<Self> {
+        let (device, backend) = placement(args, launch)?;
+        let comm = match (launch, backend) {
+            (Some(l), Some(backend)) => Comm::Group(
+                ProcessGroup::new(&GroupSpec {
+                    backend,
+                    master_addr: l.master_addr.clone(),
+                    master_port: l.master_port,
+                    rank: l.rank,
+                    world: l.world,
+                    timeout: Duration::from_secs(args.collective_timeout),
+                    gloo_ifnames: std::env::var("GLOO_SOCKET_IFNAME")
+                        .ok()
+                        .filter(|s| !s.is_empty()),
+                })
+                .context("joining the process group")?,
+            ),
+            _ => Comm::Single,
+        };
+        Ok(Self {
+            comm,
+            device,
+            backend,
+        })
     }
 
-    let corpus = open_corpus(args)?;
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.comm.world()
+    }
+
+    /// The start-up line saying where tensors live and what carries the collectives.
+    fn describe(&self) -> String {
+        let world = self.world();
+        format!(
+            "Device: {}; collectives: {}",
+            match self.device {
+                Device::Cuda(i) => format!("cuda:{i} on each rank's LOCAL_RANK"),
+                _ => "cpu".to_string(),
+            },
+            self.backend
+                .map_or("none (one rank)".to_string(), |b| format!(
+                    "{b}, world {world}"
+                ))
+        )
+    }
+
+    /// Ends the group after a finished run; any other exit drops it, which aborts it.
+    fn close(self) {
+        self.comm.close();
+    }
+}
+
+/// Where the lead's lines go: stdout on rank 0, nowhere on the others.
+#[derive(Clone, Copy)]
+struct Console {
+    lead: bool,
+}
+
+impl Console {
+    fn say(self, msg: String) {
+        if self.lead {
+            println!("{msg}");
+        }
+    }
+}
+
+/// Where training stands: the steps taken, the global samples they consumed (the next
+/// step's batches start there on any world size), and the epoch those samples are in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Position {
+    step: u64,
+    samples_seen: u64,
+    epoch: Option<u64>,
+}
+
+/// Where training ends: `--max_steps`, and `--epochs` where the data has an end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Limits {
+    max_steps: u64,
+    sample_limit: Option<u64>,
+}
+
+impl Limits {
+    fn from_args(args: &Args, corpus: &Corpus) -> Self {
+        Self {
+            max_steps: args.steps(),
+            sample_limit: args
+                .epochs
+                .zip(corpus.samples_per_epoch(args.max_context_width))
+                .map(|(e, n)| e * n),
+        }
+    }
+
+    fn reached(&self, at: &Position) -> bool {
+        at.step >= self.max_steps || self.sample_limit.is_some_and(|l| at.samples_seen >= l)
+    }
+
+    /// The line for a run resumed where it already ends.
+    fn nothing_to_do(&self, at: &Position) -> String {
+        let (step, samples_seen, max_steps) = (at.step, at.samples_seen, self.max_steps);
+        format!(
+            "Already at step {step} (sample {samples_seen}) of --max_steps {max_steps}{}; nothing to do",
+            self.sample_limit
+                .map(|l| format!(" and {l} samples (--epochs)"))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// How often the phases after a step come: every N steps each, 0 for never; checkpoints
+/// only with a `--checkpoint_dir`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cadence {
+    logging: u64,
+    validation: u64,
+    checkpoint: Option<u64>,
+}
+
+/// Which phases follow a step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Due {
+    log: bool,
+    validate: bool,
+    save: bool,
+}
+
+impl Cadence {
+    fn from_args(args: &Args) -> Self {
+        Self {
+            logging: args.logging_freq,
+            validation: args.validation_freq,
+            checkpoint: args.checkpoint_dir.as_ref().map(|_| args.checkpoint_freq),
+        }
+    }
+
+    /// After the step that made `done` steps: the last step logs, validates and saves
+    /// whatever the frequencies, except that a warning leaves no time to validate.
+    fn due(&self, done: u64, last: bool, warned: bool) -> Due {
+        Due {
+            log: done % self.logging == 0 || last,
+            validate: self.validation > 0 && (done % self.validation == 0 || last) && !warned,
+            save: self
+                .checkpoint
+                .is_some_and(|freq| last || (freq > 0 && done % freq == 0)),
+        }
+    }
+}
+
+/// Training speed over the steps since the last log line. It is training speed: the
+/// pauses for validation and saves are left out.
+struct Meter {
+    since: Instant,
+    samples: u64,
+}
+
+impl Meter {
+    fn start() -> Self {
+        Self {
+            since: Instant::now(),
+            samples: 0,
+        }
+    }
+
+    fn add(&mut self, samples: u64) {
+        self.samples += samples;
+    }
+
+    fn leave_out(&mut self, pause: Duration) {
+        self.since += pause;
+    }
+
+    /// Samples per second since the window began.
+    fn speed(&self) -> f64 {
+        let secs = self.since.elapsed().as_secs_f64().max(1e-9);
+        self.samples as f64 / secs
+    }
+}
+
+/// What one step leaves for the phases after it.
+struct Stepped {
+    /// The step taken, counted from 0 (the number the log line gives it).
+    index: u64,
+    lr: f64,
+    /// The last step: the limits are reached, or a warning arrived.
+    last: bool,
+    /// A warning signal reached some rank: every rank stops after this step.
+    warned: bool,
+    due: Due,
+}
+
+impl Stepped {
+    /// The steps taken once this one is.
+    fn done(&self) -> u64 {
+        self.index + 1
+    }
+}
+
+/// The loop's state, and one method per phase of a step. Every method that runs a
+/// collective is called by every rank in the same order.
+struct Trainer<'g> {
+    group: &'g Group,
+    /// The flags, with `--vocab_size` settled by the data.
+    args: Args,
+    console: Console,
+    progress: Progress,
+    corpus: Corpus,
+    config: ModelConfig,
+    engine: Engine,
+    schedule: Schedule,
+    limits: Limits,
+    cadence: Cadence,
+    position: Position,
+    board: Board,
+    saver: Option<Saver>,
+    meter: Meter,
+    /// The loss averaged over ranks at the last step that logged or saved.
+    last_loss: f64,
+}
+
+impl<'g> Trainer<'g> {
+    /// Builds or resumes the model in `group` (collectives: every rank calls it). `None`:
+    /// the run resumed where it already ends, and says so.
+    fn new(args: &Args, group: &'g Group) -> anyhow::Result<Option<Self>> {
+        let console = Console {
+            lead: group.rank() == 0,
+        };
+        let progress = Progress::from_env(group.rank());
+        console.say(group.describe());
+        for note in args.notes(group.device != Device::Cpu) {
+            console.say(format!("Note: {note}"));
+        }
+        let corpus = open_corpus(args)?;
+        let args = sized(args, &corpus, console);
+        let config = ModelConfig::from_args(&args);
+        let mut engine = build_engine(&args, &config, group, console)?;
+        let position = resume(&args, &config, &mut engine, console)?;
+        let limits = Limits::from_args(&args, &corpus);
+        if limits.reached(&position) {
+            console.say(limits.nothing_to_do(&position));
+            return Ok(None);
+        }
+        let lead_dir = args.tensorboard_dir.as_deref().filter(|_| console.lead);
+        let board = Board::open(lead_dir, &group.comm, group.device)?;
+        if let Some(path) = board.path() {
+            console.say(format!("TensorBoard scalars go to {}", path.display()));
+        }
+        let saver = match &args.checkpoint_dir {
+            Some(dir) => Some(Saver::new(
+                dir.clone(),
+                args.checkpoints_to_keep,
+                args.sharded_checkpoints,
+                &group.comm,
+                group.device,
+            )?),
+            None => None,
+        };
+        Ok(Some(Self {
+            group,
+            console,
+            progress,
+            corpus,
+            config,
+            engine,
+            schedule: Schedule::from_args(&args),
+            limits,
+            cadence: Cadence::from_args(&args),
+            position,
+            board,
+            saver,
+            meter: Meter::start(),
+            last_loss: f64::NAN,
+            args,
+        }))
+    }
+
+    fn finished(&self) -> bool {
+        self.limits.reached(&self.position)
+    }
+
+    /// One optimizer step on every rank's next batch, then what every rank must agree on
+    /// before the phases after it: whether a warning arrived anywhere, and the mean loss
+    /// when a log line or a checkpoint will show it.
+    fn step(&mut self) -> anyhow::Result<Stepped> {
+        self.note_epoch();
+        let (group, args) = (self.group, &self.args);
+        let index = self.position.step;
+        let lr = self.schedule.at(index);
+        let per_rank = args.train_batch_size;
+        let first = first_sample(self.position.samples_seen, group.rank(), per_rank);
+        let (inputs, targets) =
+            self.corpus
+                .batch(first, per_rank, args.max_context_width, group.device);
+        self.engine
+            .set_dropout(true, dropout_seed(args, index, group.rank()));
+        let mut fenced = Duration::ZERO;
+        let saver = &mut self.saver;
+        let mut fence = || {
+            if let Some(s) = saver.as_mut() {
+                fenced += s.fence();
+            }
+        };
+        let loss = self.engine.step(
+            &group.comm,
+            (&inputs, &targets),
+            lr,
+            args.grad_clip,
+            &mut fence,
+        )?;
+        // Speed is training speed: waiting for a save's writer is not counted.
+        self.meter.leave_out(fenced);
+        let global_batch = per_rank as u64 * group.world() as u64;
+        self.position.samples_seen += global_batch;
+        self.meter.add(global_batch);
+        self.position.step = index + 1;
+        // Every rank asks every step: a warning that reached one rank stops them all here.
+        let warned = warned_anywhere(&group.comm, group.device)?;
+        let last = self.finished() || warned;
+        let due = self.cadence.due(index + 1, last, warned);
+        if due.log || due.save {
+            self.last_loss = mean_loss(&group.comm, &loss, index)?;
+        }
+        Ok(Stepped {
+            index,
+            lr,
+            last,
+            warned,
+            due,
+        })
+    }
+
+    /// Says when the step about to be taken begins an epoch.
+    fn note_epoch(&mut self) {
+        let Position {
+            step,
+            samples_seen,
+            epoch,
+        } = self.position;
+        let now_in = self
+            .corpus
+            .epoch_of(samples_seen, self.args.max_context_width);
+        if now_in != epoch {
+            if let Some(e) = now_in {
+                self.console.say(format!(
+                    "Epoch {} of {} begins at step {step} (sample {samples_seen})",
+                    e + 1,
+                    self.args
+                        .epochs
+                        .map_or("no limit".into(), |n| n.to_string())
+                ));
+            }
+            self.position.epoch = now_in;
+        }
+    }
+
+    /// The log line and scalars when due; the agent hears of every step.
+    fn report(&mut self, stepped: &Stepped) {
+        if stepped.due.log {
+            let (step, last_loss, lr) = (stepped.index, self.last_loss, stepped.lr);
+            let speed = self.meter.speed();
+            self.console.say(format!(
+                "Batch {step} Loss: {last_loss:.5}, Speed: {speed:.2} samples/sec, lr: {lr:.6}"
+            ));
+            self.board.scalars(
+                stepped.done(),
+                &[
+                    ("train/loss", last_loss),
+                    ("train/lr", lr),
+                    ("train/samples_per_s", speed),
+                ],
+            );
+            self.meter = Meter::start();
+        }
+        self.progress.step(stepped.done() as usize);
+    }
+
+    /// The validation loss after `done` steps, said and logged (a collective).
+    fn validate(&mut self, done: u64) -> anyhow::Result<()> {
+        self.progress.begin("validation");
+        let validating = Instant::now();
+        let loss = validation_loss(&self.args, &mut self.engine, self.group, &self.corpus)?;
+        self.console.say(format!(
+            "Validation Loss: {loss:.5} (step {done}, {} batches of {} per rank)",
+            self.args.validation_batches,
+            self.args.val_batch()
+        ));
+        self.board.scalars(done, &[("val/loss", loss)]);
+        self.progress.end("validation");
+        self.meter.leave_out(validating.elapsed());
+        Ok(())
+    }
+
+    /// A checkpoint when due; otherwise the save in flight, if any, is asked whether it
+    /// is complete (either way a collective, with a `--checkpoint_dir`).
+    fn save(&mut self, stepped: &Stepped) -> anyhow::Result<()> {
+        let Some(saver) = self.saver.as_mut() else {
+            return Ok(());
+        };
+        let console = self.console;
+        let say = move |msg: String| console.say(msg);
+        if !stepped.due.save {
+            return saver.poll(&self.group.comm, &say);
+        }
+        self.progress.begin("checkpoint");
+        let meta = Meta {
+            format: checkpoint::FORMAT,
+            step: stepped.done(),
+            samples_seen: self.position.samples_seen,
+            adam_step: self.engine.adam_step(),
+            model: self.config.clone(),
+            world_size: self.group.world(),
+            sharding: self.args.sharding_strategy,
+            loss: self.last_loss,
+            shards: Vec::new(),
+        };
+        let paused = saver.save(&self.engine, &self.group.comm, meta, stepped.last, &say)?;
+        self.progress.end("checkpoint");
+        // Speed is training speed: the pause for the save is not counted.
+        self.meter.leave_out(paused);
+        Ok(())
+    }
+
+    /// Says why training stops early; the error carries the signal for the exit code.
+    fn stop_on_warning(&self) -> anyhow::Error {
+        self.console.say(format!(
+            "Stopping at step {} on a warning signal (SIGUSR1/SIGUSR2, Slurm's before a pre-emption or the time limit){}",
+            self.position.step,
+            if self.saver.is_some() {
+                "; the checkpoint above resumes it"
+            } else {
+                "; no --checkpoint_dir to save in"
+            }
+        ));
+        crate::Warned(crate::warning::received().unwrap_or(libc::SIGUSR1)).into()
+    }
+
+    /// The closing lines.
+    fn finish(self) {
+        // What follows the last step (the group's teardown) is judged as the end of
+        // training, not timed as a step.
+        self.progress.begin("finish");
+        self.console.say(format!(
+            "Training finished at step {}, loss {:.5}",
+            self.position.step, self.last_loss
+        ));
+        // Every rank reports its own peak: sharding is about per-rank memory.
+        if let Some(kib) = peak_rss_kib() {
+            println!(
+                "Rank {} peak RSS: {:.1} MiB",
+                self.group.rank(),
+                kib as f64 / 1024.0
+            );
+        }
+    }
+}
+
+/// The flags with `--vocab_size` settled: without it the model is as wide as the
+/// tokenizer's vocabulary. Says what the data is.
+fn sized(args: &Args, corpus: &Corpus, console: Console) -> Args {
     let mut sized = args.clone();
-    if let Corpus::Tokens(t) = &corpus {
-        say(format!(
+    if let Corpus::Tokens(t) = corpus {
+        console.say(format!(
             "Data: {}",
             t.describe(args.max_context_width as usize + 1)
         ));
-        // Without --vocab_size the model is as wide as the tokenizer's vocabulary.
         sized.vocab_size = Some(args.vocab_size.unwrap_or(t.vocab()));
     }
-    let args = &sized;
-    let config = ModelConfig::from_args(args);
+    sized
+}
+
+/// The model, initialised from `--seed` on every rank and laid out for the sharding
+/// strategy (a collective). Says its size.
+fn build_engine(
+    args: &Args,
+    config: &ModelConfig,
+    group: &Group,
+    console: Console,
+) -> anyhow::Result<Engine> {
     tch::manual_seed(args.seed);
     let hyper = AdamW {
         beta1: args.beta1,
@@ -99,10 +568,10 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         eps: 1e-8,
         weight_decay: args.weight_decay,
     };
-    let mut engine = Engine::new(
+    let engine = Engine::new(
         config.clone(),
-        device,
-        &comm,
+        group.device,
+        &group.comm,
         args.sharding_strategy,
         hyper,
         args.prefetch,
@@ -112,28 +581,40 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             tch::Kind::Float
         },
     )?;
-    say(format!(
-        "Model: {} parameters, {} layers, hidden {}; world size {world}, {:?}, {}",
+    console.say(format!(
+        "Model: {} parameters, {} layers, hidden {}; world size {}, {:?}, {}",
         engine.numel(),
         config.num_layers,
         config.hidden_width,
+        group.world(),
         args.sharding_strategy,
         engine.describe()
     ));
+    Ok(engine)
+}
 
-    let (mut step, mut samples_seen) = (0u64, 0u64);
-    match args
-        .resume_from_checkpoint
-        .as_deref()
-        .map(checkpoint::find)
-        .transpose()?
-    {
-        Some(Some(path)) => {
-            let (meta, state) = checkpoint::load(&path, &config)?;
+/// Loads the newest checkpoint under `--resume_from_checkpoint` into `engine`, if there
+/// is one, and returns where it left off (the start without one).
+fn resume(
+    args: &Args,
+    config: &ModelConfig,
+    engine: &mut Engine,
+    console: Console,
+) -> anyhow::Result<Position> {
+    let mut at = Position {
+        step: 0,
+        samples_seen: 0,
+        epoch: None,
+    };
+    let Some(dir) = args.resume_from_checkpoint.as_deref() else {
+        return Ok(at);
+    };
+    match checkpoint::find(dir)? {
+        Some(path) => {
+            let (meta, state) = checkpoint::load(&path, config)?;
             engine.load(&state, meta.adam_step);
-            step = meta.step;
-            samples_seen = meta.samples_seen;
-            say(format!(
+            (at.step, at.samples_seen) = (meta.step, meta.samples_seen);
+            console.say(format!(
                 "Loaded checkpoint {} (step {}, sample {}, saved by {} rank(s), loss {:.5})",
                 path.display(),
                 meta.step,
@@ -142,177 +623,24 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
                 meta.loss
             ));
         }
-        Some(None) => say(format!(
+        None => console.say(format!(
             "No checkpoint in {}; starting from scratch",
-            args.resume_from_checkpoint
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
+            dir.display()
         )),
-        None => {}
     }
-    let max_steps = args.steps();
-    // --epochs bounds the samples too, where the data has an end.
-    let sample_limit = args
-        .epochs
-        .zip(corpus.samples_per_epoch(args.max_context_width))
-        .map(|(e, n)| e * n);
-    let epochs_done = |seen: u64| sample_limit.is_some_and(|l| seen >= l);
-    if step >= max_steps || epochs_done(samples_seen) {
-        say(format!(
-            "Already at step {step} (sample {samples_seen}) of --max_steps {max_steps}{}; nothing to do",
-            sample_limit
-                .map(|l| format!(" and {l} samples (--epochs)"))
-                .unwrap_or_default()
-        ));
-        return Ok(());
-    }
+    Ok(at)
+}
 
-    let mut board = Board::open(
-        args.tensorboard_dir.as_deref().filter(|_| lead),
-        &comm,
-        device,
-    )?;
-    if let Some(path) = board.path() {
-        say(format!("TensorBoard scalars go to {}", path.display()));
+/// This rank's loss averaged over ranks (a collective); one that is no longer finite ends
+/// training, at step `index`.
+fn mean_loss(comm: &Comm, loss: &Tensor, index: u64) -> anyhow::Result<f64> {
+    let mut l = loss.reshape([1]);
+    comm.all_reduce_sum(&mut l)?;
+    let mean = l.double_value(&[0]) / comm.world() as f64;
+    if !mean.is_finite() {
+        bail!("the loss became {mean} at step {index}; lower --lr or raise --warmup");
     }
-    let mut saver = match &args.checkpoint_dir {
-        Some(dir) => Some(Saver::new(
-            dir.clone(),
-            args.checkpoints_to_keep,
-            args.sharded_checkpoints,
-            &comm,
-            device,
-        )?),
-        None => None,
-    };
-    let schedule = Schedule::from_args(args);
-    let per_rank = args.train_batch_size;
-    let global_batch = per_rank as u64 * world as u64;
-    let mut window_start = Instant::now();
-    let mut window_samples = 0u64;
-    let mut last_loss = f64::NAN;
-    let mut epoch = None;
-    while step < max_steps && !epochs_done(samples_seen) {
-        let now_in = corpus.epoch_of(samples_seen, args.max_context_width);
-        if now_in != epoch {
-            if let Some(e) = now_in {
-                say(format!(
-                    "Epoch {} of {} begins at step {step} (sample {samples_seen})",
-                    e + 1,
-                    args.epochs.map_or("no limit".into(), |n| n.to_string())
-                ));
-            }
-            epoch = now_in;
-        }
-        let lr = schedule.at(step);
-        let first = first_sample(samples_seen, rank, per_rank);
-        let (inputs, targets) = corpus.batch(first, per_rank, args.max_context_width, device);
-        engine.set_dropout(true, dropout_seed(args, step, rank));
-        let mut fenced = Duration::ZERO;
-        let mut fence = || {
-            if let Some(s) = saver.as_mut() {
-                fenced += s.fence();
-            }
-        };
-        let loss = engine.step(&comm, (&inputs, &targets), lr, args.grad_clip, &mut fence)?;
-        // Speed is training speed: waiting for a save's writer is not counted.
-        window_start += fenced;
-        samples_seen += global_batch;
-        window_samples += global_batch;
-        let done = step + 1;
-        // Every rank asks every step: a warning that reached one rank stops them all here.
-        let warned = warned_anywhere(&comm, device)?;
-        let last = done == max_steps || epochs_done(samples_seen) || warned;
-        let save = args.checkpoint_dir.is_some()
-            && (last || (args.checkpoint_freq > 0 && done % args.checkpoint_freq == 0));
-        if done % args.logging_freq == 0 || last || save {
-            let mut l = loss.reshape([1]);
-            comm.all_reduce_sum(&mut l)?;
-            last_loss = l.double_value(&[0]) / world as f64;
-            if !last_loss.is_finite() {
-                bail!("the loss became {last_loss} at step {step}; lower --lr or raise --warmup");
-            }
-        }
-        if done % args.logging_freq == 0 || last {
-            let secs = window_start.elapsed().as_secs_f64().max(1e-9);
-            let speed = window_samples as f64 / secs;
-            say(format!(
-                "Batch {step} Loss: {last_loss:.5}, Speed: {speed:.2} samples/sec, lr: {lr:.6}"
-            ));
-            board.scalars(
-                done,
-                &[
-                    ("train/loss", last_loss),
-                    ("train/lr", lr),
-                    ("train/samples_per_s", speed),
-                ],
-            );
-            window_start = Instant::now();
-            window_samples = 0;
-        }
-        progress.step(done as usize);
-        if args.validation_freq > 0 && (done % args.validation_freq == 0 || last) && !warned {
-            progress.begin("validation");
-            let validating = Instant::now();
-            let loss = validate(args, &mut engine, &comm, &corpus, device)?;
-            say(format!(
-                "Validation Loss: {loss:.5} (step {done}, {} batches of {} per rank)",
-                args.validation_batches,
-                args.val_batch()
-            ));
-            board.scalars(done, &[("val/loss", loss)]);
-            progress.end("validation");
-            window_start += validating.elapsed();
-        }
-        if let Some(saver) = saver.as_mut() {
-            if save {
-                progress.begin("checkpoint");
-                let meta = Meta {
-                    format: checkpoint::FORMAT,
-                    step: done,
-                    samples_seen,
-                    adam_step: engine.adam_step(),
-                    model: config.clone(),
-                    world_size: world,
-                    sharding: args.sharding_strategy,
-                    loss: last_loss,
-                    shards: Vec::new(),
-                };
-                let paused = saver.save(&engine, &comm, meta, last, &say)?;
-                progress.end("checkpoint");
-                // Speed is training speed: the pause for the save is not counted.
-                window_start += paused;
-            } else {
-                saver.poll(&comm, &say)?;
-            }
-        }
-        step = done;
-        if warned {
-            say(format!(
-                "Stopping at step {step} on a warning signal (SIGUSR1/SIGUSR2, Slurm's before a pre-emption or the time limit){}",
-                if saver.is_some() {
-                    "; the checkpoint above resumes it"
-                } else {
-                    "; no --checkpoint_dir to save in"
-                }
-            ));
-            return Err(crate::Warned(crate::warning::received().unwrap_or(libc::SIGUSR1)).into());
-        }
-    }
-    // What follows the last step (the group's teardown) is judged as the end of training,
-    // not timed as a step.
-    progress.begin("finish");
-    say(format!(
-        "Training finished at step {step}, loss {last_loss:.5}"
-    ));
-    // Every rank reports its own peak: sharding is about per-rank memory.
-    if let Some(kib) = peak_rss_kib() {
-        println!("Rank {rank} peak RSS: {:.1} MiB", kib as f64 / 1024.0);
-    }
-    drop(saver);
-    comm.close();
-    Ok(())
+    Ok(mean)
 }
 
 /// The synthetic corpus, or `--dataset` (`--dataset_path`, its older name) read and
@@ -409,13 +737,13 @@ fn dropout_seed(args: &Args, step: u64, rank: usize) -> i64 {
 
 /// The mean loss over `--validation_batches` held-out batches of `--val_batch_size` per
 /// rank, the same samples at every validation (a collective: every rank calls it).
-fn validate(
+fn validation_loss(
     args: &Args,
     engine: &mut Engine,
-    comm: &Comm,
+    group: &Group,
     corpus: &Corpus,
-    device: Device,
 ) -> anyhow::Result<f64> {
+    let (comm, device) = (&group.comm, group.device);
     engine.set_dropout(false, 0);
     let (per_rank, world) = (args.val_batch(), comm.world() as u64);
     let mut sum = tch::Tensor::zeros([1], (tch::Kind::Float, device));
@@ -434,4 +762,73 @@ fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn cadence(flags: &[&str]) -> Cadence {
+        Cadence::from_args(&Args::try_parse_from([&["fsdp-trainer"], flags].concat()).unwrap())
+    }
+
+    fn due(log: bool, validate: bool, save: bool) -> Due {
+        Due {
+            log,
+            validate,
+            save,
+        }
+    }
+
+    #[test]
+    fn each_phase_comes_at_its_frequency_and_all_at_the_last_step() {
+        let c = cadence(&[
+            "--logging_freq=5",
+            "--validation_freq=4",
+            "--checkpoint_freq=6",
+            "--checkpoint_dir=/ckpt",
+        ]);
+        assert_eq!(c.due(1, false, false), due(false, false, false));
+        assert_eq!(c.due(4, false, false), due(false, true, false));
+        assert_eq!(c.due(5, false, false), due(true, false, false));
+        assert_eq!(c.due(6, false, false), due(false, false, true));
+        assert_eq!(c.due(7, true, false), due(true, true, true));
+        // A warning leaves time to save, not to validate.
+        assert_eq!(c.due(8, true, true), due(true, false, true));
+    }
+
+    #[test]
+    fn without_a_directory_nothing_is_saved_and_zero_means_never() {
+        let c = cadence(&["--checkpoint_freq=1", "--validation_freq=0"]);
+        assert_eq!(c.due(1, true, false), due(true, false, false));
+        let c = cadence(&["--checkpoint_freq=0", "--checkpoint_dir=/ckpt"]);
+        assert_eq!(c.due(50, false, false), due(true, false, false));
+        assert_eq!(c.due(51, true, false), due(true, false, true));
+    }
+
+    #[test]
+    fn training_ends_at_the_step_limit_or_the_sample_limit() {
+        let at = |step, samples_seen| Position {
+            step,
+            samples_seen,
+            epoch: None,
+        };
+        let steps_only = Limits {
+            max_steps: 10,
+            sample_limit: None,
+        };
+        assert!(!steps_only.reached(&at(9, u64::MAX)));
+        assert!(steps_only.reached(&at(10, 0)));
+        let both = Limits {
+            max_steps: 10,
+            sample_limit: Some(64),
+        };
+        assert!(!both.reached(&at(3, 63)));
+        assert!(both.reached(&at(3, 64)));
+        assert_eq!(
+            both.nothing_to_do(&at(8, 64)),
+            "Already at step 8 (sample 64) of --max_steps 10 and 64 samples (--epochs); nothing to do"
+        );
+    }
 }
