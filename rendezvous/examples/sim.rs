@@ -10,7 +10,7 @@ use fsdp_rendezvous::sim::{self, Options};
 
 const USAGE: &str =
     "usage: sim.sh [--seeds N] [--seed-start S] [--agents K] [--faults F] [--threads T]
-              [--switch old-departures|old-store|broken-fence]... [--seed S [--shrink]] [--quiet]
+              [--switch old-departures|old-store|broken-fence|no-charge-in-broken]... [--seed S [--shrink]] [--quiet]
   --seeds N       run seeds S..S+N (default 10000) and print 'seeds N, events E, violations V'
   --seed S        run one seed and print its trace (with --shrink: the fewest faults that fail)
   --switch X      put back a fixed bug (old-departures, old-store) or break the fence on purpose";
@@ -59,9 +59,10 @@ fn parse() -> Result<Args, String> {
                     Some("old-departures") => s.old_departures = true,
                     Some("old-store") => s.old_store = true,
                     Some("broken-fence") => s.broken_fence = true,
+                    Some("no-charge-in-broken") => s.no_charge_in_broken = true,
                     other => {
                         return Err(format!(
-                            "--switch takes old-departures, old-store or broken-fence, not {other:?}"
+                            "--switch takes old-departures, old-store, broken-fence or no-charge-in-broken, not {other:?}"
                         ));
                     }
                 }

@@ -11,10 +11,9 @@ thread_local! {
     /// A ring watcher revokes the lease id its round names without checking that it still
     /// holds the dead node's registration (with lease ids reused: a live agent evicted).
     pub static OLD_EVICTIONS: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Sets both of issue 26's switches on this thread.
-pub fn before_issue_26(on: bool) {
-    OLD_DEPARTURES.with(|s| s.set(on));
-    OLD_EVICTIONS.with(|s| s.set(on));
+    /// Agents never fence themselves: workers run on under a lease etcd may have expired.
+    pub static NEVER_FENCE: Cell<bool> = const { Cell::new(false) };
+    /// A round broken before it started never hands its charged restart to the loop: a
+    /// node that waited for it waits on when the budget is spent.
+    pub static NO_CHARGE_IN_BROKEN: Cell<bool> = const { Cell::new(false) };
 }

@@ -1,16 +1,14 @@
 //! [`Rendezvous`] for [`EtcdRendezvous`]: the agent loop's calls, each a read of the view
 //! or a command to the session.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fsdp_proto::v1;
 
-use super::handle::Held;
 use super::session::Command;
+use super::waiter::Action;
 use super::waiting;
 use super::*;
-use crate::fence::{self, FenceDecision};
 use crate::{
     Change, Counters, Departure, Finish, JobRecords, LeftReason, Rendezvous, RendezvousError,
     Round, port,
@@ -41,48 +39,40 @@ impl Rendezvous for EtcdRendezvous {
         // peer often reaches the workers (a failure) before anything else, and the
         // survivors then wait for the next round, where only its eviction makes the dead
         // node's absence known before its lease runs out.
-        let since = Instant::now();
-        if self.held.is_none() {
+        if self.waiter.held().is_none() {
             self.same_job()?;
         }
         let deadline = tokio::time::Instant::now() + self.cfg.join_timeout;
-        let mut wants = match &self.held {
-            Some(h) => h.record.number + 1,
-            None => self
-                .view
-                .borrow()
-                .round
-                .as_ref()
-                .map_or(0, |r| r.record.number + 1),
-        };
-        self.ask(Command::Register { wants_round: wants }).await?;
-        let mut published = None;
         let mut next_word = tokio::time::Instant::now() + waiting::EVERY;
+        let first = self.waiter.begin(&self.view.borrow(), Instant::now());
+        let mut action = Some(first);
         loop {
-            let next = step(
-                &self.view.borrow_and_update(),
-                &self.cfg.node_id,
-                self.cfg.local_world_size,
-                wants,
-                published,
-                since,
-            )?;
-            match next {
-                Step::Done(done) => {
-                    let (record, round) = *done;
-                    if self.lease_may_be_gone(record.number) {
-                        let reason = format!(
-                            "did not start round {}: its lease may have expired in etcd",
-                            record.number
-                        );
-                        self.tell(Command::Abandon { reason });
-                        wants = record.number + 1;
-                        self.ask(Command::Register { wants_round: wants }).await?;
-                        continue;
-                    }
-                    return Ok(self.hold(record, round, since));
+            let act = match action.take() {
+                Some(a) => a,
+                None => {
+                    let v = self.view.borrow_and_update();
+                    self.waiter.on_view(&v, Instant::now())?
                 }
-                Step::PublishMaster { round } => {
+            };
+            match act {
+                Action::Run { record, round } => {
+                    self.tell(Command::Running {
+                        round: record.clone(),
+                    });
+                    self.watch_neighbour(&record);
+                    return Ok(round);
+                }
+                Action::Charged(round) => return Ok(round),
+                Action::Register { wants } => {
+                    self.ask(Command::Register { wants_round: wants }).await?;
+                    continue;
+                }
+                Action::Abandon { reason, wants } => {
+                    self.tell(Command::Abandon { reason });
+                    self.ask(Command::Register { wants_round: wants }).await?;
+                    continue;
+                }
+                Action::PublishMaster { round } => {
                     let port = port::free_port(&self.cfg.addr)?;
                     let master = v1::Master {
                         schema: fsdp_proto::SCHEMA_VERSION,
@@ -91,33 +81,11 @@ impl Rendezvous for EtcdRendezvous {
                         port: u32::from(port),
                     };
                     self.write(&master).await?;
-                    published = Some(round);
                     continue;
                 }
-                Step::Broken { next, change } => {
-                    tracing::info!(
-                        round = next - 1,
-                        %change,
-                        "the round broke before it started; waiting for the next"
-                    );
-                    // A restart charged in it counts all the same: the loop decides the
-                    // budget from it as every member of it does (one that ran it gives
-                    // up; this node must not wait for a round that never comes).
-                    if let Some(round) = self.charged_in_broken(next - 1, change) {
-                        return Ok(round);
-                    }
-                    wants = next;
-                    self.ask(Command::Register { wants_round: wants }).await?;
-                    continue;
-                }
-                Step::Spare { next, members } => {
-                    self.log_spare(next - 1, members);
-                    wants = next;
-                    self.ask(Command::Register { wants_round: wants }).await?;
-                    continue;
-                }
-                Step::Wait => {}
+                Action::Wait => {}
             }
+            let (wants, since) = self.waiter.waiting_for().unwrap_or((0, Instant::now()));
             tokio::select! {
                 r = self.view.changed() => r.map_err(|_| self.ended())?,
                 () = tokio::time::sleep_until(next_word) => {
@@ -137,7 +105,7 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
-        let Some(held) = &self.held else {
+        let Some(held) = self.waiter.held() else {
             return Ok(0);
         };
         let round = held.record.number;
@@ -152,7 +120,7 @@ impl Rendezvous for EtcdRendezvous {
     }
 
     async fn finish(&mut self, timeout: Duration) -> Result<Finish, RendezvousError> {
-        let Some(held) = self.held.clone() else {
+        let Some(held) = self.waiter.held().cloned() else {
             return Ok(Finish::AllDone);
         };
         let round = held.record.number;
@@ -218,7 +186,7 @@ impl JobRecords for EtcdRendezvous {
     }
 
     async fn report_fault(&mut self, exit: String, exited_ms: u64) -> Result<(), RendezvousError> {
-        let Some(held) = &self.held else {
+        let Some(held) = self.waiter.held() else {
             return Ok(());
         };
         let record = v1::Fault {
@@ -274,7 +242,7 @@ impl JobRecords for EtcdRendezvous {
             node_id: self.cfg.node_id.clone(),
             exit_code: u32::from(exit_code),
             reason: crate::text::one_line(&reason, crate::text::LINE_MAX),
-            round: self.held.as_ref().map_or(0, |h| h.record.number),
+            round: self.waiter.held().map_or(0, |h| h.record.number),
         };
         self.write(&halt).await
     }
@@ -327,68 +295,6 @@ impl JobRecords for EtcdRendezvous {
 
 /// The steps of `next_round` that are not the loop.
 impl EtcdRendezvous {
-    /// Round `number`, broken before it started, if it charged the job a restart this
-    /// node's loop has not been given yet.
-    fn charged_in_broken(&mut self, number: u64, change: Change) -> Option<Round> {
-        let rec = self.view.borrow().round.as_ref()?.record.clone();
-        if rec.number != number || rec.restart_count <= self.restarts_told {
-            return None;
-        }
-        let round = super::joining::broken_round(&rec, &self.cfg.node_id, change)?;
-        self.restarts_told = rec.restart_count;
-        Some(round)
-    }
-
-    /// Whether the lease could have expired in etcd: workers started now would run under
-    /// it beside a group that re-forms without this node.
-    fn lease_may_be_gone(&self, round: u64) -> bool {
-        let safe_until = self.view.borrow().lease_safe_until;
-        match fence::decide(Instant::now(), safe_until, self.cfg.margin()) {
-            FenceDecision::Fence { reason, .. } => {
-                tracing::warn!(round, %reason, "not starting the round: the lease may be gone; joining the next");
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// This node runs `record`: the session keeps it, the ring neighbour is watched.
-    fn hold(&mut self, record: Arc<v1::Round>, round: Round, since: Instant) -> Round {
-        self.restarts_told = self.restarts_told.max(round.restart_count);
-        self.tell(Command::Running {
-            round: record.clone(),
-        });
-        self.watch_neighbour(&record);
-        self.held = Some(Held {
-            record,
-            restart_count: round.restart_count,
-            since,
-        });
-        round
-    }
-
-    /// Says why this node is not in `round`, from that round's own size (the view may
-    /// already hold a newer round: its size would tell another story).
-    fn log_spare(&self, round: u64, members: usize) {
-        if members >= self.cfg.max_nodes as usize {
-            tracing::info!(
-                round,
-                members,
-                max = self.cfg.max_nodes,
-                "the group is full; waiting as a spare"
-            );
-        } else {
-            // Sealed before this node registered: the coordinator grows the group with it
-            // next.
-            tracing::info!(
-                round,
-                members,
-                max = self.cfg.max_nodes,
-                "the round was sealed without this node; joining the next"
-            );
-        }
-    }
-
     /// What this node knows while it waits for round `wants`: the round it is not in,
     /// and the registrations, counted afresh (the handle's view holds none).
     async fn waiting(&mut self, wants: u64) -> waiting::Waiting<'_> {

@@ -13,22 +13,10 @@ use tokio::task::JoinHandle;
 use super::connect::while_overloaded;
 use super::record::{Outgoing, Record};
 use super::session::{Command, Config as SessionConfig, Driver, Machine, Request};
+use super::waiter::{Waiter, Watch};
 use super::*;
-use crate::fence::{self, FenceDecision};
 use crate::seal::SealConfig;
 use crate::{Change, Counters, RendezvousError};
-
-/// The round this agent holds, with what detection needs.
-#[derive(Debug, Clone)]
-pub(super) struct Held {
-    /// Shared, so that looking at the held round (every view change: a keep-alive answer
-    /// moves the lease clock) copies no member list: copies of a 1,000-member round were
-    /// most of what 1,000 idle agents cost (issue 30).
-    pub(super) record: Arc<v1::Round>,
-    pub(super) restart_count: u32,
-    /// When this agent started waiting for the round: departures after it concern us.
-    pub(super) since: Instant,
-}
 
 /// An agent's handle on the etcd rendezvous. It reads the session's [`View`] and asks the
 /// session (which makes every etcd write) for writes through [`Command`]s.
@@ -40,9 +28,8 @@ pub struct EtcdRendezvous {
     pub(super) session: JoinHandle<()>,
     pub(super) writes: Arc<AtomicU64>,
     pub(super) counters: Counters,
-    pub(super) held: Option<Held>,
-    /// The highest restart count of a round handed to the loop (run or broken).
-    pub(super) restarts_told: u32,
+    /// Waits for rounds and watches the one held ([`waiter`](super::waiter)).
+    pub(super) waiter: Waiter,
     /// Watches the held round's ring neighbour ([`liveness`]).
     pub(super) watcher: Option<Watching>,
     /// A connection of its own for counting the registrations a waiting node reports
@@ -155,6 +142,12 @@ impl EtcdRendezvous {
                 "etcd did not answer the first read of the run",
             ));
         }
+        let waiter = Waiter::new(
+            cfg.node_id.clone(),
+            cfg.local_world_size,
+            cfg.max_nodes,
+            cfg.margin(),
+        );
         Ok(Self {
             cfg,
             keys,
@@ -163,8 +156,7 @@ impl EtcdRendezvous {
             session,
             writes,
             counters,
-            held: None,
-            restarts_told: 0,
+            waiter,
             watcher: None,
             counter,
         })
@@ -193,38 +185,22 @@ impl EtcdRendezvous {
     /// Resolves when the held round is no longer the group's round (or this node must
     /// fence itself).
     pub(super) async fn next_change(&mut self) -> Result<Change, RendezvousError> {
-        let Some(held) = self.held.clone() else {
+        if self.waiter.held().is_none() {
             return std::future::pending().await;
-        };
-        let margin = self.cfg.margin();
+        }
         loop {
-            let recheck_at = {
+            let watch = {
                 let v = self.view.borrow_and_update();
-                if let Some(c) = v.corruption() {
-                    return Err(RendezvousError::Corrupt(c));
-                }
-                if let Some(change) = detect(&v, &held.record, &self.cfg.node_id, held.since) {
+                self.waiter.on_running_view(&v, Instant::now())?
+            };
+            let recheck_at = match watch {
+                Watch::Over(change) => return Ok(change),
+                Watch::Fence { abandon, change } => {
+                    self.tell(Command::Abandon { reason: abandon });
+                    self.watcher = None;
                     return Ok(change);
                 }
-                match fence::decide(Instant::now(), v.lease_safe_until, margin) {
-                    FenceDecision::Fence { reason, left } => {
-                        drop(v);
-                        self.tell(Command::Abandon {
-                            reason: format!(
-                                "stopped its workers in round {}: {reason}",
-                                held.record.number
-                            ),
-                        });
-                        // Cut off, this node proves nothing about anyone.
-                        self.watcher = None;
-                        return Ok(Change::Fenced {
-                            reason,
-                            stop_within: left,
-                        });
-                    }
-                    FenceDecision::Hold { recheck_at } => Some(recheck_at),
-                    FenceDecision::Unknown => None,
-                }
+                Watch::Keep { recheck } => recheck,
             };
             let fence_timer = async {
                 match recheck_at {

@@ -44,6 +44,7 @@ pub(crate) mod session;
 mod tests;
 mod token;
 mod view;
+pub(crate) mod waiter;
 pub mod waiting;
 
 use std::time::Duration;
@@ -156,5 +157,4 @@ pub fn new_node_id() -> String {
 }
 
 pub use handle::EtcdRendezvous;
-pub(crate) use joining::{Step, step};
 pub use joining::{detect, hang_report};

@@ -1,7 +1,6 @@
 //! A simulated agent: the real session machine, and the agent loop's rendezvous part
-//! around it, made of the real pure functions the handle uses — `step` while waiting for a
-//! round, `detect` while running one, `fence::decide` for the lease — with workers that
-//! run, fail or halt the run.
+//! around it — the shipped [`Waiter`], driven as the handle drives it — with workers that
+//! run, fail or halt the run, and a restart budget that ends the agent when spent.
 
 use std::time::{Duration, Instant};
 
@@ -10,9 +9,8 @@ use fsdp_proto::{SCHEMA_VERSION, v1};
 use crate::etcd::Keys;
 use crate::etcd::record::{Outgoing, Record};
 use crate::etcd::session::{Command, CommandId, Machine};
-use crate::etcd::{Step, detect, step};
-use crate::fence::{self, FenceDecision};
-use crate::{Change, RendezvousError};
+use crate::etcd::waiter::{Action, Waiter, Watch};
+use crate::{Change, RendezvousError, Round};
 
 /// Whether the agent's process runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,23 +24,15 @@ pub enum Life {
     Exited(String),
 }
 
-/// Where the agent loop is.
-#[derive(Debug, Clone)]
+/// Where the agent loop is (the waiter holds the rest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Loop {
     /// Until the first sync.
     Starting,
-    Waiting {
-        wants: u64,
-        since: Instant,
-        published: Option<u64>,
-        /// Its registration for `wants` was asked for.
-        registered: bool,
-    },
-    /// Its workers run `record`.
-    Running {
-        record: Box<v1::Round>,
-        since: Instant,
-    },
+    /// Waiting for a round; `begun` once the waiter began the wait (it registers).
+    Waiting { begun: bool },
+    /// Its workers run the waiter's held round.
+    Running,
 }
 
 /// What the loop asked the machine for and waits on.
@@ -60,6 +50,10 @@ pub struct SimAgent {
     pub machine: Option<Machine>,
     pub life: Life,
     pub lp: Loop,
+    /// The shipped waiter, new with each process.
+    pub waiter: Waiter,
+    /// Failure restarts allowed (`--max-restarts`).
+    pub max_restarts: u32,
     pub asked: Option<(CommandId, Asked)>,
     next_id: CommandId,
     /// The process: answers and timers of an earlier one are dropped.
@@ -77,12 +71,17 @@ pub struct SimAgent {
     /// Inputs that came while it was frozen, with the streams they came on.
     pub frozen_inbox: Vec<(Option<u64>, crate::etcd::session::Input)>,
     pub fence_margin: Duration,
-    /// Test-only: never fence (the checker must catch it).
-    pub broken_fence: bool,
     /// When the loop wants to look again (a fence deadline).
     pub recheck: Option<Instant>,
     /// An exit that waits for the last command's answer.
     pub exit_after: Option<String>,
+    /// It gave up its lease since it last started workers (the lease may have been
+    /// gone): a round it was sealed into was never its own.
+    pub abandoned: bool,
+    /// Rounds this process saw itself a member of, by number and restart count (the
+    /// view holds the newest round only: a node cut off may never see one it was sealed
+    /// into; and a store restarted empty may number another round alike).
+    pub saw_member_of: std::collections::BTreeSet<(u64, u32)>,
 }
 
 /// An agent's open watches.
@@ -104,18 +103,32 @@ pub enum Did {
     /// Its workers stopped.
     Stopped(String),
     Exited(String),
+    /// It leaves failed: the restart budget was spent in round `round` (restart count
+    /// `count`).
+    GaveUp {
+        round: u64,
+        count: u32,
+    },
     /// Worth a line in the trace.
     Note(String),
 }
 
 impl SimAgent {
-    pub fn new(node: String, keys: Keys, fence_margin: Duration, broken_fence: bool) -> Self {
+    pub fn new(
+        node: String,
+        keys: Keys,
+        fence_margin: Duration,
+        max_nodes: u32,
+        max_restarts: u32,
+    ) -> Self {
         Self {
+            waiter: Waiter::new(node.clone(), 1, max_nodes, fence_margin),
             node,
             keys,
             machine: None,
             life: Life::Down,
             lp: Loop::Starting,
+            max_restarts,
             asked: None,
             next_id: 1 << 40,
             process: 0,
@@ -128,17 +141,26 @@ impl SimAgent {
             probing: false,
             frozen_inbox: Vec::new(),
             fence_margin,
-            broken_fence,
             recheck: None,
             exit_after: None,
+            abandoned: false,
+            saw_member_of: Default::default(),
         }
     }
 
     pub fn running(&self) -> Option<&v1::Round> {
         match (&self.life, &self.lp) {
-            (Life::Up | Life::Frozen, Loop::Running { record, .. }) => Some(record),
+            (Life::Up | Life::Frozen, Loop::Running) => self.waiter.held().map(|h| &*h.record),
             _ => None,
         }
+    }
+
+    /// A new process: a new waiter, back to the first sync.
+    pub fn restarted(&mut self, max_nodes: u32) {
+        self.waiter = Waiter::new(self.node.clone(), 1, max_nodes, self.fence_margin);
+        self.lp = Loop::Starting;
+        self.abandoned = false;
+        self.saw_member_of.clear();
     }
 
     /// The command that writes `record` as its declaration says.
@@ -190,6 +212,17 @@ impl SimAgent {
             return Vec::new();
         };
         let v = m.view();
+        // A round it waits for or runs (a new process sees its old self in the newest
+        // round, and rightly waits for the next).
+        let looked_for = |n: u64| {
+            self.lp == Loop::Running || self.waiter.waiting_for().is_some_and(|(w, _)| n >= w)
+        };
+        if let Some(r) = v.round.as_ref().map(|r| &r.record)
+            && looked_for(r.number)
+            && r.members.iter().any(|m| m.node_id == self.node)
+        {
+            self.saw_member_of.insert((r.number, r.restart_count));
+        }
         if let Some(reason) = v.gave_up.clone() {
             let mut did: Vec<Did> = self
                 .stop_workers(now, "etcd was gone too long")
@@ -198,100 +231,44 @@ impl SimAgent {
             did.push(self.exit(reason));
             return did;
         }
-        match self.lp.clone() {
+        match self.lp {
             Loop::Starting if v.connected => {
-                let wants = v.round.as_ref().map_or(0, |r| r.record.number + 1);
-                self.reform(now, wants);
+                self.lp = Loop::Waiting { begun: false };
                 self.act(now)
             }
             Loop::Starting => Vec::new(),
-            Loop::Waiting {
-                wants,
-                since,
-                published,
-                registered: false,
-            } => {
-                self.lp = Loop::Waiting {
-                    wants,
-                    since,
-                    published,
-                    registered: true,
-                };
-                vec![self.ask(Command::Register { wants_round: wants }, Asked::Plain)]
+            Loop::Waiting { begun: false } => {
+                self.lp = Loop::Waiting { begun: true };
+                let action = self.waiter.begin(v, now);
+                self.carry_out(action)
             }
-            Loop::Waiting {
-                wants,
-                since,
-                published,
-                ..
-            } => self.wait(now, wants, since, published),
-            Loop::Running { record, since } => self.watch_round(now, &record, since),
+            Loop::Waiting { begun: true } => {
+                let m = self.machine.as_ref().expect("checked above");
+                match self.waiter.on_view(m.view(), now) {
+                    Ok(action) => self.carry_out(action),
+                    Err(e) => vec![self.failed(&e)],
+                }
+            }
+            Loop::Running => self.watch_round(now),
         }
     }
 
-    /// Whether the lease could have expired in etcd (the agent must fence).
-    fn lease_may_be_gone(&self, now: Instant) -> bool {
-        let Some(m) = self.machine.as_ref() else {
-            return false;
-        };
-        let v = m.view();
-        !self.broken_fence
-            && matches!(
-                fence::decide(now, v.lease_safe_until, self.fence_margin),
-                FenceDecision::Fence { .. }
-            )
-    }
-
-    fn wait(
-        &mut self,
-        now: Instant,
-        wants: u64,
-        since: Instant,
-        published: Option<u64>,
-    ) -> Vec<Did> {
-        let m = self
-            .machine
-            .as_ref()
-            .expect("an agent that acts has a machine");
-        let next = step(m.view(), &self.node, 1, wants, published, since);
-        let next = match next {
-            Ok(s) => s,
-            Err(RendezvousError::Halted(h)) => {
-                return vec![self.exit(format!("halted: {}", h.reason))];
+    /// Does what the waiter said, as `backend.rs::next_round` does.
+    fn carry_out(&mut self, action: Action) -> Vec<Did> {
+        match action {
+            Action::Wait => Vec::new(),
+            Action::Register { wants } => {
+                vec![self.ask(Command::Register { wants_round: wants }, Asked::Plain)]
             }
-            Err(e) => return vec![self.exit(format!("rendezvous error: {e}"))],
-        };
-        match next {
-            Step::Wait => Vec::new(),
-            Step::Done(done) => {
-                let (record, _) = *done;
-                if self.lease_may_be_gone(now) {
-                    // Workers started now would run under a lease etcd may have expired.
-                    self.reform(now, record.number + 1);
-                    let reason = format!("did not start round {}", record.number);
-                    return vec![self.ask(Command::Abandon { reason }, Asked::Plain)];
-                }
-                self.lp = Loop::Running {
-                    record: Box::new((*record).clone()),
-                    since,
-                };
-                // Told, not asked (the handle does not wait for it).
+            Action::Abandon { reason, wants } => {
+                self.abandoned = true;
                 let id = self.tell();
-                let run = Did::Tell(
-                    id,
-                    Command::Running {
-                        round: record.clone(),
-                    },
-                );
-                vec![run, Did::Started((*record).clone())]
+                vec![
+                    Did::Tell(id, Command::Abandon { reason }),
+                    self.ask(Command::Register { wants_round: wants }, Asked::Plain),
+                ]
             }
-            Step::PublishMaster { round } => {
-                self.lp = Loop::Waiting {
-                    wants,
-                    since,
-                    published: Some(round),
-                    registered: true,
-                };
+            Action::PublishMaster { round } => {
                 let master = v1::Master {
                     schema: SCHEMA_VERSION,
                     round,
@@ -300,97 +277,126 @@ impl SimAgent {
                 };
                 vec![self.ask(self.write(&master), Asked::Plain)]
             }
-            Step::Broken { next, change } => {
-                self.lp = Loop::Waiting {
-                    wants: next,
-                    since,
-                    published,
-                    registered: true,
+            Action::Run { record, round } => {
+                if let Some(spent) = self.budget_spent(&round) {
+                    return spent;
+                }
+                self.lp = Loop::Running;
+                self.abandoned = false;
+                // Told, not asked (the handle does not wait for it).
+                let id = self.tell();
+                let run = Command::Running {
+                    round: record.clone(),
                 };
-                let why = format!("round {} broke before it started ({change:?}); ", next - 1);
-                vec![
-                    Did::Note(why),
-                    self.ask(Command::Register { wants_round: next }, Asked::Plain),
-                ]
+                vec![Did::Tell(id, run), Did::Started((*record).clone())]
             }
-            Step::Spare { next, .. } => {
-                self.lp = Loop::Waiting {
-                    wants: next,
-                    since,
-                    published,
-                    registered: true,
-                };
-                vec![self.ask(Command::Register { wants_round: next }, Asked::Plain)]
+            Action::Charged(round) => {
+                if let Some(spent) = self.budget_spent(&round) {
+                    return spent;
+                }
+                // The loop asks for the next round.
+                self.lp = Loop::Waiting { begun: false };
+                vec![Did::Note(format!(
+                    "round {} broke before it started; restart count {}",
+                    round.number, round.restart_count
+                ))]
             }
         }
     }
 
-    fn watch_round(&mut self, now: Instant, record: &v1::Round, since: Instant) -> Vec<Did> {
+    /// The agent loop's budget, read from a round it was handed: spent, it leaves failed.
+    fn budget_spent(&mut self, round: &Round) -> Option<Vec<Did>> {
+        if round.restart_count <= self.max_restarts {
+            return None;
+        }
+        self.lp = Loop::Waiting { begun: true };
+        let why = format!("the restart budget is spent in round {}", round.number);
+        self.exit_after = Some(why.clone());
+        let depart = Command::Depart {
+            how: crate::Departure::Failed,
+            why: crate::LeftReason::new(crate::LeftKind::Failed, why),
+        };
+        Some(vec![
+            Did::GaveUp {
+                round: round.number,
+                count: round.restart_count,
+            },
+            self.ask(depart, Asked::Last),
+        ])
+    }
+
+    /// The waiter's error ends the agent, as it ends the agent loop.
+    fn failed(&mut self, e: &RendezvousError) -> Did {
+        match e {
+            RendezvousError::Halted(h) => self.exit(format!("halted: {}", h.reason)),
+            e => self.exit(format!("rendezvous error: {e}")),
+        }
+    }
+
+    fn watch_round(&mut self, now: Instant) -> Vec<Did> {
         let m = self
             .machine
             .as_ref()
             .expect("an agent that acts has a machine");
-        let v = m.view();
-        if let Some(change) = detect(v, record, &self.node, since) {
-            let stopped = self.stop_workers(now, &format!("{change:?}"));
-            let mut did: Vec<Did> = stopped.into_iter().collect();
-            if let Change::Halted(h) = change {
-                did.push(self.exit(format!("halted: {}", h.reason)));
+        let watch = match self.waiter.on_running_view(m.view(), now) {
+            Ok(w) => w,
+            Err(e) => {
+                let stopped = self.stop_workers(now, "the view is corrupt");
+                return stopped.into_iter().chain([self.failed(&e)]).collect();
             }
-            return did;
-        }
+        };
         self.recheck = None;
-        if self.broken_fence {
-            return Vec::new();
-        }
-        match fence::decide(now, v.lease_safe_until, self.fence_margin) {
-            FenceDecision::Fence { reason, .. } => {
-                // Registered again once the abandon is answered.
-                let stopped = self.stop_workers(now, &format!("fenced: {reason}"));
-                let abandon = Command::Abandon { reason };
-                [stopped, Some(self.ask(abandon, Asked::Plain))]
-                    .into_iter()
-                    .flatten()
-                    .collect()
+        match watch {
+            Watch::Over(change) => {
+                let stopped = self.stop_workers(now, &format!("{change:?}"));
+                let mut did: Vec<Did> = stopped.into_iter().collect();
+                if let Change::Halted(h) = change {
+                    did.push(self.exit(format!("halted: {}", h.reason)));
+                }
+                did
             }
-            FenceDecision::Hold { recheck_at } => {
-                self.recheck = Some(recheck_at);
+            Watch::Fence { abandon, change } => {
+                // Registered again at the next look, as the loop asks for the next round
+                // once its workers stopped.
+                let stopped = self.stop_workers(now, &format!("{change:?}"));
+                self.abandoned = true;
+                let id = self.tell();
+                let abandon = Did::Tell(id, Command::Abandon { reason: abandon });
+                stopped.into_iter().chain([abandon]).collect()
+            }
+            Watch::Keep { recheck } => {
+                self.recheck = recheck;
                 Vec::new()
             }
-            FenceDecision::Unknown => Vec::new(),
         }
-    }
-
-    /// Back to waiting for round `wants` (registered at the next look).
-    fn reform(&mut self, now: Instant, wants: u64) {
-        self.lp = Loop::Waiting {
-            wants,
-            since: now,
-            published: None,
-            registered: false,
-        };
     }
 
     /// Stops the workers of a running round; the loop waits for the next one.
-    pub fn stop_workers(&mut self, now: Instant, why: &str) -> Option<Did> {
-        let Loop::Running { record, .. } = &self.lp else {
+    pub fn stop_workers(&mut self, _now: Instant, why: &str) -> Option<Did> {
+        if self.lp != Loop::Running {
             return None;
-        };
-        let wants = record.number + 1;
-        self.reform(now, wants);
+        }
+        self.lp = Loop::Waiting { begun: false };
         self.recheck = None;
         Some(Did::Stopped(why.to_owned()))
     }
 
+    /// The round its workers run: the one it failed in or halts.
+    fn running_number(&self) -> Option<u64> {
+        (self.lp == Loop::Running)
+            .then(|| self.waiter.held().map(|h| h.record.number))
+            .flatten()
+    }
+
     /// A worker failed: charge it and re-form.
     pub fn worker_failed(&mut self, now: Instant) -> Vec<Did> {
-        let Loop::Running { record, .. } = self.lp.clone() else {
+        let Some(number) = self.running_number() else {
             return Vec::new();
         };
         let stopped = self.stop_workers(now, "a worker failed");
         let failure = v1::Failure {
             schema: SCHEMA_VERSION,
-            round: record.number,
+            round: number,
             node_id: self.node.clone(),
         };
         let ask = self.ask(self.write(&failure), Asked::Plain);
@@ -399,14 +405,14 @@ impl SimAgent {
 
     /// A worker exited with a code that ends the run.
     pub fn worker_halts(&mut self, now: Instant) -> Vec<Did> {
-        let Loop::Running { record, .. } = self.lp.clone() else {
+        let Some(number) = self.running_number() else {
             return Vec::new();
         };
         let stopped = self.stop_workers(now, "a worker exited 3 (no retry)");
         let halt = v1::Halt {
             schema: SCHEMA_VERSION,
             exit_code: 3,
-            reason: format!("{} exited 3 in round {}", self.node, record.number),
+            reason: format!("{} exited 3 in round {number}", self.node),
             node_id: self.node.clone(),
             ..Default::default()
         };

@@ -221,6 +221,26 @@ impl World {
         }
     }
 
+    /// The budget: a node that saw itself a member of a round in which another gave up
+    /// for the spent budget must give up too — never ask for a later round, which never
+    /// comes — unless its lease may have been gone (it abandoned: the round was never its
+    /// own).
+    pub fn check_register(&mut self, a: usize, wants: u64) {
+        let ag = &self.agents[a];
+        if ag.abandoned {
+            return;
+        }
+        let spent = self
+            .gave_up
+            .iter()
+            .find(|r| r.0 < wants && ag.saw_member_of.contains(r));
+        if let Some(&(n, _)) = spent {
+            self.violate(format!(
+                "budget: the restart budget was spent in round {n}, but its member n{a} asks for round {wants}"
+            ));
+        }
+    }
+
     /// Liveness, once faults are over and the bound passed: every live agent is in one
     /// running group (as many as MAX allows; spares wait), or fewer than MIN are left.
     pub fn check_settled(&mut self) {

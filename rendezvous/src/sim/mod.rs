@@ -46,6 +46,19 @@ pub struct Switches {
     pub old_store: bool,
     /// Agents never fence themselves.
     pub broken_fence: bool,
+    /// A round broken before it started never hands its charged restart to the loop.
+    pub no_charge_in_broken: bool,
+}
+
+impl Switches {
+    /// Sets the switches on this thread (where the shipped code reads them).
+    pub fn set(&self) {
+        use crate::switches::*;
+        OLD_DEPARTURES.with(|s| s.set(self.old_departures));
+        OLD_EVICTIONS.with(|s| s.set(self.old_store));
+        NEVER_FENCE.with(|s| s.set(self.broken_fence));
+        NO_CHARGE_IN_BROKEN.with(|s| s.set(self.no_charge_in_broken));
+    }
 }
 
 /// What a campaign runs.
@@ -61,6 +74,8 @@ pub struct Options {
     pub ttl: Duration,
     pub last_call: Duration,
     pub three_members: bool,
+    /// Failure restarts each agent allows (`--max-restarts`).
+    pub max_restarts: u32,
     pub switches: Switches,
     /// Keep the trace (for a replay).
     pub trace: bool,
@@ -80,6 +95,7 @@ impl Options {
             ttl: Duration::from_secs(6),
             last_call: Duration::from_secs(1),
             three_members: false,
+            max_restarts: u32::MAX,
             switches: Switches::default(),
             trace: false,
         }
@@ -91,10 +107,14 @@ impl Options {
         self.ttl + self.last_call + Duration::from_secs(2)
     }
 
-    /// The options of `seed`: every fourth seed runs against a three-member etcd.
+    /// The options of `seed`: every fourth seed runs against a three-member etcd, and
+    /// every fourth (another one) with a small restart budget, spent within its faults.
     pub fn for_seed(&self, seed: u64) -> Self {
         let mut o = self.clone();
         o.three_members = self.three_members || seed % 4 == 3;
+        if seed % 4 == 1 {
+            o.max_restarts = o.max_restarts.min(2 + (seed / 4 % 5) as u32);
+        }
         o
     }
 }
@@ -113,10 +133,9 @@ pub struct Report {
 /// Runs `seed` with the switches set on this thread.
 pub fn run_seed(seed: u64, opts: &Options) -> Report {
     let opts = opts.for_seed(seed);
-    crate::switches::OLD_DEPARTURES.with(|s| s.set(opts.switches.old_departures));
-    crate::switches::OLD_EVICTIONS.with(|s| s.set(opts.switches.old_store));
+    opts.switches.set();
     let report = run(seed, &opts);
-    crate::switches::before_issue_26(false);
+    Switches::default().set();
     report
 }
 
@@ -124,8 +143,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> Report {
 /// taken out one at a time (halves first) while the run still fails.
 pub fn shrink(seed: u64, opts: &Options) -> (Vec<(u64, Fault)>, Report) {
     let opts = opts.for_seed(seed);
-    crate::switches::OLD_DEPARTURES.with(|s| s.set(opts.switches.old_departures));
-    crate::switches::OLD_EVICTIONS.with(|s| s.set(opts.switches.old_store));
+    opts.switches.set();
     let mut plan = faults::schedule(seed, &mix(seed, &opts));
     let report = run_schedule(seed, &opts, &plan);
     // The same kind of violation (its first word), not any.
@@ -136,7 +154,7 @@ pub fn shrink(seed: u64, opts: &Options) -> (Vec<(u64, Fault)>, Report) {
     let wanted = kind(&report);
     let fails = |r: &Report| r.violation.is_some() && kind(r) == wanted;
     if !fails(&report) {
-        crate::switches::before_issue_26(false);
+        Switches::default().set();
         return (plan, report);
     }
     let mut chunk = plan.len() / 2;
@@ -157,7 +175,7 @@ pub fn shrink(seed: u64, opts: &Options) -> (Vec<(u64, Fault)>, Report) {
     let mut traced = opts.clone();
     traced.trace = true;
     let report = run_schedule(seed, &traced, &plan);
-    crate::switches::before_issue_26(false);
+    Switches::default().set();
     (plan, report)
 }
 

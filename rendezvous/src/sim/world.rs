@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use fsdp_proto::v1;
 
 use super::Options;
-use super::agent::{Did, Life, Loop, SimAgent};
+use super::agent::{Did, Life, SimAgent};
 use super::etcd::SimEtcd;
 use super::faults::Fault;
 use super::rng::Rng;
@@ -119,6 +119,9 @@ pub struct World {
     pub writes: Vec<Arc<AtomicU64>>,
     /// Rounds committed, by number (a republished round is not a new one).
     pub sealed: BTreeMap<u64, Sealed>,
+    /// Rounds (number, restart count) in which an agent gave up because the restart
+    /// budget was spent.
+    pub gave_up: std::collections::BTreeSet<(u64, u32)>,
     /// Rounds the faults and membership changes so far may still cost (`check.rs`).
     pub seal_budget: u32,
     /// The revision up to which membership changes were looked for.
@@ -144,7 +147,8 @@ impl World {
                     format!("n{i}"),
                     keys.clone(),
                     margin,
-                    opts.switches.broken_fence,
+                    opts.max_nodes,
+                    opts.max_restarts,
                 )
             })
             .collect();
@@ -162,6 +166,7 @@ impl World {
                 .map(|_| Arc::new(AtomicU64::new(0)))
                 .collect(),
             sealed: BTreeMap::new(),
+            gave_up: Default::default(),
             seal_budget: 0,
             membership_rev: 0,
             trace: opts.trace.then(Vec::new),
@@ -276,7 +281,7 @@ impl World {
         ag.streams += 1;
         ag.machine = Some(machine);
         ag.life = Life::Up;
-        ag.lp = Loop::Starting;
+        ag.restarted(self.opts.max_nodes);
         ag.asked = None;
         ag.watching = None;
         ag.probing = false;
@@ -352,6 +357,9 @@ impl World {
         match d {
             Did::Ask(id, command) | Did::Tell(id, command) => {
                 self.note(|| format!("n{a} asks {}", short(&command)));
+                if let Command::Register { wants_round } = &command {
+                    self.check_register(a, *wants_round);
+                }
                 self.feed(a, Input::Command(id, command));
             }
             Did::Started(round) => {
@@ -360,6 +368,12 @@ impl World {
             }
             Did::Stopped(why) => self.note(|| format!("n{a} stops its workers: {why}")),
             Did::Exited(why) => self.note(|| format!("n{a} exits: {why}")),
+            Did::GaveUp { round, count } => {
+                self.note(|| {
+                    format!("n{a} gives up: the restart budget is spent in round {round}")
+                });
+                self.gave_up.insert((round, count));
+            }
             Did::Note(what) => self.note(|| format!("n{a}: {what}")),
         }
     }

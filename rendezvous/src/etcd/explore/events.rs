@@ -4,9 +4,10 @@
 use super::{NODES, Phase, World, master, waiting, wants_of};
 use crate::Change;
 use crate::etcd::coordinator::round_record;
+use crate::etcd::detect;
+use crate::etcd::joining::{Step, step};
 use crate::etcd::liveness;
 use crate::etcd::view::RoundEntry;
-use crate::etcd::{Step, detect, step};
 use crate::seal::SealDecision;
 
 impl World {

@@ -1,0 +1,276 @@
+//! The agent loop's side of the rendezvous, sans I/O: waiting for a round, and watching
+//! the one it runs. [`Waiter`] reads the session's [`View`] and says what to do next
+//! ([`Action`] while waiting, [`Watch`] while running); its drivers do it — the handle
+//! (`handle.rs`, `backend.rs`) with etcd, the simulator's agent (`sim/agent.rs`) in
+//! simulated time. Both drive this one copy, so a bug in the glue between the pure
+//! steps ([`step`], [`detect`], [`fence::decide`]) is a bug the simulator can find.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fsdp_proto::v1;
+
+use super::joining::{Step, detect, step};
+use super::view::View;
+use crate::fence::{self, FenceDecision};
+use crate::{Change, RendezvousError, Round};
+
+/// The round this node runs (or ran last: its ring neighbour stays watched into the
+/// re-form, and its number says which round to ask for next).
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    /// Shared, so that looking at the held round (every view change: a keep-alive answer
+    /// moves the lease clock) copies no member list: copies of a 1,000-member round were
+    /// most of what 1,000 idle agents cost.
+    pub(crate) record: Arc<v1::Round>,
+    pub(crate) restart_count: u32,
+    /// When this agent started waiting for the round: departures after it concern us.
+    pub(crate) since: Instant,
+}
+
+/// A wait for a round in progress.
+#[derive(Debug, Clone, Copy)]
+struct Wait {
+    wants: u64,
+    since: Instant,
+    /// The round whose master this node published (it is rank 0 of it).
+    published: Option<u64>,
+}
+
+/// What the driver does next while waiting.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Nothing until the view changes.
+    Wait,
+    /// Ask the session to register this node for round `wants`; look again once answered.
+    Register { wants: u64 },
+    /// Tell the session to give up the lease (it may be gone in etcd), then register for
+    /// round `wants`.
+    Abandon { reason: String, wants: u64 },
+    /// Pick a free port and write the master record of `round` (this node is its rank 0).
+    PublishMaster { round: u64 },
+    /// Run this round: tell the session, watch the ring neighbour, start the workers.
+    Run {
+        record: Arc<v1::Round>,
+        round: Round,
+    },
+    /// A round broken before it started charged a restart the loop has not been given:
+    /// hand it over, so the budget is decided as every member of that round decides it
+    /// (one that ran it gives up when it is spent; this node must not wait for a round
+    /// that never comes). The loop asks for the next round after it.
+    Charged(Round),
+}
+
+/// What the driver does while the held round runs.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Watch {
+    /// Nothing until the view changes, or until `recheck` (the lease clock's next look).
+    Keep { recheck: Option<Instant> },
+    /// The round is over for this node.
+    Over(Change),
+    /// The lease may be gone: tell the session to abandon it with `abandon`, stop
+    /// watching the neighbour (cut off, this node proves nothing about anyone), and stop.
+    Fence { abandon: String, change: Change },
+}
+
+/// The agent loop's rendezvous state.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiter {
+    me: String,
+    my_workers: u32,
+    max_nodes: u32,
+    /// How long before the lease could expire this node stops its workers.
+    margin: Duration,
+    held: Option<Held>,
+    waiting: Option<Wait>,
+    /// The highest restart count of a round handed to the loop (run or charged).
+    restarts_told: u32,
+}
+
+impl Waiter {
+    pub(crate) fn new(me: String, my_workers: u32, max_nodes: u32, margin: Duration) -> Self {
+        Self {
+            me,
+            my_workers,
+            max_nodes,
+            margin,
+            held: None,
+            waiting: None,
+            restarts_told: 0,
+        }
+    }
+
+    pub(crate) fn held(&self) -> Option<&Held> {
+        self.held.as_ref()
+    }
+
+    /// The round waited for, and since when; `None` while running.
+    pub(crate) fn waiting_for(&self) -> Option<(u64, Instant)> {
+        self.waiting.map(|w| (w.wants, w.since))
+    }
+
+    /// Begins waiting for the next round: the one after the round this node ran, or
+    /// after the newest it sees when it ran none.
+    pub(crate) fn begin(&mut self, v: &View, now: Instant) -> Action {
+        let wants = match &self.held {
+            Some(h) => h.record.number + 1,
+            None => v.round.as_ref().map_or(0, |r| r.record.number + 1),
+        };
+        self.waiting = Some(Wait {
+            wants,
+            since: now,
+            published: None,
+        });
+        Action::Register { wants }
+    }
+
+    /// One look at the view while waiting.
+    pub(crate) fn on_view(&mut self, v: &View, now: Instant) -> Result<Action, RendezvousError> {
+        let Some(w) = self.waiting else {
+            return Ok(Action::Wait);
+        };
+        let next = step(v, &self.me, self.my_workers, w.wants, w.published, w.since)?;
+        Ok(match next {
+            Step::Wait => Action::Wait,
+            Step::Done(done) => {
+                let (record, round) = *done;
+                if let Some(reason) = self.lease_may_be_gone(v, now, record.number) {
+                    return Ok(self.register_for(record.number + 1, Some(reason)));
+                }
+                self.restarts_told = self.restarts_told.max(round.restart_count);
+                self.held = Some(Held {
+                    record: record.clone(),
+                    restart_count: round.restart_count,
+                    since: w.since,
+                });
+                self.waiting = None;
+                Action::Run { record, round }
+            }
+            Step::PublishMaster { round } => {
+                self.waiting = Some(Wait {
+                    published: Some(round),
+                    ..w
+                });
+                Action::PublishMaster { round }
+            }
+            Step::Broken { next, change } => {
+                tracing::info!(
+                    round = next - 1,
+                    %change,
+                    "the round broke before it started; waiting for the next"
+                );
+                if let Some(round) = self.charged_in_broken(v, next - 1, change) {
+                    self.waiting = None;
+                    return Ok(Action::Charged(round));
+                }
+                self.register_for(next, None)
+            }
+            Step::Spare { next, members } => {
+                self.log_spare(next - 1, members);
+                self.register_for(next, None)
+            }
+        })
+    }
+
+    /// One look at the view while the held round runs.
+    pub(crate) fn on_running_view(
+        &mut self,
+        v: &View,
+        now: Instant,
+    ) -> Result<Watch, RendezvousError> {
+        let Some(held) = &self.held else {
+            return Ok(Watch::Keep { recheck: None });
+        };
+        if let Some(c) = v.corruption() {
+            return Err(RendezvousError::Corrupt(c));
+        }
+        if let Some(change) = detect(v, &held.record, &self.me, held.since) {
+            return Ok(Watch::Over(change));
+        }
+        if crate::switches::NEVER_FENCE.with(std::cell::Cell::get) {
+            return Ok(Watch::Keep { recheck: None });
+        }
+        Ok(match fence::decide(now, v.lease_safe_until, self.margin) {
+            FenceDecision::Fence { reason, left } => Watch::Fence {
+                abandon: format!(
+                    "stopped its workers in round {}: {reason}",
+                    held.record.number
+                ),
+                change: Change::Fenced {
+                    reason,
+                    stop_within: left,
+                },
+            },
+            FenceDecision::Hold { recheck_at } => Watch::Keep {
+                recheck: Some(recheck_at),
+            },
+            FenceDecision::Unknown => Watch::Keep { recheck: None },
+        })
+    }
+
+    /// Waits for round `wants` from here on, after abandoning the lease when `abandon`
+    /// says why.
+    fn register_for(&mut self, wants: u64, abandon: Option<String>) -> Action {
+        if let Some(w) = &mut self.waiting {
+            w.wants = wants;
+        }
+        match abandon {
+            Some(reason) => Action::Abandon { reason, wants },
+            None => Action::Register { wants },
+        }
+    }
+
+    /// Round `number`, broken before it started, if it charged the job a restart this
+    /// node's loop has not been given yet.
+    fn charged_in_broken(&mut self, v: &View, number: u64, change: Change) -> Option<Round> {
+        if crate::switches::NO_CHARGE_IN_BROKEN.with(std::cell::Cell::get) {
+            return None;
+        }
+        let rec = &v.round.as_ref()?.record;
+        if rec.number != number || rec.restart_count <= self.restarts_told {
+            return None;
+        }
+        let round = super::joining::broken_round(rec, &self.me, change)?;
+        self.restarts_told = rec.restart_count;
+        Some(round)
+    }
+
+    /// Why workers started now could run under a lease etcd may have expired, beside a
+    /// group that re-forms without this node.
+    fn lease_may_be_gone(&self, v: &View, now: Instant, round: u64) -> Option<String> {
+        if crate::switches::NEVER_FENCE.with(std::cell::Cell::get) {
+            return None;
+        }
+        match fence::decide(now, v.lease_safe_until, self.margin) {
+            FenceDecision::Fence { reason, .. } => {
+                tracing::warn!(round, %reason, "not starting the round: the lease may be gone; joining the next");
+                Some(format!(
+                    "did not start round {round}: its lease may have expired in etcd"
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// Says why this node is not in `round`, from that round's own size (the view may
+    /// already hold a newer round: its size would tell another story).
+    fn log_spare(&self, round: u64, members: usize) {
+        if members >= self.max_nodes as usize {
+            tracing::info!(
+                round,
+                members,
+                max = self.max_nodes,
+                "the group is full; waiting as a spare"
+            );
+        } else {
+            // Sealed before this node registered: the coordinator grows the group with it
+            // next.
+            tracing::info!(
+                round,
+                members,
+                max = self.max_nodes,
+                "the round was sealed without this node; joining the next"
+            );
+        }
+    }
+}
