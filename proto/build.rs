@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A member is generated as `MemberFields`, and `fsdp.v1.Member` wherever a record holds
     // one is `member::Member`, a shared handle to those fields: every agent applies each
     // new round to the one it holds, and at 1,000 members copying every member's strings
-    // was thousands of allocations per agent per re-form (issue 30). The wire format is
+    // was thousands of allocations per agent per re-form. The wire format is
     // the proto's own.
     let records = descriptors
         .file

@@ -416,6 +416,22 @@ pub struct Args {
     )]
     pub quarantine_after: String,
 
+    /// Quarantine this machine when a worker exits with one of CODES.
+    ///
+    /// Comma-separated, e.g. `74`: codes a worker's own checks exit with when the machine,
+    /// not the job, is at fault (a GPU that fails a self-test). The node leaves the group
+    /// at once, its machine quarantined for --quarantine-for, and the agent exits 80; the
+    /// restart budget is not spent and the other nodes go on without it.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "quarantine-on-exit",
+        alias = "quarantine_on_exit",
+        env = "FSDP_QUARANTINE_ON_EXIT",
+        default_value = "",
+        value_name = "CODES"
+    )]
+    pub quarantine_on_exit: String,
+
     /// How long a quarantined machine stays out.
     ///
     /// An agent started on a quarantined machine exits 80 until then.

@@ -13,7 +13,7 @@
 //! | 77        | restart budget spent, the last failure of this node a hang (a worker stopped reporting progress) |
 //! | 78        | no progress: `--no-progress-restarts` restarts in a row never got past the step reached before (every node exits 78) |
 //! | 79        | this node's `--health-check` failed `--health-check-attempts` times in a row: replace the node |
-//! | 80        | this node was quarantined: the failures of several rounds came from it alone |
+//! | 80        | this node's machine was quarantined by the failure policy (docs/failure-policy.md), or is quarantined |
 //! | 101       | the agent panicked: a bug in the agent (its workers die with it, by `PR_SET_PDEATHSIG`) |
 //! | 128+n     | the agent itself was stopped by signal n (SIGTERM: 143, SIGINT: 130), or its failed worker was killed by signal n (SIGSEGV: 139), when that failure ended the job |
 //!
@@ -41,7 +41,7 @@ pub const HUNG: u8 = 77;
 pub const NO_PROGRESS: u8 = 78;
 /// This node's health check kept failing: replace the node.
 pub const UNHEALTHY: u8 = 79;
-/// This node was quarantined for failing round after round.
+/// This node's machine was quarantined by the failure policy.
 pub const QUARANTINED: u8 = 80;
 
 /// What Rust's runtime exits with when the agent's main thread panics. The agent never

@@ -192,8 +192,9 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
                 }
                 None => fsdp_store::Hosted::Elsewhere,
             };
+            // Complete from `config` but for what only running tells: where the status
+            // server listens and the c10d store this agent may serve.
             let mut rc = m.rendezvous.clone();
-            rc.allowed = allowed(cfg);
             rc.status_addr = status_addr.and_then(|bound| advertised(bound, &rc.addr));
             if let (Some(bound), None) = (status_addr, &rc.status_addr) {
                 tracing::warn!(
@@ -204,13 +205,6 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             }
             rc.torchrun_clients = store.torchrun_clients();
             rc.fresh_store = matches!(store, fsdp_store::Hosted::Serving(_));
-            rc.budget = fsdp_rendezvous::etcd::Budget {
-                max_restarts: Some(cfg.max_restarts),
-                window_s: cfg.failure.restart_window.map_or(0, |w| w.as_secs()),
-            };
-            if m.job_check {
-                rc.job = job(cfg, (rc.min_nodes, rc.max_nodes));
-            }
             let mut rdzv = tokio::select! {
                 r = EtcdRendezvous::connect(rc) => r?,
                 sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
@@ -246,45 +240,6 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             })?;
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
-    }
-}
-
-/// What makes this agent's job ([`fsdp_rendezvous::job`]): the entrypoint by its file
-/// name (the interpreter may live at another path on another node), its arguments,
-/// `--nproc-per-node` (a number, or one word for the forms each node counts itself) and
-/// `--nnodes`.
-fn job(cfg: &Config, nnodes: (u32, u32)) -> String {
-    let e = &cfg.entrypoint;
-    let program = e.program.file_name().map_or_else(
-        || e.program.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    );
-    let nproc = if cfg.nproc_given {
-        cfg.nproc_per_node.to_string()
-    } else {
-        "per-node".to_owned()
-    };
-    fsdp_rendezvous::job::fingerprint(&program, &e.args, &nproc, nnodes)
-}
-
-/// What this node accepts from the records others write: its own rules, as every agent of
-/// the run is given the same flags.
-fn allowed(cfg: &Config) -> fsdp_rendezvous::etcd::Allowed {
-    let mut halt_codes: std::collections::BTreeSet<u8> =
-        cfg.failure.no_retry_codes.iter().copied().collect();
-    if cfg.failure.no_progress_restarts > 0 {
-        halt_codes.insert(exit_code::NO_PROGRESS);
-    }
-    let defaults = fsdp_rendezvous::etcd::Allowed::default();
-    fsdp_rendezvous::etcd::Allowed {
-        workers_per_node: match cfg.nproc_given {
-            true => 1..=cfg.nproc_per_node,
-            false => defaults.workers_per_node.clone(),
-        },
-        halt_codes: Some(halt_codes),
-        // A quarantine is obeyed only as this node's own policy would write it.
-        quarantine_for: (cfg.failure.quarantine_after > 0).then_some(cfg.failure.quarantine_for),
-        ..defaults
     }
 }
 

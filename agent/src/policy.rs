@@ -1,9 +1,16 @@
-//! The agent's decisions about the restart budget, as pure functions tested without
-//! processes.
+//! The failure policy: the restart budget and the rules that judge a failed attempt, as
+//! pure functions tested without processes. The loop's other decisions, which apply these,
+//! are in [`crate::run::decide`].
 //!
 //! The budget is read from the sealed round: `restart_count` there is the job-wide count of
 //! failure restarts, the same on every node, so every node reaches the same decision.
+//!
+//! The rules are one table, [`RULES`]: each entry says when its rule ends an attempt
+//! otherwise than by a restart and which records that makes this node write. What this
+//! node accepts from its peers' records is derived from the same entries ([`writes`]), so
+//! a rule added to the table cannot be refused by the peers that must obey it.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::config::FailurePolicy;
@@ -99,6 +106,142 @@ pub enum AfterFailure {
     Restart,
     /// End the run for every node with this code.
     Halt { exit_code: u8, reason: String },
+    /// Keep this node's machine out of the run for `--quarantine-for` and leave with
+    /// [`exit_code::QUARANTINED`], charging nothing: the fault is the machine's, not the
+    /// job's, and the others re-form without it.
+    Quarantine { reason: String },
+}
+
+/// The records a rule can make this node write for its peers to obey.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Writes {
+    /// The exit codes its halts (`ctl/halt`) can carry.
+    pub halt_codes: BTreeSet<u8>,
+    /// Whether it can quarantine a machine (`ctl/quarantine/<machine>`).
+    pub quarantine: bool,
+}
+
+impl Writes {
+    fn halts(codes: impl IntoIterator<Item = u8>) -> Self {
+        Self {
+            halt_codes: codes.into_iter().collect(),
+            quarantine: false,
+        }
+    }
+
+    fn quarantines(when: bool) -> Self {
+        Self {
+            halt_codes: BTreeSet::new(),
+            quarantine: when,
+        }
+    }
+}
+
+/// One rule of the failure policy. A rule is its entry in [`RULES`] and nothing else: the
+/// loop asks every entry for a verdict, and derives from every entry what a peer's record
+/// may say, so the two cannot disagree.
+pub struct Rule {
+    /// The flag that sets it (documented in docs/failure-policy.md, checked by a test).
+    pub flag: &'static str,
+    /// Its verdict on a failed attempt whose first failure was the exit given, the ledger
+    /// already updated; `None`: the next rule judges.
+    pub verdict: fn(WorkerExit, &ProgressLedger, &FailurePolicy) -> Option<AfterFailure>,
+    /// The records its verdicts can make this node write, under `policy`. Every agent of a
+    /// run is given the same flags, so a node accepts from its peers only what its own
+    /// rules could write: a forged or stray record is refused.
+    pub writes: fn(&FailurePolicy) -> Writes,
+}
+
+/// The failure policy's rules, asked in this order after a failed attempt; the first with a
+/// verdict decides, and with none the attempt is charged and restarted.
+pub const RULES: &[Rule] = &[
+    Rule {
+        flag: "--no-retry-exit-codes",
+        verdict: no_retry,
+        writes: |p| Writes::halts(p.no_retry_codes.iter().copied()),
+    },
+    Rule {
+        flag: "--quarantine-on-exit",
+        verdict: quarantine_on_exit,
+        writes: |p| Writes::quarantines(!p.quarantine_on_exit.is_empty()),
+    },
+    Rule {
+        flag: "--no-progress-restarts",
+        verdict: no_progress,
+        writes: |p| Writes::halts((p.no_progress_restarts > 0).then_some(exit_code::NO_PROGRESS)),
+    },
+    Rule {
+        flag: "--quarantine-after",
+        // Judged when the next round forms ([`blame`]): only then is it known whose failure
+        // came first in the round, and whether a member was lost.
+        verdict: |_, _, _| None,
+        writes: |p| Writes::quarantines(p.quarantine_after > 0),
+    },
+];
+
+/// What this node's own rules can make it write under `policy`: what it accepts from its
+/// peers (every agent of a run is given the same flags).
+pub fn writes(policy: &FailurePolicy) -> Writes {
+    RULES
+        .iter()
+        .map(|r| (r.writes)(policy))
+        .fold(Writes::default(), |mut all, w| {
+            all.halt_codes.extend(w.halt_codes);
+            all.quarantine |= w.quarantine;
+            all
+        })
+}
+
+/// `--no-retry-exit-codes`: a listed exit code halts the run with it.
+fn no_retry(exit: WorkerExit, _: &ProgressLedger, policy: &FailurePolicy) -> Option<AfterFailure> {
+    let code = listed(exit, &policy.no_retry_codes)?;
+    Some(AfterFailure::Halt {
+        exit_code: code,
+        reason: format!(
+            "a worker exited {code}, which --no-retry-exit-codes marks as not worth a retry"
+        ),
+    })
+}
+
+/// `--quarantine-on-exit`: a listed exit code says the machine is at fault, so no restart
+/// on it would help: it is kept out, and the others go on without it.
+fn quarantine_on_exit(
+    exit: WorkerExit,
+    _: &ProgressLedger,
+    policy: &FailurePolicy,
+) -> Option<AfterFailure> {
+    let code = listed(exit, &policy.quarantine_on_exit)?;
+    Some(AfterFailure::Quarantine {
+        reason: format!(
+            "a worker exited {code}, which --quarantine-on-exit marks as this machine's fault"
+        ),
+    })
+}
+
+/// `--no-progress-restarts`: `k` failed attempts in a row that never got past the best step
+/// halt the run with [`exit_code::NO_PROGRESS`].
+fn no_progress(
+    _: WorkerExit,
+    ledger: &ProgressLedger,
+    policy: &FailurePolicy,
+) -> Option<AfterFailure> {
+    let k = policy.no_progress_restarts;
+    (k > 0 && ledger.stalled >= k).then(|| AfterFailure::Halt {
+        exit_code: exit_code::NO_PROGRESS,
+        reason: format!(
+            "{} attempts in a row never got past step {} (--no-progress-restarts {k})",
+            ledger.stalled,
+            ledger.best.unwrap_or_default()
+        ),
+    })
+}
+
+/// The exit code of `exit` if it is one of `codes`.
+fn listed(exit: WorkerExit, codes: &[u8]) -> Option<u8> {
+    match exit {
+        WorkerExit::Code(c) => u8::try_from(c).ok().filter(|c| codes.contains(c)),
+        _ => None,
+    }
 }
 
 /// The best step this node's ranks reached over the run's attempts, and how many failed
@@ -133,31 +276,10 @@ pub fn after_failure(
     ledger: &ProgressLedger,
     policy: &FailurePolicy,
 ) -> AfterFailure {
-    if let WorkerExit::Code(c) = exit {
-        if let Some(code) = u8::try_from(c)
-            .ok()
-            .filter(|c| policy.no_retry_codes.contains(c))
-        {
-            return AfterFailure::Halt {
-                exit_code: code,
-                reason: format!(
-                    "a worker exited {code}, which --no-retry-exit-codes marks as not worth a retry"
-                ),
-            };
-        }
-    }
-    let k = policy.no_progress_restarts;
-    if k > 0 && ledger.stalled >= k {
-        return AfterFailure::Halt {
-            exit_code: exit_code::NO_PROGRESS,
-            reason: format!(
-                "{} attempts in a row never got past step {} (--no-progress-restarts {k})",
-                ledger.stalled,
-                ledger.best.unwrap_or_default()
-            ),
-        };
-    }
-    AfterFailure::Restart
+    RULES
+        .iter()
+        .find_map(|r| (r.verdict)(exit, ledger, policy))
+        .unwrap_or(AfterFailure::Restart)
 }
 
 /// Pause before re-forming after the `n`-th failure (0-based): 100 ms doubling to 5 s,
@@ -196,6 +318,92 @@ mod tests {
                 after_failure(other, &ledger, &policy),
                 AfterFailure::Restart,
                 "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_quarantine_code_keeps_the_machine_out_and_others_restart() {
+        let policy = FailurePolicy {
+            quarantine_on_exit: vec![74],
+            no_retry_codes: vec![3],
+            ..FailurePolicy::default()
+        };
+        let ledger = ProgressLedger::default();
+        match after_failure(WorkerExit::Code(74), &ledger, &policy) {
+            AfterFailure::Quarantine { reason } => {
+                assert!(reason.contains("--quarantine-on-exit"), "{reason}");
+            }
+            a => panic!("{a:?}"),
+        }
+        assert!(matches!(
+            after_failure(WorkerExit::Code(3), &ledger, &policy),
+            AfterFailure::Halt { exit_code: 3, .. }
+        ));
+        for other in [
+            WorkerExit::Code(1),
+            WorkerExit::Signal(74),
+            WorkerExit::Lost,
+        ] {
+            assert_eq!(
+                after_failure(other, &ledger, &policy),
+                AfterFailure::Restart,
+                "{other:?}"
+            );
+        }
+        // Peers accept this node's quarantine record, though it never blames.
+        let only = FailurePolicy {
+            quarantine_on_exit: vec![74],
+            quarantine_after: 0,
+            ..FailurePolicy::default()
+        };
+        assert!(writes(&only).quarantine);
+    }
+
+    #[test]
+    fn what_peers_may_write_is_what_the_rules_here_would() {
+        let policy = FailurePolicy {
+            no_retry_codes: vec![2, 3],
+            no_progress_restarts: 3,
+            quarantine_after: 0,
+            ..FailurePolicy::default()
+        };
+        assert_eq!(
+            writes(&policy),
+            Writes {
+                halt_codes: [2, 3, exit_code::NO_PROGRESS].into(),
+                quarantine: false,
+            }
+        );
+        let blames = FailurePolicy {
+            quarantine_after: 3,
+            ..FailurePolicy::default()
+        };
+        assert_eq!(
+            writes(&blames),
+            Writes {
+                halt_codes: BTreeSet::new(),
+                quarantine: true,
+            },
+            "rules turned off write nothing"
+        );
+    }
+
+    #[test]
+    fn every_rule_is_a_flag_of_the_agent_and_documented() {
+        let command = crate::cli::command();
+        let doc = include_str!("../../docs/failure-policy.md");
+        for rule in RULES {
+            let long = rule.flag.trim_start_matches("--");
+            assert!(
+                command.get_arguments().any(|a| a.get_long() == Some(long)),
+                "{} is no flag of the agent",
+                rule.flag
+            );
+            assert!(
+                doc.contains(&format!("`{}", rule.flag)),
+                "{} is not in docs/failure-policy.md",
+                rule.flag
             );
         }
     }

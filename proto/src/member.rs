@@ -2,7 +2,7 @@
 //!
 //! Every agent holds the group's round and applies each new round to it. A round of 1,000
 //! members copied member by member was about 10,000 allocations and frees in every agent
-//! at every re-form; malloc and free were a fifth of an agent's CPU then (issue 30).
+//! at every re-form; malloc and free were a fifth of an agent's CPU then.
 //! Shared, the next round is the kept members' handles plus the new ones: a count goes
 //! up, no member's strings are copied.
 //!

@@ -37,7 +37,7 @@ use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use tonic::{Request, Status};
 
-use crate::listener::ConnectionMark;
+use crate::bounded_listener::ConnectionMark;
 
 /// The metadata header etcd's clients send the token in.
 pub const TOKEN_HEADER: &str = "token";

@@ -280,7 +280,7 @@ async fn stand_by(
         "{addr} was taken on this machine when this agent started, by another agent or by a previous agent not yet gone, and nobody holds it now: the first to bind serves"
     );
     tracing::info!(%addr, why, "the c10d standby takes over: this agent serves the rendezvous store from now on");
-    let limits = crate::listener::Limits::for_the_store();
+    let limits = crate::bounded_listener::Limits::for_the_store();
     let server = StoreServer::start_reporting(listener, &security, limits, seen);
     match server {
         Ok(server) => {
@@ -296,7 +296,7 @@ async fn stand_by(
 
 /// Says in the log that this agent serves the store, and how open it is.
 fn announce(server: &StoreServer, security: &Security, why: &str) {
-    tracing::info!(addr = %server.addr(), why, tls = security.tls.is_some(), password = security.credentials.is_some(), max_connections = crate::listener::Limits::for_the_store().max_connections, "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
+    tracing::info!(addr = %server.addr(), why, tls = security.tls.is_some(), password = security.credentials.is_some(), max_connections = crate::bounded_listener::Limits::for_the_store().max_connections, "serving the c10d rendezvous store (the job ends if this agent dies; etcd is the resilient choice)");
     if security.is_open() {
         // torchrun's TCPStore is as open; the drop-in promise keeps the default,
         // and this line is the one place the operator learns what it means.

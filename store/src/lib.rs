@@ -19,8 +19,9 @@
 //! * [`auth`]: etcd's password authentication ([`auth::Gate`]): tokens from
 //!   `Authenticate`, checked on every call when a password is configured.
 //! * [`tls`]: the rustls acceptor from the certificate, key and client CA files.
-//! * [`listener`]: the bounded accept loop (connection cap from the open-file limit,
-//!   timeouts, eviction, accept back-off), shared with the agent's status port.
+//! * [`bounded_listener`]: a bounded accept loop for any axum router (connection cap from
+//!   the open-file limit, timeouts, eviction, accept back-off, optional stream slots);
+//!   the store serves on it, and so does the agent's status port, with limits of its own.
 //! * [`server`]: [`StoreServer`], those services behind the gate on that loop, and how it
 //!   closes; [`Security`] says who gets in.
 //! * [`tcpstore`]: torchrun's TCPStore, as far as telling a torchrun node apart (a probe of
@@ -36,8 +37,8 @@
 //! rendezvous; what it needs from the agent (this machine's host name) is passed in.
 
 pub mod auth;
+pub mod bounded_listener;
 pub mod host;
-pub mod listener;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
 use crate::auth::{Credentials, Gate};
-use crate::listener::{self, Limits};
+use crate::bounded_listener::{self as listener, Limits};
 use crate::service;
 use crate::tls::{self, ServerTls, TlsError};
 

@@ -200,7 +200,7 @@ impl pb::auth_server::Auth for Authenticator {
     ) -> Answer<pb::AuthenticateResponse> {
         let mark = r
             .extensions()
-            .get::<crate::listener::ConnectionMark>()
+            .get::<crate::bounded_listener::ConnectionMark>()
             .cloned();
         let r = r.into_inner();
         let token = match self.gate.authenticate(&r.name, &r.password) {

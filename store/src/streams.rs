@@ -1,9 +1,9 @@
 //! Long requests on the status port draw on slots of their own, so that they can never
-//! starve the probes (the listener's [`crate::listener::StreamRules`]; the c10d store has
+//! starve the probes (the listener's [`crate::bounded_listener::StreamRules`]; the c10d store has
 //! none: its watches and keep-alives are its own agents').
 //!
 //! Every connection with a request in flight is busy, and the listener never evicts a busy
-//! connection for a newcomer ([`crate::listener`]). A `Liveness` stream (or a health
+//! connection for a newcomer ([`crate::bounded_listener`]). A `Liveness` stream (or a health
 //! `Watch`, or a reflection session) is in flight for as long as its client likes: 300
 //! of them against an agent with 1,024 descriptors held all 256 connection slots, every
 //! `/metrics` scrape and `Health/Check` was refused, and kubelet's gRPC liveness probe
@@ -19,7 +19,9 @@
 //!   from, streams can make at most that many connections busy, so a one-shot request
 //!   always finds a slot that is free or evictable.
 //!
-//! One-shot requests (`Health/Check`, `GetStatus`, `/metrics`) are not limited here; they
+//! The slots are generic; the status port is their one user, and which of its requests
+//! are one-shot is its own list (`agent/src/status/limits.rs`). One-shot requests
+//! (`Health/Check`, `GetStatus`, `/metrics`) are not limited here; they
 //! get [`ONESHOT_TIMEOUT`] to be answered (a client that sends a request head and never
 //! its body would otherwise hold its connection busy for good). Any other path counts as
 //! a stream: an unknown request must not be able to take the reserve.
@@ -35,27 +37,12 @@ pub const STREAMS_PER_PEER: usize = 4;
 /// `Limits::oneshot_timeout`).
 pub const ONESHOT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The requests that end by themselves at once: the probes, the scrape and the status.
-const ONESHOT: &[&str] = &[
-    "/metrics",
-    "/grpc.health.v1.Health/Check",
-    "/fsdp.v1.AgentStatus/GetStatus",
-];
-
-/// What a request is, as the limits see it.
+/// What a request is, as the limits see it: the port tells, from its path
+/// ([`crate::bounded_listener::StreamRules::kind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     OneShot,
     Stream,
-}
-
-/// A request's kind, from its path.
-pub fn kind(path: &str) -> Kind {
-    if ONESHOT.contains(&path) {
-        Kind::OneShot
-    } else {
-        Kind::Stream
-    }
 }
 
 /// The streams a server with `max_connections` slots may hold at once: all but a quarter
@@ -164,22 +151,6 @@ impl Drop for StreamSlot {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_probes_the_scrape_and_the_status_are_one_shot_and_the_rest_streams() {
-        for p in ONESHOT {
-            assert_eq!(kind(p), Kind::OneShot, "{p}");
-        }
-        for p in [
-            "/fsdp.v1.AgentStatus/Liveness",
-            "/grpc.health.v1.Health/Watch",
-            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-            "/no/such/path",
-            "/metrics/",
-        ] {
-            assert_eq!(kind(p), Kind::Stream, "{p}");
-        }
-    }
 
     #[test]
     fn a_quarter_of_the_connections_is_kept_from_streams() {

@@ -160,7 +160,7 @@ fn a_store_host_restarted_in_place_brings_the_job_back() {
     let s = &starts(p1)[1];
     assert!(s.step > 0, "did not resume from the checkpoint: {s:?}");
     job.progresses(3, &[&p0b, p1]);
-    // A restart of the store is a re-form or two, not a loop (issue 26: the restarted
+    // A restart of the store is a re-form or two, not a loop (once, the restarted
     // store handed out lease 1 again, the survivor revoked it as the dead host's, and
     // rounds were sealed 300 a second for 90 s).
     let logs = [p0b.stderr(), p1.stderr()];

@@ -327,7 +327,7 @@ fn chaos_soak_converges_with_one_group_at_a_time_and_no_lost_progress() {
         "seed {seed}: agents exited:\n{}",
         exits.join("\n")
     );
-    // No loop (issue 26: a pod frozen twice while it waited as a spare came back on a new
+    // No loop (once, a pod frozen twice while it waited as a spare came back on a new
     // lease, and the coordinator sealed a round every 1.5 ms for 3.45 s): the coordinator's
     // pace net never had to hold a round, and each fault costs a few rounds at most.
     let held: Vec<&str> = logs

@@ -1,4 +1,4 @@
-//! torchrun and fsdp-agent side by side (issue 18): the same scripts under both, compared
+//! torchrun and fsdp-agent side by side: the same scripts under both, compared
 //! field by field. They must agree everywhere except the deliberate differences tabled in
 //! docs/migrating-from-torchrun.md#behaviour-differences, which are asserted here as such.
 
@@ -307,7 +307,7 @@ fn the_bytes_workers_write_to_a_terminal_are_the_same() {
     assert!(String::from_utf8_lossy(&a).contains("isatty True"));
 }
 
-/// One node under each launcher (issue 32): the job can never form, so fsdp-agent says so
+/// One node under each launcher: the job can never form, so fsdp-agent says so
 /// in one line and exits 64 instead of waiting with the other side. `torchrun_first` says
 /// which launcher has node 0 (static) or serves the store (c10d, where the first to start
 /// binds the endpoint).

@@ -1,4 +1,4 @@
-//! The elastic demo (issue 21), in a reduced form: `scripts/demo/elastic.py` with fewer
+//! The elastic demo, in a reduced form: `scripts/demo/elastic.py` with fewer
 //! steps, its narration checked line by line, and nothing left behind.
 
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Refused means dead (issue 15): a SIGKILLed pod is evicted by its ring neighbour as soon
+//! Refused means dead: a SIGKILLed pod is evicted by its ring neighbour as soon
 //! as its status port refuses a connection, long before its lease (default TTL, 5 s)
 //! expires; a live agent whose liveness connection breaks is never evicted.
 

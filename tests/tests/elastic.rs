@@ -300,7 +300,8 @@ fn a_peer_failing_during_the_exit_barrier_makes_the_finished_node_re_form() {
 
 /// A node SIGKILLed while liveness is off: its peer's workers fail at once (their
 /// collectives break) and the loss is known only when its lease expires. The survivor
-/// names the lost node, not its own healthy rank as a root cause (issue 33).
+/// names the lost node, not its own healthy rank as a root cause (outside testing found it
+/// blamed its own rank).
 #[test]
 fn a_lost_peer_is_named_and_no_healthy_rank_is_blamed() {
     let job = Job::new("lostpeer", "1:2", 0, 1_000_000, 57);

@@ -1,4 +1,4 @@
-//! The failure policy (issue 17): failures that no restart mends end the run on every
+//! The failure policy: failures that no restart mends end the run on every
 //! node at once, with the budget untouched — real etcd, pods and gloo workers.
 
 use std::time::{Duration, Instant};
@@ -352,6 +352,50 @@ fn a_node_that_fails_first_round_after_round_is_quarantined() {
         "{}",
         again.stderr()
     );
+    assert!(fsdp_tests::job::starts(&again).is_empty());
+}
+
+/// Pod 2's worker exits 3, a code `--quarantine-on-exit` marks as the machine's fault: after
+/// that one attempt pod 2's machine is quarantined and its agent exits 80, the other two
+/// train on as a group of 2, and an agent started again on the same machine exits 80 at
+/// once. `--quarantine-after 0`: no blame, this rule alone.
+#[test]
+fn a_quarantine_exit_code_keeps_the_machine_out_after_one_attempt() {
+    let mut job = Job::new("quarantine-code", "2:3", 10, 1_000_000, 27);
+    job.rdzv_conf = "last_call_timeout=1".into();
+    let w = worker(
+        &job,
+        "tests/py/elastic_worker.py",
+        &["1000000", "--fail-on", "pod2"],
+    );
+    let flags = ["--quarantine-on-exit", "3", "--quarantine-after", "0"];
+    let pods: Vec<_> = (0..2).map(|i| job.pod_running(i, 1, &flags, &w)).collect();
+    let mut bad = job.pod_running(2, 1, &flags, &w);
+    assert_eq!(bad.wait(LIMIT), 80, "{}", bad.output());
+    assert_eq!(fsdp_tests::job::starts(&bad).len(), 1, "{}", bad.output());
+    let err = bad.stderr();
+    assert!(
+        err.contains("quarantining this machine") && err.contains("--quarantine-on-exit"),
+        "{err}"
+    );
+    let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
+    fsdp_tests::job::wait_until("a group of 2 without pod 2", &all, || {
+        pods.iter().all(|p| {
+            fsdp_tests::job::starts(p)
+                .last()
+                .is_some_and(|s| s.world == 2)
+        })
+    });
+    job.progresses(3, &all);
+    let (_, table, _) = status_cmd(&["--rdzv-endpoint", &job.endpoint(), "--rdzv-id", &job.run_id]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("quarantined") && l.contains("pod2 (for ")),
+        "{table}"
+    );
+    let mut again = job.pod_running(2, 1, &flags, &w);
+    assert_eq!(again.wait(LIMIT), 80, "{}", again.output());
     assert!(fsdp_tests::job::starts(&again).is_empty());
 }
 

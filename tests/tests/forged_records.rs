@@ -1,4 +1,4 @@
-//! Records forged by anyone who can write the store (issue 55), against real agents on a
+//! Records forged by anyone who can write the store, against real agents on a
 //! real etcd: each is refused, never obeyed, and `fsdp-agent status` shows it as refused
 //! and prints none of its control characters.
 

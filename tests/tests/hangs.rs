@@ -1,4 +1,4 @@
-//! Hangs (issue 16): real PyTorch gloo workers that report progress through
+//! Hangs: real PyTorch gloo workers that report progress through
 //! `examples/progress.py`; one of them stalls.
 
 use std::path::{Path, PathBuf};

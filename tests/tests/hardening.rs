@@ -1,4 +1,4 @@
-//! Hostile conditions that outside testing found the agent did not survive (issue 12):
+//! Hostile conditions that outside testing found the agent did not survive:
 //! error exits that left workers' children behind, an agent frozen past its lease, a
 //! stdout nobody reads, a duplicated SIGTERM, a run prefix nested in another run, forged
 //! records in etcd, and a status that showed a finished worker as running.

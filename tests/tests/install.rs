@@ -1,4 +1,4 @@
-//! Install without a compiler (issue 33): the wheel `scripts/dist.sh` builds goes into a
+//! Install without a compiler: the wheel `scripts/dist.sh` builds goes into a
 //! fresh venv with pip and runs a job with no Rust (nor any compiler) on PATH, and the
 //! plain binary runs a job in a root that holds only it, glibc and `sh`.
 

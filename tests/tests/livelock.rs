@@ -1,4 +1,4 @@
-//! Livelocks outside testing found (issue 26): an agent that lost its lease, or a store that
+//! Livelocks outside testing found: an agent that lost its lease, or a store that
 //! came back empty, sealed rounds forever — hundreds a second, no exit code, etcd growing.
 //! Each reproduction is kept here as it was found; the deterministic halves of the same
 //! causes are unit tests beside the code (`detect`, the coordinator's pace, the store's

@@ -211,7 +211,7 @@ fn the_launchers_error_file_gets_the_root_cause() {
 }
 
 /// With stderr in a log file the summary quotes its last lines; an import error (before
-/// any main could run) gets no `@record` advice, which could not have helped (issue 33).
+/// any main could run) gets no `@record` advice, which could not have helped.
 #[test]
 fn the_summary_quotes_the_workers_last_stderr_lines_and_advises_only_what_helps() {
     let dir = TempDir::new().unwrap();

@@ -170,7 +170,7 @@ fn status_health_and_metrics_follow_a_worker_failure_and_restart() {
         assert_eq!(m["fsdp_agent_ready"], 1.0);
         assert_eq!(m["fsdp_agent_restarts_used"], 0.0);
         assert_eq!(m["fsdp_agent_reform_seconds_count"], 0.0);
-        // Two workers started cold (no --prewarm): the counter says so (issue 33: 0).
+        // Two workers started cold (no --prewarm): the counter says so (it once said 0).
         assert_eq!(m["fsdp_agent_worker_starts_total{start=\"cold\"}"], 2.0);
 
         std::fs::write(dir.path().join("gate.0"), "3").unwrap();
@@ -551,7 +551,7 @@ fn running(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// Issue 32: a node whose health check failed exits 79 and its leased record dies with
+/// A node whose health check failed exits 79 and its leased record dies with
 /// its lease; status, taken once the others formed, still says why it left. So it does
 /// for a node stopped by a signal (its own word, and no second "lost" row though its
 /// registration went before its word arrived), and for a SIGKILLed node (the coordinator's

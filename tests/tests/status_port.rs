@@ -1,4 +1,4 @@
-//! The status port under a connection flood (issue 12): whoever can reach the port must not
+//! The status port under a connection flood: whoever can reach the port must not
 //! be able to silence the health checks or end the job by exhausting the agent's open files.
 //!
 //! One test per file on purpose: the test lowers its own open-file limit for a moment so
@@ -463,7 +463,7 @@ fn a_connection_flood_on_the_status_port_neither_silences_it_nor_ends_the_job() 
 
 /// A status server peers cannot reach (loopback, on a node that advertises another
 /// address) turns fast detection off for the node: one warning says so and what detection
-/// falls back to (issue 33: it fell back in silence).
+/// falls back to (it once fell back in silence).
 #[test]
 fn a_status_address_peers_cannot_reach_is_said_with_the_fallback() {
     let dir = fsdp_tests::TempDir::new().unwrap();

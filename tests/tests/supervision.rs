@@ -399,7 +399,7 @@ fn as_pid_1_the_agent_reaps_orphans_the_workers_leave() {
 }
 
 /// A static node shares nothing with the others: when its workers finish it cannot know
-/// that the job is done, and does not say so (issue 33: node 1 said "every node finished"
+/// that the job is done, and does not say so (node 1 once said "every node finished"
 /// before node 0's workers had).
 #[test]
 fn a_static_node_does_not_claim_the_job_is_done() {
@@ -426,7 +426,7 @@ fn a_static_node_does_not_claim_the_job_is_done() {
 }
 
 /// `--max-restarts 0`: the first failure ends the run; nothing says it re-forms or that a
-/// group formed again (issue 33).
+/// group formed again: a user reading the log would wait for a restart that never comes.
 #[test]
 fn with_no_restarts_a_failure_ends_the_run_without_a_re_form() {
     let dir = TempDir::new().unwrap();

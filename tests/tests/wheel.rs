@@ -1,4 +1,4 @@
-//! `pip install fsdp-agent` (issue 18): the wheel `scripts/dist.sh` builds (maturin, `bin`
+//! `pip install fsdp-agent`: the wheel `scripts/dist.sh` builds (maturin, `bin`
 //! bindings) puts the binary in an environment's bin, beside its python; installed in a
 //! fresh venv with torch, `venv/bin/fsdp-agent` runs a two-worker job with no venv
 //! activated and no python of that venv on PATH.

@@ -42,7 +42,7 @@ pub fn command() -> clap::Command {
 
 /// The same command line without its help texts rewritten: it parses alike (the rewrite
 /// changes only what help shows), for the start of every agent, where rewrapping every
-/// flag's text was a thirtieth of its CPU (1,000 agents on two cores, issue 30). Whatever
+/// flag's text was a thirtieth of its CPU (1,000 agents on two cores). Whatever
 /// clap has to print, help or an error, is printed by [`command`].
 pub fn parser() -> clap::Command {
     Args::command().before_long_help(LONG_PREAMBLE)

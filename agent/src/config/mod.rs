@@ -16,7 +16,10 @@
 //! ([`HealthCheck`]) and `policy` ([`FailurePolicy`]).
 //!
 //! Configuration is plain data below the modules it configures: they use its types, it
-//! uses none of theirs. In here too the arrows go one way (`mode` uses `etcd`, both use
+//! uses none of theirs, with one exception: `peers` derives what this node accepts from
+//! its peers' records from the failure policy's rule table ([`crate::policy::writes`]),
+//! the one description of what the rules can write, rather than from a copy that a new
+//! rule could forget. In here too the arrows go one way (`mode` uses `etcd`, both use
 //! `parse` and `sources`).
 
 mod entrypoint;
@@ -27,6 +30,7 @@ mod hostlist;
 mod logs;
 mod mode;
 pub mod parse;
+mod peers;
 mod policy;
 mod print;
 mod rdzv_keys;
@@ -407,9 +411,22 @@ impl Resolver<'_> {
             master_port,
             nproc_per_node,
         };
-        let mode = self.mode(&a, standalone, group, &rdzv_conf)?;
+        let mut mode = self.mode(&a, standalone, group, &rdzv_conf)?;
         let run_id = self.run_id(&a, &mode);
         let entrypoint = self.entrypoint(&a, program)?;
+        let nproc_given = matches!(
+            parse::nproc(&a.nproc_per_node),
+            Ok(parse::NprocRequest::Count(_))
+        );
+        if let Mode::Etcd(m) = &mut mode {
+            let run = peers::Run {
+                failure: &failure,
+                max_restarts,
+                nproc: nproc_given.then_some(nproc_per_node),
+                entrypoint: &entrypoint,
+            };
+            peers::complete(m, &run);
+        }
         let prewarm = self.prewarm(&a, program)?;
         let logs = self.logs(&a)?;
         let log_format = self.log_format(&a.log_format)?;
@@ -427,10 +444,7 @@ impl Resolver<'_> {
             mode,
             run_id,
             nproc_per_node,
-            nproc_given: matches!(
-                parse::nproc(&a.nproc_per_node),
-                Ok(parse::NprocRequest::Count(_))
-            ),
+            nproc_given,
             role: a.role,
             max_restarts,
             term_timeout,

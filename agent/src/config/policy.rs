@@ -7,7 +7,8 @@ use std::time::Duration;
 use super::{ConfigError, Resolver, Source, exit_codes, parse, whole_number};
 use crate::cli::Args;
 
-/// How failures are judged beyond the restart budget (issue 17's failure policy).
+/// How failures are judged beyond the restart budget: the settings of the rules in
+/// [`crate::policy::RULES`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FailurePolicy {
     /// Worker exit codes that mean "do not retry": the run halts with the code.
@@ -21,6 +22,9 @@ pub struct FailurePolicy {
     /// Failed rounds in a row whose first failure came from one node, after which that
     /// node's machine is quarantined; 0: never.
     pub quarantine_after: u32,
+    /// Worker exit codes that mean "this machine is at fault": the node quarantines its
+    /// machine and leaves, the restart budget unspent.
+    pub quarantine_on_exit: Vec<u8>,
     /// How long a quarantine lasts.
     pub quarantine_for: Duration,
     /// The machine this agent runs on (what a quarantine keeps out).
@@ -60,6 +64,11 @@ impl Resolver<'_> {
                 d => parse::duration(d).map(Some),
             })?,
             quarantine_after: self.value("quarantine-after", &a.quarantine_after, whole_number)?,
+            quarantine_on_exit: self.value(
+                "quarantine-on-exit",
+                &a.quarantine_on_exit,
+                exit_codes,
+            )?,
             quarantine_for: self.value("quarantine-for", &a.quarantine_for, parse::duration)?,
             machine: self.value("node-name", &a.node_name, |s| {
                 // One etcd key segment.

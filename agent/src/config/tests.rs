@@ -1145,7 +1145,8 @@ fn a_static_group_of_several_nodes_on_a_loopback_master_is_warned_about() {
     assert!(!warned(&c, "loopback"), "{:?}", c.warnings);
 }
 
-// ---- inputs bounded where they are read (issue 55) ----
+// ---- inputs bounded where they are read: anyone who can write the store or set the ----
+// ---- environment can hand the agent any size, so every input has a limit at its reader ----
 
 /// A node list of a hundred million hosts took 2.7 GB and aborted; one of 10^12 padded
 /// numbers aborted at once. Only its first host is ever built.

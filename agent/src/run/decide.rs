@@ -3,7 +3,8 @@
 //! barrier's outcome) and the [`Rules`], and returns what to do next. Nothing here awaits
 //! or touches a process, a socket or the clock, so every branch is tested on hand-built
 //! values (`decide/tests.rs`); the driver (`driver.rs`) does the I/O and carries the
-//! decisions out. [`crate::policy`] holds the budget, backoff and blame rules they use.
+//! decisions out. [`crate::policy`] holds the failure policy they apply: the budget, the
+//! backoff and the rules that judge a failed attempt.
 
 use std::time::Duration;
 
@@ -422,6 +423,9 @@ pub enum AfterFailed {
     Leave(Leave),
     /// The policy ended the run (every node was told before the stop).
     Halt { leave: Leave, reason: String },
+    /// The policy keeps this node's machine out for `reason`: record it and leave,
+    /// charging nothing.
+    Quarantine { reason: String },
     /// Charge the failure, pause this long, re-form.
     Restart { backoff: Duration },
 }
@@ -442,6 +446,7 @@ pub fn after_failed(
             leave: halting(exit_code, &reason),
             reason,
         },
+        AfterFailure::Quarantine { reason } => AfterFailed::Quarantine { reason },
         AfterFailure::Restart => {
             memory.last_failure = Some(exit);
             AfterFailed::Restart {

@@ -406,11 +406,15 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             AfterChange::PeerFailed(verdict) => {
                 // A node that found the group hung charges a failure after saying so.
                 self.answer_hang(&round).await;
-                if let AfterFailure::Halt { exit_code, reason } = verdict {
-                    if let Err(sig) = self.announce_halt(exit_code, &reason).await {
-                        return signalled(sig).into();
+                match verdict {
+                    AfterFailure::Halt { exit_code, reason } => {
+                        if let Err(sig) = self.announce_halt(exit_code, &reason).await {
+                            return signalled(sig).into();
+                        }
+                        return self.leave_halted(decide::halting(exit_code, &reason), &reason);
                     }
-                    return self.leave_halted(decide::halting(exit_code, &reason), &reason);
+                    AfterFailure::Quarantine { reason } => return self.quarantine(&reason).await,
+                    AfterFailure::Restart => {}
                 }
             }
             AfterChange::OwnLoss => {
@@ -471,6 +475,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             match decide::after_failed(&mut self.memory, &round, first.exit, verdict, late) {
                 AfterFailed::Leave(leave) => return Ok(leave.into()),
                 AfterFailed::Halt { leave, reason } => return Ok(self.leave_halted(leave, &reason)),
+                AfterFailed::Quarantine { reason } => return Ok(self.quarantine(&reason).await),
                 AfterFailed::Restart { backoff } => backoff,
             };
         self.restart_after(&round, &first, backoff).await

@@ -66,24 +66,31 @@ impl<R: Rendezvous> Loop<'_, R> {
             &self.rules.failure,
             me.as_deref(),
         )?;
+        Some(self.quarantine(&reason).await)
+    }
+
+    /// The failure policy keeps this machine out of the run for `reason`: records it (so an
+    /// agent started on it meanwhile leaves at once) and leaves. A backend without records
+    /// has nowhere to keep it: the node leaves all the same.
+    pub(super) async fn quarantine(&mut self, reason: &str) -> Phase {
         let machine = self.cfg.failure.machine.clone();
         let until = fsdp_rendezvous::unix_ms().saturating_add(
             u64::try_from(self.cfg.failure.quarantine_for.as_millis()).unwrap_or(u64::MAX),
         );
         tracing::error!(%machine, %reason, for_s = self.cfg.failure.quarantine_for.as_secs(), "quarantining this machine and leaving the run");
-        // A backend without records has nobody to blame: `blame` saw no first fault.
-        let records = self.rdzv.records()?;
-        let say = tokio::time::timeout(
-            DEPART_PATIENCE,
-            records.quarantine(machine.clone(), reason.clone(), until),
-        );
-        match interruptible(self.signals, say).await {
-            Err(sig) => return Some(signalled(sig).into()),
-            Ok(Ok(Ok(()))) => {}
-            Ok(_) => tracing::warn!("could not record the quarantine; leaving anyway"),
+        if let Some(records) = self.rdzv.records() {
+            let say = tokio::time::timeout(
+                DEPART_PATIENCE,
+                records.quarantine(machine.clone(), reason.to_owned(), until),
+            );
+            match interruptible(self.signals, say).await {
+                Err(sig) => return signalled(sig).into(),
+                Ok(Ok(Ok(()))) => {}
+                Ok(_) => tracing::warn!("could not record the quarantine; leaving anyway"),
+            }
         }
         self.report
             .show(Shown::Failed, format!("quarantined: {reason}"));
-        Some(decide::kept_out(&format!("machine {machine} quarantined: {reason}")).into())
+        decide::kept_out(&format!("machine {machine} quarantined: {reason}")).into()
     }
 }

@@ -4,7 +4,7 @@
 //! `fsdp-agent status` command ([`command`]) reads a whole run from etcd instead.
 
 pub mod command;
-pub use fsdp_store::{listener, streams};
+pub mod limits;
 pub mod metrics;
 pub mod server;
 

@@ -6,9 +6,9 @@
 //! works without the .proto files.
 //!
 //! The port is bounded (a connection cap from the open-file limit, timeouts for slow and
-//! idle peers, eviction at the cap): see [`super::listener`]. Long streams (`Liveness`,
+//! idle peers, eviction at the cap): see [`super::limits`]. Long streams (`Liveness`,
 //! health `Watch`) have slots of their own, a few per source address, so that they never
-//! starve the probes: see [`super::streams`].
+//! starve the probes: see [`fsdp_store::streams`].
 //!
 //! Health services: `""` and `"liveness"` are SERVING as long as the agent's loop runs
 //! (a wedged agent stops answering, and the probe fails); `"readiness"` is SERVING only
@@ -25,8 +25,9 @@ use tonic::codegen::Service;
 use tonic::server::NamedService;
 use tonic_health::ServingStatus;
 
-use super::listener::{self, Limits};
-use super::{Board, metrics};
+use fsdp_store::bounded_listener;
+
+use super::{Board, limits, metrics};
 
 /// Server reflection over this port's services: built from the descriptors compiled in.
 fn reflection() -> impl Service<
@@ -48,7 +49,7 @@ fn reflection() -> impl Service<
 
 /// A service built on its first request, not at the agent's start: decoding the
 /// reflection's descriptors was a twentieth of each agent's start (1,000 agents on two
-/// cores, issue 30), for a service a person with grpcurl asks now and then.
+/// cores), for a service a person with grpcurl asks now and then.
 struct Lazy<S> {
     built: Arc<OnceLock<S>>,
     build: fn() -> S,
@@ -109,7 +110,7 @@ struct StatusService {
 /// How often a liveness stream says the agent lives. A death is proven by the stream
 /// breaking, not by a missed beat, and a stream in flight is never idle to the port's
 /// timeouts: the beat only keeps middleboxes from forgetting the connection. Once a second
-/// it was a fifth of what 1,000 idle agents cost on two cores (issue 30).
+/// it was a fifth of what 1,000 idle agents cost on two cores.
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often a liveness stream looks whether the agent's lease changed: a new one (the
 /// store came back empty) is announced within this, with no traffic while it stays.
@@ -210,16 +211,16 @@ pub async fn start(addr: SocketAddr, board: Board) -> std::io::Result<SocketAddr
                 }
             }),
         );
-    let limits = Limits::for_this_process();
+    let limits = limits::status_port();
     tracing::debug!(
         max_connections = limits.max_connections,
         max_streams = limits.streams.map_or(0, |s| s.max_streams),
-        streams_per_peer = super::streams::STREAMS_PER_PEER,
+        streams_per_peer = fsdp_store::streams::STREAMS_PER_PEER,
         head_timeout_s = limits.head_timeout.as_secs(),
         idle_timeout_s = limits.idle_timeout.as_secs(),
         "status server limits"
     );
-    tokio::spawn(listener::serve(socket, router, limits));
+    tokio::spawn(bounded_listener::serve(socket, router, limits));
     Ok(local)
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Why not `fork`: a forked child gets a copy of the agent's page tables, and every page
 //! the agent then writes takes a copy-on-write fault. At 1,000 agents on one host that was
-//! a quarter of each agent's CPU per re-form (issue 30). std spawns the same way
+//! a quarter of each agent's CPU per re-form (measured on two cores). std spawns the same way
 //! (`posix_spawn`) only when no `pre_exec` step is asked for, and a worker needs three:
 //! a session of its own, `PR_SET_PDEATHSIG`, and the check that the agent did not die
 //! before the death signal was armed ([`super::unix::prepare`] is the same steps for a

@@ -271,7 +271,7 @@ fn a_watch_replays_from_its_start_with_its_filters() {
     assert!(none.is_empty());
 }
 
-/// Issue 26: a c10d store restarted in place handed out lease 1 again, and a survivor's
+/// A c10d store restarted in place once handed out lease 1 again, and a survivor's
 /// ring watcher, revoking the dead host's lease 1, revoked the restarted host's new one.
 #[test]
 fn a_store_restarted_later_never_hands_out_an_id_it_handed_out_before() {

@@ -361,6 +361,28 @@ fn a_halt_verdict_leaves_failed_with_its_code_and_reason() {
 }
 
 #[test]
+fn a_quarantine_verdict_leaves_without_charging_the_budget() {
+    let mut m = Memory::default();
+    let verdict = AfterFailure::Quarantine {
+        reason: "why".into(),
+    };
+    let next = after_failed(
+        &mut m,
+        &round(0, &["a", "b"], 0),
+        WorkerExit::Code(7),
+        verdict,
+        None,
+    );
+    assert_eq!(
+        next,
+        AfterFailed::Quarantine {
+            reason: "why".into()
+        }
+    );
+    assert_eq!(m.last_failure, None, "the budget is not what ends it");
+}
+
+#[test]
 fn a_restart_remembers_the_failure_and_backs_off_by_the_restart_count() {
     let mut m = Memory::default();
     let next = after_failed(

@@ -1,10 +1,14 @@
-//! A bounded accept loop for the agent's two ports, the status port and the c10d store,
-//! so that whoever can reach them cannot silence them or take the agent's descriptors
-//! (issue 12 for the status port; the security issue for the store, where 1,100 idle
-//! connections to a host with 1,024 descriptors ended the job). It lives in this crate,
-//! below the agent, because the store serves on it; the agent's status server uses it too.
-//! Each port has its own [`Limits`]: the status port's are [`Limits::for_this_process`],
-//! the store's [`Limits::for_the_store`] ([`store_connection_cap`]). With a
+//! A bounded accept loop for any axum router, so that whoever can reach a port cannot
+//! silence it or take the process's descriptors. Two ports of the agent serve on it: the
+//! c10d store (where 1,100 idle connections to a host with 1,024 descriptors once ended
+//! the job) and the status port, whose limits and request kinds the agent states
+//! (`agent/src/status/limits.rs`). It lives in this crate, below the agent, because the
+//! store serves on it. What is particular to a port comes in with its [`Limits`] (its
+//! cap, timeouts, name, and which requests are long) and, for the store, the TCPStore
+//! greeting it is asked to tell apart ([`serve_tls`]).
+//!
+//! Each port has its own [`Limits`]: the status port's are the agent's, with the cap
+//! [`connection_cap`]; the store's [`Limits::for_the_store`] ([`store_connection_cap`]). With a
 //! [`TlsAcceptor`], the handshake happens inside the connection's first deadline.
 //!
 //! `axum::serve` accepts every connection and keeps it for as long as the peer likes. On
@@ -74,7 +78,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
-use crate::streams::{self, Kind, StreamSlot, Streams};
+use crate::streams::{Kind, StreamSlot, Streams};
 use crate::tcpstore::{GREETING_LEN, Greeting, greeting};
 pub use tokio_rustls::TlsAcceptor;
 
@@ -156,32 +160,16 @@ pub struct Limits {
 /// How a port tells and limits its long requests.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamRules {
-    /// Long requests in flight at once ([`streams::max_streams`]).
+    /// Long requests in flight at once ([`crate::streams::max_streams`]).
     pub max_streams: usize,
-    /// From a one-shot request's head to its response ([`streams::ONESHOT_TIMEOUT`]).
+    /// From a one-shot request's head to its response ([`crate::streams::ONESHOT_TIMEOUT`] is a
+    /// sensible value).
     pub oneshot_timeout: Duration,
     /// What a request is, from its path.
     pub kind: fn(&str) -> Kind,
 }
 
 impl Limits {
-    /// The defaults, with the cap from this process's open-file limit.
-    pub fn for_this_process() -> Self {
-        let max_connections = connection_cap(soft_nofile());
-        Self {
-            max_connections,
-            head_timeout: HEAD_TIMEOUT,
-            idle_timeout: IDLE_TIMEOUT,
-            stall_timeout: STALL_TIMEOUT,
-            name: "status server",
-            streams: Some(StreamRules {
-                max_streams: streams::max_streams(max_connections),
-                oneshot_timeout: streams::ONESHOT_TIMEOUT,
-                kind: streams::kind,
-            }),
-        }
-    }
-
     /// The c10d store's: its own cap ([`store_connection_cap`]), a longer idle timeout.
     pub fn for_the_store() -> Self {
         Self {
@@ -1057,7 +1045,10 @@ mod tests {
             streams: Some(StreamRules {
                 max_streams: 6,
                 oneshot_timeout: S / 5,
-                kind: streams::kind,
+                kind: |path| match path {
+                    "/grpc.health.v1.Health/Check" => Kind::OneShot,
+                    _ => Kind::Stream,
+                },
             }),
             ..limits()
         };
