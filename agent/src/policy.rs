@@ -1,6 +1,6 @@
 //! The failure policy: the restart budget and the rules that judge a failed attempt, as
 //! pure functions tested without processes. The loop's other decisions, which apply these,
-//! are in [`crate::run::decide`].
+//! are in `run/decide.rs`.
 //!
 //! The budget is read from the sealed round: `restart_count` there is the job-wide count of
 //! failure restarts, the same on every node, so every node reaches the same decision.

@@ -28,7 +28,7 @@ pub struct EtcdRendezvous {
     pub(super) session: JoinHandle<()>,
     pub(super) writes: Arc<AtomicU64>,
     pub(super) counters: Counters,
-    /// Waits for rounds and watches the one held ([`waiter`](super::waiter)).
+    /// Waits for rounds and watches the one held ([`super::waiter`]).
     pub(super) waiter: Waiter,
     /// Watches the held round's ring neighbour ([`liveness`]).
     pub(super) watcher: Option<Watching>,
