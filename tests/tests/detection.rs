@@ -279,7 +279,7 @@ fn a_member_killed_after_etcd_came_back_empty_is_still_evicted_at_once() {
                     .contains("etcd lost the round record; put the newest round it knew back")
             })
         });
-        // A heartbeat a second tells the watchers the new leases.
+        // A new lease is announced within a second.
         std::thread::sleep(Duration::from_secs(2));
         job.progresses(2, &all);
     }

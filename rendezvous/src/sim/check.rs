@@ -221,19 +221,20 @@ impl World {
         }
     }
 
-    /// The budget: a node that saw itself a member of a round in which another gave up
-    /// for the spent budget must give up too — never ask for a later round, which never
-    /// comes — unless its lease may have been gone (it abandoned: the round was never its
-    /// own).
+    /// The budget: a node that saw itself a member of a round past the restart budget
+    /// gives up — never asks for a later round, which never comes — unless its lease may
+    /// have been gone (it abandoned: the round was never its own).
     pub fn check_register(&mut self, a: usize, wants: u64) {
         let ag = &self.agents[a];
         if ag.abandoned {
             return;
         }
-        let spent = self
-            .gave_up
+        // Every agent has the same budget: a round past it that this one saw itself in
+        // ends it, whether or not another member gave up first.
+        let spent = ag
+            .saw_member_of
             .iter()
-            .find(|r| r.0 < wants && ag.saw_member_of.contains(r));
+            .find(|(n, count)| *n < wants && *count > ag.max_restarts);
         if let Some(&(n, _)) = spent {
             self.violate(format!(
                 "budget: the restart budget was spent in round {n}, but its member n{a} asks for round {wants}"

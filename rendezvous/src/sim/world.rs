@@ -119,9 +119,6 @@ pub struct World {
     pub writes: Vec<Arc<AtomicU64>>,
     /// Rounds committed, by number (a republished round is not a new one).
     pub sealed: BTreeMap<u64, Sealed>,
-    /// Rounds (number, restart count) in which an agent gave up because the restart
-    /// budget was spent.
-    pub gave_up: std::collections::BTreeSet<(u64, u32)>,
     /// Rounds the faults and membership changes so far may still cost (`check.rs`).
     pub seal_budget: u32,
     /// The revision up to which membership changes were looked for.
@@ -166,7 +163,6 @@ impl World {
                 .map(|_| Arc::new(AtomicU64::new(0)))
                 .collect(),
             sealed: BTreeMap::new(),
-            gave_up: Default::default(),
             seal_budget: 0,
             membership_rev: 0,
             trace: opts.trace.then(Vec::new),
@@ -370,9 +366,8 @@ impl World {
             Did::Exited(why) => self.note(|| format!("n{a} exits: {why}")),
             Did::GaveUp { round, count } => {
                 self.note(|| {
-                    format!("n{a} gives up: the restart budget is spent in round {round}")
+                    format!("n{a} gives up: the restart budget is spent in round {round} (restart count {count})")
                 });
-                self.gave_up.insert((round, count));
             }
             Did::Note(what) => self.note(|| format!("n{a}: {what}")),
         }
