@@ -94,9 +94,10 @@ pub struct Round {
 #[derive(Debug, Clone, Default)]
 pub struct Counters {
     /// The lease this node's registration lives on now (0 before the first): the
-    /// liveness heartbeats announce it, so that the ring watcher revokes the lease the
-    /// dead agent really held, not the one a round recorded before the store lost it.
-    pub lease: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    /// liveness heartbeats announce it as soon as it changes, so that the ring watcher
+    /// revokes the lease the dead agent really held, not the one a round recorded before
+    /// the store lost it.
+    pub lease: std::sync::Arc<tokio::sync::watch::Sender<i64>>,
     /// Errors it recovered from by itself (lost etcd connections, failed keep-alives).
     pub errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Rounds this agent sealed as the coordinator.

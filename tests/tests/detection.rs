@@ -38,6 +38,21 @@ fn three(run: &str, net: u8) -> (Job, Vec<Pod>) {
     (job, pods)
 }
 
+/// Waits until `survivors` run a group of 2; how long after `t0` the last of them formed
+/// it (seconds, by the agents' log timestamps).
+fn slowest_to_a_group_of_two(pods: &[Pod], survivors: &[usize], t0: f64) -> f64 {
+    let all: Vec<&Pod> = survivors.iter().map(|&i| &pods[i]).collect();
+    wait_until("a group of 2", &all, || {
+        survivors
+            .iter()
+            .all(|&i| starts(&pods[i]).last().is_some_and(|s| s.world == 2))
+    });
+    survivors
+        .iter()
+        .map(|&i| logged_at(&pods[i], "group formed", "world_size=2").expect("a group of 2") - t0)
+        .fold(0.0, f64::max)
+}
+
 /// SIGKILLs pod `victim`; the survivors must re-form through the refused path, well
 /// before the dead pod's lease could expire. Prints the figure.
 fn a_killed_pod_is_evicted_before_its_lease_expires(run: &str, net: u8, coordinator: bool) {
@@ -226,17 +241,7 @@ fn a_peer_whose_workers_died_first_is_still_evicted_when_its_agent_dies() {
     }
     let t0 = now_of_day();
     pods[victim].kill();
-    let all: Vec<&Pod> = survivors.iter().map(|&i| &pods[i]).collect();
-    wait_until("a group of 2", &all, || {
-        survivors
-            .iter()
-            .all(|&i| starts(&pods[i]).last().is_some_and(|s| s.world == 2))
-    });
-    let mut slowest = 0.0f64;
-    for &i in &survivors {
-        let formed = logged_at(&pods[i], "group formed", "world_size=2").expect("a group of 2");
-        slowest = slowest.max(formed - t0);
-    }
+    let slowest = slowest_to_a_group_of_two(&pods, &survivors, t0);
     let outputs: Vec<String> = survivors.iter().map(|&i| pods[i].output()).collect();
     assert!(
         survivors.iter().any(|&i| pods[i]
@@ -287,17 +292,7 @@ fn a_member_killed_after_etcd_came_back_empty_is_still_evicted_at_once() {
     let t0 = now_of_day();
     pods[victim].kill();
     let survivors: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
-    let all: Vec<&Pod> = survivors.iter().map(|&i| &pods[i]).collect();
-    wait_until("a group of 2", &all, || {
-        survivors
-            .iter()
-            .all(|&i| starts(&pods[i]).last().is_some_and(|s| s.world == 2))
-    });
-    let mut slowest = 0.0f64;
-    for &i in &survivors {
-        let formed = logged_at(&pods[i], "group formed", "world_size=2").expect("a group of 2");
-        slowest = slowest.max(formed - t0);
-    }
+    let slowest = slowest_to_a_group_of_two(&pods, &survivors, t0);
     let outputs: Vec<String> = survivors.iter().map(|&i| pods[i].output()).collect();
     assert!(
         survivors

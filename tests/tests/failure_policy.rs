@@ -326,6 +326,16 @@ fn a_node_that_fails_first_round_after_round_is_quarantined() {
             && err.contains("while the others were fine"),
         "{err}"
     );
+    for p in &pods {
+        assert!(!p.stderr().contains("quarantining"), "{}", p.stderr());
+    }
+    pod2_stays_out(&job, &pods, &[], &w);
+}
+
+/// After pod 2's machine was quarantined: the other two train on as a group of 2, status
+/// lists the quarantine, and an agent started again on pod 2's machine (with `flags`)
+/// exits 80 at once.
+fn pod2_stays_out(job: &Job, pods: &[fsdp_tests::pod::Pod], flags: &[&str], w: &[String]) {
     let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
     fsdp_tests::job::wait_until("a group of 2 without pod 2", &all, || {
         pods.iter().all(|p| {
@@ -335,9 +345,6 @@ fn a_node_that_fails_first_round_after_round_is_quarantined() {
         })
     });
     job.progresses(3, &all);
-    for p in &pods {
-        assert!(!p.stderr().contains("quarantining"), "{}", p.stderr());
-    }
     let (_, table, _) = status_cmd(&["--rdzv-endpoint", &job.endpoint(), "--rdzv-id", &job.run_id]);
     assert!(
         table
@@ -345,7 +352,7 @@ fn a_node_that_fails_first_round_after_round_is_quarantined() {
             .any(|l| l.starts_with("quarantined") && l.contains("pod2 (for ")),
         "{table}"
     );
-    let mut again = job.pod_running(2, 1, &[], &w);
+    let mut again = job.pod_running(2, 1, flags, w);
     assert_eq!(again.wait(LIMIT), 80, "{}", again.output());
     assert!(
         again.stderr().contains("this machine is quarantined"),
@@ -378,25 +385,7 @@ fn a_quarantine_exit_code_keeps_the_machine_out_after_one_attempt() {
         err.contains("quarantining this machine") && err.contains("--quarantine-on-exit"),
         "{err}"
     );
-    let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().collect();
-    fsdp_tests::job::wait_until("a group of 2 without pod 2", &all, || {
-        pods.iter().all(|p| {
-            fsdp_tests::job::starts(p)
-                .last()
-                .is_some_and(|s| s.world == 2)
-        })
-    });
-    job.progresses(3, &all);
-    let (_, table, _) = status_cmd(&["--rdzv-endpoint", &job.endpoint(), "--rdzv-id", &job.run_id]);
-    assert!(
-        table
-            .lines()
-            .any(|l| l.starts_with("quarantined") && l.contains("pod2 (for ")),
-        "{table}"
-    );
-    let mut again = job.pod_running(2, 1, &flags, &w);
-    assert_eq!(again.wait(LIMIT), 80, "{}", again.output());
-    assert!(fsdp_tests::job::starts(&again).is_empty());
+    pod2_stays_out(&job, &pods, &flags, &w);
 }
 
 /// A SIGKILLed pod makes the survivors' workers fail; one of them reports first. With

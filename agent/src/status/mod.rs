@@ -121,14 +121,15 @@ impl Board {
         self.lock().state.node_id.clone()
     }
 
-    /// The lease this agent's registration lives on now (0 before it has one).
-    pub fn lease(&self) -> i64 {
+    /// Follows the lease this agent's registration lives on (`None` before it joined a
+    /// run).
+    pub fn lease(&self) -> Option<watch::Receiver<i64>> {
         self.inner
             .backend
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .map_or(0, |c| c.lease.load(Ordering::Relaxed))
+            .map(|c| c.lease.subscribe())
     }
 
     pub fn snapshot(&self) -> Snapshot {

@@ -112,9 +112,9 @@ struct StatusService {
 /// timeouts: the beat only keeps middleboxes from forgetting the connection. Once a second
 /// it was a fifth of what 1,000 idle agents cost on two cores.
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
-/// How often a liveness stream looks whether the agent's lease changed: a new one (the
-/// store came back empty) is announced within this, with no traffic while it stays.
-const LEASE_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+/// Before the agent joined a run it has no lease to follow: how often a liveness stream
+/// looks whether it joined.
+const JOIN_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
 
 type HeartbeatStream = std::pin::Pin<
     Box<dyn futures::Stream<Item = Result<Heartbeat, tonic::Status>> + Send + 'static>,
@@ -139,23 +139,42 @@ impl AgentStatus for StatusService {
     ) -> Result<tonic::Response<HeartbeatStream>, tonic::Status> {
         tracing::debug!(watcher = %request.get_ref().watcher, "watched by a ring neighbour");
         let board = self.board.clone();
-        // The state: the lease last announced, and when the last beat went (none yet).
-        let beats = futures::stream::unfold((0i64, None), move |(said, sent)| {
+        // The state: the lease followed, the lease last announced, and when the last beat
+        // went (none yet).
+        let start = (None, 0i64, None);
+        let beats = futures::stream::unfold(start, move |(mut follow, said, sent)| {
             let board = board.clone();
             async move {
                 let mut sent: Option<tokio::time::Instant> = sent;
                 loop {
-                    let lease = board.lease();
-                    let due = sent.is_none_or(|t| t.elapsed() >= HEARTBEAT);
-                    if due || lease != said {
+                    if follow.is_none() {
+                        follow = board.lease();
+                    }
+                    let lease = follow.as_mut().map_or(0, |f| *f.borrow_and_update());
+                    let next_beat = sent.map(|t| t + HEARTBEAT);
+                    let now = tokio::time::Instant::now();
+                    if next_beat.is_none_or(|t| t <= now) || lease != said {
                         let beat = Heartbeat {
                             node_id: board.node_id(),
                             lease,
                         };
-                        sent = Some(tokio::time::Instant::now());
-                        return Some((Ok(beat), (lease, sent)));
+                        sent = Some(now);
+                        return Some((Ok(beat), (follow, lease, sent)));
                     }
-                    tokio::time::sleep(LEASE_LOOK).await;
+                    let next_beat = next_beat.unwrap_or(now);
+                    match follow.as_mut() {
+                        Some(f) => {
+                            tokio::select! {
+                                // A dropped sender (the backend gone) leaves the beat.
+                                r = f.changed() => if r.is_err() {
+                                    follow = None;
+                                    tokio::time::sleep_until(next_beat).await;
+                                },
+                                () = tokio::time::sleep_until(next_beat) => {}
+                            }
+                        }
+                        None => tokio::time::sleep_until(next_beat.min(now + JOIN_LOOK)).await,
+                    }
                 }
             }
         });

@@ -225,7 +225,7 @@ impl SimAgent {
         }
         if let Some(reason) = v.gave_up.clone() {
             let mut did: Vec<Did> = self
-                .stop_workers(now, "etcd was gone too long")
+                .stop_workers("etcd was gone too long")
                 .into_iter()
                 .collect();
             did.push(self.exit(reason));
@@ -341,14 +341,14 @@ impl SimAgent {
         let watch = match self.waiter.on_running_view(m.view(), now) {
             Ok(w) => w,
             Err(e) => {
-                let stopped = self.stop_workers(now, "the view is corrupt");
+                let stopped = self.stop_workers("the view is corrupt");
                 return stopped.into_iter().chain([self.failed(&e)]).collect();
             }
         };
         self.recheck = None;
         match watch {
             Watch::Over(change) => {
-                let stopped = self.stop_workers(now, &format!("{change:?}"));
+                let stopped = self.stop_workers(&format!("{change:?}"));
                 let mut did: Vec<Did> = stopped.into_iter().collect();
                 if let Change::Halted(h) = change {
                     did.push(self.exit(format!("halted: {}", h.reason)));
@@ -358,7 +358,7 @@ impl SimAgent {
             Watch::Fence { abandon, change } => {
                 // Registered again at the next look, as the loop asks for the next round
                 // once its workers stopped.
-                let stopped = self.stop_workers(now, &format!("{change:?}"));
+                let stopped = self.stop_workers(&format!("{change:?}"));
                 self.abandoned = true;
                 let id = self.tell();
                 let abandon = Did::Tell(id, Command::Abandon { reason: abandon });
@@ -372,7 +372,7 @@ impl SimAgent {
     }
 
     /// Stops the workers of a running round; the loop waits for the next one.
-    pub fn stop_workers(&mut self, _now: Instant, why: &str) -> Option<Did> {
+    pub fn stop_workers(&mut self, why: &str) -> Option<Did> {
         if self.lp != Loop::Running {
             return None;
         }
@@ -389,11 +389,11 @@ impl SimAgent {
     }
 
     /// A worker failed: charge it and re-form.
-    pub fn worker_failed(&mut self, now: Instant) -> Vec<Did> {
+    pub fn worker_failed(&mut self) -> Vec<Did> {
         let Some(number) = self.running_number() else {
             return Vec::new();
         };
-        let stopped = self.stop_workers(now, "a worker failed");
+        let stopped = self.stop_workers("a worker failed");
         let failure = v1::Failure {
             schema: SCHEMA_VERSION,
             round: number,
@@ -404,11 +404,11 @@ impl SimAgent {
     }
 
     /// A worker exited with a code that ends the run.
-    pub fn worker_halts(&mut self, now: Instant) -> Vec<Did> {
+    pub fn worker_halts(&mut self) -> Vec<Did> {
         let Some(number) = self.running_number() else {
             return Vec::new();
         };
-        let stopped = self.stop_workers(now, "a worker exited 3 (no retry)");
+        let stopped = self.stop_workers("a worker exited 3 (no retry)");
         let halt = v1::Halt {
             schema: SCHEMA_VERSION,
             exit_code: 3,
@@ -422,8 +422,8 @@ impl SimAgent {
     }
 
     /// SIGTERM: stop the workers, leave, exit.
-    pub fn terminated(&mut self, now: Instant) -> Vec<Did> {
-        let stopped = self.stop_workers(now, "SIGTERM");
+    pub fn terminated(&mut self) -> Vec<Did> {
+        let stopped = self.stop_workers("SIGTERM");
         self.exit_after = Some("SIGTERM".into());
         let ask = self.ask(
             Command::Depart {

@@ -169,7 +169,7 @@ fn fault(w: &mut World, f: Fault) {
         Fault::Kill(a) => kill(w, a),
         Fault::Term(a) => {
             if w.agents[a].life == Life::Up {
-                let did = w.agents[a].terminated(now);
+                let did = w.agents[a].terminated();
                 w.apply(a, did);
             }
         }
@@ -204,13 +204,13 @@ fn fault(w: &mut World, f: Fault) {
         }
         Fault::WorkerFails(a) => {
             if w.agents[a].life == Life::Up {
-                let did = w.agents[a].worker_failed(now);
+                let did = w.agents[a].worker_failed();
                 w.apply(a, did);
             }
         }
         Fault::WorkerHalts(a) => {
             if w.agents[a].life == Life::Up {
-                let did = w.agents[a].worker_halts(now);
+                let did = w.agents[a].worker_halts();
                 w.apply(a, did);
             }
         }

@@ -124,14 +124,7 @@ fn a_broken_fence_is_caught_within_a_thousand_seeds_and_shrinks() {
         broken_fence: true,
         ..Switches::default()
     };
-    let found = failures(broken, 0..1_000);
-    let first = found.first().expect("caught within 1,000 seeds");
-    assert!(
-        first
-            .violation
-            .as_deref()
-            .is_some_and(|v| v.starts_with("fencing"))
-    );
+    let first = caught_within_a_thousand_seeds(broken, "fencing");
     let mut opts = Options::new(4);
     opts.switches = broken;
     let (plan, report) = shrink(first.seed, &opts);
@@ -150,16 +143,24 @@ fn a_waiter_that_drops_a_broken_rounds_charge_is_caught_within_a_thousand_seeds(
         no_charge_in_broken: true,
         ..Switches::default()
     };
-    let found = failures(broken, 0..1_000);
-    let first = found.first().expect("caught within 1,000 seeds");
+    caught_within_a_thousand_seeds(broken, "budget");
+}
+
+/// The first of seeds 0..1,000 that fails with `switches` set; its violation is of `kind`.
+fn caught_within_a_thousand_seeds(switches: Switches, kind: &str) -> Report {
+    let first = failures(switches, 0..1_000)
+        .into_iter()
+        .next()
+        .expect("caught within 1,000 seeds");
     assert!(
         first
             .violation
             .as_deref()
-            .is_some_and(|v| v.starts_with("budget")),
+            .is_some_and(|v| v.starts_with(kind)),
         "{:?}",
         first.violation
     );
+    first
 }
 
 /// Seeds that found product bugs while the simulator was built (docs/simulation.md lists

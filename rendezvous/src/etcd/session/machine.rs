@@ -225,7 +225,7 @@ impl Machine {
     pub fn new(cfg: Config, counters: Counters, writes: Arc<AtomicU64>) -> Self {
         let mut clock = LeaseClock::default();
         clock.replaced(cfg.granted_at, cfg.ttl);
-        counters.lease.store(cfg.lease, Ordering::Relaxed);
+        counters.lease.send_replace(cfg.lease);
         let now = cfg.granted_at;
         let view = View {
             lease_safe_until: clock.safe_until(),

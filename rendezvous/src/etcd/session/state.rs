@@ -123,7 +123,7 @@ impl Machine {
             "the lease was gone; granted a new one"
         );
         self.lease = id;
-        self.counters.lease.store(id, Ordering::Relaxed);
+        self.counters.lease.send_replace(id);
         self.next_incarnation();
     }
 
