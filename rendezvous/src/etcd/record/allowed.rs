@@ -77,9 +77,11 @@ impl Allowed {
         let latest = now_ms
             .saturating_add(u64::try_from((bound + CLOCK_SLACK).as_millis()).unwrap_or(u64::MAX));
         if q.until_ms > latest {
+            // No "from now" in the reason: it is logged once per reason, and a reason that
+            // changed each second would be logged again at every read of the store.
             return Err(format!(
-                "keeps the machine out {} s from now, longer than --quarantine-for ({} s) allows",
-                (q.until_ms - now_ms) / 1000,
+                "keeps the machine out until unix time {} s, longer than --quarantine-for ({} s) allows",
+                q.until_ms / 1000,
                 bound.as_secs()
             ));
         }

@@ -565,6 +565,22 @@ fn a_quarantine_is_obeyed_only_as_this_nodes_own_policy_would_write_it() {
     assert!(v.refused[&k.of(&fair)].contains("not at its own key"));
 }
 
+/// The same forged quarantine was logged as refused twice when the store was read again a
+/// second later: the reason named the seconds "from now", so it was a new reason each second
+/// and the once-per-reason log repeated it (CI, `forged_records`).
+#[test]
+fn a_refused_quarantine_reads_the_same_whenever_it_is_judged() {
+    let allowed = Allowed {
+        quarantine_for: Some(std::time::Duration::from_secs(3600)),
+        ..Allowed::default()
+    };
+    let forever = quarantine(u64::MAX);
+    let now = crate::unix_ms();
+    let first = allowed.quarantine(&forever, now).unwrap_err();
+    let later = allowed.quarantine(&forever, now + 1_500).unwrap_err();
+    assert_eq!(first, later);
+}
+
 /// A forged halt from a node in no round (`evil-node`) ended every agent with its code.
 #[test]
 fn a_halt_is_obeyed_only_from_a_node_of_the_round_or_the_one_before() {
