@@ -29,5 +29,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 source scripts/env.sh
 cargo build --release -p fsdp-agent -p fsdp-trainer -p fsdp-tests --bins
-cargo build --release -p fsdp-rendezvous --example sim
+# The simulator (step sim), behind the rendezvous' `sim` feature: a build of its own, so
+# that the agent built above stays without it.
+cargo build --release -p fsdp-rendezvous --features sim --example sim
 exec "$FSDP_VENV/bin/python" bench/suite.py "$@"

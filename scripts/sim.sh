@@ -9,5 +9,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-cargo build --quiet --release -p fsdp-rendezvous --example sim
+# The simulator is behind the rendezvous' `sim` feature (the agent is built without it).
+cargo build --quiet --release -p fsdp-rendezvous --features sim --example sim
 exec target/release/examples/sim "$@"

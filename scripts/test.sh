@@ -7,13 +7,30 @@ scripts/setup.sh
 
 source scripts/env.sh
 
+# The rendezvous' simulator, its exhaustive explorer and the switches that put fixed bugs
+# back for them to find are test-only, behind its `sim` feature (docs/simulation.md): the
+# tests turn it on; the release binary never has it. Every build and test below has it,
+# so that one build serves them all (the debug agent the integration tests run has it
+# too, as cargo unifies features: nothing in it sets a switch, so each stays off; the
+# wheel and binary of the install tests are built without it).
+sim=(--features fsdp-rendezvous/sim)
+# Nothing the agent depends on turns it on (a dependency that did would put the simulator
+# and the switches into every build of the agent, the release one too).
+if cargo tree -p fsdp-agent -e normal,build,features | grep 'fsdp-rendezvous feature "sim"'; then
+  echo "test.sh: the agent's dependencies turn on the rendezvous' simulator (feature sim)" >&2
+  exit 1
+fi
+
 cargo fmt --all -- --check
-cargo build --workspace --all-targets
-cargo clippy --workspace --all-targets -- -D warnings
+cargo build --workspace --all-targets "${sim[@]}"
+cargo clippy --workspace --all-targets "${sim[@]}" -- -D warnings
+# Without the feature too, as the agent is built: the switches as constants, no
+# simulator, nothing left unused.
+cargo clippy -p fsdp-rendezvous --all-targets -- -D warnings
 # The code's own docs (the crate tours link private modules and items: they are documented
 # too) have no broken link.
 RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
-    cargo doc --workspace --no-deps --document-private-items
+    cargo doc --workspace --no-deps --document-private-items "${sim[@]}"
 
 # The wheel and the plain binary that the install tests put into a fresh venv and a
 # minimal root (tests/tests/install.rs, wheel.rs), made by the script that makes the
@@ -37,7 +54,7 @@ export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
 
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --profile ci "$@"
+  cargo nextest run --workspace --profile ci "${sim[@]}" "$@"
 else
-  cargo test --workspace "$@"
+  cargo test --workspace "${sim[@]}" "$@"
 fi

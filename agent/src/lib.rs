@@ -150,19 +150,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
     // Signals are caught before anything else, so a SIGTERM during the rendezvous is
     // handled like any other, never the default "die without cleanup".
     let mut signals = signals::Signals::install(&cfg.signals).map_err(AgentError::Signals)?;
-    if cfg.omp_threads_default {
-        tracing::warn!(
-            "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the machine; \
-             tune it for your application as needed"
-        );
-    }
-    tracing::info!(
-        run_id = %cfg.run_id,
-        nproc_per_node = cfg.nproc_per_node,
-        max_restarts = cfg.max_restarts,
-        entrypoint = %cfg.entrypoint.display(),
-        "fsdp-agent starting"
-    );
+    announce(cfg);
     let backend = match &cfg.mode {
         Mode::Standalone { .. } => "standalone",
         Mode::Static { .. } => "static",
@@ -181,47 +169,7 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             );
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
-        Mode::Etcd(m) => {
-            // c10d: the store is served before anyone joins, by the agent at the endpoint.
-            let store = match &m.store {
-                Some(s) => {
-                    let hostname = fsdp_rendezvous::hostname();
-                    fsdp_store::host_if_here(&s.host, s.port, s.is_host, &hostname, &s.security)
-                        .await
-                        .map_err(RendezvousError::from)?
-                }
-                None => fsdp_store::Hosted::Elsewhere,
-            };
-            // Complete from `config` but for what only running tells: where the status
-            // server listens and the c10d store this agent may serve.
-            let mut rc = m.rendezvous.clone();
-            rc.status_addr = status_addr.and_then(|bound| advertised(bound, &rc.addr));
-            if let (Some(bound), None) = (status_addr, &rc.status_addr) {
-                tracing::warn!(
-                    "peers cannot reach status server {bound} at {}: no fast detection here, death seen at lease expiry ({:?}); set --status-addr 0.0.0.0:PORT",
-                    rc.addr,
-                    rc.keep_alive_ttl,
-                );
-            }
-            rc.torchrun_clients = store.torchrun_clients();
-            rc.fresh_store = matches!(store, fsdp_store::Hosted::Serving(_));
-            let mut rdzv = tokio::select! {
-                r = EtcdRendezvous::connect(rc) => r?,
-                sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
-            };
-            let store = store.joined().await;
-            let over = match &m.store {
-                Some(_) => "the c10d store",
-                None => "etcd",
-            };
-            tracing::info!(node_id = rdzv.node_id(), over, "joined the rendezvous");
-            let exit = run::run(cfg, &mut rdzv, &mut signals, &board).await;
-            if let Some(store) = store.into_served().await {
-                drop(rdzv);
-                store.close(store_patience(&exit, m)).await;
-            }
-            exit
-        }
+        Mode::Etcd(m) => run_etcd(cfg, m, status_addr, &mut signals, &board).await,
         Mode::Static {
             nnodes,
             node_rank,
@@ -241,6 +189,82 @@ async fn run_agent(cfg: &Config) -> Result<AgentExit, AgentError> {
             run::run(cfg, &mut rdzv, &mut signals, &board).await
         }
     }
+}
+
+/// The run's first log lines: what it is, and the thread count it sets for the workers.
+fn announce(cfg: &Config) {
+    if cfg.omp_threads_default {
+        tracing::warn!(
+            "setting OMP_NUM_THREADS=1 for each worker to avoid overloading the machine; \
+             tune it for your application as needed"
+        );
+    }
+    tracing::info!(
+        run_id = %cfg.run_id,
+        nproc_per_node = cfg.nproc_per_node,
+        max_restarts = cfg.max_restarts,
+        entrypoint = %cfg.entrypoint.display(),
+        "fsdp-agent starting"
+    );
+}
+
+/// The run over etcd or a c10d store, the store's host serving it from before anyone
+/// joins until the other agents are done with it.
+async fn run_etcd(
+    cfg: &Config,
+    m: &config::etcd::EtcdMode,
+    status_addr: Option<std::net::SocketAddr>,
+    signals: &mut signals::Signals,
+    board: &status::Board,
+) -> Result<AgentExit, AgentError> {
+    // c10d: the store is served before anyone joins, by the agent at the endpoint.
+    let store = match &m.store {
+        Some(s) => {
+            let hostname = fsdp_rendezvous::hostname();
+            fsdp_store::host_if_here(&s.host, s.port, s.is_host, &hostname, &s.security)
+                .await
+                .map_err(RendezvousError::from)?
+        }
+        None => fsdp_store::Hosted::Elsewhere,
+    };
+    let rc = etcd_config(m, status_addr, &store);
+    let mut rdzv = tokio::select! {
+        r = EtcdRendezvous::connect(rc) => r?,
+        sig = signals.recv() => return Ok(AgentExit::Signalled(sig)),
+    };
+    let store = store.joined().await;
+    let over = match &m.store {
+        Some(_) => "the c10d store",
+        None => "etcd",
+    };
+    tracing::info!(node_id = rdzv.node_id(), over, "joined the rendezvous");
+    let exit = run::run(cfg, &mut rdzv, signals, board).await;
+    if let Some(store) = store.into_served().await {
+        drop(rdzv);
+        store.close(store_patience(&exit, m)).await;
+    }
+    exit
+}
+
+/// The rendezvous configuration from `config`, completed with what only running tells:
+/// where the status server listens and the c10d store this agent may serve.
+fn etcd_config(
+    m: &config::etcd::EtcdMode,
+    status_addr: Option<std::net::SocketAddr>,
+    store: &fsdp_store::Hosted,
+) -> fsdp_rendezvous::etcd::EtcdConfig {
+    let mut rc = m.rendezvous.clone();
+    rc.status_addr = status_addr.and_then(|bound| advertised(bound, &rc.addr));
+    if let (Some(bound), None) = (status_addr, &rc.status_addr) {
+        tracing::warn!(
+            "peers cannot reach status server {bound} at {}: no fast detection here, death seen at lease expiry ({:?}); set --status-addr 0.0.0.0:PORT",
+            rc.addr,
+            rc.keep_alive_ttl,
+        );
+    }
+    rc.torchrun_clients = store.torchrun_clients();
+    rc.fresh_store = matches!(store, fsdp_store::Hosted::Serving(_));
+    rc
 }
 
 /// How long a c10d store host keeps serving after its own run ended, for the agents still

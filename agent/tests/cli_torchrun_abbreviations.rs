@@ -12,6 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use fsdp_agent::cli::abbrev::AmbiguousFlag;
 use fsdp_agent::cli::torchrun_flags::TORCHRUN_LONG_FLAGS;
 use fsdp_agent::cli::{LongFlags, command};
 use serde_json::Value;
@@ -90,49 +91,15 @@ fn cli_abbreviations_resolve_as_torchruns_parser_resolves_them() {
         words.len()
     );
     assert_eq!(torchrun["allow_abbrev"], Value::Bool(true));
-
-    // The agent's copy of torchrun's flag list is the parser's.
-    let flags = torchrun["flags"].as_array().unwrap();
-    let names: Vec<Vec<String>> = flags.iter().map(|f| strings(&f["names"])).collect();
-    let listed: Vec<Vec<String>> = TORCHRUN_LONG_FLAGS
-        .iter()
-        .map(|f| f.iter().map(|n| (*n).to_owned()).collect())
-        .collect();
-    assert_eq!(listed, names, "TORCHRUN_LONG_FLAGS is not torchrun's list");
-    let dest_of: BTreeMap<&str, &str> = flags
-        .iter()
-        .flat_map(|f| {
-            let dest = f["dest"].as_str().unwrap();
-            f["names"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(move |n| (n.as_str().unwrap(), dest))
-        })
-        .collect();
+    let dest_of = torchruns_flags(&torchrun);
 
     let mut mismatches = Vec::new();
     let mut seen = BTreeMap::<&str, usize>::new();
     for a in torchrun["answers"].as_array().unwrap() {
         let word = a["word"].as_str().unwrap();
         let here = ours.resolve(word);
-        let agrees = if let Some(dest) = a["dest"].as_str() {
-            *seen.entry("resolved").or_default() += 1;
-            matches!(&here, Ok(Some(name)) if dest_of.get(name.as_str()) == Some(&dest))
-        } else if let Some(candidates) = a.get("ambiguous") {
-            *seen.entry("ambiguous").or_default() += 1;
-            matches!(&here, Err(e) if e.torchrun && e.candidates == strings(candidates))
-        } else {
-            // No torchrun flag starts with it: it is one of ours, by one flag's names or
-            // refused as ambiguous among ours, never unknown (it is a prefix of our names).
-            assert_eq!(a["unknown"], Value::Bool(true), "{a}");
-            *seen.entry("unknown").or_default() += 1;
-            match &here {
-                Ok(Some(_)) => true,
-                Err(e) => !e.torchrun,
-                Ok(None) => false,
-            }
-        };
+        let (kind, agrees) = compare(a, &here, &dest_of);
+        *seen.entry(kind).or_default() += 1;
         if !agrees {
             mismatches.push(format!("{word}: torchrun {a}, fsdp-agent {here:?}"));
         }
@@ -149,6 +116,60 @@ fn cli_abbreviations_resolve_as_torchruns_parser_resolves_them() {
         seen.len() == 3 && seen.values().all(|n| *n > 10),
         "{seen:?}"
     );
+    assert_reported_cases_asked(&torchrun);
+}
+
+/// Checks that the agent's copy of torchrun's flag list is the parser's, and returns
+/// each of torchrun's flag names with the option (`dest`) it sets.
+fn torchruns_flags(torchrun: &Value) -> BTreeMap<&str, &str> {
+    let flags = torchrun["flags"].as_array().unwrap();
+    let names: Vec<Vec<String>> = flags.iter().map(|f| strings(&f["names"])).collect();
+    let listed: Vec<Vec<String>> = TORCHRUN_LONG_FLAGS
+        .iter()
+        .map(|f| f.iter().map(|n| (*n).to_owned()).collect())
+        .collect();
+    assert_eq!(listed, names, "TORCHRUN_LONG_FLAGS is not torchrun's list");
+    flags
+        .iter()
+        .flat_map(|f| {
+            let dest = f["dest"].as_str().unwrap();
+            f["names"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(move |n| (n.as_str().unwrap(), dest))
+        })
+        .collect()
+}
+
+/// torchrun's answer `a` for one word against the agent's (`here`): the kind of answer
+/// (resolved, ambiguous, unknown) and whether the two agree.
+fn compare(
+    a: &Value,
+    here: &Result<Option<String>, AmbiguousFlag>,
+    dest_of: &BTreeMap<&str, &str>,
+) -> (&'static str, bool) {
+    if let Some(dest) = a["dest"].as_str() {
+        let agrees = matches!(here, Ok(Some(name)) if dest_of.get(name.as_str()) == Some(&dest));
+        ("resolved", agrees)
+    } else if let Some(candidates) = a.get("ambiguous") {
+        let agrees = matches!(here, Err(e) if e.torchrun && e.candidates == strings(candidates));
+        ("ambiguous", agrees)
+    } else {
+        // No torchrun flag starts with it: it is one of ours, by one flag's names or
+        // refused as ambiguous among ours, never unknown (it is a prefix of our names).
+        assert_eq!(a["unknown"], Value::Bool(true), "{a}");
+        let agrees = match here {
+            Ok(Some(_)) => true,
+            Err(e) => !e.torchrun,
+            Ok(None) => false,
+        };
+        ("unknown", agrees)
+    }
+}
+
+/// The words of past reports were asked, and torchrun answered each as it did then.
+fn assert_reported_cases_asked(torchrun: &Value) {
     for (word, kind) in [
         ("--no-p", "dest"),
         ("--log-", "dest"),

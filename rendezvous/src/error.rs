@@ -44,7 +44,7 @@ pub enum RendezvousError {
     Etcd {
         what: &'static str,
         #[source]
-        source: etcd_client::Error,
+        source: crate::etcd::Fault,
     },
     /// A value under the run's prefix is not something this agent can trust.
     #[error("{0}; refusing to use it (use another --rdzv-id, or delete the run's keys)")]

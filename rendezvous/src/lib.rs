@@ -31,13 +31,15 @@ pub mod error;
 pub mod etcd;
 pub mod fence;
 pub mod fixed;
-pub mod gone;
 mod host;
 pub mod job;
+pub mod lacking;
 pub mod pace;
 pub mod port;
 pub mod ranks;
 pub mod seal;
+/// The deterministic simulator: test-only, with the `sim` feature (docs/simulation.md).
+#[cfg(feature = "sim")]
 #[doc(hidden)]
 pub mod sim;
 pub mod standalone;
@@ -72,7 +74,7 @@ pub struct Round {
     /// Every node of the round in group-rank order (for status; ranks as [`ranks::assign`]).
     /// Shared, not copied: at 1,000 nodes each copy of the list is thousands of
     /// allocations, and the agent keeps the round in its status, its memory of the last
-    /// round and its report (issue 30).
+    /// round and its report.
     pub members: std::sync::Arc<[RoundMember]>,
     /// Why the round was sealed, in words (for status and logs).
     pub reason: String,
@@ -105,8 +107,9 @@ pub struct Counters {
     /// Times the coordinator held a round back because rounds came too fast ([`pace`]).
     pub seals_held: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// CPU time (ns, this thread's) spent deciding as the coordinator: every look at the
-    /// registrations, and building each round it sealed. Issue 30 asks that the seal's
-    /// grow linearly with the group (`rdzv-bench` prints both).
+    /// registrations, and building each round it sealed. `rdzv-bench` prints it and the
+    /// seal's part (below) at each group size: the seal's must grow only linearly with the
+    /// group, or sealing a round of thousands of nodes stalls the coordinator.
     pub coordinating_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// The part of `coordinating_ns` spent in the decisions that sealed a round.
     pub sealing_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -126,7 +129,7 @@ pub fn unix_ms() -> u64 {
 ///
 /// It holds the round record's member itself, shared: every agent builds its round from
 /// the record at every re-form, and copying each member's names was thousands of
-/// allocations per agent at 1,000 members (issue 30).
+/// allocations per agent at 1,000 members.
 #[derive(Clone)]
 pub struct RoundMember {
     record: fsdp_proto::v1::Member,

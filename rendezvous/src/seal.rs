@@ -2,7 +2,7 @@
 //! reason). The coordinator calls it on every change it observes and at the instant it
 //! asks to be called back; tests call it with made-up states and clocks.
 //!
-//! The rules (brief §5.4):
+//! The rules:
 //! * First round (or a run whose previous members are all gone): seal at once when `max`
 //!   nodes are present; with at least `min`, seal once no node joined or left for
 //!   `last_call`.
@@ -92,32 +92,101 @@ pub enum SealDecision {
 
 /// Decides whether to seal a round now, and says why.
 pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecision, String) {
-    // Indexed once: every lookup below is O(1), so a decision is O(N log N) at N nodes
-    // (the sort), not a scan of every candidate for every member.
-    let index: HashMap<&str, &Candidate> = s
-        .candidates
-        .iter()
-        .map(|c| (c.node_id.as_str(), c))
-        .collect();
-    let present = |id: &str| index.get(id).copied();
-    let max = cfg.max_nodes as usize;
-    let min = cfg.min_nodes as usize;
-    let next_number = s.current.map_or(0, |c| c.number + 1);
-    let mut by_join: Vec<&Candidate> = s.candidates.iter().filter(|c| c.ready).collect();
-    by_join.sort_by(|a, b| (a.joined_rev, &a.node_id).cmp(&(b.joined_rev, &b.node_id)));
-
-    let survivors: Vec<&String> = s
-        .current
-        .map(|c| c.members.iter().filter(|m| present(m).is_some()).collect())
-        .unwrap_or_default();
-
-    let Some(current) = s.current.filter(|_| !survivors.is_empty()) else {
+    let look = Look::new(now, s, *cfg);
+    match s.current.filter(|_| !look.survivors.is_empty()) {
         // A fresh run: nobody from a previous round is here.
-        let n = by_join.len();
-        let members = |k: usize| by_join.iter().take(k).map(|c| c.node_id.clone()).collect();
+        None => look.fresh(),
+        Some(current) => look.reform(current),
+    }
+}
+
+/// What one decision looks at: the registered nodes, indexed; the ready ones in join
+/// order; the current round's members still registered.
+struct Look<'a> {
+    now: Instant,
+    cfg: SealConfig,
+    /// Indexed once: every lookup is O(1), so a decision is O(N log N) at N nodes (the
+    /// sort), not a scan of every candidate for every member.
+    index: HashMap<&'a str, &'a Candidate>,
+    /// The nodes ready for the next round, in join order.
+    by_join: Vec<&'a Candidate>,
+    /// The current round's members that are still registered, in rank order.
+    survivors: Vec<&'a String>,
+    next_number: u64,
+    quiet_since: Instant,
+    reform_since: Option<Instant>,
+}
+
+/// Why the current round must re-form, as one look sees it.
+struct Breaks<'a> {
+    /// Members gone without having finished.
+    lost: Vec<&'a String>,
+    in_round: HashSet<&'a str>,
+    /// Ready nodes that are not members, in join order.
+    waiting: Vec<&'a Candidate>,
+    /// Waiting nodes can join: the round is below the maximum.
+    grow: bool,
+    /// Members that declare themselves ready for a later round: they stopped their
+    /// workers, so the round is broken even though nobody is lost.
+    left: Vec<&'a String>,
+}
+
+impl<'a> Look<'a> {
+    fn new(now: Instant, s: &SealState<'a>, cfg: SealConfig) -> Self {
+        let index: HashMap<&str, &Candidate> = s
+            .candidates
+            .iter()
+            .map(|c| (c.node_id.as_str(), c))
+            .collect();
+        let mut by_join: Vec<&Candidate> = s.candidates.iter().filter(|c| c.ready).collect();
+        by_join.sort_by(|a, b| (a.joined_rev, &a.node_id).cmp(&(b.joined_rev, &b.node_id)));
+        let survivors: Vec<&String> = s
+            .current
+            .map(|c| {
+                c.members
+                    .iter()
+                    .filter(|m| index.contains_key(m.as_str()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            now,
+            cfg,
+            index,
+            by_join,
+            survivors,
+            next_number: s.current.map_or(0, |c| c.number + 1),
+            quiet_since: s.quiet_since,
+            reform_since: s.reform_since,
+        }
+    }
+
+    fn present(&self, id: &str) -> Option<&'a Candidate> {
+        self.index.get(id).copied()
+    }
+
+    fn max(&self) -> usize {
+        self.cfg.max_nodes as usize
+    }
+
+    fn min(&self) -> usize {
+        self.cfg.min_nodes as usize
+    }
+
+    /// A fresh run: sealed at once with `max` nodes, else with at least `min` once none
+    /// joined or left for the last call.
+    fn fresh(&self) -> (SealDecision, String) {
+        let (n, max, min) = (self.by_join.len(), self.max(), self.min());
+        let members = |k: usize| {
+            self.by_join
+                .iter()
+                .take(k)
+                .map(|c| c.node_id.clone())
+                .collect()
+        };
         if n >= max {
             let p = Proposal {
-                number: next_number,
+                number: self.next_number,
                 members: members(max),
                 restart_count: 0,
             };
@@ -126,137 +195,165 @@ pub fn decide(now: Instant, s: &SealState<'_>, cfg: &SealConfig) -> (SealDecisio
                 format!("{max} nodes present (the maximum)"),
             );
         }
-        if n >= min {
-            let deadline = s.quiet_since + cfg.last_call;
-            if now >= deadline {
-                let p = Proposal {
-                    number: next_number,
-                    members: members(n),
-                    restart_count: 0,
-                };
-                return (
-                    SealDecision::Seal(p),
-                    format!(
-                        "{n} nodes present and none joined or left for the last call ({:?})",
-                        cfg.last_call
-                    ),
-                );
-            }
+        if n < min {
             return (
-                SealDecision::Wait {
-                    recheck_at: Some(deadline),
-                },
+                SealDecision::Wait { recheck_at: None },
+                format!("waiting for nodes: {n} of min {min} present"),
+            );
+        }
+        let deadline = self.quiet_since + self.cfg.last_call;
+        if self.now >= deadline {
+            let p = Proposal {
+                number: self.next_number,
+                members: members(n),
+                restart_count: 0,
+            };
+            return (
+                SealDecision::Seal(p),
                 format!(
-                    "{n} of max {max} nodes present; last call ends in {:?}",
-                    deadline - now
+                    "{n} nodes present and none joined or left for the last call ({:?})",
+                    self.cfg.last_call
                 ),
             );
         }
-        return (
-            SealDecision::Wait { recheck_at: None },
-            format!("waiting for nodes: {n} of min {min} present"),
-        );
-    };
-
-    let lost: Vec<&String> = current
-        .members
-        .iter()
-        .filter(|m| present(m).is_none() && !current.finished.contains(*m))
-        .collect();
-    let in_round: HashSet<&str> = current.members.iter().map(String::as_str).collect();
-    let waiting: Vec<&&Candidate> = by_join
-        .iter()
-        .filter(|c| !in_round.contains(c.node_id.as_str()))
-        .collect();
-    let grow = !waiting.is_empty() && current.members.len() < max;
-    // A member that declares itself ready for a later round has stopped its workers:
-    // the current round is broken even though nobody is lost.
-    let left: Vec<&String> = current
-        .members
-        .iter()
-        .filter(|m| present(m).is_some_and(|c| c.ready))
-        .collect();
-    if lost.is_empty() && !current.failed && !grow && left.is_empty() {
-        return (
-            SealDecision::Wait { recheck_at: None },
-            format!("round {} is intact", current.number),
-        );
-    }
-    let mut why = Vec::new();
-    if !lost.is_empty() {
-        why.push(format!("lost {}", join(&lost)));
-    }
-    if current.failed {
-        why.push("a worker failed".to_owned());
-    }
-    // Where the growth is said: once sealed, the waiting nodes are members, and the round
-    // record keeps the reason (status shows it while they run).
-    let grow_at = grow.then_some(why.len());
-    if grow {
-        why.push(format!("{} node(s) waiting to join", waiting.len()));
-    }
-    if why.is_empty() {
-        why.push(format!("{} stopped their workers", join(&left)));
-    }
-    let mut parts = why;
-    let why = parts.join(", ");
-
-    // After a failure every member says it stopped its workers before the next round is
-    // sealed: waiting for them keeps a dying peer's lease time to expire, so its death is
-    // not charged as a failure. After a loss (the failure too, once a loss is seen: it is
-    // not charged) or growth, survivors write nothing: the registrations still there are
-    // the proof they live, the round is sealed at once with every one of them, and they
-    // stop their workers when they see it. One write re-forms N nodes.
-    let wait_for_survivors = current.failed && lost.is_empty() && !current.departed;
-    let back = |m: &str| !wait_for_survivors || present(m).is_some_and(|c| c.ready);
-    let not_back: Vec<&String> = survivors.iter().copied().filter(|m| !back(m)).collect();
-    let since = s.reform_since.unwrap_or(now);
-    let deadline = since + cfg.straggler_timeout;
-    if !not_back.is_empty() && now < deadline {
-        return (
-            SealDecision::Reforming {
+        (
+            SealDecision::Wait {
                 recheck_at: Some(deadline),
             },
             format!(
-                "re-forming ({why}); waiting for {} to stop their workers",
-                join(&not_back)
+                "{n} of max {max} nodes present; last call ends in {:?}",
+                deadline - self.now
             ),
-        );
+        )
     }
-    let mut members: Vec<String> = survivors
-        .iter()
-        .filter(|m| back(m))
-        .map(|m| (*m).clone())
-        .collect();
-    members.extend(waiting.iter().map(|c| c.node_id.clone()));
-    members.truncate(max);
-    if members.len() < min {
-        return (
-            SealDecision::Reforming { recheck_at: None },
-            format!(
-                "re-forming ({why}); {} of min {min} nodes ready",
-                members.len()
-            ),
-        );
-    }
-    let charged = current.failed && lost.is_empty();
-    let restart_count = current.restart_count + u32::from(charged);
-    if let Some(i) = grow_at {
-        let admitted = members
+
+    /// What breaks `current`: members lost or stopped, nodes waiting to join.
+    fn breaks(&self, current: &'a Current) -> Breaks<'a> {
+        let lost = current
+            .members
             .iter()
-            .filter(|m| !in_round.contains(m.as_str()))
-            .count();
-        parts[i] = format!("admitted {admitted} waiting node(s)");
+            .filter(|m| self.present(m).is_none() && !current.finished.contains(*m))
+            .collect();
+        let in_round: HashSet<&str> = current.members.iter().map(String::as_str).collect();
+        let waiting: Vec<&Candidate> = self
+            .by_join
+            .iter()
+            .copied()
+            .filter(|c| !in_round.contains(c.node_id.as_str()))
+            .collect();
+        let grow = !waiting.is_empty() && current.members.len() < self.max();
+        let left = current
+            .members
+            .iter()
+            .filter(|m| self.present(m).is_some_and(|c| c.ready))
+            .collect();
+        Breaks {
+            lost,
+            in_round,
+            waiting,
+            grow,
+            left,
+        }
     }
-    let p = Proposal {
-        number: next_number,
-        members,
-        restart_count,
-    };
-    (
-        SealDecision::Seal(p),
-        format!("re-form ({})", parts.join(", ")),
-    )
+
+    /// A sealed round: kept while intact, else re-formed with its survivors (once they
+    /// are back, after a failure) and the nodes waiting, at most `max`.
+    fn reform(&self, current: &'a Current) -> (SealDecision, String) {
+        let b = self.breaks(current);
+        if b.lost.is_empty() && !current.failed && !b.grow && b.left.is_empty() {
+            return (
+                SealDecision::Wait { recheck_at: None },
+                format!("round {} is intact", current.number),
+            );
+        }
+        let (mut parts, grow_at) = b.reasons(current);
+        let why = parts.join(", ");
+        // After a failure every member says it stopped its workers before the next round
+        // is sealed: waiting for them keeps a dying peer's lease time to expire, so its
+        // death is not charged as a failure. After a loss (the failure too, once a loss is
+        // seen: it is not charged) or growth, survivors write nothing: the registrations
+        // still there are the proof they live, the round is sealed at once with every one
+        // of them, and they stop their workers when they see it. One write re-forms N
+        // nodes.
+        let wait_for_survivors = current.failed && b.lost.is_empty() && !current.departed;
+        let back = |m: &str| !wait_for_survivors || self.present(m).is_some_and(|c| c.ready);
+        let not_back: Vec<&String> = self
+            .survivors
+            .iter()
+            .copied()
+            .filter(|m| !back(m))
+            .collect();
+        let deadline = self.reform_since.unwrap_or(self.now) + self.cfg.straggler_timeout;
+        if !not_back.is_empty() && self.now < deadline {
+            return (
+                SealDecision::Reforming {
+                    recheck_at: Some(deadline),
+                },
+                format!(
+                    "re-forming ({why}); waiting for {} to stop their workers",
+                    join(&not_back)
+                ),
+            );
+        }
+        let mut members: Vec<String> = self
+            .survivors
+            .iter()
+            .filter(|m| back(m))
+            .map(|m| (*m).clone())
+            .collect();
+        members.extend(b.waiting.iter().map(|c| c.node_id.clone()));
+        members.truncate(self.max());
+        if members.len() < self.min() {
+            return (
+                SealDecision::Reforming { recheck_at: None },
+                format!(
+                    "re-forming ({why}); {} of min {} nodes ready",
+                    members.len(),
+                    self.min()
+                ),
+            );
+        }
+        let charged = current.failed && b.lost.is_empty();
+        if let Some(i) = grow_at {
+            let admitted = members
+                .iter()
+                .filter(|m| !b.in_round.contains(m.as_str()))
+                .count();
+            parts[i] = format!("admitted {admitted} waiting node(s)");
+        }
+        let p = Proposal {
+            number: self.next_number,
+            members,
+            restart_count: current.restart_count + u32::from(charged),
+        };
+        (
+            SealDecision::Seal(p),
+            format!("re-form ({})", parts.join(", ")),
+        )
+    }
+}
+
+impl Breaks<'_> {
+    /// The reasons to re-form, in words, and which of them says the growth (`None`: no
+    /// growth). Once sealed the waiting nodes are members, and the round record keeps the
+    /// reason (status shows it while they run): the growth is then said as admitted.
+    fn reasons(&self, current: &Current) -> (Vec<String>, Option<usize>) {
+        let mut why = Vec::new();
+        if !self.lost.is_empty() {
+            why.push(format!("lost {}", join(&self.lost)));
+        }
+        if current.failed {
+            why.push("a worker failed".to_owned());
+        }
+        let grow_at = self.grow.then_some(why.len());
+        if self.grow {
+            why.push(format!("{} node(s) waiting to join", self.waiting.len()));
+        }
+        if why.is_empty() {
+            why.push(format!("{} stopped their workers", join(&self.left)));
+        }
+        (why, grow_at)
+    }
 }
 
 /// Node ids named in a reason, at most [`NAMED`] of them: reasons are logged and stored in

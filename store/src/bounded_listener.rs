@@ -365,6 +365,28 @@ impl Table {
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Slot>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Seats a newcomer under `id` if [`admission`] lets it in, evicting an idle
+    /// connection to make room when the table is full; `false`: refused.
+    fn admit(&self, id: u64, slot: Slot, max_connections: usize, now: Instant) -> bool {
+        let mut conns = self.lock();
+        // Copied out: each state sits behind its own lock, and admission weighs them all.
+        let states: Vec<(u64, ConnState)> = conns
+            .iter()
+            .map(|(&id, s)| (id, *s.activity.lock()))
+            .collect();
+        match admission(states.iter().map(|(id, c)| (*id, c)), max_connections, now) {
+            Admission::Admit => {}
+            Admission::Evict(old) => {
+                if let Some(slot) = conns.remove(&old) {
+                    let _ = slot.evict.send(());
+                }
+            }
+            Admission::Refuse => return false,
+        }
+        conns.insert(id, slot);
+        true
+    }
 }
 
 /// Takes a connection out of the table when its task ends, however it ends.
@@ -397,16 +419,7 @@ pub async fn serve_tls(
     tls: Option<TlsAcceptor>,
     torchrun: Option<TorchrunSeen>,
 ) {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.idle_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(H2_PING)
-        .keep_alive_timeout(H2_PING);
+    let builder = connection_builder(&limits);
     let table = Arc::new(Table::default());
     let streams = limits.streams.map(|r| (r, Streams::new(r.max_streams)));
     let mut next_id = 0u64;
@@ -417,60 +430,26 @@ pub async fn serve_tls(
     let mut tasks = tokio::task::JoinSet::new();
     loop {
         while tasks.try_join_next().is_some() {}
-        let (stream, peer) = match listener.accept().await {
-            Ok((stream, peer)) => (stream, peer.ip()),
-            Err(e) => {
-                if let Some(held) = accept_errors.allow(Instant::now()) {
-                    tracing::warn!(error = %e, repeats = held, "{} cannot accept a connection; retrying", limits.name);
-                }
-                if let Some(pause) = accept_backoff(&e) {
-                    tokio::time::sleep(pause).await;
-                }
-                continue;
-            }
-        };
+        let (stream, peer) = accept_next(&listener, &limits, &mut accept_errors).await;
         let now = Instant::now();
         let activity = Arc::new(Activity(Mutex::new(ConnState::new(now))));
         let (evict_tx, evict_rx) = oneshot::channel();
         let id = next_id;
         next_id += 1;
-        {
-            let mut conns = table.lock();
-            let states: Vec<(u64, ConnState)> = conns
-                .iter()
-                .map(|(&id, s)| (id, *s.activity.lock()))
-                .collect();
-            match admission(
-                states.iter().map(|(id, c)| (*id, c)),
-                limits.max_connections,
-                now,
-            ) {
-                Admission::Admit => {}
-                Admission::Evict(old) => {
-                    if let Some(slot) = conns.remove(&old) {
-                        let _ = slot.evict.send(());
-                    }
-                }
-                Admission::Refuse => {
-                    drop(conns);
-                    if let Some(held) = refusals.allow(now) {
-                        tracing::warn!(
-                            max_connections = limits.max_connections,
-                            repeats = held,
-                            "{} refused a connection: every connection is busy",
-                            limits.name
-                        );
-                    }
-                    continue;
-                }
+        let slot = Slot {
+            activity: activity.clone(),
+            evict: evict_tx,
+        };
+        if !table.admit(id, slot, limits.max_connections, now) {
+            if let Some(held) = refusals.allow(now) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    repeats = held,
+                    "{} refused a connection: every connection is busy",
+                    limits.name
+                );
             }
-            conns.insert(
-                id,
-                Slot {
-                    activity: activity.clone(),
-                    evict: evict_tx,
-                },
-            );
+            continue;
         }
         let _ = stream.set_nodelay(true);
         let leave = Leave {
@@ -496,6 +475,44 @@ pub async fn serve_tls(
             tls.clone(),
             torchrun.clone(),
         ));
+    }
+}
+
+/// HTTP/1 and HTTP/2 alike, each with its own guard against a peer that goes quiet:
+/// a slow request head on HTTP/1, unanswered pings on HTTP/2.
+fn connection_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(H2_PING)
+        .keep_alive_timeout(H2_PING);
+    builder
+}
+
+/// The next connection and its peer's address. An accept error never ends the server:
+/// it is logged (throttled) and, when the system is short of something, waited out.
+async fn accept_next(
+    listener: &TcpListener,
+    limits: &Limits,
+    errors: &mut Throttle,
+) -> (TcpStream, IpAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => return (stream, peer.ip()),
+            Err(e) => {
+                if let Some(held) = errors.allow(Instant::now()) {
+                    tracing::warn!(error = %e, repeats = held, "{} cannot accept a connection; retrying", limits.name);
+                }
+                if let Some(pause) = accept_backoff(&e) {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
     }
 }
 

@@ -38,7 +38,7 @@ mod slurm;
 mod sources;
 mod workers;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -360,6 +360,23 @@ fn refuse_unsupported(a: &Args) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Whether `--nproc-per-node` was a number, the same on every node (not a device kind
+/// each node counts for itself).
+fn nproc_given(nproc_per_node: &str) -> bool {
+    matches!(
+        parse::nproc(nproc_per_node),
+        Ok(parse::NprocRequest::Count(_))
+    )
+}
+
+/// Completes an etcd (or c10d) rendezvous from the run, for the rules its peers follow;
+/// the other modes take nothing from it.
+fn complete_peers(mode: &mut Mode, run: &peers::Run<'_>) {
+    if let Mode::Etcd(m) = mode {
+        peers::complete(m, run);
+    }
+}
+
 impl Resolver<'_> {
     /// Every value in the order `--print-config` lists it; the first bad one is the error.
     fn resolve(mut self, mut a: Args) -> Result<Config, ConfigError> {
@@ -380,19 +397,9 @@ impl Resolver<'_> {
         let nproc_per_node = self.nproc_per_node(&a.nproc_per_node)?;
         let max_restarts = self.value("max-restarts", &a.max_restarts, whole_number)?;
         self.monitor_interval(&a.monitor_interval)?;
-        let mut rdzv_conf = self.rdzv_conf(&a.rdzv_conf)?;
-        if let Some((is_host, source)) = slurm_is_host {
-            rdzv_conf.insert("is_host".into(), is_host.to_string());
-            self.record("rdzv-conf is_host", is_host, source);
-        }
+        let rdzv_conf = self.rdzv_conf_with_slurm(&a.rdzv_conf, slurm_is_host)?;
         let node_rank = self.value("node-rank", &a.node_rank, whole_number)?;
-        let master_port = match &a.master_port {
-            // Recorded with the mode, which decides what the workers really get.
-            Some(p) => {
-                Some(parse::port(p).map_err(|reason| self.invalid("master-port", p, reason))?)
-            }
-            None => None,
-        };
+        let master_port = self.master_port(a.master_port.as_deref())?;
         let term_timeout = self.term_timeout(&a)?;
         let hang = self.hang(&a.hang_timeout, &a.hang_min)?;
         let health = self.health(&a)?;
@@ -400,10 +407,7 @@ impl Resolver<'_> {
         let failure = self.failure_policy(&a)?;
         let signals = self.value("signals-to-handle", &a.signals_to_handle, parse::signals)?;
         let console_events = self.flags_without_effect(&a)?;
-        self.value("role", &a.role, |s| match s {
-            "" => Err("must not be empty".into()),
-            _ => Ok(()),
-        })?;
+        self.role(&a.role)?;
         let group = GroupArgs {
             min_nodes,
             max_nodes,
@@ -414,28 +418,21 @@ impl Resolver<'_> {
         let mut mode = self.mode(&a, standalone, group, &rdzv_conf)?;
         let run_id = self.run_id(&a, &mode);
         let entrypoint = self.entrypoint(&a, program)?;
-        let nproc_given = matches!(
-            parse::nproc(&a.nproc_per_node),
-            Ok(parse::NprocRequest::Count(_))
-        );
-        if let Mode::Etcd(m) = &mut mode {
-            let run = peers::Run {
-                failure: &failure,
-                max_restarts,
-                nproc: nproc_given.then_some(nproc_per_node),
-                entrypoint: &entrypoint,
-            };
-            peers::complete(m, &run);
-        }
+        let nproc_given = nproc_given(&a.nproc_per_node);
+        let run = peers::Run {
+            failure: &failure,
+            max_restarts,
+            nproc: nproc_given.then_some(nproc_per_node),
+            entrypoint: &entrypoint,
+        };
+        complete_peers(&mut mode, &run);
         let prewarm = self.prewarm(&a, program)?;
         let logs = self.logs(&a)?;
         let log_format = self.log_format(&a.log_format)?;
         let status = self.status(&a.status_addr, matches!(mode, Mode::Standalone { .. }))?;
         self.local_addr(a.local_addr.as_deref(), &mode);
         if console_events {
-            self.warn(
-                "--event-log-handler console: the agent's events are its log lines (see --log-format json)",
-            );
+            self.warn_console_events();
         }
         self.check_virtual_local_rank(virtual_local_rank, nproc_per_node)?;
         Ok(Config {
@@ -463,6 +460,43 @@ impl Resolver<'_> {
             settings: self.settings,
             warnings: self.warnings,
         })
+    }
+
+    /// `--rdzv-conf`, with the `is_host` Slurm decided when the user gave none.
+    fn rdzv_conf_with_slurm(
+        &mut self,
+        raw: &str,
+        slurm_is_host: Option<(bool, Source)>,
+    ) -> Result<BTreeMap<String, String>, ConfigError> {
+        let mut rdzv_conf = self.rdzv_conf(raw)?;
+        if let Some((is_host, source)) = slurm_is_host {
+            rdzv_conf.insert("is_host".into(), is_host.to_string());
+            self.record("rdzv-conf is_host", is_host, source);
+        }
+        Ok(rdzv_conf)
+    }
+
+    /// `--master-port`, checked but not recorded: it is recorded with the mode, which
+    /// decides what the workers really get.
+    fn master_port(&self, given: Option<&str>) -> Result<Option<u16>, ConfigError> {
+        given
+            .map(|p| parse::port(p).map_err(|reason| self.invalid("master-port", p, reason)))
+            .transpose()
+    }
+
+    /// `--role`: any name but an empty one.
+    fn role(&mut self, role: &str) -> Result<(), ConfigError> {
+        self.value("role", role, |s| match s {
+            "" => Err("must not be empty".into()),
+            _ => Ok(()),
+        })
+    }
+
+    /// `--event-log-handler console` asks for what the log already does.
+    fn warn_console_events(&mut self) {
+        self.warn(
+            "--event-log-handler console: the agent's events are its log lines (see --log-format json)",
+        );
     }
 
     /// torchrun flags that are checked and shown but change nothing here. Returns whether

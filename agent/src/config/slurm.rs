@@ -29,10 +29,50 @@ pub(super) struct Given<'a> {
     pub signals: bool,
 }
 
+/// The flags Slurm can fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flag {
+    Nnodes,
+    RdzvId,
+    RdzvBackend,
+    RdzvEndpoint,
+    NodeRank,
+    NprocPerNode,
+    SignalsToHandle,
+}
+
+impl Flag {
+    /// The flag's long name, as the resolved configuration names its source.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Flag::Nnodes => "nnodes",
+            Flag::RdzvId => "rdzv-id",
+            Flag::RdzvBackend => "rdzv-backend",
+            Flag::RdzvEndpoint => "rdzv-endpoint",
+            Flag::NodeRank => "node-rank",
+            Flag::NprocPerNode => "nproc-per-node",
+            Flag::SignalsToHandle => "signals-to-handle",
+        }
+    }
+
+    /// Gives the flag `value` in `a`, as if the user had passed it.
+    fn set(self, a: &mut Args, value: String) {
+        match self {
+            Flag::Nnodes => a.nnodes = value,
+            Flag::RdzvId => a.rdzv_id = Some(value),
+            Flag::RdzvBackend => a.rdzv_backend = value,
+            Flag::RdzvEndpoint => a.rdzv_endpoint = value,
+            Flag::NodeRank => a.node_rank = value,
+            Flag::NprocPerNode => a.nproc_per_node = value,
+            Flag::SignalsToHandle => a.signals_to_handle = value,
+        }
+    }
+}
+
 /// One flag's value taken from Slurm, and where from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Fill {
-    pub flag: &'static str,
+    pub flag: Flag,
     pub value: String,
     pub source: Source,
 }
@@ -92,129 +132,24 @@ pub(super) fn plan(env: &dyn Fn(&str) -> Option<String>, given: &Given) -> Resul
         return Ok(Plan::default());
     };
     let mut fills = Vec::new();
-    let fill = |fills: &mut Vec<Fill>, flag, value: String, source| {
-        fills.push(Fill {
-            flag,
-            value,
-            source,
-        })
-    };
-
-    let nnodes = match given.nnodes {
-        Some(n) => n.to_owned(),
-        None => match first_of(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES") {
-            Some((var, n)) => {
-                let n = n.trim().to_owned();
-                whole_number(&n).map_err(|e| format!("{var}={n}: {e}"))?;
-                fill(&mut fills, "nnodes", n.clone(), Source::Env(var));
-                n
-            }
-            None => "1".to_owned(),
-        },
-    };
+    let nnodes = nnodes(env, given, &mut fills)?;
     let several = parse::nnodes(&nnodes).is_ok_and(|(_, max)| max > 1);
-
     if !given.rdzv_id {
-        let id = job_id.trim().to_owned();
-        fill(
-            &mut fills,
-            "rdzv-id",
-            id,
-            Source::Env("SLURM_JOB_ID".into()),
-        );
+        let source = Source::Env("SLURM_JOB_ID".into());
+        fills.push(Fill::new(Flag::RdzvId, job_id.trim().to_owned(), source));
     }
-
-    let backend = match given.backend {
-        Some(b) => b.trim().to_ascii_lowercase(),
-        None if several => {
-            let source = Source::Derived(
-                "Slurm: a step of several nodes and no backend given (the store served by the first node's agent)".into(),
-            );
-            fill(&mut fills, "rdzv-backend", "c10d".into(), source);
-            "c10d".into()
-        }
-        None => "static".into(),
-    };
-
-    let nodelist = first_of(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST");
-    // Only the first host is built, and the list matched against, never expanded.
-    let first = match &nodelist {
-        Some((var, list)) => Some(hostlist::first(list).map_err(|e| format!("{var}: {e}"))?),
-        None => None,
-    };
-    let first_host = |what: &str| {
-        let (var, list) = nodelist.as_ref()?;
-        let host = first.clone()?;
-        Some((
-            host,
-            Source::Derived(format!("Slurm: first host of {var}={list}{what}")),
-        ))
-    };
-    let endpoint = match given.endpoint {
-        Some(e) => Some(e.to_owned()),
-        None if backend == "c10d" && several => first_host(", c10d's port").map(|(h, source)| {
-            let e = format!("{h}:{}", fsdp_store::DEFAULT_PORT);
-            fill(&mut fills, "rdzv-endpoint", e.clone(), source);
-            e
-        }),
-        None if backend == "static" && several && !given.master_addr => first_host(", the master")
-            .map(|(h, source)| {
-                fill(&mut fills, "rdzv-endpoint", h.clone(), source);
-                h
-            }),
-        None => None,
-    };
-
+    let backend = backend(given, several, &mut fills);
+    let nodes = NodeList::from_env(env)?;
+    let endpoint = endpoint(given, &backend, several, nodes.as_ref(), &mut fills);
     if backend == "static" && several && !given.node_rank {
-        if let Some(rank) = env("SLURM_NODEID") {
-            let rank = rank.trim().to_owned();
-            whole_number(&rank).map_err(|e| format!("SLURM_NODEID={rank}: {e}"))?;
-            fill(
-                &mut fills,
-                "node-rank",
-                rank,
-                Source::Env("SLURM_NODEID".into()),
-            );
-        }
+        node_rank(env, &mut fills)?;
     }
-
     if !given.nproc_per_node {
-        if let Some(gpus) = env("SLURM_GPUS_ON_NODE") {
-            let gpus = gpus.trim().to_owned();
-            match whole_number(&gpus) {
-                Ok(n) if n > 0 && n <= fsdp_rendezvous::ranks::MAX_LOCAL_WORLD_SIZE => {
-                    let source = Source::Env("SLURM_GPUS_ON_NODE".into());
-                    fill(&mut fills, "nproc-per-node", gpus, source);
-                }
-                // No GPU on this node: the default count stands.
-                Ok(0) => {}
-                // Slurm writes a count; anything else (`-1`, `gpu:8`) was ignored without
-                // a word, and the node then ran one worker.
-                _ => {
-                    return Err(format!(
-                        "SLURM_GPUS_ON_NODE={gpus} is not a number of GPUs; give --nproc-per-node"
-                    ));
-                }
-            }
-        }
+        nproc_per_node(env, &mut fills)?;
     }
-
-    let is_host = match (&endpoint, &nodelist, env("SLURMD_NODENAME")) {
-        (Some(e), Some((_, list)), Some(me)) if backend == "c10d" && !given.is_host => {
-            let host = parse::split_host_port(e)
-                .map(|(h, _)| h)
-                .unwrap_or_default();
-            // The list was checked when its first host was read.
-            hostlist::contains(list, &host).unwrap_or(false).then(|| {
-                let here = host == me;
-                let how = if here { "is" } else { "is not" };
-                (
-                    here,
-                    Source::Derived(format!(
-                        "Slurm: this node (SLURMD_NODENAME={me}) {how} the endpoint's host"
-                    )),
-                )
-            })
+    let is_host = match (&endpoint, &nodes, env("SLURMD_NODENAME")) {
+        (Some(e), Some(nodes), Some(me)) if backend == "c10d" && !given.is_host => {
+            nodes.is_host(e, &me)
         }
         _ => None,
     };
@@ -232,14 +167,166 @@ pub(super) fn plan(env: &dyn Fn(&str) -> Option<String>, given: &Given) -> Resul
         let source = Source::Derived(
             "Slurm: sbatch --signal warns with SIGUSR1 or SIGUSR2 by convention; the agent passes them to the workers".into(),
         );
-        fill(
-            &mut fills,
-            "signals-to-handle",
+        fills.push(Fill::new(
+            Flag::SignalsToHandle,
             SLURM_SIGNALS.into(),
             source,
-        );
+        ));
     }
     Ok(Plan { fills, is_host })
+}
+
+impl Fill {
+    fn new(flag: Flag, value: String, source: Source) -> Self {
+        Fill {
+            flag,
+            value,
+            source,
+        }
+    }
+}
+
+/// The node count: the user's, else the step's (or job's), else one.
+fn nnodes(
+    env: &dyn Fn(&str) -> Option<String>,
+    given: &Given,
+    fills: &mut Vec<Fill>,
+) -> Result<String, String> {
+    if let Some(n) = given.nnodes {
+        return Ok(n.to_owned());
+    }
+    let Some((var, n)) = first_of(env, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES") else {
+        return Ok("1".to_owned());
+    };
+    let n = n.trim().to_owned();
+    whole_number(&n).map_err(|e| format!("{var}={n}: {e}"))?;
+    fills.push(Fill::new(Flag::Nnodes, n.clone(), Source::Env(var)));
+    Ok(n)
+}
+
+/// The rendezvous backend, lowercase: the user's, else c10d for several nodes (their
+/// agents must meet somewhere), else static.
+fn backend(given: &Given, several: bool, fills: &mut Vec<Fill>) -> String {
+    match given.backend {
+        Some(b) => b.trim().to_ascii_lowercase(),
+        None if several => {
+            let source = Source::Derived(
+                "Slurm: a step of several nodes and no backend given (the store served by the first node's agent)".into(),
+            );
+            fills.push(Fill::new(Flag::RdzvBackend, "c10d".into(), source));
+            "c10d".into()
+        }
+        None => "static".into(),
+    }
+}
+
+/// The step's (or job's) node list, with its first host.
+struct NodeList {
+    var: String,
+    list: String,
+    first: String,
+}
+
+impl NodeList {
+    /// Only the first host is built, and the list matched against, never expanded.
+    fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Self>, String> {
+        let Some((var, list)) = first_of(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST") else {
+            return Ok(None);
+        };
+        let first = hostlist::first(&list).map_err(|e| format!("{var}: {e}"))?;
+        Ok(Some(NodeList { var, list, first }))
+    }
+
+    /// The first host, with a source saying what it was taken for (`what`, e.g.
+    /// `", the master"`).
+    fn first_host(&self, what: &str) -> (String, Source) {
+        let NodeList { var, list, first } = self;
+        let source = Source::Derived(format!("Slurm: first host of {var}={list}{what}"));
+        (first.clone(), source)
+    }
+
+    /// Whether node `me` is the host of `endpoint`; `None` when the endpoint names no
+    /// node of the list.
+    fn is_host(&self, endpoint: &str, me: &str) -> Option<(bool, Source)> {
+        let host = parse::split_host_port(endpoint)
+            .map(|(h, _)| h)
+            .unwrap_or_default();
+        // The list was checked when its first host was read.
+        hostlist::contains(&self.list, &host)
+            .unwrap_or(false)
+            .then(|| {
+                let here = host == me;
+                let how = if here { "is" } else { "is not" };
+                (
+                    here,
+                    Source::Derived(format!(
+                        "Slurm: this node (SLURMD_NODENAME={me}) {how} the endpoint's host"
+                    )),
+                )
+            })
+    }
+}
+
+/// The rendezvous endpoint: the user's, else for several nodes the first host (c10d's
+/// store, or static's master unless `--master-addr` names it).
+fn endpoint(
+    given: &Given,
+    backend: &str,
+    several: bool,
+    nodes: Option<&NodeList>,
+    fills: &mut Vec<Fill>,
+) -> Option<String> {
+    if let Some(e) = given.endpoint {
+        return Some(e.to_owned());
+    }
+    let nodes = nodes.filter(|_| several)?;
+    let (value, source) = match backend {
+        "c10d" => {
+            let (h, source) = nodes.first_host(", c10d's port");
+            (format!("{h}:{}", fsdp_store::DEFAULT_PORT), source)
+        }
+        "static" if !given.master_addr => nodes.first_host(", the master"),
+        _ => return None,
+    };
+    fills.push(Fill::new(Flag::RdzvEndpoint, value.clone(), source));
+    Some(value)
+}
+
+/// A static job's node rank, from `SLURM_NODEID` when Slurm sets it.
+fn node_rank(env: &dyn Fn(&str) -> Option<String>, fills: &mut Vec<Fill>) -> Result<(), String> {
+    let Some(rank) = env("SLURM_NODEID") else {
+        return Ok(());
+    };
+    let rank = rank.trim().to_owned();
+    whole_number(&rank).map_err(|e| format!("SLURM_NODEID={rank}: {e}"))?;
+    let source = Source::Env("SLURM_NODEID".into());
+    fills.push(Fill::new(Flag::NodeRank, rank, source));
+    Ok(())
+}
+
+/// The worker count, from the GPUs Slurm gave this node.
+fn nproc_per_node(
+    env: &dyn Fn(&str) -> Option<String>,
+    fills: &mut Vec<Fill>,
+) -> Result<(), String> {
+    let Some(gpus) = env("SLURM_GPUS_ON_NODE") else {
+        return Ok(());
+    };
+    let gpus = gpus.trim().to_owned();
+    match whole_number(&gpus) {
+        Ok(n) if n > 0 && n <= fsdp_rendezvous::ranks::MAX_LOCAL_WORLD_SIZE => {
+            let source = Source::Env("SLURM_GPUS_ON_NODE".into());
+            fills.push(Fill::new(Flag::NprocPerNode, gpus, source));
+            Ok(())
+        }
+        // No GPU on this node: the default count stands.
+        Ok(0) => Ok(()),
+        // Slurm writes a count; anything else (`-1`, `gpu:8`) was ignored without
+        // a word, and the node then ran one worker.
+        _ => Err(format!(
+            "SLURM_GPUS_ON_NODE={gpus} is not a number of GPUs; give --nproc-per-node"
+        )),
+    }
 }
 
 impl Resolver<'_> {
@@ -264,17 +351,8 @@ impl Resolver<'_> {
         };
         let plan = plan(self.env, &given).map_err(ConfigError::Conflict)?;
         for f in plan.fills {
-            match f.flag {
-                "nnodes" => a.nnodes = f.value,
-                "rdzv-id" => a.rdzv_id = Some(f.value),
-                "rdzv-backend" => a.rdzv_backend = f.value,
-                "rdzv-endpoint" => a.rdzv_endpoint = f.value,
-                "node-rank" => a.node_rank = f.value,
-                "nproc-per-node" => a.nproc_per_node = f.value,
-                "signals-to-handle" => a.signals_to_handle = f.value,
-                other => unreachable!("Slurm fills no --{other}"),
-            }
-            self.filled.push((f.flag, f.source));
+            f.flag.set(a, f.value);
+            self.filled.push((f.flag.name(), f.source));
         }
         Ok(plan.is_host)
     }
@@ -307,15 +385,15 @@ mod tests {
     fn filled(p: &Plan) -> Vec<(&str, &str)> {
         p.fills
             .iter()
-            .filter(|f| f.flag != "signals-to-handle")
-            .map(|f| (f.flag, f.value.as_str()))
+            .filter(|f| f.flag != Flag::SignalsToHandle)
+            .map(|f| (f.flag.name(), f.value.as_str()))
             .collect()
     }
 
     fn signals(p: &Plan) -> Option<&str> {
         p.fills
             .iter()
-            .find(|f| f.flag == "signals-to-handle")
+            .find(|f| f.flag == Flag::SignalsToHandle)
             .map(|f| f.value.as_str())
     }
 

@@ -43,7 +43,7 @@ pub fn missing<'a>(
     before: &'a [RoundMember],
     after: &'a [RoundMember],
 ) -> impl Iterator<Item = &'a str> {
-    fsdp_rendezvous::gone::gone(before, after, RoundMember::node_id).into_iter()
+    fsdp_rendezvous::lacking::lacking(before, after, RoundMember::node_id).into_iter()
 }
 
 /// The loop's state that outlives a phase.

@@ -9,6 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use fsdp_rendezvous::RendezvousError;
+use fsdp_rendezvous::etcd::EtcdConfig;
 use fsdp_rendezvous::etcd::inspect::{LeftNode, MemberReport, RunReport, inspect};
 
 use crate::config::{etcd, parse};
@@ -53,34 +55,71 @@ struct StatusArgs {
 
 /// Runs the command; `argv` starts with the program name, then `status`.
 pub fn main(argv: Vec<OsString>) -> ExitCode {
-    let args = argv.into_iter().skip(2);
-    let a =
-        match StatusArgs::try_parse_from(std::iter::once("fsdp-agent status".into()).chain(args)) {
-            Ok(a) => a,
-            Err(e) if !e.use_stderr() => {
-                crate::console::out(&e.to_string());
-                return ExitCode::SUCCESS;
-            }
-            Err(e) => {
-                // One line, like the agent's own errors: clap spreads a missing argument
-                // over the lines after "were not provided:", then adds usage and tips.
-                let text = e.render().to_string();
-                let problem: Vec<&str> = text
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:"))
-                    .collect();
-                return usage(&format!(
-                    "{}; see fsdp-agent status --help",
-                    problem.join(" ").trim_start_matches("error: ")
-                ));
-            }
-        };
-    let conf = match parse::rdzv_conf(&a.rdzv_conf) {
-        Ok(c) => c,
-        Err(e) => return usage(&format!("--rdzv-conf: {e}")),
+    let a = match parse_args(argv) {
+        Ok(a) => a,
+        Err(code) => return code,
     };
+    let cfg = match rendezvous_config(&a) {
+        Ok(cfg) => cfg,
+        Err(e) => return usage(&e),
+    };
+    let runtime = match crate::runtime::build("fsdp-agent status") {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let result = runtime.block_on(query(&cfg));
+    match result {
+        Ok(Some(report)) => print_report(&report, a.json),
+        Ok(None) => {
+            say_err!(
+                "fsdp-agent status: error: no run '{}' under {}/ at {}; check --rdzv-id (and --rdzv-conf etcd_prefix)",
+                cfg.run_id,
+                cfg.prefix.trim_end_matches('/'),
+                cfg.options.endpoints.join(",")
+            );
+            ExitCode::from(exit_code::NO_SUCH_RUN)
+        }
+        Err(e) => {
+            crate::console::error("fsdp-agent status", &e.to_string());
+            ExitCode::from(if e.is_configuration() {
+                exit_code::CONFIG
+            } else {
+                exit_code::RENDEZVOUS_UNAVAILABLE
+            })
+        }
+    }
+}
+
+/// The command's flags; `Err` is the exit once help is shown or the mistake told.
+fn parse_args(argv: Vec<OsString>) -> Result<StatusArgs, ExitCode> {
+    let args = argv.into_iter().skip(2);
+    match StatusArgs::try_parse_from(std::iter::once("fsdp-agent status".into()).chain(args)) {
+        Ok(a) => Ok(a),
+        Err(e) if !e.use_stderr() => {
+            crate::console::out(&e.to_string());
+            Err(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            // One line, like the agent's own errors: clap spreads a missing argument
+            // over the lines after "were not provided:", then adds usage and tips.
+            let text = e.render().to_string();
+            let problem: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:"))
+                .collect();
+            Err(usage(&format!(
+                "{}; see fsdp-agent status --help",
+                problem.join(" ").trim_start_matches("error: ")
+            )))
+        }
+    }
+}
+
+/// Where to read the run, built as the agents build it from the same flags.
+fn rendezvous_config(a: &StatusArgs) -> Result<EtcdConfig, String> {
+    let conf = parse::rdzv_conf(&a.rdzv_conf).map_err(|e| format!("--rdzv-conf: {e}"))?;
     let built = match (a.rdzv_backend.to_ascii_lowercase().as_str(), &a.rdzv_id) {
         ("c10d", id) => etcd::build_c10d(
             &a.rdzv_endpoint,
@@ -107,68 +146,47 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             "--rdzv-backend {other}: status reads etcd or a c10d job's store"
         )),
     };
-    let mut cfg = match built {
-        Ok(m) => m.rendezvous,
-        Err(e) => return usage(&e),
-    };
+    let mut cfg = built?.rendezvous;
     // A status query should answer quickly: a short retry unless told otherwise.
     if !conf.contains_key("connect_timeout") {
         cfg.options.retry_window = Duration::from_secs(5);
     }
-    let runtime = match crate::runtime::build("fsdp-agent status") {
-        Ok(rt) => rt,
-        Err(code) => return code,
+    Ok(cfg)
+}
+
+/// The run's state, its slowest ranks and its latest hang's culprit; `None`: no such run.
+async fn query(cfg: &EtcdConfig) -> Result<Option<Shown>, RendezvousError> {
+    let mut client = fsdp_rendezvous::etcd::connect(&cfg.options).await?;
+    let Some(run) = inspect(&mut client, &cfg.prefix, &cfg.run_id).await? else {
+        return Ok(None);
     };
-    let result = runtime.block_on(async {
-        let mut client = fsdp_rendezvous::etcd::connect(&cfg.options).await?;
-        let Some(run) = inspect(&mut client, &cfg.prefix, &cfg.run_id).await? else {
-            return Ok(None);
-        };
-        let ranks = slowest_ranks(&run).await;
-        let last_hang = run.last_hang.as_ref().map(|h| {
-            let nodes: Vec<String> = h.reports.iter().map(|r| r.node_id.clone()).collect();
-            let blame = crate::hang::culprit::blame(&h.reports, &nodes);
-            format!("round {}: {}", h.round, blame.text)
-        });
-        Ok::<_, fsdp_rendezvous::RendezvousError>(Some(Shown {
-            run,
-            slowest_ranks: ranks,
-            last_hang,
-        }))
+    let ranks = slowest_ranks(&run).await;
+    let last_hang = run.last_hang.as_ref().map(|h| {
+        let nodes: Vec<String> = h.reports.iter().map(|r| r.node_id.clone()).collect();
+        let blame = crate::hang::culprit::blame(&h.reports, &nodes);
+        format!("round {}: {}", h.round, blame.text)
     });
-    match result {
-        Ok(Some(report)) => {
-            if a.json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(j) => crate::console::out(&format!("{j}\n")),
-                    Err(e) => {
-                        crate::console::error("fsdp-agent status", &e.to_string());
-                        return ExitCode::from(exit_code::INTERNAL);
-                    }
-                }
-            } else {
-                crate::console::out(&table(&report));
+    Ok(Some(Shown {
+        run,
+        slowest_ranks: ranks,
+        last_hang,
+    }))
+}
+
+/// The report on stdout, as JSON or a table.
+fn print_report(report: &Shown, json: bool) -> ExitCode {
+    if json {
+        match serde_json::to_string_pretty(report) {
+            Ok(j) => crate::console::out(&format!("{j}\n")),
+            Err(e) => {
+                crate::console::error("fsdp-agent status", &e.to_string());
+                return ExitCode::from(exit_code::INTERNAL);
             }
-            ExitCode::SUCCESS
         }
-        Ok(None) => {
-            say_err!(
-                "fsdp-agent status: error: no run '{}' under {}/ at {}; check --rdzv-id (and --rdzv-conf etcd_prefix)",
-                cfg.run_id,
-                cfg.prefix.trim_end_matches('/'),
-                cfg.options.endpoints.join(",")
-            );
-            ExitCode::from(exit_code::NO_SUCH_RUN)
-        }
-        Err(e) => {
-            crate::console::error("fsdp-agent status", &e.to_string());
-            ExitCode::from(if e.is_configuration() {
-                exit_code::CONFIG
-            } else {
-                exit_code::RENDEZVOUS_UNAVAILABLE
-            })
-        }
+    } else {
+        crate::console::out(&table(report));
     }
+    ExitCode::SUCCESS
 }
 
 fn usage(msg: &str) -> ExitCode {

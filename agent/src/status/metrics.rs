@@ -1,156 +1,40 @@
 //! The Prometheus text exposition of a [`Snapshot`]: a pure function, so its format is
 //! tested without a server.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use fsdp_proto::v1::Phase;
+use fsdp_proto::v1::{Phase, RankStatus};
 
 use super::{Snapshot, Timing};
 
 /// Renders every metric in Prometheus' text format (version 0.0.4).
 pub fn render(s: &Snapshot) -> String {
-    let st = &s.state;
     let mut out = String::new();
-    let phase = Phase::try_from(st.phase).unwrap_or(Phase::Unspecified);
-    // Labels are escaped: node ids and run ids come from the user.
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_info The agent's identity; always 1.\n# TYPE fsdp_agent_info gauge\n\
-         fsdp_agent_info{{node=\"{}\",run_id=\"{}\",backend=\"{}\",phase=\"{}\"}} 1",
-        escape(&st.node_id),
-        escape(&st.run_id),
-        escape(&st.backend),
-        phase_name(phase),
-    );
-    gauge(
+    group(&mut out, s);
+    counter_by(
         &mut out,
-        "fsdp_agent_round",
-        "The round this node's workers run in (0 before the first).",
-        st.round as f64,
+        "fsdp_agent_worker_exits_total",
+        "Workers of this node that exited on their own, by exit code or signal.",
+        "exit",
+        &s.worker_exits,
     );
-    gauge(
+    counter_by(
         &mut out,
-        "fsdp_agent_world_size",
-        "Workers in the round, over all nodes (WORLD_SIZE).",
-        f64::from(st.world_size),
+        "fsdp_agent_reforms_total",
+        "Times this node stopped its workers to re-form or restart, by reason.",
+        "reason",
+        &s.reforms,
     );
-    gauge(
+    counter_by(
         &mut out,
-        "fsdp_agent_members",
-        "Nodes in the round.",
-        st.members.len() as f64,
+        "fsdp_agent_member_losses_total",
+        "Members this node's group lost, by how the loss was noticed (refused: its process was gone; left: it revoked its lease; lease expiry: it went silent).",
+        "detection",
+        &s.losses,
     );
-    gauge(
-        &mut out,
-        "fsdp_agent_ready",
-        "1 while workers run in a sealed round.",
-        if st.ready { 1.0 } else { 0.0 },
-    );
-    gauge(
-        &mut out,
-        "fsdp_agent_restarts_used",
-        "Failure restarts the job used (TORCHELASTIC_RESTART_COUNT).",
-        f64::from(st.restarts_used),
-    );
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_worker_starts_total Worker starts of this node, warm (from a --prewarm spare) or cold.\n\
-         # TYPE fsdp_agent_worker_starts_total counter\n\
-         fsdp_agent_worker_starts_total{{start=\"warm\"}} {}\n\
-         fsdp_agent_worker_starts_total{{start=\"cold\"}} {}",
-        st.warm_starts, st.cold_starts
-    );
-    gauge(
-        &mut out,
-        "fsdp_agent_restarts_left",
-        "Failure restarts left before the job gives up (--max-restarts minus used).",
-        f64::from(st.restarts_left),
-    );
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_worker_exits_total Workers of this node that exited on their own, by exit code or signal.\n\
-         # TYPE fsdp_agent_worker_exits_total counter"
-    );
-    for (exit, n) in &s.worker_exits {
-        let _ = writeln!(
-            out,
-            "fsdp_agent_worker_exits_total{{exit=\"{}\"}} {n}",
-            escape(exit)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_reforms_total Times this node stopped its workers to re-form or restart, by reason.\n\
-         # TYPE fsdp_agent_reforms_total counter"
-    );
-    for (reason, n) in &s.reforms {
-        let _ = writeln!(
-            out,
-            "fsdp_agent_reforms_total{{reason=\"{}\"}} {n}",
-            escape(reason)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_member_losses_total Members this node's group lost, by how the loss was noticed (refused: its process was gone; left: it revoked its lease; lease expiry: it went silent).\n\
-         # TYPE fsdp_agent_member_losses_total counter"
-    );
-    for (how, n) in &s.losses {
-        let _ = writeln!(
-            out,
-            "fsdp_agent_member_losses_total{{detection=\"{}\"}} {n}",
-            escape(how)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_hangs_total Times this node's group was found hung (a worker stopped reporting progress).\n\
-         # TYPE fsdp_agent_hangs_total counter\n\
-         fsdp_agent_hangs_total {}",
-        s.hangs
-    );
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_health_check_failures_total Failed --health-check runs of this node.\n\
-         # TYPE fsdp_agent_health_check_failures_total counter\n\
-         fsdp_agent_health_check_failures_total {}\n\
-         # HELP fsdp_agent_unhealthy 1 while this node stays out of rounds because its health check fails.\n\
-         # TYPE fsdp_agent_unhealthy gauge\n\
-         fsdp_agent_unhealthy {}",
-        s.health_failures,
-        u8::from(!s.state.unhealthy.is_empty())
-    );
-    let families = [
-        (
-            "fsdp_agent_rank_last_step",
-            "The last step each local rank reported finished.",
-            0,
-        ),
-        (
-            "fsdp_agent_rank_step_seconds",
-            "The duration of each local rank's last step (stragglers are slow here).",
-            1,
-        ),
-        (
-            "fsdp_agent_rank_silent_seconds",
-            "Seconds since each local rank's last progress report.",
-            2,
-        ),
-    ];
-    for (name, help, which) in families {
-        if s.state.ranks.is_empty() {
-            break;
-        }
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for r in &s.state.ranks {
-            let v = match which {
-                0 => r.last_step as f64,
-                1 => r.step_seconds,
-                _ => r.silent_seconds,
-            };
-            let _ = writeln!(out, "{name}{{rank=\"{}\"}} {v}", r.rank);
-        }
-    }
+    health(&mut out, s);
+    ranks(&mut out, &s.state.ranks);
     summary(
         &mut out,
         "fsdp_agent_refused_detect_seconds",
@@ -169,6 +53,141 @@ pub fn render(s: &Snapshot) -> String {
         "From this node's group breaking to its workers running again.",
         &s.reform,
     );
+    rendezvous(&mut out, s);
+    out
+}
+
+/// The agent, its round and its restarts.
+fn group(out: &mut String, s: &Snapshot) {
+    let st = &s.state;
+    let phase = Phase::try_from(st.phase).unwrap_or(Phase::Unspecified);
+    // Labels are escaped: node ids and run ids come from the user.
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_info The agent's identity; always 1.\n# TYPE fsdp_agent_info gauge\n\
+         fsdp_agent_info{{node=\"{}\",run_id=\"{}\",backend=\"{}\",phase=\"{}\"}} 1",
+        escape(&st.node_id),
+        escape(&st.run_id),
+        escape(&st.backend),
+        phase_name(phase),
+    );
+    gauge(
+        out,
+        "fsdp_agent_round",
+        "The round this node's workers run in (0 before the first).",
+        st.round as f64,
+    );
+    gauge(
+        out,
+        "fsdp_agent_world_size",
+        "Workers in the round, over all nodes (WORLD_SIZE).",
+        f64::from(st.world_size),
+    );
+    gauge(
+        out,
+        "fsdp_agent_members",
+        "Nodes in the round.",
+        st.members.len() as f64,
+    );
+    gauge(
+        out,
+        "fsdp_agent_ready",
+        "1 while workers run in a sealed round.",
+        if st.ready { 1.0 } else { 0.0 },
+    );
+    gauge(
+        out,
+        "fsdp_agent_restarts_used",
+        "Failure restarts the job used (TORCHELASTIC_RESTART_COUNT).",
+        f64::from(st.restarts_used),
+    );
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_worker_starts_total Worker starts of this node, warm (from a --prewarm spare) or cold.\n\
+         # TYPE fsdp_agent_worker_starts_total counter\n\
+         fsdp_agent_worker_starts_total{{start=\"warm\"}} {}\n\
+         fsdp_agent_worker_starts_total{{start=\"cold\"}} {}",
+        st.warm_starts, st.cold_starts
+    );
+    gauge(
+        out,
+        "fsdp_agent_restarts_left",
+        "Failure restarts left before the job gives up (--max-restarts minus used).",
+        f64::from(st.restarts_left),
+    );
+}
+
+/// A counter per label value (`{label="value"}`), under one HELP and TYPE.
+fn counter_by(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    counts: &BTreeMap<String, u64>,
+) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (value, n) in counts {
+        let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {n}", escape(value));
+    }
+}
+
+/// Hangs and the health check.
+fn health(out: &mut String, s: &Snapshot) {
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_hangs_total Times this node's group was found hung (a worker stopped reporting progress).\n\
+         # TYPE fsdp_agent_hangs_total counter\n\
+         fsdp_agent_hangs_total {}",
+        s.hangs
+    );
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_health_check_failures_total Failed --health-check runs of this node.\n\
+         # TYPE fsdp_agent_health_check_failures_total counter\n\
+         fsdp_agent_health_check_failures_total {}\n\
+         # HELP fsdp_agent_unhealthy 1 while this node stays out of rounds because its health check fails.\n\
+         # TYPE fsdp_agent_unhealthy gauge\n\
+         fsdp_agent_unhealthy {}",
+        s.health_failures,
+        u8::from(!s.state.unhealthy.is_empty())
+    );
+}
+
+/// One number a family shows for each rank.
+type RankValue = fn(&RankStatus) -> f64;
+
+/// Each local rank's progress, the straggler view; nothing before the ranks report.
+fn ranks(out: &mut String, ranks: &[RankStatus]) {
+    if ranks.is_empty() {
+        return;
+    }
+    let families: [(&str, &str, RankValue); 3] = [
+        (
+            "fsdp_agent_rank_last_step",
+            "The last step each local rank reported finished.",
+            |r| r.last_step as f64,
+        ),
+        (
+            "fsdp_agent_rank_step_seconds",
+            "The duration of each local rank's last step (stragglers are slow here).",
+            |r| r.step_seconds,
+        ),
+        (
+            "fsdp_agent_rank_silent_seconds",
+            "Seconds since each local rank's last progress report.",
+            |r| r.silent_seconds,
+        ),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for r in ranks {
+            let _ = writeln!(out, "{name}{{rank=\"{}\"}} {}", r.rank, value(r));
+        }
+    }
+}
+
+/// The rendezvous' errors and the rounds this agent sealed.
+fn rendezvous(out: &mut String, s: &Snapshot) {
     let _ = writeln!(
         out,
         "# HELP fsdp_agent_rendezvous_errors_total Rendezvous errors (lost etcd connections, failed calls).\n\
@@ -186,7 +205,6 @@ pub fn render(s: &Snapshot) -> String {
          fsdp_agent_round_seals_held_total {}",
         s.rounds_sealed, s.seals_held
     );
-    out
 }
 
 fn gauge(out: &mut String, name: &str, help: &str, value: f64) {

@@ -214,54 +214,25 @@ impl WorkerGroup {
             .as_mut()
             .filter(|s| s.file.is_some())
             .map(|s| s.tail.insert(output::Tail::default()).clone());
-        let warm = match spares {
-            Some(spares) => {
-                let tried =
-                    start_warm(spares, cfg, local_rank, &overlay, [&out_wire, &err_wire]).await;
-                match tried {
-                    Ok(started) => {
-                        spares.counted(true, "");
-                        Some(started)
-                    }
-                    Err(why) => {
-                        tracing::info!(local_rank, reason = %why, "starting the worker cold");
-                        spares.counted(false, &why);
-                        None
-                    }
-                }
-            }
-            None => None,
-        };
+        let warm = try_warm(spares, cfg, local_rank, &overlay, [&out_wire, &err_wire]).await;
         let (child, pid) = match warm {
-            Some((child, [out, err])) => {
+            Some((child, pipes)) => {
                 let pid = child.id().unwrap_or(0);
                 tracing::info!(local_rank, pid, "worker started from its spare");
-                if let (Some(out), Some(sinks)) = (out, out_sinks) {
-                    self.pumps.spawn(output::pump(out, sinks));
-                }
-                if let (Some(err), Some(sinks)) = (err, err_sinks) {
-                    self.pumps.spawn(output::pump(err, sinks));
-                }
+                self.pump_output(pipes, [out_sinks, err_sinks]);
                 (Process::Spare(child), pid)
             }
             None => {
-                let (child, [out, err]) =
-                    start_cold(cfg, local_rank, &overlay, [&out_wire, &err_wire]).map_err(
-                        |source| SpawnError::Exec {
-                            local_rank,
-                            program: cfg.entrypoint.program.display().to_string(),
-                            source,
-                        },
-                    )?;
+                let (child, pipes) = start_cold(cfg, local_rank, &overlay, [&out_wire, &err_wire])
+                    .map_err(|source| SpawnError::Exec {
+                        local_rank,
+                        program: cfg.entrypoint.program.display().to_string(),
+                        source,
+                    })?;
                 let pid = child.id();
                 // Before any await: the PID-1 reaper must never wait for a worker leader.
                 reaper::register(pid);
-                if let (Some(out), Some(sinks)) = (out, out_sinks) {
-                    self.pumps.spawn(output::pump(out, sinks));
-                }
-                if let (Some(err), Some(sinks)) = (err, err_sinks) {
-                    self.pumps.spawn(output::pump(err, sinks));
-                }
+                self.pump_output(pipes, [out_sinks, err_sinks]);
                 (Process::Cold(child), pid)
             }
         };
@@ -281,6 +252,16 @@ impl WorkerGroup {
             error_file,
         });
         Ok(())
+    }
+
+    /// Carries a worker's piped streams (stdout, stderr) to their sinks; a stream not
+    /// piped reaches its destination without the agent.
+    fn pump_output(&mut self, pipes: [Option<Receiver>; 2], sinks: [Option<Sinks>; 2]) {
+        for (pipe, sinks) in pipes.into_iter().zip(sinks) {
+            if let (Some(pipe), Some(sinks)) = (pipe, sinks) {
+                self.pumps.spawn(output::pump(pipe, sinks));
+            }
+        }
     }
 
     /// Waits for the worker in a task of its own and reports its exit, with its error
@@ -688,6 +669,29 @@ impl Wire {
                 (writer, Some(Receiver::from_owned_fd(reader)?))
             }
         })
+    }
+}
+
+/// The worker started from its local rank's spare, when `--prewarm` keeps spares and
+/// one fits; why it starts cold instead is logged and counted.
+async fn try_warm(
+    spares: Option<&mut Spares>,
+    cfg: &Config,
+    local_rank: u32,
+    overlay: &spare::Overlay,
+    wires: [&Wire; 2],
+) -> Option<(Child, [Option<Receiver>; 2])> {
+    let spares = spares?;
+    match start_warm(spares, cfg, local_rank, overlay, wires).await {
+        Ok(started) => {
+            spares.counted(true, "");
+            Some(started)
+        }
+        Err(why) => {
+            tracing::info!(local_rank, reason = %why, "starting the worker cold");
+            spares.counted(false, &why);
+            None
+        }
     }
 }
 

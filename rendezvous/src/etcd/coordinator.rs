@@ -84,63 +84,13 @@ impl Coordinator {
 
     /// Updates the clocks from `v` as seen at `now` and asks [`seal::decide`] what to do.
     pub fn observe(&mut self, now: Instant, v: &View) -> Observation {
-        // Before the first round and below the minimum nothing can be sealed, and the
-        // whole look below copies every registration's id: at each of the N registrations
-        // of a formation that made the coordinator's CPU O(N²) (234 ms at 2,000 nodes in
-        // rdzv-bench). What [`seal::decide`] says there is known without it.
-        let min = self.cfg.min_nodes as usize;
-        if v.round.is_none() && v.members.len() < min {
-            // Whatever woke this look, the ids are taken afresh at the first full one,
-            // which a registration brings (only one makes the minimum): its clock starts
-            // there, as it would have.
-            self.member_ids.clear();
-            self.proposed = None;
-            let reason = format!(
-                "waiting for nodes: {} of min {min} present",
-                v.members.len()
-            );
-            return self.observation(
-                now,
-                v,
-                SealDecision::Wait { recheck_at: None },
-                reason,
-                None,
-            );
+        if let Some(waiting) = self.below_minimum(now, v) {
+            return waiting;
         }
-        let ids: BTreeSet<String> = v.members.keys().cloned().collect();
-        if ids != self.member_ids {
-            self.member_ids = ids;
-            self.quiet_since = now;
-        }
-        let current = v.round.as_ref().map(|r| Current {
-            number: r.record.number,
-            members: r.record.members.iter().map(|m| m.node_id.clone()).collect(),
-            restart_count: r.record.restart_count,
-            failed: v.failures.contains(&r.record.number),
-            finished: v.done.get(&r.record.number).cloned().unwrap_or_default(),
-            departed: r.record.members.iter().any(|m| {
-                v.departed
-                    .get(&m.node_id)
-                    .is_some_and(|d| d.incarnation >= m.incarnation)
-            }),
-        });
-        let candidates: Vec<Candidate> = v
-            .members
-            .values()
-            .map(|m| Candidate {
-                node_id: m.record.node_id.clone(),
-                joined_rev: m.create_rev,
-                ready: current
-                    .as_ref()
-                    .is_none_or(|c| m.record.wants_round > c.number),
-            })
-            .collect();
-        // A re-form clock belongs to one round: a newer round starts without one.
-        if let Some(c) = &current {
-            if self.reform.is_none_or(|(n, _)| n != c.number) {
-                self.reform = None;
-            }
-        }
+        self.note_members(now, v);
+        let current = current(v);
+        let candidates = candidates(v, current.as_ref());
+        self.forget_older_reform(current.as_ref());
         let state = SealState {
             current: current.as_ref(),
             candidates: &candidates,
@@ -151,42 +101,107 @@ impl Coordinator {
         if let SealDecision::Seal(p) = &mut decision {
             p.number = first_number_all_wait_for(p, v);
         }
-        let mut held = None;
+        let held = self.pace(now, v, current.as_ref(), &mut decision);
+        self.start_reform(now, current.as_ref(), &decision);
+        self.observation(now, v, decision, reason, held)
+    }
+
+    /// The observation of a view with no round and fewer registrations than the minimum,
+    /// where nothing can be sealed; `None` for any other view.
+    ///
+    /// The full look of [`Coordinator::observe`] copies every registration's id: at each
+    /// of the N registrations of a formation that made the coordinator's CPU O(N²) (234 ms
+    /// at 2,000 nodes in rdzv-bench). What [`seal::decide`] says here is known without it.
+    fn below_minimum(&mut self, now: Instant, v: &View) -> Option<Observation> {
+        let min = self.cfg.min_nodes as usize;
+        if v.round.is_some() || v.members.len() >= min {
+            return None;
+        }
+        // Whatever woke this look, the ids are taken afresh at the first full one, which a
+        // registration brings (only one makes the minimum): its clock starts there, as it
+        // would have.
+        self.member_ids.clear();
         self.proposed = None;
-        if let SealDecision::Seal(p) = &decision {
-            let basis = basis(v);
-            // A round that only drops members is no loop: there are only so many to drop.
-            // Held, a job torn down node by node (every pod deleted at once) logged "sealed
-            // too fast" at each of its ends.
-            let pace = if only_drops(p, current.as_ref()) {
-                PaceDecision::Go
-            } else {
-                self.pace.check(now, basis)
-            };
-            match pace {
-                PaceDecision::Go => self.proposed = Some(basis),
-                PaceDecision::Hold { until, why, rule } => {
-                    decision = SealDecision::Reforming {
-                        recheck_at: Some(until),
-                    };
-                    if self.held_until != Some(until) {
-                        self.held_until = Some(until);
-                        held = Some((why, rule));
-                    }
-                }
+        let reason = format!(
+            "waiting for nodes: {} of min {min} present",
+            v.members.len()
+        );
+        Some(self.observation(
+            now,
+            v,
+            SealDecision::Wait { recheck_at: None },
+            reason,
+            None,
+        ))
+    }
+
+    /// The registered nodes of `v`: when they changed, the last call starts again at `now`.
+    fn note_members(&mut self, now: Instant, v: &View) {
+        let ids: BTreeSet<String> = v.members.keys().cloned().collect();
+        if ids != self.member_ids {
+            self.member_ids = ids;
+            self.quiet_since = now;
+        }
+    }
+
+    /// A re-form clock belongs to one round: a newer round starts without one.
+    fn forget_older_reform(&mut self, current: Option<&Current>) {
+        if let Some(c) = current {
+            if self.reform.is_none_or(|(n, _)| n != c.number) {
+                self.reform = None;
             }
         }
+    }
+
+    /// Holds a seal in `decision` back when rounds come too fast ([`crate::pace`]), and
+    /// remembers what a seal that goes rests on. Returns why a hold that is new holds.
+    fn pace(
+        &mut self,
+        now: Instant,
+        v: &View,
+        current: Option<&Current>,
+        decision: &mut SealDecision,
+    ) -> Option<(String, HoldRule)> {
+        self.proposed = None;
+        let SealDecision::Seal(p) = &*decision else {
+            return None;
+        };
+        let basis = basis(v);
+        // A round that only drops members is no loop: there are only so many to drop.
+        // Held, a job torn down node by node (every pod deleted at once) logged "sealed
+        // too fast" at each of its ends.
+        let pace = if only_drops(p, current) {
+            PaceDecision::Go
+        } else {
+            self.pace.check(now, basis)
+        };
+        match pace {
+            PaceDecision::Go => {
+                self.proposed = Some(basis);
+                None
+            }
+            PaceDecision::Hold { until, why, rule } => {
+                *decision = SealDecision::Reforming {
+                    recheck_at: Some(until),
+                };
+                if self.held_until == Some(until) {
+                    return None;
+                }
+                self.held_until = Some(until);
+                Some((why, rule))
+            }
+        }
+    }
+
+    /// A decision that breaks the current round starts its re-form clock, once per round.
+    fn start_reform(&mut self, now: Instant, current: Option<&Current>, decision: &SealDecision) {
         let breaking = matches!(
             decision,
             SealDecision::Reforming { .. } | SealDecision::Seal(_)
         );
-        if let Some(c) = current
-            .as_ref()
-            .filter(|_| breaking && self.reform.is_none())
-        {
+        if let Some(c) = current.filter(|_| breaking && self.reform.is_none()) {
             self.reform = Some((c.number, now));
         }
-        self.observation(now, v, decision, reason, held)
     }
 
     /// `decision`, for `reason`, as an [`Observation`]: whether the reason is worth a
@@ -214,6 +229,34 @@ impl Coordinator {
             held,
         }
     }
+}
+
+/// The round `v` holds, as the seal rule sees it.
+fn current(v: &View) -> Option<Current> {
+    v.round.as_ref().map(|r| Current {
+        number: r.record.number,
+        members: r.record.members.iter().map(|m| m.node_id.clone()).collect(),
+        restart_count: r.record.restart_count,
+        failed: v.failures.contains(&r.record.number),
+        finished: v.done.get(&r.record.number).cloned().unwrap_or_default(),
+        departed: r.record.members.iter().any(|m| {
+            v.departed
+                .get(&m.node_id)
+                .is_some_and(|d| d.incarnation >= m.incarnation)
+        }),
+    })
+}
+
+/// The registered nodes of `v`, each ready once it asks for a round after `current`.
+fn candidates(v: &View, current: Option<&Current>) -> Vec<Candidate> {
+    v.members
+        .values()
+        .map(|m| Candidate {
+            node_id: m.record.node_id.clone(),
+            joined_rev: m.create_rev,
+            ready: current.is_none_or(|c| m.record.wants_round > c.number),
+        })
+        .collect()
 }
 
 /// Whether `p` keeps some of `current`'s members and adds nobody: a group shrinking.

@@ -29,10 +29,12 @@
 //! count; no live agent is evicted; and no loop: at most [`SEALS_PER_CHANGE`] rounds are
 //! sealed between two faults. A violation panics with the trace of events that led to it.
 //!
-//! Two switches put back what issue 26 fixed, and the search finds both reproductions by
-//! itself: departures read without incarnations (the frozen agent's loop), and the old
-//! store (lease ids from 1 again after a restart, evictions unchecked: a live agent
-//! evicted, the c10d reproduction's root).
+//! Two switches put back two faults seen outside testing, and the search finds both by
+//! itself: departures read without incarnations (an agent frozen past its lease read its
+//! own old registration's departure as a loss in every later round, ~600 rounds a
+//! second), and the old store (lease ids from 1 again after a restart, evictions
+//! unchecked: a live agent evicted, the root of a c10d run whose host died with the store
+//! it served).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::hash::{Hash, Hasher};
@@ -48,8 +50,8 @@ mod events;
 #[cfg(test)]
 mod tests;
 
-/// Rounds sealed between two faults before the search calls it a loop (the issue 27
-/// invariant: a membership change costs at most three rounds).
+/// Rounds sealed between two faults before the search calls it a loop: a membership
+/// change costs at most three rounds, so more without a new fault is one.
 const SEALS_PER_CHANGE: u32 = 3;
 const NODES: [&str; 3] = ["a", "b", "c"];
 
@@ -88,7 +90,7 @@ struct World {
     revoked: BTreeSet<i64>,
     /// Agents whose lease someone else revoked: they renew it (the next incarnation).
     lease_lost: BTreeSet<&'static str>,
-    /// The store and ring watcher before issue 26: a store restarted empty grants lease ids
+    /// The store and ring watcher as they were before a live agent was evicted: a store restarted empty grants lease ids
     /// from 1 again, and a ring watcher revokes the id its round names without checking it
     /// still holds the dead node's registration.
     old_store: bool,

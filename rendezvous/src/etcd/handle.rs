@@ -40,13 +40,109 @@ pub struct EtcdRendezvous {
 /// The ring watcher and what it watches. A new round whose neighbour is the same
 /// registration keeps it: at 1,000 nodes a re-form changes one node's neighbour, and
 /// 999 streams torn down and opened again cost the re-form about half a second on two
-/// cores (issue 30), besides leaving every node unwatched while its new watcher settles.
+/// cores, besides leaving every node unwatched while its new watcher settles.
 pub(super) struct Watching {
     _watcher: liveness::Watcher,
     /// Node, incarnation, lease and status address of the neighbour watched.
     target: (String, u64, i64, String),
     /// The round the watch serves now (a proof of death names it).
     round: Arc<AtomicU64>,
+}
+
+/// `--nnodes MIN:MAX` must have 0 < MIN <= MAX.
+fn check_nnodes(cfg: &EtcdConfig) -> Result<(), RendezvousError> {
+    if cfg.min_nodes == 0 || cfg.min_nodes > cfg.max_nodes {
+        return Err(RendezvousError::InvalidConfig(format!(
+            "nnodes {}:{} is not 0 < MIN <= MAX",
+            cfg.min_nodes, cfg.max_nodes
+        )));
+    }
+    Ok(())
+}
+
+/// The membership lease granted at join, and when: the session maps the moment of the
+/// grant onto the Unix time then.
+struct Granted {
+    id: i64,
+    at: Instant,
+    unix_ms: u64,
+}
+
+/// Grants the membership lease of `ttl_s` seconds, asking again for at most `window`
+/// while etcd is overloaded.
+async fn grant_lease(
+    client: &Client,
+    window: Duration,
+    ttl_s: i64,
+) -> Result<Granted, RendezvousError> {
+    // The moment of the grant that took, with the Unix time then.
+    let (mut at, mut unix_ms) = (Instant::now(), crate::unix_ms());
+    let grant = while_overloaded(window, || {
+        (at, unix_ms) = (Instant::now(), crate::unix_ms());
+        let mut client = client.clone();
+        async move { client.lease_grant(ttl_s, None).await }
+    })
+    .await
+    .map_err(|e| RendezvousError::Etcd {
+        what: "granting the membership lease",
+        source: e.into(),
+    })?;
+    Ok(Granted {
+        id: grant.id(),
+        at,
+        unix_ms,
+    })
+}
+
+/// The session's configuration for the agent of `cfg`, on the lease granted at join.
+fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) -> SessionConfig {
+    SessionConfig {
+        keys: keys.clone(),
+        node_id: cfg.node_id.clone(),
+        addr: cfg.addr.clone(),
+        status_addr: cfg.status_addr.clone().unwrap_or_default(),
+        local_world_size: cfg.local_world_size,
+        ttl: Duration::from_secs(ttl_s as u64),
+        outage_limit: cfg.outage_timeout,
+        fence_margin: cfg.margin(),
+        seal: SealConfig {
+            min_nodes: cfg.min_nodes,
+            max_nodes: cfg.max_nodes,
+            last_call: cfg.last_call,
+            straggler_timeout: cfg.straggler_timeout,
+        },
+        several_endpoints: cfg.options.endpoints.len() > 1,
+        budget: cfg.budget,
+        job: cfg.job.clone(),
+        fresh_store: cfg.fresh_store,
+        can_probe: true,
+        embedded_store: cfg.options.embedded_store,
+        lease: lease.id,
+        granted_at: lease.at,
+        unix_ms_at_grant: lease.unix_ms,
+        first_incarnation: session::first_incarnation(lease.unix_ms),
+        allowed: Allowed {
+            nodes: 1..=cfg.max_nodes.min(*cfg.allowed.nodes.end()),
+            ..cfg.allowed.clone()
+        },
+    }
+}
+
+/// Waits for the session's first read of the run, for at most `window`; the session is
+/// stopped when it does not come.
+async fn first_sync(
+    view: &mut watch::Receiver<View>,
+    session: &JoinHandle<()>,
+    window: Duration,
+) -> Result<(), RendezvousError> {
+    let synced = view.wait_for(|v| v.connected);
+    if tokio::time::timeout(window, synced).await.is_err() {
+        session.abort();
+        return Err(RendezvousError::SessionEnded(
+            "etcd did not answer the first read of the run",
+        ));
+    }
+    Ok(())
 }
 
 impl Drop for EtcdRendezvous {
@@ -64,12 +160,7 @@ impl EtcdRendezvous {
 
     /// Joins the run over an existing connection (several simulated nodes can share one).
     pub async fn join(mut client: Client, mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
-        if cfg.min_nodes == 0 || cfg.min_nodes > cfg.max_nodes {
-            return Err(RendezvousError::InvalidConfig(format!(
-                "nnodes {}:{} is not 0 < MIN <= MAX",
-                cfg.min_nodes, cfg.max_nodes
-            )));
-        }
+        check_nnodes(&cfg)?;
         if cfg.node_id.is_empty() {
             cfg.node_id = new_node_id();
         }
@@ -77,71 +168,20 @@ impl EtcdRendezvous {
         let window = cfg.options.retry_window;
         refuse_nesting(&mut client, &keys, &cfg.prefix, window).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
-        // The moment of the grant that took, with the Unix time then: the session maps
-        // one onto the other.
-        let (mut granted_at, mut unix_ms_at_grant) = (Instant::now(), crate::unix_ms());
-        let grant = while_overloaded(window, || {
-            (granted_at, unix_ms_at_grant) = (Instant::now(), crate::unix_ms());
-            let mut client = client.clone();
-            async move { client.lease_grant(ttl_s, None).await }
-        })
-        .await
-        .map_err(|source| RendezvousError::Etcd {
-            what: "granting the membership lease",
-            source,
-        })?;
+        let lease = grant_lease(&client, window, ttl_s).await?;
         let writes = Arc::new(AtomicU64::new(1));
         let counters = Counters::default();
         let (tx, mut view) = watch::channel(View::default());
         let (commands, inbox) = mpsc::unbounded_channel();
         let machine = Machine::new(
-            SessionConfig {
-                keys: keys.clone(),
-                node_id: cfg.node_id.clone(),
-                addr: cfg.addr.clone(),
-                status_addr: cfg.status_addr.clone().unwrap_or_default(),
-                local_world_size: cfg.local_world_size,
-                ttl: Duration::from_secs(ttl_s as u64),
-                outage_limit: cfg.outage_timeout,
-                fence_margin: cfg.margin(),
-                seal: SealConfig {
-                    min_nodes: cfg.min_nodes,
-                    max_nodes: cfg.max_nodes,
-                    last_call: cfg.last_call,
-                    straggler_timeout: cfg.straggler_timeout,
-                },
-                several_endpoints: cfg.options.endpoints.len() > 1,
-                budget: cfg.budget,
-                job: cfg.job.clone(),
-                fresh_store: cfg.fresh_store,
-                can_probe: true,
-                embedded_store: cfg.options.embedded_store,
-                lease: grant.id(),
-                granted_at,
-                unix_ms_at_grant,
-                first_incarnation: session::first_incarnation(unix_ms_at_grant),
-                pick_port: |addr| crate::port::free_port(addr).ok(),
-                allowed: Allowed {
-                    nodes: 1..=cfg.max_nodes.min(*cfg.allowed.nodes.end()),
-                    ..cfg.allowed.clone()
-                },
-            },
+            session_config(&cfg, &keys, ttl_s, &lease),
             counters.clone(),
             writes.clone(),
         );
         let counter = client.clone();
         let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
         let session = tokio::spawn(driver.run());
-        let synced = view.wait_for(|v| v.connected);
-        if tokio::time::timeout(cfg.options.retry_window, synced)
-            .await
-            .is_err()
-        {
-            session.abort();
-            return Err(RendezvousError::SessionEnded(
-                "etcd did not answer the first read of the run",
-            ));
-        }
+        first_sync(&mut view, &session, cfg.options.retry_window).await?;
         let waiter = Waiter::new(
             cfg.node_id.clone(),
             cfg.local_world_size,
@@ -316,7 +356,7 @@ impl EtcdRendezvous {
 /// transaction, once, at start: a count per level of the prefix (its `members/` and
 /// `ctl/`) and the keys of the four gaps between this run's own keys, none of them O(N).
 /// Reading every key under the root made the k-th agent to join read k registrations,
-/// 50 million keys in all for 10,000 agents (issue 30); and as eight reads they were
+/// 50 million keys in all for 10,000 agents; and as eight reads they were
 /// eight of the sixteen requests an agent made to join, where etcd 3.4 copies its
 /// buffer of writes not yet committed for each one (a third of its CPU at formation).
 pub(super) async fn refuse_nesting(
@@ -356,7 +396,10 @@ pub(super) async fn refuse_nesting(
     })
     .await;
     let what = "checking that the run's keys nest in no other run, and none in it";
-    let failed = |source| RendezvousError::Etcd { what, source };
+    let failed = |e: etcd_client::Error| RendezvousError::Etcd {
+        what,
+        source: e.into(),
+    };
     let got: Vec<_> = answer
         .map_err(failed)?
         .op_responses()

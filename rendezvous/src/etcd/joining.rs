@@ -173,7 +173,7 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
                 // comes before the word of a loss, the round itself says who is missing
                 // (as the deleted registration said before; the agent tells a loss from a
                 // change of membership by it).
-                let missing = crate::gone::gone(&held.members, &r.members, |m| &m.node_id)
+                let missing = crate::lacking::lacking(&held.members, &r.members, |m| &m.node_id)
                     .into_iter()
                     .find(|id| *id != me && !done.is_some_and(|d| d.contains(*id)));
                 Some(match missing {
@@ -232,7 +232,8 @@ pub fn hang_report(h: &v1::HangReport) -> crate::HangReport {
 /// Whether this node's registration — incarnation `incarnation`, written and still in
 /// etcd — already makes it a member of round `wants`, so that asking for that round
 /// writes nothing: a re-form after a loss costs the coordinator's one round write, not
-/// one registration per survivor (1,000 of them at 1,000 nodes, issue 30).
+/// one registration per survivor (1,000 of them at 1,000 nodes, which put etcd behind
+/// until the group collapsed).
 ///
 /// It stands when the coordinator already sealed round `wants` (or a later one) with this
 /// incarnation in it, or when the round before `wants` names this incarnation and broke

@@ -28,7 +28,8 @@
 mod backend;
 mod connect;
 mod coordinator;
-#[cfg(test)]
+pub(crate) mod errors;
+#[cfg(all(test, feature = "sim"))]
 mod explore;
 mod handle;
 pub mod inspect;
@@ -49,13 +50,11 @@ pub mod waiting;
 
 use std::time::Duration;
 
-pub use connect::{
-    EtcdOptions, TlsFiles, connect, overloaded as is_overloaded, short_cause,
-    transient as is_transient,
-};
+pub use connect::{EtcdOptions, TlsFiles, connect};
+pub use errors::{overloaded as is_overloaded, short_cause, transient as is_transient};
 pub use keys::Keys;
 pub use record::Allowed;
-pub use session::{commit_round, lease_holds};
+pub use session::{Fault, FaultKind, commit_round, lease_holds};
 pub use view::View;
 
 /// Configuration of one agent's etcd rendezvous.

@@ -142,7 +142,7 @@ impl Probe {
 /// How long after a look the next one goes, after `lives` looks in a row that found etcd
 /// running: `every`, doubling from the second such look up to `ttl`. Every agent that
 /// cannot renew probes; when etcd is merely slow for everyone, a connection from each
-/// every quarter TTL was more load on it (issue 30: 100,000 probes a minute at 10,000
+/// every quarter TTL was more load on it (100,000 probes a minute at 10,000
 /// nodes). A proof that comes later only makes a fence likelier, never a lease outlive
 /// its clock.
 fn next_look(every: Duration, ttl: Duration, lives: u32) -> Duration {

@@ -21,14 +21,15 @@
 //!                                                coordinator's "lost"; the last 100 kept
 //! ```
 //!
-//! The declarations are in [`declared`]; adding a record is one `impl Record` there and
-//! one line in [`DECLARED`]. [`View::put`] and [`View::delete`] look keys up here, the
+//! The declarations are in [`declared`] and, for the round and the halt, `round.rs`;
+//! adding a record is one `impl Record` there and one line in [`DECLARED`]. [`View::put`] and [`View::delete`] look keys up here, the
 //! session writes an [`Outgoing`] as its [`Mode`] says, and [`super::Keys`] builds keys
 //! from a record's [`Place`].
 
 mod allowed;
 mod declared;
 mod memo;
+mod round;
 
 use std::time::Instant;
 

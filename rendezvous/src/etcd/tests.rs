@@ -52,7 +52,7 @@ fn a_round_whose_rank_0_died_before_publishing_the_master_is_skipped() {
     }
 }
 
-/// The livelock outside testing found (issue 26): an agent frozen past its lease saw its
+/// A livelock seen outside testing: an agent frozen past its lease saw its
 /// own old registration deleted while it waited for the next round, and read that
 /// departure as a loss in every round sealed after it, with its new registration:
 /// "the round broke before it started" ~600 times a second.
@@ -223,7 +223,8 @@ fn another_round_under_the_held_number_is_a_change_and_the_same_one_written_back
 }
 
 /// The round an agent runs holds the record's members themselves: building it at every
-/// re-form copies no member (issue 30), and the ranks still come from the record's order.
+/// re-form copies no member (a copy is N records per agent per re-form, 1,000 at 1,000
+/// nodes), and the ranks still come from the record's order.
 #[test]
 fn the_round_an_agent_runs_shares_the_records_members() {
     let v = view_with_round(&["b", "a", "c"]);

@@ -112,8 +112,8 @@ fn an_intact_round_stays() {
 }
 
 /// A loss re-forms at once with every survivor still registered, whether or not it said
-/// anything since: survivors write nothing, so a re-form of N nodes is one write (issue 30:
-/// at 1,000 nodes, waiting for 999 registrations put etcd behind and the group collapsed).
+/// anything since: survivors write nothing, so a re-form of N nodes is one write (at
+/// 1,000 nodes, waiting for 999 registrations put etcd behind and the group collapsed).
 #[test]
 fn a_lost_member_reforms_at_once_with_the_survivors_still_registered() {
     let t = Instant::now();

@@ -1,7 +1,8 @@
 //! The simulated etcd: the embedded store's pure state ([`fsdp_store::state`], the same
 //! rules the c10d store serves) behind the session's [`Op`]s, with the faults etcd has: a
 //! restart with its data (every lease a full TTL again, as a new leader gives them) or
-//! empty, a member of three lost, and the old store of issue 26 (lease ids from 1 again).
+//! empty, a member of three lost, and the old store (lease ids from 1 again after an empty
+//! restart, before they were made unique across restarts).
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,8 @@ pub struct SimEtcd {
     pub members_up: [bool; 3],
     /// Down for a restart until then.
     pub down_until: Option<Instant>,
-    /// Lease ids repeat from 1 after an empty restart (the store before issue 26).
+    /// Lease ids repeat from 1 after an empty restart (the store before
+    /// [`first_lease_id`] made them unique across restarts).
     old_store: bool,
     members: usize,
     /// Leases that ended (expired or revoked) in this epoch.
@@ -176,7 +178,10 @@ impl SimEtcd {
                 if revoked.is_none() {
                     self.ended.insert(*lease);
                 }
-                Answer::Departed { said, revoked }
+                Answer::Departed {
+                    said: said.map(Into::into),
+                    revoked: revoked.map(Into::into),
+                }
             }
             Op::Watch { .. } | Op::KeepAlive | Op::ReopenKeepAlive { .. } | Op::PickEndpoint => {
                 Answer::Done

@@ -1,4 +1,4 @@
-//! Deterministic simulation of the etcd rendezvous (issue 27): N agents, each the real
+//! Deterministic simulation of the etcd rendezvous: N agents, each the real
 //! session [`Machine`](crate::etcd::session::Machine) and the agent loop's rendezvous
 //! part (the real `step`, `detect` and `fence::decide`), over the embedded store's pure
 //! etcd ([`fsdp_store::state`]), with a simulated clock and network and simulated
@@ -39,10 +39,12 @@ pub use run::{mix, run, run_schedule};
 /// Fixes switched off, or a fence broken on purpose, to show the checker fails.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Switches {
-    /// Departures read without incarnations (before issue 26).
+    /// Departures read without incarnations, as before they named one: the frozen agent's
+    /// loop.
     pub old_departures: bool,
-    /// The store and ring watcher before issue 26: lease ids from 1 again after an empty
-    /// restart, and evictions that do not check the lease still holds the registration.
+    /// The store and ring watcher before their fix: lease ids from 1 again after an empty
+    /// restart, and evictions that do not check the lease still holds the registration (a
+    /// live agent evicted under a reused id).
     pub old_store: bool,
     /// Agents never fence themselves.
     pub broken_fence: bool,
@@ -101,8 +103,9 @@ impl Options {
         }
     }
 
-    /// Once faults stop, every live agent runs within this (the issue's TTL + last call +
-    /// 2 s).
+    /// Once faults stop, every live agent runs within this: TTL + last call + 2 s, the
+    /// time for a dead member's lease to expire and the last call to run out, and 2 s for
+    /// the round to be sealed and reach every agent.
     pub fn liveness_bound(&self) -> Duration {
         self.ttl + self.last_call + Duration::from_secs(2)
     }

@@ -2,6 +2,8 @@
 //! out, keep-alives, lease expiry, and watch events delivered by revision, in order on each
 //! stream.
 
+use std::time::Instant;
+
 use fsdp_proto::v1;
 use fsdp_store::state::WatchSpec;
 
@@ -58,71 +60,13 @@ impl World {
             }
         }
         let through = !self.agents[a].cut && self.etcd.serves(now, self.agents[a].pinned, three);
-        let answer = if !through {
-            // A cut network times out; a stopped etcd refuses at once.
-            let wait = if self.agents[a].cut {
-                self.rng.range(1_000, 3_000)
-            } else {
-                self.rng.range(1, 20)
-            };
-            return self.after(
-                wait,
-                Ev::Deliver {
-                    a,
-                    process,
-                    input: Input::Answer(Err(cut())),
-                },
-            );
-        } else if self.agents[a].slow && is_request(&op) && self.rng.chance(30) {
-            // A slow etcd answers "request timed out" to some requests, having applied
-            // some of them anyway (the proposal committed after the server gave up
-            // waiting): the session sends the same op again.
-            self.expire();
-            let applied = self.rng.chance(50);
-            if applied {
-                let answer = self.etcd.execute(&op, now);
-                self.after_write(&op, &answer);
-                self.broadcast();
-            }
-            self.note(|| {
-                format!(
-                    "etcd: n{a}'s {} timed out (applied: {applied})",
-                    op_name(&op)
-                )
-            });
-            Err(timed_out())
+        if !through {
+            return self.refuse(a, process);
+        }
+        let answer = if self.agents[a].slow && is_request(&op) && self.rng.chance(30) {
+            self.time_out_overloaded(a, &op, now)
         } else {
-            self.expire();
-            if let Op::Watch { role, from, lease } = &op {
-                let (g, rev) = (self.agents[a].streams, self.etcd.state.revision());
-                self.note(|| {
-                    format!("n{a} watches as {role:?} from {from} (etcd at {rev}, streams {g})")
-                });
-                self.agents[a].watching = Some(Watching {
-                    role: *role,
-                    next_rev: *from,
-                    lease: *lease,
-                });
-            }
-            if let Op::Watch { .. } | Op::ReopenKeepAlive { .. } = &op {
-                self.agents[a].keep_alive_ended = false;
-            }
-            if let Op::Watch { .. } = &op {
-                // The watch's first answer: the revision etcd is at.
-                let (streams, revision) = (self.agents[a].streams, self.etcd.state.revision());
-                let lat = self.latency(a);
-                self.after(
-                    lat + 1,
-                    Ev::Stream {
-                        a,
-                        streams,
-                        input: Input::WatchCreated { revision },
-                    },
-                );
-            }
-            let answer = self.etcd.execute(&op, now);
-            self.after_write(&op, &answer);
-            answer
+            self.serve_op(a, &op, now)
         };
         let lat = self.latency(a);
         self.after(
@@ -130,10 +74,90 @@ impl World {
             Ev::Deliver {
                 a,
                 process,
-                input: Input::Answer(answer),
+                input: Input::Answer(answer.map_err(Into::into)),
             },
         );
         self.broadcast();
+    }
+
+    /// An op that does not get through: a cut network times out; a stopped etcd refuses
+    /// at once.
+    fn refuse(&mut self, a: usize, process: u64) {
+        let wait = if self.agents[a].cut {
+            self.rng.range(1_000, 3_000)
+        } else {
+            self.rng.range(1, 20)
+        };
+        self.after(
+            wait,
+            Ev::Deliver {
+                a,
+                process,
+                input: Input::Answer(Err(cut().into())),
+            },
+        );
+    }
+
+    /// A slow etcd answers "request timed out" to some requests, having applied some of
+    /// them anyway (the proposal committed after the server gave up waiting): the session
+    /// sends the same op again.
+    fn time_out_overloaded(
+        &mut self,
+        a: usize,
+        op: &Op,
+        now: Instant,
+    ) -> Result<Answer, etcd_client::Error> {
+        self.expire();
+        let applied = self.rng.chance(50);
+        if applied {
+            let answer = self.etcd.execute(op, now);
+            self.after_write(op, &answer);
+            self.broadcast();
+        }
+        self.note(|| {
+            format!(
+                "etcd: n{a}'s {} timed out (applied: {applied})",
+                op_name(op)
+            )
+        });
+        Err(timed_out())
+    }
+
+    /// An op etcd carries out against the store; a watch is opened first.
+    fn serve_op(&mut self, a: usize, op: &Op, now: Instant) -> Result<Answer, etcd_client::Error> {
+        self.expire();
+        match op {
+            Op::Watch { role, from, lease } => self.open_watch(a, *role, *from, *lease),
+            // A new keep-alive stream beside the open watches.
+            Op::ReopenKeepAlive { .. } => self.agents[a].keep_alive_ended = false,
+            _ => {}
+        }
+        let answer = self.etcd.execute(op, now);
+        self.after_write(op, &answer);
+        answer
+    }
+
+    /// Agent `a`'s watches open, as `role` from revision `from`, with a new keep-alive
+    /// stream for `lease`; their first answer says the revision etcd is at.
+    fn open_watch(&mut self, a: usize, role: Role, from: i64, lease: i64) {
+        let (g, rev) = (self.agents[a].streams, self.etcd.state.revision());
+        self.note(|| format!("n{a} watches as {role:?} from {from} (etcd at {rev}, streams {g})"));
+        self.agents[a].watching = Some(Watching {
+            role,
+            next_rev: from,
+            lease,
+        });
+        self.agents[a].keep_alive_ended = false;
+        let (streams, revision) = (self.agents[a].streams, self.etcd.state.revision());
+        let lat = self.latency(a);
+        self.after(
+            lat + 1,
+            Ev::Stream {
+                a,
+                streams,
+                input: Input::WatchCreated { revision },
+            },
+        );
     }
 
     /// A keep-alive reaches etcd.
@@ -157,7 +181,7 @@ impl World {
                 Ev::Stream {
                     a,
                     streams,
-                    input: Input::KeepAliveFailed(timed_out()),
+                    input: Input::KeepAliveFailed(timed_out().into()),
                 },
             );
         }
@@ -347,7 +371,7 @@ impl World {
             Ev::Stream {
                 a,
                 streams,
-                input: Input::StreamFailed(cut()),
+                input: Input::StreamFailed(cut().into()),
             },
         );
     }

@@ -162,7 +162,6 @@ fn probe(w: &mut World, a: usize, process: u64) {
 fn fault(w: &mut World, f: Fault) {
     w.faults_applied += 1;
     w.changed(1);
-    let now = w.now();
     w.note(|| format!("fault: {f:?}"));
     match f {
         Fault::Start(a) => w.start(a),
@@ -179,29 +178,11 @@ fn fault(w: &mut World, f: Fault) {
             }
         }
         Fault::Thaw(a) => thaw(w, a),
-        Fault::Cut(a) => {
-            if !w.agents[a].cut {
-                w.agents[a].cut = true;
-                let delay = w.rng.range(500, 3_000);
-                w.fail_streams(a, delay);
-            }
-        }
+        Fault::Cut(a) => cut_network(w, a),
         Fault::Heal(a) => w.agents[a].cut = false,
         Fault::Slow(a) => w.agents[a].slow = true,
         Fault::Fast(a) => w.agents[a].slow = false,
-        Fault::CancelWatch(a) => {
-            let streams = w.agents[a].streams;
-            if w.agents[a].watching.is_some() {
-                w.after(
-                    1,
-                    Ev::Stream {
-                        a,
-                        streams,
-                        input: Input::WatchEnded,
-                    },
-                );
-            }
-        }
+        Fault::CancelWatch(a) => cancel_watch(w, a),
         Fault::WorkerFails(a) => {
             if w.agents[a].life == Life::Up {
                 let did = w.agents[a].worker_failed();
@@ -214,40 +195,77 @@ fn fault(w: &mut World, f: Fault) {
                 w.apply(a, did);
             }
         }
-        Fault::EtcdRestart { empty, down_ms } => {
-            let unix_ms = 1_800_000_000_000 + w.now_ms;
-            w.etcd.restart(
-                now,
-                std::time::Duration::from_millis(down_ms),
-                empty,
-                unix_ms,
-            );
-            for a in 0..w.agents.len() {
-                let delay = w.rng.range(1, 20);
-                w.fail_streams(a, delay);
-            }
-            w.after(down_ms, Ev::EtcdBack);
+        Fault::EtcdRestart { empty, down_ms } => etcd_restart(w, empty, down_ms),
+        Fault::MemberLost(m) => member_lost(w, m),
+        Fault::MemberBack(m) => member_back(w, m),
+    }
+}
+
+/// The agent's network to etcd goes: its streams fail a while later.
+fn cut_network(w: &mut World, a: usize) {
+    if !w.agents[a].cut {
+        w.agents[a].cut = true;
+        let delay = w.rng.range(500, 3_000);
+        w.fail_streams(a, delay);
+    }
+}
+
+/// etcd cancels the agent's watch (what a compaction does).
+fn cancel_watch(w: &mut World, a: usize) {
+    let streams = w.agents[a].streams;
+    if w.agents[a].watching.is_some() {
+        w.after(
+            1,
+            Ev::Stream {
+                a,
+                streams,
+                input: Input::WatchEnded,
+            },
+        );
+    }
+}
+
+/// etcd stops for `down_ms`, then comes back with its data or empty; every stream fails
+/// meanwhile.
+fn etcd_restart(w: &mut World, empty: bool, down_ms: u64) {
+    let now = w.now();
+    let unix_ms = 1_800_000_000_000 + w.now_ms;
+    w.etcd.restart(
+        now,
+        std::time::Duration::from_millis(down_ms),
+        empty,
+        unix_ms,
+    );
+    for a in 0..w.agents.len() {
+        let delay = w.rng.range(1, 20);
+        w.fail_streams(a, delay);
+    }
+    w.after(down_ms, Ev::EtcdBack);
+}
+
+/// A member of the three-member etcd is lost: the streams of the agents pinned to it fail.
+fn member_lost(w: &mut World, m: usize) {
+    let now = w.now();
+    let had = w.etcd.has_leader(now, w.opts.three_members);
+    w.etcd.members_up[m] = false;
+    for a in 0..w.agents.len() {
+        if w.agents[a].pinned == m {
+            let delay = w.rng.range(1, 20);
+            w.fail_streams(a, delay);
         }
-        Fault::MemberLost(m) => {
-            let had = w.etcd.has_leader(now, w.opts.three_members);
-            w.etcd.members_up[m] = false;
-            for a in 0..w.agents.len() {
-                if w.agents[a].pinned == m {
-                    let delay = w.rng.range(1, 20);
-                    w.fail_streams(a, delay);
-                }
-            }
-            if had && !w.etcd.has_leader(now, w.opts.three_members) {
-                w.note(|| "etcd lost its quorum".into());
-            }
-        }
-        Fault::MemberBack(m) => {
-            let had = w.etcd.has_leader(now, w.opts.three_members);
-            w.etcd.members_up[m] = true;
-            if !had && w.etcd.has_leader(now, w.opts.three_members) {
-                w.etcd.new_leader(now);
-            }
-        }
+    }
+    if had && !w.etcd.has_leader(now, w.opts.three_members) {
+        w.note(|| "etcd lost its quorum".into());
+    }
+}
+
+/// A lost member comes back; with it back, a quorum elects a new leader.
+fn member_back(w: &mut World, m: usize) {
+    let now = w.now();
+    let had = w.etcd.has_leader(now, w.opts.three_members);
+    w.etcd.members_up[m] = true;
+    if !had && w.etcd.has_leader(now, w.opts.three_members) {
+        w.etcd.new_leader(now);
     }
 }
 

@@ -1,6 +1,6 @@
 //! The simulator's own tier of the test command: ten thousand seeds clean, the same seed
-//! the same trace, and proof that it can fail — each fix of issue 26 switched off, and the
-//! fence broken on purpose, is found — with the seeds that found them kept.
+//! the same trace, and proof that it can fail — each fixed bug put back by its switch, and
+//! the fence broken on purpose, is found — with the seeds that found them kept.
 
 use std::time::Instant;
 
@@ -51,7 +51,7 @@ fn the_same_seed_gives_the_same_trace_byte_for_byte() {
     assert_ne!(a.trace, b.trace, "different seeds, different runs");
 }
 
-/// Issue 26's frozen agent: departures read without incarnations. The first seed that
+/// The frozen agent's loop: departures read without incarnations. The first seed that
 /// found the loop is kept (an agent's own old registration going breaks every round it is
 /// sealed into).
 #[test]
@@ -73,7 +73,7 @@ fn without_incarnations_the_simulator_finds_the_frozen_agents_loop() {
     assert!(looped.seed < 1_000);
     let mut opts = Options::new(4);
     opts.switches = old;
-    // Seed 4 found it until issue 30's re-forms without re-registrations (and claims of
+    // Seed 4 found it until the re-forms without re-registrations (and claims of
     // the coordinator key in turn) changed every trace, then seed 62 until overloaded
     // answers joined the simulation and members stopped watching registrations, then seed
     // 169 until the first sync stopped asking the time-to-live of the lease granted just
@@ -85,7 +85,7 @@ fn without_incarnations_the_simulator_finds_the_frozen_agents_loop() {
     assert_eq!(run_seed(169, &Options::new(4)).violation, None, "fixed");
 }
 
-/// Issue 26's store restarted in place: lease ids from 1 again, and revokes that do not
+/// The old store restarted in place: lease ids from 1 again, and revokes that do not
 /// check whose registration the id holds. A fenced agent revoking its old id (or a ring
 /// watcher revoking the id its round names) ends a live agent's lease: the c10d
 /// reproduction's root, found as a live agent's workers running after its lease ended.
@@ -107,8 +107,8 @@ fn with_the_old_store_the_simulator_finds_live_agents_evicted() {
     assert!(evicted.seed < 10_000);
     let mut opts = Options::new(4);
     opts.switches = old;
-    // Seed 4 found it until issue 32's departure records added ops that change every
-    // trace, then seed 5 until issue 30's re-forms without re-registrations, then seed 19
+    // Seed 4 found it until the departure records added ops that change every trace,
+    // then seed 5 until the re-forms without re-registrations, then seed 19
     // until members stopped watching registrations; seed 4 finds it (as lease 1) again.
     let kept = run_seed(4, &opts);
     let v = kept.violation.clone().unwrap_or_default();
@@ -191,7 +191,7 @@ fn the_seeds_that_found_bugs_pass() {
     assert_eq!(run_seed(237_173_432, &opts).violation, None);
     // A coordinator back from a freeze sealed its own round under the number of the one
     // the others ran, before they wrote theirs back into an etcd that had come back
-    // empty; they took it for theirs (issue 30's second session: found once the
-    // keep-alives went beside ops and moved the timings).
+    // empty; they took it for theirs (found once the keep-alives went beside ops and
+    // moved the timings).
     assert_eq!(run_seed(8847, &opts).violation, None);
 }

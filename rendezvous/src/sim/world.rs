@@ -268,7 +268,6 @@ impl World {
             first_incarnation: crate::etcd::session::first_incarnation(
                 UNIX_MS_AT_START + self.now_ms,
             ),
-            pick_port: |_| Some(29_500),
         };
         let mut machine = Machine::new(cfg, Counters::default(), self.writes[a].clone());
         let effects = machine.start(now);
@@ -404,6 +403,15 @@ impl World {
                     let ag = &mut self.agents[a];
                     ag.watching = None;
                     ag.streams += 1;
+                }
+                // A port is free at once here, with no event of its own: the schedules
+                // stay as they were.
+                Effect::PickPort => {
+                    let now = self.now();
+                    if let Some(m) = self.agents[a].machine.as_mut() {
+                        let more = m.step(now, Input::Port(Some(29_500)));
+                        self.carry_out(a, more);
+                    }
                 }
                 Effect::Probe(on) => {
                     self.agents[a].probing = on;

@@ -226,7 +226,7 @@ fn counts_alone_do_not_make_a_reason_new_but_time_does() {
     assert!(c.observe(t + RELOG_EVERY, &v).new_reason);
 }
 
-/// The loop outside testing found (issue 26), as the coordinator saw it: one member
+/// A loop seen outside testing, as the coordinator saw it: one member
 /// registering for the next round right after each seal, on the same registration,
 /// ~600 times a second. Three rounds go at once; the fourth is held, once with an error,
 /// and sealed when the hold ends; a new registration (a real change) goes at once.

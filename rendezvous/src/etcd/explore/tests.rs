@@ -1,5 +1,5 @@
 //! The search over three agents: every interleaving holds the invariants, and with either
-//! switch that puts back what issue 26 fixed, the search finds the bug.
+//! switch that puts back a fault seen outside testing, the search finds it.
 
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ fn every_interleaving_of_three_agents_and_two_faults_holds_the_invariants() {
     assert!(states > 1000, "the search explored only {states} states");
 }
 
-/// With departures read as before issue 26 (any departure of the node, whatever its
+/// With departures read as they once were (any departure of the node, whatever its
 /// incarnation), the search finds the frozen agent's loop by itself.
 #[test]
 fn without_incarnations_the_search_finds_the_frozen_agents_loop() {
@@ -38,7 +38,7 @@ fn without_incarnations_the_search_finds_the_frozen_agents_loop() {
     assert!(text.contains("broke before it started"), "{text}");
 }
 
-/// With the store and ring watcher as before issue 26 (a store restarted empty grants lease
+/// With the store and ring watcher as they once were (a store restarted empty grants lease
 /// ids from 1 again; an eviction revokes the id without checking it), the search finds the
 /// c10d reproduction's root: the host dies with its store, the store comes back empty on
 /// the restarted host, a survivor's ring watcher revokes the dead host's old lease id, and

@@ -119,7 +119,8 @@ fn a_delta_that_adds_a_node_twice_or_one_the_round_keeps_does_not_apply() {
 }
 
 /// Every agent applies every delta to the round it holds: the round it makes shares the
-/// kept members' records with that round, nothing is copied per member (issue 30).
+/// kept members' records with that round, nothing is copied per member (a copy is N
+/// records per agent per re-form, 1,000 at 1,000 nodes).
 #[test]
 fn the_round_a_delta_makes_shares_its_kept_members_with_the_round_it_applied_to() {
     let base = round(4, &[("b", 1), ("a", 1), ("c", 1), ("d", 1)]);

@@ -13,14 +13,23 @@ use super::machine::{Machine, Then};
 use super::records;
 use super::sync::Todo;
 use crate::LeftReason;
-use crate::etcd::connect::transient;
+use super::fault::Fault;
 use crate::etcd::left::{self, KEPT, Word};
 use crate::etcd::record::Record;
+
+/// The coordinator's part in the departure records.
+#[derive(Debug, Default)]
+pub(super) struct Sayer {
+    /// The departures of round members it recorded or found explained.
+    dealt: BTreeSet<left::Departure>,
+    /// The write in flight.
+    saying: Option<Saying>,
+}
 
 /// The coordinator's write in flight: the departure it says "lost" for, and the records
 /// it deletes.
 #[derive(Debug, Default)]
-pub(super) struct Saying {
+struct Saying {
     lost: Option<left::Departure>,
     trimmed: Vec<String>,
 }
@@ -29,14 +38,14 @@ impl Machine {
     /// This node's record of leaving for `why`, as its registration stands now.
     pub(super) fn own_word(&self, why: &LeftReason) -> v1::Left {
         let round = self
-            .running
-            .as_ref()
+            .me
+            .running()
             .map(|r| r.number)
             .or_else(|| self.view.round.as_ref().map(|r| r.record.number))
             .unwrap_or(0);
         Word {
             node_id: &self.cfg.node_id,
-            incarnation: self.incarnation,
+            incarnation: self.lease.incarnation(),
             addr: &self.cfg.addr,
             round,
             at_ms: self.unix_ms(),
@@ -47,7 +56,7 @@ impl Machine {
 
     /// Before a fenced lease is revoked: why, so that the others do not call it lost.
     pub(super) fn say_fenced(&mut self) {
-        let Some(word) = &self.fenced_word else {
+        let Some(word) = self.me.fenced_word() else {
             return;
         };
         let trim = left::trim(&self.view.left, Some(&word.tail()));
@@ -58,15 +67,16 @@ impl Machine {
     /// As coordinator, outside an outage's grace: the next member of the round gone
     /// without a word gets one ("lost"), or the oldest records beyond those kept go.
     pub(super) fn say_lost(&mut self) {
-        if self.role() != Role::Coordinator || self.grace_until.is_some() || self.control_only {
+        let grace = self.watches.grace_until().is_some();
+        if self.role() != Role::Coordinator || grace || self.watches.control_only() {
             return;
         }
         self.forget_dealt();
-        let gone = left::vanished(&self.view, &self.cfg.node_id, &self.dealt);
+        let gone = left::vanished(&self.view, &self.cfg.node_id, &self.sayer.dealt);
         let mut unsaid = None;
         for g in gone {
             if g.explained {
-                self.dealt.insert((g.node_id, g.incarnation));
+                self.sayer.dealt.insert((g.node_id, g.incarnation));
             } else if unsaid.is_none() {
                 unsaid = Some(g);
             }
@@ -108,7 +118,7 @@ impl Machine {
             }
             None => return,
         };
-        self.saying = Some(saying);
+        self.sayer.saying = Some(saying);
         self.issue(Then::Todo(Todo::SayLost), Op::Txn(txn));
     }
 
@@ -117,32 +127,32 @@ impl Machine {
     /// at.
     pub(super) fn said_lost(&mut self) {
         self.wrote();
-        if let Some(s) = self.saying.take() {
-            self.dealt.extend(s.lost);
+        if let Some(s) = self.sayer.saying.take() {
+            self.sayer.dealt.extend(s.lost);
             if !s.trimmed.is_empty() {
-                let v = self.view_mut();
+                let v = self.view.edit();
                 for t in &s.trimmed {
                     v.left.remove(t);
                 }
             }
         }
-        self.todo.push_front(Todo::SayLost);
+        self.flight.first(Todo::SayLost);
     }
 
     /// A departure record could not be written for `e`: transient, it is retried after
     /// the next sync; anything else drops it (it is information, never worth a stuck
     /// rendezvous).
-    pub(super) fn word_failed(&mut self, todo: Todo, e: etcd_client::Error) {
-        if transient(&e) {
-            self.saying = None;
+    pub(super) fn word_failed(&mut self, todo: Todo, e: Fault) {
+        if e.transient {
+            self.sayer.saying = None;
             return self.lost(e);
         }
         tracing::warn!(error = %e, "could not record why a node left; going on without it");
         match todo {
-            Todo::SayFenced => self.fenced_word = None,
+            Todo::SayFenced => self.me.word_done(),
             _ => {
-                if let Some(s) = self.saying.take() {
-                    self.dealt.extend(s.lost);
+                if let Some(s) = self.sayer.saying.take() {
+                    self.sayer.dealt.extend(s.lost);
                 }
             }
         }
@@ -159,7 +169,8 @@ impl Machine {
             .iter()
             .map(|m| (m.node_id.as_str(), m.incarnation))
             .collect();
-        self.dealt
+        self.sayer
+            .dealt
             .retain(|(n, i)| named.contains(&(n.as_str(), *i)));
     }
 }

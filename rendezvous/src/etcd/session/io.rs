@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use fsdp_proto::v1;
 
+use super::fault::Fault;
 use crate::RendezvousError;
 use crate::etcd::record::Outgoing;
 
@@ -161,8 +162,8 @@ pub enum Answer {
     /// A put, revoke, keep-alive sent, watches opened, endpoint picked.
     Done,
     Departed {
-        said: Option<etcd_client::Error>,
-        revoked: Option<etcd_client::Error>,
+        said: Option<Fault>,
+        revoked: Option<Fault>,
     },
 }
 
@@ -216,13 +217,13 @@ pub enum Input {
     /// A watch stream ended or was cancelled (compaction, a restart).
     WatchEnded,
     /// A watch or keep-alive stream failed.
-    StreamFailed(etcd_client::Error),
+    StreamFailed(Fault),
     /// The keep-alive stream alone failed (the watches did not).
-    KeepAliveFailed(etcd_client::Error),
+    KeepAliveFailed(Fault),
     /// The keep-alive stream answered with the lease's TTL left (`None`: it ended).
     LeaseAnswer(Option<i64>),
     /// The answer to the op in flight.
-    Answer(Result<Answer, etcd_client::Error>),
+    Answer(Result<Answer, Fault>),
     /// A deadline the machine gave ([`super::Machine::deadline`]) passed.
     Timer,
     /// The prober saw etcd without a leader, looking at `sent`; `silent`: it saw only
@@ -231,6 +232,9 @@ pub enum Input {
         sent: Instant,
         silent: bool,
     },
+    /// A port free on this node's address now ([`Effect::PickPort`]), for the master of
+    /// the next round this node seals as its rank 0; `None`: none could be found.
+    Port(Option<u16>),
 }
 
 impl From<crate::etcd::probe::Proof> for Input {
@@ -254,4 +258,6 @@ pub enum Effect {
     /// Send one keep-alive on the open stream beside the op in flight. Nothing answers
     /// it but the stream, as [`Input::LeaseAnswer`].
     KeepAlive,
+    /// Find a port free on this node's address, and tell it as [`Input::Port`].
+    PickPort,
 }

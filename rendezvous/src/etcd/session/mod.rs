@@ -31,23 +31,40 @@
 //! With one owner of the lease, a lease found gone is replaced exactly once.
 
 mod departures;
+mod conn;
 mod driver;
+mod duty;
+mod fault;
+mod flight;
 mod inbox;
 mod io;
+mod lease;
 mod machine;
+mod outage;
 mod phases;
+mod published;
+mod rebuild;
 mod records;
+mod registration;
 mod serve;
 mod state;
 mod sync;
+mod watches;
 #[cfg(test)]
 mod tests;
 
-pub use driver::{Driver, commit_round, lease_holds};
+pub use conn::{commit_round, lease_holds};
+pub use driver::Driver;
+pub use io::Command;
+// What a driver other than `driver.rs` needs: the simulator's.
+#[cfg(any(test, feature = "sim"))]
 pub use io::{
-    Answer, Command, CommandId, Compare, Effect, Input, Kv, Op, Role, TxnSpec, WatchEvent, Write,
+    Answer, CommandId, Compare, Effect, Input, Kv, Op, Role, TxnSpec, WatchEvent, Write,
 };
-pub use machine::{Config, Machine, Phase, Resync, first_incarnation};
+pub use fault::{Fault, FaultKind};
+pub use machine::{Config, Machine, first_incarnation};
+#[cfg(any(test, feature = "sim"))]
+pub use machine::{Phase, Resync};
 
 use tokio::sync::oneshot;
 
@@ -58,10 +75,4 @@ use crate::RendezvousError;
 pub struct Request {
     pub command: Command,
     pub reply: Option<oneshot::Sender<Result<(), RendezvousError>>>,
-}
-
-/// Whether etcd refused a request because the lease it names does not exist (any more).
-pub fn lease_not_found(e: &etcd_client::Error) -> bool {
-    matches!(e, etcd_client::Error::GRpcStatus(s)
-        if s.code() == tonic::Code::NotFound && s.message().contains("lease not found"))
 }

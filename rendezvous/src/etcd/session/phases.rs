@@ -4,20 +4,17 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::io::{Command, CommandId, Effect, Input};
-use super::machine::{FIRST_RETRY, LAST_RETRY, Machine, Phase, Resync};
+use super::fault::{Fault, FaultKind};
+use super::io::{Command, Effect, Input};
+use super::machine::{FIRST_RETRY, LAST_RETRY, Machine, Phase, Resync, Then};
 use super::sync::Todo;
 use crate::RendezvousError;
-
-/// How long each member of the round waits after the one before it to claim a coordinator
-/// key that went.
-const CAMPAIGN_STEP: Duration = Duration::from_millis(200);
 
 impl Machine {
     pub(super) fn on_input(&mut self, input: Input) {
         match (self.phase, input) {
             (Phase::Ended, _) => {}
-            (_, Input::CommandsClosed) => self.phase = Phase::Ended,
+            (_, Input::CommandsClosed) => self.end(),
             (Phase::Watching { .. }, input) => self.on_watching(input),
             (Phase::Disconnected { until }, Input::Timer) => {
                 if self.now >= until {
@@ -32,11 +29,11 @@ impl Machine {
                 if local {
                     self.serve(id, command);
                 } else {
-                    self.pending.push_back((id, command));
+                    self.flight.wait(id, command);
                 }
             }
             (Phase::Syncing(_), Input::Command(id, command)) => {
-                self.pending.push_back((id, command));
+                self.flight.wait(id, command);
             }
             // Streams that closed, and timers of a phase that is over.
             (_, _) => {}
@@ -50,17 +47,17 @@ impl Machine {
                     self.campaign_in_turn();
                 }
                 if self.view.round_wanted.is_some() {
-                    self.todo.push_back(Todo::ReadRoster);
+                    self.flight.then(Todo::ReadRoster);
                 }
-                self.todo
-                    .extend([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
+                self.flight
+                    .then_all([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
             }
             Input::WatchEnded => self.resync_after_watching(Resync::Outage),
             // etcd went back: it lost its data between the read and the watch, which would
             // wait for a revision the new history reaches only later, and miss everything
             // before it (found by the simulator: an agent that never saw the next round).
-            Input::WatchCreated { revision } if revision < self.read_rev => {
-                let read = self.read_rev;
+            Input::WatchCreated { revision } if revision < self.watches.read_rev() => {
+                let read = self.watches.read_rev();
                 tracing::warn!(
                     revision,
                     read,
@@ -73,66 +70,34 @@ impl Machine {
             // etcd ends a keep-alive stream when it is too busy to renew ("waiting for
             // the applied index took too long"): a new stream, the watches kept. At 4,000
             // nodes every such end was a resync of the whole node before.
-            Input::KeepAliveFailed(e) if crate::etcd::connect::overloaded(&e) => {
+            Input::KeepAliveFailed(e) if e.kind == FaultKind::Overloaded => {
                 tracing::debug!(error = %e, "etcd ended the keep-alive stream; opening another");
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
-                self.keep_alive_ended = true;
-                self.todo.push_back(Todo::ReopenKeepAlive);
+                self.lease.ended(None);
+                self.flight.then(Todo::ReopenKeepAlive);
             }
             Input::KeepAliveFailed(e) => self.lost(e),
             Input::LeaseAnswer(Some(ttl)) if ttl > 0 => {
-                self.clock
-                    .keep_alive_answered(Duration::from_secs(ttl.unsigned_abs()));
+                self.lease
+                    .answered(Duration::from_secs(ttl.unsigned_abs()));
                 self.publish_lease();
                 self.probe(false);
             }
             Input::LeaseAnswer(_) => {
                 tracing::warn!(
-                    lease = self.lease,
+                    lease = self.lease.id(),
                     "lease expired or revoked; registering again"
                 );
                 self.lease_gone();
-                self.todo
-                    .extend([Todo::Grant, Todo::Register, Todo::Resync(Resync::Outage)]);
+                self.flight
+                    .then_all([Todo::Grant, Todo::Register, Todo::Resync(Resync::Outage)]);
             }
             Input::Timer => self.on_timer(),
             Input::Command(id, command) => self.serve(id, command),
-            Input::Answer(_) | Input::CommandsClosed | Input::NoLeader { .. } => {}
-        }
-    }
-
-    /// The coordinator key went: the round's members not seen to go claim it in rank
-    /// order, the first at once and each next one [`CAMPAIGN_STEP`] later if nobody has
-    /// by then (the ones before it may be gone too); a node outside the round after a
-    /// lease TTL. A claim that finds the key taken writes nothing. Every member claiming at
-    /// once was a transaction per node each time the coordinator died: 999 at 1,000
-    /// nodes (issue 30).
-    fn campaign_in_turn(&mut self) {
-        let me = self.cfg.node_id.as_str();
-        let v = &self.view;
-        let turn = v.round.as_ref().and_then(|r| {
-            r.record
-                .members
-                .iter()
-                // This node lives, whatever became of the registration the round names.
-                .filter(|m| {
-                    m.node_id == me
-                        || v.departed
-                            .get(&m.node_id)
-                            .is_none_or(|d| d.incarnation < m.incarnation)
-                })
-                .position(|m| m.node_id == me)
-        });
-        let wait = match (turn, v.round.is_some()) {
-            (Some(k), _) => CAMPAIGN_STEP.saturating_mul(k as u32).min(self.cfg.ttl),
-            // A fresh run: everyone registered claims.
-            (None, false) => Duration::ZERO,
-            (None, true) => self.cfg.ttl,
-        };
-        if wait.is_zero() {
-            self.todo.push_back(Todo::Campaign);
-        } else {
-            self.campaign_at = Some(self.now + wait);
+            Input::Answer(_)
+            | Input::CommandsClosed
+            | Input::NoLeader { .. }
+            | Input::Port(_) => {}
         }
     }
 
@@ -142,14 +107,13 @@ impl Machine {
             return;
         };
         let now = self.now;
-        if self.keep_alive_at.is_some_and(|at| at <= now) {
+        if self.lease.keep_alive_due().is_some_and(|at| at <= now) {
             // A command replaced the lease: keep the new one alive.
-            if self.lease != lease {
+            if self.lease.id() != lease {
                 return self.resync_after_watching(Resync::Outage);
             }
-            self.clock.keep_alive_sent(now);
-            self.keep_alive_at = Some(now + self.cfg.ttl / 3);
-            self.todo.push_back(Todo::KeepAlive);
+            self.lease.sent(now, self.cfg.ttl);
+            self.flight.then(Todo::KeepAlive);
         }
         if self.answer_due().is_some_and(|at| at <= now) {
             // etcd answers a keep-alive in milliseconds: a late one is the first sign of
@@ -157,27 +121,22 @@ impl Machine {
             // network, a member cut from its leader), long before the connection's own
             // keep-alive gives up on it.
             if self.cfg.several_endpoints {
-                let late = std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "a lease keep-alive went unanswered; trying another etcd member",
-                );
-                return self.lost(etcd_client::Error::IoError(late));
+                let late = "a lease keep-alive went unanswered; trying another etcd member";
+                return self.lost(Fault::local(std::io::ErrorKind::TimedOut, late.into()));
             }
             self.trouble();
         }
-        if self.grace_until.is_some_and(|at| at <= now) {
-            self.grace_until = None;
-            self.todo
-                .extend([Todo::CheckAbsent, Todo::Coordinate, Todo::SayLost]);
+        if self.watches.grace_over(now) {
+            self.flight
+                .then_all([Todo::CheckAbsent, Todo::Coordinate, Todo::SayLost]);
         }
-        if self.campaign_at.is_some_and(|at| at <= now) {
-            self.campaign_at = None;
-            self.todo.push_back(Todo::Campaign);
+        let (campaign, recheck) = self.duty.take_due(now);
+        if campaign {
+            self.flight.then(Todo::Campaign);
         }
-        if self.recheck.is_some_and(|at| at <= now) {
-            self.recheck = None;
-            self.todo
-                .extend([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
+        if recheck {
+            self.flight
+                .then_all([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
         }
     }
 
@@ -186,12 +145,13 @@ impl Machine {
     /// TTL before it) without an answer, so the prober should look for its proof — not
     /// before, so that a slow but working etcd (1,000 agents on two cores) is not probed.
     pub(super) fn answer_due(&self) -> Option<Instant> {
-        let (sent, safe_until) = (self.clock.oldest_unanswered(), self.clock.safe_until());
+        let clock = self.lease.clock();
+        let (sent, safe_until) = (clock.oldest_unanswered(), clock.safe_until());
         let ttl = self.cfg.ttl;
         if self.cfg.several_endpoints {
             return Some(sent? + ttl / 4);
         }
-        if self.probing || !self.single_member || !self.cfg.can_probe {
+        if self.outage.probing() || !self.outage.single_member() || !self.cfg.can_probe {
             return None;
         }
         sent?;
@@ -201,21 +161,20 @@ impl Machine {
     /// etcd does not answer: start looking for proof that it has no leader (so the lease
     /// cannot expire and the workers need not be fenced).
     pub(super) fn trouble(&mut self) {
-        if self.single_member && self.cfg.can_probe {
+        if self.outage.single_member() && self.cfg.can_probe {
             self.probe(true);
         }
     }
 
     pub(super) fn probe(&mut self, on: bool) {
-        if self.probing != on {
-            self.probing = on;
-            self.effects.push(Effect::Probe(on));
+        if self.outage.probe(on) {
+            self.flight.emit(Effect::Probe(on));
         }
     }
 
     /// Leaves [`Phase::Watching`] without an error (the backoff starts over).
     pub(super) fn resync_after_watching(&mut self, why: Resync) {
-        self.failures = 0;
+        self.outage.left_cleanly();
         self.begin_sync(why);
     }
 
@@ -224,8 +183,7 @@ impl Machine {
     pub(super) fn begin_sync(&mut self, why: Resync) {
         self.close_watches();
         self.phase = Phase::Syncing(why);
-        self.whole_read = false;
-        self.grace_until = match why {
+        let grace_until = match why {
             // A store this agent just started is empty: the agents of a running job come
             // back to it (after its host was restarted in place), each putting back the
             // round and registering again, in no order.
@@ -238,8 +196,10 @@ impl Machine {
             // declared lost (etcd may have come back empty).
             Resync::Outage => Some(self.now + self.cfg.ttl + Duration::from_secs(1)),
         };
-        self.recheck = None;
-        self.todo = Todo::sync(why, self.reselect, self.abandon).into();
+        self.watches.begin(grace_until);
+        self.duty.stand_down();
+        let plan = Todo::sync(why, self.outage.reselect(), self.me.abandoning());
+        self.flight.plan(plan);
     }
 
     /// Stream events queued before this moment belong to streams now closed.
@@ -249,41 +209,34 @@ impl Machine {
         // simulator: a coordinator's old stream, without previous values, made every later
         // incarnation of two nodes look departed, and rounds were sealed in a loop).
         if !matches!(self.phase, Phase::Disconnected { .. } | Phase::Ended) {
-            self.effects.push(Effect::CloseWatches);
+            self.flight.emit(Effect::CloseWatches);
         }
-        self.keep_alive_at = None;
-        self.inbox.retain(|i| {
-            matches!(
-                i,
-                Input::Command(..) | Input::CommandsClosed | Input::NoLeader { .. }
-            )
-        });
+        self.lease.stop();
+        self.flight.drop_stream_events();
     }
 
     /// etcd failed: back off, or give up once the outage lasted too long.
-    pub(super) fn lost(&mut self, e: etcd_client::Error) {
+    pub(super) fn lost(&mut self, e: Fault) {
         self.close_watches();
-        self.todo.clear();
+        self.flight.plan(Vec::new());
         // An op waiting to be sent again after an overloaded answer goes with the rest; a
         // command's is served after the next sync, as any command caught by an outage.
-        if let Some((_, super::machine::Then::Command(s), _)) = self.retry.take() {
-            self.pending.push_front(s.into_waiting());
+        if let Some((Then::Command(s), _)) = self.flight.take_retry() {
+            self.flight.wait_first(s.into_waiting());
         }
-        self.view_mut().connected = false;
+        self.view.edit().connected = false;
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let now = self.now;
-        let lasted = now - *self.outage_since.get_or_insert(now);
+        let lasted = self.outage.failed(now);
         if lasted > self.cfg.outage_limit {
             return self.give_up(lasted, &e);
         }
         self.trouble();
         // A connection whose requests went unanswered may stay that way (HTTP/2 closed
         // under them by the client library): a fresh one, even to the same member.
-        self.reselect = self.cfg.several_endpoints || crate::etcd::connect::is_unanswered(&e);
-        // Retry well within the fencing margin: a refused probe keeps the lease safe only
-        // for a TTL from when it was sent.
-        let last = LAST_RETRY.min(self.cfg.ttl / 4);
-        let delay = crate::backoff::nth(FIRST_RETRY, last, self.failures);
+        let reselect = self.cfg.several_endpoints || e.kind == FaultKind::Unanswered;
+        self.outage.set_reselect(reselect);
+        let delay = self.outage.next_backoff(self.cfg.ttl);
         // Each line stands alone in a log search: it says how long the wait can still last.
         let gives_up_in = self.cfg.outage_limit.saturating_sub(lasted);
         if self.cfg.embedded_store {
@@ -291,13 +244,12 @@ impl Machine {
         } else {
             tracing::warn!(error = %e, retry_in = ?delay, gives_up_in = ?gives_up_in, "etcd connection lost; reconnecting");
         }
-        self.failures = self.failures.saturating_add(1);
         self.phase = Phase::Disconnected { until: now + delay };
     }
 
     /// etcd has not answered for longer than the outage bound: every waiting request
     /// gets the reason, the view says it, and the session ends.
-    pub(super) fn give_up(&mut self, lasted: Duration, last: &etcd_client::Error) {
+    pub(super) fn give_up(&mut self, lasted: Duration, last: &Fault) {
         let store = if self.cfg.embedded_store {
             "the c10d store"
         } else {
@@ -315,29 +267,93 @@ impl Machine {
             );
         }
         tracing::error!(%reason, "giving up on etcd");
-        self.view_mut().gave_up = Some(reason);
-        self.phase = Phase::Ended;
+        self.view.edit().gave_up = Some(reason);
+        self.end();
     }
 
     /// The session ended: whoever still waits hears why.
     pub(super) fn end_requests(&mut self) {
-        self.todo.clear();
         let reason = self.view.gave_up.clone();
-        let waiting: Vec<CommandId> = self
-            .pending
-            .drain(..)
-            .map(|(id, _)| id)
-            .chain(self.inbox.take().into_iter().filter_map(|i| match i {
-                Input::Command(id, _) => Some(id),
-                _ => None,
-            }))
-            .collect();
-        for id in waiting {
+        for id in self.flight.abandon_all() {
             let e = match &reason {
                 Some(r) => RendezvousError::Outage(r.clone()),
                 None => RendezvousError::SessionEnded("the session ended"),
             };
             self.reply(id, Err(e));
         }
+    }
+
+    /// Into [`Phase::Watching`], with the watches opened for the role and lease they were
+    /// opened for: a command served since may have replaced the lease, and the first
+    /// keep-alive tick then syncs again for the new one.
+    pub(super) fn enter(&mut self) {
+        self.probe(false);
+        self.phase = Phase::Watching {
+            role: self.watches.role(),
+            lease: self.watches.lease(),
+        };
+        self.lease.start(self.now);
+        self.outage.over();
+    }
+
+    /// The session ends (a departure served, the handle gone, or given up).
+    pub(super) fn end(&mut self) {
+        self.phase = Phase::Ended;
+    }
+
+    /// The `n`-th (0-based) wait before a request etcd was too busy for goes again: from
+    /// 100 ms, doubling, at most a quarter TTL (and 2 s).
+    pub(super) fn retry_delay(&self, n: u32) -> Duration {
+        crate::backoff::nth(FIRST_RETRY, LAST_RETRY.min(self.cfg.ttl / 4), n)
+    }
+
+    /// Whether an overloaded answer is retried in place. Not during an outage or after the
+    /// end (nothing is in flight then). With several etcd members, only for a quarter
+    /// TTL: a member cut from its quorum answers "request timed out" too, and then
+    /// another member is the way on (the outage path picks one).
+    pub(super) fn may_retry(&self, then: &Then) -> bool {
+        let watching = matches!(self.phase, Phase::Watching { .. } | Phase::Syncing(_));
+        let since = self.outage.slowed_since(self.now);
+        let safe = match then {
+            Then::Command(s) => s.retry_safe(),
+            _ => true,
+        };
+        safe && watching && !(self.cfg.several_endpoints && self.now - since >= self.cfg.ttl / 4)
+    }
+
+    /// etcd answered the op in flight that it is overloaded: the same op goes again after
+    /// a backoff, the watches stay open and the view stays; nothing else is done meanwhile
+    /// (the op is as good as still in flight). A write that timed out may still have been
+    /// applied: every op here is safe to send twice (a fenced or guarded transaction
+    /// fails its compare the second time, and the watch brings what the first one did;
+    /// a second grant only leaves a lease to expire).
+    pub(super) fn slowed_down(&mut self, then: Then, e: Fault) {
+        let Some(op) = self.flight.done() else {
+            return self.on_answer_of(then, Err(e));
+        };
+        if self.flight.retry_due().is_some() {
+            // A keep-alive stream's reopen sent while another op waits for its turn
+            // failed the same way: it is tried again when the next keep-alive falls due
+            // (the stream stays ended), never in the waiting op's place.
+            debug_assert!(matches!(then, Then::Todo(Todo::ReopenKeepAlive)));
+            return;
+        }
+        let now = self.now;
+        let (before, busy_for) = self.outage.slowed(now);
+        if busy_for > self.cfg.outage_limit {
+            // The command being served hears why with the ones waiting.
+            if let Then::Command(s) = then {
+                self.flight.wait_first(s.into_waiting());
+            }
+            return self.give_up(busy_for, &e);
+        }
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        let delay = self.retry_delay(before);
+        if before == 0 {
+            tracing::warn!(error = %e, retry_in = ?delay, "etcd is overloaded; sending the request again later (the watches stay open)");
+        } else {
+            tracing::debug!(error = %e, retry_in = ?delay, "etcd is still overloaded");
+        }
+        self.flight.retry_at(now + delay, then, op);
     }
 }

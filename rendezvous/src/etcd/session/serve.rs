@@ -5,27 +5,63 @@ use std::time::Instant;
 
 use fsdp_proto::{SCHEMA_VERSION, v1};
 
+use super::fault::{Fault, FaultKind};
 use super::io::{Answer, Command, CommandId, Op};
 use super::machine::{Machine, Phase, Resync, Then};
 use super::records;
-use crate::etcd::connect::transient;
 use crate::etcd::left;
 use crate::etcd::record::{Mode, Record};
-use crate::etcd::session::lease_not_found;
 use crate::{Departure, LeftKind, LeftReason, RendezvousError};
 
-/// A command being served.
+/// A command being served: what it does, at which stage.
 #[derive(Debug)]
 pub struct Serving {
     id: CommandId,
+    job: Job,
+}
+
+/// What a command that needs etcd does; each kind carries its own stage, so an op is
+/// built only for the stage its kind has.
+#[derive(Debug)]
+enum Job {
+    /// One write ([`Command::Register`], [`Command::Write`], [`Command::Withdraw`]).
+    Write(Write),
+    /// [`Command::Evict`], checked, said and revoked in turn.
+    Evict {
+        node: String,
+        lease: i64,
+        round: u64,
+        detect_ms: u32,
+        stage: EvictStage,
+    },
+    /// [`Command::Depart`]: the revoke, with the records beside it.
+    Depart {
+        how: crate::Departure,
+        why: LeftReason,
+    },
+}
+
+/// A command's one write, and the leases granted for it when etcd no longer had the
+/// one it named.
+#[derive(Debug)]
+struct Write {
     command: Command,
-    stage: Stage,
-    /// A registration that claims the coordinator key too.
+    /// A registration (or withdrawal) that claims (or gives up) the coordinator key too.
     claiming: bool,
+    /// Granting a new lease for it, not writing.
+    regranting: bool,
     /// Leases granted for it so far, and when the first was asked for: each one etcd
     /// no longer had when the write with it arrived.
     regrants: u32,
     regranting_since: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EvictStage {
+    /// Does the dead node's registration still live on that lease?
+    CheckHeld,
+    SayGone,
+    Revoke,
 }
 
 impl Serving {
@@ -33,96 +69,120 @@ impl Serving {
     /// applied it. Not a withdrawal: it deletes the coordinator key whoever holds it, and
     /// a member in turn may have claimed it meanwhile.
     pub(super) fn retry_safe(&self) -> bool {
-        !matches!(self.command, Command::Withdraw { .. })
+        !matches!(&self.job, Job::Write(w) if matches!(w.command, Command::Withdraw { .. }))
     }
 
     /// The command, to be answered with the others waiting (the session is ending).
     pub(super) fn into_waiting(self) -> (CommandId, Command) {
-        (self.id, self.command)
+        let command = match self.job {
+            Job::Write(w) => w.command,
+            Job::Evict {
+                node,
+                lease,
+                round,
+                detect_ms,
+                ..
+            } => Command::Evict {
+                node,
+                lease,
+                round,
+                detect_ms,
+            },
+            Job::Depart { how, why } => Command::Depart { how, why },
+        };
+        (self.id, command)
     }
-}
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// The command's write.
-    Write,
-    /// etcd no longer had the lease the write named: a new one.
-    Regrant,
-    /// Eviction: does the dead node's registration still live on that lease?
-    CheckHeld,
-    SayGone,
-    Revoke,
-    Depart,
+    /// What its current op is doing, for its error.
+    fn what(&self) -> &'static str {
+        match &self.job {
+            Job::Write(w) if w.regranting => "granting a new membership lease",
+            Job::Write(w) => match &w.command {
+                Command::Register { .. } => <v1::Member as Record>::WRITING,
+                Command::Write(o) => o.writing,
+                _ => <v1::Unhealthy as Record>::WRITING,
+            },
+            Job::Evict { stage: EvictStage::CheckHeld, .. } => "checking a dead agent's lease",
+            Job::Evict { stage: EvictStage::SayGone, .. } => "recording how a dead agent was found",
+            Job::Evict { .. } => "revoking a dead agent's lease",
+            Job::Depart { .. } => "leaving the run",
+        }
+    }
 }
 
 impl Machine {
     pub(super) fn serve(&mut self, id: CommandId, command: Command) {
-        let mut s = Serving {
-            id,
-            command,
-            stage: Stage::Write,
-            claiming: false,
-            regrants: 0,
-            regranting_since: None,
-        };
-        match &s.command {
+        let job = match command {
             Command::Running { round } => {
-                self.running = Some(round.clone());
-                return self.served(s, Ok(()));
+                self.me.runs(Some(round));
+                return self.served(id, false, Ok(()));
             }
             Command::Abandon { reason } => {
-                let why = LeftReason::new(LeftKind::Fenced, reason.clone());
-                self.fenced_word = Some(self.own_word(&why));
-                self.running = None;
-                self.abandon = true;
-                return self.served(s, Ok(()));
+                let why = LeftReason::new(LeftKind::Fenced, reason);
+                let word = self.own_word(&why);
+                self.me.fenced(word);
+                return self.served(id, false, Ok(()));
             }
             Command::Register { wants_round } => {
                 // Joining a round means the last one is over for this node.
-                self.running = None;
-                self.member = Some(self.member_record(*wants_round));
-                if self.registration_stands(*wants_round) {
-                    return self.served(s, Ok(()));
+                self.me.runs(None);
+                self.me.set_member(Some(self.member_record(wants_round)));
+                if self.registration_stands(wants_round) {
+                    return self.served(id, false, Ok(()));
                 }
-                s.claiming = self.view.coordinator.is_none();
+                let claiming = self.view.coordinator.is_none();
+                Job::Write(Write::new(command, claiming))
             }
             Command::Withdraw { .. } => {
                 // Out of every round until it registers again: nothing of ours to put
                 // back, and the next registration is a new incarnation. Whether it
                 // coordinates is read before the write.
-                s.claiming = self.view.coordinator.as_deref() == Some(&self.cfg.node_id);
-                self.member = None;
-                self.running = None;
+                let claiming = self.view.coordinator.as_deref() == Some(&self.cfg.node_id);
+                self.me.set_member(None);
+                self.me.runs(None);
                 self.next_incarnation();
+                Job::Write(Write::new(command, claiming))
             }
-            Command::Evict { node, .. } => {
-                if self.view.departed.contains_key(node) {
+            Command::Write(_) => Job::Write(Write::new(command, false)),
+            Command::Evict {
+                node,
+                lease,
+                round,
+                detect_ms,
+            } => {
+                if self.view.departed.contains_key(&node) {
                     // It left (or its lease went) before the proof came: nothing to add.
-                    return self.served(s, Ok(()));
+                    return self.served(id, false, Ok(()));
                 }
-                s.stage = if crate::switches::OLD_EVICTIONS.with(std::cell::Cell::get) {
-                    Stage::SayGone
+                let stage = if crate::switches::OLD_EVICTIONS.with(std::cell::Cell::get) {
+                    EvictStage::SayGone
                 } else {
-                    Stage::CheckHeld
+                    EvictStage::CheckHeld
                 };
+                Job::Evict {
+                    node,
+                    lease,
+                    round,
+                    detect_ms,
+                    stage,
+                }
             }
-            Command::Depart { .. } => s.stage = Stage::Depart,
-            _ => {}
-        }
-        self.next_op(s);
+            Command::Depart { how, why } => Job::Depart { how, why },
+        };
+        self.next_op(Serving { id, job });
     }
 
     /// Whether asking for round `wants` needs no write: this node's registration is still
     /// in etcd as written, and the coordinator seals it in without one
     /// ([`registration_stands`](crate::etcd::joining::registration_stands)).
     fn registration_stands(&self, wants: u64) -> bool {
-        let (me, incarnation) = (self.cfg.node_id.as_str(), self.incarnation);
+        let (me, incarnation) = (self.cfg.node_id.as_str(), self.lease.incarnation());
         let gone = self
             .view
             .departed
             .get(me)
             .is_some_and(|d| d.incarnation >= incarnation);
-        self.written == Some((self.lease, incarnation))
+        self.me.written_with(self.lease.id(), incarnation)
             && !gone
             && crate::etcd::joining::registration_stands(&self.view, me, incarnation, wants)
     }
@@ -149,60 +209,53 @@ impl Machine {
 
     /// Sends the op of `s`'s stage.
     fn next_op(&mut self, s: Serving) {
-        let op = match s.stage {
-            Stage::Write => self.write_op(&s),
-            Stage::Regrant => Op::Grant {
+        let op = match &s.job {
+            Job::Write(w) if w.regranting => Op::Grant {
                 ttl: self.cfg.ttl.as_secs().max(1) as i64,
             },
-            Stage::CheckHeld | Stage::SayGone | Stage::Revoke => self.evict_op(&s),
-            Stage::Depart => self.depart_op(&s),
+            Job::Write(w) => self.write_op(w),
+            Job::Evict {
+                node,
+                lease,
+                round,
+                detect_ms,
+                stage,
+            } => match stage {
+                // Only while `lease` is still the one its registration lives on: the
+                // proof is about the process that held it. A node that registered again
+                // (a new incarnation), or a store restarted empty that handed the id to
+                // someone else, is not what was found dead, and revoking it would evict
+                // a live agent.
+                EvictStage::CheckHeld => {
+                    Op::Txn(records::lease_holds(&self.cfg.keys, node, *lease))
+                }
+                EvictStage::SayGone => {
+                    let g = records::gone(*round, node, v1::Detection::Refused, *detect_ms);
+                    Op::Txn(records::say_gone(&self.cfg.keys, &g))
+                }
+                EvictStage::Revoke => Op::Revoke { lease: *lease },
+            },
+            Job::Depart { how, why } => self.depart_op(*how, why),
         };
         self.issue(Then::Command(s), op);
     }
 
     /// The one write a command makes, with the current lease and incarnation.
-    fn write_op(&self, s: &Serving) -> Op {
-        let (keys, me, lease) = (&self.cfg.keys, self.cfg.node_id.as_str(), self.lease);
-        match &s.command {
-            Command::Register { .. } => Op::Txn(records::registration(
-                keys,
-                me,
-                self.member.as_ref(),
-                (lease, self.incarnation),
-                s.claiming,
-            )),
+    fn write_op(&self, w: &Write) -> Op {
+        let (keys, me, lease) = (&self.cfg.keys, self.cfg.node_id.as_str(), self.lease.id());
+        match &w.command {
             Command::Write(o) => records::write(keys, o, lease),
             Command::Withdraw { record } => {
-                Op::Txn(records::withdrawal(keys, me, record, lease, s.claiming))
+                Op::Txn(records::withdrawal(keys, me, record, lease, w.claiming))
             }
-            Command::Running { .. }
-            | Command::Abandon { .. }
-            | Command::Depart { .. }
-            | Command::Evict { .. } => unreachable!("no single write"),
-        }
-    }
-
-    fn evict_op(&self, s: &Serving) -> Op {
-        let Command::Evict {
-            node,
-            lease,
-            round,
-            detect_ms,
-        } = &s.command
-        else {
-            unreachable!("only an eviction checks a lease")
-        };
-        match s.stage {
-            // Only while `lease` is still the one its registration lives on: the proof is
-            // about the process that held it. A node that registered again (a new
-            // incarnation), or a store restarted empty that handed the id to someone
-            // else, is not what was found dead, and revoking it would evict a live agent.
-            Stage::CheckHeld => Op::Txn(records::lease_holds(&self.cfg.keys, node, *lease)),
-            Stage::SayGone => {
-                let g = records::gone(*round, node, v1::Detection::Refused, *detect_ms);
-                Op::Txn(records::say_gone(&self.cfg.keys, &g))
-            }
-            _ => Op::Revoke { lease: *lease },
+            // `Write::new` is given these three only: a registration is the rest.
+            _ => Op::Txn(records::registration(
+                keys,
+                me,
+                self.me.member(),
+                (lease, self.lease.incarnation()),
+                w.claiming,
+            )),
         }
     }
 
@@ -210,11 +263,8 @@ impl Machine {
     /// others learn within milliseconds instead of a lease TTL. The others learn how (a
     /// leave, not a death) and status why, from records sent beside the revoke, not before
     /// it: under load one more round trip first would delay what every survivor waits for.
-    fn depart_op(&self, s: &Serving) -> Op {
-        let Command::Depart { how, why } = &s.command else {
-            unreachable!("only a departure departs")
-        };
-        let gone = match (how, &self.running) {
+    fn depart_op(&self, how: Departure, why: &LeftReason) -> Op {
+        let gone = match (how, self.me.running()) {
             (Departure::Left, Some(r)) => Some(records::gone(
                 r.number,
                 &self.cfg.node_id,
@@ -232,69 +282,106 @@ impl Machine {
                 gone.as_ref(),
                 &trim,
             )),
-            lease: self.lease,
+            lease: self.lease.id(),
         }
     }
 
-    pub(super) fn on_command_answer(
-        &mut self,
-        mut s: Serving,
-        answer: Result<Answer, etcd_client::Error>,
-    ) {
-        let uses_lease = match &s.command {
+    pub(super) fn on_command_answer(&mut self, s: Serving, answer: Result<Answer, Fault>) {
+        let Serving { id, job } = s;
+        match job {
+            Job::Write(w) => self.on_write_answer(id, w, answer),
+            Job::Evict {
+                node,
+                lease,
+                round,
+                detect_ms,
+                stage,
+            } => {
+                let next = |stage| Job::Evict {
+                    node: node.clone(),
+                    lease,
+                    round,
+                    detect_ms,
+                    stage,
+                };
+                match (stage, answer) {
+                    (EvictStage::CheckHeld, Ok(Answer::Txn { succeeded: false })) => {
+                        tracing::info!(%node, lease, "the dead agent's lease no longer holds its registration; nothing to revoke");
+                        self.served(id, false, Ok(()));
+                    }
+                    (EvictStage::CheckHeld, Ok(_)) => {
+                        let job = next(EvictStage::SayGone);
+                        self.next_op(Serving { id, job });
+                    }
+                    (EvictStage::SayGone, Ok(_)) => {
+                        self.wrote();
+                        let job = next(EvictStage::Revoke);
+                        self.next_op(Serving { id, job });
+                    }
+                    (EvictStage::Revoke, r)
+                        if r.as_ref().is_ok()
+                            || r.as_ref().is_err_and(|e| e.kind == FaultKind::LeaseNotFound) =>
+                    {
+                        if r.is_ok() {
+                            self.wrote();
+                        }
+                        tracing::info!(%node, lease, "revoked the lease of a dead agent");
+                        self.served(id, false, Ok(()));
+                    }
+                    (_, Ok(other)) => self.unexpected(&other),
+                    (stage, Err(e)) => {
+                        let s = Serving { id, job: next(stage) };
+                        self.command_failed(s, e)
+                    }
+                }
+            }
+            Job::Depart { .. } => self.on_depart_answer(id, answer),
+        }
+    }
+
+    /// The answer to a command's one write (or to the grant of a lease for it).
+    fn on_write_answer(&mut self, id: CommandId, mut w: Write, answer: Result<Answer, Fault>) {
+        let uses_lease = match &w.command {
             Command::Register { .. } => true,
             Command::Write(o) => o.mode == Mode::Leased,
             _ => false,
         };
-        match (s.stage, answer) {
+        let register = matches!(w.command, Command::Register { .. });
+        match answer {
             // etcd no longer has the lease (this agent was frozen past its TTL, or etcd
             // lost it): a new one, and the write again with it, so the agent rejoins as a
             // new incarnation instead of exiting.
-            (Stage::Write, Err(source)) if uses_lease && lease_not_found(&source) => {
+            Err(e) if !w.regranting && uses_lease && e.kind == FaultKind::LeaseNotFound => {
                 self.lease_gone();
-                self.regrant(s, source);
+                self.regrant(id, w, e);
             }
-            (Stage::Regrant, Ok(Answer::Granted { id })) => {
-                self.lease_renewed(id);
-                s.stage = Stage::Write;
-                self.next_op(s);
+            Ok(Answer::Granted { id: lease }) if w.regranting => {
+                self.lease_renewed(lease);
+                w.regranting = false;
+                self.next_op(Serving { id, job: Job::Write(w) });
             }
-            (Stage::Write, Ok(answer)) => {
+            Ok(answer) if !w.regranting => {
                 self.wrote();
-                if matches!(s.command, Command::Register { .. }) {
-                    self.written = Some((self.lease, self.incarnation));
+                if register {
+                    self.me.written(self.lease.id(), self.lease.incarnation());
                 }
                 let won = matches!(answer, Answer::Txn { succeeded: true });
-                if matches!(s.command, Command::Register { .. }) && s.claiming && won {
+                if register && w.claiming && won {
                     self.elected();
                 }
-                self.served(s, Ok(()));
+                self.served(id, false, Ok(()));
             }
-            (Stage::CheckHeld, Ok(Answer::Txn { succeeded: false })) => {
-                if let Command::Evict { node, lease, .. } = &s.command {
-                    tracing::info!(%node, lease, "the dead agent's lease no longer holds its registration; nothing to revoke");
-                }
-                self.served(s, Ok(()));
-            }
-            (Stage::CheckHeld, Ok(_)) => {
-                s.stage = Stage::SayGone;
-                self.next_op(s);
-            }
-            (Stage::SayGone, Ok(_)) => {
-                self.wrote();
-                s.stage = Stage::Revoke;
-                self.next_op(s);
-            }
-            (Stage::Revoke, r) if r.as_ref().is_ok() || r.as_ref().is_err_and(lease_not_found) => {
-                if r.is_ok() {
-                    self.wrote();
-                }
-                if let Command::Evict { node, lease, .. } = &s.command {
-                    tracing::info!(%node, lease, "revoked the lease of a dead agent");
-                }
-                self.served(s, Ok(()));
-            }
-            (Stage::Depart, Ok(Answer::Departed { said, revoked })) => {
+            Ok(other) => self.unexpected(&other),
+            Err(e) => self.command_failed(Serving { id, job: Job::Write(w) }, e),
+        }
+    }
+
+    /// The depart op itself never fails; only the driver's deadline can end it so.
+    /// Leaving is not retried after a re-sync: that would register the leaving node again
+    /// (its lease lapsed while the op hung) and could make it coordinator.
+    fn on_depart_answer(&mut self, id: CommandId, answer: Result<Answer, Fault>) {
+        match answer {
+            Ok(Answer::Departed { said, revoked }) => {
                 if let Some(e) = said {
                     tracing::debug!(error = %e, "could not record the leave");
                 }
@@ -304,71 +391,69 @@ impl Machine {
                         tracing::warn!(error = %e, "could not revoke the lease; peers will notice after its TTL")
                     }
                 }
-                self.served(s, Ok(()));
             }
-            // The depart op itself never fails; only the driver's deadline can end it so.
-            // Leaving is not retried after a re-sync: that would register the leaving node
-            // again (its lease lapsed while the op hung) and could make it coordinator.
-            (Stage::Depart, Err(e)) => {
+            Ok(other) => return self.unexpected(&other),
+            Err(e) => {
                 tracing::warn!(error = %e, "could not leave in words; peers will notice after its TTL");
-                self.served(s, Ok(()));
             }
-            (stage, Err(source)) => self.command_failed(s, stage, source),
-            (_, Ok(other)) => self.unexpected(&other),
         }
+        self.served(id, true, Ok(()));
     }
 
-    /// The lease `s`'s write named was gone: the first time, a new one at once. A fresh
-    /// lease that expired too before the write with it landed says the writes wait in
-    /// etcd (or in this process) longer than a TTL: the next grant waits a backoff, as
-    /// an overloaded answer's retry does, so that 10,000 agents regranting add no load
+    /// The lease `w` named was gone: the first time, a new one at once. A fresh lease
+    /// that expired too before the write with it landed says the writes wait in etcd (or
+    /// in this process) longer than a TTL: the next grant waits a backoff, as an
+    /// overloaded answer's retry does, so that 10,000 agents regranting add no load
     /// faster than etcd drains it; past the outage bound the refusal is the answer.
-    fn regrant(&mut self, mut s: Serving, source: etcd_client::Error) {
+    fn regrant(&mut self, id: CommandId, mut w: Write, source: Fault) {
         let now = self.now;
-        let since = *s.regranting_since.get_or_insert(now);
-        s.regrants += 1;
-        s.stage = Stage::Regrant;
-        if s.regrants == 1 {
+        let since = *w.regranting_since.get_or_insert(now);
+        w.regrants += 1;
+        let regrants = w.regrants;
+        if now - since > self.cfg.outage_limit {
+            // The write's own error: it is what could not be done.
+            let what = Serving { id, job: Job::Write(w) }.what();
+            return self.served(id, false, Err(RendezvousError::Etcd { what, source }));
+        }
+        w.regranting = true;
+        let s = Serving { id, job: Job::Write(w) };
+        if regrants == 1 {
             return self.next_op(s);
         }
-        if now - since > self.cfg.outage_limit {
-            let what = what(&s.command, Stage::Write);
-            return self.served(s, Err(RendezvousError::Etcd { what, source }));
-        }
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        let delay = self.retry_delay(s.regrants - 2);
+        let delay = self.retry_delay(regrants - 2);
         tracing::warn!(
-            leases = s.regrants - 1,
+            leases = regrants - 1,
             retry_in = ?delay,
             "a new lease expired before the write with it reached etcd; granting another after a backoff"
         );
         let op = Op::Grant {
             ttl: self.cfg.ttl.as_secs().max(1) as i64,
         };
-        self.retry = Some((now + delay, Then::Command(s), op));
+        self.flight.retry_at(now + delay, Then::Command(s), op);
     }
 
     /// A command's op failed: a transient failure keeps the command for after the next
     /// sync (never answered with it); anything else is its answer.
-    fn command_failed(&mut self, s: Serving, stage: Stage, source: etcd_client::Error) {
-        let what = what(&s.command, stage);
-        if transient(&source) {
+    fn command_failed(&mut self, s: Serving, source: Fault) {
+        let what = s.what();
+        if source.transient {
             tracing::warn!(error = %source, "{what} failed; retrying after reconnecting");
-            self.pending.push_front((s.id, s.command));
+            self.flight.wait_first(s.into_waiting());
             return self.lost(source);
         }
-        self.served(s, Err(RendezvousError::Etcd { what, source }));
+        self.served(s.id, false, Err(RendezvousError::Etcd { what, source }));
     }
 
-    /// `s` is answered; what follows depends on the phase.
-    fn served(&mut self, s: Serving, result: Result<(), RendezvousError>) {
-        self.reply(s.id, result);
-        if matches!(s.command, Command::Depart { .. }) {
-            self.phase = Phase::Ended;
-            return;
+    /// Command `id` is answered; what follows depends on the phase. A departure ends the
+    /// session.
+    fn served(&mut self, id: CommandId, departed: bool, result: Result<(), RendezvousError>) {
+        self.reply(id, result);
+        if departed {
+            return self.end();
         }
         if let Phase::Watching { lease, .. } = self.phase {
-            if self.lease != lease || self.abandon {
+            if self.lease.id() != lease || self.me.abandoning() {
                 self.resync_after_watching(Resync::Outage);
             } else {
                 // A registration may have won the coordinator key.
@@ -378,18 +463,14 @@ impl Machine {
     }
 }
 
-/// What a command was doing, for its error.
-fn what(command: &Command, stage: Stage) -> &'static str {
-    match (command, stage) {
-        (_, Stage::Regrant) => "granting a new membership lease",
-        (Command::Evict { .. }, Stage::CheckHeld) => "checking a dead agent's lease",
-        (Command::Evict { .. }, Stage::SayGone) => "recording how a dead agent was found",
-        (Command::Evict { .. }, _) => "revoking a dead agent's lease",
-        (Command::Register { .. }, _) => <v1::Member as Record>::WRITING,
-        (Command::Write(o), _) => o.writing,
-        (Command::Withdraw { .. }, _) => <v1::Unhealthy as Record>::WRITING,
-        (Command::Running { .. } | Command::Abandon { .. } | Command::Depart { .. }, _) => {
-            "leaving the run"
+impl Write {
+    fn new(command: Command, claiming: bool) -> Self {
+        Self {
+            command,
+            claiming,
+            regranting: false,
+            regrants: 0,
+            regranting_since: None,
         }
     }
 }

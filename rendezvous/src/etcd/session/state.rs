@@ -12,35 +12,17 @@ use crate::etcd::keys::Keys;
 use crate::etcd::view::View;
 
 impl Machine {
-    pub(super) fn reset_outage(&mut self) {
-        self.outage_since = None;
-    }
-
     pub(super) fn reply(&mut self, id: CommandId, result: Result<(), RendezvousError>) {
-        self.effects.push(Effect::Reply(id, result));
+        self.flight.emit(Effect::Reply(id, result));
     }
 
     pub(super) fn wrote(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn view_mut(&mut self) -> &mut View {
-        self.view_changed = true;
-        &mut self.view
-    }
-
+    /// The lease clock's moment, into the view.
     pub(super) fn publish_lease(&mut self) {
-        let safe_until = self.clock.safe_until();
-        let old = self.view.lease_safe_until;
-        if old == safe_until {
-            return;
-        }
-        self.view.lease_safe_until = safe_until;
-        if matches!((old, safe_until), (Some(o), Some(n)) if n > o) {
-            self.lease_moved = true;
-        } else {
-            self.view_changed = true;
-        }
+        self.view.lease_safe_until(self.lease.clock().safe_until());
     }
 
     pub(super) fn role(&self) -> Role {
@@ -63,12 +45,12 @@ impl Machine {
         let now = self.now;
         let mut coordinator_gone = false;
         let keys = self.cfg.keys.clone();
-        let member = self.watch_role == Role::Member;
-        let v = self.view_mut();
+        let member = self.watches.role() == Role::Member;
+        let v = self.view.edit();
         for ev in events {
             match ev {
                 WatchEvent::Put(kv) => {
-                    super::sync::put_kv(v, &keys, &kv);
+                    super::rebuild::put_kv(v, &keys, &kv);
                     if member {
                         said_gone(v, &keys, &kv, now);
                     }
@@ -85,8 +67,8 @@ impl Machine {
     /// This node's claim on the coordinator key won (the one place that says so).
     pub(super) fn elected(&mut self) {
         tracing::info!(node = %self.cfg.node_id, "elected rendezvous coordinator");
-        let (me, lease) = (self.cfg.node_id.clone(), self.lease);
-        let v = self.view_mut();
+        let (me, lease) = (self.cfg.node_id.clone(), self.lease.id());
+        let v = self.view.edit();
         v.coordinator = Some(me);
         v.coordinator_lease = lease;
     }
@@ -97,17 +79,17 @@ impl Machine {
     /// a round, that round is over for it too.
     pub(super) fn lease_gone(&mut self) {
         let now = self.now;
-        let expired = self.clock.safe_until().is_none_or(|s| now >= s);
+        let expired = self.lease.clock().safe_until().is_none_or(|s| now >= s);
         if let Some(went) = self.my_incarnation().filter(|_| expired) {
             tracing::warn!("the lease expired while this node ran a round: it was evicted");
             let me = self.cfg.node_id.clone();
-            self.view_mut().depart(&me, went, now);
+            self.view.edit().depart(&me, went, now);
         }
     }
 
     /// This node's incarnation in the round it runs, if it runs one.
     pub(super) fn my_incarnation(&self) -> Option<u64> {
-        let r = self.running.as_ref()?;
+        let r = self.me.running()?;
         let me = r.members.iter().find(|m| m.node_id == self.cfg.node_id)?;
         Some(me.incarnation)
     }
@@ -115,29 +97,24 @@ impl Machine {
     /// A new lease replaced the old one: the next incarnation.
     pub(super) fn lease_renewed(&mut self, id: i64) {
         self.wrote();
-        self.clock.replaced(self.sent, self.cfg.ttl);
+        let old = self.lease.id();
+        self.lease.replaced(id, self.flight.sent(), self.cfg.ttl);
         self.publish_lease();
-        tracing::info!(
-            old = self.lease,
-            new = id,
-            "the lease was gone; granted a new one"
-        );
-        self.lease = id;
+        tracing::info!(old, new = id, "the lease was gone; granted a new one");
         self.counters.lease.send_replace(id);
         self.next_incarnation();
     }
 
     /// This agent's next registration is a new incarnation.
     pub(super) fn next_incarnation(&mut self) {
-        self.incarnation += 1;
-        let n = self.incarnation;
-        self.view_mut().incarnation = n;
+        let n = self.lease.next_incarnation();
+        self.view.edit().incarnation = n;
     }
 }
 
 /// A member watches no registrations (N members each watching every registration made
 /// etcd match every put against N watchers: formation was O(N²) inside etcd, and 4,000
-/// nodes never formed; issue 30). It learns that a round member went from the records
+/// nodes never formed). It learns that a round member went from the records
 /// that say so, all under the control keys: the node's own word before it revokes its
 /// lease (a leave, a fence), the coordinator's "lost" for a lease that expired, and the
 /// ring watcher's record of a dead node it evicts.

@@ -113,7 +113,7 @@ fn a_coordinator_that_is_not_rank_0_or_has_no_port_seals_without_a_master() {
     };
     assert!(!names_master(&spec), "{spec:?}");
 
-    let mut h = Harness::with(|c| c.pick_port = |_| None);
+    let mut h = Harness::with_port(None, |_| {});
     let e = h.m.start(h.now);
     let (_, e) = h.sync_through(e, &[]);
     no_op(&e);

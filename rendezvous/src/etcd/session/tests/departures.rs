@@ -222,7 +222,7 @@ fn an_unanswered_departure_ends_the_session_without_registering_again() {
     let mut h = Harness::synced();
     let e = h.command(1, depart(Departure::Finished, crate::LeftKind::Finished));
     assert!(matches!(the_op(&e), Op::Depart { .. }), "{e:?}");
-    let e = h.fail(crate::etcd::connect::unanswered(Duration::from_secs(10)));
+    let e = h.fail(crate::etcd::errors::unanswered(Duration::from_secs(10)));
     replied_ok(&e, 1);
     assert!(h.m.ended(), "{:?}", h.m.phase());
     no_op(&e);

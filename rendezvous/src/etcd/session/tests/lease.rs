@@ -243,7 +243,7 @@ fn with_several_endpoints_a_late_keep_alive_drops_the_connection_and_the_next_sy
 fn an_unanswered_op_makes_the_next_sync_connect_afresh_even_to_one_member() {
     for (error, fresh) in [
         (
-            crate::etcd::connect::unanswered(Duration::from_secs(10)),
+            crate::etcd::errors::unanswered(Duration::from_secs(10)),
             true,
         ),
         (cut(), false),

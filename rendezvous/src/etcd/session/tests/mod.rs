@@ -19,9 +19,11 @@ use crate::etcd::record::{Outgoing, Record};
 use crate::etcd::view::Departed;
 use crate::seal::SealConfig;
 use crate::{Counters, Departure, RendezvousError};
+use effects::*;
 
 mod commands;
 mod coordinator;
+mod effects;
 mod departures;
 mod eviction;
 mod lease;
@@ -73,7 +75,6 @@ fn config(t0: Instant) -> Config {
         unix_ms_at_grant: UNIX_MS_AT_GRANT,
         // Incarnations 1, 2, ... keep the expectations readable.
         first_incarnation: 1,
-        pick_port: |_| Some(29_501),
         allowed: Default::default(),
     }
 }
@@ -225,100 +226,6 @@ pub(super) fn read_root() -> Op {
 }
 
 // ---------------------------------------------------------------------------------------
-// Effects
-// ---------------------------------------------------------------------------------------
-
-pub(super) fn etcd_ops(effects: &[Effect]) -> Vec<Op> {
-    effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::Etcd(op) => Some(op.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The one etcd op among `effects`.
-#[track_caller]
-pub(super) fn the_op(effects: &[Effect]) -> Op {
-    let ops = etcd_ops(effects);
-    assert_eq!(ops.len(), 1, "expected one etcd op in {effects:?}");
-    ops.into_iter().next().unwrap()
-}
-
-#[track_caller]
-pub(super) fn no_op(effects: &[Effect]) {
-    assert!(
-        etcd_ops(effects).is_empty(),
-        "expected no etcd op in {effects:?}"
-    );
-}
-
-#[track_caller]
-pub(super) fn txn(op: Op) -> TxnSpec {
-    match op {
-        Op::Txn(spec) => spec,
-        other => panic!("expected a transaction, got {other:?}"),
-    }
-}
-
-pub(super) fn replied(effects: &[Effect]) -> Vec<CommandId> {
-    effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::Reply(id, _) => Some(*id),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The one reply to command `id` among `effects`.
-#[track_caller]
-pub(super) fn reply_of(effects: &[Effect], id: CommandId) -> &Result<(), RendezvousError> {
-    let found: Vec<_> = effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::Reply(i, r) if *i == id => Some(r),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(found.len(), 1, "expected one reply to {id} in {effects:?}");
-    found[0]
-}
-
-#[track_caller]
-pub(super) fn replied_ok(effects: &[Effect], id: CommandId) {
-    let r = reply_of(effects, id);
-    assert!(r.is_ok(), "command {id} answered {r:?}");
-}
-
-pub(super) fn closes_watches(effects: &[Effect]) -> bool {
-    effects.iter().any(|e| matches!(e, Effect::CloseWatches))
-}
-
-/// The value and lease of the put of `key` among `writes`.
-#[track_caller]
-pub(super) fn put_at<'a>(writes: &'a [Write], key: &str) -> (&'a [u8], i64) {
-    writes
-        .iter()
-        .find_map(|w| match w {
-            Write::Put {
-                key: k,
-                value,
-                lease,
-            } if k == key => Some((value.as_slice(), *lease)),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("no put of {key} in {writes:?}"))
-}
-
-pub(super) fn touches(writes: &[Write], key: &str) -> bool {
-    writes.iter().any(|w| match w {
-        Write::Put { key: k, .. } | Write::Delete(k) => k == key,
-    })
-}
-
-// ---------------------------------------------------------------------------------------
 // The harness
 // ---------------------------------------------------------------------------------------
 
@@ -328,21 +235,31 @@ pub(super) struct Harness {
     pub(super) now: Instant,
     pub(super) counters: Counters,
     pub(super) writes: Arc<AtomicU64>,
+    /// The port the driver finds free whenever the machine asks ([`Effect::PickPort`]).
+    pub(super) port: Option<u16>,
 }
 
 impl Harness {
     pub(super) fn with(edit: impl FnOnce(&mut Config)) -> Self {
+        Self::with_port(Some(29_501), edit)
+    }
+
+    pub(super) fn with_port(port: Option<u16>, edit: impl FnOnce(&mut Config)) -> Self {
         let t0 = Instant::now();
         let mut cfg = config(t0);
         edit(&mut cfg);
         let counters = Counters::default();
         let writes = Arc::new(AtomicU64::new(0));
+        let mut m = Machine::new(cfg, counters.clone(), writes.clone());
+        // As the driver answers the start's ask.
+        m.step(t0, Input::Port(port));
         Self {
-            m: Machine::new(cfg, counters.clone(), writes.clone()),
+            m,
             t0,
             now: t0,
             counters,
             writes,
+            port,
         }
     }
 
@@ -435,7 +352,11 @@ impl Harness {
     }
 
     pub(super) fn step(&mut self, input: Input) -> Vec<Effect> {
-        self.m.step(self.now, input)
+        let mut effects = self.m.step(self.now, input);
+        if effects.iter().any(|e| matches!(e, Effect::PickPort)) {
+            effects.extend(self.m.step(self.now, Input::Port(self.port)));
+        }
+        effects
     }
 
     pub(super) fn answer(&mut self, answer: Answer) -> Vec<Effect> {
@@ -443,7 +364,7 @@ impl Harness {
     }
 
     pub(super) fn fail(&mut self, e: etcd_client::Error) -> Vec<Effect> {
-        self.step(Input::Answer(Err(e)))
+        self.step(Input::Answer(Err(e.into())))
     }
 
     pub(super) fn command(&mut self, id: CommandId, command: Command) -> Vec<Effect> {
@@ -489,7 +410,7 @@ impl Harness {
 
     /// etcd lost the connection under the watches: the machine waits to retry.
     pub(super) fn disconnect(&mut self) -> Vec<Effect> {
-        let e = self.step(Input::StreamFailed(cut()));
+        let e = self.step(Input::StreamFailed(cut().into()));
         assert!(matches!(self.m.phase(), Phase::Disconnected { .. }));
         e
     }

@@ -34,7 +34,7 @@ fn wait_ms(h: &Harness) -> u64 {
 
 #[test]
 fn only_etcds_own_busy_answers_count_as_overload() {
-    use crate::etcd::connect::overloaded;
+    use crate::etcd::errors::overloaded;
     assert!(overloaded(&timed_out()) && overloaded(&limited()));
     let refused = etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
         "error trying to connect: tcp connect error: Connection refused",
@@ -193,7 +193,7 @@ fn the_lease_is_kept_alive_while_an_op_waits_in_etcd() {
 fn no_keep_alive_goes_beside_an_op_on_an_ended_stream() {
     let mut h = watching(Harness::new());
     h.command(1, report_done(3));
-    let e = h.step(Input::KeepAliveFailed(timed_out()));
+    let e = h.step(Input::KeepAliveFailed(timed_out().into()));
     no_op(&e);
     // Queued: the machine hears of the end after the answer; until then the stream
     // still counts as open, and one keep-alive goes on it.
@@ -235,14 +235,14 @@ fn watch_events_that_come_while_an_op_waits_are_counted_until_taken() {
 #[test]
 fn a_keep_alive_stream_etcd_ended_for_load_is_opened_again_beside_the_watches() {
     let mut h = watching(Harness::new());
-    let e = h.step(Input::KeepAliveFailed(timed_out()));
+    let e = h.step(Input::KeepAliveFailed(timed_out().into()));
     assert!(!closes_watches(&e));
     assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
     no_op(&h.answer(Answer::Done));
     assert!(matches!(h.m.phase(), Phase::Watching { .. }));
     assert_eq!(the_op(&h.fire()), Op::KeepAlive);
 
-    let e = h.step(Input::KeepAliveFailed(cut()));
+    let e = h.step(Input::KeepAliveFailed(cut().into()));
     // (The keep-alive in flight is answered first: one op at a time.)
     assert!(e.is_empty());
     let e = h.answer(Answer::Done);
@@ -260,7 +260,7 @@ fn a_keep_alive_stream_ended_during_a_retry_is_opened_again_before_the_next_keep
     let sent = the_op(&e);
     h.fail(timed_out());
     // A new stream at once, while the request still waits.
-    let e = h.step(Input::KeepAliveFailed(timed_out()));
+    let e = h.step(Input::KeepAliveFailed(timed_out().into()));
     assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
     no_op(&h.answer(Answer::Done));
     loop {
@@ -286,7 +286,7 @@ fn a_reopen_etcd_is_too_busy_for_never_takes_a_waiting_commands_place() {
     let e = h.command(1, report_done(3));
     let sent = the_op(&e);
     h.fail(timed_out());
-    let e = h.step(Input::KeepAliveFailed(timed_out()));
+    let e = h.step(Input::KeepAliveFailed(timed_out().into()));
     assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
     no_op(&h.fail(timed_out()));
     // Next: the command, not another reopen.

@@ -2,9 +2,9 @@
 //!
 //! Every agent asks this of every re-form, several times (the loss it reports, the detect
 //! time it shows, the round it left). Sets of all N names built per question were a tenth
-//! of an agent's CPU per re-form at 1,000 nodes (issue 30). A round sealed after a change
-//! keeps the survivors first and in their order (the coordinator's rule, and the shape a
-//! delta writes), so one walk of both lists finds who went with one comparison per member;
+//! of an agent's CPU per re-form at 1,000 nodes. A round sealed after a change keeps the
+//! survivors first and in their order (the coordinator's rule, and the shape a delta
+//! writes), so one walk of both lists finds who went with one comparison per member;
 //! rounds in another order fall back to a set.
 
 use std::collections::HashSet;
@@ -14,7 +14,7 @@ use std::collections::HashSet;
 const FEW: usize = 8;
 
 /// The ids of `before` that `after` lacks, in `before`'s order; `id` reads a member's id.
-pub fn gone<'a, T>(before: &'a [T], after: &[T], id: impl Fn(&T) -> &str) -> Vec<&'a str> {
+pub fn lacking<'a, T>(before: &'a [T], after: &[T], id: impl Fn(&T) -> &str) -> Vec<&'a str> {
     let mut next = after.iter().map(&id).peekable();
     let mut candidates = Vec::new();
     for m in before {
@@ -55,7 +55,7 @@ mod tests {
 
     fn went(before: &str, after: &str) -> Vec<String> {
         let (b, a) = (names(before), names(after));
-        gone(&b, &a, String::as_str)
+        lacking(&b, &a, String::as_str)
             .into_iter()
             .map(str::to_owned)
             .collect()

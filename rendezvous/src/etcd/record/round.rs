@@ -1,0 +1,199 @@
+//! The round and the halt, declared as records: `ctl/round` (whole, or the difference
+//! from the round before), the `roster` written beside a delta, and `ctl/halt`, judged by
+//! the round it ends. A round is taken only once its members are distinct and form a
+//! group; a halt only from a member of its round or the one before.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use fsdp_proto::v1;
+
+use super::{At, Mode, Place, Record};
+use crate::etcd::roster;
+use crate::etcd::view::{RoundEntry, View};
+use crate::ranks;
+use crate::text::{LINE_MAX, NAME_MAX, field};
+
+/// Where the halt lives (records written only while it is absent name it).
+pub(super) const HALT: Place = Place::Fixed("ctl/halt");
+
+impl Record for v1::Round {
+    const PLACE: Place = Place::Fixed("ctl/round");
+    const MODE: Mode = Mode::Own;
+    const WRITING: &'static str = "sealing a round";
+
+    // Every member takes each round: see `memo` for why one process decodes it once.
+    fn read(key: &str, value: &[u8]) -> Result<Self, fsdp_proto::RecordError> {
+        super::memo::round(key, value)
+    }
+
+    /// Its size, its members' worker counts and their distinctness are judged whole in
+    /// `apply` (a delta only together with the round it is based on); here its text.
+    fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
+        field("reason", &self.reason, LINE_MAX)?;
+        field("job", &self.job, NAME_MAX)?;
+        for m in self.members.iter().chain(&self.added).chain(&self.updated) {
+            field("member's node id", &m.node_id, NAME_MAX)?;
+            field("member's address", &m.addr, NAME_MAX)?;
+            field("member's status address", &m.status_addr, NAME_MAX)?;
+        }
+        Ok(())
+    }
+
+    fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
+        let (whole, distinct) = if self.delta {
+            let held = view.round.as_ref();
+            if held.is_some_and(|h| h.record.number >= self.number) {
+                // Known already, from the roster written beside it.
+                return Ok(());
+            }
+            match held.filter(|h| h.record.number == self.base && h.mod_rev == self.base_rev) {
+                // The held round was checked distinct, and `apply` keeps it so.
+                Some(h) => (roster::apply(&h.record, &self)?, Distinct::Known),
+                None => {
+                    // Based on a round this view does not hold: the roster says it whole.
+                    view.round_wanted = Some(self.number);
+                    return Ok(());
+                }
+            }
+        } else {
+            (self, Distinct::Unchecked)
+        };
+        set_round(view, whole, at, distinct)
+    }
+
+    // The forged round still holds the key: the next seal must replace it, fenced on its
+    // revision, or no round could be sealed again.
+    fn refused(view: &mut View, at: At) {
+        view.refused_round_rev = Some(at.mod_rev);
+    }
+
+    fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
+        view.round = None;
+        view.round_wanted = None;
+        view.refused_round_rev = None;
+    }
+}
+
+/// Whether a round's members are known to be distinct.
+enum Distinct {
+    Known,
+    Unchecked,
+}
+
+/// `r` (a whole round) as the view's round, at revision `at`.
+fn set_round(view: &mut View, r: v1::Round, at: At, distinct: Distinct) -> Result<(), String> {
+    check_round(&r, distinct)?;
+    view.allowed.round(&r)?;
+    view.refused_round_rev = None;
+    if view.round_wanted.is_some_and(|n| n <= r.number) {
+        view.round_wanted = None;
+    }
+    let replaced = view.round.replace(RoundEntry {
+        record: std::sync::Arc::new(r),
+        mod_rev: at.mod_rev,
+    });
+    if let Some(old) = replaced.filter(|old| {
+        view.round
+            .as_ref()
+            .is_some_and(|new| new.record.number > old.record.number)
+    }) {
+        view.previous_round = Some(old.record);
+    }
+    // A halt read before any round was known is judged now.
+    if let Some(h) = &view.halt
+        && let Err(why) = halt_writer(view, h)
+    {
+        let why = format!(
+            "{} record at ctl/halt {why}",
+            <v1::Halt as fsdp_proto::Versioned>::KIND
+        );
+        view.halt = None;
+        view.refuse("ctl/halt", why);
+    }
+    Ok(())
+}
+
+/// A halt ends every node: only a node of the round it ends, or of the one before (where
+/// it may have decided), can write one. Before any round is known it cannot be judged yet.
+fn halt_writer(view: &View, h: &v1::Halt) -> Result<(), String> {
+    let Some(round) = &view.round else {
+        return Ok(());
+    };
+    let member = |r: &v1::Round| r.members.iter().any(|m| m.node_id == h.node_id);
+    let before = view.previous_round.as_deref().is_some_and(member);
+    if member(&round.record) || before {
+        return Ok(());
+    }
+    Err(format!(
+        "comes from node {}, a member of neither round {} nor the one before; only they end the run",
+        crate::text::shown(&h.node_id),
+        round.record.number
+    ))
+}
+
+impl Record for v1::Roster {
+    const PLACE: Place = Place::Fixed("roster");
+    const MODE: Mode = Mode::Own;
+    const WRITING: &'static str = "sealing a round";
+
+    fn allowed(&self, view: &View, tail: &str) -> Result<(), String> {
+        // The round in it is judged as a round.
+        self.round
+            .as_ref()
+            .map_or(Ok(()), |r| r.allowed(view, tail))
+    }
+
+    /// Used only by a view that holds no round or waits for one it could not apply: any
+    /// other has the round from `ctl/round` (written in the same transaction).
+    fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
+        let r = self.round.ok_or("holds no round")?;
+        let wanted = view.round_wanted.is_some_and(|n| r.number >= n);
+        if view.round.is_none() || wanted {
+            set_round(view, r, at, Distinct::Unchecked)?;
+        }
+        Ok(())
+    }
+}
+
+impl Record for v1::Halt {
+    const PLACE: Place = HALT;
+    const MODE: Mode = Mode::FirstWord { unless: &[] };
+    const WRITING: &'static str = "ending the run for every node";
+
+    /// Its exit code is judged in `apply` (this node's failure policy); here its text and
+    /// its writer: a node of the round it ends (or of the one before, which it may have
+    /// decided in). Before any round is known it waits for the round's judgement
+    /// (`set_round`).
+    fn allowed(&self, view: &View, _: &str) -> Result<(), String> {
+        field("node id", &self.node_id, NAME_MAX)?;
+        field("reason", &self.reason, LINE_MAX)?;
+        halt_writer(view, self)
+    }
+
+    fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
+        view.allowed.halt(&self)?;
+        view.halt = Some(self);
+        Ok(())
+    }
+
+    fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
+        view.halt = None;
+    }
+}
+
+/// A round is trusted only if its members are distinct and their worker counts form a
+/// group without overflowing the rank arithmetic.
+fn check_round(r: &v1::Round, distinct: Distinct) -> Result<(), String> {
+    // Hashed: every member checks every round it takes, and at thousands of members an
+    // ordered set's string comparisons were a tenth of a simulated node's work. A round
+    // made from a delta is known distinct without it.
+    if let Distinct::Unchecked = distinct {
+        let mut seen = HashSet::with_capacity(r.members.len());
+        if let Some(dup) = r.members.iter().find(|m| !seen.insert(m.node_id.as_str())) {
+            return Err(format!("lists node {} twice", dup.node_id));
+        }
+    }
+    let sizes: Vec<u32> = r.members.iter().map(|m| m.local_world_size).collect();
+    ranks::assign(&sizes).map(drop)
+}

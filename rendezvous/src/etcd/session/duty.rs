@@ -1,0 +1,337 @@
+//! The coordinator's duty: claiming the coordinator key in turn when it goes, looking at
+//! the view and sealing a round when the rule says so, and when to look again. Also the
+//! port a round this node seals as its rank 0 names for its master: the driver picks it
+//! (binding a socket is I/O) and hands it in as [`Input::Port`](super::Input::Port).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use fsdp_proto::v1;
+
+use super::io::{Effect, Op, Role};
+use super::machine::{Machine, Then};
+use super::records;
+use super::sync::Todo;
+use crate::etcd::coordinator::{Coordinator, Observation, round_record};
+use crate::pace::HoldRule;
+use crate::seal::{Proposal, SealConfig, SealDecision};
+
+/// How long each member of the round waits after the one before it to claim a coordinator
+/// key that went.
+const CAMPAIGN_STEP: Duration = Duration::from_millis(200);
+
+#[derive(Debug)]
+pub(super) struct Duty {
+    coordinator: Coordinator,
+    /// When the coordinator asked to look again.
+    recheck: Option<Instant>,
+    /// The coordinator key went and this node is not the first to claim it: when to claim
+    /// it if nobody has by then.
+    campaign_at: Option<Instant>,
+    /// The churn episode ([`HoldRule::Churn`]) already said at info.
+    churn_said: Option<u64>,
+    /// The highest round number this agent has seen: a new round is numbered past it.
+    highest_round: Option<u64>,
+    /// The round the view holds and when this agent first saw it: how long ago a round
+    /// was sealed, by this agent's own clock ([`v1::Round::charged_ago_ms`]); and whether
+    /// it was seen while watching, that is sealed, not read at a sync.
+    round_seen: Option<(u64, Instant, bool)>,
+    /// A port free on this node's address, for the master of the next round it seals as
+    /// rank 0; none until the driver gives one (or when it found none).
+    port: Option<u16>,
+}
+
+/// What a commit in flight was for.
+#[derive(Debug)]
+pub(super) struct Commit {
+    number: u64,
+    members: usize,
+    restart_count: u32,
+    reason: String,
+}
+
+impl Duty {
+    pub(super) fn new(cfg: SealConfig, now: Instant) -> Self {
+        Self {
+            coordinator: Coordinator::new(cfg, now),
+            recheck: None,
+            campaign_at: None,
+            churn_said: None,
+            highest_round: None,
+            round_seen: None,
+            port: None,
+        }
+    }
+
+    /// The view holds round `n`, seen at `now`; `live`: while watching.
+    pub(super) fn saw_round(&mut self, n: u64, now: Instant, live: bool) {
+        if self.round_seen.is_none_or(|(seen, ..)| seen != n) {
+            self.round_seen = Some((n, now, live));
+        }
+        self.highest_round = self.highest_round.max(Some(n));
+    }
+
+    /// The driver's port for the next master.
+    pub(super) fn port(&mut self, port: Option<u16>) {
+        self.port = port;
+    }
+
+    /// The earliest of the duty's timers.
+    pub(super) fn next_timer(&self) -> Option<Instant> {
+        self.campaign_at.into_iter().chain(self.recheck).min()
+    }
+
+    /// The timers due at `now`, cleared: whether to claim the key, whether to look again.
+    pub(super) fn take_due(&mut self, now: Instant) -> (bool, bool) {
+        let campaign = self.campaign_at.take_if(|at| *at <= now).is_some();
+        let recheck = self.recheck.take_if(|at| *at <= now).is_some();
+        (campaign, recheck)
+    }
+
+    /// Not looking again: the role changes, or the watches do.
+    pub(super) fn stand_down(&mut self) {
+        self.recheck = None;
+    }
+}
+
+impl Machine {
+    /// The coordinator key went: the round's members not seen to go claim it in rank
+    /// order, the first at once and each next one [`CAMPAIGN_STEP`] later if nobody has
+    /// by then (the ones before it may be gone too); a node outside the round after a
+    /// lease TTL. A claim that finds the key taken writes nothing. Every member claiming
+    /// at once was a transaction per node each time the coordinator died: 999 at 1,000
+    /// nodes.
+    pub(super) fn campaign_in_turn(&mut self) {
+        let me = self.cfg.node_id.as_str();
+        let v = &self.view;
+        let turn = v.round.as_ref().and_then(|r| {
+            r.record
+                .members
+                .iter()
+                // This node lives, whatever became of the registration the round names.
+                .filter(|m| {
+                    m.node_id == me
+                        || v.departed
+                            .get(&m.node_id)
+                            .is_none_or(|d| d.incarnation < m.incarnation)
+                })
+                .position(|m| m.node_id == me)
+        });
+        let wait = match (turn, v.round.is_some()) {
+            (Some(k), _) => CAMPAIGN_STEP.saturating_mul(k as u32).min(self.cfg.ttl),
+            // A fresh run: everyone registered claims.
+            (None, false) => Duration::ZERO,
+            (None, true) => self.cfg.ttl,
+        };
+        if wait.is_zero() {
+            self.flight.then(Todo::Campaign);
+        } else {
+            self.duty.campaign_at = Some(self.now + wait);
+        }
+    }
+
+    /// As coordinator: observe the view, and commit a round if the rule says so; counts
+    /// the CPU time it took ([`crate::Counters::coordinating_ns`]).
+    pub(super) fn coordinate(&mut self) {
+        if self.role() != Role::Coordinator || self.watches.control_only() {
+            self.duty.recheck = None;
+            return;
+        }
+        if self.awaiting_return() {
+            return;
+        }
+        let began = thread_cpu_ns();
+        let sealed = self.decide_and_seal();
+        let spent = thread_cpu_ns().saturating_sub(began);
+        let c = &self.counters;
+        c.coordinating_ns.fetch_add(spent, Ordering::Relaxed);
+        if sealed {
+            c.sealing_ns.fetch_add(spent, Ordering::Relaxed);
+        }
+    }
+
+    /// A fresh store's coordinator, within its grace, while members of the round put back
+    /// are not registered yet: it waits for them (the grace's end decides, if not
+    /// sooner). A c10d host restarted in place sealed at once with the first two back,
+    /// declared the rest lost, and then admitted one per round: 5 to 6 rounds in 0.6 s.
+    fn awaiting_return(&self) -> bool {
+        if !self.cfg.fresh_store || self.watches.grace_until().is_none_or(|g| g <= self.now) {
+            return false;
+        }
+        let v = &self.view;
+        // The old host never comes back under its node id (one per process): its place
+        // is this agent's.
+        v.round.as_ref().is_some_and(|r| {
+            r.record
+                .members
+                .iter()
+                .any(|m| m.addr != self.cfg.addr && !v.members.contains_key(&m.node_id))
+        })
+    }
+
+    /// [`Machine::coordinate`]'s decision; whether it sent a commit.
+    fn decide_and_seal(&mut self) -> bool {
+        let obs = self.duty.coordinator.observe(self.now, &self.view);
+        self.say_observation(&obs);
+        match obs.decision {
+            SealDecision::Wait { recheck_at } | SealDecision::Reforming { recheck_at } => {
+                self.duty.recheck = recheck_at;
+                false
+            }
+            SealDecision::Seal(p) => {
+                self.seal(p, obs.fence, obs.reason);
+                true
+            }
+        }
+    }
+
+    /// The log lines of an observation: a new reason, a held seal.
+    fn say_observation(&mut self, obs: &Observation) {
+        // Once every member finished, the members leaving is the job ending: "re-forming
+        // (lost ...)" would read as a failure in the last lines of a successful run. The
+        // decision itself stands (a node joining a finished job still gets a round).
+        match (obs.new_reason, self.view.round_finished()) {
+            (true, true) => {
+                tracing::debug!(reason = %obs.reason, "coordinator (the round finished)")
+            }
+            (true, false) => tracing::info!(reason = %obs.reason, "coordinator"),
+            (false, _) => {}
+        }
+        let Some((why, rule)) = &obs.held else {
+            return;
+        };
+        self.counters.seals_held.fetch_add(1, Ordering::Relaxed);
+        match rule {
+            HoldRule::SameBasis => {
+                tracing::error!(reason = %obs.reason, held = %why, "rounds are being sealed too fast; is a node re-forming in a loop?")
+            }
+            // Churn is the nodes' doing, not ours: said once an episode.
+            HoldRule::Churn { episode } if self.duty.churn_said != Some(*episode) => {
+                self.duty.churn_said = Some(*episode);
+                tracing::info!(held = %why, "nodes are joining and leaving faster than a group can settle; each next round waits a little longer (0.5s, doubling up to 30s) until they calm down")
+            }
+            HoldRule::Churn { .. } => {
+                tracing::debug!(held = %why, "churn goes on; holding the next round")
+            }
+        }
+    }
+
+    /// Commits round `p` over the round at revision `fence`.
+    fn seal(&mut self, mut p: Proposal, fence: Option<i64>, reason: String) {
+        // Never a number this agent has seen sealed, even when the store forgot it
+        // (restored from an old snapshot, its round key deleted): keys indexed by round
+        // (failures, done, detections) would collide, and a member running that number
+        // would take the new round for the one it runs.
+        if let Some(seen) = self.duty.highest_round {
+            p.number = p.number.max(seen.saturating_add(1));
+        }
+        let record = v1::Round {
+            job: self.cfg.job.clone(),
+            ..round_record(&p, &self.view, &reason, self.unix_ms(), self.since_previous())
+        };
+        let base = self.view.round.as_ref();
+        let mut txn = records::commit_round(
+            &self.cfg.keys,
+            fence,
+            self.view.coordinator_lease,
+            &record,
+            base.map(|b| (&*b.record, b.mod_rev)),
+        );
+        if let Some(master) = self.master_of(&record) {
+            let put = records::put(self.cfg.keys.of(&master), fsdp_proto::encode(&master), self.lease.id());
+            txn.then.push(put);
+        }
+        let commit = Commit {
+            number: p.number,
+            members: p.members.len(),
+            restart_count: p.restart_count,
+            reason,
+        };
+        self.issue(Then::Commit(commit), Op::Txn(txn));
+    }
+
+    /// How long ago the round the view holds was sealed: seen sealed, on this agent's own
+    /// monotonic clock; else (this process started since, e.g. a c10d host restarted in
+    /// place) the seal's wall-clock age, the one measure left.
+    fn since_previous(&self) -> Duration {
+        match (&self.view.round, self.duty.round_seen) {
+            (Some(r), Some((n, at, true))) if n == r.record.number => self.now - at,
+            (Some(r), _) => {
+                Duration::from_millis(self.unix_ms().saturating_sub(r.record.sealed_at_ms))
+            }
+            (None, _) => Duration::ZERO,
+        }
+    }
+
+    /// When this node is `record`'s rank 0, the master it names in the same write, on the
+    /// driver's port (and the driver is asked for the next). Otherwise every member waits
+    /// for a second event, after rank 0 has seen the round through its own watch (a
+    /// quarter second at 1,000 members, where etcd sends the round to every watcher
+    /// first). Only from this process's own registration: one an earlier process left
+    /// (sealed before it expired) is not started by this one, which would leave the
+    /// members dialling a master nobody binds.
+    fn master_of(&mut self, record: &v1::Round) -> Option<v1::Master> {
+        let rank0 = record.members.first().is_some_and(|m| {
+            m.node_id == self.cfg.node_id
+                && m.lease == self.lease.id()
+                && m.incarnation >= self.view.incarnation
+        });
+        if !rank0 {
+            return None;
+        }
+        let port = self.duty.port.take()?;
+        self.flight.emit(Effect::PickPort);
+        Some(v1::Master {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            round: record.number,
+            addr: self.cfg.addr.clone(),
+            port: u32::from(port),
+        })
+    }
+
+    /// The answer to a commit: sealed, or not (another commit came first).
+    pub(super) fn on_commit_answer(
+        &mut self,
+        c: Commit,
+        answer: Result<super::io::Answer, super::Fault>,
+    ) {
+        match answer {
+            Ok(super::io::Answer::Txn { succeeded }) => {
+                self.wrote();
+                if succeeded {
+                    let (number, members, restart_count) = (c.number, c.members, c.restart_count);
+                    tracing::info!(round = number, members, restart_count, reason = %c.reason, "round sealed");
+                    self.counters.rounds_sealed.fetch_add(1, Ordering::Relaxed);
+                    self.duty.coordinator.sealed(self.now, number, &c.reason);
+                }
+            }
+            Ok(other) => self.unexpected(&other),
+            Err(e) => {
+                if e.kind == super::FaultKind::TooLarge {
+                    // Read again and sealed again, it fails the same way: only the
+                    // operator can end this, and the line must say how.
+                    tracing::error!(
+                        round = c.number,
+                        members = c.members,
+                        error = %e,
+                        "the round is larger than etcd takes in one request (its --max-request-bytes, \
+                         1.5 MiB by default, holds a round of about 40,000 nodes, stored packed); no \
+                         round can form until etcd is started with a larger --max-request-bytes"
+                    );
+                }
+                self.lost(e)
+            }
+        }
+    }
+}
+
+/// This thread's CPU time in ns (0 where the clock cannot be read): what the coordinator's
+/// decisions cost, apart from the time other tasks and processes had the core.
+fn thread_cpu_ns() -> u64 {
+    use nix::time::{ClockId, clock_gettime};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0, |t| {
+        (t.tv_sec() as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(t.tv_nsec() as u64)
+    })
+}

@@ -1,0 +1,124 @@
+//! The lease keeper: the lease this node's keys live on, the incarnation of its
+//! registration, what the session saw of etcd's clock for it, and when the next
+//! keep-alive is due. Only the session replaces the lease, so a lease found gone is
+//! replaced exactly once.
+
+use std::time::{Duration, Instant};
+
+use crate::fence::LeaseClock;
+
+#[derive(Debug)]
+pub(super) struct LeaseKeeper {
+    id: i64,
+    /// This agent's registrations so far ([`fsdp_proto::v1::Member`]'s `incarnation`): a
+    /// new lease, or a registration written again after its key was deleted, is the next
+    /// one.
+    incarnation: u64,
+    clock: LeaseClock,
+    /// When the next keep-alive is due; none while no stream is open.
+    keep_alive_at: Option<Instant>,
+    /// etcd ended the keep-alive stream for load: the next keep-alive needs a new one.
+    stream_ended: bool,
+}
+
+impl LeaseKeeper {
+    /// The lease granted at `granted_at`, with `ttl`.
+    pub(super) fn new(id: i64, incarnation: u64, granted_at: Instant, ttl: Duration) -> Self {
+        let mut clock = LeaseClock::default();
+        clock.replaced(granted_at, ttl);
+        Self {
+            id,
+            incarnation,
+            clock,
+            keep_alive_at: None,
+            stream_ended: false,
+        }
+    }
+
+    pub(super) fn id(&self) -> i64 {
+        self.id
+    }
+
+    pub(super) fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    pub(super) fn clock(&self) -> &LeaseClock {
+        &self.clock
+    }
+
+    /// The next registration is a new incarnation; returns it.
+    pub(super) fn next_incarnation(&mut self) -> u64 {
+        self.incarnation += 1;
+        self.incarnation
+    }
+
+    /// Lease `id`, granted by a request sent at `sent`, replaced the old one: what was
+    /// known of the old one no longer counts.
+    pub(super) fn replaced(&mut self, id: i64, sent: Instant, ttl: Duration) {
+        self.clock.replaced(sent, ttl);
+        self.id = id;
+    }
+
+    /// A request sent at `sent` found the lease with `left` to live.
+    pub(super) fn confirmed(&mut self, sent: Instant, left: Duration) {
+        self.clock.confirmed(sent, left);
+    }
+
+    /// The oldest unanswered keep-alive was answered with `left` to live.
+    pub(super) fn answered(&mut self, left: Duration) {
+        self.clock.keep_alive_answered(left);
+    }
+
+    /// etcd was seen without a leader at `sent` ([`LeaseClock::no_leader_at`]).
+    pub(super) fn no_leader_at(&mut self, sent: Instant, ttl: Duration) {
+        self.clock.no_leader_at(sent, ttl);
+    }
+
+    /// When the next keep-alive is due, while a stream is open.
+    pub(super) fn keep_alive_due(&self) -> Option<Instant> {
+        self.keep_alive_at
+    }
+
+    /// Whether the keep-alive stream ended and the next keep-alive needs a new one.
+    pub(super) fn stream_ended(&self) -> bool {
+        self.stream_ended
+    }
+
+    /// Keep-alives from `now` on (the watches are open).
+    pub(super) fn start(&mut self, now: Instant) {
+        self.keep_alive_at = Some(now);
+    }
+
+    /// No keep-alives until [`LeaseKeeper::start`]: the streams are closed.
+    pub(super) fn stop(&mut self) {
+        self.keep_alive_at = None;
+    }
+
+    /// The next keep-alive a third of a TTL from `now`.
+    pub(super) fn later(&mut self, now: Instant, ttl: Duration) {
+        self.keep_alive_at = Some(now + ttl / 3);
+    }
+
+    /// A keep-alive leaves at `now`; the next is due a third of a TTL later.
+    pub(super) fn sent(&mut self, now: Instant, ttl: Duration) {
+        self.clock.keep_alive_sent(now);
+        self.later(now, ttl);
+    }
+
+    /// etcd ended the keep-alive stream for load: a keep-alive on a new one, due at `now`
+    /// when `at_once`.
+    pub(super) fn ended(&mut self, at_once: Option<Instant>) {
+        self.stream_ended = true;
+        if let Some(now) = at_once {
+            self.keep_alive_at = Some(now);
+        }
+    }
+
+    /// A new keep-alive stream is open: the keep-alives sent on the old one will never be
+    /// answered, and the next answer pairs with one sent on this one.
+    pub(super) fn stream_opened(&mut self) {
+        self.stream_ended = false;
+        self.clock.stream_closed();
+    }
+}

@@ -1,0 +1,112 @@
+//! What the session knows of etcd's trouble: failures in a row and since when, whether
+//! etcd was too busy for a request and since when, whether the prober looks, and what
+//! the next sync must do about the connection. Each is changed only here; the phases
+//! (`phases.rs`) decide what the trouble means.
+
+use std::time::{Duration, Instant};
+
+use super::machine::{FIRST_RETRY, LAST_RETRY};
+
+#[derive(Debug, Default)]
+pub(super) struct Outage {
+    /// Failures since the last good watch: the next sync waits
+    /// `backoff::nth(FIRST_RETRY, LAST_RETRY, n)`.
+    failures: u32,
+    /// Since when etcd has not answered (the first failure of an outage).
+    since: Option<Instant>,
+    /// etcd has one member (from its member list at the last sync): only then can the
+    /// prober prove that it has no leader.
+    single_member: bool,
+    probing: bool,
+    /// The connection's member failed (or its requests went unanswered): pin another,
+    /// or a fresh connection, at the next sync.
+    reselect: bool,
+    /// When etcd last said anything to this session.
+    heard_at: Option<Instant>,
+    /// Overloaded answers in a row, and since when: the next retry waits longer, and a
+    /// busy spell longer than the outage bound ends the session as an outage would.
+    slowed: u32,
+    slowed_since: Option<Instant>,
+}
+
+impl Outage {
+    /// etcd failed at `now`: how long the outage has lasted, counted from its first
+    /// failure.
+    pub(super) fn failed(&mut self, now: Instant) -> Duration {
+        now - *self.since.get_or_insert(now)
+    }
+
+    /// The wait before the next sync after a failure (from 100 ms, doubling, at most a
+    /// quarter TTL and 2 s: well within the fencing margin, since a refused probe keeps
+    /// the lease safe only for a TTL from when it was sent); counts the failure.
+    pub(super) fn next_backoff(&mut self, ttl: Duration) -> Duration {
+        let delay = crate::backoff::nth(FIRST_RETRY, LAST_RETRY.min(ttl / 4), self.failures);
+        self.failures = self.failures.saturating_add(1);
+        delay
+    }
+
+    /// The watches were left without an error: the backoff starts over.
+    pub(super) fn left_cleanly(&mut self) {
+        self.failures = 0;
+    }
+
+    /// etcd answers again (the watches are open).
+    pub(super) fn over(&mut self) {
+        self.since = None;
+    }
+
+    /// etcd told its member count.
+    pub(super) fn members(&mut self, n: usize) {
+        self.single_member = n == 1;
+    }
+
+    pub(super) fn single_member(&self) -> bool {
+        self.single_member
+    }
+
+    pub(super) fn probing(&self) -> bool {
+        self.probing
+    }
+
+    /// Whether the prober is to look; returns whether that changed.
+    pub(super) fn probe(&mut self, on: bool) -> bool {
+        std::mem::replace(&mut self.probing, on) != on
+    }
+
+    /// Whether the next sync pins another member (or a fresh connection) first.
+    pub(super) fn reselect(&self) -> bool {
+        self.reselect
+    }
+
+    pub(super) fn set_reselect(&mut self, reselect: bool) {
+        self.reselect = reselect;
+    }
+
+    /// etcd said something at `now`.
+    pub(super) fn heard(&mut self, now: Instant) {
+        self.heard_at = Some(now);
+    }
+
+    pub(super) fn heard_at(&self) -> Option<Instant> {
+        self.heard_at
+    }
+
+    /// etcd answered a request: any busy spell is over.
+    pub(super) fn keeps_up(&mut self) {
+        (self.slowed, self.slowed_since) = (0, None);
+    }
+
+    /// Since when etcd has been too busy, or `now` if it is not.
+    pub(super) fn slowed_since(&self, now: Instant) -> Instant {
+        self.slowed_since.unwrap_or(now)
+    }
+
+    /// etcd was too busy for a request at `now`: how many times in a row before this one,
+    /// and how long the spell has lasted.
+    pub(super) fn slowed(&mut self, now: Instant) -> (u32, Duration) {
+        let busy_for = now - *self.slowed_since.get_or_insert(now);
+        let before = self.slowed;
+        self.slowed = self.slowed.saturating_add(1);
+        (before, busy_for)
+    }
+}
