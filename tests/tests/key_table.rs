@@ -1,5 +1,5 @@
 //! docs/architecture.md's list of what lives in etcd, held to the records the rendezvous
-//! declares. The list once lacked `ctl/gone/` and the roster for months: nothing compared
+//! declares. The list once lacked `ctl/noticed/` and the roster for months: nothing compared
 //! it with the code.
 //!
 //! The code's side is read from the rendezvous crate's source: the table of declared

@@ -175,7 +175,7 @@ impl JobRecords for EtcdRendezvous {
 
     fn detection(&self, node: &str, round: u64) -> crate::Detection {
         let v = self.view.borrow();
-        let found = v.gone.get(node).filter(|g| g.round == round);
+        let found = v.noticed.get(node).filter(|g| g.round == round);
         match found.map(|g| (g.how(), g.detect_ms)) {
             Some((v1::Detection::Left, _)) => crate::Detection::Left,
             Some((v1::Detection::Refused, ms)) => crate::Detection::Refused {

@@ -152,10 +152,10 @@ fn said_why(v: &View, node: &str, incarnation: u64) -> bool {
 }
 
 /// Why the coordinator thinks `gone` was lost: how its ring neighbour proved it, if one
-/// did (a [`v1::Gone`] of that round), and whether its workers had finished.
+/// did (a [`v1::Noticed`] of that round), and whether its workers had finished.
 pub fn lost_reason(v: &View, gone: &Vanished) -> LeftReason {
     let proof = v
-        .gone
+        .noticed
         .get(&gone.node_id)
         .filter(|g| g.round == gone.round)
         .map(|g| (g.how(), g.detect_ms));

@@ -11,7 +11,7 @@
 //! ctl/coordinator                   Coordinator  leased, claimed if absent: the election key
 //! ctl/failures/<n>                  Failure      first word, unless halted: round n failed
 //! ctl/done/<n>/<node>               Done         the node's workers all succeeded in round n
-//! ctl/gone/<n>/<node>               Gone         first word: how the node's loss was noticed
+//! ctl/noticed/<n>/<node>            Noticed      first word: how the node's loss was noticed
 //! ctl/hang/<n>/<node>               HangReport   where the node's ranks were when round n hung
 //! ctl/halt                          Halt         first word: the run is over for every node
 //! ctl/unhealthy/<node>              Unhealthy    leased: the node's health check fails
@@ -166,7 +166,7 @@ const DECLARED: &[Declared] = {
         declare::<Coordinator>(),
         declare::<Failure>(),
         declare::<Done>(),
-        declare::<Gone>(),
+        declare::<Noticed>(),
         declare::<HangReport>(),
         declare::<Halt>(),
         declare::<Unhealthy>(),

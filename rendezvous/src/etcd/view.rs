@@ -88,7 +88,7 @@ pub struct View {
     /// the next seal is fenced on it, so that it replaces the forgery.
     pub refused_round_rev: Option<i64>,
     /// How each lost member's loss was noticed, by node (the latest round's record).
-    pub gone: BTreeMap<String, v1::Gone>,
+    pub noticed: BTreeMap<String, v1::Noticed>,
     /// Per round, the nodes that saw their own worker fail, with when and the revision of
     /// their report ([`View::first_fault`] finds the origin); the latest rounds only.
     pub faults: BTreeMap<u64, BTreeMap<String, FaultSeen>>,
@@ -138,7 +138,7 @@ impl View {
             refused,
             allowed,
             refused_round_rev,
-            gone,
+            noticed,
             faults,
             quarantine,
             unhealthy,
@@ -165,7 +165,7 @@ impl View {
             refused: refused.clone(),
             allowed: allowed.clone(),
             refused_round_rev: *refused_round_rev,
-            gone: gone.clone(),
+            noticed: noticed.clone(),
             faults: faults.clone(),
             quarantine: quarantine.clone(),
             unhealthy: unhealthy.clone(),

@@ -203,9 +203,9 @@ fn the_lost_word_says_how_the_loss_was_proven() {
     assert_eq!(why.kind, LeftKind::Lost);
     assert!(why.detail.contains("lease expired"), "{why:?}");
 
-    v.gone.insert(
+    v.noticed.insert(
         "b".into(),
-        v1::Gone {
+        v1::Noticed {
             schema: SCHEMA_VERSION,
             round: 3,
             node_id: "b".into(),

@@ -157,8 +157,8 @@ impl Record for v1::Done {
     }
 }
 
-impl Record for v1::Gone {
-    const PLACE: Place = Place::Under("ctl/gone/");
+impl Record for v1::Noticed {
+    const PLACE: Place = Place::Under("ctl/noticed/");
     // A leaver's own "left" is not overwritten by the neighbour that then finds its port
     // closed.
     const MODE: Mode = Mode::FirstWord { unless: &[] };
@@ -175,11 +175,11 @@ impl Record for v1::Gone {
 
     fn apply(self, view: &mut View, _: &str, _: At) -> Result<(), String> {
         let newer = view
-            .gone
+            .noticed
             .get(&self.node_id)
             .is_none_or(|old| old.round <= self.round);
         if newer {
-            view.gone.insert(self.node_id.clone(), self);
+            view.noticed.insert(self.node_id.clone(), self);
         }
         Ok(())
     }

@@ -118,7 +118,7 @@ impl Conn {
         } else {
             // Only the coordinator watches registrations; the others learn of new rounds
             // through the round key and of departures through the records that say so
-            // (`state.rs`, `said_gone`).
+            // (`state.rs`, `said_departed`).
             let ctl = c.watch(self.keys.ctl(), Some(ctl_opts)).await?;
             (ctl, None)
         };

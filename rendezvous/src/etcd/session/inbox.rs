@@ -2,7 +2,7 @@
 //! every step kept as counts: how many bytes of watch events wait, and whether a
 //! keep-alive answer does. Counted by scanning the queue on each step instead, a first
 //! round arriving at 4,000 simulated nodes queued thousands of inputs per node and the
-//! scans were 10% of the bench's CPU (issue 30).
+//! scans were 10% of the bench's CPU.
 
 use std::collections::VecDeque;
 

@@ -42,8 +42,8 @@ pub fn write(keys: &Keys, o: &Outgoing, lease: i64) -> Op {
 }
 
 /// How `node`'s loss from `round` was noticed.
-pub fn gone(round: u64, node: &str, how: v1::Detection, detect_ms: u32) -> v1::Gone {
-    v1::Gone {
+pub fn noticed(round: u64, node: &str, how: v1::Detection, detect_ms: u32) -> v1::Noticed {
+    v1::Noticed {
         schema: SCHEMA_VERSION,
         round,
         node_id: node.to_owned(),
@@ -53,7 +53,7 @@ pub fn gone(round: u64, node: &str, how: v1::Detection, detect_ms: u32) -> v1::G
 }
 
 /// The record of how a member's loss was noticed (its declaration: the first word stands).
-pub fn say_gone(keys: &Keys, g: &v1::Gone) -> TxnSpec {
+pub fn say_noticed(keys: &Keys, g: &v1::Noticed) -> TxnSpec {
     match write(keys, &Outgoing::of(keys, g), 0) {
         Op::Txn(t) => t,
         _ => unreachable!("a loss is recorded first word first"),
@@ -63,12 +63,12 @@ pub fn say_gone(keys: &Keys, g: &v1::Gone) -> TxnSpec {
 /// Why this node leaves (`word`), beside the first word on how (`gone`), if it has one:
 /// its word is put whether or not the first word stands, and replaces a "lost" the
 /// coordinator wrote at its key meanwhile. The oldest records at `trim` go with it.
-pub fn say_left(keys: &Keys, word: &v1::Left, gone: Option<&v1::Gone>, trim: &[String]) -> TxnSpec {
+pub fn say_left(keys: &Keys, word: &v1::Left, gone: Option<&v1::Noticed>, trim: &[String]) -> TxnSpec {
     let mut then = vec![put(keys.of(word), fsdp_proto::encode(word), 0)];
     then.extend(trim.iter().map(|t| Write::Delete(keys.key::<v1::Left>(t))));
     match gone {
         Some(g) => {
-            let mut said = say_gone(keys, g);
+            let mut said = say_noticed(keys, g);
             said.otherwise = then.clone();
             said.then.extend(then);
             said

@@ -60,7 +60,7 @@ struct Write {
 enum EvictStage {
     /// Does the dead node's registration still live on that lease?
     CheckHeld,
-    SayGone,
+    SayNoticed,
     Revoke,
 }
 
@@ -103,7 +103,7 @@ impl Serving {
                 _ => <v1::Unhealthy as Record>::WRITING,
             },
             Job::Evict { stage: EvictStage::CheckHeld, .. } => "checking a dead agent's lease",
-            Job::Evict { stage: EvictStage::SayGone, .. } => "recording how a dead agent was found",
+            Job::Evict { stage: EvictStage::SayNoticed, .. } => "recording how a dead agent was found",
             Job::Evict { .. } => "revoking a dead agent's lease",
             Job::Depart { .. } => "leaving the run",
         }
@@ -155,7 +155,7 @@ impl Machine {
                     return self.served(id, false, Ok(()));
                 }
                 let stage = if crate::switches::OLD_EVICTIONS.with(std::cell::Cell::get) {
-                    EvictStage::SayGone
+                    EvictStage::SayNoticed
                 } else {
                     EvictStage::CheckHeld
                 };
@@ -229,9 +229,9 @@ impl Machine {
                 EvictStage::CheckHeld => {
                     Op::Txn(records::lease_holds(&self.cfg.keys, node, *lease))
                 }
-                EvictStage::SayGone => {
-                    let g = records::gone(*round, node, v1::Detection::Refused, *detect_ms);
-                    Op::Txn(records::say_gone(&self.cfg.keys, &g))
+                EvictStage::SayNoticed => {
+                    let g = records::noticed(*round, node, v1::Detection::Refused, *detect_ms);
+                    Op::Txn(records::say_noticed(&self.cfg.keys, &g))
                 }
                 EvictStage::Revoke => Op::Revoke { lease: *lease },
             },
@@ -265,7 +265,7 @@ impl Machine {
     /// it: under load one more round trip first would delay what every survivor waits for.
     fn depart_op(&self, how: Departure, why: &LeftReason) -> Op {
         let gone = match (how, self.me.running()) {
-            (Departure::Left, Some(r)) => Some(records::gone(
+            (Departure::Left, Some(r)) => Some(records::noticed(
                 r.number,
                 &self.cfg.node_id,
                 v1::Detection::Left,
@@ -310,10 +310,10 @@ impl Machine {
                         self.served(id, false, Ok(()));
                     }
                     (EvictStage::CheckHeld, Ok(_)) => {
-                        let job = next(EvictStage::SayGone);
+                        let job = next(EvictStage::SayNoticed);
                         self.next_op(Serving { id, job });
                     }
-                    (EvictStage::SayGone, Ok(_)) => {
+                    (EvictStage::SayNoticed, Ok(_)) => {
                         self.wrote();
                         let job = next(EvictStage::Revoke);
                         self.next_op(Serving { id, job });

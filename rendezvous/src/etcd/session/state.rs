@@ -52,7 +52,7 @@ impl Machine {
                 WatchEvent::Put(kv) => {
                     super::rebuild::put_kv(v, &keys, &kv);
                     if member {
-                        said_gone(v, &keys, &kv, now);
+                        said_departed(v, &keys, &kv, now);
                     }
                 }
                 WatchEvent::Delete { key, prev } => {
@@ -118,14 +118,14 @@ impl Machine {
 /// that say so, all under the control keys: the node's own word before it revokes its
 /// lease (a leave, a fence), the coordinator's "lost" for a lease that expired, and the
 /// ring watcher's record of a dead node it evicts.
-fn said_gone(v: &mut View, keys: &Keys, kv: &Kv, now: std::time::Instant) {
+fn said_departed(v: &mut View, keys: &Keys, kv: &Kv, now: std::time::Instant) {
     let went = if kv.key.starts_with(&keys.key::<v1::Left>("")) {
         let tail = &kv.key[keys.key::<v1::Left>("").len()..];
         v.left
             .get(tail)
             .map(|e| (e.record.node_id.clone(), e.record.incarnation))
-    } else if kv.key.starts_with(&keys.key::<v1::Gone>("")) {
-        let Ok(g) = fsdp_proto::decode::<v1::Gone>(&kv.key, &kv.value) else {
+    } else if kv.key.starts_with(&keys.key::<v1::Noticed>("")) {
+        let Ok(g) = fsdp_proto::decode::<v1::Noticed>(&kv.key, &kv.value) else {
             return;
         };
         v.round

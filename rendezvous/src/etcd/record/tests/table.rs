@@ -125,7 +125,7 @@ fn writes_follow_the_declared_mode() {
         node_id: "n1".into(),
         ..Default::default()
     };
-    let gone = v1::Gone {
+    let gone = v1::Noticed {
         round: 2,
         node_id: "n1".into(),
         ..Default::default()

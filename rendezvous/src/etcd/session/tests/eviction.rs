@@ -143,9 +143,9 @@ fn evicting_a_node_that_holds_says_gone_then_revokes() {
     h.command(1, evict_b());
     let e = h.answer(Answer::Txn { succeeded: true });
     let spec = txn(the_op(&e));
-    let key = k.key::<v1::Gone>(&crate::etcd::record::per_round(1, "b"));
+    let key = k.key::<v1::Noticed>(&crate::etcd::record::per_round(1, "b"));
     assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
-    let gone = v1::Gone::decode(put_at(&spec.then, &key).0).unwrap();
+    let gone = v1::Noticed::decode(put_at(&spec.then, &key).0).unwrap();
     assert_eq!(
         (
             gone.round,
@@ -194,9 +194,9 @@ fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
         panic!("expected a departure with its record: {e:?}")
     };
     assert_eq!(lease, LEASE);
-    let key = k.key::<v1::Gone>(&crate::etcd::record::per_round(4, "a"));
+    let key = k.key::<v1::Noticed>(&crate::etcd::record::per_round(4, "a"));
     assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
-    let gone = v1::Gone::decode(put_at(&spec.then, &key).0).unwrap();
+    let gone = v1::Noticed::decode(put_at(&spec.then, &key).0).unwrap();
     assert_eq!(gone.how(), v1::Detection::Left);
     // Why it left, whether or not the first word on how stands.
     for writes in [&spec.then, &spec.otherwise] {

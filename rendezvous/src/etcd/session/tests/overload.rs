@@ -1,5 +1,5 @@
 //! etcd answering that it is overloaded, on a connection that works: the request goes
-//! again after a backoff, the watches and the view stay (issue 30: 3,000 joining nodes
+//! again after a backoff, the watches and the view stay (at 3,000 joining nodes
 //! each dropped their watches on "request timed out" and read the run again, and etcd
 //! never caught up).
 
@@ -153,7 +153,7 @@ fn keep_alives_beside(effects: &[Effect]) -> usize {
 /// A write can wait in etcd longer than a TTL before "request timed out" comes back: the
 /// lease's keep-alives go beside it when due, and their answers move the lease clock at
 /// once, so the agent does not fence itself and etcd does not expire the lease while a
-/// slow op is in flight (issue 30: at 10,000 nodes, thousands of leases expired so).
+/// slow op is in flight (at 10,000 nodes, thousands of leases expired so).
 #[test]
 fn the_lease_is_kept_alive_while_an_op_waits_in_etcd() {
     let mut h = watching(Harness::new());

@@ -275,13 +275,13 @@ fn a_member_learns_of_departures_from_the_records_that_say_so() {
     h.step(Input::Watched(vec![WatchEvent::Put(record_kv(&word, 11))]));
     assert_eq!(h.m.view().departed.get("c").map(|d| d.incarnation), Some(1));
 
-    let evicted = crate::etcd::session::records::gone(1, "b", v1::Detection::Refused, 40);
+    let evicted = crate::etcd::session::records::noticed(1, "b", v1::Detection::Refused, 40);
     h.step(Input::Watched(vec![WatchEvent::Put(record_kv(
         &evicted, 12,
     ))]));
     assert_eq!(h.m.view().departed.get("b").map(|d| d.incarnation), Some(1));
     // A record of another round's loss says nothing of this one.
-    let other = crate::etcd::session::records::gone(0, "d", v1::Detection::Refused, 40);
+    let other = crate::etcd::session::records::noticed(0, "d", v1::Detection::Refused, 40);
     h.step(Input::Watched(vec![WatchEvent::Put(record_kv(&other, 13))]));
     assert!(!h.m.view().departed.contains_key("d"));
 }

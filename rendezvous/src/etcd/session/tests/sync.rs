@@ -15,10 +15,11 @@ fn the_first_sync_reads_counts_members_and_watches_from_the_next_revision() {
     assert_eq!(
         ops,
         vec![
-            // A joining member reads the control keys, not every registration (issue 30).
+            // A joining member reads the control keys, not every registration: N members
+            // each reading every registration was O(N²) bytes at formation.
             read_ctl(),
             Op::MemberCount,
-            // No time-to-live of the lease granted just before (issue 30: one request
+            // No time-to-live of the lease granted just before (one request
             // fewer per joining agent, each costly to etcd 3.4 at formation).
             Op::Watch {
                 role: Role::Member,
