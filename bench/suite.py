@@ -318,7 +318,7 @@ def sim_run(a, args):
 def bench_sim(a):
     """14. The deterministic simulator: clean campaigns, and each fix switched off."""
     if not os.path.exists(a.sim):
-        why = f"{a.sim} is missing (cargo build --release -p fsdp-rendezvous --example sim)"
+        why = f"{a.sim} is missing (cargo build --release -p fsdp-rendezvous --features sim --example sim)"
         log(f"sim: not run: {why}")
         return {"not_run": why}
     out = {"campaigns": [], "switches": {}}

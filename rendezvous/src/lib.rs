@@ -38,7 +38,7 @@ pub mod pace;
 pub mod port;
 pub mod ranks;
 pub mod seal;
-/// The deterministic simulator: test-only, with the `sim` feature (docs/simulation.md).
+// The deterministic simulator: test-only, with the `sim` feature (docs/simulation.md).
 #[cfg(feature = "sim")]
 #[doc(hidden)]
 pub mod sim;

@@ -3,7 +3,7 @@
 //!
 //! With the `sim` feature (the test command's) each switch is a per-thread flag, off
 //! unless a test or `scripts/sim.sh --switch` turns one on. Without it (the agent's
-//! build) each is [`Off`]: the same read, `SWITCH.with(Cell::get)`, always `false`, so
+//! build) each is an `Off`: the same read, `SWITCH.with(Cell::get)`, always `false`, so
 //! the compiler drops the old code paths; and no switch can be set.
 
 #[cfg(feature = "sim")]

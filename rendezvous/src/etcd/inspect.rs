@@ -1,5 +1,5 @@
 //! A run's state as `fsdp-agent status` shows it: one ranged read of the run's keys
-//! ([`inspect`]), decoded into a [`View`] and summarised by [`report`], a pure function.
+//! ([`inspect`]), decoded into a [`View`] and summarised by [`report()`], a pure function.
 //! Its parts:
 //!
 //! * `report.rs` — the report and its rows, made of the view;

@@ -95,7 +95,9 @@ fn with_the_old_store_the_simulator_finds_live_agents_evicted() {
         old_store: true,
         ..Switches::default()
     };
-    let found = failures(old, 0..10_000);
+    // About one seed in four fails with it (79 of the first 300): a thousand is plenty,
+    // and ten thousand took over five minutes on a loaded machine.
+    let found = failures(old, 0..1_000);
     let evicted = found
         .iter()
         .find(|r| {
@@ -103,8 +105,8 @@ fn with_the_old_store_the_simulator_finds_live_agents_evicted() {
                 .as_deref()
                 .is_some_and(|v| v.contains("fencing"))
         })
-        .expect("found within 10,000 seeds");
-    assert!(evicted.seed < 10_000);
+        .expect("found within 1,000 seeds");
+    assert!(evicted.seed < 1_000);
     let mut opts = Options::new(4);
     opts.switches = old;
     // Seed 4 found it until the departure records added ops that change every trace,

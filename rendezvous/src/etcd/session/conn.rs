@@ -17,7 +17,7 @@ use crate::etcd::token;
 
 pub(super) type EtcdResult<T> = Result<T, etcd_client::Error>;
 
-/// The streams of [`crate::etcd::session::Phase::Watching`].
+/// The streams the session watches while it is in its watching phase.
 pub(super) struct Streams {
     /// Control keys; for the coordinator, every key of the run.
     pub(super) ctl: WatchStream,
@@ -37,7 +37,6 @@ pub(super) struct Conn {
     pub(super) ttl: std::time::Duration,
     pub(super) streams: Option<Streams>,
 }
-
 
 impl Conn {
     /// Sends one keep-alive on the open stream, if there is one (the lease clock counts
@@ -283,4 +282,3 @@ pub async fn commit_round(
     let spec = records::commit_round(keys, fence, lease, record, None);
     Ok(client.txn(txn(spec)).await?.succeeded())
 }
-

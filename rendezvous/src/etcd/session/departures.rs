@@ -8,12 +8,12 @@ use std::collections::BTreeSet;
 
 use fsdp_proto::v1;
 
+use super::fault::Fault;
 use super::io::{Op, Role};
 use super::machine::{Machine, Then};
 use super::records;
 use super::sync::Todo;
 use crate::LeftReason;
-use super::fault::Fault;
 use crate::etcd::left::{self, KEPT, Word};
 use crate::etcd::record::Record;
 

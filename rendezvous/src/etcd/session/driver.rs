@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, EventType, WatchResponse};
 use tokio::sync::{mpsc, watch};
 
+use super::Request;
 use super::fault::Fault;
 use super::io::{Answer, Effect, Input, Op, WatchEvent};
 use super::machine::Machine;
-use super::Request;
 use crate::etcd::connect::EtcdOptions;
 use crate::etcd::errors;
 use crate::etcd::probe::{Prober, Proof};

@@ -1,7 +1,7 @@
 //! The coordinator's duty: claiming the coordinator key in turn when it goes, looking at
 //! the view and sealing a round when the rule says so, and when to look again. Also the
 //! port a round this node seals as its rank 0 names for its master: the driver picks it
-//! (binding a socket is I/O) and hands it in as [`Input::Port`](super::Input::Port).
+//! (binding a socket is I/O) and hands it in as an input (`Input::Port`).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -227,7 +227,13 @@ impl Machine {
         }
         let record = v1::Round {
             job: self.cfg.job.clone(),
-            ..round_record(&p, &self.view, &reason, self.unix_ms(), self.since_previous())
+            ..round_record(
+                &p,
+                &self.view,
+                &reason,
+                self.unix_ms(),
+                self.since_previous(),
+            )
         };
         let base = self.view.round.as_ref();
         let mut txn = records::commit_round(
@@ -238,7 +244,11 @@ impl Machine {
             base.map(|b| (&*b.record, b.mod_rev)),
         );
         if let Some(master) = self.master_of(&record) {
-            let put = records::put(self.cfg.keys.of(&master), fsdp_proto::encode(&master), self.lease.id());
+            let put = records::put(
+                self.cfg.keys.of(&master),
+                fsdp_proto::encode(&master),
+                self.lease.id(),
+            );
             txn.then.push(put);
         }
         let commit = Commit {

@@ -94,7 +94,10 @@ mod tests {
     fn each_failure_is_sorted_once_by_what_etcd_said() {
         use tonic::Code;
         let busy = status(Code::Unavailable, "etcdserver: request timed out");
-        assert_eq!((busy.kind, busy.transient, busy.said_by_etcd()), (FaultKind::Overloaded, true, true));
+        assert_eq!(
+            (busy.kind, busy.transient, busy.said_by_etcd()),
+            (FaultKind::Overloaded, true, true)
+        );
         let large = status(Code::InvalidArgument, "etcdserver: request is too large");
         assert_eq!((large.kind, large.transient), (FaultKind::TooLarge, false));
         let gone = status(Code::NotFound, "etcdserver: requested lease not found");
@@ -102,9 +105,15 @@ mod tests {
         let denied = status(Code::PermissionDenied, "etcdserver: permission denied");
         assert_eq!((denied.kind, denied.transient), (FaultKind::Refused, false));
         let late: Fault = errors::unanswered(std::time::Duration::from_secs(3)).into();
-        assert_eq!((late.kind, late.transient, late.said_by_etcd()), (FaultKind::Unanswered, true, false));
+        assert_eq!(
+            (late.kind, late.transient, late.said_by_etcd()),
+            (FaultKind::Unanswered, true, false)
+        );
         let cut = Fault::local(std::io::ErrorKind::ConnectionReset, "cut".into());
         assert_eq!((cut.kind, cut.transient), (FaultKind::Connection, true));
-        assert_eq!(cut.to_string(), etcd_client::Error::IoError(std::io::Error::other("cut")).to_string());
+        assert_eq!(
+            cut.to_string(),
+            etcd_client::Error::IoError(std::io::Error::other("cut")).to_string()
+        );
     }
 }

@@ -230,7 +230,10 @@ impl Machine {
 
     /// The prober saw etcd without a leader, looking at `sent`.
     fn no_leader(&mut self, sent: Instant, silent: bool) {
-        let heard_lately = self.outage.heard_at().is_some_and(|h| h + self.cfg.ttl / 8 > sent);
+        let heard_lately = self
+            .outage
+            .heard_at()
+            .is_some_and(|h| h + self.cfg.ttl / 8 > sent);
         if silent && heard_lately {
             // A connection nobody answered, while this session heard etcd lately:
             // loaded, not stopped (at 4,000 to 10,000 nodes, etcd took longer than
@@ -387,7 +390,9 @@ impl Machine {
             Input::Watched(_) | Input::WatchCreated { .. } | Input::LeaseAnswer(_) => true,
             Input::StreamFailed(e) | Input::KeepAliveFailed(e) => e.said_by_etcd(),
             // A keep-alive is answered by the local send.
-            Input::Answer(Ok(_)) => !matches!(self.flight.awaiting(), Some(Then::Todo(Todo::KeepAlive))),
+            Input::Answer(Ok(_)) => {
+                !matches!(self.flight.awaiting(), Some(Then::Todo(Todo::KeepAlive)))
+            }
             Input::Answer(Err(e)) => e.said_by_etcd(),
             _ => false,
         }

@@ -78,8 +78,7 @@ impl Machine {
             }
             Input::KeepAliveFailed(e) => self.lost(e),
             Input::LeaseAnswer(Some(ttl)) if ttl > 0 => {
-                self.lease
-                    .answered(Duration::from_secs(ttl.unsigned_abs()));
+                self.lease.answered(Duration::from_secs(ttl.unsigned_abs()));
                 self.publish_lease();
                 self.probe(false);
             }
@@ -94,10 +93,7 @@ impl Machine {
             }
             Input::Timer => self.on_timer(),
             Input::Command(id, command) => self.serve(id, command),
-            Input::Answer(_)
-            | Input::CommandsClosed
-            | Input::NoLeader { .. }
-            | Input::Port(_) => {}
+            Input::Answer(_) | Input::CommandsClosed | Input::NoLeader { .. } | Input::Port(_) => {}
         }
     }
 

@@ -6,7 +6,7 @@ use fsdp_proto::{SCHEMA_VERSION, v1};
 
 use super::io::{Compare, Op, TxnSpec, Write};
 use crate::etcd::keys::Keys;
-use crate::etcd::record::{Mode, Outgoing};
+use crate::etcd::record::{Mode, Outgoing, Record};
 
 /// A put of `value` at `key`, on `lease` (0: none).
 pub fn put(key: String, value: Vec<u8>, lease: i64) -> Write {
@@ -31,13 +31,13 @@ pub fn first_word(key: String, value: Vec<u8>, unless: &[String]) -> TxnSpec {
 pub fn write(keys: &Keys, o: &Outgoing, lease: i64) -> Op {
     let (key, value) = (o.key.clone(), o.value.clone());
     match o.mode {
-        Mode::Put => Op::Put(put(key, value, 0)),
+        // `Outgoing::of` refuses a record written its own way when it is compiled.
+        Mode::Put | Mode::Own => Op::Put(put(key, value, 0)),
         Mode::Leased => Op::Put(put(key, value, lease)),
         Mode::FirstWord { unless } => {
             let unless: Vec<String> = unless.iter().map(|p| keys.place(*p, "")).collect();
             Op::Txn(first_word(key, value, &unless))
         }
-        Mode::Own => unreachable!("`Outgoing::of` refuses records written their own way"),
     }
 }
 
@@ -54,16 +54,24 @@ pub fn noticed(round: u64, node: &str, how: v1::Detection, detect_ms: u32) -> v1
 
 /// The record of how a member's loss was noticed (its declaration: the first word stands).
 pub fn say_noticed(keys: &Keys, g: &v1::Noticed) -> TxnSpec {
-    match write(keys, &Outgoing::of(keys, g), 0) {
-        Op::Txn(t) => t,
-        _ => unreachable!("a loss is recorded first word first"),
-    }
+    const {
+        assert!(matches!(
+            <v1::Noticed as Record>::MODE,
+            Mode::FirstWord { unless: [] }
+        ))
+    };
+    first_word(keys.of(g), fsdp_proto::encode(g), &[])
 }
 
 /// Why this node leaves (`word`), beside the first word on how (`gone`), if it has one:
 /// its word is put whether or not the first word stands, and replaces a "lost" the
 /// coordinator wrote at its key meanwhile. The oldest records at `trim` go with it.
-pub fn say_left(keys: &Keys, word: &v1::Left, gone: Option<&v1::Noticed>, trim: &[String]) -> TxnSpec {
+pub fn say_left(
+    keys: &Keys,
+    word: &v1::Left,
+    gone: Option<&v1::Noticed>,
+    trim: &[String],
+) -> TxnSpec {
     let mut then = vec![put(keys.of(word), fsdp_proto::encode(word), 0)];
     then.extend(trim.iter().map(|t| Write::Delete(keys.key::<v1::Left>(t))));
     match gone {

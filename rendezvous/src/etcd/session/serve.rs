@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use fsdp_proto::{SCHEMA_VERSION, v1};
+use fsdp_proto::v1;
 
 use super::fault::{Fault, FaultKind};
 use super::io::{Answer, Command, CommandId, Op};
@@ -102,8 +102,14 @@ impl Serving {
                 Command::Write(o) => o.writing,
                 _ => <v1::Unhealthy as Record>::WRITING,
             },
-            Job::Evict { stage: EvictStage::CheckHeld, .. } => "checking a dead agent's lease",
-            Job::Evict { stage: EvictStage::SayNoticed, .. } => "recording how a dead agent was found",
+            Job::Evict {
+                stage: EvictStage::CheckHeld,
+                ..
+            } => "checking a dead agent's lease",
+            Job::Evict {
+                stage: EvictStage::SayNoticed,
+                ..
+            } => "recording how a dead agent was found",
             Job::Evict { .. } => "revoking a dead agent's lease",
             Job::Depart { .. } => "leaving the run",
         }
@@ -185,26 +191,6 @@ impl Machine {
         self.me.written_with(self.lease.id(), incarnation)
             && !gone
             && crate::etcd::joining::registration_stands(&self.view, me, incarnation, wants)
-    }
-
-    fn member_record(&self, wants_round: u64) -> v1::Member {
-        v1::MemberFields {
-            schema: SCHEMA_VERSION,
-            node_id: self.cfg.node_id.clone(),
-            addr: self.cfg.addr.clone(),
-            local_world_size: self.cfg.local_world_size,
-            wants_round,
-            status_addr: self.cfg.status_addr.clone(),
-            // Set to the lease and incarnation it is written with (`registration`).
-            lease: 0,
-            incarnation: 0,
-            min_nodes: self.cfg.seal.min_nodes,
-            max_nodes: self.cfg.seal.max_nodes,
-            max_restarts: self.cfg.budget.max_restarts,
-            restart_window_s: self.cfg.budget.window_s,
-            job: self.cfg.job.clone(),
-        }
-        .into()
     }
 
     /// Sends the op of `s`'s stage.
@@ -320,7 +306,8 @@ impl Machine {
                     }
                     (EvictStage::Revoke, r)
                         if r.as_ref().is_ok()
-                            || r.as_ref().is_err_and(|e| e.kind == FaultKind::LeaseNotFound) =>
+                            || r.as_ref()
+                                .is_err_and(|e| e.kind == FaultKind::LeaseNotFound) =>
                     {
                         if r.is_ok() {
                             self.wrote();
@@ -330,7 +317,10 @@ impl Machine {
                     }
                     (_, Ok(other)) => self.unexpected(&other),
                     (stage, Err(e)) => {
-                        let s = Serving { id, job: next(stage) };
+                        let s = Serving {
+                            id,
+                            job: next(stage),
+                        };
                         self.command_failed(s, e)
                     }
                 }
@@ -358,7 +348,10 @@ impl Machine {
             Ok(Answer::Granted { id: lease }) if w.regranting => {
                 self.lease_renewed(lease);
                 w.regranting = false;
-                self.next_op(Serving { id, job: Job::Write(w) });
+                self.next_op(Serving {
+                    id,
+                    job: Job::Write(w),
+                });
             }
             Ok(answer) if !w.regranting => {
                 self.wrote();
@@ -372,7 +365,13 @@ impl Machine {
                 self.served(id, false, Ok(()));
             }
             Ok(other) => self.unexpected(&other),
-            Err(e) => self.command_failed(Serving { id, job: Job::Write(w) }, e),
+            Err(e) => self.command_failed(
+                Serving {
+                    id,
+                    job: Job::Write(w),
+                },
+                e,
+            ),
         }
     }
 
@@ -412,11 +411,18 @@ impl Machine {
         let regrants = w.regrants;
         if now - since > self.cfg.outage_limit {
             // The write's own error: it is what could not be done.
-            let what = Serving { id, job: Job::Write(w) }.what();
+            let what = Serving {
+                id,
+                job: Job::Write(w),
+            }
+            .what();
             return self.served(id, false, Err(RendezvousError::Etcd { what, source }));
         }
         w.regranting = true;
-        let s = Serving { id, job: Job::Write(w) };
+        let s = Serving {
+            id,
+            job: Job::Write(w),
+        };
         if regrants == 1 {
             return self.next_op(s);
         }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use fsdp_proto::v1;
+use fsdp_proto::{SCHEMA_VERSION, v1};
 
 use super::io::{CommandId, Effect, Kv, Role, WatchEvent};
 use super::machine::Machine;
@@ -103,6 +103,27 @@ impl Machine {
         tracing::info!(old, new = id, "the lease was gone; granted a new one");
         self.counters.lease.send_replace(id);
         self.next_incarnation();
+    }
+
+    /// This node's registration, ready for `wants_round`.
+    pub(super) fn member_record(&self, wants_round: u64) -> v1::Member {
+        v1::MemberFields {
+            schema: SCHEMA_VERSION,
+            node_id: self.cfg.node_id.clone(),
+            addr: self.cfg.addr.clone(),
+            local_world_size: self.cfg.local_world_size,
+            wants_round,
+            status_addr: self.cfg.status_addr.clone(),
+            // Set to the lease and incarnation it is written with (`registration`).
+            lease: 0,
+            incarnation: 0,
+            min_nodes: self.cfg.seal.min_nodes,
+            max_nodes: self.cfg.seal.max_nodes,
+            max_restarts: self.cfg.budget.max_restarts,
+            restart_window_s: self.cfg.budget.window_s,
+            job: self.cfg.job.clone(),
+        }
+        .into()
     }
 
     /// This agent's next registration is a new incarnation.

@@ -273,11 +273,7 @@ impl Machine {
         tracing::info!(lease = self.lease.id(), "revoked the fenced lease");
         // Its registration went with the lease: a round sealed from it (before the
         // others saw it go) is not one this agent can run.
-        let (me, went, now) = (
-            self.cfg.node_id.clone(),
-            self.lease.incarnation(),
-            self.now,
-        );
+        let (me, went, now) = (self.cfg.node_id.clone(), self.lease.incarnation(), self.now);
         self.view.edit().depart(&me, went, now);
         self.me.abandoned();
         self.flight.first(Todo::Grant);

@@ -23,8 +23,8 @@ use effects::*;
 
 mod commands;
 mod coordinator;
-mod effects;
 mod departures;
+mod effects;
 mod eviction;
 mod lease;
 mod outage;
