@@ -37,8 +37,11 @@ pub(super) struct Duty {
     /// it was seen while watching, that is sealed, not read at a sync.
     round_seen: Option<(u64, Instant, bool)>,
     /// A port free on this node's address, for the master of the next round it seals as
-    /// rank 0; none until the driver gives one (or when it found none).
-    port: Option<u16>,
+    /// rank 0, and when the driver found it; none until the driver gives one.
+    port: Option<(u16, Instant)>,
+    /// When a port was last asked for: asked again only once the one held is a TTL old
+    /// (or none came within one), so a port is never much older than that when used.
+    asked_at: Option<Instant>,
 }
 
 /// What a commit in flight was for.
@@ -60,6 +63,7 @@ impl Duty {
             highest_round: None,
             round_seen: None,
             port: None,
+            asked_at: None,
         }
     }
 
@@ -71,9 +75,24 @@ impl Duty {
         self.highest_round = self.highest_round.max(Some(n));
     }
 
-    /// The driver's port for the next master.
-    pub(super) fn port(&mut self, port: Option<u16>) {
-        self.port = port;
+    /// The driver's port for the next master, found at `now` (none: it found none).
+    pub(super) fn port(&mut self, port: Option<u16>, now: Instant) {
+        if let Some(p) = port {
+            self.port = Some((p, now));
+        }
+    }
+
+    /// Whether to ask the driver for a port before sealing at `now`: the one held is
+    /// older than `ttl` (a process that binds ports by number may have taken it since),
+    /// or there is none; not twice at the same moment (the driver found none). Marks it
+    /// asked.
+    fn ask_port(&mut self, now: Instant, ttl: Duration) -> bool {
+        let fresh = self.port.is_some_and(|(_, at)| now < at + ttl);
+        let ask = !fresh && self.asked_at != Some(now);
+        if ask {
+            self.asked_at = Some(now);
+        }
+        ask
     }
 
     /// The earliest of the duty's timers.
@@ -178,6 +197,16 @@ impl Machine {
                 self.duty.recheck = recheck_at;
                 false
             }
+            // As the round's rank 0, with no fresh port for its master: the driver finds
+            // one first (it answers at once), and the seal is decided again with it.
+            SealDecision::Seal(p)
+                if p.members.first() == Some(&self.cfg.node_id)
+                    && self.duty.ask_port(self.now, self.cfg.ttl) =>
+            {
+                self.flight.emit(Effect::PickPort);
+                self.flight.first(Todo::Coordinate);
+                false
+            }
             SealDecision::Seal(p) => {
                 self.seal(p, obs.fence, obs.reason);
                 true
@@ -274,7 +303,7 @@ impl Machine {
     }
 
     /// When this node is `record`'s rank 0, the master it names in the same write, on the
-    /// driver's port (and the driver is asked for the next). Otherwise every member waits
+    /// driver's port (each used once: a round's store binds it). Otherwise every member waits
     /// for a second event, after rank 0 has seen the round through its own watch (a
     /// quarter second at 1,000 members, where etcd sends the round to every watcher
     /// first). Only from this process's own registration: one an earlier process left
@@ -289,8 +318,7 @@ impl Machine {
         if !rank0 {
             return None;
         }
-        let port = self.duty.port.take()?;
-        self.flight.emit(Effect::PickPort);
+        let (port, _) = self.duty.port.take()?;
         Some(v1::Master {
             schema: fsdp_proto::SCHEMA_VERSION,
             round: record.number,
@@ -344,4 +372,38 @@ fn thread_cpu_ns() -> u64 {
             .saturating_mul(1_000_000_000)
             .saturating_add(t.tv_nsec() as u64)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver that found no port once (the address did not resolve yet, say) is asked
+    /// again at the next seal: a first answer of none turned the master-in-the-commit off
+    /// for good in an earlier version.
+    #[test]
+    fn a_port_is_asked_for_until_one_comes_and_again_once_it_is_a_ttl_old() {
+        let (t0, ttl) = (Instant::now(), Duration::from_secs(10));
+        let cfg = SealConfig {
+            min_nodes: 1,
+            max_nodes: 1,
+            last_call: Duration::ZERO,
+            straggler_timeout: ttl,
+        };
+        let mut d = Duty::new(cfg, t0);
+        assert!(d.ask_port(t0, ttl), "none held");
+        assert!(!d.ask_port(t0, ttl), "the driver found none just now");
+        d.port(None, t0);
+        let t1 = t0 + Duration::from_millis(1);
+        assert!(d.ask_port(t1, ttl), "asked again at the next seal");
+        d.port(Some(20_001), t1);
+        assert!(!d.ask_port(t1 + ttl / 2, ttl), "fresh");
+        assert!(d.ask_port(t1 + ttl, ttl), "a TTL old");
+        d.port(Some(20_002), t1 + ttl);
+        assert_eq!(d.port.take(), Some((20_002, t1 + ttl)));
+        assert!(
+            d.ask_port(t1 + ttl + Duration::from_millis(1), ttl),
+            "used once"
+        );
+    }
 }
