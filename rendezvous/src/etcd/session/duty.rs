@@ -42,6 +42,8 @@ pub(super) struct Duty {
     /// When a port was last asked for: asked again only once the one held is a TTL old
     /// (or none came within one), so a port is never much older than that when used.
     asked_at: Option<Instant>,
+    /// A seal waits for the port asked for: decided again when it comes.
+    seal_waits: bool,
 }
 
 /// What a commit in flight was for.
@@ -64,6 +66,7 @@ impl Duty {
             round_seen: None,
             port: None,
             asked_at: None,
+            seal_waits: false,
         }
     }
 
@@ -75,11 +78,13 @@ impl Duty {
         self.highest_round = self.highest_round.max(Some(n));
     }
 
-    /// The driver's port for the next master, found at `now` (none: it found none).
-    pub(super) fn port(&mut self, port: Option<u16>, now: Instant) {
+    /// The driver's port for the next master, found at `now` (none: it found none);
+    /// whether a seal waited for it.
+    pub(super) fn port(&mut self, port: Option<u16>, now: Instant) -> bool {
         if let Some(p) = port {
             self.port = Some((p, now));
         }
+        std::mem::take(&mut self.seal_waits)
     }
 
     /// Whether to ask the driver for a port before sealing at `now`: the one held is
@@ -198,13 +203,13 @@ impl Machine {
                 false
             }
             // As the round's rank 0, with no fresh port for its master: the driver finds
-            // one first (it answers at once), and the seal is decided again with it.
+            // one first (it answers at once), and the seal is decided again when it comes.
             SealDecision::Seal(p)
                 if p.members.first() == Some(&self.cfg.node_id)
                     && self.duty.ask_port(self.now, self.cfg.ttl) =>
             {
                 self.flight.emit(Effect::PickPort);
-                self.flight.first(Todo::Coordinate);
+                self.duty.seal_waits = true;
                 false
             }
             SealDecision::Seal(p) => {
@@ -393,7 +398,7 @@ mod tests {
         let mut d = Duty::new(cfg, t0);
         assert!(d.ask_port(t0, ttl), "none held");
         assert!(!d.ask_port(t0, ttl), "the driver found none just now");
-        d.port(None, t0);
+        assert!(!d.port(None, t0), "no seal waited");
         let t1 = t0 + Duration::from_millis(1);
         assert!(d.ask_port(t1, ttl), "asked again at the next seal");
         d.port(Some(20_001), t1);

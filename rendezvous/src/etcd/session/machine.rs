@@ -183,7 +183,11 @@ impl Machine {
             Input::Answer(answer) => self.on_answer(answer),
             // A proof counts at once, even while an op waits on the etcd it is about.
             Input::NoLeader { sent, silent } => self.no_leader(sent, silent),
-            Input::Port(port) => self.duty.port(port, now),
+            Input::Port(port) => {
+                if self.duty.port(port, now) {
+                    self.flight.then(Todo::Coordinate);
+                }
+            }
             // The lease's keep-alives go on while an op waits, and their answers count at
             // once (see `keep_alive_beside`).
             Input::Timer if self.busy() => self.send_keep_alive_beside(),

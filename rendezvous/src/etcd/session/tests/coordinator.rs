@@ -125,6 +125,27 @@ fn a_coordinator_that_is_not_rank_0_or_has_no_port_seals_without_a_master() {
     assert!(!names_master(&spec), "{spec:?}");
 }
 
+/// A rank 0 with no port at hand (the one found at start went to an earlier seal) asks
+/// the driver for one and seals with it. When the seal was decided again at once, before
+/// the driver's answer, the master went apart: one more etcd write at every re-form of
+/// `rdzv-bench --lose leave`.
+#[test]
+fn a_rank_0_without_a_port_seals_with_the_one_the_driver_then_finds() {
+    let k = keys();
+    let mut h = Harness::with_port(None, |_| {});
+    h.port = Some(29_502);
+    let e = h.m.start(h.now);
+    let (_, e) = h.sync_through(e, &[]);
+    no_op(&e);
+    h.command(1, Command::Register { wants_round: 0 });
+    let e = h.answer(Answer::Txn { succeeded: true });
+    let me = member("a", LEASE, 1, 0);
+    let (_, e) = h.sync_through(e, &[member_kv(&me, 6), coordinator_kv("a", LEASE)]);
+    let spec = txn(the_op(&e));
+    let master = v1::Master::decode(put_at(&spec.then, &k.key::<v1::Master>("")).0).unwrap();
+    assert_eq!(master.port, 29_502);
+}
+
 #[test]
 fn a_failed_commit_does_not_count_as_sealed() {
     let (mut h, _) = coordinating(0);
