@@ -27,13 +27,7 @@ enum Job {
     /// One write ([`Command::Register`], [`Command::Write`], [`Command::Withdraw`]).
     Write(Write),
     /// [`Command::Evict`], checked, said and revoked in turn.
-    Evict {
-        node: String,
-        lease: i64,
-        round: u64,
-        detect_ms: u32,
-        stage: EvictStage,
-    },
+    Evict(Eviction, EvictStage),
     /// [`Command::Depart`]: the revoke, with the records beside it.
     Depart {
         how: crate::Departure,
@@ -56,6 +50,15 @@ struct Write {
     regranting_since: Option<Instant>,
 }
 
+/// A dead agent's lease to revoke ([`Command::Evict`]).
+#[derive(Debug)]
+struct Eviction {
+    node: String,
+    lease: i64,
+    round: u64,
+    detect_ms: u32,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EvictStage {
     /// Does the dead node's registration still live on that lease?
@@ -76,17 +79,11 @@ impl Serving {
     pub(super) fn into_waiting(self) -> (CommandId, Command) {
         let command = match self.job {
             Job::Write(w) => w.command,
-            Job::Evict {
-                node,
-                lease,
-                round,
-                detect_ms,
-                ..
-            } => Command::Evict {
-                node,
-                lease,
-                round,
-                detect_ms,
+            Job::Evict(e, _) => Command::Evict {
+                node: e.node,
+                lease: e.lease,
+                round: e.round,
+                detect_ms: e.detect_ms,
             },
             Job::Depart { how, why } => Command::Depart { how, why },
         };
@@ -102,15 +99,9 @@ impl Serving {
                 Command::Write(o) => o.writing,
                 _ => <v1::Unhealthy as Record>::WRITING,
             },
-            Job::Evict {
-                stage: EvictStage::CheckHeld,
-                ..
-            } => "checking a dead agent's lease",
-            Job::Evict {
-                stage: EvictStage::SayNoticed,
-                ..
-            } => "recording how a dead agent was found",
-            Job::Evict { .. } => "revoking a dead agent's lease",
+            Job::Evict(_, EvictStage::CheckHeld) => "checking a dead agent's lease",
+            Job::Evict(_, EvictStage::SayNoticed) => "recording how a dead agent was found",
+            Job::Evict(_, EvictStage::Revoke) => "revoking a dead agent's lease",
             Job::Depart { .. } => "leaving the run",
         }
     }
@@ -165,13 +156,13 @@ impl Machine {
                 } else {
                     EvictStage::CheckHeld
                 };
-                Job::Evict {
+                let eviction = Eviction {
                     node,
                     lease,
                     round,
                     detect_ms,
-                    stage,
-                }
+                };
+                Job::Evict(eviction, stage)
             }
             Command::Depart { how, why } => Job::Depart { how, why },
         };
@@ -200,26 +191,20 @@ impl Machine {
                 ttl: self.cfg.ttl.as_secs().max(1) as i64,
             },
             Job::Write(w) => self.write_op(w),
-            Job::Evict {
-                node,
-                lease,
-                round,
-                detect_ms,
-                stage,
-            } => match stage {
+            Job::Evict(e, stage) => match stage {
                 // Only while `lease` is still the one its registration lives on: the
                 // proof is about the process that held it. A node that registered again
                 // (a new incarnation), or a store restarted empty that handed the id to
                 // someone else, is not what was found dead, and revoking it would evict
                 // a live agent.
                 EvictStage::CheckHeld => {
-                    Op::Txn(records::lease_holds(&self.cfg.keys, node, *lease))
+                    Op::Txn(records::lease_holds(&self.cfg.keys, &e.node, e.lease))
                 }
                 EvictStage::SayNoticed => {
-                    let g = records::noticed(*round, node, v1::Detection::Refused, *detect_ms);
+                    let g = records::noticed(e.round, &e.node, v1::Detection::Refused, e.detect_ms);
                     Op::Txn(records::say_noticed(&self.cfg.keys, &g))
                 }
-                EvictStage::Revoke => Op::Revoke { lease: *lease },
+                EvictStage::Revoke => Op::Revoke { lease: e.lease },
             },
             Job::Depart { how, why } => self.depart_op(*how, why),
         };
@@ -276,20 +261,9 @@ impl Machine {
         let Serving { id, job } = s;
         match job {
             Job::Write(w) => self.on_write_answer(id, w, answer),
-            Job::Evict {
-                node,
-                lease,
-                round,
-                detect_ms,
-                stage,
-            } => {
-                let next = |stage| Job::Evict {
-                    node: node.clone(),
-                    lease,
-                    round,
-                    detect_ms,
-                    stage,
-                };
+            Job::Evict(e, stage) => {
+                let (node, lease) = (e.node.clone(), e.lease);
+                let next = |stage| Job::Evict(e, stage);
                 match (stage, answer) {
                     (EvictStage::CheckHeld, Ok(Answer::Txn { succeeded: false })) => {
                         tracing::info!(%node, lease, "the dead agent's lease no longer holds its registration; nothing to revoke");
