@@ -407,6 +407,15 @@ def bench_precision(a):
                       stdout_json=True)
 
 
+def bench_goodput(a):
+    """18. Goodput: a seeded schedule of kills, deletes and returns, each launcher in turn."""
+    args = ["--agent", a.agent, "--trainer", a.trainer, "--kinds", a.goodput_kinds,
+            "--svg", os.path.join(a.out if set(STEPS) <= set(a.steps) else tempfile.gettempdir(), "bench",
+                                  "goodput.svg")]
+    os.makedirs(os.path.dirname(args[-1]), exist_ok=True)
+    return run_script("goodput.py", args + (["--tiny"] if a.tiny else ["--minutes", str(a.goodput_minutes)]))
+
+
 def machine():
     mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -835,6 +844,59 @@ def md_trainer_issue31(a, C, Pr):
                  "(`trainer/tests/seed_flags.rs` allows 1%).", ""]
 
 
+def md_goodput(a, G):
+    md = ["## 18. Goodput: what a lost node costs the job", "",
+          f"`bench/goodput.py{' --tiny' if a.tiny else f' --minutes {a.goodput_minutes}'}`: three pods "
+          f"(`--nnodes 2:3`, one worker each, as in §3–5), {G['minutes']} minutes per launcher, the same seeded "
+          f"schedule for each (seed {G['seed']}): a pod SIGKILLed, back, another SIGTERMed (a pod delete), back, "
+          f"again, an event every {G['interval_s']:.0f} s ±20%; pod 0 (torchrun's c10d store host) is never "
+          f"touched. A checkpoint every {G['checkpoint_freq']} steps. The **stall** of an event runs from it (or "
+          "from the furthest step reached before the group paused, for a return) to the first step beyond that "
+          "step; goodput = 1 − Σ stalls / wall, from the first step to the end. `torchrun-dcp` and "
+          "`fsdp-agent-prewarm` run `bench/goodput_worker.py` (the trainer's model under PyTorch FSDP2 on Gloo, "
+          "saving and resuming with DCP); `fsdp-trainer-disk` is the trainer with its own disk checkpoints.", "",
+          "| launcher | step s | events | goodput | mean stall: loss / return | steps redone | survivors restarted "
+          "| modelled goodput, a failure (loss and return) every 60 s / 5 min |", "|---|---|---|---|---|---|---|---|"]
+    for r in G["results"]:
+        if "error" in r:
+            md.append(f"| {r['kind']} | the first group did not form: {r['error']} | | | | | | |")
+            continue
+        evs = r["events"]
+        stuck = next((e for e in evs if "stuck" in e), None)
+        mean = lambda xs: f"{statistics.mean(xs):.2f} s" if xs else "–"  # noqa: E731
+        ok = [e for e in evs if "stuck" not in e]
+        loss = mean([e["stall_s"] for e in ok if e["event"] != "back"])
+        back = mean([e["stall_s"] for e in ok if e["event"] == "back"])
+        if stuck:
+            back += f" (the {stuck['event']} at {stuck['at_s']:.0f} s: never; {stuck['stuck']})"
+        mo = r.get("modelled") or {}
+        model = f"{mo['60']:.3f} / {mo['300']:.3f}" if mo else "the job did not survive the schedule"
+        md.append(f"| {r['kind']} | {r['step_s']:.3f} | {len(evs)} | **{r['goodput']:.3f}** | {loss} / {back} | "
+                  f"{sum(e['redone'] for e in evs)} | {sum(bool(e['survivors_restarted']) for e in evs)} of "
+                  f"{len(evs)} | {model} |")
+    md += ["", "Where a loss's and a return's stalls go (mean seconds from the stall's start; fsdp-agent's own log "
+           "lines for detected and re-formed, the new group's rank 0 for the rest):", "",
+           "| launcher | event | detected | re-formed | worker ready | state restored | training | steps redone |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in G["results"]:
+        for kind, name in (("loss", "lost (SIGKILL or SIGTERM)"), ("back", "back")):
+            evs = [e for e in r["events"] if "stuck" not in e and (e["event"] == "back") == (kind == "back")]
+            if not evs:
+                continue
+
+            def avg(k, evs=evs):
+                xs = [e[k] for e in evs if e.get(k) is not None]
+                return f"{statistics.mean(xs):.2f}" if xs else "–"
+            md.append(f"| {r['kind']} | {name} | {avg('detected_s')} | {avg('reformed_s')} | {avg('ready_s')} | "
+                      f"{avg('restored_s')} | {avg('stall_s')} | {avg('redone')} |")
+    return md + ["", "![goodput](bench/goodput.svg)", "",
+                 "The plot and the modelled column are arithmetic on the measured stalls: 1 − (a loss's stall + a "
+                 "return's) / interval. torchrun's c10d agents do not admit a returning node into a running group "
+                 "(§3–5's scale-up row): the job ends there, and the rest of the run counts as stalled. What the "
+                 "stalls would be on a real job, and how fsdp-trainer removes them, is in [goodput.md](goodput.md).",
+                 ""]
+
+
 def md_reproduce(a, took):
     md = ["## Reproduce", "", "```",
           f"scripts/bench.sh           # everything, about {sum(s[1] for s in STEPS.values()):.0f} minutes on 2 cores",
@@ -1009,6 +1071,7 @@ def report(a, m, r, took, elapsed):
     md += md_slurm(a, r["slurm"])
     md += md_mixed(a, r["mixed"])
     md += md_trainer_issue31(a, r["checkpoint"], r["precision"])
+    md += md_goodput(a, r["goodput"])
     md += md_reproduce(a, took)
     with open(os.path.join(figs, "results.json"), "w") as f:
         json.dump({"machine": m, "results": r, "minutes": {k: v / 60 for k, v in took.items()}}, f, indent=1,
@@ -1037,6 +1100,7 @@ STEPS = {
     "mixed": (bench_mixed, 0.5, "`bench/mixed.py`: 4 mixed jobs"),
     "checkpoint": (bench_checkpoint, 2.5, "`bench/checkpoint.py --worlds 2,4`"),
     "precision": (bench_precision, 3.5, "`bench/precision.py`: 6 runs of 4 steps, 2 of 100"),
+    "goodput": (bench_goodput, 13, "`bench/goodput.py --minutes 4`: 3 launchers through one schedule"),
 }
 
 
@@ -1052,6 +1116,7 @@ def main():
     ap.add_argument("--only", help="these steps only (default: all): their results as JSON, no report")
     a = ap.parse_args()
     only = (a.only or ",".join(STEPS)).split(",")
+    a.steps = only
     # The smoke test (--tiny, every step) starts no Slurm cluster; --tiny --only slurm does.
     a.slurm_asked = a.only is not None and "slurm" in only
     a.sim = a.sim or os.path.join(os.path.dirname(a.agent), "examples", "sim")
@@ -1073,6 +1138,8 @@ def main():
         a.runs_slurm, a.slurm_kinds, a.slurm_limit, a.slurm_steps = 1, "fsdp-agent", 60, 60
         a.mixed_cases, a.import_runs = "c10d-torchrun-host", 0
         a.ckpt_worlds = "2"
+        # torchrun's part takes minutes even tiny (its worker's 30 s Gloo bound, then a stuck return).
+        a.goodput_kinds = "fsdp-trainer-disk,fsdp-agent-prewarm"
     else:
         a.runs_slow, a.nprocs = 3, [1, 2, 8]
         a.idle_workers, a.idle_seconds = 8, 10
@@ -1095,6 +1162,7 @@ def main():
         a.runs_slurm, a.slurm_kinds, a.slurm_limit, a.slurm_steps = 3, "fsdp-agent,fsdp-agent-prewarm,torchrun", 90, 300
         a.mixed_cases, a.import_runs = "static-torchrun-0,static-torchrun-1,c10d-torchrun-host,c10d-agent-host", 3
         a.ckpt_worlds = "2,4"
+        a.goodput_kinds, a.goodput_minutes = "torchrun-dcp,fsdp-agent-prewarm,fsdp-trainer-disk", 4
     unknown = [k for k in only if k not in STEPS]
     if unknown:
         sys.exit(f"bench: no step {', '.join(unknown)}; the steps: {', '.join(STEPS)}")
