@@ -94,14 +94,34 @@ fn the_elastic_demo_narrates_the_kill_the_re_form_and_the_regrow_and_cleans_up()
     );
     let back = line("[demo] node 2 back");
     assert!(back.contains("(world 2 → 3)"), "{back}");
+    // A join loses nobody: the survivors were warned, saved at the next step and stopped,
+    // and the group of 3 resumed there.
+    assert!(back.contains("(0 steps redone)"), "{back}");
+    assert!(
+        number_after(&back, "checkpoint of step ") >= number_after(&back, "at step "),
+        "{back}"
+    );
     let deleted = line("[demo] deleted node 1 (SIGTERM");
     assert!(deleted.contains("(world 3 → 2)"), "{deleted}");
+    // The deleted node's agent warned its worker instead: the whole group saved at the
+    // next step before the node went, and the two left resumed there.
+    assert!(deleted.contains("(0 steps redone)"), "{deleted}");
     assert!(stdout.contains("node 1's agent exited 143"), "{stdout}");
     assert!(line("[demo] node 1 back").contains("(world 2 → 3)"));
     assert!(stdout.contains("Training finished at step 320"), "{stdout}");
     assert!(stdout.contains("fsdp-agent status, taken now:"), "{stdout}");
     assert!(stdout.contains("loss by step"), "{stdout}");
     assert!(stdout.contains("every agent exited 0"), "{stdout}");
+    // No worker's stop was taken for a failure: a rank warned only through the others
+    // waits for its own agent's word, so no restart was ever charged.
+    for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".err") {
+            let log = std::fs::read_to_string(e.path()).unwrap();
+            for formed in log.lines().filter(|l| l.contains("group formed")) {
+                assert!(formed.contains("restart_count=0"), "{formed}\n{log}");
+            }
+        }
+    }
     let left = left_behind(dir.path());
     assert!(left.is_empty(), "left running: {left:?}");
     assert!(!dir.path().join("etcd").exists(), "etcd's data is removed");

@@ -44,6 +44,13 @@ impl Progress {
         }
     }
 
+    /// Tells the agent what this rank can do: `save-on-warning` says a SIGUSR1 makes it
+    /// save a checkpoint at the next step and stop, so its agent warns it, instead of
+    /// stopping it, before a re-form that loses no node.
+    pub fn can(&self, what: &str) {
+        self.say(&format!("can {what}"), 50);
+    }
+
     pub fn step(&self, n: usize) {
         self.say(&format!("step {n}"), 1);
     }
@@ -72,13 +79,22 @@ mod tests {
         p.step(41);
         p.begin("checkpoint");
         p.end("checkpoint");
+        p.can("save-on-warning");
         let mut got = Vec::new();
         let mut buf = [0u8; 64];
-        for _ in 0..3 {
+        for _ in 0..4 {
             let n = agent.recv(&mut buf).unwrap();
             got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
-        assert_eq!(got, ["3 step 41", "3 begin checkpoint", "3 end checkpoint"]);
+        assert_eq!(
+            got,
+            [
+                "3 step 41",
+                "3 begin checkpoint",
+                "3 end checkpoint",
+                "3 can save-on-warning"
+            ]
+        );
         std::fs::remove_file(&path).unwrap();
         // Without an agent nothing is sent and nothing fails.
         Progress::to(path, 0).step(1);

@@ -62,6 +62,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         }
         trainer.save(&stepped)?;
         if stepped.warned {
+            crate::warning::wait_for_own(crate::warning::OWN_WARNING_WAIT);
             return Err(trainer.stop_on_warning());
         }
     }
@@ -340,6 +341,9 @@ impl<'g> Trainer<'g> {
             )?),
             None => None,
         };
+        if saver.is_some() {
+            progress.can("save-on-warning");
+        }
         Ok(Some(Self {
             group,
             console,
@@ -508,7 +512,7 @@ impl<'g> Trainer<'g> {
     /// Says why training stops early; the error carries the signal for the exit code.
     fn stop_on_warning(&self) -> anyhow::Error {
         self.console.say(format!(
-            "Stopping at step {} on a warning signal (SIGUSR1/SIGUSR2, Slurm's before a pre-emption or the time limit){}",
+            "Stopping at step {} on a warning signal (SIGUSR1/SIGUSR2: Slurm's before a pre-emption or the time limit, fsdp-agent's before a re-form or a pod delete){}",
             self.position.step,
             if self.saver.is_some() {
                 "; the checkpoint above resumes it"

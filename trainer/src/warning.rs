@@ -6,8 +6,19 @@
 //! all-reduce), so a warning that reached one rank stops all of them at the same step.
 //! SIGTERM keeps its default: the agent sends it to stop workers whose group broke, where
 //! a save would wait on peers that are gone.
+//!
+//! fsdp-agent also warns its workers before a re-form that loses no node (a node joining),
+//! once they said they save on a warning (`can save-on-warning` on the progress channel):
+//! the group resumes at the step it saved, not at its last checkpoint. The agents see the
+//! join a few milliseconds apart, so a rank can learn of a warning from the all-reduce
+//! before its own agent has sent one: it waits for its own ([`wait_for_own`]) before it
+//! stops, or its agent would see a worker that stopped on its own, a failure.
 
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a rank warned only through the others waits for its own agent's word.
+pub const OWN_WARNING_WAIT: Duration = Duration::from_secs(10);
 
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
 
@@ -35,5 +46,15 @@ pub fn received() -> Option<i32> {
     match RECEIVED.load(Ordering::Relaxed) {
         0 => None,
         s => Some(s),
+    }
+}
+
+/// Returns once this process received a warning signal, or after `limit`. Its agent stops
+/// it meanwhile with SIGTERM (the default action ends it) or warns it (the handler records
+/// it, and this returns).
+pub fn wait_for_own(limit: Duration) {
+    let end = Instant::now() + limit;
+    while received().is_none() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -5,6 +5,9 @@
 //! <rank> begin <phase>   a long phase starts (checkpoint, eval, ...)
 //! <rank> end <phase>     it ended
 //! <rank> begin finish    training is over (sent at the interpreter's exit by progress.py)
+//! <rank> can save-on-warning
+//!                        SIGUSR1 makes it save a checkpoint at the next step and stop
+//!                        (fsdp-trainer with a --checkpoint_dir says so at its start)
 //! ```
 //!
 //! Datagrams keep a worker's cost to one `sendto` with no connection to hold, and a worker
@@ -59,6 +62,8 @@ pub struct RankProgress {
     pub recent: VecDeque<Duration>,
     /// The phase it is in, and since when.
     pub phase: Option<(String, Instant)>,
+    /// It said a SIGUSR1 makes it save a checkpoint and stop (`can save-on-warning`).
+    pub saves_on_warning: bool,
 }
 
 impl RankProgress {
@@ -70,6 +75,7 @@ impl RankProgress {
             last_step: None,
             recent: VecDeque::new(),
             phase: None,
+            saves_on_warning: false,
         }
     }
 
@@ -112,7 +118,12 @@ pub enum Report {
     Step(u64),
     Begin(String),
     End(String),
+    /// What the rank can do (a declaration, not progress: the hang judge ignores it).
+    Can(String),
 }
+
+/// What a rank that saves on a warning declares.
+pub const SAVES_ON_WARNING: &str = "save-on-warning";
 
 /// Parses `"<rank> step <n>"`, `"<rank> begin <phase>"`, `"<rank> end <phase>"`.
 pub fn parse(text: &str) -> Option<(u32, Report)> {
@@ -124,6 +135,7 @@ pub fn parse(text: &str) -> Option<(u32, Report)> {
         "step" => Report::Step(arg.parse().ok()?),
         "begin" => Report::Begin(arg.chars().take(64).collect()),
         "end" => Report::End(arg.chars().take(64).collect()),
+        "can" => Report::Can(arg.chars().take(64).collect()),
         _ => return None,
     };
     Some((rank, report))
@@ -301,6 +313,7 @@ impl Progress {
                     Report::Step(s) => p.step(s, now),
                     Report::Begin(name) => p.phase_begin(&name, now),
                     Report::End(name) => p.phase_end(&name, now),
+                    Report::Can(what) => p.saves_on_warning |= what == SAVES_ON_WARNING,
                 }
             }
         });
@@ -352,6 +365,10 @@ mod tests {
         assert_eq!(
             parse("0 end checkpoint"),
             Some((0, Report::End("checkpoint".into())))
+        );
+        assert_eq!(
+            parse("2 can save-on-warning"),
+            Some((2, Report::Can(SAVES_ON_WARNING.into())))
         );
         for bad in [
             "",

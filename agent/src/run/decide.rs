@@ -296,6 +296,49 @@ pub fn stop_grace(change: &Change, term_timeout: Duration) -> Duration {
     }
 }
 
+/// The signal that first stops the workers of a group that changed, and why. A node
+/// joining leaves every member alive: the coordinator sees it waiting, the other members
+/// see the round that admits it, with every member of theirs in it (a round that left one
+/// out is a [`Change::MemberLost`]). So workers that all said they save on a warning
+/// (`saves_on_warning`, one per local rank) get SIGUSR1: they save a checkpoint at the
+/// next step and stop, and the next group resumes there, with no step redone. Any other
+/// change stops them with SIGTERM: a save would wait on a peer that may be gone. Either
+/// way the grace, and the SIGKILL after it, are the same.
+pub fn first_stop_signal(change: &Change, saves_on_warning: &[bool]) -> (Signal, &'static str) {
+    let all_save = !saves_on_warning.is_empty() && saves_on_warning.iter().all(|s| *s);
+    match change {
+        Change::NodeWaiting { .. } | Change::NewRound { .. } if all_save => (
+            Signal::SIGUSR1,
+            "the group grows and every member lives: the workers save a checkpoint at the next step, then stop",
+        ),
+        Change::NodeWaiting { .. } | Change::NewRound { .. } => (
+            Signal::SIGTERM,
+            "not every local worker said it saves on a warning",
+        ),
+        _ => (
+            Signal::SIGTERM,
+            "a member may be gone, and a save would wait on it",
+        ),
+    }
+}
+
+/// The signal the workers get when this agent is told to stop with `received`. A SIGTERM
+/// is a pod deleted or a node drained while the group lives: workers that all said they
+/// save on a warning get SIGUSR1 instead, and the warning spreads to every rank at the
+/// next step, so the whole group saves there before this node goes and the others resume
+/// from it. Any other signal (Ctrl-C, a second signal) is passed on as it is.
+pub fn signal_for_workers(received: Signal, saves_on_warning: &[bool]) -> (Signal, &'static str) {
+    let all_save = !saves_on_warning.is_empty() && saves_on_warning.iter().all(|s| *s);
+    if received == Signal::SIGTERM && all_save {
+        (
+            Signal::SIGUSR1,
+            "the workers save a checkpoint at the next step (the whole group does), then stop",
+        )
+    } else {
+        (received, "passed on as received")
+    }
+}
+
 /// What follows the stop of a group that changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AfterChange {

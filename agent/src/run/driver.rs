@@ -120,6 +120,14 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         late
     }
 
+    /// Whether each local rank of the running group said it saves a checkpoint and stops on
+    /// a warning (empty: progress is not watched).
+    fn saves_on_warning(&self) -> Vec<bool> {
+        self.progress.as_ref().map_or_else(Vec::new, |p| {
+            p.snapshot().iter().map(|r| r.saves_on_warning).collect()
+        })
+    }
+
     /// The best step this node's ranks reported in the attempt that just ended (`None`:
     /// none, or progress is not watched).
     fn reached(&self) -> Option<u64> {
@@ -308,7 +316,11 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                     "{signal} received: stopping the workers (grace {:?}) and leaving the run; send it again (Ctrl-C) to kill them now",
                     grace
                 );
-                self.stop(&mut group, signal, grace).await;
+                let (first, why) = decide::signal_for_workers(signal, &self.saves_on_warning());
+                if first != signal {
+                    tracing::info!(signal = %first, "{why}");
+                }
+                self.stop(&mut group, first, grace).await;
                 Ok(signalled(signal).into())
             }
             OnWake::Reform(change) => Ok(Phase::Reform {
@@ -387,7 +399,11 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         let grace = decide::stop_grace(&change, self.rules.term_timeout);
         self.report
             .broke(change_label(&change), Shown::Stopping, change.to_string());
-        let late = self.stop(&mut group, Signal::SIGTERM, grace).await;
+        let (first, why) = decide::first_stop_signal(&change, &self.saves_on_warning());
+        if first != Signal::SIGTERM {
+            tracing::info!(signal = %first, "{why}");
+        }
+        let late = self.stop(&mut group, first, grace).await;
         self.report.workers(&group, false);
         let me = self.rdzv.node_id().map(str::to_owned);
         let reached = self.reached();

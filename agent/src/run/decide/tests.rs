@@ -196,6 +196,50 @@ fn a_fence_cuts_the_grace_to_half_the_time_left_and_nothing_else_does() {
 }
 
 #[test]
+fn only_a_join_with_every_local_worker_able_to_save_warns_them_first() {
+    let join = Change::NodeWaiting { waiting: 1 };
+    assert_eq!(first_stop_signal(&join, &[true, true]).0, Signal::SIGUSR1);
+    // What the members other than the coordinator see of the same join.
+    let admitted = Change::NewRound { number: 2 };
+    assert_eq!(first_stop_signal(&admitted, &[true]).0, Signal::SIGUSR1);
+    // One worker that never said so (a plain script beside the trainer), or none at all
+    // (no progress channel): SIGUSR1's default action would end it without a save.
+    assert_eq!(first_stop_signal(&join, &[true, false]).0, Signal::SIGTERM);
+    assert_eq!(first_stop_signal(&join, &[]).0, Signal::SIGTERM);
+    // A member may be gone: a save would wait on it.
+    for other in [
+        Change::MemberLost { node: "b".into() },
+        Change::PeerFailed { restart_count: 1 },
+        Change::Fenced {
+            reason: "lease".into(),
+            stop_within: Duration::from_secs(4),
+        },
+        Change::Halted(halt(3)),
+    ] {
+        assert_eq!(
+            first_stop_signal(&other, &[true]).0,
+            Signal::SIGTERM,
+            "{other:?}"
+        );
+    }
+}
+
+#[test]
+fn a_pod_delete_warns_workers_that_save_and_passes_every_other_signal_on() {
+    let (sig, _) = signal_for_workers(Signal::SIGTERM, &[true, true]);
+    assert_eq!(sig, Signal::SIGUSR1);
+    assert_eq!(
+        signal_for_workers(Signal::SIGTERM, &[true, false]).0,
+        Signal::SIGTERM
+    );
+    assert_eq!(signal_for_workers(Signal::SIGTERM, &[]).0, Signal::SIGTERM);
+    // Ctrl-C, and any other signal, reach the workers as they came.
+    for other in [Signal::SIGINT, Signal::SIGHUP, Signal::SIGUSR2] {
+        assert_eq!(signal_for_workers(other, &[true]).0, other);
+    }
+}
+
+#[test]
 fn a_signal_during_a_reform_stop_wins_over_the_change() {
     let mut m = Memory::default();
     let r = round(1, &["a", "b"], 0);
