@@ -57,6 +57,7 @@ MODEL = ["--hidden_width", "128", "--num_layers", "4", "--intermediate_size", "3
 PREWARM_MODULES = "torch,torch.distributed.checkpoint,torch.distributed.fsdp,torch.nn.functional"
 BATCH = re.compile(r"Batch (\d+) Loss: ([0-9.]+)")
 READY = re.compile(r"^Model: ")
+WORLD_OF_3 = re.compile(r"^Model: .*world size 3\b")
 RESTORED = re.compile(r"Loaded checkpoint")
 DETECTED = re.compile(r"group changed; re-forming|how the lost member was noticed")
 FORMED = re.compile(r"group formed")
@@ -71,6 +72,9 @@ class Lines:
     def __init__(self):
         self.files = []  # [pod index, path, offset, partial]
         self.seen = []
+        # The step lines, parsed once as they come: (t, step from 1, loss). The waits look
+        # at them every poll, on the cores the training runs on.
+        self.batches = []
 
     def follow(self, index, path):
         self.files.append([index, path, 0, ""])
@@ -87,7 +91,12 @@ class Lines:
                 continue
             text = f[3] + text
             *done, f[3] = text.split("\n")
-            self.seen.extend((now, f[0], line) for line in done)
+            for line in done:
+                m = BATCH.search(line)
+                if m:
+                    self.batches.append((now, int(m.group(1)) + 1, float(m.group(2))))
+                else:
+                    self.seen.append((now, f[0], line))
 
     def after(self, t, pattern, pods=None):
         """The first (t, pod, line) read after `t` matching `pattern`, or None."""
@@ -96,13 +105,7 @@ class Lines:
 
     def steps(self, after=-1.0, before=float("inf")):
         """[(t, step, loss)] read in (after, before); step counts from 1."""
-        out = []
-        for u, _, l in self.seen:
-            if after < u < before:
-                m = BATCH.search(l)
-                if m:
-                    out.append((u, int(m.group(1)) + 1, float(m.group(2))))
-        return out
+        return [b for b in self.batches if after < b[0] < before]
 
 
 def launcher(kind, a, endpoint, run_id, index, ckpt):
@@ -174,6 +177,8 @@ class Run:
             self.env["LOGLEVEL"] = "INFO"
         self.lines = Lines()
         self.pods = {}
+        # Pods taken out by the schedule, killed at the end in case they still run.
+        self.gone = []
         self.events = []
 
     def start(self, i):
@@ -207,9 +212,11 @@ class Run:
         before = {i: worker_pids(self.pods[i]) for i in survivors} if self.kind == "torchrun-dcp" else {}
         t_e = time.monotonic()
         if what == "kill":
-            self.pods.pop(index).kill()
+            self.gone.append(self.pods.pop(index))
+            self.gone[-1].kill()
         elif what == "term":
             pod = self.pods.pop(index)
+            self.gone.append(pod)
             pod.term()
         else:
             self.start(index)
@@ -253,16 +260,19 @@ class Run:
         try:
             for i in range(3):
                 self.start(i)
-            self.wait("the first group of 3", lambda: self.lines.steps(), self.a.timeout * 2)
-            self.t0 = self.lines.steps()[0][0]
+            # A group of 2 can form first (a pod slower to start): the clock starts at the
+            # first step of the group of 3.
+            three = self.wait("the first group of 3", lambda: self.lines.after(-1.0, WORLD_OF_3), self.a.timeout * 2)
+            self.wait("its first step", lambda: self.lines.steps(after=three[0]), self.a.timeout)
+            self.t0 = self.lines.steps(after=three[0])[0][0]
             for at, what, index in schedule:
                 pause = self.t0 + at - time.monotonic()
                 if pause > 0:
                     self.wait("the next event", lambda: time.monotonic() >= self.t0 + at, pause + 5)
                 ev = self.event(what, index)
                 if "stuck" in ev:
-                    print(f"  {self.kind:20} {what:4} pod{index} at {ev['at_s']:6.1f} s: the job did not recover: "
-                          f"{ev['stuck']}; logs in {self.dir}", flush=True)
+                    print(f"  {self.kind:20} {what:4} pod{index} at {ev['at_s']:6.1f} s: the change did not go "
+                          f"through: {ev['stuck']}{'; logs in ' + self.dir if self.a.keep else ''}", flush=True)
                     break
                 print(f"  {self.kind:20} {what:4} pod{index} at {ev['at_s']:6.1f} s: stall {ev['stall_s']:.2f} s, "
                       f"{ev['redone']} redone, restarted={ev['survivors_restarted']}", flush=True)
@@ -272,7 +282,12 @@ class Run:
                 self.wait("the end", lambda: time.monotonic() >= end, max(0.0, end - time.monotonic()) + 5)
             wall = max(end, time.monotonic()) - self.t0
             if stuck is not None:
-                stuck["stall_s"] = round(self.t0 + wall - stuck.pop("start"), 3)
+                # What is lost is the time with no step: from the event, or from the last
+                # step after it when the group trained on without the change going through
+                # (a returning node that is never admitted), to the end.
+                start = stuck.pop("start")
+                since = max([start] + [t for t, _, _ in self.lines.steps(after=start)])
+                stuck["stall_s"] = round(max(0.0, self.t0 + wall - since), 3)
             steps = self.lines.steps()
             healthy = [b[0] - a_[0] for a_, b in zip(steps, steps[1:]) if b[1] == a_[1] + 1]
             stalls = sum(e["stall_s"] for e in self.events)
@@ -280,10 +295,10 @@ class Run:
                     "stalls_s": round(stalls, 3), "goodput": round(1 - stalls / wall, 4),
                     "steps": max(s for _, s, _ in steps), "step_s": round(statistics.median(healthy), 4)}
         except Stuck as e:
-            print(f"  {self.kind}: the first group did not form: {e}; logs in {self.dir}", flush=True)
+            print(f"  {self.kind}: stopped: {e}; logs in {self.dir}", flush=True)
             return {"kind": self.kind, "error": str(e), "events": self.events}
         finally:
-            for p in self.pods.values():
+            for p in [*self.pods.values(), *self.gone]:
                 p.kill()
             if self.etcd:
                 self.etcd.stop()
@@ -385,17 +400,22 @@ def main():
     if a.svg:
         series = [(r["kind"], [(int(i), max(1e-4, 1 - g)) for i, g in r["modelled"].items()])
                   for r in results if r.get("modelled")]
-        if series:
-            with open(a.svg, "w") as f:
-                f.write(svg.lines_loglog("Share of wall time lost, a node lost and back every interval (modelled)",
-                                         "seconds between failures", "1 - goodput", series))
+        title = "Share of wall time lost, a node lost and back every interval (modelled)"
+        with open(a.svg, "w") as f:
+            if series:
+                f.write(svg.lines_loglog(title, "seconds between failures", "1 - goodput", series))
+            else:
+                f.write('<svg xmlns="http://www.w3.org/2000/svg" width="640" height="60" font-family="sans-serif">'
+                        f'<text x="10" y="30">{title}: no launcher got through the schedule</text></svg>\n')
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"minutes": a.minutes, "interval_s": a.interval, "seed": a.seed,
                        "checkpoint_freq": a.checkpoint_freq, "schedule": plan, "results": results}, f, indent=1)
     if not a.keep:
         shutil.rmtree(workdir, ignore_errors=True)
-    if any("error" in r for r in results):
+    # With --json the errors are in the results (bench/suite.py reports them); without it
+    # the exit status says so.
+    if any("error" in r for r in results) and not a.json:
         sys.exit(1)
 
 

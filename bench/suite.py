@@ -868,7 +868,8 @@ def md_goodput(a, G):
         loss = mean([e["stall_s"] for e in ok if e["event"] != "back"])
         back = mean([e["stall_s"] for e in ok if e["event"] == "back"])
         if stuck:
-            back += f" (the {stuck['event']} at {stuck['at_s']:.0f} s: never; {stuck['stuck']})"
+            back += (f" (the {stuck['event']} at {stuck['at_s']:.0f} s did not go through: {stuck['stuck']}; "
+                     f"{stuck.get('stall_s', 0):.0f} s without a step to the end)")
         mo = r.get("modelled") or {}
         model = f"{mo['60']:.3f} / {mo['300']:.3f}" if mo else "the job did not survive the schedule"
         md.append(f"| {r['kind']} | {r['step_s']:.3f} | {len(evs)} | **{r['goodput']:.3f}** | {loss} / {back} | "
@@ -879,8 +880,8 @@ def md_goodput(a, G):
            "| launcher | event | detected | re-formed | worker ready | state restored | training | steps redone |",
            "|---|---|---|---|---|---|---|---|"]
     for r in G["results"]:
-        for kind, name in (("loss", "lost (SIGKILL or SIGTERM)"), ("back", "back")):
-            evs = [e for e in r["events"] if "stuck" not in e and (e["event"] == "back") == (kind == "back")]
+        for kind, name in (("kill", "SIGKILLed"), ("term", "SIGTERMed (a pod delete)"), ("back", "back")):
+            evs = [e for e in r["events"] if "stuck" not in e and e["event"] == kind]
             if not evs:
                 continue
 
@@ -891,9 +892,14 @@ def md_goodput(a, G):
                       f"{avg('restored_s')} | {avg('stall_s')} | {avg('redone')} |")
     return md + ["", "![goodput](bench/goodput.svg)", "",
                  "The plot and the modelled column are arithmetic on the measured stalls: 1 − (a loss's stall + a "
-                 "return's) / interval. torchrun's c10d agents do not admit a returning node into a running group "
-                 "(§3–5's scale-up row): the job ends there, and the rest of the run counts as stalled. What the "
-                 "stalls would be on a real job, and how fsdp-trainer removes them, is in [goodput.md](goodput.md).",
+                 "return's) / interval. An event whose change never goes through (no new group within the "
+                 "timeout, or every launcher gone) ends that launcher's schedule; the time from it, or from the "
+                 "last step after it, to the end counts as stalled. torchrun's recovery goes through its workers' "
+                 "failure and a restart, whose workers can wait on a peer that never comes (§3–5's \"never\" "
+                 "rows), and it does not grow a running group. fsdp-trainer with a `--checkpoint_dir` is warned "
+                 "rather than stopped when the group grows or its node is deleted, so those events redo no step "
+                 "([supervision](supervision.md#signals)). What the stalls would be on a real job is in "
+                 "[goodput.md](goodput.md).",
                  ""]
 
 

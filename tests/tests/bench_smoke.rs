@@ -160,6 +160,7 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
         "## 15. Slurm",
         "## 16. A job run half under torchrun",
         "## 17. Trainer (issue 31)",
+        "## 18. Goodput",
         "## Reproduce",
     ] {
         let i = report
@@ -177,7 +178,14 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
     assert!(!report.contains("regenerates"), "{report}");
     // One machine line, at the top.
     assert_eq!(report.matches("Machine: ").count(), 1, "{report}");
-    for svg in ["launch", "idle", "elastic", "rendezvous", "trainer"] {
+    for svg in [
+        "launch",
+        "idle",
+        "elastic",
+        "rendezvous",
+        "trainer",
+        "goodput",
+    ] {
         let text = std::fs::read_to_string(out.path().join(format!("bench/{svg}.svg")))
             .unwrap_or_else(|e| panic!("{svg}.svg: {e}"));
         assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
@@ -203,11 +211,18 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
         "mixed",
         "checkpoint",
         "precision",
+        "goodput",
     ] {
         assert!(
             !raw["results"][step].is_null(),
             "{step} missing from results.json"
         );
+    }
+    // The goodput schedule ran: one loss and one return, measured, for each launcher.
+    for r in raw["results"]["goodput"]["results"].as_array().unwrap() {
+        let events = r["events"].as_array().unwrap();
+        assert!(events.len() >= 2, "{r}");
+        assert!(r["goodput"].as_f64().unwrap() > 0.0, "{r}");
     }
     let launch = &raw["results"]["launch"];
     assert!(launch["fsdp-agent/1"]["median"].as_f64().unwrap() > 0.0);

@@ -341,7 +341,12 @@ impl<'g> Trainer<'g> {
             )?),
             None => None,
         };
-        if saver.is_some() {
+        // Only a save the next group resumes from is worth a warning; and the agent signals
+        // its worker's whole process group, so only a trainer that leads its own (started
+        // by the agent, not under a wrapper shell that SIGUSR1 would end) says so.
+        // SAFETY: getpgrp and getpid take nothing and cannot fail.
+        let leads_group = unsafe { libc::getpgrp() == libc::getpid() };
+        if saver.is_some() && args.resume_from_checkpoint.is_some() && leads_group {
             progress.can("save-on-warning");
         }
         Ok(Some(Self {

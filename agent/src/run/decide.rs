@@ -296,24 +296,49 @@ pub fn stop_grace(change: &Change, term_timeout: Duration) -> Duration {
     }
 }
 
+/// What a local worker said of itself, for choosing how to stop it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stoppable {
+    /// It said a SIGUSR1 makes it save a checkpoint at the next step and stop.
+    pub saves_on_warning: bool,
+    /// Its slowest recent step (`None`: no step reported yet).
+    pub slowest_step: Option<Duration>,
+}
+
+/// Whether every local worker saves on a warning and can be expected to: its steps take
+/// at most half the grace, so the step it is in and the save end before the SIGKILL. A
+/// worker with no step yet is still starting: a warning would wait for its first step.
+fn all_save_within(workers: &[Stoppable], grace: Duration) -> bool {
+    !workers.is_empty()
+        && workers.iter().all(|w| {
+            w.saves_on_warning && w.slowest_step.is_some_and(|s| s.saturating_mul(2) <= grace)
+        })
+}
+
 /// The signal that first stops the workers of a group that changed, and why. A node
-/// joining leaves every member alive: the coordinator sees it waiting, the other members
-/// see the round that admits it, with every member of theirs in it (a round that left one
-/// out is a [`Change::MemberLost`]). So workers that all said they save on a warning
-/// (`saves_on_warning`, one per local rank) get SIGUSR1: they save a checkpoint at the
-/// next step and stop, and the next group resumes there, with no step redone. Any other
-/// change stops them with SIGTERM: a save would wait on a peer that may be gone. Either
-/// way the grace, and the SIGKILL after it, are the same.
-pub fn first_stop_signal(change: &Change, saves_on_warning: &[bool]) -> (Signal, &'static str) {
-    let all_save = !saves_on_warning.is_empty() && saves_on_warning.iter().all(|s| *s);
+/// joining is a new round with every member of this one in it (a round that left one out
+/// is a [`Change::MemberLost`]), so as far as the rendezvous knows every member lives.
+/// Workers that all save on a warning within the grace ([`all_save_within`]) then get
+/// SIGUSR1: they save a checkpoint at the next step and stop, and the next group resumes
+/// there, with no step redone. Any other change stops them with SIGTERM: a save would wait
+/// on a peer that may be gone. A member that is in the new round but frozen or cut off
+/// (its lease not yet expired) holds the save until the grace ends and the SIGKILL comes:
+/// the grace is the bound either way.
+pub fn first_stop_signal(
+    change: &Change,
+    workers: &[Stoppable],
+    grace: Duration,
+) -> (Signal, &'static str) {
     match change {
-        Change::NodeWaiting { .. } | Change::NewRound { .. } if all_save => (
-            Signal::SIGUSR1,
-            "the group grows and every member lives: the workers save a checkpoint at the next step, then stop",
-        ),
+        Change::NodeWaiting { .. } | Change::NewRound { .. } if all_save_within(workers, grace) => {
+            (
+                Signal::SIGUSR1,
+                "the new round keeps every member: the workers save a checkpoint at the next step, then stop",
+            )
+        }
         Change::NodeWaiting { .. } | Change::NewRound { .. } => (
             Signal::SIGTERM,
-            "not every local worker said it saves on a warning",
+            "not every local worker saves on a warning within the grace",
         ),
         _ => (
             Signal::SIGTERM,
@@ -323,13 +348,16 @@ pub fn first_stop_signal(change: &Change, saves_on_warning: &[bool]) -> (Signal,
 }
 
 /// The signal the workers get when this agent is told to stop with `received`. A SIGTERM
-/// is a pod deleted or a node drained while the group lives: workers that all said they
-/// save on a warning get SIGUSR1 instead, and the warning spreads to every rank at the
-/// next step, so the whole group saves there before this node goes and the others resume
-/// from it. Any other signal (Ctrl-C, a second signal) is passed on as it is.
-pub fn signal_for_workers(received: Signal, saves_on_warning: &[bool]) -> (Signal, &'static str) {
-    let all_save = !saves_on_warning.is_empty() && saves_on_warning.iter().all(|s| *s);
-    if received == Signal::SIGTERM && all_save {
+/// is a pod deleted or a node drained while the group lives: workers that all save on a
+/// warning within the grace get SIGUSR1 instead, and the warning spreads to every rank at
+/// the next step, so the whole group saves there before this node goes and the others
+/// resume from it. Any other signal (Ctrl-C, a second signal) is passed on as it is.
+pub fn signal_for_workers(
+    received: Signal,
+    workers: &[Stoppable],
+    grace: Duration,
+) -> (Signal, &'static str) {
+    if received == Signal::SIGTERM && all_save_within(workers, grace) {
         (
             Signal::SIGUSR1,
             "the workers save a checkpoint at the next step (the whole group does), then stop",

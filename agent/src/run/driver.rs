@@ -120,11 +120,17 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         late
     }
 
-    /// Whether each local rank of the running group said it saves a checkpoint and stops on
-    /// a warning (empty: progress is not watched).
-    fn saves_on_warning(&self) -> Vec<bool> {
+    /// What each local rank of the running group said of itself (empty: progress is not
+    /// watched), for [`decide::first_stop_signal`] and [`decide::signal_for_workers`].
+    fn stoppable(&self) -> Vec<decide::Stoppable> {
         self.progress.as_ref().map_or_else(Vec::new, |p| {
-            p.snapshot().iter().map(|r| r.saves_on_warning).collect()
+            p.snapshot()
+                .iter()
+                .map(|r| decide::Stoppable {
+                    saves_on_warning: r.saves_on_warning,
+                    slowest_step: r.last_step.and(r.recent.iter().max().copied()),
+                })
+                .collect()
         })
     }
 
@@ -316,7 +322,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                     "{signal} received: stopping the workers (grace {:?}) and leaving the run; send it again (Ctrl-C) to kill them now",
                     grace
                 );
-                let (first, why) = decide::signal_for_workers(signal, &self.saves_on_warning());
+                let (first, why) = decide::signal_for_workers(signal, &self.stoppable(), grace);
                 if first != signal {
                     tracing::info!(signal = %first, "{why}");
                 }
@@ -399,7 +405,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         let grace = decide::stop_grace(&change, self.rules.term_timeout);
         self.report
             .broke(change_label(&change), Shown::Stopping, change.to_string());
-        let (first, why) = decide::first_stop_signal(&change, &self.saves_on_warning());
+        let (first, why) = decide::first_stop_signal(&change, &self.stoppable(), grace);
         if first != Signal::SIGTERM {
             tracing::info!(signal = %first, "{why}");
         }

@@ -195,17 +195,42 @@ fn a_fence_cuts_the_grace_to_half_the_time_left_and_nothing_else_does() {
     }
 }
 
+fn saving(step_ms: u64) -> Stoppable {
+    Stoppable {
+        saves_on_warning: true,
+        slowest_step: Some(Duration::from_millis(step_ms)),
+    }
+}
+
 #[test]
-fn only_a_join_with_every_local_worker_able_to_save_warns_them_first() {
+fn only_a_join_with_every_local_worker_able_to_save_in_time_warns_them_first() {
+    let grace = Duration::from_secs(5);
     let join = Change::NodeWaiting { waiting: 1 };
-    assert_eq!(first_stop_signal(&join, &[true, true]).0, Signal::SIGUSR1);
+    let first =
+        |change: &Change, workers: &[Stoppable]| first_stop_signal(change, workers, grace).0;
+    assert_eq!(first(&join, &[saving(100), saving(200)]), Signal::SIGUSR1);
     // What the members other than the coordinator see of the same join.
-    let admitted = Change::NewRound { number: 2 };
-    assert_eq!(first_stop_signal(&admitted, &[true]).0, Signal::SIGUSR1);
+    assert_eq!(
+        first(&Change::NewRound { number: 2 }, &[saving(100)]),
+        Signal::SIGUSR1
+    );
     // One worker that never said so (a plain script beside the trainer), or none at all
     // (no progress channel): SIGUSR1's default action would end it without a save.
-    assert_eq!(first_stop_signal(&join, &[true, false]).0, Signal::SIGTERM);
-    assert_eq!(first_stop_signal(&join, &[]).0, Signal::SIGTERM);
+    let silent = Stoppable {
+        saves_on_warning: false,
+        ..saving(100)
+    };
+    assert_eq!(first(&join, &[saving(100), silent]), Signal::SIGTERM);
+    assert_eq!(first(&join, &[]), Signal::SIGTERM);
+    // A step longer than half the grace: the SIGKILL could come before the save ends.
+    assert_eq!(first(&join, &[saving(100), saving(2_600)]), Signal::SIGTERM);
+    assert_eq!(first(&join, &[saving(2_500)]), Signal::SIGUSR1);
+    // No step yet (still loading): a warning would wait for its first step.
+    let starting = Stoppable {
+        slowest_step: None,
+        ..saving(0)
+    };
+    assert_eq!(first(&join, &[starting]), Signal::SIGTERM);
     // A member may be gone: a save would wait on it.
     for other in [
         Change::MemberLost { node: "b".into() },
@@ -216,26 +241,34 @@ fn only_a_join_with_every_local_worker_able_to_save_warns_them_first() {
         },
         Change::Halted(halt(3)),
     ] {
-        assert_eq!(
-            first_stop_signal(&other, &[true]).0,
-            Signal::SIGTERM,
-            "{other:?}"
-        );
+        assert_eq!(first(&other, &[saving(100)]), Signal::SIGTERM, "{other:?}");
     }
 }
 
 #[test]
-fn a_pod_delete_warns_workers_that_save_and_passes_every_other_signal_on() {
-    let (sig, _) = signal_for_workers(Signal::SIGTERM, &[true, true]);
-    assert_eq!(sig, Signal::SIGUSR1);
+fn a_pod_delete_warns_workers_that_save_in_time_and_passes_every_other_signal_on() {
+    let grace = Duration::from_secs(5);
+    let to_workers = |sig, workers: &[Stoppable]| signal_for_workers(sig, workers, grace).0;
     assert_eq!(
-        signal_for_workers(Signal::SIGTERM, &[true, false]).0,
+        to_workers(Signal::SIGTERM, &[saving(100), saving(100)]),
+        Signal::SIGUSR1
+    );
+    let silent = Stoppable {
+        saves_on_warning: false,
+        ..saving(100)
+    };
+    assert_eq!(
+        to_workers(Signal::SIGTERM, &[saving(100), silent]),
         Signal::SIGTERM
     );
-    assert_eq!(signal_for_workers(Signal::SIGTERM, &[]).0, Signal::SIGTERM);
+    assert_eq!(to_workers(Signal::SIGTERM, &[]), Signal::SIGTERM);
+    assert_eq!(
+        to_workers(Signal::SIGTERM, &[saving(3_000)]),
+        Signal::SIGTERM
+    );
     // Ctrl-C, and any other signal, reach the workers as they came.
     for other in [Signal::SIGINT, Signal::SIGHUP, Signal::SIGUSR2] {
-        assert_eq!(signal_for_workers(other, &[true]).0, other);
+        assert_eq!(to_workers(other, &[saving(100)]), other);
     }
 }
 
