@@ -173,6 +173,9 @@ class Run:
                          else f"127.0.0.1:{self.etcd.port}")
         self.run_id = f"g{time.monotonic_ns()}"
         self.env = elastic.pod_env()
+        # The agents' log directories and progress sockets go under this run's directory,
+        # removed with it.
+        self.env["TMPDIR"] = self.dir
         if a.keep:
             self.env["LOGLEVEL"] = "INFO"
         self.lines = Lines()
