@@ -33,6 +33,7 @@ usage: python bench/goodput.py [--agent target/release/fsdp-agent] [--trainer ta
 Needs: etcd on PATH, unshare, root, torch in this interpreter's environment.
 """
 import argparse
+import bisect
 import json
 import os
 import random
@@ -99,13 +100,17 @@ class Lines:
                     self.seen.append((now, f[0], line))
 
     def after(self, t, pattern, pods=None):
-        """The first (t, pod, line) read after `t` matching `pattern`, or None."""
-        return next(((u, p, l) for u, p, l in self.seen if u > t and pattern.search(l)
+        """The first (t, pod, line) read after `t` matching `pattern`, or None. The lines are
+        stamped in the order read, so the look starts at `t`, not at the run's first line."""
+        start = bisect.bisect_right(self.seen, t, key=lambda x: x[0])
+        return next(((u, p, l) for u, p, l in self.seen[start:] if pattern.search(l)
                      and (pods is None or p in pods)), None)
 
     def steps(self, after=-1.0, before=float("inf")):
         """[(t, step, loss)] read in (after, before); step counts from 1."""
-        return [b for b in self.batches if after < b[0] < before]
+        lo = bisect.bisect_right(self.batches, after, key=lambda x: x[0])
+        hi = bisect.bisect_left(self.batches, before, key=lambda x: x[0])
+        return self.batches[lo:hi]
 
 
 def launcher(kind, a, endpoint, run_id, index, ckpt):
