@@ -10,6 +10,10 @@ Side by side in one run, each launcher with the same schedule:
   torchrun-dcp          torchrun (c10d), bench/goodput_worker.py: FSDP2, DCP every N steps
   fsdp-agent-prewarm    fsdp-agent --prewarm (etcd), the same script
   fsdp-trainer-disk     fsdp-agent (etcd), fsdp-trainer with its disk checkpoints every N steps
+                        (--snapshot_freq 0: workers restarted on every change, as before)
+  fsdp-trainer-memory   fsdp-agent (etcd), fsdp-trainer with peer-memory snapshots every step:
+                        the survivors re-form in place (same processes) and rebuild the
+                        newest step from memory; the disk checkpoints stay as the fallback
 
 Per event: the **stall**, from the event (or from the furthest step the job reached
 before the new group paused it, when that came later: a node coming back pauses nobody
@@ -51,7 +55,7 @@ import elastic  # noqa: E402  (its Etcd, Pod and pod environment)
 import svg  # noqa: E402
 
 WORKER = os.path.join(HERE, "goodput_worker.py")
-KINDS = ["torchrun-dcp", "fsdp-agent-prewarm", "fsdp-trainer-disk"]
+KINDS = ["torchrun-dcp", "fsdp-agent-prewarm", "fsdp-trainer-disk", "fsdp-trainer-memory"]
 # The demo's model (scripts/demo/elastic.py): big enough to watch, small enough for any machine.
 MODEL = ["--hidden_width", "128", "--num_layers", "4", "--intermediate_size", "344", "--num_heads", "8",
          "--num_key_value_heads", "4", "--max_context_width", "64", "--threads", "1"]
@@ -59,7 +63,7 @@ PREWARM_MODULES = "torch,torch.distributed.checkpoint,torch.distributed.fsdp,tor
 BATCH = re.compile(r"Batch (\d+) Loss: ([0-9.]+)")
 READY = re.compile(r"^Model: ")
 WORLD_OF_3 = re.compile(r"^Model: .*world size 3\b")
-RESTORED = re.compile(r"Loaded checkpoint")
+RESTORED = re.compile(r"Loaded checkpoint|Restored step")
 DETECTED = re.compile(r"group changed; re-forming|how the lost member was noticed")
 FORMED = re.compile(r"group formed")
 STARTED = re.compile(r"workers started")
@@ -130,9 +134,10 @@ def launcher(kind, a, endpoint, run_id, index, ckpt):
     if kind == "fsdp-agent-prewarm":
         # Its spares import what the script imports, so a start waits for none of it.
         return agent + ["--prewarm", "--prewarm-modules", PREWARM_MODULES] + script
+    snapshots = ["--snapshot_freq", "1" if kind == "fsdp-trainer-memory" else "0"]
     return agent + ["--no-python", a.trainer, "--max_steps", "1000000", "--logging_freq", "1",
                     "--checkpoint_freq", str(a.checkpoint_freq), "--checkpoint_dir", ckpt,
-                    "--resume_from_checkpoint", ckpt] + MODEL
+                    "--resume_from_checkpoint", ckpt] + snapshots + MODEL
 
 
 def worker_pids(pod):

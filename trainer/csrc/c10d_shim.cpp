@@ -189,6 +189,29 @@ fsdp_work* fsdp_all_gather_start(fsdp_pg* pg, at::Tensor* out, at::Tensor* in, c
   return nullptr;
 }
 
+// Starts sending `t` to rank `dst` (a point-to-point copy beside the collectives: the
+// snapshot a rank keeps of its buddy's shard). `fsdp_work_wait` finishes it.
+fsdp_work* fsdp_send_start(fsdp_pg* pg, at::Tensor* t, int dst, int tag, char** err) {
+  FSDP_TRY(err, {
+    std::vector<at::Tensor> ts{*t};
+    auto w = new fsdp_work();
+    w->work = pg->backend->send(ts, dst, tag);
+    return w;
+  })
+  return nullptr;
+}
+
+// Starts receiving into `t` from rank `src`, matched with its `fsdp_send_start` by tag.
+fsdp_work* fsdp_recv_start(fsdp_pg* pg, at::Tensor* t, int src, int tag, char** err) {
+  FSDP_TRY(err, {
+    std::vector<at::Tensor> ts{*t};
+    auto w = new fsdp_work();
+    w->work = pg->backend->recv(ts, src, tag);
+    return w;
+  })
+  return nullptr;
+}
+
 int fsdp_work_wait(fsdp_work* w, char** err) {
   FSDP_TRY(err, {
     w->work->wait();

@@ -231,6 +231,16 @@ pub struct Args {
     /// `gloo` or `nccl` (a group even at world 1).
     #[arg(long = "backend", value_enum, default_value = "auto")]
     pub backend: crate::device::Backend,
+    /// Snapshot each rank's part of the state into host memory (its own and a buddy's on
+    /// another node) every this many steps, so that under fsdp-agent a lost node costs the
+    /// others no restart and no reload (0: off). Only under an agent that re-forms in
+    /// place (FSDP_AGENT_CONTROL); otherwise nothing is kept.
+    #[arg(long = "snapshot_freq", default_value_t = 1)]
+    pub snapshot_freq: u64,
+    /// MiB of host memory a rank's snapshots may take (own and a buddy's, two steps of
+    /// each); past it that rank keeps none, said at start.
+    #[arg(long = "snapshot_max_memory")]
+    pub snapshot_max_memory: Option<u64>,
     /// Seconds a collective waits for the other ranks before failing.
     #[arg(long = "collective_timeout", default_value_t = 60)]
     pub collective_timeout: u64,

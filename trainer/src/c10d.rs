@@ -52,6 +52,20 @@ unsafe extern "C" {
         input: *mut RawTensor,
         err: *mut *mut c_char,
     ) -> *mut RawWork;
+    fn fsdp_send_start(
+        pg: *mut RawGroup,
+        t: *mut RawTensor,
+        dst: c_int,
+        tag: c_int,
+        err: *mut *mut c_char,
+    ) -> *mut RawWork;
+    fn fsdp_recv_start(
+        pg: *mut RawGroup,
+        t: *mut RawTensor,
+        src: c_int,
+        tag: c_int,
+        err: *mut *mut c_char,
+    ) -> *mut RawWork;
     fn fsdp_work_wait(w: *mut RawWork, err: *mut *mut c_char) -> c_int;
     fn fsdp_work_free(w: *mut RawWork);
     fn fsdp_backward(out: *mut RawTensor, grad: *mut RawTensor, err: *mut *mut c_char) -> c_int;
@@ -92,10 +106,11 @@ pub fn backward(out: &Tensor, grad: &Tensor) -> Result<(), C10dError> {
     }
 }
 
-/// An all-gather in flight. Its tensors are kept here until it is waited for (or dropped,
-/// which waits too: Gloo must not write into freed memory).
+/// A collective or a point-to-point copy in flight. Its tensors are kept here until it is
+/// waited for (or dropped, which waits too: Gloo must not write into freed memory).
 pub struct Pending {
     raw: *mut RawWork,
+    op: &'static str,
     out: Tensor,
     _input: Tensor,
 }
@@ -114,7 +129,7 @@ impl Pending {
         if rc == 0 {
             Ok(self.out.shallow_clone())
         } else {
-            Err(take_error("all_gather", err))
+            Err(take_error(self.op, err))
         }
     }
 }
@@ -272,8 +287,44 @@ impl ProcessGroup {
         }
         Ok(Pending {
             raw,
+            op: "all_gather",
             out,
             _input: input,
+        })
+    }
+
+    /// Starts sending `t` to rank `dst`; the receiver's [`Self::recv_start`] names the
+    /// same `tag`.
+    pub fn send_start(&self, t: Tensor, dst: usize, tag: i32) -> Result<Pending, C10dError> {
+        let mut t = t;
+        let mut err = std::ptr::null_mut();
+        // SAFETY: `Pending` keeps the tensor alive until the work is waited for.
+        let raw = unsafe { fsdp_send_start(self.raw, t.as_mut_ptr(), dst as c_int, tag, &mut err) };
+        if raw.is_null() {
+            return Err(take_error("send", err));
+        }
+        Ok(Pending {
+            raw,
+            op: "send",
+            out: t,
+            _input: Tensor::new(),
+        })
+    }
+
+    /// Starts receiving into `t` (its size is the sender's) from rank `src`.
+    pub fn recv_start(&self, t: Tensor, src: usize, tag: i32) -> Result<Pending, C10dError> {
+        let mut t = t;
+        let mut err = std::ptr::null_mut();
+        // SAFETY: as in `send_start`.
+        let raw = unsafe { fsdp_recv_start(self.raw, t.as_mut_ptr(), src as c_int, tag, &mut err) };
+        if raw.is_null() {
+            return Err(take_error("recv", err));
+        }
+        Ok(Pending {
+            raw,
+            op: "recv",
+            out: t,
+            _input: Tensor::new(),
         })
     }
 
@@ -320,6 +371,14 @@ impl Comm {
         match self {
             Self::Single => 1,
             Self::Group(g) => g.world,
+        }
+    }
+
+    /// The process group, when there is one (point-to-point copies need it).
+    pub fn group(&self) -> Option<&ProcessGroup> {
+        match self {
+            Self::Single => None,
+            Self::Group(g) => Some(g),
         }
     }
 
@@ -377,6 +436,7 @@ impl Comm {
                 out.copy_(&input);
                 Ok(Pending {
                     raw: std::ptr::null_mut(),
+                    op: "all_gather",
                     out,
                     _input: input,
                 })

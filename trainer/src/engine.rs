@@ -136,6 +136,16 @@ impl Engine {
         }
     }
 
+    /// The `(flat offset, length)` runs [`Self::live_state`] gives rank `rank` of
+    /// `world` (this engine's world): what that rank's snapshot holds.
+    pub fn runs_of(&self, rank: usize, world: usize) -> Vec<(i64, i64)> {
+        let pieces = match self {
+            Self::Flat { opt, .. } => opt.pieces_of(rank as i64, world as i64),
+            Self::Full(f) => f.pieces_of(rank as i64),
+        };
+        pieces.into_iter().map(|(f, _, n)| (f, n)).collect()
+    }
+
     pub fn load(&mut self, state: &FullState, adam_step: u64) {
         match self {
             Self::Flat { opt, .. } => opt.load(state, adam_step),

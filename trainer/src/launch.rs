@@ -7,6 +7,9 @@ pub struct Launch {
     pub rank: usize,
     pub world: usize,
     pub local_rank: usize,
+    /// Ranks on this node (`LOCAL_WORLD_SIZE`, 1 when the launcher does not say): ranks
+    /// `local_world` apart are on different nodes.
+    pub local_world: usize,
     pub master_addr: String,
     pub master_port: u16,
 }
@@ -39,6 +42,10 @@ pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Launch>, 
         Some(_) => num("LOCAL_RANK")?,
         None => 0,
     };
+    let local_world = match get("LOCAL_WORLD_SIZE") {
+        Some(_) => num("LOCAL_WORLD_SIZE")?.max(1),
+        None => 1,
+    };
     if world == 0 || rank >= world {
         return Err(format!("RANK={rank} must be below WORLD_SIZE={world}"));
     }
@@ -51,6 +58,7 @@ pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<Launch>, 
         rank,
         world,
         local_rank,
+        local_world,
         master_addr: get("MASTER_ADDR").unwrap_or_default(),
         master_port,
     }))

@@ -20,6 +20,10 @@
 //! * [`saver`]: the loop's side of a save: one in flight, completed once every rank's
 //!   shard is written.
 //! * [`train`]: the loop and its log lines.
+//! * [`snapshot`]: peer-memory snapshots: each rank's part after a step, in its own host
+//!   memory and a buddy's on another node, and the newest step rebuilt from them.
+//! * [`control`], [`inplace`]: re-forming in place under fsdp-agent: the agent's new
+//!   round, and what every rank does at a step boundary.
 //! * [`warning`]: Slurm's SIGUSR1/SIGUSR2 warning: save, then stop.
 //! * [`tensorboard`]: `--tensorboard_dir` scalars as a TensorBoard event file, hand-encoded.
 //!
@@ -30,11 +34,13 @@
 mod args;
 mod c10d;
 mod checkpoint;
+mod control;
 mod data;
 mod dataset;
 mod device;
 mod engine;
 mod full_shard;
+mod inplace;
 mod launch;
 mod malloc;
 mod model;
@@ -42,6 +48,7 @@ mod progress;
 mod saver;
 mod schedule;
 mod shard;
+mod snapshot;
 mod tensorboard;
 mod tokenizer;
 mod train;

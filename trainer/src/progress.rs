@@ -51,6 +51,12 @@ impl Progress {
         self.say(&format!("can {what}"), 50);
     }
 
+    /// Says this rank joined the process group of the agent's round `round` (an in-place
+    /// re-form) and restored its state.
+    pub fn joined(&self, round: u64) {
+        self.say(&format!("joined {round}"), 50);
+    }
+
     pub fn step(&self, n: usize) {
         self.say(&format!("step {n}"), 1);
     }

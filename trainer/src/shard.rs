@@ -467,9 +467,21 @@ impl FlatOptimizer {
     /// even 1/world slice under `no_shard`, where every rank holds everything, so that the
     /// ranks write in parallel.
     pub fn live_state(&self, rank: i64, world: i64) -> LiveState {
+        LiveState::new(
+            self.pieces_of(rank, world),
+            &self.flat,
+            true,
+            &self.m,
+            &self.v,
+        )
+    }
+
+    /// The pieces `(flat offset, local offset, length)` [`Self::live_state`] gives rank
+    /// `rank` of `world`: the same arithmetic, for any rank.
+    pub fn pieces_of(&self, rank: i64, world: i64) -> Vec<(i64, i64, i64)> {
         let total = self.total;
-        let pieces: Vec<(i64, i64, i64)> = if self.layout.sharded {
-            self.layout
+        if self.layout.sharded {
+            Layout::new(total, world, rank, true)
                 .runs()
                 .filter(|&(flat_at, _, _)| flat_at < total)
                 .map(|(flat_at, own_at, len)| (flat_at, own_at, len.min(total - flat_at)))
@@ -483,8 +495,7 @@ impl FlatOptimizer {
             } else {
                 Vec::new()
             }
-        };
-        LiveState::new(pieces, &self.flat, true, &self.m, &self.v)
+        }
     }
 
     /// The whole state (a collective when sharded: every rank must call it).

@@ -15,14 +15,18 @@ use tch::{Device, Tensor};
 use crate::args::Args;
 use crate::c10d::{Comm, GroupSpec, ProcessGroup};
 use crate::checkpoint::{self, Meta};
+use crate::control::Order;
 use crate::data::{Corpus, first_sample, mix};
 use crate::engine::Engine;
+use crate::inplace::{self, Boundary, InPlace};
 use crate::launch::Launch;
 use crate::model::ModelConfig;
 use crate::progress::Progress;
 use crate::saver::Saver;
 use crate::schedule::Schedule;
 use crate::shard::AdamW;
+use crate::snapshot::plan::Short;
+use crate::snapshot::{At, Snapshots};
 use crate::tensorboard::EventWriter;
 
 fn placement(
@@ -45,30 +49,71 @@ fn placement(
 
 /// Trains as the flags say, in the launcher's group (`launch`) or alone, until the steps
 /// or epochs run out; a warning signal stops every rank early with [`crate::Warned`].
+///
+/// Under an agent that re-forms in place (`FSDP_AGENT_CONTROL`), a group that changes
+/// does not end the process: it joins the next group its agent names and goes on from
+/// the newest step held in peer memory ([`crate::inplace`]).
 pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     crate::warning::install();
     if let Some(n) = args.threads {
         tch::set_num_threads(n);
     }
-    let group = Group::join(args, launch.as_ref())?;
-    let Some(mut trainer) = Trainer::new(args, &group)? else {
-        return Ok(());
-    };
-    while !trainer.finished() {
-        let stepped = trainer.step()?;
-        trainer.report(&stepped);
-        if stepped.due.validate {
-            trainer.validate(stepped.done())?;
-        }
-        trainer.save(&stepped)?;
-        if stepped.warned {
-            crate::warning::wait_for_own(crate::warning::OWN_WARNING_WAIT);
-            return Err(trainer.stop_on_warning());
+    let mut control = launch
+        .as_ref()
+        .filter(|_| args.snapshot_freq > 0)
+        .and_then(|_| crate::control::Control::from_env());
+    let mut kept = Snapshots::default();
+    let corpus = open_corpus(args)?;
+    let (mut launch, mut order) = (launch, None);
+    loop {
+        let group = Group::join(args, launch.as_ref())?;
+        let setup = Setup {
+            group: &group,
+            corpus: &corpus,
+            control: control.as_mut(),
+            local_world: launch.as_ref().map_or(1, |l| l.local_world),
+            order: order.take(),
+        };
+        let Some(mut trainer) = Trainer::new(args, setup, &mut kept)? else {
+            return Ok(());
+        };
+        match trainer.train()? {
+            Ended::Finished => {
+                trainer.finish();
+                group.close();
+                return Ok(());
+            }
+            Ended::Warned => return Err(trainer.stop_on_warning()),
+            Ended::Left => return Err(trainer.leave_on_warning()),
+            Ended::Reform(next) => {
+                trainer.say_reform(&next);
+                launch = Some(next.launch.clone());
+                order = Some(next);
+            }
         }
     }
-    trainer.finish();
-    group.close();
-    Ok(())
+}
+
+/// How a group's training ended.
+enum Ended {
+    Finished,
+    /// A warning signal: the checkpoint is saved.
+    Warned,
+    /// A warning signal for this rank's node, which leaves; the others go on from peer
+    /// memory, where this rank's part is.
+    Left,
+    /// The group changed: the next one meets where the order says.
+    Reform(Order),
+}
+
+/// What a group's [`Trainer`] starts from, beside the flags.
+struct Setup<'g> {
+    group: &'g Group,
+    corpus: &'g Corpus,
+    control: Option<&'g mut crate::control::Control>,
+    local_world: usize,
+    /// The agent's round this group is (`None`: the process's first group).
+    order: Option<Order>,
 }
 
 /// The ranks this process trains with, and the device its tensors live on.
@@ -270,8 +315,8 @@ struct Stepped {
     lr: f64,
     /// The last step: the limits are reached, or a warning arrived.
     last: bool,
-    /// A warning signal reached some rank: every rank stops after this step.
-    warned: bool,
+    /// What every rank does next ([`inplace::boundary`]).
+    boundary: Boundary,
     due: Due,
 }
 
@@ -290,7 +335,7 @@ struct Trainer<'g> {
     args: Args,
     console: Console,
     progress: Progress,
-    corpus: Corpus,
+    corpus: &'g Corpus,
     config: ModelConfig,
     engine: Engine,
     schedule: Schedule,
@@ -302,26 +347,50 @@ struct Trainer<'g> {
     meter: Meter,
     /// The loss averaged over ranks at the last step that logged or saved.
     last_loss: f64,
+    /// Peer-memory snapshots, kept across groups.
+    kept: &'g mut Snapshots,
+    /// Re-forming in place, when the agent offers it.
+    in_place: Option<InPlace<'g>>,
+    /// Time in steps, for the snapshots' share of it.
+    stepping: Duration,
 }
 
 impl<'g> Trainer<'g> {
-    /// Builds or resumes the model in `group` (collectives: every rank calls it). `None`:
-    /// the run resumed where it already ends, and says so.
-    fn new(args: &Args, group: &'g Group) -> anyhow::Result<Option<Self>> {
+    /// Builds the model in the group and resumes it: from peer memory when the group
+    /// holds a step whole, else from disk (collectives: every rank calls it). `None`: the
+    /// run resumed where it already ends, and says so.
+    fn new(args: &Args, setup: Setup<'g>, kept: &'g mut Snapshots) -> anyhow::Result<Option<Self>> {
+        let Setup {
+            group,
+            corpus,
+            control,
+            local_world,
+            order,
+        } = setup;
         let console = Console {
             lead: group.rank() == 0,
         };
         let progress = Progress::from_env(group.rank());
         console.say(group.describe());
-        for note in args.notes(group.device != Device::Cpu) {
-            console.say(format!("Note: {note}"));
-        }
-        let corpus = open_corpus(args)?;
-        let args = sized(args, &corpus, console);
+        let args = if order.is_none() {
+            for note in args.notes(group.device != Device::Cpu) {
+                console.say(format!("Note: {note}"));
+            }
+            sized(args, corpus, console)
+        } else {
+            sized(args, corpus, Console { lead: false })
+        };
         let config = ModelConfig::from_args(&args);
         let mut engine = build_engine(&args, &config, group, console)?;
-        let position = resume(&args, &config, &mut engine, console)?;
-        let limits = Limits::from_args(&args, &corpus);
+        let group_id = agree_on_id(&group.comm, group.device)?;
+        let in_place = control
+            .map(|c| InPlace::new(c, group_id, &group.comm, local_world, args.snapshot_freq))
+            .filter(|p| snapshots_fit(&args, &engine, group, p.buddy(), console));
+        let position = match from_memory(group, kept, &mut engine, console)? {
+            Some(at) => at,
+            None => resume(&args, &config, &mut engine, console)?,
+        };
+        let limits = Limits::from_args(&args, corpus);
         if limits.reached(&position) {
             console.say(limits.nothing_to_do(&position));
             return Ok(None);
@@ -349,7 +418,7 @@ impl<'g> Trainer<'g> {
         if saver.is_some() && args.resume_from_checkpoint.is_some() && leads_group {
             progress.can("save-on-warning");
         }
-        Ok(Some(Self {
+        let mut me = Self {
             group,
             console,
             progress,
@@ -365,16 +434,140 @@ impl<'g> Trainer<'g> {
             meter: Meter::start(),
             last_loss: f64::NAN,
             args,
-        }))
+            kept,
+            in_place,
+            stepping: Duration::ZERO,
+        };
+        me.ready_in_place(order.as_ref())?;
+        Ok(Some(me))
+    }
+
+    /// With in-place re-form: the step the group starts from is snapshotted and copied to
+    /// the buddies before anything trains (a loss in the first step then still finds it
+    /// whole), the agent hears that this process re-forms in place, and, in a group it
+    /// re-formed into, that it joined.
+    fn ready_in_place(&mut self, order: Option<&Order>) -> anyhow::Result<()> {
+        let Some(p) = self.in_place.as_mut() else {
+            return Ok(());
+        };
+        let at = At {
+            step: self.position.step,
+            samples_seen: self.position.samples_seen,
+            adam_step: self.engine.adam_step(),
+        };
+        p.after_step(self.kept, &self.engine, &self.group.comm, at, true)?;
+        p.fence(self.kept)?;
+        self.progress.can("re-form-in-place");
+        if let Some(o) = order {
+            self.progress.joined(o.round);
+        }
+        Ok(())
     }
 
     fn finished(&self) -> bool {
         self.limits.reached(&self.position)
     }
 
+    /// Steps until the limits, a warning, or a change of the group.
+    fn train(&mut self) -> anyhow::Result<Ended> {
+        while !self.finished() {
+            match self.one_step() {
+                Ok(None) => {}
+                Ok(Some(end)) => return Ok(end),
+                Err(e) => return self.broken(e),
+            }
+        }
+        if let Some(p) = self.in_place.as_mut() {
+            p.settle(self.kept);
+        }
+        Ok(Ended::Finished)
+    }
+
+    /// A step and the phases after it; `Some` when the group's training ends here.
+    fn one_step(&mut self) -> anyhow::Result<Option<Ended>> {
+        let began = Instant::now();
+        let stepped = self.step()?;
+        self.stepping += began.elapsed();
+        self.report(&stepped);
+        if stepped.due.validate {
+            self.validate(stepped.done())?;
+        }
+        self.save(&stepped)?;
+        Ok(match stepped.boundary {
+            Boundary::Go => None,
+            Boundary::Stop => {
+                crate::warning::wait_for_own(crate::warning::OWN_WARNING_WAIT);
+                Some(Ended::Warned)
+            }
+            Boundary::Leave | Boundary::Reform => Some(self.leave_group()?),
+        })
+    }
+
+    /// At a boundary every rank agreed on: the copy in flight is finished (the buddies
+    /// then hold this very step), then a rank whose own node is leaving stops, and the
+    /// others wait for the round their agents send.
+    fn leave_group(&mut self) -> anyhow::Result<Ended> {
+        let Some(p) = self.in_place.as_mut() else {
+            return Ok(Ended::Warned);
+        };
+        p.fence(self.kept)?;
+        if crate::warning::received().is_some() {
+            return Ok(Ended::Left);
+        }
+        match p.wait_order(inplace::ORDER_WAIT) {
+            Some(order) => Ok(Ended::Reform(order)),
+            None if crate::warning::received().is_some() => Ok(Ended::Left),
+            None => bail!(
+                "the group changed at step {} but no new round came from the agent within {:?}",
+                self.position.step,
+                inplace::ORDER_WAIT
+            ),
+        }
+    }
+
+    /// A step or a phase failed. Re-forming in place, a failed collective is a group that
+    /// broke (a peer lost): whatever of the copy in flight arrived is kept, and the
+    /// process waits for its agent's next round. Any other failure ends the process.
+    fn broken(&mut self, e: anyhow::Error) -> anyhow::Result<Ended> {
+        let Some(p) = self.in_place.as_mut() else {
+            return Err(e);
+        };
+        if e.downcast_ref::<crate::c10d::C10dError>().is_none() {
+            return Err(e);
+        }
+        p.settle(self.kept);
+        println!(
+            "Rank {}: the group broke during step {} ({e:#}); waiting for the agent's next round",
+            self.group.rank(),
+            self.position.step
+        );
+        match p.wait_order(inplace::ORDER_WAIT) {
+            Some(order) => Ok(Ended::Reform(order)),
+            None if crate::warning::received().is_some() => Ok(Ended::Left),
+            None => Err(e.context(format!(
+                "no new round came from the agent within {:?}",
+                inplace::ORDER_WAIT
+            ))),
+        }
+    }
+
+    /// The line a rank says when it re-forms in place.
+    fn say_reform(&self, next: &Order) {
+        println!(
+            "Rank {} re-forms in place at step {}: round {}, rank {} of {} (was {} of {})",
+            self.group.rank(),
+            self.position.step,
+            next.round,
+            next.launch.rank,
+            next.launch.world,
+            self.group.rank(),
+            self.group.world()
+        );
+    }
+
     /// One optimizer step on every rank's next batch, then what every rank must agree on
-    /// before the phases after it: whether a warning arrived anywhere, and the mean loss
-    /// when a log line or a checkpoint will show it.
+    /// before the phases after it: whether a warning or a new round arrived anywhere, and
+    /// the mean loss when a log line or a checkpoint will show it.
     fn step(&mut self) -> anyhow::Result<Stepped> {
         self.note_epoch();
         let (group, args) = (self.group, &self.args);
@@ -388,10 +581,15 @@ impl<'g> Trainer<'g> {
         self.engine
             .set_dropout(true, dropout_seed(args, index, group.rank()));
         let mut fenced = Duration::ZERO;
-        let saver = &mut self.saver;
+        let mut copy_failed = None;
+        let (saver, in_place, kept) = (&mut self.saver, &mut self.in_place, &mut *self.kept);
         let mut fence = || {
             if let Some(s) = saver.as_mut() {
                 fenced += s.fence();
+            }
+            // The buddy's copy of the last snapshot is in before the state changes again.
+            if let Some(Err(e)) = in_place.as_mut().map(|p| p.fence(kept)) {
+                copy_failed = Some(e);
             }
         };
         let loss = self.engine.step(
@@ -401,14 +599,25 @@ impl<'g> Trainer<'g> {
             args.grad_clip,
             &mut fence,
         )?;
+        if let Some(e) = copy_failed {
+            return Err(e.into());
+        }
         // Speed is training speed: waiting for a save's writer is not counted.
         self.meter.leave_out(fenced);
         let global_batch = per_rank as u64 * group.world() as u64;
         self.position.samples_seen += global_batch;
         self.meter.add(global_batch);
         self.position.step = index + 1;
-        // Every rank asks every step: a warning that reached one rank stops them all here.
-        let warned = warned_anywhere(&group.comm, group.device)?;
+        if let Some(p) = self.in_place.as_mut() {
+            let at = At {
+                step: self.position.step,
+                samples_seen: self.position.samples_seen,
+                adam_step: self.engine.adam_step(),
+            };
+            p.after_step(self.kept, &self.engine, &group.comm, at, false)?;
+        }
+        let boundary = self.agree_on_boundary()?;
+        let warned = boundary == Boundary::Stop;
         let last = self.finished() || warned;
         let due = self.cadence.due(index + 1, last, warned);
         if due.log || due.save {
@@ -418,9 +627,24 @@ impl<'g> Trainer<'g> {
             index,
             lr,
             last,
-            warned,
+            boundary,
             due,
         })
+    }
+
+    /// Every rank asks every step: a warning or a new round that reached one rank is
+    /// acted on by all of them here ([`inplace::boundary`]).
+    fn agree_on_boundary(&mut self) -> anyhow::Result<Boundary> {
+        let warned = crate::warning::received().is_some();
+        let pending = self.in_place.as_mut().is_some_and(InPlace::pending);
+        let (w, p, i) = inplace::counts(
+            &self.group.comm,
+            self.group.device,
+            warned,
+            pending,
+            self.in_place.is_some(),
+        )?;
+        Ok(inplace::boundary(w, p, i, self.group.world()))
     }
 
     /// Says when the step about to be taken begins an epoch.
@@ -472,7 +696,7 @@ impl<'g> Trainer<'g> {
     fn validate(&mut self, done: u64) -> anyhow::Result<()> {
         self.progress.begin("validation");
         let validating = Instant::now();
-        let loss = validation_loss(&self.args, &mut self.engine, self.group, &self.corpus)?;
+        let loss = validation_loss(&self.args, &mut self.engine, self.group, self.corpus)?;
         self.console.say(format!(
             "Validation Loss: {loss:.5} (step {done}, {} batches of {} per rank)",
             self.args.validation_batches,
@@ -528,6 +752,16 @@ impl<'g> Trainer<'g> {
         crate::Warned(crate::warning::received().unwrap_or(libc::SIGUSR1)).into()
     }
 
+    /// Says that this rank's node leaves; the error carries the signal for the exit code.
+    fn leave_on_warning(&self) -> anyhow::Error {
+        println!(
+            "Rank {}: stopping at step {} on a warning signal: this node leaves the group, which goes on without it from peer memory",
+            self.group.rank(),
+            self.position.step
+        );
+        crate::Warned(crate::warning::received().unwrap_or(libc::SIGUSR1)).into()
+    }
+
     /// The closing lines.
     fn finish(self) {
         // What follows the last step (the group's teardown) is judged as the end of
@@ -537,6 +771,20 @@ impl<'g> Trainer<'g> {
             "Training finished at step {}, loss {:.5}",
             self.position.step, self.last_loss
         ));
+        if let Some(p) = self.in_place.as_ref().filter(|p| p.cost.taken > 0) {
+            let spent = p.cost.spent.as_secs_f64();
+            let (own, held) = self.kept.bytes();
+            let mib = |b: i64| b as f64 / (1 << 20) as f64;
+            self.console.say(format!(
+                "Snapshots: {} taken, {:.2} ms each, {:.2}% of the time in steps; {:.1} MiB held (own {:.1}, a buddy's {:.1})",
+                p.cost.taken,
+                1e3 * spent / p.cost.taken as f64,
+                100.0 * spent / self.stepping.as_secs_f64().max(1e-9),
+                mib(own + held),
+                mib(own),
+                mib(held)
+            ));
+        }
         // Every rank reports its own peak: sharding is about per-rank memory.
         if let Some(kib) = peak_rss_kib() {
             println!(
@@ -731,10 +979,86 @@ impl Board {
     }
 }
 
-/// Whether a warning signal reached any rank (a collective: every rank calls it each step).
-fn warned_anywhere(comm: &Comm, device: Device) -> anyhow::Result<bool> {
-    let mine = f32::from(u8::from(crate::warning::received().is_some()));
-    Ok(comm.sum_over_ranks(mine, device)? > 0.0)
+/// An id for this group that every rank agrees on (rank 0's, broadcast): it names the
+/// group's snapshots, whose ranks are this group's.
+fn agree_on_id(comm: &Comm, device: Device) -> anyhow::Result<u64> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mine = mix(nanos ^ u64::from(std::process::id()));
+    let mut t = Tensor::from_slice(&[(mine >> 1) as i64]).to_device(device);
+    comm.broadcast(&mut t, 0)?;
+    Ok(t.int64_value(&[0]) as u64)
+}
+
+/// Whether this rank's snapshots fit `--snapshot_max_memory`; says what they take (the
+/// lead) or that they are off (any rank past the limit: that rank is then restarted on a
+/// re-form, as without snapshots).
+fn snapshots_fit(
+    args: &Args,
+    engine: &Engine,
+    group: &Group,
+    buddy: Option<usize>,
+    console: Console,
+) -> bool {
+    let len: i64 = engine
+        .runs_of(group.rank(), group.world())
+        .iter()
+        .map(|&(_, n)| n)
+        .sum();
+    let mib = crate::snapshot::budget_bytes(len, buddy.is_some()) as f64 / (1 << 20) as f64;
+    if let Some(limit) = args.snapshot_max_memory.filter(|&l| mib > l as f64) {
+        eprintln!(
+            "fsdp-trainer: warning: rank {}'s snapshots would take {mib:.1} MiB of host memory, past --snapshot_max_memory {limit}; this rank keeps none and is restarted when its group changes (raise the limit, or snapshot less: --snapshot_freq)",
+            group.rank()
+        );
+        return false;
+    }
+    console.say(format!(
+        "Snapshots: every {} step(s), in host memory: each rank's own{}; up to {mib:.1} MiB per rank",
+        args.snapshot_freq,
+        buddy.map_or(
+            " only (every rank is on one node)".to_string(),
+            |b| format!(" and a copy on a rank of another node (rank 0's on rank {b})")
+        ),
+    ));
+    true
+}
+
+/// The newest step the group holds whole in peer memory, loaded into `engine` (a
+/// collective in a group). `None`: not held (said when anyone held anything), or alone.
+fn from_memory(
+    group: &Group,
+    kept: &Snapshots,
+    engine: &mut Engine,
+    console: Console,
+) -> anyhow::Result<Option<Position>> {
+    if matches!(group.comm, Comm::Single) {
+        return Ok(None);
+    }
+    let began = Instant::now();
+    match crate::snapshot::restore::restore(&group.comm, group.device, kept, engine)? {
+        Ok(at) => {
+            console.say(format!(
+                "Restored step {} from peer memory (sample {}, in {:.3} s): nothing read from disk, no step redone",
+                at.step,
+                at.samples_seen,
+                began.elapsed().as_secs_f64()
+            ));
+            Ok(Some(Position {
+                step: at.step,
+                samples_seen: at.samples_seen,
+                epoch: None,
+            }))
+        }
+        Err(Short::Nothing) => Ok(None),
+        Err(short) => {
+            console.say(format!(
+                "Peer memory cannot rebuild a step: {short}; resuming from disk"
+            ));
+            Ok(None)
+        }
+    }
 }
 
 /// The seed of a step's dropout masks: the rank's own unless `--same_seed=1`.

@@ -326,15 +326,24 @@ impl FullShard {
     /// This rank's part of a sharded checkpoint: the real (unpadded) elements of its shard
     /// of every unit.
     pub fn live_state(&self) -> LiveState {
-        let pieces: Vec<(i64, i64, i64)> = self
-            .plan
+        LiveState::new(
+            self.pieces_of(self.rank),
+            &self.params,
+            false,
+            &self.m,
+            &self.v,
+        )
+    }
+
+    /// The pieces `(flat offset, local offset, length)` rank `rank` holds.
+    pub fn pieces_of(&self, rank: i64) -> Vec<(i64, i64, i64)> {
+        self.plan
             .iter()
             .filter_map(|unit| {
-                let (start, len) = unit.owned(self.rank);
+                let (start, len) = unit.owned(rank);
                 (len > 0).then_some((unit.flat_at + start, unit.local_at, len))
             })
-            .collect();
-        LiveState::new(pieces, &self.params, false, &self.m, &self.v)
+            .collect()
     }
 
     /// The whole state, world-size independent, on the lead rank (`None` elsewhere). Every
