@@ -29,6 +29,7 @@
 mod console;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod devices;
 pub mod environment;
 pub mod error;

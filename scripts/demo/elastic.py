@@ -28,7 +28,8 @@ from datetime import datetime, timezone
 POLL = 0.05
 AGENT_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z")
 BATCH = re.compile(r"Batch (\d+) Loss: ([0-9.]+)")
-LOADED = re.compile(r"Loaded checkpoint \S+ \(step (\d+)")
+LOADED = re.compile(r"(Loaded checkpoint \S+ \(step|Restored step) (\d+)")
+STARTED = re.compile(r"workers started")
 SAVED = re.compile(r"Saved checkpoint \S+ \(step (\d+)")
 FORMED = re.compile(r"group formed .*round=(\d+) world_size=(\d+)")
 
@@ -160,16 +161,23 @@ class Demo:
         return {path: len(lines) for path, lines in self.outputs().items()}
 
     def resumed_since(self, snap):
-        """(step, trained): the checkpoint step rank 0 loaded after `snap`, and whether it
-        logged a step after that; None before it loaded."""
+        """(step, trained, source): the step rank 0 resumed at after `snap`, whether it
+        logged a step after that, and where the state came from ("peer memory" or "the
+        checkpoint"); None before it resumed."""
         for path, lines in self.outputs().items():
             new = lines[snap.get(path, 0):]
             for i, l in enumerate(new):
                 m = LOADED.search(l)
                 if m:
                     trained = any(BATCH.search(x) for x in new[i + 1:])
-                    return int(m.group(1)), trained
+                    source = "peer memory" if m.group(1).startswith("Restored") else "the checkpoint"
+                    return int(m.group(2)), trained, source
         return None
+
+    def restarted(self, node, after):
+        """Whether `node`'s agent started new workers after `after` (not: its workers
+        re-formed in place, the same processes)."""
+        return any(STARTED.search(l) and (stamp(l) or 0) > after for l in node.lines())
 
     def step(self):
         """The furthest step any rank 0 logged."""
@@ -210,15 +218,20 @@ class Demo:
             lambda: all(self.formed(self.nodes[i], t0) for i in survivors) and
             [self.formed(self.nodes[i], t0)[1] for i in survivors] == [world_to] * len(survivors))
         took = max(self.formed(self.nodes[i], t0)[0] for i in survivors) - t0
-        resumed, _ = self.wait("waiting for training to resume", lambda: self.resumed_since(snap))
+        resumed, _, source = self.wait("waiting for training to resume", lambda: self.resumed_since(snap))
         self.wait("waiting for the first step after the resume",
                   lambda: self.resumed_since(snap)[1] or None)
         training = time.time() - t0
         lost = max(0, at_step - resumed)
         nodes = ", ".join(f"{i}" for i in survivors)
+        kept = [i for i in survivors if self.nodes[i].started_at < t0 and not self.restarted(self.nodes[i], t0)]
+        processes = (f"; nodes {', '.join(map(str, kept))} kept their worker processes" if kept
+                     else "")
+        where = (f"resumed from peer memory at step {resumed}" if source == "peer memory"
+                 else f"resumed from the checkpoint of step {resumed}")
         say(f"{cause} at step {at_step} → nodes {nodes} re-formed in {took:.2f} s "
-            f"(world {world_from} → {world_to}), resumed from the checkpoint of step {resumed}, "
-            f"training again {training:.1f} s after the event ({lost} steps redone)")
+            f"(world {world_from} → {world_to}), {where}, "
+            f"training again {training:.1f} s after the event ({lost} steps redone){processes}")
         self.events.append((label, at_step, took, training, f"{world_from} → {world_to}", resumed, lost))
         del formed
 

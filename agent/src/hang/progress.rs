@@ -8,6 +8,14 @@
 //! <rank> can save-on-warning
 //!                        SIGUSR1 makes it save a checkpoint at the next step and stop
 //!                        (fsdp-trainer with a --checkpoint_dir says so at its start)
+//! <rank> can re-form-in-place
+//!                        it bound its control socket (`FSDP_AGENT_CONTROL`): on a re-form
+//!                        it keeps its process and takes the next round from the agent
+//!                        ([`crate::control`])
+//! <rank> reforming       it left its broken group and waits for the next round (a phase,
+//!                        ended by `joined`)
+//! <rank> joined <round>  it joined the group of that round (under the round's rank) and
+//!                        restored its state
 //! ```
 //!
 //! Datagrams keep a worker's cost to one `sendto` with no connection to hold, and a worker
@@ -64,6 +72,10 @@ pub struct RankProgress {
     pub phase: Option<(String, Instant)>,
     /// It said a SIGUSR1 makes it save a checkpoint and stop (`can save-on-warning`).
     pub saves_on_warning: bool,
+    /// It said it takes a new round in place (`can re-form-in-place`).
+    pub reforms_in_place: bool,
+    /// The last round whose group it said it joined (`joined <round>`).
+    pub joined: Option<u64>,
 }
 
 impl RankProgress {
@@ -76,6 +88,18 @@ impl RankProgress {
             recent: VecDeque::new(),
             phase: None,
             saves_on_warning: false,
+            reforms_in_place: false,
+            joined: None,
+        }
+    }
+
+    /// The same worker under a new rank (a re-form in place): what it declared of itself
+    /// stays true of the process; its progress starts over, as a new group's does.
+    fn renamed(&self, rank: u32) -> Self {
+        Self {
+            saves_on_warning: self.saves_on_warning,
+            reforms_in_place: self.reforms_in_place,
+            ..Self::new(rank)
         }
     }
 
@@ -102,6 +126,16 @@ impl RankProgress {
         self.phase = Some((name.to_owned(), at));
     }
 
+    /// It joined round `round`'s group: a sign of life (it is judged from now on, by the
+    /// start-up allowance until its first step), and the end of its re-form.
+    pub fn joined(&mut self, round: u64, at: Instant) {
+        self.heard(at);
+        self.joined = Some(round);
+        if self.phase.as_ref().is_some_and(|(p, _)| p == REFORMING) {
+            self.phase = None;
+        }
+    }
+
     pub fn phase_end(&mut self, _name: &str, at: Instant) {
         self.heard(at);
         self.phase = None;
@@ -120,25 +154,54 @@ pub enum Report {
     End(String),
     /// What the rank can do (a declaration, not progress: the hang judge ignores it).
     Can(String),
+    /// It left its broken group to re-form in place.
+    Reforming,
+    /// It joined the group of this round.
+    Joined(u64),
 }
 
 /// What a rank that saves on a warning declares.
 pub const SAVES_ON_WARNING: &str = "save-on-warning";
+/// What a rank that takes a new round in place declares.
+pub const REFORMS_IN_PLACE: &str = "re-form-in-place";
+/// The phase of a rank between its broken group and the next (`reforming`).
+pub const REFORMING: &str = "reforming";
 
-/// Parses `"<rank> step <n>"`, `"<rank> begin <phase>"`, `"<rank> end <phase>"`.
+/// Parses `"<rank> step <n>"`, `"<rank> begin <phase>"`, `"<rank> end <phase>"`,
+/// `"<rank> can <what>"`, `"<rank> reforming"`, `"<rank> joined <round>"`.
 pub fn parse(text: &str) -> Option<(u32, Report)> {
     let mut words = text.split_whitespace();
     let rank = words.next()?.parse().ok()?;
     let kind = words.next()?;
+    if kind == REFORMING {
+        return Some((rank, Report::Reforming));
+    }
     let arg = words.next()?;
     let report = match kind {
         "step" => Report::Step(arg.parse().ok()?),
         "begin" => Report::Begin(arg.chars().take(64).collect()),
         "end" => Report::End(arg.chars().take(64).collect()),
         "can" => Report::Can(arg.chars().take(64).collect()),
+        "joined" => Report::Joined(arg.parse().ok()?),
         _ => return None,
     };
     Some((rank, report))
+}
+
+/// Enters one report of rank `p` heard `now`.
+fn enter(p: &mut RankProgress, report: Report, now: Instant) {
+    match report {
+        Report::Step(s) => p.step(s, now),
+        Report::Begin(name) => p.phase_begin(&name, now),
+        Report::End(name) => p.phase_end(&name, now),
+        Report::Can(what) => match what.as_str() {
+            SAVES_ON_WARNING => p.saves_on_warning = true,
+            REFORMS_IN_PLACE => p.reforms_in_place = true,
+            _ => {}
+        },
+        Report::Reforming => p.phase_begin(REFORMING, now),
+        Report::Joined(round) => p.joined(round, now),
+    }
 }
 
 type Ranks = Arc<Mutex<BTreeMap<u32, RankProgress>>>;
@@ -157,6 +220,9 @@ impl Drop for Progress {
         self.task.abort();
         let _ = std::fs::remove_file(&self.path);
         if let Some(dir) = self.path.parent() {
+            // The workers' control sockets beside it (they bind them; nobody else removes
+            // a killed worker's), or the directory stays.
+            crate::control::remove_in(dir);
             let _ = std::fs::remove_dir(dir);
         }
     }
@@ -207,6 +273,7 @@ pub fn sweep(parent: &Path, uid: u32) -> usize {
         let socket = dir.join(SOCKET);
         if ours && abandoned(&socket) {
             let _ = std::fs::remove_file(&socket);
+            crate::control::remove_in(&dir);
             if std::fs::remove_dir(&dir).is_ok() {
                 removed += 1;
             }
@@ -309,12 +376,7 @@ impl Progress {
                 let Some(p) = ranks.get_mut(&rank) else {
                     continue;
                 };
-                match report {
-                    Report::Step(s) => p.step(s, now),
-                    Report::Begin(name) => p.phase_begin(&name, now),
-                    Report::End(name) => p.phase_end(&name, now),
-                    Report::Can(what) => p.saves_on_warning |= what == SAVES_ON_WARNING,
-                }
+                enter(p, report, now);
             }
         });
         Ok(Self {
@@ -341,6 +403,25 @@ impl Progress {
         *all = ranks
             .into_iter()
             .map(|r| (r, RankProgress::new(r)))
+            .collect();
+    }
+
+    /// The same workers under the ranks of a new round (a re-form in place), in order:
+    /// the worker that was the group's lowest rank is the new lowest, and so on. What each
+    /// declared of itself is kept (it said so once, at its start); everything else
+    /// starts over, as for a new group.
+    pub fn rerank(&self, ranks: impl IntoIterator<Item = u32>) {
+        let mut all = self.ranks.lock().unwrap_or_else(|p| p.into_inner());
+        let before: Vec<RankProgress> = all.values().cloned().collect();
+        let mut old = before.iter();
+        *all = ranks
+            .into_iter()
+            .map(|r| {
+                let p = old
+                    .next()
+                    .map_or_else(|| RankProgress::new(r), |p| p.renamed(r));
+                (r, p)
+            })
             .collect();
     }
 
@@ -377,9 +458,62 @@ mod tests {
             "1 leap 2",
             "1 step",
             "-1 step 2",
+            "1 joined",
+            "1 joined x",
+            "1 joined -2",
         ] {
             assert_eq!(parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn the_re_form_in_place_reports_parse_and_are_entered() {
+        assert_eq!(
+            parse("5 can re-form-in-place"),
+            Some((5, Report::Can(REFORMS_IN_PLACE.into())))
+        );
+        assert_eq!(parse("5 joined 12\n"), Some((5, Report::Joined(12))));
+        assert_eq!(parse("5 reforming"), Some((5, Report::Reforming)));
+        assert_eq!(parse("5 reforming now"), Some((5, Report::Reforming)));
+        let t0 = Instant::now();
+        let mut p = RankProgress::new(5);
+        enter(&mut p, Report::Can(REFORMS_IN_PLACE.into()), t0);
+        assert!(p.reforms_in_place && !p.saves_on_warning);
+        assert!(!p.reported, "a declaration is no progress");
+        enter(&mut p, Report::Reforming, t0);
+        assert_eq!(p.phase.as_ref().map(|(n, _)| n.as_str()), Some(REFORMING));
+        enter(&mut p, Report::Joined(12), t0);
+        assert_eq!(p.joined, Some(12));
+        assert_eq!(p.phase, None, "joining ends the re-form");
+        assert!(p.reported, "a joined rank is judged from now on");
+        // Any other phase is the worker's own to end.
+        enter(&mut p, Report::Begin("checkpoint".into()), t0);
+        enter(&mut p, Report::Joined(13), t0);
+        assert!(p.phase.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_reranked_group_keeps_what_its_workers_declared() {
+        let progress = Progress::start(&std::env::temp_dir()).unwrap();
+        progress.reset([4, 5]);
+        let worker = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        for msg in [
+            "4 can re-form-in-place",
+            "5 can save-on-warning",
+            "5 step 3",
+        ] {
+            worker.send_to(msg.as_bytes(), progress.path()).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        progress.rerank([0, 1]);
+        let ranks = progress.snapshot();
+        assert_eq!(ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [0, 1]);
+        assert!(ranks[0].reforms_in_place && !ranks[0].saves_on_warning);
+        assert!(ranks[1].saves_on_warning && !ranks[1].reforms_in_place);
+        assert_eq!(ranks[1].last_step, None, "progress starts over");
+        worker.send_to(b"1 joined 7", progress.path()).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(progress.snapshot()[1].joined, Some(7));
     }
 
     #[test]
@@ -415,6 +549,18 @@ mod tests {
         drop(progress);
         assert!(!path.exists(), "the socket file is removed");
         assert!(!path.parent().unwrap().exists(), "and its directory");
+    }
+
+    #[tokio::test]
+    async fn the_workers_control_sockets_go_with_the_directory() {
+        let parent = tempfile::tempdir().unwrap();
+        let progress = Progress::start(parent.path()).unwrap();
+        let ctl = crate::control::path(progress.path(), 0).unwrap();
+        // What a worker killed with its agent leaves.
+        drop(std::os::unix::net::UnixDatagram::bind(&ctl).unwrap());
+        let dir = progress.path().parent().unwrap().to_owned();
+        drop(progress);
+        assert!(!dir.exists(), "nothing is left behind");
     }
 
     fn mode(p: &Path) -> u32 {

@@ -6,7 +6,7 @@
 //! decisions out. [`crate::policy`] holds the failure policy they apply: the budget, the
 //! backoff and the rules that judge a failed attempt.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fsdp_rendezvous::{
     Change, Departure, Finish, Halt, LeftKind, LeftReason, RendezvousError, Round,
@@ -365,6 +365,118 @@ pub fn signal_for_workers(
     } else {
         (received, "passed on as received")
     }
+}
+
+/// What a local worker said of itself and whether it runs, for [`in_place`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reformable {
+    /// It said it takes a new round in place (`can re-form-in-place`).
+    pub declared: bool,
+    /// It has not exited.
+    pub running: bool,
+}
+
+/// Whether the workers of a group that changed keep their processes and take the next
+/// round in place ([`crate::control`]) instead of being stopped, and why. Only for a
+/// change where the round goes on without a failure: a member lost (its peers' processes
+/// are sound; their group is not), a node joining. Never for a fence: a fenced node's
+/// workers must be gone before its lease can expire and their ranks go to others. Never
+/// for a peer's failure (every node restarts its workers, as torchrun does) nor a halt
+/// (the run is over). And only when every local worker said it can and still runs: the
+/// agent re-forms a node's workers all in place or all fresh, never half, so a group
+/// never mixes a fresh worker with the kept ones of the same node.
+pub fn in_place(change: &Change, workers: &[Reformable]) -> (bool, &'static str) {
+    match change {
+        Change::MemberLost { .. } | Change::NodeWaiting { .. } | Change::NewRound { .. } => {}
+        Change::Fenced { .. } => {
+            return (
+                false,
+                "a fenced node's workers stop before its lease can expire",
+            );
+        }
+        Change::PeerFailed { .. } => {
+            return (
+                false,
+                "a peer's worker failed: every node restarts its workers",
+            );
+        }
+        Change::Halted(_) => return (false, "the run is over"),
+    }
+    if workers.is_empty() {
+        return (false, "no local worker");
+    }
+    if !workers.iter().all(|w| w.declared) {
+        return (false, "not every local worker said it can re-form in place");
+    }
+    if !workers.iter().all(|w| w.running) {
+        return (false, "a local worker has exited");
+    }
+    (
+        true,
+        "every local worker runs and said it can re-form in place",
+    )
+}
+
+/// The least time the workers get to join a round in place.
+pub const HANDOVER_MIN: Duration = Duration::from_secs(10);
+/// How many of the slowest recent step the workers get to join, when that is more.
+pub const HANDOVER_STEPS: u32 = 20;
+
+/// How long the workers may take to join a round in place: [`HANDOVER_STEPS`] times the
+/// slowest recent step of any local worker (`None`: none reported), at least
+/// [`HANDOVER_MIN`]. Joining makes a new group (its store, its communicator) and restores
+/// the state, a few steps' worth of collectives on a large model; past the bound a
+/// restart is the surer way.
+pub fn handover_bound(slowest_steps: impl IntoIterator<Item = Option<Duration>>) -> Duration {
+    slowest_steps
+        .into_iter()
+        .flatten()
+        .max()
+        .map_or(HANDOVER_MIN, |s| s.saturating_mul(HANDOVER_STEPS))
+        .max(HANDOVER_MIN)
+}
+
+/// Where a handover of a round to workers kept in place stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// Look again shortly.
+    Wait,
+    /// Every local worker joined: the group runs in the new round.
+    Done,
+    /// The group changed again: re-form with the kept workers as the running group (they
+    /// get the next round; they need not have confirmed this one).
+    Reform,
+    /// Stop the workers and start fresh ones, for this reason. Nothing is charged: the
+    /// group had broken anyway, and a restart is what would have happened without the
+    /// attempt.
+    Fallback(&'static str),
+}
+
+/// The handover at `now`, begun at `started`, with `bound` to finish in: which local
+/// workers confirmed the round (`joined`), whether they all still run, and whether the
+/// rendezvous reported a change meanwhile.
+pub fn handover(
+    now: Instant,
+    started: Instant,
+    bound: Duration,
+    confirmed: &[bool],
+    alive: bool,
+    changed: bool,
+) -> Handover {
+    if changed {
+        return Handover::Reform;
+    }
+    if !alive {
+        // Even one that confirmed: an exit now would be a failure charged to the new round.
+        return Handover::Fallback("a worker exited during the handover");
+    }
+    if !confirmed.is_empty() && confirmed.iter().all(|c| *c) {
+        return Handover::Done;
+    }
+    if now.saturating_duration_since(started) >= bound {
+        return Handover::Fallback("not every worker joined the round in time");
+    }
+    Handover::Wait
 }
 
 /// What follows the stop of a group that changed.

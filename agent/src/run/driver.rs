@@ -16,6 +16,7 @@ use super::decide::{
     self, AfterBarrier, AfterChange, AfterFailed, AfterFormed, Leave, OnWake, Rules, Wake,
     signalled,
 };
+use super::handover::{HandedOver, kept_exit};
 use super::memory::{Memory, RoundMembers};
 use super::report::{Reporter, change_label};
 use super::{AgentExit, DEPART_PATIENCE, HANG_LOOK, Phase, hang};
@@ -67,6 +68,10 @@ pub(super) struct Loop<'a, R> {
     pending_summary: Option<(Failure, String)>,
     /// Workers started cold without `--prewarm` (with it the spares count).
     cold_starts: u32,
+    /// The workers of a group that changed, kept running to take the next round in place
+    /// ([`decide::in_place`]): from the re-form to the next start, which hands them the
+    /// round (`handover.rs`), or to the loop's end, which stops them.
+    pub(super) kept: Option<WorkerGroup>,
 }
 
 impl<'a, R: Rendezvous> Loop<'a, R> {
@@ -101,6 +106,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             }),
             pending_summary: None,
             cold_starts: 0,
+            kept: None,
         }
     }
 
@@ -122,7 +128,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
 
     /// What each local rank of the running group said of itself (empty: progress is not
     /// watched), for [`decide::first_stop_signal`] and [`decide::signal_for_workers`].
-    fn stoppable(&self) -> Vec<decide::Stoppable> {
+    pub(super) fn stoppable(&self) -> Vec<decide::Stoppable> {
         self.progress.as_ref().map_or_else(Vec::new, |p| {
             p.snapshot()
                 .iter()
@@ -187,6 +193,11 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 },
                 sig = self.signals.recv() => return Ok(signalled(sig).into()),
                 () = recheck => {}
+                w = kept_exit(&mut self.kept) => {
+                    if let Some(end) = self.kept_worker_exited(w).await {
+                        return Ok(end);
+                    }
+                }
             }
         };
         self.formed(round).await
@@ -247,7 +258,21 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         }
     }
 
+    /// Starts the round's workers: hands it to the workers kept in place, if any, and
+    /// spawns fresh ones where there are none (or they did not take it).
     pub(super) async fn start(&mut self, round: Round) -> Result<Phase, AgentError> {
+        let round = match self.kept.take() {
+            Some(group) => match self.hand_over(round, group).await? {
+                HandedOver::Then(phase) => return Ok(*phase),
+                HandedOver::Fresh(round) => round,
+            },
+            None => round,
+        };
+        self.start_fresh(round).await
+    }
+
+    /// Spawns the round's workers, in a new attempt directory.
+    async fn start_fresh(&mut self, round: Round) -> Result<Phase, AgentError> {
         let attempt = match &self.run_dir {
             Some(dir) => Some(attempt_dir(dir, round.restart_count).map_err(|source| {
                 AgentError::LogDir {
@@ -261,6 +286,8 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         self.memory.last_round = Some(RoundMembers::of(&round));
         if let Some(p) = &self.progress {
             p.reset(round.base_rank..round.base_rank + self.cfg.nproc_per_node);
+            // A socket an earlier worker bound would fail the new one's bind.
+            crate::control::remove(p.path(), self.cfg.nproc_per_node);
         }
         if let Some(t) = &self.file_timer {
             t.reset();
@@ -318,16 +345,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         match decide::on_wake(wake, &self.rules) {
             OnWake::Judge => Ok(Phase::Running { round, group }),
             OnWake::Stop { signal, grace } => {
-                tracing::warn!(
-                    "{signal} received: stopping the workers (grace {:?}) and leaving the run; send it again (Ctrl-C) to kill them now",
-                    grace
-                );
-                let (first, why) = decide::signal_for_workers(signal, &self.stoppable(), grace);
-                if first != signal {
-                    tracing::info!(signal = %first, "{why}");
-                }
-                self.stop(&mut group, first, grace).await;
-                Ok(signalled(signal).into())
+                Ok(self.stop_on_signal(&mut group, signal, grace).await)
             }
             OnWake::Reform(change) => Ok(Phase::Reform {
                 round,
@@ -335,11 +353,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 change,
             }),
             OnWake::Broken { error, grace } => {
-                tracing::error!(error = %error, "the rendezvous failed; stopping workers");
-                self.report
-                    .show(Shown::Stopping, format!("rendezvous failed: {error}"));
-                self.stop(&mut group, Signal::SIGTERM, grace).await;
-                Err(error.into())
+                Err(self.rendezvous_failed(&mut group, error, grace).await)
             }
             OnWake::Failed(first) => Ok(Phase::Failed {
                 round,
@@ -357,6 +371,41 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 Ok(Phase::Barrier { round })
             }
         }
+    }
+
+    /// The agent was told to stop with `signal`: stops the workers (with a warning instead
+    /// where they all save on one, [`decide::signal_for_workers`]) and leaves.
+    pub(super) async fn stop_on_signal(
+        &mut self,
+        group: &mut WorkerGroup,
+        signal: Signal,
+        grace: Duration,
+    ) -> Phase {
+        tracing::warn!(
+            "{signal} received: stopping the workers (grace {:?}) and leaving the run; send it again (Ctrl-C) to kill them now",
+            grace
+        );
+        let (first, why) = decide::signal_for_workers(signal, &self.stoppable(), grace);
+        if first != signal {
+            tracing::info!(signal = %first, "{why}");
+        }
+        self.stop(group, first, grace).await;
+        signalled(signal).into()
+    }
+
+    /// The rendezvous failed while workers run: they get their grace, then the error ends
+    /// the agent.
+    pub(super) async fn rendezvous_failed(
+        &mut self,
+        group: &mut WorkerGroup,
+        error: RendezvousError,
+        grace: Duration,
+    ) -> AgentError {
+        tracing::error!(error = %error, "the rendezvous failed; stopping workers");
+        self.report
+            .show(Shown::Stopping, format!("rendezvous failed: {error}"));
+        self.stop(group, Signal::SIGTERM, grace).await;
+        error.into()
     }
 
     /// The next event of a running group, or the ranks behind and why, when the hang
@@ -388,46 +437,85 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         })
     }
 
-    /// Stops the workers of a group that changed (their grace cut for a fence), then
-    /// carries out what the change leads to.
+    /// A group changed: its workers keep running to take the next round in place when
+    /// they all can ([`decide::in_place`]); otherwise they are stopped (their grace cut
+    /// for a fence). Then carries out what the change leads to.
     pub(super) async fn reform(
         &mut self,
         round: Round,
         mut group: WorkerGroup,
         change: Change,
     ) -> Phase {
+        let (in_place, why) = decide::in_place(&change, &self.reformable(&mut group));
+        if in_place {
+            return self.reform_in_place(round, group, change, why).await;
+        }
         match &change {
             Change::Fenced { reason, .. } => {
                 tracing::warn!(%reason, "fencing: stopping the workers")
             }
             _ => tracing::info!(%change, "group changed; re-forming"),
         }
-        let grace = decide::stop_grace(&change, self.rules.term_timeout);
+        tracing::debug!(reason = why, "the workers do not re-form in place");
+        let late = self.stop_for_change(&mut group, &change).await;
+        let next = self.after_change(&round, &change, late);
+        self.carry_out(&round, &change, next).await
+    }
+
+    /// Stops the workers of a group that changed as the change asks
+    /// ([`decide::first_stop_signal`], [`decide::stop_grace`]); returns a signal that came
+    /// meanwhile.
+    pub(super) async fn stop_for_change(
+        &mut self,
+        group: &mut WorkerGroup,
+        change: &Change,
+    ) -> Option<Signal> {
+        let grace = decide::stop_grace(change, self.rules.term_timeout);
         self.report
-            .broke(change_label(&change), Shown::Stopping, change.to_string());
-        let (first, why) = decide::first_stop_signal(&change, &self.stoppable(), grace);
+            .broke(change_label(change), Shown::Stopping, change.to_string());
+        let (first, why) = decide::first_stop_signal(change, &self.stoppable(), grace);
         if first != Signal::SIGTERM {
             tracing::info!(signal = %first, "{why}");
         }
-        let late = self.stop(&mut group, first, grace).await;
-        self.report.workers(&group, false);
+        let late = self.stop(group, first, grace).await;
+        self.report.workers(group, false);
+        late
+    }
+
+    /// [`decide::after_change`] for this node's group of `round` (`late`: a signal during
+    /// the stop, if the workers were stopped).
+    pub(super) fn after_change(
+        &mut self,
+        round: &Round,
+        change: &Change,
+        late: Option<Signal>,
+    ) -> AfterChange {
         let me = self.rdzv.node_id().map(str::to_owned);
         let reached = self.reached();
-        let next = decide::after_change(
+        decide::after_change(
             &mut self.memory,
-            &round,
-            &change,
+            round,
+            change,
             late,
             me.as_deref(),
             reached,
             &self.rules,
-        );
+        )
+    }
+
+    /// Carries out what a change of the group of `round` leads to.
+    pub(super) async fn carry_out(
+        &mut self,
+        round: &Round,
+        change: &Change,
+        next: AfterChange,
+    ) -> Phase {
         match next {
             AfterChange::Leave(leave) => return leave.into(),
             AfterChange::Halted(h) => return self.halted(&h),
             AfterChange::PeerFailed(verdict) => {
                 // A node that found the group hung charges a failure after saying so.
-                self.answer_hang(&round).await;
+                self.answer_hang(round).await;
                 match verdict {
                     AfterFailure::Halt { exit_code, reason } => {
                         if let Err(sig) = self.announce_halt(exit_code, &reason).await {
@@ -440,7 +528,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
                 }
             }
             AfterChange::OwnLoss => {
-                if let Err(sig) = self.charge_own_loss(&change).await {
+                if let Err(sig) = self.charge_own_loss(change).await {
                     return signalled(sig).into();
                 }
             }

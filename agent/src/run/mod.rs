@@ -11,6 +11,10 @@
 //!    └──signal──▶ Leave ◀──────── signal (any phase) ───┴──────────▶ Leave ──▶ exit
 //! ```
 //!
+//! A group whose workers all re-form in place ([`decide::in_place`]) is not stopped in
+//! `Reform`: it is kept through `Join`, and `Start` hands it the round instead of spawning
+//! (`handover.rs`).
+//!
 //! Three parts, one purpose each:
 //!
 //! * [`memory`]: what the loop remembers across phases, as types ([`memory::Memory`],
@@ -23,8 +27,9 @@
 //!   rendezvous, the worker group, sleeps, signals, the reporter), hands what it learnt
 //!   to a decision and carries the decision out. Every await that can take time goes
 //!   through [`driver::interruptible`], and a signal there ends in `Leave` (the workers,
-//!   if any, are stopped with the signal first). `gate.rs`, `halt.rs`, `hang.rs` and
-//!   `quarantine.rs` are the driver's I/O for those concerns.
+//!   if any, are stopped with the signal first). `gate.rs`, `halt.rs`, `hang.rs`,
+//!   `handover.rs` (re-forming in place) and `quarantine.rs` are the driver's I/O for
+//!   those concerns.
 //!
 //! Status and metrics follow the phases through one [`report::Reporter`]. A new event
 //! (say, "a worker hung") is one more [`decide::Wake`] variant, its decision, and the
@@ -34,6 +39,7 @@ mod decide;
 mod driver;
 mod gate;
 mod halt;
+mod handover;
 mod hang;
 mod memory;
 mod quarantine;
@@ -85,7 +91,8 @@ enum Phase {
     Start(Round),
     /// The workers run: wait for them, the group, or a signal.
     Running { round: Round, group: WorkerGroup },
-    /// The group changed: stop the workers, then join the next round.
+    /// The group changed: stop the workers (or keep them, to take the next round in
+    /// place), then join the next round.
     Reform {
         round: Round,
         group: WorkerGroup,
@@ -143,22 +150,24 @@ async fn supervise<R: Rendezvous>(
     let mut l = Loop::new(cfg, rdzv, signals, console, report, host, run_dir);
     let mut phase = Phase::Join;
     loop {
-        phase = match phase {
-            Phase::Join => l.join().await?,
-            Phase::Start(round) => l.start(round).await?,
-            Phase::Running { round, group } => l.running(round, group).await?,
+        let next = match phase {
+            Phase::Join => l.join().await,
+            Phase::Start(round) => l.start(round).await,
+            Phase::Running { round, group } => l.running(round, group).await,
             Phase::Reform {
                 round,
                 group,
                 change,
-            } => l.reform(round, group, change).await,
+            } => Ok(l.reform(round, group, change).await),
             Phase::Failed {
                 round,
                 group,
                 first,
-            } => l.failed(round, group, first).await?,
-            Phase::Barrier { round } => l.barrier(round).await?,
+            } => l.failed(round, group, first).await,
+            Phase::Barrier { round } => l.barrier(round).await,
             Phase::Leave(leave) => {
+                // Workers kept to re-form in place go with the node.
+                l.release_kept(Some(leave.exit)).await;
                 // Nothing came to say a peer was lost first: the failure was this node's.
                 l.settle_summary(&[]).await;
                 if let AgentExit::Signalled(sig) = leave.exit {
@@ -167,6 +176,14 @@ async fn supervise<R: Rendezvous>(
                 let result = l.leave(leave).await;
                 l.write_launcher_error(&result);
                 return result;
+            }
+        };
+        phase = match next {
+            Ok(phase) => phase,
+            Err(e) => {
+                // Stopped as the loop would stop them, not SIGKILLed by a dropped group.
+                l.release_kept(None).await;
+                return Err(e);
             }
         };
     }

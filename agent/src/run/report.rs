@@ -105,14 +105,24 @@ impl Reporter {
 
     /// The round's workers run.
     pub fn started(&mut self, round: &Round, group: &WorkerGroup) {
-        self.board.workers(&group.statuses(), false);
-        self.board.transition(
-            Shown::Running,
-            format!(
-                "workers started in round {} ({})",
-                round.number, round.reason
-            ),
+        self.runs(
+            group,
+            format!("workers started in round {}", round.number),
+            round,
         );
+    }
+
+    /// The kept workers took `round` in place: they run, as if started in it, and the
+    /// re-form is timed like one that restarted them.
+    pub fn re_formed(&mut self, round: &Round, group: &WorkerGroup) {
+        let what = format!("workers re-formed in place in round {}", round.number);
+        self.runs(group, what, round);
+    }
+
+    fn runs(&mut self, group: &WorkerGroup, what: String, round: &Round) {
+        self.board.workers(&group.statuses(), false);
+        self.board
+            .transition(Shown::Running, format!("{what} ({})", round.reason));
         if let Some(t) = self.broke_at.take() {
             self.board.observe_reform(t.elapsed());
         }

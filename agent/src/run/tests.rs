@@ -30,12 +30,16 @@ struct Scripted {
     rounds: VecDeque<Round>,
     /// For the round handed out at the same position: a change after a delay.
     changes: VecDeque<Option<(Duration, Result<Change, &'static str>)>>,
-    current: Option<(Duration, Result<Change, &'static str>)>,
+    /// The change of the round handed out last, and when it comes (a watch dropped and
+    /// asked again, as the loop does at each look, still sees it then).
+    current: Option<(tokio::time::Instant, Result<Change, &'static str>)>,
     finishes: VecDeque<Finish>,
     /// `record_failure` never answers (to interrupt it).
     failure_hangs: bool,
     /// `depart` never answers (a hung etcd).
     depart_hangs: bool,
+    /// How long each round takes to form.
+    round_delay: Duration,
     calls: Calls,
 }
 
@@ -62,7 +66,12 @@ impl Rendezvous for Scripted {
 
     async fn next_round(&mut self) -> Result<Round, RendezvousError> {
         self.call("next_round");
-        self.current = self.changes.pop_front().flatten();
+        tokio::time::sleep(self.round_delay).await;
+        self.current = self
+            .changes
+            .pop_front()
+            .flatten()
+            .map(|(after, change)| (tokio::time::Instant::now() + after, change));
         match self.rounds.pop_front() {
             Some(r) => Ok(r),
             None => std::future::pending().await,
@@ -70,13 +79,12 @@ impl Rendezvous for Scripted {
     }
 
     async fn changed(&mut self) -> Result<Change, RendezvousError> {
-        match self.current.take() {
-            Some((after, change)) => {
-                tokio::time::sleep(after).await;
-                change.map_err(|e| RendezvousError::Corrupt(e.into()))
-            }
-            None => std::future::pending().await,
-        }
+        let Some((at, _)) = &self.current else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep_until(*at).await;
+        let (_, change) = self.current.take().expect("the change is still there");
+        change.map_err(|e| RendezvousError::Corrupt(e.into()))
     }
 
     async fn record_failure(&mut self) -> Result<u32, RendezvousError> {
@@ -367,4 +375,156 @@ fn a_rendezvous_that_never_takes_the_goodbye_does_not_keep_the_agent() {
     let (result, calls) = play(&cfg, rdzv, None);
     assert_eq!(result.unwrap(), AgentExit::Finished);
     assert_eq!(calls, ["next_round", "finish", "depart Finished: finished"]);
+}
+
+/// A worker's control side played by a thread of the test, for a `sh` worker that writes
+/// `$FSDP_AGENT_PROGRESS $FSDP_AGENT_CONTROL $RANK $$` to `spawned` at each start and
+/// sleeps: it binds the control socket of the first start and says it re-forms in place;
+/// with `Some(Ok(()))` it takes one round and says it joined it under the round's rank
+/// (the round's datagram is returned), with `Some(Err(after))` the worker is killed that
+/// long after, and with `None` it closes its socket at once.
+fn worker_side(
+    spawned: std::path::PathBuf,
+    answer: Option<Result<(), Duration>>,
+) -> std::thread::JoinHandle<Option<String>> {
+    std::thread::spawn(move || {
+        let line = (0..1000)
+            .find_map(|_| {
+                let text = std::fs::read_to_string(&spawned).unwrap_or_default();
+                let line = text.lines().next().map(str::to_owned);
+                if line.is_none() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                line
+            })
+            .expect("the worker started");
+        let words: Vec<&str> = line.split(' ').collect();
+        let [progress, control, rank, _] = words[..] else {
+            panic!("progress and control offered: '{line}'");
+        };
+        let ctl = std::os::unix::net::UnixDatagram::bind(control).unwrap();
+        let out = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        let say = |text: String| out.send_to(text.as_bytes(), progress).unwrap();
+        say(format!("{rank} can re-form-in-place"));
+        let answer = answer?;
+        if let Err(after) = answer {
+            // The worker dies while its agent waits for the next round.
+            std::thread::sleep(after);
+            let pid: i32 = words[3].parse().unwrap();
+            let pid = nix::unistd::Pid::from_raw(pid);
+            nix::sys::signal::kill(pid, Signal::SIGKILL).unwrap();
+            return None;
+        }
+        ctl.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 1024];
+        let n = ctl.recv(&mut buf).unwrap();
+        let order = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let number = order.split(' ').nth(1).unwrap();
+        let rank = order
+            .split(' ')
+            .find_map(|w| w.strip_prefix("RANK="))
+            .unwrap();
+        say(format!("{rank} reforming"));
+        say(format!("{rank} joined {number}"));
+        Some(order)
+    })
+}
+
+/// The `sh` worker of [`worker_side`].
+fn reporting_worker(spawned: &std::path::Path) -> String {
+    format!(
+        r#"echo "$FSDP_AGENT_PROGRESS $FSDP_AGENT_CONTROL $RANK $$" >> {}; exec sleep 60"#,
+        spawned.display()
+    )
+}
+
+/// Round 0 (rank 10) changes after a second; round 1 (rank 0) runs until a SIGTERM.
+fn in_place_script() -> Scripted {
+    Scripted {
+        rounds: [round(0, 10, 0), round(1, 0, 0)].into(),
+        changes: [Some((
+            Duration::from_millis(1_000),
+            Ok(Change::NewRound { number: 1 }),
+        ))]
+        .into(),
+        ..Scripted::default()
+    }
+}
+
+#[test]
+fn workers_that_re_form_in_place_keep_their_process_and_take_the_next_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawned = dir.path().join("spawned");
+    let cfg = config(&[], &reporting_worker(&spawned));
+    let side = worker_side(spawned.clone(), Some(Ok(())));
+    let signal = Some((Duration::from_millis(2_500), Signal::SIGTERM));
+    let (result, calls) = play(&cfg, in_place_script(), signal);
+    assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
+    assert_eq!(calls, ["next_round", "next_round", "depart Left: left"]);
+    let order = side.join().unwrap().unwrap();
+    assert_eq!(
+        order,
+        "round 1 RANK=0 LOCAL_RANK=0 GROUP_RANK=0 ROLE_RANK=0 LOCAL_WORLD_SIZE=1 \
+         WORLD_SIZE=1 GROUP_WORLD_SIZE=1 ROLE_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
+         MASTER_PORT=29500 TORCHELASTIC_RESTART_COUNT=0"
+    );
+    let starts = std::fs::read_to_string(&spawned).unwrap();
+    assert_eq!(
+        starts.lines().count(),
+        1,
+        "one process for both rounds: {starts}"
+    );
+}
+
+#[test]
+fn workers_that_cannot_take_the_round_are_stopped_and_fresh_ones_start_uncharged() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawned = dir.path().join("spawned");
+    let cfg = config(&[], &reporting_worker(&spawned));
+    // It says it can, then closes its socket: the round's send is refused.
+    let side = worker_side(spawned.clone(), None);
+    let signal = Some((Duration::from_millis(2_500), Signal::SIGTERM));
+    let (result, calls) = play(&cfg, in_place_script(), signal);
+    assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
+    assert_eq!(side.join().unwrap(), None);
+    // Nothing charged: no record_failure.
+    assert_eq!(calls, ["next_round", "next_round", "depart Left: left"]);
+    let starts = std::fs::read_to_string(&spawned).unwrap();
+    assert_eq!(
+        ranks(&starts),
+        ["10", "0"],
+        "a fresh worker for round 1: {starts}"
+    );
+}
+
+/// The `$RANK` of each start of a [`reporting_worker`].
+fn ranks(starts: &str) -> Vec<&str> {
+    starts
+        .lines()
+        .map(|l| l.split(' ').nth(2).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_kept_worker_that_dies_before_the_next_round_is_replaced_uncharged() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawned = dir.path().join("spawned");
+    let cfg = config(&[], &reporting_worker(&spawned));
+    // Killed half a second into the next round's rendezvous.
+    let side = worker_side(spawned.clone(), Some(Err(Duration::from_millis(1_500))));
+    let rdzv = Scripted {
+        round_delay: Duration::from_millis(1_000),
+        ..in_place_script()
+    };
+    let signal = Some((Duration::from_millis(4_500), Signal::SIGTERM));
+    let (result, calls) = play(&cfg, rdzv, signal);
+    assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
+    assert_eq!(side.join().unwrap(), None);
+    assert!(!calls.iter().any(|c| c == "record_failure"), "{calls:?}");
+    let starts = std::fs::read_to_string(&spawned).unwrap();
+    assert_eq!(
+        ranks(&starts),
+        ["10", "0"],
+        "a fresh worker for round 1: {starts}"
+    );
 }

@@ -386,6 +386,36 @@ impl WorkerGroup {
         }
     }
 
+    /// The same processes, now the workers of `round` (a re-form in place): the global
+    /// ranks that failure reports, status and the hang judge name them by move with them.
+    /// Their error files stay where their environment points, in the attempt they were
+    /// spawned in.
+    pub fn move_to(&mut self, round: &Round) {
+        for w in &mut self.workers {
+            w.rank = round.base_rank + w.local_rank;
+        }
+    }
+
+    /// Whether every worker still runs, after taking in the exits already reported.
+    pub fn all_running(&mut self) -> bool {
+        while let Ok(reported) = self.exits.try_recv() {
+            self.record(reported);
+        }
+        self.workers.iter().all(|w| w.exit.is_none())
+    }
+
+    /// Waits for the next worker to exit and returns its state (never, once every waiter
+    /// has reported). For a group kept between two rounds, whose exits are no events of a
+    /// running group; cancel-safe.
+    pub async fn next_exit(&mut self) -> WorkerStatus {
+        let Some(reported) = self.exits.recv().await else {
+            return std::future::pending().await;
+        };
+        let index = reported.index;
+        self.record(reported);
+        self.statuses()[index]
+    }
+
     /// Every failure observed before the stop, in the order seen.
     pub fn failures(&self) -> &[Failure] {
         &self.failures
@@ -550,6 +580,10 @@ pub fn worker_overlay(
             crate::hang::progress::ENV.into(),
             Some(p.display().to_string()),
         ));
+        // Only beside a progress socket: a worker re-formed in place says it joined there.
+        if let Some(ctl) = crate::control::path(p, local_rank) {
+            overlay.push((crate::control::ENV.into(), Some(ctl.display().to_string())));
+        }
     }
     if let Some(p) = channels.timer_file {
         overlay.push((
@@ -564,7 +598,8 @@ pub fn worker_overlay(
 /// The agent's channels a worker is told about.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Channels<'a> {
-    /// The progress socket (`FSDP_AGENT_PROGRESS`).
+    /// The progress socket (`FSDP_AGENT_PROGRESS`); with it, each worker's control
+    /// socket beside it (`FSDP_AGENT_CONTROL`, [`crate::control`]).
     pub progress: Option<&'a std::path::Path>,
     /// torchrun's file-timer FIFO (`TORCHELASTIC_TIMER_FILE`).
     pub timer_file: Option<&'a std::path::Path>,

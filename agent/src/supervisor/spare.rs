@@ -93,6 +93,7 @@ pub const PER_ROUND: &[&str] = &[
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_ERROR_FILE",
     crate::hang::progress::ENV,
+    crate::control::ENV,
     crate::hang::file_timer::FILE,
 ];
 

@@ -772,3 +772,130 @@ fn each_leaving_says_its_kind_and_the_detail_status_shows() {
     );
     assert_eq!(unhealthy(79, 3, "x").how, Departure::Left);
 }
+
+fn worker(declared: bool, running: bool) -> Reformable {
+    Reformable { declared, running }
+}
+
+#[test]
+fn only_a_change_without_a_failure_and_workers_that_all_can_re_form_in_place() {
+    let able = [worker(true, true), worker(true, true)];
+    for change in [
+        Change::MemberLost { node: "b".into() },
+        Change::NodeWaiting { waiting: 1 },
+        Change::NewRound { number: 2 },
+    ] {
+        assert!(in_place(&change, &able).0, "{change:?}");
+        // One worker that never said so (a plain script beside the trainer).
+        let silent = [worker(true, true), worker(false, true)];
+        assert!(!in_place(&change, &silent).0, "{change:?}");
+        // No worker at all: nothing to keep.
+        assert!(!in_place(&change, &[]).0, "{change:?}");
+        // One already exited: the next round starts fresh workers.
+        let dead = [worker(true, true), worker(true, false)];
+        let (keep, why) = in_place(&change, &dead);
+        assert!(!keep, "{change:?}");
+        assert_eq!(why, "a local worker has exited");
+    }
+    // A fenced node's workers must be gone before its lease can expire; a peer's failure
+    // restarts every node's workers; a halt ends the run.
+    for change in [
+        Change::Fenced {
+            reason: "lease".into(),
+            stop_within: Duration::from_secs(4),
+        },
+        Change::PeerFailed { restart_count: 1 },
+        Change::Halted(halt(3)),
+    ] {
+        assert!(!in_place(&change, &able).0, "{change:?}");
+    }
+}
+
+#[test]
+fn an_in_place_re_form_charges_nothing_and_leaves_memory_as_a_restart_would() {
+    let r = round(1, &["a", "b", "c"], 2);
+    let next = round(2, &["a", "b"], 2);
+    for change in [
+        Change::MemberLost { node: "c".into() },
+        Change::NodeWaiting { waiting: 1 },
+        Change::NewRound { number: 2 },
+    ] {
+        // In place: after_change without a stop (no late signal can come).
+        let mut kept = Memory::default();
+        formed(&mut kept, &r, &rules(3));
+        assert_eq!(
+            after_change(&mut kept, &r, &change, None, Some("a"), Some(7), &rules(3)),
+            AfterChange::Rejoin
+        );
+        // Stopped and restarted: the same call after the stop.
+        let mut stopped = Memory::default();
+        formed(&mut stopped, &r, &rules(3));
+        after_change(
+            &mut stopped,
+            &r,
+            &change,
+            None,
+            Some("a"),
+            Some(7),
+            &rules(3),
+        );
+        assert_eq!(format!("{kept:?}"), format!("{stopped:?}"), "{change:?}");
+        assert_eq!(kept.failed, None, "no failed round");
+        assert_eq!(kept.last_failure, None);
+        assert_eq!(kept.ledger.best, None, "no failed attempt entered");
+        // The next round starts without a restart warning: nothing was charged.
+        let (then, counted) = formed(&mut kept, &next, &rules(3));
+        assert_eq!(then, AfterFormed::Start { restart: None });
+        assert_eq!(counted, 2, "the restarts charged before, no more");
+    }
+    // Its own place lost: charged like a failure, so not in place (the driver stops).
+    let mut m = Memory::default();
+    let own = Change::MemberLost { node: "a".into() };
+    assert_eq!(
+        after_change(&mut m, &r, &own, None, Some("a"), None, &rules(3)),
+        AfterChange::OwnLoss
+    );
+}
+
+#[test]
+fn the_handover_bound_is_twenty_slowest_steps_and_at_least_ten_seconds() {
+    let ms = |m| Some(Duration::from_millis(m));
+    assert_eq!(handover_bound([]), HANDOVER_MIN);
+    assert_eq!(handover_bound([None, None]), HANDOVER_MIN);
+    assert_eq!(handover_bound([ms(100), ms(300)]), HANDOVER_MIN);
+    assert_eq!(
+        handover_bound([ms(100), None, ms(2_000)]),
+        Duration::from_secs(40)
+    );
+}
+
+#[test]
+fn a_handover_is_done_when_every_worker_joined_and_falls_back_on_time_or_an_exit() {
+    let t0 = std::time::Instant::now();
+    let bound = Duration::from_secs(10);
+    let at = |s| t0 + Duration::from_secs(s);
+    let look = |now, confirmed: &[bool], alive, changed| {
+        handover(now, t0, bound, confirmed, alive, changed)
+    };
+    assert_eq!(look(at(1), &[true, false], true, false), Handover::Wait);
+    assert_eq!(look(at(1), &[true, true], true, false), Handover::Done);
+    assert_eq!(look(at(0), &[], true, false), Handover::Wait, "no worker");
+    assert!(matches!(
+        look(at(10), &[true, false], true, false),
+        Handover::Fallback(why) if why.contains("in time")
+    ));
+    // A worker that exits now fails the handover, even after the others joined.
+    assert!(matches!(
+        look(at(1), &[true, false], false, false),
+        Handover::Fallback(why) if why.contains("exited")
+    ));
+    assert!(matches!(
+        look(at(1), &[true, true], false, false),
+        Handover::Fallback(_)
+    ));
+    // The group changed again: re-form with the kept workers, whatever they confirmed.
+    for confirmed in [[true, true], [false, false]] {
+        assert_eq!(look(at(1), &confirmed, true, true), Handover::Reform);
+        assert_eq!(look(at(11), &confirmed, false, true), Handover::Reform);
+    }
+}
