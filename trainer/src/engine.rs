@@ -16,6 +16,9 @@ pub enum Engine {
 
 impl Engine {
     /// Builds the model from the current RNG state (seed it first: every rank must agree).
+    /// Without `fresh` the state is about to be loaded (rebuilt from peer memory): the
+    /// initial values are neither made the same everywhere nor, under `full`, drawn.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: ModelConfig,
         device: Device,
@@ -24,15 +27,16 @@ impl Engine {
         hyper: AdamW,
         prefetch: bool,
         compute: tch::Kind,
+        fresh: bool,
     ) -> Result<Self, C10dError> {
         if strategy == Sharding::Full {
             return Ok(Self::Full(FullShard::new(
-                config, device, comm, hyper, prefetch, compute,
+                config, device, comm, hyper, prefetch, compute, fresh,
             )?));
         }
         let mut model = Model::new(config, device);
         // Same seed, same values on every rank; the broadcast makes it a fact, not a hope.
-        for p in &model.params {
+        for p in model.params.iter().filter(|_| fresh) {
             comm.broadcast(&mut p.detach(), 0)?;
         }
         let opt = FlatOptimizer::new(&mut model, comm, strategy, hyper, compute)?;

@@ -186,3 +186,28 @@ impl<'c> InPlace<'c> {
             .wait(limit, &|| crate::warning::received().is_some())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_reads_the_same_boundary_from_the_counts() {
+        // Nothing happened.
+        assert_eq!(boundary(0, 0, 3, 3), Boundary::Go);
+        // One rank's agent sent a new round: everyone leaves here, even the ranks whose
+        // agents have not sent theirs yet.
+        assert_eq!(boundary(0, 1, 3, 3), Boundary::Reform);
+        // ...unless some rank cannot re-form in place: its agent restarts it, and the
+        // rest train on until theirs stop them.
+        assert_eq!(boundary(0, 1, 2, 3), Boundary::Go);
+        // One node leaving (its agent got SIGTERM and warned its worker).
+        assert_eq!(boundary(1, 0, 3, 3), Boundary::Leave);
+        assert_eq!(boundary(1, 2, 3, 3), Boundary::Leave);
+        // The whole job warned (Slurm's pre-emption), or ranks that cannot re-form in
+        // place: save and stop, as before.
+        assert_eq!(boundary(3, 0, 3, 3), Boundary::Stop);
+        assert_eq!(boundary(1, 0, 2, 3), Boundary::Stop);
+        assert_eq!(boundary(1, 0, 0, 1), Boundary::Stop);
+    }
+}

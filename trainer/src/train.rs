@@ -87,6 +87,7 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             Ended::Left => return Err(trainer.leave_on_warning()),
             Ended::Reform(next) => {
                 trainer.say_reform(&next);
+
                 launch = Some(next.launch.clone());
                 order = Some(next);
             }
@@ -129,20 +130,24 @@ impl Group {
     fn join(args: &Args, launch: Option<&Launch>) -> anyhow::Result<Self> {
         let (device, backend) = placement(args, launch)?;
         let comm = match (launch, backend) {
-            (Some(l), Some(backend)) => Comm::Group(
+            (Some(l), Some(backend)) => Comm::Group({
+                let timeout = Duration::from_secs(args.collective_timeout);
+                if l.rank != 0 {
+                    await_store(&l.master_addr, l.master_port, timeout);
+                }
                 ProcessGroup::new(&GroupSpec {
                     backend,
                     master_addr: l.master_addr.clone(),
                     master_port: l.master_port,
                     rank: l.rank,
                     world: l.world,
-                    timeout: Duration::from_secs(args.collective_timeout),
+                    timeout,
                     gloo_ifnames: std::env::var("GLOO_SOCKET_IFNAME")
                         .ok()
                         .filter(|s| !s.is_empty()),
                 })
-                .context("joining the process group")?,
-            ),
+                .context("joining the process group")?
+            }),
             _ => Comm::Single,
         };
         Ok(Self {
@@ -179,6 +184,28 @@ impl Group {
     /// Ends the group after a finished run; any other exit drops it, which aborts it.
     fn close(self) {
         self.comm.close();
+    }
+}
+
+/// Waits until rank 0's store accepts connections (at most `limit`). c10d's client backs
+/// off for hundreds of milliseconds after a refused connection: a rank that re-forms in
+/// place a few milliseconds before rank 0 would otherwise hold the whole group for its
+/// back-off. Whatever happens here, the store's own connect follows and says what failed.
+fn await_store(addr: &str, port: u16, limit: Duration) {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        let Some(to) = (addr, port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+        else {
+            return;
+        };
+        if TcpStream::connect_timeout(&to, Duration::from_millis(100)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
@@ -381,13 +408,17 @@ impl<'g> Trainer<'g> {
             sized(args, corpus, Console { lead: false })
         };
         let config = ModelConfig::from_args(&args);
-        let mut engine = build_engine(&args, &config, group, console)?;
+        if let Ok(which) = std::env::var("FSDP_TRAINER_FAULT_FLIP") {
+            kept.flip_for_test(&which);
+        }
+        let held = survey_memory(group, kept, console)?;
+        let mut engine = build_engine(&args, &config, group, console, held.is_none())?;
         let group_id = agree_on_id(&group.comm, group.device)?;
         let in_place = control
             .map(|c| InPlace::new(c, group_id, &group.comm, local_world, args.snapshot_freq))
             .filter(|p| snapshots_fit(&args, &engine, group, p.buddy(), console));
-        let position = match from_memory(group, kept, &mut engine, console)? {
-            Some(at) => at,
+        let position = match &held {
+            Some(plan) => from_memory(group, kept, plan, &mut engine, console)?,
             None => resume(&args, &config, &mut engine, console)?,
         };
         let limits = Limits::from_args(&args, corpus);
@@ -817,6 +848,7 @@ fn build_engine(
     config: &ModelConfig,
     group: &Group,
     console: Console,
+    fresh: bool,
 ) -> anyhow::Result<Engine> {
     tch::manual_seed(args.seed);
     let hyper = AdamW {
@@ -837,6 +869,7 @@ fn build_engine(
         } else {
             tch::Kind::Float
         },
+        fresh,
     )?;
     console.say(format!(
         "Model: {} parameters, {} layers, hidden {}; world size {}, {:?}, {}",
@@ -1025,32 +1058,18 @@ fn snapshots_fit(
     true
 }
 
-/// The newest step the group holds whole in peer memory, loaded into `engine` (a
-/// collective in a group). `None`: not held (said when anyone held anything), or alone.
-fn from_memory(
+/// The step the group can rebuild from peer memory (a collective in a group). `None`:
+/// alone, or no step held whole (said when anyone held anything).
+fn survey_memory(
     group: &Group,
     kept: &Snapshots,
-    engine: &mut Engine,
     console: Console,
-) -> anyhow::Result<Option<Position>> {
+) -> anyhow::Result<Option<crate::snapshot::plan::Plan>> {
     if matches!(group.comm, Comm::Single) {
         return Ok(None);
     }
-    let began = Instant::now();
-    match crate::snapshot::restore::restore(&group.comm, group.device, kept, engine)? {
-        Ok(at) => {
-            console.say(format!(
-                "Restored step {} from peer memory (sample {}, in {:.3} s): nothing read from disk, no step redone",
-                at.step,
-                at.samples_seen,
-                began.elapsed().as_secs_f64()
-            ));
-            Ok(Some(Position {
-                step: at.step,
-                samples_seen: at.samples_seen,
-                epoch: None,
-            }))
-        }
+    match crate::snapshot::restore::survey(&group.comm, group.device, kept)? {
+        Ok(plan) => Ok(Some(plan)),
         Err(Short::Nothing) => Ok(None),
         Err(short) => {
             console.say(format!(
@@ -1059,6 +1078,30 @@ fn from_memory(
             Ok(None)
         }
     }
+}
+
+/// `plan`'s step, rebuilt from peer memory into `engine` (a collective), and said.
+fn from_memory(
+    group: &Group,
+    kept: &Snapshots,
+    plan: &crate::snapshot::plan::Plan,
+    engine: &mut Engine,
+    console: Console,
+) -> anyhow::Result<Position> {
+    let began = Instant::now();
+    let at = crate::snapshot::restore::rebuild(&group.comm, group.device, kept, plan, engine)?;
+    console.say(format!(
+        "Restored step {} from peer memory (sample {}, {} parts, in {:.3} s): nothing read from disk, no step redone",
+        at.step,
+        at.samples_seen,
+        plan.senders.len(),
+        began.elapsed().as_secs_f64()
+    ));
+    Ok(Position {
+        step: at.step,
+        samples_seen: at.samples_seen,
+        epoch: None,
+    })
 }
 
 /// The seed of a step's dropout masks: the rank's own unless `--same_seed=1`.

@@ -59,6 +59,7 @@ impl FullShard {
     /// Initialises the model unit by unit from the current RNG state (the same draws, in
     /// the same order, as [`model::Model::new`], so the same seed gives the same model as
     /// `no_shard`), keeping only this rank's shard: no rank ever holds the whole model.
+    /// Without `fresh` nothing is drawn: the shards stay zero until a state is loaded.
     pub fn new(
         config: ModelConfig,
         device: Device,
@@ -66,6 +67,7 @@ impl FullShard {
         hyper: AdamW,
         prefetch: bool,
         compute: Kind,
+        fresh: bool,
     ) -> Result<Self, C10dError> {
         let (rank, world) = (comm.rank() as i64, comm.world() as i64);
         let layout = config.layout();
@@ -90,6 +92,9 @@ impl FullShard {
             compute,
             buffers: Rc::default(),
         };
+        if !fresh {
+            return Ok(me);
+        }
         tch::no_grad(|| {
             for unit in &me.plan {
                 let mut whole = Tensor::zeros([unit.padded(world)], (Kind::Float, device));

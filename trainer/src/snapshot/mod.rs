@@ -156,32 +156,33 @@ fn header_words(tag: Tag, at: At, runs: &[(i64, i64)]) -> Vec<i64> {
     h
 }
 
-/// Header words then data bytes, mixed a 64-bit word at a time (FNV-1a's constants): a
-/// flipped byte anywhere changes it; it is not meant to resist anyone choosing the bytes.
+/// Header words then data bytes, mixed a 64-bit word at a time (FNV-1a's constants) in
+/// four independent lanes, so that the multiplies overlap and the hash runs near memory
+/// speed (it is taken of every snapshot, every step): a flipped byte anywhere changes it;
+/// it is not meant to resist anyone choosing the bytes.
 fn checksum(header: &[i64], data: &Tensor) -> u64 {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut mix = |w: u64| {
-        h ^= w;
-        h = h.wrapping_mul(PRIME);
-        h ^= h >> 29;
-    };
-    for &w in header {
-        mix(w as u64);
+    const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(PRIME).rotate_left(23);
+    let mut lanes = [BASIS, BASIS ^ 1, BASIS ^ 2, BASIS ^ 3];
+    for (i, &w) in header.iter().enumerate() {
+        lanes[i % 4] = mix(lanes[i % 4], w as u64);
     }
     let data = data.contiguous();
     let bytes = data.numel() * 4;
     // SAFETY: a contiguous f32 CPU tensor of numel elements: numel × 4 readable bytes,
     // alive (held by `data`) for the borrow.
     let raw = unsafe { std::slice::from_raw_parts(data.data_ptr() as *const u8, bytes) };
-    let mut words = raw.chunks_exact(8);
-    for w in &mut words {
-        mix(u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+    let mut blocks = raw.chunks_exact(32);
+    for b in &mut blocks {
+        for (lane, w) in lanes.iter_mut().zip(b.chunks_exact(8)) {
+            *lane = mix(*lane, u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+        }
     }
-    for &b in words.remainder() {
-        mix(u64::from(b));
+    for (i, &b) in blocks.remainder().iter().enumerate() {
+        lanes[i % 4] = mix(lanes[i % 4], u64::from(b) | (i as u64) << 8);
     }
-    h
+    lanes.iter().fold(bytes as u64, |h, &l| mix(h, l))
 }
 
 /// How many of each kind a process keeps.
@@ -222,6 +223,21 @@ impl Snapshots {
     /// Every snapshot this process holds, own first.
     pub fn all(&self) -> impl Iterator<Item = &Snapshot> {
         self.own.iter().chain(self.held.iter())
+    }
+
+    /// Fault injection for the tests (`FSDP_TRAINER_FAULT_FLIP=own|held`): flips one bit
+    /// of every snapshot of that kind, as a bad DIMM or a stray write would, so that the
+    /// checksum refuses them at the next restore.
+    pub fn flip_for_test(&mut self, which: &str) {
+        let kind = match which {
+            "own" => &mut self.own,
+            "held" => &mut self.held,
+            _ => return,
+        };
+        for s in kind.iter_mut().filter(|s| s.data.numel() > 0) {
+            let bits = s.data.view_dtype(Kind::Int);
+            let _ = bits.narrow(0, 0, 1).bitwise_xor_(1 << 20);
+        }
     }
 
     /// Host bytes held now: own, then the buddy's.

@@ -71,14 +71,13 @@ fn broadcast(comm: &Comm, t: Tensor, root: usize, device: Device) -> Result<Tens
     Ok(on.to_device(Device::Cpu))
 }
 
-/// Rebuilds the newest step the group holds whole into `engine` and returns where it
-/// stands; `Ok(Err(why))` when no step is whole in memory (the caller resumes from disk).
-pub fn restore(
+/// Which step the group can rebuild from memory (a collective: one all-gather of every
+/// rank's inventory): the plan, or why none.
+pub fn survey(
     comm: &Comm,
     device: Device,
     kept: &Snapshots,
-    engine: &mut Engine,
-) -> Result<Result<At, Short>, C10dError> {
+) -> Result<Result<Plan, Short>, C10dError> {
     let mine = Tensor::from_slice(&inventory(kept)).to_device(device);
     let mut all = Tensor::zeros(
         [(comm.world() * (1 + SLOTS * WORDS)) as i64],
@@ -86,13 +85,20 @@ pub fn restore(
     );
     comm.all_gather(&mut all, &mut mine.shallow_clone())?;
     let all = Vec::<i64>::try_from(&all.to_device(Device::Cpu)).unwrap_or_default();
-    let plan = match plan::plan(&entries(&all)) {
-        Ok(p) => p,
-        Err(short) => return Ok(Err(short)),
-    };
-    let full = assemble(comm, device, kept, &plan, engine.numel())?;
+    Ok(plan::plan(&entries(&all)))
+}
+
+/// Rebuilds `plan`'s step into `engine` (a collective) and returns where it stands.
+pub fn rebuild(
+    comm: &Comm,
+    device: Device,
+    kept: &Snapshots,
+    plan: &Plan,
+    engine: &mut Engine,
+) -> Result<At, C10dError> {
+    let full = assemble(comm, device, kept, plan, engine.numel())?;
     engine.load(&full, plan.at.adam_step);
-    Ok(Ok(plan.at))
+    Ok(plan.at)
 }
 
 /// Each part of `plan`'s step, broadcast by its sender, written into the whole state.
