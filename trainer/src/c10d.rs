@@ -191,7 +191,42 @@ pub struct ProcessGroup {
     pub world: usize,
 }
 
+// SAFETY: the group is a c10d object behind a pointer, used by one thread at a time: the
+// thread that joins a new group in the background hands it over whole once it is made.
+unsafe impl Send for ProcessGroup {}
+
+/// Waits until rank 0's store accepts connections (at most `limit`). c10d's client backs
+/// off for hundreds of milliseconds after a refused connection: a rank that re-forms in
+/// place a few milliseconds before rank 0 would otherwise hold the whole group for its
+/// back-off. Whatever happens here, the store's own connect follows and says what failed.
+fn await_store(addr: &str, port: u16, limit: Duration) {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let end = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < end {
+        let Some(to) = (addr, port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+        else {
+            return;
+        };
+        if TcpStream::connect_timeout(&to, Duration::from_millis(100)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 impl ProcessGroup {
+    /// Joins the group `spec` names: rank 0 hosts the store, the others wait until it
+    /// accepts before connecting.
+    pub fn connect(spec: &GroupSpec) -> Result<Self, C10dError> {
+        if spec.rank != 0 {
+            await_store(&spec.master_addr, spec.master_port, spec.timeout);
+        }
+        Self::new(spec)
+    }
+
     /// Ends the group after a finished run, as `destroy_process_group` (NCCL's
     /// communicators shut down gracefully). Dropping it instead aborts them.
     pub fn close(mut self) {

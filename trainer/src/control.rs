@@ -87,9 +87,10 @@ impl Control {
         self.early.clone()
     }
 
-    /// Whether an order is waiting (received and not yet taken).
-    pub fn pending(&mut self) -> bool {
-        self.poll().is_some()
+    /// Takes the newest order that arrived, without waiting.
+    pub fn take(&mut self) -> Option<Order> {
+        self.poll();
+        self.early.take()
     }
 
     /// Waits up to `limit` for an order (one already waiting is returned at once) and
@@ -142,14 +143,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ctl");
         let mut c = Control::bind(path.clone()).unwrap();
-        assert!(!c.pending());
+        assert!(c.poll().is_none());
         let agent = UnixDatagram::unbound().unwrap();
         agent.send_to(b"garbage", &path).unwrap();
         agent.send_to(ORDER.as_bytes(), &path).unwrap();
         agent
             .send_to(ORDER.replace("round 7", "round 8").as_bytes(), &path)
             .unwrap();
-        assert!(c.pending());
+        assert!(c.poll().is_some());
         let got = c.wait(Duration::from_secs(1), &|| false).unwrap();
         assert_eq!(got.round, 8);
         assert!(c.wait(Duration::from_millis(20), &|| false).is_none());

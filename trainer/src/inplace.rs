@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::c10d::{C10dError, Comm};
+use crate::c10d::{C10dError, Comm, GroupSpec, ProcessGroup};
 use crate::control::{Control, Order};
 use crate::engine::Engine;
 use crate::snapshot::exchange::{self, Exchange};
@@ -20,6 +20,13 @@ use crate::snapshot::{At, Snapshot, Snapshots, Tag};
 /// restartable worker would. The agent notices a lost node within its lease TTL and sends
 /// the round once the next one forms; it stops this process if it will not re-form it.
 pub const ORDER_WAIT: Duration = Duration::from_secs(120);
+
+/// A group of the agent's newest round, being joined on a thread while the old group
+/// trains on: a node coming back costs the survivors no wait for its process to start.
+struct Joining {
+    order: Order,
+    handle: std::thread::JoinHandle<Result<ProcessGroup, C10dError>>,
+}
 
 /// What every rank does after a step, from the counts summed over ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,20 +40,19 @@ pub enum Boundary {
     /// the warned ones finish their snapshot copy and stop, the others wait for the round
     /// that forms without them.
     Leave,
-    /// A new round is waiting (a node joins, or one was lost): every rank leaves the group
-    /// here and joins the next one.
+    /// Every rank's next group is ready (a node joins: each rank joined the new group in
+    /// the background): every rank leaves the old group here and goes on in the new one.
     Reform,
 }
 
-/// The decision at a step boundary, from the counts of ranks `warned`, holding a new
-/// round (`pending`) and re-forming in place (`in_place`), in a group of `world`.
-pub fn boundary(warned: usize, pending: usize, in_place: usize, world: usize) -> Boundary {
+/// The decision at a step boundary, from the counts of ranks `warned`, whose next group
+/// is ready (`ready`) and re-forming in place (`in_place`), in a group of `world`.
+pub fn boundary(warned: usize, ready: usize, in_place: usize, world: usize) -> Boundary {
     let all_in_place = in_place == world;
-    match (warned, pending) {
-        (0, 0) => Boundary::Go,
-        (0, _) if all_in_place => Boundary::Reform,
-        // A round offered to some of a group that cannot re-form in place: their agents
-        // fall back to a restart; train on until it comes.
+    match (warned, ready) {
+        (0, r) if r == world && all_in_place => Boundary::Reform,
+        // Some next groups are not ready yet (or a rank cannot re-form in place, and its
+        // agent restarts it, which breaks this group): train on meanwhile.
         (0, _) => Boundary::Go,
         (w, _) if all_in_place && w < world => Boundary::Leave,
         _ => Boundary::Stop,
@@ -90,6 +96,9 @@ pub struct InPlace<'c> {
     buddies: Option<(usize, usize)>,
     freq: u64,
     exchange: Option<Exchange>,
+    /// How this process's groups meet (the address, port and ranks come with each order).
+    template: GroupSpec,
+    joining: Option<Joining>,
     pub cost: Cost,
 }
 
@@ -98,8 +107,8 @@ impl<'c> InPlace<'c> {
         control: &'c mut Control,
         group: u64,
         comm: &Comm,
-        local_world: usize,
-        freq: u64,
+        (local_world, freq): (usize, u64),
+        template: GroupSpec,
     ) -> Self {
         let (rank, world) = (comm.rank(), comm.world());
         Self {
@@ -110,6 +119,8 @@ impl<'c> InPlace<'c> {
             buddies: exchange::buddies(rank, world, local_world),
             freq,
             exchange: None,
+            template,
+            joining: None,
             cost: Cost::default(),
         }
     }
@@ -174,40 +185,58 @@ impl<'c> InPlace<'c> {
         }
     }
 
-    /// Whether the agent sent a new round.
-    pub fn pending(&mut self) -> bool {
-        self.control.pending()
+    /// Whether this rank's next group is ready. A new order from the agent starts joining
+    /// its group on a thread (a newer order supersedes it: the older join is left to its
+    /// thread, which ends when its store gives up); the old group trains on meanwhile.
+    pub fn ready(&mut self) -> bool {
+        if let Some(order) = self.control.take() {
+            let spec = GroupSpec {
+                master_addr: order.launch.master_addr.clone(),
+                master_port: order.launch.master_port,
+                rank: order.launch.rank,
+                world: order.launch.world,
+                ..self.template.clone()
+            };
+            let handle = std::thread::spawn(move || ProcessGroup::connect(&spec));
+            self.joining = Some(Joining { order, handle });
+        }
+        self.joining
+            .as_ref()
+            .is_some_and(|j| j.handle.is_finished())
     }
 
-    /// Waits for the agent's round (up to `limit`); a warning signal for this process
-    /// ends the wait (its node is leaving).
-    pub fn wait_order(&mut self, limit: Duration) -> Option<Order> {
-        self.control
-            .wait(limit, &|| crate::warning::received().is_some())
+    /// The next group: the one being joined in the background, else the agent's next
+    /// order (waited for up to `limit`; a warning signal for this process ends the wait:
+    /// its node is leaving). Nothing is joined here: the caller ends the old group first,
+    /// since a peer may be blocked in it on this rank, and only then joins (or waits for
+    /// the join under way: it needs that peer too).
+    pub fn next_group(&mut self, limit: Duration) -> Option<Next> {
+        if let Some(j) = self.joining.take() {
+            return Some(Next {
+                order: j.order,
+                joining: Some(j.handle),
+            });
+        }
+        let order = self
+            .control
+            .wait(limit, &|| crate::warning::received().is_some())?;
+        Some(Next {
+            order,
+            joining: None,
+        })
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Where this rank goes next: the agent's order, and the join of its group under way.
+pub struct Next {
+    pub order: Order,
+    joining: Option<std::thread::JoinHandle<Result<ProcessGroup, C10dError>>>,
+}
 
-    #[test]
-    fn every_rank_reads_the_same_boundary_from_the_counts() {
-        // Nothing happened.
-        assert_eq!(boundary(0, 0, 3, 3), Boundary::Go);
-        // One rank's agent sent a new round: everyone leaves here, even the ranks whose
-        // agents have not sent theirs yet.
-        assert_eq!(boundary(0, 1, 3, 3), Boundary::Reform);
-        // ...unless some rank cannot re-form in place: its agent restarts it, and the
-        // rest train on until theirs stop them.
-        assert_eq!(boundary(0, 1, 2, 3), Boundary::Go);
-        // One node leaving (its agent got SIGTERM and warned its worker).
-        assert_eq!(boundary(1, 0, 3, 3), Boundary::Leave);
-        assert_eq!(boundary(1, 2, 3, 3), Boundary::Leave);
-        // The whole job warned (Slurm's pre-emption), or ranks that cannot re-form in
-        // place: save and stop, as before.
-        assert_eq!(boundary(3, 0, 3, 3), Boundary::Stop);
-        assert_eq!(boundary(1, 0, 2, 3), Boundary::Stop);
-        assert_eq!(boundary(1, 0, 0, 1), Boundary::Stop);
+impl Next {
+    /// The group joined in the background, once its join ends (`None`: none was under
+    /// way, or it failed: the caller joins in the foreground and says what fails).
+    pub fn joined(&mut self) -> Option<ProcessGroup> {
+        self.joining.take()?.join().ok()?.ok()
     }
 }

@@ -64,13 +64,17 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         .and_then(|_| crate::control::Control::from_env());
     let mut kept = Snapshots::default();
     let corpus = open_corpus(args)?;
-    let (mut launch, mut order) = (launch, None);
+    let (mut launch, mut order, mut joined) = (launch, None, None);
     loop {
-        let group = Group::join(args, launch.as_ref())?;
+        let group = Group::join(args, launch.as_ref(), joined.take())?;
         let setup = Setup {
             group: &group,
             corpus: &corpus,
             control: control.as_mut(),
+            spec: launch
+                .as_ref()
+                .zip(group.backend)
+                .map(|(l, b)| group_spec(args, l, b)),
             local_world: launch.as_ref().map_or(1, |l| l.local_world),
             order: order.take(),
         };
@@ -85,11 +89,15 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             }
             Ended::Warned => return Err(trainer.stop_on_warning()),
             Ended::Left => return Err(trainer.leave_on_warning()),
-            Ended::Reform(next) => {
-                trainer.say_reform(&next);
-
-                launch = Some(next.launch.clone());
-                order = Some(next);
+            Ended::Reform(mut next) => {
+                trainer.say_reform(&next.order);
+                // The old group ends first: a peer blocked in it on this rank is released,
+                // and the next group, which needs that peer, can form.
+                drop(trainer);
+                drop(group);
+                joined = next.joined();
+                launch = Some(next.order.launch.clone());
+                order = Some(next.order);
             }
         }
     }
@@ -103,8 +111,9 @@ enum Ended {
     /// A warning signal for this rank's node, which leaves; the others go on from peer
     /// memory, where this rank's part is.
     Left,
-    /// The group changed: the next one meets where the order says.
-    Reform(Order),
+    /// The group changed: the next one meets where the order says (its join may be
+    /// under way in the background).
+    Reform(inplace::Next),
 }
 
 /// What a group's [`Trainer`] starts from, beside the flags.
@@ -112,6 +121,8 @@ struct Setup<'g> {
     group: &'g Group,
     corpus: &'g Corpus,
     control: Option<&'g mut crate::control::Control>,
+    /// How this group met (the next ones meet the same way, elsewhere).
+    spec: Option<GroupSpec>,
     local_world: usize,
     /// The agent's round this group is (`None`: the process's first group).
     order: Option<Order>,
@@ -126,28 +137,20 @@ struct Group {
 }
 
 impl Group {
-    /// Joins the launcher's process group (or trains alone without one).
-    fn join(args: &Args, launch: Option<&Launch>) -> anyhow::Result<Self> {
+    /// Joins the launcher's process group (or trains alone without one), or takes the
+    /// group already joined in the background ([`InPlace::ready`]).
+    fn join(
+        args: &Args,
+        launch: Option<&Launch>,
+        joined: Option<ProcessGroup>,
+    ) -> anyhow::Result<Self> {
         let (device, backend) = placement(args, launch)?;
-        let comm = match (launch, backend) {
-            (Some(l), Some(backend)) => Comm::Group({
-                let timeout = Duration::from_secs(args.collective_timeout);
-                if l.rank != 0 {
-                    await_store(&l.master_addr, l.master_port, timeout);
-                }
-                ProcessGroup::new(&GroupSpec {
-                    backend,
-                    master_addr: l.master_addr.clone(),
-                    master_port: l.master_port,
-                    rank: l.rank,
-                    world: l.world,
-                    timeout,
-                    gloo_ifnames: std::env::var("GLOO_SOCKET_IFNAME")
-                        .ok()
-                        .filter(|s| !s.is_empty()),
-                })
-                .context("joining the process group")?
-            }),
+        let comm = match (launch, backend, joined) {
+            (_, _, Some(pg)) => Comm::Group(pg),
+            (Some(l), Some(backend), None) => Comm::Group(
+                ProcessGroup::connect(&group_spec(args, l, backend))
+                    .context("joining the process group")?,
+            ),
             _ => Comm::Single,
         };
         Ok(Self {
@@ -187,25 +190,18 @@ impl Group {
     }
 }
 
-/// Waits until rank 0's store accepts connections (at most `limit`). c10d's client backs
-/// off for hundreds of milliseconds after a refused connection: a rank that re-forms in
-/// place a few milliseconds before rank 0 would otherwise hold the whole group for its
-/// back-off. Whatever happens here, the store's own connect follows and says what failed.
-fn await_store(addr: &str, port: u16, limit: Duration) {
-    use std::net::{TcpStream, ToSocketAddrs};
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        let Some(to) = (addr, port)
-            .to_socket_addrs()
+/// Where and how `launch`'s group meets.
+fn group_spec(args: &Args, launch: &Launch, backend: &'static str) -> GroupSpec {
+    GroupSpec {
+        backend,
+        master_addr: launch.master_addr.clone(),
+        master_port: launch.master_port,
+        rank: launch.rank,
+        world: launch.world,
+        timeout: Duration::from_secs(args.collective_timeout),
+        gloo_ifnames: std::env::var("GLOO_SOCKET_IFNAME")
             .ok()
-            .and_then(|mut a| a.next())
-        else {
-            return;
-        };
-        if TcpStream::connect_timeout(&to, Duration::from_millis(100)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(5));
+            .filter(|s| !s.is_empty()),
     }
 }
 
@@ -391,6 +387,7 @@ impl<'g> Trainer<'g> {
             group,
             corpus,
             control,
+            spec: launch_spec,
             local_world,
             order,
         } = setup;
@@ -415,7 +412,11 @@ impl<'g> Trainer<'g> {
         let mut engine = build_engine(&args, &config, group, console, held.is_none())?;
         let group_id = agree_on_id(&group.comm, group.device)?;
         let in_place = control
-            .map(|c| InPlace::new(c, group_id, &group.comm, local_world, args.snapshot_freq))
+            .zip(launch_spec)
+            .map(|(c, spec)| {
+                let cadence = (local_world, args.snapshot_freq);
+                InPlace::new(c, group_id, &group.comm, cadence, spec)
+            })
             .filter(|p| snapshots_fit(&args, &engine, group, p.buddy(), console));
         let position = match &held {
             Some(plan) => from_memory(group, kept, plan, &mut engine, console)?,
@@ -545,8 +546,8 @@ impl<'g> Trainer<'g> {
         if crate::warning::received().is_some() {
             return Ok(Ended::Left);
         }
-        match p.wait_order(inplace::ORDER_WAIT) {
-            Some(order) => Ok(Ended::Reform(order)),
+        match p.next_group(inplace::ORDER_WAIT) {
+            Some(next) => Ok(Ended::Reform(next)),
             None if crate::warning::received().is_some() => Ok(Ended::Left),
             None => bail!(
                 "the group changed at step {} but no new round came from the agent within {:?}",
@@ -572,8 +573,8 @@ impl<'g> Trainer<'g> {
             self.group.rank(),
             self.position.step
         );
-        match p.wait_order(inplace::ORDER_WAIT) {
-            Some(order) => Ok(Ended::Reform(order)),
+        match p.next_group(inplace::ORDER_WAIT) {
+            Some(next) => Ok(Ended::Reform(next)),
             None if crate::warning::received().is_some() => Ok(Ended::Left),
             None => Err(e.context(format!(
                 "no new round came from the agent within {:?}",
@@ -667,7 +668,7 @@ impl<'g> Trainer<'g> {
     /// acted on by all of them here ([`inplace::boundary`]).
     fn agree_on_boundary(&mut self) -> anyhow::Result<Boundary> {
         let warned = crate::warning::received().is_some();
-        let pending = self.in_place.as_mut().is_some_and(InPlace::pending);
+        let pending = self.in_place.as_mut().is_some_and(InPlace::ready);
         let (w, p, i) = inplace::counts(
             &self.group.comm,
             self.group.device,
