@@ -108,6 +108,7 @@ fn the_workers_see_the_same_environment_argv_path_and_directory() {
     // Documented: ours only, or another value by design.
     let differ_by_design = [
         "FSDP_AGENT_PROGRESS",
+        "FSDP_AGENT_CONTROL",
         "FSDP_STATUS_ADDR",
         "TORCHELASTIC_USE_AGENT_STORE",
     ];
@@ -187,6 +188,7 @@ fn two_c10d_nodes_give_their_workers_the_same_environment() {
     }
     let differ_by_design = [
         "FSDP_AGENT_PROGRESS",
+        "FSDP_AGENT_CONTROL",
         "FSDP_STATUS_ADDR",
         "TORCHELASTIC_USE_AGENT_STORE",
         "MASTER_PORT",

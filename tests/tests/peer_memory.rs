@@ -300,5 +300,8 @@ fn a_corrupted_copy_is_refused_and_the_other_copy_or_the_disk_serves() {
     assert!(out.contains("Peer memory cannot rebuild a step"), "{out}");
     trains_past(&ranks[0], 0);
     let mut joiner = joiner;
-    assert!(joiner.child.try_wait().unwrap().is_none(), "the joiner trains");
+    assert!(
+        joiner.child.try_wait().unwrap().is_none(),
+        "the joiner trains"
+    );
 }

@@ -61,6 +61,7 @@ const PER_RUN: &[&str] = &[
     "TORCHELASTIC_RUN_ID",
     "MASTER_PORT",
     "FSDP_AGENT_PROGRESS",
+    "FSDP_AGENT_CONTROL",
     "TORCHELASTIC_ERROR_FILE",
     "DUMP_DIR",
 ];

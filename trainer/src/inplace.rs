@@ -154,7 +154,8 @@ impl<'c> InPlace<'c> {
         let snap = Snapshot::take(tag, at, &engine.live_state(comm), kept.spare_own());
         if let (Some(pg), Some((to, from))) = (comm.group(), self.buddies) {
             let runs = engine.runs_of(from, self.world);
-            self.exchange = Some(Exchange::start(pg, &snap, (to, from), &runs)?);
+            let reuse = kept.spare_held();
+            self.exchange = Some(Exchange::start(pg, &snap, (to, from), &runs, reuse)?);
         }
         kept.keep_own(snap);
         self.cost.taken += 1;

@@ -27,12 +27,14 @@ pub struct Exchange {
 
 impl Exchange {
     /// Starts sending `mine` to `to` and receiving the snapshot of `from`, whose runs are
-    /// `from_runs` (the receiver knows the sender's layout, so both sizes are known).
+    /// `from_runs` (the receiver knows the sender's layout, so both sizes are known), into
+    /// `reuse` when it has the size (no fresh pages to fault in at every step).
     pub fn start(
         pg: &ProcessGroup,
         mine: &Snapshot,
         (to, from): (usize, usize),
         from_runs: &[(i64, i64)],
+        reuse: Option<Tensor>,
     ) -> Result<Self, C10dError> {
         let header = Tensor::from_slice(&mine.header());
         let sends = vec![
@@ -43,7 +45,10 @@ impl Exchange {
         let len: i64 = from_runs.iter().map(|&(_, n)| n).sum();
         let cpu = tch::Device::Cpu;
         let header = pg.recv_start(Tensor::zeros([words], (Kind::Int64, cpu)), from, HEADER_TAG)?;
-        let data = pg.recv_start(Tensor::empty([3 * len], (Kind::Float, cpu)), from, DATA_TAG)?;
+        let buffer = reuse
+            .filter(|t| t.numel() == 3 * len as usize)
+            .unwrap_or_else(|| Tensor::empty([3 * len], (Kind::Float, cpu)));
+        let data = pg.recv_start(buffer, from, DATA_TAG)?;
         Ok(Self {
             sends,
             header,

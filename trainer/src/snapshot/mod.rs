@@ -212,6 +212,15 @@ impl Snapshots {
             .flatten()
     }
 
+    /// The buffer the next copy from the buddy may be received into: the oldest copy's,
+    /// once two are held. That copy is no longer needed: the newer one is whole (it was
+    /// received before this step changed the state).
+    pub fn spare_held(&mut self) -> Option<Tensor> {
+        (self.held.len() >= GENERATIONS)
+            .then(|| self.held.pop_front().map(|old| old.data))
+            .flatten()
+    }
+
     /// Keeps a copy received from the buddy; the oldest goes.
     pub fn keep_held(&mut self, s: Snapshot) {
         self.held.push_back(s);
