@@ -854,7 +854,9 @@ def md_goodput(a, G):
           "from the furthest step reached before the group paused, for a return) to the first step beyond that "
           "step; goodput = 1 − Σ stalls / wall, from the first step to the end. `torchrun-dcp` and "
           "`fsdp-agent-prewarm` run `bench/goodput_worker.py` (the trainer's model under PyTorch FSDP2 on Gloo, "
-          "saving and resuming with DCP); `fsdp-trainer-disk` is the trainer with its own disk checkpoints.", "",
+          "saving and resuming with DCP); `fsdp-trainer-disk` is the trainer with its own disk checkpoints and no "
+          "snapshots; `fsdp-trainer-memory` the trainer with peer-memory snapshots every step and in-place re-form "
+          "([goodput](goodput.md#peer-memory-snapshots-and-in-place-re-form)).", "",
           "| launcher | step s | events | goodput | mean stall: loss / return | steps redone | survivors restarted "
           "| modelled goodput, a failure (loss and return) every 60 s / 5 min |", "|---|---|---|---|---|---|---|---|"]
     for r in G["results"]:
@@ -1106,7 +1108,7 @@ STEPS = {
     "mixed": (bench_mixed, 0.5, "`bench/mixed.py`: 4 mixed jobs"),
     "checkpoint": (bench_checkpoint, 2.5, "`bench/checkpoint.py --worlds 2,4`"),
     "precision": (bench_precision, 3.5, "`bench/precision.py`: 6 runs of 4 steps, 2 of 100"),
-    "goodput": (bench_goodput, 13, "`bench/goodput.py --minutes 4`: 3 launchers through one schedule"),
+    "goodput": (bench_goodput, 17, "`bench/goodput.py --minutes 4`: 4 launchers through one schedule"),
 }
 
 
@@ -1145,7 +1147,7 @@ def main():
         a.mixed_cases, a.import_runs = "c10d-torchrun-host", 0
         a.ckpt_worlds = "2"
         # torchrun's part takes minutes even tiny (its worker's 30 s Gloo bound, then a stuck return).
-        a.goodput_kinds = "fsdp-trainer-disk,fsdp-agent-prewarm"
+        a.goodput_kinds = "fsdp-trainer-memory,fsdp-agent-prewarm"
     else:
         a.runs_slow, a.nprocs = 3, [1, 2, 8]
         a.idle_workers, a.idle_seconds = 8, 10
@@ -1168,7 +1170,7 @@ def main():
         a.runs_slurm, a.slurm_kinds, a.slurm_limit, a.slurm_steps = 3, "fsdp-agent,fsdp-agent-prewarm,torchrun", 90, 300
         a.mixed_cases, a.import_runs = "static-torchrun-0,static-torchrun-1,c10d-torchrun-host,c10d-agent-host", 3
         a.ckpt_worlds = "2,4"
-        a.goodput_kinds, a.goodput_minutes = "torchrun-dcp,fsdp-agent-prewarm,fsdp-trainer-disk", 4
+        a.goodput_kinds, a.goodput_minutes = "torchrun-dcp,fsdp-agent-prewarm,fsdp-trainer-disk,fsdp-trainer-memory", 4
     unknown = [k for k in only if k not in STEPS]
     if unknown:
         sys.exit(f"bench: no step {', '.join(unknown)}; the steps: {', '.join(STEPS)}")
