@@ -25,18 +25,21 @@ pub const ORDER_WAIT: Duration = Duration::from_secs(120);
 /// trains on: a node coming back costs the survivors no wait for its process to start.
 struct Joining {
     order: Order,
-    handle: std::thread::JoinHandle<Result<ProcessGroup, C10dError>>,
+    handle: Option<std::thread::JoinHandle<Result<ProcessGroup, C10dError>>>,
+    /// The group, once the thread made it.
+    joined: Option<ProcessGroup>,
 }
 
-/// What every rank does after a step, from the counts summed over ranks.
+/// What every rank does after a step, from every rank's [`Flags`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Boundary {
     /// Train on.
     Go,
-    /// Save and stop (a warning, and not every rank re-forms in place, or every rank was
-    /// warned: a pre-emption of the whole job).
+    /// Save and stop: a warning, where leaving without a save would lose a part (not every
+    /// rank re-forms in place, every rank was warned (a pre-emption of the whole job), or
+    /// a warned rank's buddy, which holds its copy, is warned too).
     Stop,
-    /// Some ranks were warned (their nodes are leaving) and the rest re-form in place:
+    /// Some ranks were warned (their nodes are leaving) and every part survives them:
     /// the warned ones finish their snapshot copy and stop, the others wait for the round
     /// that forms without them.
     Leave,
@@ -45,38 +48,57 @@ pub enum Boundary {
     Reform,
 }
 
-/// The decision at a step boundary, from the counts of ranks `warned`, whose next group
-/// is ready (`ready`) and re-forming in place (`in_place`), in a group of `world`.
-pub fn boundary(warned: usize, ready: usize, in_place: usize, world: usize) -> Boundary {
-    let all_in_place = in_place == world;
-    match (warned, ready) {
-        (0, r) if r == world && all_in_place => Boundary::Reform,
+/// What one rank says at a step boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flags {
+    /// A warning signal reached this rank (its node is leaving, or the job is pre-empted).
+    pub warned: bool,
+    /// Its next group is joined ([`InPlace::ready`]).
+    pub ready: bool,
+    /// It re-forms in place.
+    pub in_place: bool,
+}
+
+/// The decision at a step boundary, from every rank's flags (in rank order) and the rank
+/// that holds each rank's snapshot copy (`buddy_of`): the same on every rank.
+pub fn boundary(flags: &[Flags], buddy_of: &dyn Fn(usize) -> Option<usize>) -> Boundary {
+    let all_in_place = !flags.is_empty() && flags.iter().all(|f| f.in_place);
+    let warned: Vec<usize> = (0..flags.len()).filter(|&r| flags[r].warned).collect();
+    if warned.is_empty() {
         // Some next groups are not ready yet (or a rank cannot re-form in place, and its
         // agent restarts it, which breaks this group): train on meanwhile.
-        (0, _) => Boundary::Go,
-        (w, _) if all_in_place && w < world => Boundary::Leave,
-        _ => Boundary::Stop,
+        return if all_in_place && flags.iter().all(|f| f.ready) {
+            Boundary::Reform
+        } else {
+            Boundary::Go
+        };
+    }
+    let parts_survive = warned
+        .iter()
+        .all(|&r| buddy_of(r).is_some_and(|b| !flags.get(b).is_some_and(|f| f.warned)));
+    if all_in_place && warned.len() < flags.len() && parts_survive {
+        Boundary::Leave
+    } else {
+        Boundary::Stop
     }
 }
 
-/// The counts [`boundary`] reads: one all-reduce of three numbers.
-pub fn counts(
-    comm: &Comm,
-    device: tch::Device,
-    warned: bool,
-    pending: bool,
-    in_place: bool,
-) -> Result<(usize, usize, usize), C10dError> {
-    let mut t = tch::Tensor::from_slice(&[
-        f32::from(u8::from(warned)),
-        f32::from(u8::from(pending)),
-        f32::from(u8::from(in_place)),
-    ])
-    .to_device(device);
-    comm.all_reduce_sum(&mut t)?;
-    let v = Vec::<f32>::try_from(&t.to_device(tch::Device::Cpu)).unwrap_or_default();
-    let n = |i: usize| v.get(i).copied().unwrap_or(0.0).round() as usize;
-    Ok((n(0), n(1), n(2)))
+/// Every rank's flags: one all-gather of three numbers a rank.
+pub fn flags(comm: &Comm, device: tch::Device, mine: Flags) -> Result<Vec<Flags>, C10dError> {
+    let bit = |b: bool| f32::from(u8::from(b));
+    let mut input =
+        tch::Tensor::from_slice(&[bit(mine.warned), bit(mine.ready), bit(mine.in_place)])
+            .to_device(device);
+    let mut all = tch::Tensor::zeros([3 * comm.world() as i64], (tch::Kind::Float, device));
+    comm.all_gather(&mut all, &mut input)?;
+    let v = Vec::<f32>::try_from(&all.to_device(tch::Device::Cpu)).unwrap_or_default();
+    Ok(v.chunks(3)
+        .map(|c| Flags {
+            warned: c[0] > 0.5,
+            ready: c[1] > 0.5,
+            in_place: c[2] > 0.5,
+        })
+        .collect())
 }
 
 /// Snapshot overhead, for the closing line.
@@ -94,6 +116,7 @@ pub struct InPlace<'c> {
     world: usize,
     rank: usize,
     buddies: Option<(usize, usize)>,
+    local_world: usize,
     freq: u64,
     exchange: Option<Exchange>,
     /// How this process's groups meet (the address, port and ranks come with each order).
@@ -117,6 +140,7 @@ impl<'c> InPlace<'c> {
             world,
             rank,
             buddies: exchange::buddies(rank, world, local_world),
+            local_world,
             freq,
             exchange: None,
             template,
@@ -128,6 +152,11 @@ impl<'c> InPlace<'c> {
     /// The rank that keeps a copy of this rank's snapshots, if any.
     pub fn buddy(&self) -> Option<usize> {
         self.buddies.map(|(to, _)| to)
+    }
+
+    /// The rank that keeps a copy of rank `rank`'s snapshots, if any.
+    pub fn buddy_of(&self, rank: usize) -> Option<usize> {
+        exchange::buddies(rank, self.world, self.local_world).map(|(to, _)| to)
     }
 
     /// Snapshots the state after step `at.step` (when due) and starts copying it to the
@@ -188,7 +217,8 @@ impl<'c> InPlace<'c> {
 
     /// Whether this rank's next group is ready. A new order from the agent starts joining
     /// its group on a thread (a newer order supersedes it: the older join is left to its
-    /// thread, which ends when its store gives up); the old group trains on meanwhile.
+    /// thread, which ends when its store gives up); the old group trains on meanwhile. A
+    /// join that failed is dropped and said: that round is gone, the agent sends another.
     pub fn ready(&mut self) -> bool {
         if let Some(order) = self.control.take() {
             let spec = GroupSpec {
@@ -199,23 +229,58 @@ impl<'c> InPlace<'c> {
                 ..self.template.clone()
             };
             let handle = std::thread::spawn(move || ProcessGroup::connect(&spec));
-            self.joining = Some(Joining { order, handle });
+            self.joining = Some(Joining {
+                order,
+                handle: Some(handle),
+                joined: None,
+            });
         }
-        self.joining
-            .as_ref()
-            .is_some_and(|j| j.handle.is_finished())
+        let Some(j) = self.joining.as_mut() else {
+            return false;
+        };
+        if let Some(h) = j.handle.take_if(|h| h.is_finished()) {
+            match h.join() {
+                Ok(Ok(pg)) => j.joined = Some(pg),
+                Ok(Err(e)) => {
+                    eprintln!(
+                        "fsdp-trainer: warning: joining round {}'s group failed ({e}); waiting for the agent's next round",
+                        j.order.round
+                    );
+                    self.joining = None;
+                    return false;
+                }
+                Err(_) => {
+                    self.joining = None;
+                    return false;
+                }
+            }
+        }
+        j.joined.is_some()
     }
 
-    /// The next group: the one being joined in the background, else the agent's next
-    /// order (waited for up to `limit`; a warning signal for this process ends the wait:
-    /// its node is leaving). Nothing is joined here: the caller ends the old group first,
-    /// since a peer may be blocked in it on this rank, and only then joins (or waits for
-    /// the join under way: it needs that peer too).
+    /// The next group: the newest order's, joined in the background when it was, else the
+    /// agent's next order (waited for up to `limit`; a warning signal for this process
+    /// ends the wait: its node is leaving). Nothing is joined here: the caller ends the
+    /// old group first, since a peer may be blocked in it on this rank, and only then
+    /// joins (or waits for the join under way: it needs that peer too).
     pub fn next_group(&mut self, limit: Duration) -> Option<Next> {
+        if let Some(order) = self.control.take() {
+            // Newer than any join under way: that one's round is gone.
+            self.joining = None;
+            return Some(Next {
+                order,
+                joining: None,
+            });
+        }
         if let Some(j) = self.joining.take() {
+            let joining = match (j.joined, j.handle) {
+                (Some(pg), _) => Some(Ok(pg)),
+                (None, Some(h)) => Some(Err(h)),
+                (None, None) => None,
+            };
             return Some(Next {
                 order: j.order,
-                joining: Some(j.handle),
+                joining,
             });
         }
         let order = self
@@ -228,16 +293,72 @@ impl<'c> InPlace<'c> {
     }
 }
 
-/// Where this rank goes next: the agent's order, and the join of its group under way.
+/// A join under way on its thread.
+type JoinThread = std::thread::JoinHandle<Result<ProcessGroup, C10dError>>;
+
+/// Where this rank goes next: the agent's order, and its group, joined or being joined.
 pub struct Next {
     pub order: Order,
-    joining: Option<std::thread::JoinHandle<Result<ProcessGroup, C10dError>>>,
+    joining: Option<Result<ProcessGroup, JoinThread>>,
 }
 
 impl Next {
     /// The group joined in the background, once its join ends (`None`: none was under
     /// way, or it failed: the caller joins in the foreground and says what fails).
     pub fn joined(&mut self) -> Option<ProcessGroup> {
-        self.joining.take()?.join().ok()?.ok()
+        match self.joining.take()? {
+            Ok(pg) => Some(pg),
+            Err(handle) => handle.join().ok()?.ok(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(warned: bool, ready: bool, in_place: bool) -> Flags {
+        Flags {
+            warned,
+            ready,
+            in_place,
+        }
+    }
+
+    /// Three nodes of one rank: rank r's copy lives on r + 1.
+    fn ring(r: usize) -> Option<usize> {
+        Some((r + 1) % 3)
+    }
+
+    #[test]
+    fn every_rank_reads_the_same_boundary_from_the_flags() {
+        let go = f(false, false, true);
+        let ready = f(false, true, true);
+        let warned = f(true, false, true);
+        // Nothing happened.
+        assert_eq!(boundary(&[go, go, go], &ring), Boundary::Go);
+        // A node joins: every rank's next group is ready, and every rank leaves here.
+        assert_eq!(boundary(&[ready, ready, ready], &ring), Boundary::Reform);
+        // Not yet every rank's: train on until they are.
+        assert_eq!(boundary(&[ready, go, ready], &ring), Boundary::Go);
+        // A rank that cannot re-form in place is restarted by its agent: train on until
+        // that breaks the group.
+        assert_eq!(
+            boundary(&[ready, ready, f(false, true, false)], &ring),
+            Boundary::Go
+        );
+        // One node leaving (its agent got SIGTERM and warned its worker): its copy is on
+        // rank 2, which stays.
+        assert_eq!(boundary(&[go, warned, ready], &ring), Boundary::Leave);
+        // Two buddies leaving at once: rank 1's copy would go with rank 2. Save instead.
+        assert_eq!(boundary(&[go, warned, warned], &ring), Boundary::Stop);
+        // The whole job warned (Slurm's pre-emption), a rank that cannot re-form in
+        // place, or nowhere off-node to hold a copy: save and stop, as before.
+        assert_eq!(boundary(&[warned, warned, warned], &ring), Boundary::Stop);
+        assert_eq!(
+            boundary(&[go, warned, f(false, false, false)], &ring),
+            Boundary::Stop
+        );
+        assert_eq!(boundary(&[warned, go], &|_| None), Boundary::Stop);
     }
 }

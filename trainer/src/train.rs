@@ -58,12 +58,19 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
     if let Some(n) = args.threads {
         tch::set_num_threads(n);
     }
+    // Snapshots travel point to point on the group's backend: Gloo's, from host memory.
+    // NCCL would take device tensors, and its pairwise communicators need grouped calls.
+    let gloo = placement(args, launch.as_ref()).is_ok_and(|(_, b)| b == Some("gloo"));
     let mut control = launch
         .as_ref()
-        .filter(|_| args.snapshot_freq > 0)
+        .filter(|_| args.snapshot_freq > 0 && gloo)
         .and_then(|_| crate::control::Control::from_env());
     let mut kept = Snapshots::default();
     let corpus = open_corpus(args)?;
+    let on_host = placement(args, launch.as_ref()).is_ok_and(|(d, _)| d == Device::Cpu);
+    if control.is_some() && on_host {
+        warm_up(args, &corpus);
+    }
     let (mut launch, mut order, mut joined) = (launch, None, None);
     loop {
         let group = Group::join(args, launch.as_ref(), joined.take())?;
@@ -340,6 +347,8 @@ struct Stepped {
     last: bool,
     /// What every rank does next ([`inplace::boundary`]).
     boundary: Boundary,
+    /// This rank was warned, as it told the others.
+    warned_here: bool,
     due: Due,
 }
 
@@ -410,14 +419,14 @@ impl<'g> Trainer<'g> {
         }
         let held = survey_memory(group, kept, console)?;
         let mut engine = build_engine(&args, &config, group, console, held.is_none())?;
-        let group_id = agree_on_id(&group.comm, group.device)?;
-        let in_place = control
-            .zip(launch_spec)
-            .map(|(c, spec)| {
-                let cadence = (local_world, args.snapshot_freq);
-                InPlace::new(c, group_id, &group.comm, cadence, spec)
-            })
-            .filter(|p| snapshots_fit(&args, &engine, group, p.buddy(), console));
+        let in_place = in_place_here(
+            &args,
+            &engine,
+            group,
+            control.zip(launch_spec),
+            local_world,
+            console,
+        )?;
         let position = match &held {
             Some(plan) => from_memory(group, kept, plan, &mut engine, console)?,
             None => resume(&args, &config, &mut engine, console)?,
@@ -432,24 +441,7 @@ impl<'g> Trainer<'g> {
         if let Some(path) = board.path() {
             console.say(format!("TensorBoard scalars go to {}", path.display()));
         }
-        let saver = match &args.checkpoint_dir {
-            Some(dir) => Some(Saver::new(
-                dir.clone(),
-                args.checkpoints_to_keep,
-                args.sharded_checkpoints,
-                &group.comm,
-                group.device,
-            )?),
-            None => None,
-        };
-        // Only a save the next group resumes from is worth a warning; and the agent signals
-        // its worker's whole process group, so only a trainer that leads its own (started
-        // by the agent, not under a wrapper shell that SIGUSR1 would end) says so.
-        // SAFETY: getpgrp and getpid take nothing and cannot fail.
-        let leads_group = unsafe { libc::getpgrp() == libc::getpid() };
-        if saver.is_some() && args.resume_from_checkpoint.is_some() && leads_group {
-            progress.can("save-on-warning");
-        }
+        let saver = open_saver(&args, group, &progress)?;
         let mut me = Self {
             group,
             console,
@@ -531,19 +523,19 @@ impl<'g> Trainer<'g> {
                 crate::warning::wait_for_own(crate::warning::OWN_WARNING_WAIT);
                 Some(Ended::Warned)
             }
-            Boundary::Leave | Boundary::Reform => Some(self.leave_group()?),
+            Boundary::Leave | Boundary::Reform => Some(self.leave_group(stepped.warned_here)?),
         })
     }
 
     /// At a boundary every rank agreed on: the copy in flight is finished (the buddies
     /// then hold this very step), then a rank whose own node is leaving stops, and the
     /// others wait for the round their agents send.
-    fn leave_group(&mut self) -> anyhow::Result<Ended> {
+    fn leave_group(&mut self, warned_here: bool) -> anyhow::Result<Ended> {
         let Some(p) = self.in_place.as_mut() else {
             return Ok(Ended::Warned);
         };
         p.fence(self.kept)?;
-        if crate::warning::received().is_some() {
+        if warned_here {
             return Ok(Ended::Left);
         }
         match p.next_group(inplace::ORDER_WAIT) {
@@ -648,7 +640,7 @@ impl<'g> Trainer<'g> {
             };
             p.after_step(self.kept, &self.engine, &group.comm, at, false)?;
         }
-        let boundary = self.agree_on_boundary()?;
+        let (boundary, warned_here) = self.agree_on_boundary()?;
         let warned = boundary == Boundary::Stop;
         let last = self.finished() || warned;
         let due = self.cadence.due(index + 1, last, warned);
@@ -660,23 +652,23 @@ impl<'g> Trainer<'g> {
             lr,
             last,
             boundary,
+            warned_here,
             due,
         })
     }
 
     /// Every rank asks every step: a warning or a new round that reached one rank is
-    /// acted on by all of them here ([`inplace::boundary`]).
-    fn agree_on_boundary(&mut self) -> anyhow::Result<Boundary> {
-        let warned = crate::warning::received().is_some();
-        let pending = self.in_place.as_mut().is_some_and(InPlace::ready);
-        let (w, p, i) = inplace::counts(
-            &self.group.comm,
-            self.group.device,
-            warned,
-            pending,
-            self.in_place.is_some(),
-        )?;
-        Ok(inplace::boundary(w, p, i, self.group.world()))
+    /// acted on by all of them here ([`inplace::boundary`]). Also returns whether this
+    /// rank was warned, as it said it: a signal after this is for the next boundary.
+    fn agree_on_boundary(&mut self) -> anyhow::Result<(Boundary, bool)> {
+        let mine = inplace::Flags {
+            warned: crate::warning::received().is_some(),
+            ready: self.in_place.as_mut().is_some_and(InPlace::ready),
+            in_place: self.in_place.is_some(),
+        };
+        let all = inplace::flags(&self.group.comm, self.group.device, mine)?;
+        let buddy_of = |r: usize| self.in_place.as_ref().and_then(|p| p.buddy_of(r));
+        Ok((inplace::boundary(&all, &buddy_of), mine.warned))
     }
 
     /// Says when the step about to be taken begins an epoch.
@@ -1011,6 +1003,86 @@ impl Board {
             self.0 = None;
         }
     }
+}
+
+/// A new process that re-forms in place trains one step alone, on the host, before it
+/// meets its group. A node coming back joins a running group, whose ranks join the new
+/// group on a thread and train on until it is there; then all of them wait for the
+/// newcomer's first step, which would otherwise be its first ever (libtorch's kernels
+/// chosen, the allocator's pages touched): measured 0.2 s against 0.12 s for the others.
+/// Not under `full`: its model is the one too large to hold whole; and only for ranks
+/// that train on the host (a GPU's warm-up would be its own).
+fn warm_up(args: &Args, corpus: &Corpus) {
+    if args.sharding_strategy == crate::args::Sharding::Full {
+        return;
+    }
+    let sized = sized(args, corpus, Console { lead: false });
+    let model = crate::model::Model::new(ModelConfig::from_args(&sized), Device::Cpu);
+    let (inputs, targets) = corpus.batch(
+        0,
+        args.train_batch_size,
+        args.max_context_width,
+        Device::Cpu,
+    );
+    model.loss(&inputs, &targets).backward();
+}
+
+/// The saver of `--checkpoint_dir`, if any (a collective), said to the agent when a
+/// warning makes it save.
+fn open_saver(args: &Args, group: &Group, progress: &Progress) -> anyhow::Result<Option<Saver>> {
+    let Some(dir) = &args.checkpoint_dir else {
+        return Ok(None);
+    };
+    let saver = Saver::new(
+        dir.clone(),
+        args.checkpoints_to_keep,
+        args.sharded_checkpoints,
+        &group.comm,
+        group.device,
+    )?;
+    // Only a save the next group resumes from is worth a warning; and the agent signals
+    // its worker's whole process group, so only a trainer that leads its own (started by
+    // the agent, not under a wrapper shell that SIGUSR1 would end) says so.
+    // SAFETY: getpgrp and getpid take nothing and cannot fail.
+    let leads_group = unsafe { libc::getpgrp() == libc::getpid() };
+    if args.resume_from_checkpoint.is_some() && leads_group {
+        progress.can("save-on-warning");
+    }
+    Ok(Some(saver))
+}
+
+/// This group's in-place state, where every rank has one (a collective: every rank calls
+/// it). A rank without (no control socket, or its snapshots past
+/// `--snapshot_max_memory`) would leave its buddy waiting on copies it never sends: then
+/// no rank of the group keeps snapshots, and each is restarted on a change.
+fn in_place_here<'c>(
+    args: &Args,
+    engine: &Engine,
+    group: &Group,
+    offered: Option<(&'c mut crate::control::Control, GroupSpec)>,
+    local_world: usize,
+    console: Console,
+) -> anyhow::Result<Option<InPlace<'c>>> {
+    let group_id = agree_on_id(&group.comm, group.device)?;
+    let mine = offered
+        .map(|(c, spec)| {
+            let cadence = (local_world, args.snapshot_freq);
+            InPlace::new(c, group_id, &group.comm, cadence, spec)
+        })
+        .filter(|p| snapshots_fit(args, engine, group, p.buddy(), console));
+    let able = group
+        .comm
+        .sum_over_ranks(f32::from(u8::from(mine.is_some())), group.device)?;
+    if (able.round() as usize) < group.world() {
+        if able > 0.0 {
+            console.say(format!(
+                "Snapshots: off: {able:.0} of {} ranks can keep them; every rank is restarted when the group changes",
+                group.world()
+            ));
+        }
+        return Ok(None);
+    }
+    Ok(mine)
 }
 
 /// An id for this group that every rank agrees on (rank 0's, broadcast): it names the

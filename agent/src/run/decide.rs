@@ -367,6 +367,20 @@ pub fn signal_for_workers(
     }
 }
 
+/// Whether this node leaves the rendezvous before it stops its workers, for the signal
+/// `received`: a SIGTERM (a pod delete, a drain) to a node whose workers all re-form in
+/// place. The others then form the next round while this node's workers finish their
+/// step and hand their parts to their buddies (they stop at the step boundary on the
+/// warning), instead of after they exited: the others' pause shrinks by a step and an
+/// exit. Safe for the lease: the workers stay in their old group, which the next round
+/// does not include. Workers that are restarted on a change are stopped first, as before
+/// (the others' agents would stop theirs on the loss before their save).
+pub fn depart_first(received: Signal, workers: &[Reformable]) -> bool {
+    received == Signal::SIGTERM
+        && !workers.is_empty()
+        && workers.iter().all(|w| w.declared && w.running)
+}
+
 /// What a local worker said of itself and whether it runs, for [`in_place`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reformable {
@@ -417,8 +431,12 @@ pub fn in_place(change: &Change, workers: &[Reformable]) -> (bool, &'static str)
     )
 }
 
-/// The least time the workers get to join a round in place.
-pub const HANDOVER_MIN: Duration = Duration::from_secs(10);
+/// The least time the workers get to join a round in place. A survivor of a peer that
+/// froze (no connection closed) learns of the loss only when its collective times out
+/// (fsdp-trainer's `--collective_timeout`, 60 s by default), and a node coming back makes
+/// the survivors wait for its process to start and open its data: both then still
+/// re-form in place, and only a worker wedged past this is restarted.
+pub const HANDOVER_MIN: Duration = Duration::from_secs(90);
 /// How many of the slowest recent step the workers get to join, when that is more.
 pub const HANDOVER_STEPS: u32 = 20;
 

@@ -68,6 +68,8 @@ pub(super) struct Loop<'a, R> {
     pending_summary: Option<(Failure, String)>,
     /// Workers started cold without `--prewarm` (with it the spares count).
     cold_starts: u32,
+    /// This node already left the rendezvous ([`decide::depart_first`]).
+    departed: bool,
     /// The workers of a group that changed, kept running to take the next round in place
     /// ([`decide::in_place`]): from the re-form to the next start, which hands them the
     /// round (`handover.rs`), or to the loop's end, which stops them.
@@ -106,6 +108,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             }),
             pending_summary: None,
             cold_starts: 0,
+            departed: false,
             kept: None,
         }
     }
@@ -133,7 +136,9 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             p.snapshot()
                 .iter()
                 .map(|r| decide::Stoppable {
-                    saves_on_warning: r.saves_on_warning,
+                    // A worker that re-forms in place takes SIGUSR1 as its node leaving:
+                    // it stops at the next step boundary, its part handed to its buddy.
+                    saves_on_warning: r.saves_on_warning || r.reforms_in_place,
                     slowest_step: r.last_step.and(r.recent.iter().max().copied()),
                 })
                 .collect()
@@ -388,6 +393,13 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         let (first, why) = decide::signal_for_workers(signal, &self.stoppable(), grace);
         if first != signal {
             tracing::info!(signal = %first, "{why}");
+        }
+        let reformable = self.reformable(group);
+        if decide::depart_first(signal, &reformable) {
+            tracing::info!(
+                "leaving the rendezvous first: the others re-form in place while this node's workers finish their step and hand their parts over"
+            );
+            self.depart_early(signalled(signal)).await;
         }
         self.stop(group, first, grace).await;
         signalled(signal).into()
@@ -842,9 +854,27 @@ cause: {full}"
         }
     }
 
+    /// Leaves the rendezvous now, before the workers are stopped ([`decide::depart_first`]);
+    /// the leave at the end then has nothing left to do there.
+    async fn depart_early(&mut self, leave: Leave) {
+        if let Err(e) = self.depart(&leave).await {
+            tracing::warn!(error = %e, "could not leave the rendezvous early; leaving after the workers stop");
+            return;
+        }
+        self.departed = true;
+    }
+
     pub(super) async fn leave(&mut self, leave: Leave) -> Result<AgentExit, AgentError> {
-        // Leaving is a courtesy (peers notice at once instead of after a lease TTL): a hung
-        // etcd or a second signal must not keep the agent from exiting.
+        if !self.departed {
+            self.depart(&leave).await?;
+        }
+        Ok(leave.exit)
+    }
+
+    /// Says goodbye to the rendezvous. Leaving is a courtesy (peers notice at once instead
+    /// of after a lease TTL): a hung etcd or a second signal must not keep the agent from
+    /// exiting.
+    async fn depart(&mut self, leave: &Leave) -> Result<(), AgentError> {
         let depart = tokio::time::timeout(
             DEPART_PATIENCE,
             self.rdzv.depart(leave.how, leave.why.clone()),
@@ -856,6 +886,6 @@ cause: {full}"
             ),
             Err(sig) => tracing::warn!(signal = %sig, "signal while leaving the run; not waiting"),
         }
-        Ok(leave.exit)
+        Ok(())
     }
 }

@@ -170,9 +170,14 @@ fn checksum(header: &[i64], data: &Tensor) -> u64 {
     }
     let data = data.contiguous();
     let bytes = data.numel() * 4;
-    // SAFETY: a contiguous f32 CPU tensor of numel elements: numel × 4 readable bytes,
-    // alive (held by `data`) for the borrow.
-    let raw = unsafe { std::slice::from_raw_parts(data.data_ptr() as *const u8, bytes) };
+    let raw: &[u8] = if bytes == 0 {
+        // An empty tensor's data pointer may be null, which no slice may have.
+        &[]
+    } else {
+        // SAFETY: a contiguous, non-empty f32 CPU tensor of numel elements: numel × 4
+        // readable bytes, alive (held by `data`) for the borrow.
+        unsafe { std::slice::from_raw_parts(data.data_ptr() as *const u8, bytes) }
+    };
     let mut blocks = raw.chunks_exact(32);
     for b in &mut blocks {
         for (lane, w) in lanes.iter_mut().zip(b.chunks_exact(8)) {

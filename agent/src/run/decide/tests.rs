@@ -858,14 +858,19 @@ fn an_in_place_re_form_charges_nothing_and_leaves_memory_as_a_restart_would() {
 }
 
 #[test]
-fn the_handover_bound_is_twenty_slowest_steps_and_at_least_ten_seconds() {
+fn the_handover_bound_is_twenty_slowest_steps_and_at_least_ninety_seconds() {
     let ms = |m| Some(Duration::from_millis(m));
     assert_eq!(handover_bound([]), HANDOVER_MIN);
     assert_eq!(handover_bound([None, None]), HANDOVER_MIN);
     assert_eq!(handover_bound([ms(100), ms(300)]), HANDOVER_MIN);
     assert_eq!(
         handover_bound([ms(100), None, ms(2_000)]),
-        Duration::from_secs(40)
+        HANDOVER_MIN,
+        "40 s is less than a frozen peer's collective timeout and a join"
+    );
+    assert_eq!(
+        handover_bound([ms(100), None, ms(6_000)]),
+        Duration::from_secs(120)
     );
 }
 
@@ -898,4 +903,28 @@ fn a_handover_is_done_when_every_worker_joined_and_falls_back_on_time_or_an_exit
         assert_eq!(look(at(1), &confirmed, true, true), Handover::Reform);
         assert_eq!(look(at(11), &confirmed, false, true), Handover::Reform);
     }
+}
+
+#[test]
+fn a_node_whose_workers_re_form_in_place_leaves_before_stopping_them_on_sigterm() {
+    let ready = Reformable {
+        declared: true,
+        running: true,
+    };
+    assert!(depart_first(Signal::SIGTERM, &[ready, ready]));
+    // Ctrl-C, a second signal: stopped first, as before.
+    assert!(!depart_first(Signal::SIGINT, &[ready]));
+    // A worker that is restarted on a change: the others' agents would stop theirs on the
+    // loss before a save, so this node's workers stop first.
+    let restarted = Reformable {
+        declared: false,
+        running: true,
+    };
+    assert!(!depart_first(Signal::SIGTERM, &[ready, restarted]));
+    let exited = Reformable {
+        declared: true,
+        running: false,
+    };
+    assert!(!depart_first(Signal::SIGTERM, &[exited]));
+    assert!(!depart_first(Signal::SIGTERM, &[]));
 }
