@@ -61,27 +61,39 @@ impl Snapshot {
         let data = reuse
             .filter(|t| t.numel() == 3 * len as usize)
             .unwrap_or_else(|| Tensor::empty([3 * len], (Kind::Float, tch::Device::Cpu)));
-        tch::no_grad(|| {
-            let mut at = 0;
-            for (t, runs) in [
-                (&live.params, &in_params),
-                (&live.m, &in_moments),
-                (&live.v, &in_moments),
-            ] {
-                for &(offset, n) in runs {
-                    data.narrow(0, at, n).copy_(&t.narrow(0, offset, n));
-                    at += n;
-                }
-            }
-        });
         let runs = live.runs();
-        let checksum = checksum(&header_words(tag, at, &runs), &data);
+        let mut sum = Checksum::new(&header_words(tag, at, &runs));
+        let mut at_elem = 0;
+        for (t, runs) in [
+            (&live.params, &in_params),
+            (&live.m, &in_moments),
+            (&live.v, &in_moments),
+        ] {
+            for &(offset, n) in runs {
+                let mut to = data.narrow(0, at_elem, n);
+                let from = t.narrow(0, offset, n);
+                if let (Some(src), Some(dst)) = (host_floats(&from), host_floats_mut(&to)) {
+                    // One pass over memory: each chunk is summed while it is in cache.
+                    for (d, s) in dst.chunks_mut(CHUNK).zip(src.chunks(CHUNK)) {
+                        d.copy_from_slice(s);
+                        sum.add(bytes_of(d));
+                    }
+                } else {
+                    // A device tensor: copied by libtorch, then summed.
+                    tch::no_grad(|| to.copy_(&from));
+                    if let Some(d) = host_floats(&to) {
+                        sum.add(bytes_of(d));
+                    }
+                }
+                at_elem += n;
+            }
+        }
         Self {
             tag,
             at,
             runs,
             data,
-            checksum,
+            checksum: sum.finish(),
         }
     }
 
@@ -156,38 +168,113 @@ fn header_words(tag: Tag, at: At, runs: &[(i64, i64)]) -> Vec<i64> {
     h
 }
 
+/// Floats copied and summed at a time: small enough to be summed from cache.
+const CHUNK: usize = 16 * 1024;
+
+/// A contiguous f32 CPU tensor's elements; `None` for any other tensor.
+fn host_floats(t: &Tensor) -> Option<&[f32]> {
+    let ok = t.device() == tch::Device::Cpu && t.kind() == Kind::Float && t.is_contiguous();
+    match t.numel() {
+        _ if !ok => None,
+        // An empty tensor's data pointer may be null, which no slice may have.
+        0 => Some(&[]),
+        // SAFETY: a contiguous, non-empty f32 CPU tensor of numel elements, alive for the
+        // borrow of `t`.
+        n => Some(unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f32, n) }),
+    }
+}
+
+/// [`host_floats`], writable. The caller holds the only use of these elements while the
+/// slice lives (a snapshot's own buffer, not yet shared).
+#[allow(clippy::mut_from_ref)]
+fn host_floats_mut(t: &Tensor) -> Option<&mut [f32]> {
+    let n = host_floats(t)?.len();
+    // SAFETY: as host_floats; the elements are written by no one else meanwhile.
+    Some(unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, n) })
+}
+
+fn bytes_of(f: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is four readable bytes; u8 has no alignment.
+    unsafe { std::slice::from_raw_parts(f.as_ptr() as *const u8, std::mem::size_of_val(f)) }
+}
+
 /// Header words then data bytes, mixed a 64-bit word at a time (FNV-1a's constants) in
-/// four independent lanes, so that the multiplies overlap and the hash runs near memory
+/// four independent lanes, so that the multiplies overlap and the sum runs near memory
 /// speed (it is taken of every snapshot, every step): a flipped byte anywhere changes it;
-/// it is not meant to resist anyone choosing the bytes.
-fn checksum(header: &[i64], data: &Tensor) -> u64 {
+/// it is not meant to resist anyone choosing the bytes. Bytes come in pieces
+/// ([`Self::add`]); the sum is that of the pieces one after the other.
+struct Checksum {
+    lanes: [u64; 4],
+    /// A block begun by one piece and ended by the next.
+    partial: Vec<u8>,
+    bytes: u64,
+}
+
+impl Checksum {
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
-    let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(PRIME).rotate_left(23);
-    let mut lanes = [BASIS, BASIS ^ 1, BASIS ^ 2, BASIS ^ 3];
-    for (i, &w) in header.iter().enumerate() {
-        lanes[i % 4] = mix(lanes[i % 4], w as u64);
+    const BLOCK: usize = 32;
+
+    fn mix(h: u64, w: u64) -> u64 {
+        (h ^ w).wrapping_mul(Self::PRIME).rotate_left(23)
     }
-    let data = data.contiguous();
-    let bytes = data.numel() * 4;
-    let raw: &[u8] = if bytes == 0 {
-        // An empty tensor's data pointer may be null, which no slice may have.
-        &[]
-    } else {
-        // SAFETY: a contiguous, non-empty f32 CPU tensor of numel elements: numel × 4
-        // readable bytes, alive (held by `data`) for the borrow.
-        unsafe { std::slice::from_raw_parts(data.data_ptr() as *const u8, bytes) }
-    };
-    let mut blocks = raw.chunks_exact(32);
-    for b in &mut blocks {
-        for (lane, w) in lanes.iter_mut().zip(b.chunks_exact(8)) {
-            *lane = mix(*lane, u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+
+    fn new(header: &[i64]) -> Self {
+        let b = Self::BASIS;
+        let mut lanes = [b, b ^ 1, b ^ 2, b ^ 3];
+        for (i, &w) in header.iter().enumerate() {
+            lanes[i % 4] = Self::mix(lanes[i % 4], w as u64);
+        }
+        Self {
+            lanes,
+            partial: Vec::with_capacity(Self::BLOCK),
+            bytes: 0,
         }
     }
-    for (i, &b) in blocks.remainder().iter().enumerate() {
-        lanes[i % 4] = mix(lanes[i % 4], u64::from(b) | (i as u64) << 8);
+
+    fn add(&mut self, mut raw: &[u8]) {
+        self.bytes += raw.len() as u64;
+        if !self.partial.is_empty() {
+            let take = (Self::BLOCK - self.partial.len()).min(raw.len());
+            self.partial.extend_from_slice(&raw[..take]);
+            raw = &raw[take..];
+            if self.partial.len() < Self::BLOCK {
+                return;
+            }
+            let block = std::mem::take(&mut self.partial);
+            self.blocks(&block);
+            self.partial = block;
+            self.partial.clear();
+        }
+        let whole = raw.len() / Self::BLOCK * Self::BLOCK;
+        self.blocks(&raw[..whole]);
+        self.partial.extend_from_slice(&raw[whole..]);
     }
-    lanes.iter().fold(bytes as u64, |h, &l| mix(h, l))
+
+    fn blocks(&mut self, raw: &[u8]) {
+        for b in raw.chunks_exact(Self::BLOCK) {
+            for (lane, w) in self.lanes.iter_mut().zip(b.chunks_exact(8)) {
+                *lane = Self::mix(*lane, u64::from_le_bytes(w.try_into().unwrap_or([0; 8])));
+            }
+        }
+    }
+
+    fn finish(mut self) -> u64 {
+        for (i, &b) in self.partial.iter().enumerate() {
+            self.lanes[i % 4] = Self::mix(self.lanes[i % 4], u64::from(b) | (i as u64) << 8);
+        }
+        self.lanes.iter().fold(self.bytes, |h, &l| Self::mix(h, l))
+    }
+}
+
+/// The checksum of a header and a tensor's bytes, as [`Snapshot::take`] computes it.
+fn checksum(header: &[i64], data: &Tensor) -> u64 {
+    let mut sum = Checksum::new(header);
+    let data = data.contiguous();
+    if let Some(d) = host_floats(&data) {
+        sum.add(bytes_of(d));
+    }
+    sum.finish()
 }
 
 /// How many of each kind a process keeps.
@@ -312,6 +399,31 @@ mod tests {
         assert_eq!((back.tag, back.at, &back.runs), (tag(), at(), &s.runs));
         assert!(back.intact());
         assert!(Snapshot::from_parts(&s.header()[..5], s.data.copy()).is_none());
+    }
+
+    #[test]
+    fn the_sum_of_pieces_is_the_sum_of_the_whole() {
+        // Pieces that end inside a block, shorter than one, and empty.
+        let bytes: Vec<u8> = (0..1000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        let whole = {
+            let mut c = Checksum::new(&[5, -1]);
+            c.add(&bytes);
+            c.finish()
+        };
+        for cuts in [vec![0, 1000], vec![0, 5, 37, 37, 64, 999, 1000], vec![0, 31, 33, 1000]] {
+            let mut c = Checksum::new(&[5, -1]);
+            for w in cuts.windows(2) {
+                c.add(&bytes[w[0]..w[1]]);
+            }
+            assert_eq!(c.finish(), whole, "{cuts:?}");
+        }
+        // The bytes count, not only their values: a zero appended changes the sum.
+        let mut c = Checksum::new(&[5, -1]);
+        c.add(&bytes);
+        c.add(&[0]);
+        assert_ne!(c.finish(), whole);
+        // What take() computes while it copies is what intact() recomputes.
+        assert!(Snapshot::take(tag(), at(), &live(), None).intact());
     }
 
     #[test]
