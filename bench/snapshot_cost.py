@@ -145,7 +145,7 @@ def main():
                     print(f"  {ranks} ranks --snapshot_freq {freq}: step {1e3 * step:.1f} ms, wall {wall:.2f} s  {said}",
                           flush=True)
             off, on = statistics.median(steps[0]), statistics.median(steps[1])
-            held = re.search(r"own ([0-9.]+)\)", own)
+            held = re.search(r"own ([0-9.]+)", own)
             nbytes = int(float(held.group(1)) / 2 * (1 << 20)) if held else 0
             bare, moved = [], []
             for _ in range(a.runs):

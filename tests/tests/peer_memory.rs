@@ -54,6 +54,8 @@ impl Drop for Rank {
 struct Job {
     dir: TempDir,
     ckpt: PathBuf,
+    /// Where the ranks' progress reports come, as to an agent.
+    progress: UnixDatagram,
 }
 
 impl Job {
@@ -61,7 +63,25 @@ impl Job {
         let dir = TempDir::new().unwrap();
         let ckpt = dir.path().join("ckpt");
         std::fs::create_dir(&ckpt).unwrap();
-        Self { dir, ckpt }
+        let progress = UnixDatagram::bind(dir.path().join("progress")).unwrap();
+        progress.set_nonblocking(true).unwrap();
+        Self {
+            dir,
+            ckpt,
+            progress,
+        }
+    }
+
+    /// Waits up to 10 s for the report `what` (e.g. `0 joined 1 memory`).
+    fn heard(&self, what: &str) {
+        let mut buf = [0u8; 512];
+        let mut seen = Vec::new();
+        wait_for(what, Duration::from_secs(10), || {
+            while let Ok(n) = self.progress.recv(&mut buf) {
+                seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+            seen.iter().any(|s| s == what)
+        });
     }
 
     /// Starts `name` as rank `rank` of `world`, meeting at `port`.
@@ -89,6 +109,7 @@ impl Job {
                 ("OMP_NUM_THREADS", "1".into()),
             ])
             .env("FSDP_AGENT_CONTROL", &ctl)
+            .env("FSDP_AGENT_PROGRESS", self.dir.path().join("progress"))
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out).unwrap())
@@ -191,6 +212,7 @@ fn a_lost_rank_and_a_joiner_cost_the_survivors_no_restart_no_reload_and_no_step(
     // The step the group was in when the rank died is the one rebuilt: nothing redone.
     assert!(at >= furthest.0, "{restored}, furthest step {}", furthest.0);
     assert!(restored.contains("3 parts"), "{restored}");
+    job.heard("0 joined 1 memory");
     trains_past(&ranks[0], at);
     let out = text(&ranks[0]);
     let after = steps(&out[out.find("Restored step").unwrap()..]);
@@ -256,6 +278,8 @@ fn both_copies_lost_falls_back_to_the_newest_checkpoint_and_says_so() {
         "{said}"
     );
     assert!(!out.contains("Restored step"), "{out}");
+    // The agent counts the fallback (fsdp_agent_in_place_reforms_total{restored="disk"}).
+    job.heard("0 joined 1 disk");
     trains_past(&ranks[0], 0);
 }
 

@@ -52,9 +52,9 @@ impl Progress {
     }
 
     /// Says this rank joined the process group of the agent's round `round` (an in-place
-    /// re-form) and restored its state.
-    pub fn joined(&self, round: u64) {
-        self.say(&format!("joined {round}"), 50);
+    /// re-form) and restored its state from `from` (`memory`, or `disk`: the fallback).
+    pub fn joined(&self, round: u64, from: &str) {
+        self.say(&format!("joined {round} {from}"), 50);
     }
 
     pub fn step(&self, n: usize) {

@@ -464,7 +464,8 @@ impl<'g> Trainer<'g> {
             in_place,
             stepping: Duration::ZERO,
         };
-        me.ready_in_place(order.as_ref())?;
+        let restored = if held.is_some() { "memory" } else { "disk" };
+        me.ready_in_place(order.as_ref(), restored)?;
         Ok(Some(me))
     }
 
@@ -473,7 +474,7 @@ impl<'g> Trainer<'g> {
     /// every copy: the ~30 ms of a copy held before the first step were a tenth of a
     /// re-form's stall), the agent hears that this process re-forms in place, and, in a
     /// group it re-formed into, that it joined.
-    fn ready_in_place(&mut self, order: Option<&Order>) -> anyhow::Result<()> {
+    fn ready_in_place(&mut self, order: Option<&Order>, restored: &str) -> anyhow::Result<()> {
         let Some(p) = self.in_place.as_mut() else {
             return Ok(());
         };
@@ -485,7 +486,7 @@ impl<'g> Trainer<'g> {
         p.after_step(self.kept, &self.engine, &self.group.comm, at, true)?;
         self.progress.can("re-form-in-place");
         if let Some(o) = order {
-            self.progress.joined(o.round);
+            self.progress.joined(o.round, restored);
         }
         Ok(())
     }

@@ -14,8 +14,10 @@
 //!                        ([`crate::control`])
 //! <rank> reforming       it left its broken group and waits for the next round (a phase,
 //!                        ended by `joined`)
-//! <rank> joined <round>  it joined the group of that round (under the round's rank) and
-//!                        restored its state
+//! <rank> joined <round> [memory|disk]
+//!                        it joined the group of that round (under the round's rank) and
+//!                        restored its state, from peer memory or (a fallback: a step was
+//!                        not whole in memory) from the last checkpoint on disk
 //! ```
 //!
 //! Datagrams keep a worker's cost to one `sendto` with no connection to hold, and a worker
@@ -76,6 +78,26 @@ pub struct RankProgress {
     pub reforms_in_place: bool,
     /// The last round whose group it said it joined (`joined <round>`).
     pub joined: Option<u64>,
+    /// Where it restored its state from when it joined that round, if it said.
+    pub restored: Option<Restored>,
+}
+
+/// Where a worker that re-formed in place restored its state from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restored {
+    /// Peer memory: nothing read from disk, no step redone.
+    Memory,
+    /// The last checkpoint: no step was whole in memory (both copies of a part lost).
+    Disk,
+}
+
+impl Restored {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Disk => "disk",
+        }
+    }
 }
 
 impl RankProgress {
@@ -90,6 +112,7 @@ impl RankProgress {
             saves_on_warning: false,
             reforms_in_place: false,
             joined: None,
+            restored: None,
         }
     }
 
@@ -128,9 +151,10 @@ impl RankProgress {
 
     /// It joined round `round`'s group: a sign of life (it is judged from now on, by the
     /// start-up allowance until its first step), and the end of its re-form.
-    pub fn joined(&mut self, round: u64, at: Instant) {
+    pub fn joined(&mut self, round: u64, restored: Option<Restored>, at: Instant) {
         self.heard(at);
         self.joined = Some(round);
+        self.restored = restored;
         if self.phase.as_ref().is_some_and(|(p, _)| p == REFORMING) {
             self.phase = None;
         }
@@ -156,8 +180,8 @@ pub enum Report {
     Can(String),
     /// It left its broken group to re-form in place.
     Reforming,
-    /// It joined the group of this round.
-    Joined(u64),
+    /// It joined the group of this round, restoring from there.
+    Joined(u64, Option<Restored>),
 }
 
 /// What a rank that saves on a warning declares.
@@ -182,7 +206,14 @@ pub fn parse(text: &str) -> Option<(u32, Report)> {
         "begin" => Report::Begin(arg.chars().take(64).collect()),
         "end" => Report::End(arg.chars().take(64).collect()),
         "can" => Report::Can(arg.chars().take(64).collect()),
-        "joined" => Report::Joined(arg.parse().ok()?),
+        "joined" => Report::Joined(
+            arg.parse().ok()?,
+            match words.next() {
+                Some("memory") => Some(Restored::Memory),
+                Some("disk") => Some(Restored::Disk),
+                _ => None,
+            },
+        ),
         _ => return None,
     };
     Some((rank, report))
@@ -200,7 +231,7 @@ fn enter(p: &mut RankProgress, report: Report, now: Instant) {
             _ => {}
         },
         Report::Reforming => p.phase_begin(REFORMING, now),
-        Report::Joined(round) => p.joined(round, now),
+        Report::Joined(round, from) => p.joined(round, from, now),
     }
 }
 
@@ -472,7 +503,15 @@ mod tests {
             parse("5 can re-form-in-place"),
             Some((5, Report::Can(REFORMS_IN_PLACE.into())))
         );
-        assert_eq!(parse("5 joined 12\n"), Some((5, Report::Joined(12))));
+        assert_eq!(parse("5 joined 12\n"), Some((5, Report::Joined(12, None))));
+        assert_eq!(
+            parse("5 joined 12 disk"),
+            Some((5, Report::Joined(12, Some(Restored::Disk))))
+        );
+        assert_eq!(
+            parse("5 joined 12 memory"),
+            Some((5, Report::Joined(12, Some(Restored::Memory))))
+        );
         assert_eq!(parse("5 reforming"), Some((5, Report::Reforming)));
         assert_eq!(parse("5 reforming now"), Some((5, Report::Reforming)));
         let t0 = Instant::now();
@@ -482,13 +521,13 @@ mod tests {
         assert!(!p.reported, "a declaration is no progress");
         enter(&mut p, Report::Reforming, t0);
         assert_eq!(p.phase.as_ref().map(|(n, _)| n.as_str()), Some(REFORMING));
-        enter(&mut p, Report::Joined(12), t0);
+        enter(&mut p, Report::Joined(12, Some(Restored::Memory)), t0);
         assert_eq!(p.joined, Some(12));
         assert_eq!(p.phase, None, "joining ends the re-form");
         assert!(p.reported, "a joined rank is judged from now on");
         // Any other phase is the worker's own to end.
         enter(&mut p, Report::Begin("checkpoint".into()), t0);
-        enter(&mut p, Report::Joined(13), t0);
+        enter(&mut p, Report::Joined(13, None), t0);
         assert!(p.phase.is_some());
     }
 

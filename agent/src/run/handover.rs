@@ -36,6 +36,7 @@ use super::report::change_label;
 use super::{AgentExit, Phase};
 use crate::control;
 use crate::error::AgentError;
+use crate::hang::progress::{RankProgress, Restored};
 use crate::hang::{GroupTimes, Progress};
 use crate::supervisor::{WorkerGroup, WorkerStatus};
 
@@ -84,6 +85,25 @@ fn confirmed(progress: Option<&Progress>, round: &Round, nproc: u32) -> Vec<bool
                 .any(|r| r.rank == round.base_rank + local_rank && r.joined == Some(round.number))
         })
         .collect()
+}
+
+/// Where this node's workers restored from on joining `round`: disk when any of them
+/// says so (one rank from disk means the whole group went back to the checkpoint),
+/// memory when every one says memory, `None` when one did not say.
+fn restored_from(ranks: &[RankProgress], round: &Round, nproc: usize) -> Option<Restored> {
+    let local = round.base_rank..round.base_rank + nproc as u32;
+    let said: Vec<_> = ranks
+        .iter()
+        .filter(|r| local.contains(&r.rank) && r.joined == Some(round.number))
+        .map(|r| r.restored)
+        .collect();
+    if said.contains(&Some(Restored::Disk)) {
+        Some(Restored::Disk)
+    } else if said.len() == nproc && said.iter().all(|r| *r == Some(Restored::Memory)) {
+        Some(Restored::Memory)
+    } else {
+        None
+    }
 }
 
 impl<R: Rendezvous> Loop<'_, R> {
@@ -299,14 +319,24 @@ impl<R: Rendezvous> Loop<'_, R> {
     /// judge's clock restarted, status and metrics told).
     /// torchrun's file timer is left as it is: the same processes hold the same scopes.
     fn handed_over(&mut self, round: &Round, group: &WorkerGroup, started: Instant) {
+        let ranks = self.progress.as_ref().map(Progress::snapshot);
+        let from = restored_from(ranks.as_deref().unwrap_or_default(), round, group.pids().len());
+        let label = from.map_or("unsaid", Restored::label);
+        if from == Some(Restored::Disk) {
+            tracing::warn!(
+                round = round.number,
+                "the workers re-formed in place but restored from the last checkpoint on disk: no step was whole in peer memory (both copies of a part lost?); the steps since that checkpoint are trained again"
+            );
+        }
         tracing::info!(
             pids = ?group.pids(),
             round = round.number,
             handover_ms = started.elapsed().as_millis() as u64,
+            restored = label,
             "workers re-formed in place"
         );
         self.group_times = GroupTimes::started(Instant::now());
-        self.report.re_formed(round, group);
+        self.report.re_formed(round, group, label);
     }
 
     /// The kept workers did not take `round` (`why`): says so, naming the ranks that did

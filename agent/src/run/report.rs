@@ -114,8 +114,12 @@ impl Reporter {
 
     /// The kept workers took `round` in place: they run, as if started in it, and the
     /// re-form is timed like one that restarted them.
-    pub fn re_formed(&mut self, round: &Round, group: &WorkerGroup) {
-        let what = format!("workers re-formed in place in round {}", round.number);
+    pub fn re_formed(&mut self, round: &Round, group: &WorkerGroup, restored: &str) {
+        self.board.in_place(restored);
+        let what = format!(
+            "workers re-formed in place in round {} (restored from {restored})",
+            round.number
+        );
         self.runs(group, what, round);
     }
 

@@ -149,8 +149,19 @@ fn config(flags: &[&str], script: &str) -> Config {
 /// Runs the loop over `rdzv`; `signal` is sent after `after`, if given.
 fn play(
     cfg: &Config,
+    rdzv: Scripted,
+    signal: Option<(Duration, Signal)>,
+) -> (Result<AgentExit, AgentError>, Vec<String>) {
+    let board = Board::new("scripted", "scripted", cfg.max_restarts);
+    play_on(cfg, rdzv, signal, &board)
+}
+
+/// [`play`], reporting to `board`.
+fn play_on(
+    cfg: &Config,
     mut rdzv: Scripted,
     signal: Option<(Duration, Signal)>,
+    board: &Board,
 ) -> (Result<AgentExit, AgentError>, Vec<String>) {
     let calls = rdzv.calls.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -165,8 +176,7 @@ fn play(
                 let _ = tx.send(sig);
             });
         }
-        let board = Board::new("scripted", "scripted", cfg.max_restarts);
-        let run = run(cfg, &mut rdzv, &mut signals, &board);
+        let run = run(cfg, &mut rdzv, &mut signals, board);
         tokio::time::timeout(Duration::from_secs(30), run)
             .await
             .expect("the loop ended within 30 s")
@@ -380,12 +390,12 @@ fn a_rendezvous_that_never_takes_the_goodbye_does_not_keep_the_agent() {
 /// A worker's control side played by a thread of the test, for a `sh` worker that writes
 /// `$FSDP_AGENT_PROGRESS $FSDP_AGENT_CONTROL $RANK $$` to `spawned` at each start and
 /// sleeps: it binds the control socket of the first start and says it re-forms in place;
-/// with `Some(Ok(()))` it takes one round and says it joined it under the round's rank
-/// (the round's datagram is returned), with `Some(Err(after))` the worker is killed that
-/// long after, and with `None` it closes its socket at once.
+/// with `Some(Ok(from))` it takes one round and says it joined it under the round's rank,
+/// restored from `from` (the round's datagram is returned), with `Some(Err(after))` the
+/// worker is killed that long after, and with `None` it closes its socket at once.
 fn worker_side(
     spawned: std::path::PathBuf,
-    answer: Option<Result<(), Duration>>,
+    answer: Option<Result<&'static str, Duration>>,
 ) -> std::thread::JoinHandle<Option<String>> {
     std::thread::spawn(move || {
         let line = (0..1000)
@@ -406,15 +416,17 @@ fn worker_side(
         let out = std::os::unix::net::UnixDatagram::unbound().unwrap();
         let say = |text: String| out.send_to(text.as_bytes(), progress).unwrap();
         say(format!("{rank} can re-form-in-place"));
-        let answer = answer?;
-        if let Err(after) = answer {
+        let from = match answer? {
+            Ok(from) => from,
+            Err(after) => {
             // The worker dies while its agent waits for the next round.
             std::thread::sleep(after);
             let pid: i32 = words[3].parse().unwrap();
             let pid = nix::unistd::Pid::from_raw(pid);
             nix::sys::signal::kill(pid, Signal::SIGKILL).unwrap();
             return None;
-        }
+            }
+        };
         ctl.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut buf = [0u8; 1024];
         let n = ctl.recv(&mut buf).unwrap();
@@ -425,7 +437,7 @@ fn worker_side(
             .find_map(|w| w.strip_prefix("RANK="))
             .unwrap();
         say(format!("{rank} reforming"));
-        say(format!("{rank} joined {number}"));
+        say(format!("{rank} joined {number} {from}"));
         Some(order)
     })
 }
@@ -456,9 +468,12 @@ fn workers_that_re_form_in_place_keep_their_process_and_take_the_next_round() {
     let dir = tempfile::tempdir().unwrap();
     let spawned = dir.path().join("spawned");
     let cfg = config(&[], &reporting_worker(&spawned));
-    let side = worker_side(spawned.clone(), Some(Ok(())));
+    let side = worker_side(spawned.clone(), Some(Ok("memory")));
     let signal = Some((Duration::from_millis(2_500), Signal::SIGTERM));
-    let (result, calls) = play(&cfg, in_place_script(), signal);
+    let board = Board::new("scripted", "scripted", cfg.max_restarts);
+    let (result, calls) = play_on(&cfg, in_place_script(), signal, &board);
+    let restored = board.snapshot().in_place;
+    assert_eq!(restored, [("memory".to_owned(), 1)].into(), "{restored:?}");
     assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
     assert_eq!(calls, ["next_round", "next_round", "depart Left: left"]);
     let order = side.join().unwrap().unwrap();
@@ -473,6 +488,26 @@ fn workers_that_re_form_in_place_keep_their_process_and_take_the_next_round() {
         starts.lines().count(),
         1,
         "one process for both rounds: {starts}"
+    );
+}
+
+#[test]
+fn a_re_form_in_place_that_fell_back_to_disk_is_counted_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawned = dir.path().join("spawned");
+    let cfg = config(&[], &reporting_worker(&spawned));
+    let side = worker_side(spawned.clone(), Some(Ok("disk")));
+    let signal = Some((Duration::from_millis(2_500), Signal::SIGTERM));
+    let board = Board::new("scripted", "scripted", cfg.max_restarts);
+    let (result, _) = play_on(&cfg, in_place_script(), signal, &board);
+    assert_eq!(result.unwrap(), AgentExit::Signalled(Signal::SIGTERM));
+    side.join().unwrap().unwrap();
+    let snapshot = board.snapshot();
+    assert_eq!(snapshot.in_place, [("disk".to_owned(), 1)].into());
+    let text = crate::status::metrics::render(&snapshot);
+    assert!(
+        text.contains("fsdp_agent_in_place_reforms_total{restored=\"disk\"} 1"),
+        "{text}"
     );
 }
 

@@ -28,6 +28,13 @@ pub fn render(s: &Snapshot) -> String {
     );
     counter_by(
         &mut out,
+        "fsdp_agent_in_place_reforms_total",
+        "Re-forms this node's workers took in place (same processes), by where they restored their state: memory (peer-memory snapshots) disk (the fallback: no step was whole in memory, e.g. both copies of a part lost), or unsaid (a worker did not say).",
+        "restored",
+        &s.in_place,
+    );
+    counter_by(
+        &mut out,
         "fsdp_agent_member_losses_total",
         "Members this node's group lost, by how the loss was noticed (refused: its process was gone; left: it revoked its lease; lease expiry: it went silent).",
         "detection",

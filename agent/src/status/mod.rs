@@ -49,6 +49,9 @@ pub struct Snapshot {
     pub worker_exits: BTreeMap<String, u64>,
     /// Times the group was stopped to re-form or restart, by reason.
     pub reforms: BTreeMap<String, u64>,
+    /// Re-forms the workers took in place, by where they restored their state from
+    /// ("memory"; "disk": the fallback, a step not whole in peer memory).
+    pub in_place: BTreeMap<String, u64>,
     /// This node's group broke → a round sealed without the lost member.
     pub detect: Timing,
     /// This node's group broke → its workers run again in a new round.
@@ -288,6 +291,11 @@ impl Board {
             detection: how.label().to_owned(),
             detect_ms: u32::try_from(detect.as_millis()).unwrap_or(u32::MAX),
         });
+    }
+
+    /// The workers took a round in place, restoring from `from`.
+    pub fn in_place(&self, from: &str) {
+        *self.lock().in_place.entry(from.to_owned()).or_default() += 1;
     }
 
     pub fn observe_reform(&self, d: Duration) {
