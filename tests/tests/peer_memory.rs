@@ -329,3 +329,75 @@ fn a_corrupted_copy_is_refused_and_the_other_copy_or_the_disk_serves() {
         "the joiner trains"
     );
 }
+
+/// The agent's side of the hang path: a kept worker frozen where no abort reaches it
+/// (SIGSTOP: it never reads the round) is not waited for past the handover bound
+/// (`--hang-timeout auto,reforming=4s` here; 90 s by default). Both survivors' workers are
+/// stopped, fresh ones start in the same round, nothing is charged, and the job goes on
+/// from disk.
+#[test]
+fn a_kept_worker_frozen_during_the_handover_is_stopped_and_restarted_fresh() {
+    use fsdp_tests::job::{Job as Elastic, wait_until};
+    let job = Elastic::new("wedged", "2:3", 0, 0, 61);
+    let trainer = agent_bin().with_file_name("fsdp-trainer");
+    let mut worker = vec!["--no-python".to_string(), trainer.display().to_string()];
+    worker.extend(MODEL.iter().map(|s| s.to_string()));
+    let ckpt = job.dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    worker.extend(
+        ["--checkpoint_dir", "--resume_from_checkpoint"]
+            .iter()
+            .flat_map(|f| [f.to_string(), ckpt.display().to_string()]),
+    );
+    let flags = ["--hang-timeout", "auto,reforming=4s"];
+    let mut pods: Vec<_> = (0..3)
+        .map(|i| job.pod_running(i, 1, &flags, &worker))
+        .collect();
+    // Rank 0, whichever pod it is on, prints the lines.
+    let said = |pods: &[fsdp_tests::pod::Pod], what: &str| -> usize {
+        pods.iter().map(|p| p.stdout().matches(what).count()).sum()
+    };
+    wait_until("three pods training", &pods.iter().collect::<Vec<_>>(), || {
+        said(&pods, "Saved checkpoint") >= 1 && said(&pods, "Batch ") >= 8
+    });
+    // Pod 1's worker: the agent's only child.
+    let agent = pods[1].agent_pid();
+    let children = format!("/proc/{agent}/task/{agent}/children");
+    let frozen: i32 = std::fs::read_to_string(&children)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let stop = |sig| nix::sys::signal::kill(nix::unistd::Pid::from_raw(frozen), sig);
+    stop(nix::sys::signal::Signal::SIGSTOP).unwrap();
+    pods[2].kill();
+    let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().take(2).collect();
+    wait_until("both survivors to give the handover up", &all, || {
+        all.iter()
+            .all(|p| p.stderr().contains("the workers did not re-form in place"))
+    });
+    let gave_up = pods[1]
+        .stderr()
+        .lines()
+        .find(|l| l.contains("the workers did not re-form in place"))
+        .unwrap()
+        .to_owned();
+    // It names the rank (of the new round) that did not confirm.
+    let named = gave_up.split("unconfirmed=").nth(1).unwrap_or_default();
+    assert!(named.starts_with(|c: char| c.is_ascii_digit()), "{gave_up}");
+    // The frozen process is gone (SIGKILL reaches a stopped process), and fresh workers
+    // train on from the checkpoint: the restart budget (0) was not charged.
+    wait_until("the frozen worker to be gone", &all, || {
+        !fsdp_tests::alive(frozen)
+    });
+    let trained = said(&pods[..2], "Batch ");
+    wait_until("training to go on in fresh workers", &all, || {
+        said(&pods[..2], "Loaded checkpoint") >= 1 && said(&pods[..2], "Batch ") >= trained + 5
+    });
+    assert!(
+        pods.iter_mut().take(2).all(|p| p.exited().is_none()),
+        "the survivors' agents run on"
+    );
+}

@@ -440,18 +440,24 @@ pub const HANDOVER_MIN: Duration = Duration::from_secs(90);
 /// How many of the slowest recent step the workers get to join, when that is more.
 pub const HANDOVER_STEPS: u32 = 20;
 
-/// How long the workers may take to join a round in place: [`HANDOVER_STEPS`] times the
-/// slowest recent step of any local worker (`None`: none reported), at least
-/// [`HANDOVER_MIN`]. Joining makes a new group (its store, its communicator) and restores
-/// the state, a few steps' worth of collectives on a large model; past the bound a
-/// restart is the surer way.
-pub fn handover_bound(slowest_steps: impl IntoIterator<Item = Option<Duration>>) -> Duration {
-    slowest_steps
-        .into_iter()
-        .flatten()
-        .max()
-        .map_or(HANDOVER_MIN, |s| s.saturating_mul(HANDOVER_STEPS))
-        .max(HANDOVER_MIN)
+/// How long the workers may take to join a round in place: the allowance of the phase
+/// they are in meanwhile (`reforming`) where `--hang-timeout` sets one (`set`), else
+/// [`HANDOVER_STEPS`] times the slowest recent step of any local worker (`None`: none
+/// reported), at least [`HANDOVER_MIN`]. Joining makes a new group (its store, its
+/// communicator) and restores the state, a few steps' worth of collectives on a large
+/// model; past the bound a restart is the surer way.
+pub fn handover_bound(
+    slowest_steps: impl IntoIterator<Item = Option<Duration>>,
+    set: Option<Duration>,
+) -> Duration {
+    set.unwrap_or_else(|| {
+        slowest_steps
+            .into_iter()
+            .flatten()
+            .max()
+            .map_or(HANDOVER_MIN, |s| s.saturating_mul(HANDOVER_STEPS))
+            .max(HANDOVER_MIN)
+    })
 }
 
 /// Where a handover of a round to workers kept in place stands.

@@ -36,7 +36,7 @@ use super::report::change_label;
 use super::{AgentExit, Phase};
 use crate::control;
 use crate::error::AgentError;
-use crate::hang::progress::{RankProgress, Restored};
+use crate::hang::progress::{REFORMING, RankProgress, Restored};
 use crate::hang::{GroupTimes, Progress};
 use crate::supervisor::{WorkerGroup, WorkerStatus};
 
@@ -210,7 +210,8 @@ impl<R: Rendezvous> Loop<'_, R> {
         round: Round,
         mut group: WorkerGroup,
     ) -> Result<HandedOver, AgentError> {
-        let bound = decide::handover_bound(self.stoppable().iter().map(|s| s.slowest_step));
+        let set = self.cfg.hang.phases.get(REFORMING).copied();
+        let bound = decide::handover_bound(self.stoppable().iter().map(|s| s.slowest_step), set);
         let nproc = self.cfg.nproc_per_node;
         // The round is this node's from here, as a spawn's is: whoever the next round
         // lacks of it was lost, also if the group changes again before the workers join.

@@ -860,18 +860,22 @@ fn an_in_place_re_form_charges_nothing_and_leaves_memory_as_a_restart_would() {
 #[test]
 fn the_handover_bound_is_twenty_slowest_steps_and_at_least_ninety_seconds() {
     let ms = |m| Some(Duration::from_millis(m));
-    assert_eq!(handover_bound([]), HANDOVER_MIN);
-    assert_eq!(handover_bound([None, None]), HANDOVER_MIN);
-    assert_eq!(handover_bound([ms(100), ms(300)]), HANDOVER_MIN);
+    assert_eq!(handover_bound([], None), HANDOVER_MIN);
+    assert_eq!(handover_bound([None, None], None), HANDOVER_MIN);
+    assert_eq!(handover_bound([ms(100), ms(300)], None), HANDOVER_MIN);
     assert_eq!(
-        handover_bound([ms(100), None, ms(2_000)]),
+        handover_bound([ms(100), None, ms(2_000)], None),
         HANDOVER_MIN,
         "40 s is less than a frozen peer's collective timeout and a join"
     );
     assert_eq!(
-        handover_bound([ms(100), None, ms(6_000)]),
+        handover_bound([ms(100), None, ms(6_000)], None),
         Duration::from_secs(120)
     );
+    // `--hang-timeout auto,reforming=5s`: the user's allowance, shorter or longer.
+    let five = Duration::from_secs(5);
+    assert_eq!(handover_bound([ms(100), ms(6_000)], Some(five)), five);
+    assert_eq!(handover_bound([], Some(10 * HANDOVER_MIN)), 10 * HANDOVER_MIN);
 }
 
 #[test]
