@@ -357,9 +357,11 @@ fn a_kept_worker_frozen_during_the_handover_is_stopped_and_restarted_fresh() {
     let said = |pods: &[fsdp_tests::pod::Pod], what: &str| -> usize {
         pods.iter().map(|p| p.stdout().matches(what).count()).sum()
     };
-    wait_until("three pods training", &pods.iter().collect::<Vec<_>>(), || {
-        said(&pods, "Saved checkpoint") >= 1 && said(&pods, "Batch ") >= 8
-    });
+    wait_until(
+        "three pods training",
+        &pods.iter().collect::<Vec<_>>(),
+        || said(&pods, "Saved checkpoint") >= 1 && said(&pods, "Batch ") >= 8,
+    );
     // Pod 1's worker: the agent's only child.
     let agent = pods[1].agent_pid();
     let children = format!("/proc/{agent}/task/{agent}/children");

@@ -116,6 +116,8 @@ pub struct InPlace<'c> {
     world: usize,
     rank: usize,
     buddies: Option<(usize, usize)>,
+    /// The runs of the rank whose copy this rank keeps: the size of what it receives.
+    from_runs: Vec<(i64, i64)>,
     local_world: usize,
     freq: u64,
     exchange: Option<Exchange>,
@@ -129,17 +131,19 @@ impl<'c> InPlace<'c> {
     pub fn new(
         control: &'c mut Control,
         group: u64,
-        comm: &Comm,
+        (comm, engine): (&Comm, &Engine),
         (local_world, freq): (usize, u64),
         template: GroupSpec,
     ) -> Self {
         let (rank, world) = (comm.rank(), comm.world());
+        let buddies = exchange::buddies(rank, world, local_world);
         Self {
             control,
             group,
             world,
             rank,
-            buddies: exchange::buddies(rank, world, local_world),
+            buddies,
+            from_runs: buddies.map_or_else(Vec::new, |(_, from)| engine.runs_of(from, world)),
             local_world,
             freq,
             exchange: None,
@@ -182,9 +186,9 @@ impl<'c> InPlace<'c> {
         };
         let snap = Snapshot::take(tag, at, &engine.live_state(comm), kept.spare_own());
         if let (Some(pg), Some((to, from))) = (comm.group(), self.buddies) {
-            let runs = engine.runs_of(from, self.world);
             let reuse = kept.spare_held();
-            self.exchange = Some(Exchange::start(pg, &snap, (to, from), &runs, reuse)?);
+            let runs = &self.from_runs;
+            self.exchange = Some(Exchange::start(pg, &snap, (to, from), runs, reuse)?);
         }
         kept.keep_own(snap);
         self.cost.taken += 1;

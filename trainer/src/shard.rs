@@ -12,7 +12,7 @@
 //!   keep the collectives' temporary buffers small, so the saving in optimizer state is
 //!   not eaten by one whole-vector copy inside Gloo.
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::args::Sharding;
 use crate::c10d::{C10dError, Comm};
@@ -279,6 +279,63 @@ pub struct FullState {
     pub params: Tensor,
     pub m: Tensor,
     pub v: Tensor,
+}
+
+/// A whole state filled from parts that each hold runs of it (a checkpoint's shards,
+/// peer-memory snapshots): every run is checked to fit, and the parts to cover the model.
+pub struct Assembly {
+    state: FullState,
+    total: i64,
+    covered: i64,
+}
+
+impl Assembly {
+    /// An empty state of `total` elements per tensor, on the host.
+    pub fn new(total: i64) -> Self {
+        let zeros = || Tensor::zeros([total], (Kind::Float, Device::Cpu));
+        Self {
+            state: FullState {
+                params: zeros(),
+                m: zeros(),
+                v: zeros(),
+            },
+            total,
+            covered: 0,
+        }
+    }
+
+    /// Copies one part: `runs` of `(flat offset, length)`, whose elements follow one
+    /// another in each of `parts` (its parameters, m and v). `Err` when a run falls
+    /// outside the model or the part.
+    pub fn add(
+        &mut self,
+        runs: impl IntoIterator<Item = (i64, i64)>,
+        parts: [&Tensor; 3],
+    ) -> Result<(), &'static str> {
+        let held = parts.iter().map(|t| t.numel() as i64).min().unwrap_or(0);
+        let mut at = 0;
+        for (flat, n) in runs {
+            if flat < 0 || n < 0 || flat + n > self.total || at + n > held {
+                return Err("does not fit the model");
+            }
+            let whole = [&self.state.params, &self.state.m, &self.state.v];
+            for (dst, src) in whole.into_iter().zip(parts) {
+                dst.narrow(0, flat, n).copy_(&src.narrow(0, at, n));
+            }
+            at += n;
+            self.covered += n;
+        }
+        Ok(())
+    }
+
+    /// The state, once the parts cover the model; else `(covered, total)` elements.
+    pub fn finish(self) -> Result<FullState, (i64, i64)> {
+        if self.covered == self.total {
+            Ok(self.state)
+        } else {
+            Err((self.covered, self.total))
+        }
+    }
 }
 
 impl FlatOptimizer {

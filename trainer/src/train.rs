@@ -1070,7 +1070,7 @@ fn in_place_here<'c>(
     let mine = offered
         .map(|(c, spec)| {
             let cadence = (local_world, args.snapshot_freq);
-            InPlace::new(c, group_id, &group.comm, cadence, spec)
+            InPlace::new(c, group_id, (&group.comm, engine), cadence, spec)
         })
         .filter(|p| snapshots_fit(args, engine, group, p.buddy(), console));
     let able = group

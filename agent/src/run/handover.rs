@@ -321,7 +321,11 @@ impl<R: Rendezvous> Loop<'_, R> {
     /// torchrun's file timer is left as it is: the same processes hold the same scopes.
     fn handed_over(&mut self, round: &Round, group: &WorkerGroup, started: Instant) {
         let ranks = self.progress.as_ref().map(Progress::snapshot);
-        let from = restored_from(ranks.as_deref().unwrap_or_default(), round, group.pids().len());
+        let from = restored_from(
+            ranks.as_deref().unwrap_or_default(),
+            round,
+            group.pids().len(),
+        );
         let label = from.map_or("unsaid", Restored::label);
         if from == Some(Restored::Disk) {
             tracing::warn!(

@@ -419,12 +419,12 @@ fn worker_side(
         let from = match answer? {
             Ok(from) => from,
             Err(after) => {
-            // The worker dies while its agent waits for the next round.
-            std::thread::sleep(after);
-            let pid: i32 = words[3].parse().unwrap();
-            let pid = nix::unistd::Pid::from_raw(pid);
-            nix::sys::signal::kill(pid, Signal::SIGKILL).unwrap();
-            return None;
+                // The worker dies while its agent waits for the next round.
+                std::thread::sleep(after);
+                let pid: i32 = words[3].parse().unwrap();
+                let pid = nix::unistd::Pid::from_raw(pid);
+                nix::sys::signal::kill(pid, Signal::SIGKILL).unwrap();
+                return None;
             }
         };
         ctl.set_read_timeout(Some(Duration::from_secs(10))).unwrap();

@@ -16,13 +16,13 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::safetensors::{self, Entry};
 use super::{
     CheckpointError, Meta, crash_point, fsync, invalid, io, name, named_tensors, prune, replace_dir,
 };
-use crate::shard::{FullState, LiveState};
+use crate::shard::{Assembly, FullState, LiveState};
 
 pub const FORMAT: u32 = 2;
 
@@ -170,9 +170,7 @@ pub fn finish(
 
 /// The whole state of a sharded checkpoint, assembled from its shards' runs.
 pub fn load(path: &Path, meta: &Meta, total: i64) -> Result<FullState, CheckpointError> {
-    let zeros = || Tensor::zeros([total], (Kind::Float, tch::Device::Cpu));
-    let (params, m, v) = (zeros(), zeros(), zeros());
-    let mut covered = 0;
+    let mut whole = Assembly::new(total);
     for shard in &meta.shards {
         let file = path.join(shard);
         let tensors = shard_tensors(&file)?;
@@ -191,26 +189,18 @@ pub fn load(path: &Path, meta: &Meta, total: i64) -> Result<FullState, Checkpoin
         if sm.numel() != sp.numel() || sv.numel() != sp.numel() || runs.dim() != 2 {
             return Err(invalid(&file, "its tensors do not match each other"));
         }
-        let mut at = 0;
-        for r in 0..runs.size()[0] {
-            let (flat_at, n) = (runs.int64_value(&[r, 0]), runs.int64_value(&[r, 1]));
-            if flat_at < 0 || n < 0 || flat_at + n > total || at + n > sp.numel() as i64 {
-                return Err(invalid(&file, "its runs do not fit the model"));
-            }
-            for (dst, src) in [(&params, &sp), (&m, &sm), (&v, &sv)] {
-                dst.narrow(0, flat_at, n).copy_(&src.narrow(0, at, n));
-            }
-            at += n;
-            covered += n;
-        }
+        let runs =
+            (0..runs.size()[0]).map(|r| (runs.int64_value(&[r, 0]), runs.int64_value(&[r, 1])));
+        whole
+            .add(runs, [&sp, &sm, &sv])
+            .map_err(|why| invalid(&file, format!("its runs {why}")))?;
     }
-    if covered != total {
-        return Err(invalid(
+    whole.finish().map_err(|(covered, total)| {
+        invalid(
             path,
             format!("its shards hold {covered} of the model's {total} elements"),
-        ));
-    }
-    Ok(FullState { params, m, v })
+        )
+    })
 }
 
 #[cfg(test)]

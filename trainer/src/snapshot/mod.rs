@@ -410,7 +410,11 @@ mod tests {
             c.add(&bytes);
             c.finish()
         };
-        for cuts in [vec![0, 1000], vec![0, 5, 37, 37, 64, 999, 1000], vec![0, 31, 33, 1000]] {
+        for cuts in [
+            vec![0, 1000],
+            vec![0, 5, 37, 37, 64, 999, 1000],
+            vec![0, 31, 33, 1000],
+        ] {
             let mut c = Checksum::new(&[5, -1]);
             for w in cuts.windows(2) {
                 c.add(&bytes[w[0]..w[1]]);

@@ -14,7 +14,7 @@ use super::plan::{self, Entry, Plan, Short};
 use super::{At, Snapshots, Tag};
 use crate::c10d::{C10dError, Comm};
 use crate::engine::Engine;
-use crate::shard::FullState;
+use crate::shard::{Assembly, FullState};
 
 /// Snapshots a rank reports at most (two own generations and two of its buddy's).
 const SLOTS: usize = 4;
@@ -109,13 +109,7 @@ fn assemble(
     plan: &Plan,
     total: i64,
 ) -> Result<FullState, C10dError> {
-    let zeros = || Tensor::zeros([total], (Kind::Float, Device::Cpu));
-    let full = FullState {
-        params: zeros(),
-        m: zeros(),
-        v: zeros(),
-    };
-    let mut covered = 0;
+    let mut whole = Assembly::new(total);
     let bad = |message: String| C10dError {
         op: "restore",
         message,
@@ -152,23 +146,21 @@ fn assemble(
             .filter(|p| p.tag == tag && p.at == plan.at && p.intact())
             .ok_or_else(|| bad(format!("rank {rank}'s part came back damaged")))?;
         let n = part.len();
-        let mut at = 0;
-        for &(flat, len) in &part.runs {
-            if flat < 0 || flat + len > total {
-                return Err(bad(format!("rank {rank}'s part does not fit the model")));
-            }
-            for (k, dst) in [&full.params, &full.m, &full.v].into_iter().enumerate() {
-                dst.narrow(0, flat, len)
-                    .copy_(&part.data.narrow(0, k as i64 * n + at, len));
-            }
-            at += len;
-            covered += len;
-        }
+        let data = &part.data;
+        whole
+            .add(
+                part.runs.iter().copied(),
+                [
+                    &data.narrow(0, 0, n),
+                    &data.narrow(0, n, n),
+                    &data.narrow(0, 2 * n, n),
+                ],
+            )
+            .map_err(|why| bad(format!("rank {rank}'s part {why}")))?;
     }
-    if covered != total {
-        return Err(bad(format!(
+    whole.finish().map_err(|(covered, total)| {
+        bad(format!(
             "the parts hold {covered} of the model's {total} elements"
-        )));
-    }
-    Ok(full)
+        ))
+    })
 }

@@ -875,7 +875,10 @@ fn the_handover_bound_is_twenty_slowest_steps_and_at_least_ninety_seconds() {
     // `--hang-timeout auto,reforming=5s`: the user's allowance, shorter or longer.
     let five = Duration::from_secs(5);
     assert_eq!(handover_bound([ms(100), ms(6_000)], Some(five)), five);
-    assert_eq!(handover_bound([], Some(10 * HANDOVER_MIN)), 10 * HANDOVER_MIN);
+    assert_eq!(
+        handover_bound([], Some(10 * HANDOVER_MIN)),
+        10 * HANDOVER_MIN
+    );
 }
 
 #[test]
