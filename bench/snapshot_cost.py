@@ -71,8 +71,9 @@ def run(trainer, ranks, steps, freq, workdir):
 
 def floor_worker(rank, world, port, nbytes, step_s, steps, move):
     """One rank of the floor: a compute loop of `step_s` a step; with `move`, a buffer of
-    `nbytes` copied and sent to the next rank after each step, finished before the next
-    step's all-reduce. Rank 0 prints the median step time."""
+    `nbytes` copied and sent to the next rank after each step, finished after the next
+    step's gradient all-reduce (as the snapshots' copy is finished at the step's fence).
+    Rank 0 prints the median step time, the first 10 steps left out."""
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -129,8 +130,11 @@ def main():
     ap.add_argument("--trainer", default="target/release/fsdp-trainer")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--runs", type=int, default=3)
+    # (at least 3 log windows of 10 steps, and the floor leaves its first 10 steps out)
     ap.add_argument("--ranks", default="2,3")
     a = ap.parse_args()
+    if a.steps < 30:
+        ap.error("--steps must be at least 30: the step time is the median of 10-step windows after the first")
     print(f"machine: {os.cpu_count()} cpus; {a.steps} steps a run, {a.runs} runs of each, alternated")
     rows = []
     with tempfile.TemporaryDirectory(prefix="snapshot-cost-") as workdir:

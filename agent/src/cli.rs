@@ -465,7 +465,7 @@ pub struct Args {
     /// slowest recent step, at least `--hang-min`. Optionally followed by `,startup=D`
     /// (before the first step, default 600 s), `,phase=D` (inside any reported phase,
     /// default 1800 s) and `,NAME=D` (inside the phase NAME), e.g. `auto,checkpoint=2h`;
-    /// `,reforming=D` bounds an in-place re-form's handover (default: max(90 s, 20 slowest
+    /// `,handover=D` bounds an in-place re-form's handover (default: max(90 s, 20 slowest
     /// steps)). Workers that never report are never judged.
     #[arg(
         help_heading = help::FAILURES,

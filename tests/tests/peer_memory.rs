@@ -54,8 +54,9 @@ impl Drop for Rank {
 struct Job {
     dir: TempDir,
     ckpt: PathBuf,
-    /// Where the ranks' progress reports come, as to an agent.
-    progress: UnixDatagram,
+    /// The ranks' progress reports, read as an agent reads them: at once, on a thread
+    /// (an unread datagram socket holds a few reports; a rank gives one up after 0.1 s).
+    heard: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Job {
@@ -64,23 +65,23 @@ impl Job {
         let ckpt = dir.path().join("ckpt");
         std::fs::create_dir(&ckpt).unwrap();
         let progress = UnixDatagram::bind(dir.path().join("progress")).unwrap();
-        progress.set_nonblocking(true).unwrap();
-        Self {
-            dir,
-            ckpt,
-            progress,
-        }
+        let heard = std::sync::Arc::<std::sync::Mutex<Vec<String>>>::default();
+        let into = heard.clone();
+        // Ends with the test's process; the socket's file goes with `dir`.
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok(n) = progress.recv(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                into.lock().unwrap().push(text);
+            }
+        });
+        Self { dir, ckpt, heard }
     }
 
     /// Waits up to 10 s for the report `what` (e.g. `0 joined 1 memory`).
     fn heard(&self, what: &str) {
-        let mut buf = [0u8; 512];
-        let mut seen = Vec::new();
         wait_for(what, Duration::from_secs(10), || {
-            while let Ok(n) = self.progress.recv(&mut buf) {
-                seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-            }
-            seen.iter().any(|s| s == what)
+            self.heard.lock().unwrap().iter().any(|s| s == what)
         });
     }
 
@@ -332,7 +333,7 @@ fn a_corrupted_copy_is_refused_and_the_other_copy_or_the_disk_serves() {
 
 /// The agent's side of the hang path: a kept worker frozen where no abort reaches it
 /// (SIGSTOP: it never reads the round) is not waited for past the handover bound
-/// (`--hang-timeout auto,reforming=4s` here; 90 s by default). Both survivors' workers are
+/// (`--hang-timeout auto,handover=4s` here; 90 s by default). Both survivors' workers are
 /// stopped, fresh ones start in the same round, nothing is charged, and the job goes on
 /// from disk.
 #[test]
@@ -349,7 +350,7 @@ fn a_kept_worker_frozen_during_the_handover_is_stopped_and_restarted_fresh() {
             .iter()
             .flat_map(|f| [f.to_string(), ckpt.display().to_string()]),
     );
-    let flags = ["--hang-timeout", "auto,reforming=4s"];
+    let flags = ["--hang-timeout", "auto,handover=4s"];
     let mut pods: Vec<_> = (0..3)
         .map(|i| job.pod_running(i, 1, &flags, &worker))
         .collect();
@@ -374,12 +375,16 @@ fn a_kept_worker_frozen_during_the_handover_is_stopped_and_restarted_fresh() {
         .unwrap();
     let stop = |sig| nix::sys::signal::kill(nix::unistd::Pid::from_raw(frozen), sig);
     stop(nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let frozen_at = std::time::Instant::now();
     pods[2].kill();
     let all: Vec<&fsdp_tests::pod::Pod> = pods.iter().take(2).collect();
     wait_until("both survivors to give the handover up", &all, || {
         all.iter()
             .all(|p| p.stderr().contains("the workers did not re-form in place"))
     });
+    // The bound given (4 s after the round went out), not the default 90 s.
+    let waited = frozen_at.elapsed();
+    assert!(waited < Duration::from_secs(40), "gave up after {waited:?}");
     let gave_up = pods[1]
         .stderr()
         .lines()

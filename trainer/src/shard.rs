@@ -316,7 +316,7 @@ impl Assembly {
         let mut at = 0;
         for (flat, n) in runs {
             if flat < 0 || n < 0 || flat + n > self.total || at + n > held {
-                return Err("does not fit the model");
+                return Err("its runs do not fit the model");
             }
             let whole = [&self.state.params, &self.state.m, &self.state.v];
             for (dst, src) in whole.into_iter().zip(parts) {

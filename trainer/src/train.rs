@@ -72,8 +72,10 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
         warm_up(args, &corpus);
     }
     let (mut launch, mut order, mut joined) = (launch, None, None);
+    let mut ending = Ending(None);
     loop {
         let group = Group::join(args, launch.as_ref(), joined.take())?;
+        ending.wait();
         let setup = Setup {
             group: &group,
             corpus: &corpus,
@@ -98,17 +100,37 @@ pub fn run(args: &Args, launch: Option<Launch>) -> anyhow::Result<()> {
             Ended::Left => return Err(trainer.leave_on_warning()),
             Ended::Reform(mut next) => {
                 trainer.say_reform(&next.order);
-                // The old group ends before the next is joined: a peer blocked in it on
-                // this rank is released, and the next group, which needs that peer, can
-                // form. It ends on a thread: Gloo's teardown takes ~20 ms that the
-                // re-form need not wait for.
+                // The old group's end begins before the next is joined: a peer blocked in
+                // it on this rank is released, and the next group, which needs that peer,
+                // can form. It ends on a thread while the next is joined (Gloo's teardown
+                // takes ~20 ms the re-form need not wait for), and is waited for once the
+                // next is joined or the process returns.
                 drop(trainer);
-                std::thread::spawn(move || drop(group));
+                ending.0 = Some(std::thread::spawn(move || drop(group)));
                 joined = next.joined();
                 launch = Some(next.order.launch.clone());
                 order = Some(next.order);
             }
         }
+    }
+}
+
+/// An old group ending on its thread ([`run`]): waited for before the next one starts
+/// training and before the process returns, so that libtorch's teardown at exit never
+/// runs beside it.
+struct Ending(Option<std::thread::JoinHandle<()>>);
+
+impl Ending {
+    fn wait(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        self.wait();
     }
 }
 
@@ -464,6 +486,7 @@ impl<'g> Trainer<'g> {
             in_place,
             stepping: Duration::ZERO,
         };
+        // `disk` is every other way back: the last checkpoint, or step 0 without one.
         let restored = if held.is_some() { "memory" } else { "disk" };
         me.ready_in_place(order.as_ref(), restored)?;
         Ok(Some(me))

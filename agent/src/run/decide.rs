@@ -440,8 +440,12 @@ pub const HANDOVER_MIN: Duration = Duration::from_secs(90);
 /// How many of the slowest recent step the workers get to join, when that is more.
 pub const HANDOVER_STEPS: u32 = 20;
 
-/// How long the workers may take to join a round in place: the allowance of the phase
-/// they are in meanwhile (`reforming`) where `--hang-timeout` sets one (`set`), else
+/// The `--hang-timeout` key (`auto,handover=30s`) that sets [`handover_bound`]. No
+/// worker reports a phase of that name: it bounds the agent's wait, not a worker's phase.
+pub const HANDOVER_KEY: &str = "handover";
+
+/// How long the workers may take to join a round in place: `--hang-timeout`'s
+/// [`HANDOVER_KEY`] allowance where it sets one (`set`), else
 /// [`HANDOVER_STEPS`] times the slowest recent step of any local worker (`None`: none
 /// reported), at least [`HANDOVER_MIN`]. Joining makes a new group (its store, its
 /// communicator) and restores the state, a few steps' worth of collectives on a large
@@ -474,6 +478,19 @@ pub enum Handover {
     /// group had broken anyway, and a restart is what would have happened without the
     /// attempt.
     Fallback(&'static str),
+    /// Every local worker exited 0 instead of joining: training had reached its end (the
+    /// step the group rebuilt was the last), so the node finishes as after a run.
+    Finished,
+}
+
+/// The kept workers' processes during a handover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kept {
+    Running,
+    /// Every one exited 0.
+    Succeeded,
+    /// One exited otherwise (or was killed).
+    Exited,
 }
 
 /// The handover at `now`, begun at `started`, with `bound` to finish in: which local
@@ -484,15 +501,18 @@ pub fn handover(
     started: Instant,
     bound: Duration,
     confirmed: &[bool],
-    alive: bool,
+    kept: Kept,
     changed: bool,
 ) -> Handover {
     if changed {
         return Handover::Reform;
     }
-    if !alive {
+    match kept {
+        Kept::Running => {}
+        // Not a failure: fresh workers would only find the run at its end.
+        Kept::Succeeded => return Handover::Finished,
         // Even one that confirmed: an exit now would be a failure charged to the new round.
-        return Handover::Fallback("a worker exited during the handover");
+        Kept::Exited => return Handover::Fallback("a worker exited during the handover"),
     }
     if !confirmed.is_empty() && confirmed.iter().all(|c| *c) {
         return Handover::Done;

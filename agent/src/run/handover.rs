@@ -29,14 +29,14 @@ use fsdp_proto::v1::Phase as Shown;
 use fsdp_rendezvous::{Change, Rendezvous, RendezvousError, Round};
 use nix::sys::signal::Signal;
 
-use super::decide::{self, AfterChange, Handover, Reformable, signalled};
-use super::driver::Loop;
+use super::decide::{self, AfterChange, Handover, Kept, Reformable, signalled};
+use super::driver::{Loop, interruptible};
 use super::memory::RoundMembers;
 use super::report::change_label;
 use super::{AgentExit, Phase};
 use crate::control;
 use crate::error::AgentError;
-use crate::hang::progress::{REFORMING, RankProgress, Restored};
+use crate::hang::progress::{RankProgress, Restored};
 use crate::hang::{GroupTimes, Progress};
 use crate::supervisor::{WorkerGroup, WorkerStatus};
 
@@ -61,6 +61,8 @@ impl HandedOver {
 /// How a handover's wait ended.
 enum Joined {
     Done,
+    /// Every local worker exited 0 instead ([`Handover::Finished`]).
+    Finished,
     Fallback(&'static str),
     Changed(Change),
     Broken(RendezvousError),
@@ -210,7 +212,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         round: Round,
         mut group: WorkerGroup,
     ) -> Result<HandedOver, AgentError> {
-        let set = self.cfg.hang.phases.get(REFORMING).copied();
+        let set = self.cfg.hang.phases.get(decide::HANDOVER_KEY).copied();
         let bound = decide::handover_bound(self.stoppable().iter().map(|s| s.slowest_step), set);
         let nproc = self.cfg.nproc_per_node;
         // The round is this node's from here, as a spawn's is: whoever the next round
@@ -234,6 +236,22 @@ impl<R: Rendezvous> Loop<'_, R> {
             Joined::Done => {
                 self.handed_over(&round, &group, started);
                 HandedOver::then(Phase::Running { round, group })
+            }
+            Joined::Finished => {
+                tracing::info!(
+                    round = round.number,
+                    "every local worker exited 0 instead of joining: training is at its end"
+                );
+                let finished = interruptible(self.signals, group.finish()).await;
+                self.report.workers(&group, true);
+                match finished {
+                    Err(sig) => HandedOver::then(signalled(sig).into()),
+                    Ok(()) => {
+                        self.report
+                            .show(Shown::Finishing, "every local worker succeeded");
+                        HandedOver::then(Phase::Barrier { round })
+                    }
+                }
             }
             Joined::Fallback(why) => match self.fall_back(&round, group, why).await {
                 Some(end) => HandedOver::then(end),
@@ -290,12 +308,23 @@ impl<R: Rendezvous> Loop<'_, R> {
         tokio::pin!(changed);
         let mut change = None;
         loop {
-            let alive = group.all_running();
+            let kept = if group.all_running() {
+                Kept::Running
+            } else if group
+                .statuses()
+                .iter()
+                .all(|w| w.exit.is_some_and(|e| e.success()))
+            {
+                Kept::Succeeded
+            } else {
+                Kept::Exited
+            };
             let confirmed = confirmed(progress, round, nproc);
             let now = Instant::now();
-            match decide::handover(now, started, bound, &confirmed, alive, change.is_some()) {
+            match decide::handover(now, started, bound, &confirmed, kept, change.is_some()) {
                 Handover::Wait => {}
                 Handover::Done => return Joined::Done,
+                Handover::Finished => return Joined::Finished,
                 Handover::Fallback(why) => return Joined::Fallback(why),
                 Handover::Reform => {
                     if let Some(c) = change.take() {
@@ -330,7 +359,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         if from == Some(Restored::Disk) {
             tracing::warn!(
                 round = round.number,
-                "the workers re-formed in place but restored from the last checkpoint on disk: no step was whole in peer memory (both copies of a part lost?); the steps since that checkpoint are trained again"
+                "the workers re-formed in place but did not restore from peer memory: no step was whole there (both copies of a part lost?); they went back to the last checkpoint on disk (or to step 0 without one), and the steps since are trained again"
             );
         }
         tracing::info!(

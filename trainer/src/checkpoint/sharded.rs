@@ -193,7 +193,7 @@ pub fn load(path: &Path, meta: &Meta, total: i64) -> Result<FullState, Checkpoin
             (0..runs.size()[0]).map(|r| (runs.int64_value(&[r, 0]), runs.int64_value(&[r, 1])));
         whole
             .add(runs, [&sp, &sm, &sv])
-            .map_err(|why| invalid(&file, format!("its runs {why}")))?;
+            .map_err(|why| invalid(&file, why))?;
     }
     whole.finish().map_err(|(covered, total)| {
         invalid(

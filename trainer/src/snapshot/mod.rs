@@ -59,7 +59,7 @@ impl Snapshot {
         let (in_params, in_moments) = live.offsets();
         let len: i64 = live.pieces.iter().map(|&(_, _, n)| n).sum();
         let data = reuse
-            .filter(|t| t.numel() == 3 * len as usize)
+            .filter(|t| t.numel() == 3 * len as usize && host_floats(t).is_some())
             .unwrap_or_else(|| Tensor::empty([3 * len], (Kind::Float, tch::Device::Cpu)));
         let runs = live.runs();
         let mut sum = Checksum::new(&header_words(tag, at, &runs));
@@ -72,7 +72,10 @@ impl Snapshot {
             for &(offset, n) in runs {
                 let mut to = data.narrow(0, at_elem, n);
                 let from = t.narrow(0, offset, n);
-                if let (Some(src), Some(dst)) = (host_floats(&from), host_floats_mut(&to)) {
+                // SAFETY: `to` is part of this snapshot's own buffer, which nothing else
+                // reads or writes until it is kept (a reused one's copy was fenced).
+                let dst = unsafe { host_floats_mut(&to) };
+                if let (Some(src), Some(dst)) = (host_floats(&from), dst) {
                     // One pass over memory: each chunk is summed while it is in cache.
                     for (d, s) in dst.chunks_mut(CHUNK).zip(src.chunks(CHUNK)) {
                         d.copy_from_slice(s);
@@ -81,9 +84,8 @@ impl Snapshot {
                 } else {
                     // A device tensor: copied by libtorch, then summed.
                     tch::no_grad(|| to.copy_(&from));
-                    if let Some(d) = host_floats(&to) {
-                        sum.add(bytes_of(d));
-                    }
+                    let d = host_floats(&to).expect("a snapshot's buffer is f32 on the host");
+                    sum.add(bytes_of(d));
                 }
                 at_elem += n;
             }
@@ -184,12 +186,15 @@ fn host_floats(t: &Tensor) -> Option<&[f32]> {
     }
 }
 
-/// [`host_floats`], writable. The caller holds the only use of these elements while the
-/// slice lives (a snapshot's own buffer, not yet shared).
+/// [`host_floats`], writable.
+///
+/// # Safety
+/// No other reference to these elements (through this tensor or any that shares its
+/// storage) may be used while the slice lives.
 #[allow(clippy::mut_from_ref)]
-fn host_floats_mut(t: &Tensor) -> Option<&mut [f32]> {
+unsafe fn host_floats_mut(t: &Tensor) -> Option<&mut [f32]> {
     let n = host_floats(t)?.len();
-    // SAFETY: as host_floats; the elements are written by no one else meanwhile.
+    // SAFETY: as host_floats; exclusive by the caller's promise.
     Some(unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, n) })
 }
 

@@ -156,7 +156,7 @@ fn assemble(
                     &data.narrow(0, 2 * n, n),
                 ],
             )
-            .map_err(|why| bad(format!("rank {rank}'s part {why}")))?;
+            .map_err(|why| bad(format!("rank {rank}'s part: {why}")))?;
     }
     whole.finish().map_err(|(covered, total)| {
         bad(format!(

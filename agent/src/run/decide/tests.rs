@@ -872,7 +872,7 @@ fn the_handover_bound_is_twenty_slowest_steps_and_at_least_ninety_seconds() {
         handover_bound([ms(100), None, ms(6_000)], None),
         Duration::from_secs(120)
     );
-    // `--hang-timeout auto,reforming=5s`: the user's allowance, shorter or longer.
+    // `--hang-timeout auto,handover=5s`: the user's allowance, shorter or longer.
     let five = Duration::from_secs(5);
     assert_eq!(handover_bound([ms(100), ms(6_000)], Some(five)), five);
     assert_eq!(
@@ -886,8 +886,9 @@ fn a_handover_is_done_when_every_worker_joined_and_falls_back_on_time_or_an_exit
     let t0 = std::time::Instant::now();
     let bound = Duration::from_secs(10);
     let at = |s| t0 + Duration::from_secs(s);
-    let look = |now, confirmed: &[bool], alive, changed| {
-        handover(now, t0, bound, confirmed, alive, changed)
+    let look = |now, confirmed: &[bool], alive: bool, changed| {
+        let kept = if alive { Kept::Running } else { Kept::Exited };
+        handover(now, t0, bound, confirmed, kept, changed)
     };
     assert_eq!(look(at(1), &[true, false], true, false), Handover::Wait);
     assert_eq!(look(at(1), &[true, true], true, false), Handover::Done);
@@ -905,6 +906,13 @@ fn a_handover_is_done_when_every_worker_joined_and_falls_back_on_time_or_an_exit
         look(at(1), &[true, true], false, false),
         Handover::Fallback(_)
     ));
+    // Every worker exited 0 (the rebuilt step was the last): the node finishes; no fresh
+    // workers start, and a change still comes first.
+    let succeeded = |confirmed: &[bool], changed| {
+        handover(at(1), t0, bound, confirmed, Kept::Succeeded, changed)
+    };
+    assert_eq!(succeeded(&[false, false], false), Handover::Finished);
+    assert_eq!(succeeded(&[false, false], true), Handover::Reform);
     // The group changed again: re-form with the kept workers, whatever they confirmed.
     for confirmed in [[true, true], [false, false]] {
         assert_eq!(look(at(1), &confirmed, true, true), Handover::Reform);
