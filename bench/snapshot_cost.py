@@ -14,9 +14,9 @@ two cores share them, so the copy's work on Gloo's threads takes time from the s
 
 The **floor**, measured in the same run: what moving the same bytes costs a step on this
 machine with nothing of the trainer in it. Plain torch.distributed Gloo ranks run a compute
-loop as long as the trainer's step, with and without copying a buffer the size of a rank's
-part and sending it to the next rank (isend/irecv, overlapping the next step, as the
-snapshots do). On a machine whose cores all train there is no idle core for the copy's
+loop as long as the trainer's step, in blocks of 10 steps without and with copying a buffer
+the size of a rank's part and sending it to the next rank (isend/irecv, overlapping the
+next step, as the snapshots do). On a machine whose cores all train there is no idle core for the copy's
 kernel and Gloo work, so no off-node copy can cost less than this; the snapshots' overhead
 is given as a ratio to it.
 
@@ -69,11 +69,14 @@ def run(trainer, ranks, steps, freq, workdir):
     return wall, BATCH * ranks / statistics.median(speeds[1:]), own.group(0) if own else ""
 
 
-def floor_worker(rank, world, port, nbytes, step_s, steps, move):
-    """One rank of the floor: a compute loop of `step_s` a step; with `move`, a buffer of
-    `nbytes` copied and sent to the next rank after each step, finished after the next
-    step's gradient all-reduce (as the snapshots' copy is finished at the step's fence).
-    Rank 0 prints the median step time, the first 10 steps left out."""
+def floor_worker(rank, world, port, nbytes, step_s, steps):
+    """One rank of the floor: a compute loop of `step_s` a step, in blocks of 10 steps that
+    alternate without and with a buffer of `nbytes` copied and sent to the next rank after
+    each step, finished after the next step's gradient all-reduce (as the snapshots' copy
+    is finished at the step's fence). Alternating blocks in one run compares the two on
+    the same processes and the same minutes, which separate runs on this machine do not
+    (their step times differ by 10%). Rank 0 prints the median step time of each kind,
+    the first 10 steps left out."""
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -87,8 +90,9 @@ def floor_worker(rank, world, port, nbytes, step_s, steps, move):
     n = nbytes // 4
     state, snap, inbox = torch.randn(n), torch.empty(n), torch.empty(n)
     grads, flags = torch.randn(200_000), torch.zeros(3)
-    times, pending = [], []
-    for _ in range(steps):
+    times, pending = {0: [], 1: []}, []
+    for i in range(steps):
+        move = (i // 10) % 2
         began = time.perf_counter()
         for _ in range(int(reps)):
             a @ b
@@ -101,31 +105,34 @@ def floor_worker(rank, world, port, nbytes, step_s, steps, move):
             snap.copy_(state)
             pending = [dist.isend(snap, (rank + 1) % world), dist.irecv(inbox, (rank - 1) % world)]
         dist.all_reduce(flags)
-        times.append(time.perf_counter() - began)
+        if i >= 10:
+            times[move].append(time.perf_counter() - began)
     for p in pending:
         p.wait()
     if rank == 0:
-        print(statistics.median(times[10:]), flush=True)
+        print(statistics.median(times[0]), statistics.median(times[1]), flush=True)
     dist.destroy_process_group()
 
 
-def floor(ranks, nbytes, step_s, steps, move):
+def floor(ranks, nbytes, step_s, steps):
+    """(step s without, with the move) from one run of alternating blocks."""
     port = free_port()
     cmd = [sys.executable, __file__, "--floor-worker"]
-    procs = [subprocess.Popen(cmd + [str(r), str(ranks), str(port), str(nbytes), str(step_s), str(steps), str(move)],
+    procs = [subprocess.Popen(cmd + [str(r), str(ranks), str(port), str(nbytes), str(step_s), str(steps)],
                               stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, text=True,
                               env=dict(os.environ, OMP_NUM_THREADS="1"))
              for r in range(ranks)]
     out = procs[0].communicate()[0]
     if any(p.wait() for p in procs):
         raise SystemExit(f"a floor rank failed:\n{out}")
-    return float(out.split()[-1])
+    bare, moved = out.split()[-2:]
+    return float(bare), float(moved)
 
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--floor-worker":
-        r, w, port, nbytes, step_s, steps, move = sys.argv[2:9]
-        return floor_worker(int(r), int(w), port, int(nbytes), float(step_s), int(steps), int(move))
+        r, w, port, nbytes, step_s, steps = sys.argv[2:8]
+        return floor_worker(int(r), int(w), port, int(nbytes), float(step_s), int(steps))
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainer", default="target/release/fsdp-trainer")
     ap.add_argument("--steps", type=int, default=150)
@@ -153,8 +160,9 @@ def main():
             nbytes = int(float(held.group(1)) / 2 * (1 << 20)) if held else 0
             bare, moved = [], []
             for _ in range(a.runs):
-                bare.append(floor(ranks, nbytes, off, a.steps, 0))
-                moved.append(floor(ranks, nbytes, off, a.steps, 1))
+                b, m = floor(ranks, nbytes, off, a.steps)
+                bare.append(b)
+                moved.append(m)
                 print(f"  {ranks} ranks floor ({nbytes / (1 << 20):.1f} MiB a step each way): "
                       f"{1e3 * bare[-1]:.1f} → {1e3 * moved[-1]:.1f} ms", flush=True)
             fl = statistics.median(moved) - statistics.median(bare)
