@@ -1,26 +1,32 @@
 """What peer-memory snapshots cost a step: fsdp-trainer ranks on Gloo (no agent: the
-snapshots are taken because FSDP_AGENT_CONTROL is set), --steps steps with --snapshot_freq 0
-and 1, alternated --runs times, for each --ranks count.
+snapshots are taken because FSDP_AGENT_CONTROL is set), in pairs within one run.
 
-The figure is the **step time**: the trainer logs its training speed every 10 steps (pauses
-for saves and validation left out); a run's step time is the median of its windows after
-the first (start-up and warm-up left out), and a configuration's is the median over its
-runs. The wall time of whole runs is printed beside it but is not the figure: on a machine
-with fewer cores than ranks it swings by 10% from run to run with the same flags, more than
-the cost measured. The trainer's own account ("Snapshots: N taken, X ms each, Y% of the
-time in steps": the time the step loop spends taking a snapshot and starting its copy) is
-printed too. Two ranks on two cores is a rank per core, as on a real node; three ranks on
-two cores share them, so the copy's work on Gloo's threads takes time from the steps.
+Runs of the same flags on this machine differ by 10% in step time, more than the cost
+measured, so the cost is read inside each run: with `--snapshot_freq 3` the steps come in
+threes, and every rank reports each step over the progress channel (FSDP_AGENT_PROGRESS,
+read here as an agent reads it). Rank 0's step n is timed from its report of step n-1 to
+that of step n:
+  n % 3 == 0   the step, then the snapshot taken and its copy to the buddy started;
+  n % 3 == 1   the step while that copy is in flight, then its fence;
+  n % 3 == 2   a step with no snapshot work: the healthy step.
+The cost of a snapshot is (median of the first kind - healthy) + (median of the second -
+healthy); at `--snapshot_freq 1` (the default) every step pays it, so the overhead is that
+cost over the healthy step. The first 10 steps are left out. The trainer's own account
+("Snapshots: N taken, X ms each": the time its step loop spends taking a snapshot, starting
+its copy and waiting at the fence) is printed beside it.
+
+Two ranks on two cores is a rank per core, as on a real node; three ranks on two cores
+share them, so the copy's work on Gloo's threads takes time from the steps.
 
 The **floor**, measured in the same run: what moving the same bytes costs a step on this
 machine with nothing of the trainer in it. Plain torch.distributed Gloo ranks run a compute
 loop as long as the trainer's step, in blocks of 10 steps without and with copying a buffer
 the size of a rank's part and sending it to the next rank (isend/irecv, overlapping the
-next step, as the snapshots do). On a machine whose cores all train there is no idle core for the copy's
-kernel and Gloo work, so no off-node copy can cost less than this; the snapshots' overhead
-is given as a ratio to it.
+next step, as the snapshots do). On a machine whose cores all train there is no idle core
+for the copy's kernel and Gloo work, so no off-node copy can cost less than this; the
+snapshots' overhead is given as a ratio to it.
 
-usage: python bench/snapshot_cost.py [--trainer target/release/fsdp-trainer] [--steps 150] [--runs 3]
+usage: python bench/snapshot_cost.py [--trainer target/release/fsdp-trainer] [--steps 240] [--runs 3]
                                      [--ranks 2,3]
 """
 import argparse
@@ -30,13 +36,12 @@ import socket
 import statistics
 import subprocess
 import tempfile
+import threading
 import sys
 import time
 
 MODEL = ["--hidden_width", "128", "--num_layers", "4", "--intermediate_size", "344", "--num_heads", "8",
          "--num_key_value_heads", "4", "--max_context_width", "64", "--threads", "1"]
-WINDOW = 10
-BATCH = 8  # the trainer's --train_batch_size: the speed it logs counts every rank's samples
 
 
 def free_port():
@@ -45,28 +50,52 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(trainer, ranks, steps, freq, workdir):
-    """One run: (wall s, step s, the trainer's own account of its snapshots)."""
+def run(trainer, ranks, steps, workdir):
+    """One run at --snapshot_freq 3: (healthy step s, cost of a snapshot s, the trainer's
+    own account of its snapshots)."""
     port = free_port()
+    inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    inbox.bind(os.path.join(workdir, f"progress{port}"))
+    heard = []
+
+    def listen():
+        # Read at once, as an agent does: an unread datagram socket holds a few reports.
+        while True:
+            try:
+                text = inbox.recv(256).decode()
+            except OSError:
+                return
+            heard.append((time.monotonic(), text))
+
+    threading.Thread(target=listen, daemon=True).start()
     procs = []
-    began = time.monotonic()
     for r in range(ranks):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                    OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   FSDP_AGENT_CONTROL=os.path.join(workdir, f"ctl{r}"))
-        procs.append(subprocess.Popen([trainer, *MODEL, "--max_steps", str(steps), "--logging_freq", str(WINDOW),
-                                       "--snapshot_freq", str(freq)], env=env, text=True,
+                   FSDP_AGENT_CONTROL=os.path.join(workdir, f"ctl{r}"),
+                   FSDP_AGENT_PROGRESS=os.path.join(workdir, f"progress{port}"))
+        procs.append(subprocess.Popen([trainer, *MODEL, "--max_steps", str(steps), "--logging_freq", str(steps),
+                                       "--snapshot_freq", "3"], env=env, text=True,
                                       stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL))
     out = procs[0].communicate()[0]
     codes = [p.wait() for p in procs]
-    wall = time.monotonic() - began
+    inbox.close()
     if any(codes):
         raise SystemExit(f"a rank failed: {codes}\n{out}")
-    speeds = [float(s) for s in re.findall(r"Speed: ([0-9.]+) samples/sec", out)]
-    if len(speeds) < 3:
-        raise SystemExit(f"too few log lines to time steps ({len(speeds)}):\n{out}")
+    at = {}
+    for t, text in heard:
+        words = text.split()
+        if words[:2] == ["0", "step"]:
+            at.setdefault(int(words[2]), t)
+    kinds = {0: [], 1: [], 2: []}
+    for n in range(11, steps + 1):
+        if n in at and n - 1 in at:
+            kinds[n % 3].append(at[n] - at[n - 1])
+    if min(len(k) for k in kinds.values()) < 5:
+        raise SystemExit(f"too few step reports to time steps: {len(at)} of {steps}")
+    taken, copied, healthy = (statistics.median(kinds[k]) for k in (0, 1, 2))
     own = re.search(r"Snapshots: \d+ taken, .*", out)
-    return wall, BATCH * ranks / statistics.median(speeds[1:]), own.group(0) if own else ""
+    return healthy, (taken - healthy) + (copied - healthy), own.group(0) if own else ""
 
 
 def floor_worker(rank, world, port, nbytes, step_s, steps):
@@ -135,49 +164,44 @@ def main():
         return floor_worker(int(r), int(w), port, int(nbytes), float(step_s), int(steps))
     ap = argparse.ArgumentParser()
     ap.add_argument("--trainer", default="target/release/fsdp-trainer")
-    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--runs", type=int, default=3)
-    # (at least 3 log windows of 10 steps, and the floor leaves its first 10 steps out)
     ap.add_argument("--ranks", default="2,3")
     a = ap.parse_args()
-    if a.steps < 30:
-        ap.error("--steps must be at least 30: the step time is the median of 10-step windows after the first")
-    print(f"machine: {os.cpu_count()} cpus; {a.steps} steps a run, {a.runs} runs of each, alternated")
+    if a.steps < 60:
+        ap.error("--steps must be at least 60: the first 10 are left out and each kind of step needs its share")
+    print(f"machine: {os.cpu_count()} cpus; {a.steps} steps a run, {a.runs} runs")
     rows = []
     with tempfile.TemporaryDirectory(prefix="snapshot-cost-") as workdir:
         for ranks in (int(r) for r in a.ranks.split(",")):
-            steps, walls, own = {0: [], 1: []}, {0: [], 1: []}, ""
+            healthy, cost, own = [], [], ""
             for _ in range(a.runs):
-                for freq in (0, 1):
-                    wall, step, said = run(a.trainer, ranks, a.steps, freq, workdir)
-                    steps[freq].append(step)
-                    walls[freq].append(wall)
-                    own = said or own
-                    print(f"  {ranks} ranks --snapshot_freq {freq}: step {1e3 * step:.1f} ms, wall {wall:.2f} s  {said}",
-                          flush=True)
-            off, on = statistics.median(steps[0]), statistics.median(steps[1])
+                h, c, said = run(a.trainer, ranks, a.steps, workdir)
+                healthy.append(h)
+                cost.append(c)
+                own = said or own
+                print(f"  {ranks} ranks: healthy step {1e3 * h:.1f} ms, a snapshot costs {1e3 * c:+.1f} ms "
+                      f"({100 * c / h:+.1f}%)  {said}", flush=True)
+            step, c = statistics.median(healthy), statistics.median(cost)
             held = re.search(r"own ([0-9.]+)", own)
             nbytes = int(float(held.group(1)) / 2 * (1 << 20)) if held else 0
-            bare, moved = [], []
+            floors = []
             for _ in range(a.runs):
-                b, m = floor(ranks, nbytes, off, a.steps)
-                bare.append(b)
-                moved.append(m)
+                bare, moved = floor(ranks, nbytes, step, a.steps)
+                floors.append((bare, moved))
                 print(f"  {ranks} ranks floor ({nbytes / (1 << 20):.1f} MiB a step each way): "
-                      f"{1e3 * bare[-1]:.1f} → {1e3 * moved[-1]:.1f} ms", flush=True)
-            fl = statistics.median(moved) - statistics.median(bare)
-            rows.append((ranks, off, on, statistics.median(walls[0]), statistics.median(walls[1]), own,
-                         fl, statistics.median(bare)))
+                      f"{1e3 * bare:.1f} → {1e3 * moved:.1f} ms ({1e3 * (moved - bare):+.1f} ms)", flush=True)
+            fl = statistics.median(m - b for b, m in floors)
+            rows.append((ranks, step, c, own, fl, statistics.median(b for b, _ in floors)))
     print()
-    print("| ranks on this machine | step without | step with snapshots | overhead | the floor: moving the bytes | overhead / floor | the trainer's account | wall without → with |")
-    print("|---|---|---|---|---|---|---|---|")
-    for ranks, off, on, w0, w1, own, fl, bare in rows:
+    print("| ranks on this machine | healthy step | a snapshot costs (every step at --snapshot_freq 1) | the floor: moving the bytes | overhead / floor | the trainer's account |")
+    print("|---|---|---|---|---|---|")
+    for ranks, step, c, own, fl, bare in rows:
         account = re.search(r"([0-9.]+) ms each, ([0-9.]+)% of the time in steps", own)
-        said = f"{account.group(1)} ms a snapshot, {account.group(2)}%" if account else "–"
-        cost = on - off
-        ratio = f"{cost / fl:.2f}" if fl > 0 else "–"
-        print(f"| {ranks} | {1e3 * off:.1f} ms | {1e3 * on:.1f} ms | **{1e3 * cost:+.1f} ms, {100 * cost / off:+.1f}%** | "
-              f"{1e3 * fl:+.1f} ms, {100 * fl / bare:+.1f}% | **{ratio}** | {said} | {w0:.2f} → {w1:.2f} s |")
+        said = f"{account.group(1)} ms a snapshot" if account else "–"
+        ratio = f"{c / fl:.2f}" if fl > 0 else "–"
+        print(f"| {ranks} | {1e3 * step:.1f} ms | **{1e3 * c:+.1f} ms, {100 * c / step:+.1f}%** | "
+              f"{1e3 * fl:+.1f} ms, {100 * fl / bare:+.1f}% | **{ratio}** | {said} |")
 
 
 if __name__ == "__main__":
