@@ -118,7 +118,13 @@ fn a_worker_failed_by_its_nodes_full_working_directory_takes_the_node_out_not_th
             .arg("head -c 2000000 /dev/zero > ckpt || exit 1; sleep 600")
             .spawn()
     };
+    // `a` is in the rendezvous before `b` starts, so `b` can only fail inside a group
+    // with `a` (started together, a loaded machine let `b` form alone and end before `a`
+    // joined, and `a` then formed alone once, which proves nothing).
     let a = start("a", &roomy);
+    wait_for("a in the rendezvous", LIMIT, || {
+        a.stderr().contains("joined the rendezvous")
+    });
     let mut b = start("b", &tiny.0);
     assert_eq!(b.wait(LIMIT).code(), Some(79), "{}", b.output());
     let err = b.stderr();
@@ -129,13 +135,33 @@ fn a_worker_failed_by_its_nodes_full_working_directory_takes_the_node_out_not_th
         "{err}"
     );
     // The other node re-forms alone, nothing charged, and keeps training.
-    wait_for("a re-formed alone", LIMIT, || {
-        a.stderr().lines().any(|l| {
-            l.contains("group formed")
-                && l.contains("world_size=1")
-                && l.contains("restart_count=0")
-        }) && a.stderr().matches("workers started").count() >= 2
-    });
+    // After a group of two (the one `b` failed in), a group of one, nothing charged,
+    // and workers started in it.
+    let re_formed_alone = || {
+        let err = a.stderr();
+        let formed: Vec<&str> = err.lines().filter(|l| l.contains("group formed")).collect();
+        let Some(pair) = formed.iter().position(|l| l.contains("world_size=2")) else {
+            return false;
+        };
+        let Some(alone) = formed[pair..]
+            .iter()
+            .find(|l| l.contains("world_size=1"))
+            .and_then(|l| err.find(*l))
+        else {
+            return false;
+        };
+        formed[pair..].iter().all(|l| l.contains("restart_count=0"))
+            && err[alone..].contains("workers started")
+    };
+    let end = std::time::Instant::now() + LIMIT;
+    while !re_formed_alone() {
+        assert!(
+            std::time::Instant::now() < end,
+            "a did not re-form alone within {LIMIT:?}:\n{}",
+            a.output()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(fsdp_tests::alive(a.pid()), "{}", a.output());
     a.signal(libc::SIGTERM);
 }
