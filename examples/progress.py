@@ -38,9 +38,14 @@ def _say(kind, arg, tries=1):
             return  # the agent is gone: training goes on
 
 
-def step(n):
-    """Step `n` finished."""
-    _say("step", int(n))
+def step(n, busy=None):
+    """Step `n` finished. `busy`: the seconds this rank worked in it, not counting time
+    blocked in collectives (waiting for its peers); with it the agent can name a slow rank
+    (a straggler), which in a synchronous job takes as long per step as every other."""
+    if busy is None:
+        _say("step", int(n))
+    else:
+        _say("step", f"{int(n)} {float(busy):.6f}")
 
 
 @contextlib.contextmanager

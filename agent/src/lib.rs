@@ -43,6 +43,7 @@ pub mod run;
 mod runtime;
 pub mod signals;
 pub mod status;
+pub mod straggler;
 pub mod supervisor;
 pub mod worker_env;
 

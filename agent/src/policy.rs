@@ -177,6 +177,12 @@ pub const RULES: &[Rule] = &[
         verdict: |_, _, _| None,
         writes: |p| Writes::quarantines(p.quarantine_after > 0),
     },
+    Rule {
+        flag: "--straggler-policy",
+        // Judged while the group runs, by its rank 0 (`run/straggler.rs`): no failure.
+        verdict: |_, _, _| None,
+        writes: |p| Writes::quarantines(p.straggler == crate::straggler::Policy::Replace),
+    },
 ];
 
 /// What this node's own rules can make it write under `policy`: what it accepts from its

@@ -48,6 +48,7 @@ pub mod static_group;
 #[doc(hidden)]
 pub mod switches;
 pub mod text;
+pub mod topology;
 
 pub use error::RendezvousError;
 pub use host::hostname;
@@ -200,6 +201,11 @@ impl RoundMember {
     /// The address the node advertises.
     pub fn addr(&self) -> &str {
         &self.record.addr
+    }
+
+    /// Where the node's status server listens (empty if it has none).
+    pub fn status_addr(&self) -> &str {
+        &self.record.status_addr
     }
 
     /// Workers the node runs.
@@ -500,16 +506,22 @@ pub trait JobRecords {
     /// then the first report.
     fn first_fault(&self, round: u64) -> Option<String>;
 
-    /// Keeps `machine` out of the run until `until_ms` (Unix ms), for `reason`.
+    /// Keeps `machine` out of the run until `until_ms` (Unix ms), for `reason`; `node` is
+    /// the node it takes out (`None`: this one).
     async fn quarantine(
         &mut self,
         machine: String,
+        node: Option<String>,
         reason: String,
         until_ms: u64,
     ) -> Result<(), RendezvousError>;
 
     /// Whether `machine` is kept out of the run now: why, and until when (Unix ms).
     fn quarantined(&self, machine: &str) -> Option<(String, u64)>;
+
+    /// The node a standing quarantine of `machine` took out (a running node leaves only
+    /// for one that names it: agents of other runs' nodes may share its machine).
+    fn quarantined_node(&self, machine: &str) -> Option<String>;
 
     /// This node's health check failed (`failures` times in a row, the last for `reason`):
     /// it stays out of rounds, and says why, until it joins again.
@@ -562,6 +574,7 @@ impl JobRecords for NoRecords {
     async fn quarantine(
         &mut self,
         _machine: String,
+        _node: Option<String>,
         _reason: String,
         _until_ms: u64,
     ) -> Result<(), RendezvousError> {
@@ -569,6 +582,10 @@ impl JobRecords for NoRecords {
     }
 
     fn quarantined(&self, _machine: &str) -> Option<(String, u64)> {
+        match *self {}
+    }
+
+    fn quarantined_node(&self, _machine: &str) -> Option<String> {
         match *self {}
     }
 

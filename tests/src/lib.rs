@@ -143,6 +143,8 @@ pub struct Agent {
     pub out: PathBuf,
     pub err: PathBuf,
     status: Option<ExitStatus>,
+    /// The test slows a node on purpose: its agents may name a straggler.
+    stragglers: bool,
 }
 
 /// Builder for an agent invocation.
@@ -150,6 +152,7 @@ pub struct AgentCmd {
     cmd: Command,
     dir: PathBuf,
     name: String,
+    stragglers: bool,
 }
 
 impl AgentCmd {
@@ -186,7 +189,16 @@ impl AgentCmd {
             cmd,
             dir: dir.to_path_buf(),
             name: name.into(),
+            stragglers: false,
         }
+    }
+
+    /// The test slows a node on purpose: this agent may name a straggler. Every other
+    /// agent of the suite is checked, when dropped, never to have named one: the whole
+    /// suite on a loaded machine is the test that noise names nobody.
+    pub fn naming_stragglers(mut self) -> Self {
+        self.stragglers = true;
+        self
     }
 
     pub fn args<I, S>(mut self, args: I) -> Self
@@ -230,6 +242,7 @@ impl AgentCmd {
             out,
             err,
             status: None,
+            stragglers: self.stragglers,
         }
     }
 
@@ -333,7 +346,29 @@ impl Drop for Agent {
             let _ = self.child.wait();
         }
         refuse_debug_text(&self.err);
+        if !self.stragglers {
+            refuse_stragglers(&self.err);
+        }
     }
+}
+
+/// An agent of a test that slows no node named a straggler: noise named somebody (the
+/// judge's margins are too thin for a loaded machine).
+pub fn refuse_stragglers(log_file: &Path) {
+    if std::thread::panicking() {
+        return;
+    }
+    let log = std::fs::read_to_string(log_file).unwrap_or_default();
+    let named: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("a straggler:") && is_agent_line(l))
+        .collect();
+    assert!(
+        named.is_empty(),
+        "the agent named a straggler in a test that slows no node ({}):\n{}",
+        log_file.display(),
+        named.join("\n")
+    );
 }
 
 /// What Rust's `{:?}` leaves in a line meant for a person (`Some("vm-7")`, `None,`).

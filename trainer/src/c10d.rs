@@ -106,6 +106,28 @@ pub fn backward(out: &Tensor, grad: &Tensor) -> Result<(), C10dError> {
     }
 }
 
+thread_local! {
+    /// Time this thread spent blocked in collectives and copies ([`blocked_so_far`]).
+    static BLOCKED: std::cell::Cell<std::time::Duration> = const { std::cell::Cell::new(std::time::Duration::ZERO) };
+}
+
+/// How long this thread has been blocked in c10d calls since it started. A step's wall
+/// time less the growth of this is the rank's own work: in a synchronous job every rank's
+/// step takes as long as the slowest one's, and only the time outside the collectives
+/// tells the slow rank (its own compute) from the ranks that wait for it. Per thread,
+/// because copies are also waited for on other threads (an old group ending).
+pub fn blocked_so_far() -> std::time::Duration {
+    BLOCKED.with(std::cell::Cell::get)
+}
+
+/// Runs the blocking call `f`, adding its time to this thread's [`blocked_so_far`].
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    let start = std::time::Instant::now();
+    let out = f();
+    BLOCKED.with(|b| b.set(b.get() + start.elapsed()));
+    out
+}
+
 /// A collective or a point-to-point copy in flight. Its tensors are kept here until it is
 /// waited for (or dropped, which waits too: Gloo must not write into freed memory).
 pub struct Pending {
@@ -124,7 +146,7 @@ impl Pending {
         }
         let mut err = std::ptr::null_mut();
         // SAFETY: raw came from fsdp_all_gather_start and is freed exactly once here.
-        let rc = unsafe { fsdp_work_wait(raw, &mut err) };
+        let rc = blocking(|| unsafe { fsdp_work_wait(raw, &mut err) });
         unsafe { fsdp_work_free(raw) };
         if rc == 0 {
             Ok(self.out.shallow_clone())
@@ -139,11 +161,12 @@ impl Drop for Pending {
         if !self.raw.is_null() {
             let mut err = std::ptr::null_mut();
             // SAFETY: as in `wait`; an error here has nobody to go to.
+            let raw = self.raw;
             unsafe {
-                if fsdp_work_wait(self.raw, &mut err) != 0 {
+                if blocking(|| fsdp_work_wait(raw, &mut err)) != 0 {
                     fsdp_free_error(err);
                 }
-                fsdp_work_free(self.raw);
+                fsdp_work_free(raw);
             }
         }
     }
@@ -282,7 +305,7 @@ impl ProcessGroup {
     pub fn all_reduce_sum(&self, t: &mut Tensor) -> Result<(), C10dError> {
         let mut err = std::ptr::null_mut();
         // SAFETY: the tensor outlives the blocking call.
-        let rc = unsafe { fsdp_all_reduce_sum(self.raw, t.as_mut_ptr(), &mut err) };
+        let rc = blocking(|| unsafe { fsdp_all_reduce_sum(self.raw, t.as_mut_ptr(), &mut err) });
         self.check("all_reduce", rc, err)
     }
 
@@ -294,9 +317,9 @@ impl ProcessGroup {
     ) -> Result<(), C10dError> {
         let mut err = std::ptr::null_mut();
         // SAFETY: both tensors outlive the blocking call.
-        let rc = unsafe {
+        let rc = blocking(|| unsafe {
             fsdp_reduce_scatter_sum(self.raw, out.as_mut_ptr(), input.as_mut_ptr(), &mut err)
-        };
+        });
         self.check("reduce_scatter", rc, err)
     }
 
@@ -304,8 +327,9 @@ impl ProcessGroup {
     pub fn all_gather(&self, out: &mut Tensor, input: &mut Tensor) -> Result<(), C10dError> {
         let mut err = std::ptr::null_mut();
         // SAFETY: both tensors outlive the blocking call.
-        let rc =
-            unsafe { fsdp_all_gather(self.raw, out.as_mut_ptr(), input.as_mut_ptr(), &mut err) };
+        let rc = blocking(|| unsafe {
+            fsdp_all_gather(self.raw, out.as_mut_ptr(), input.as_mut_ptr(), &mut err)
+        });
         self.check("all_gather", rc, err)
     }
 
@@ -367,14 +391,16 @@ impl ProcessGroup {
     pub fn broadcast(&self, t: &mut Tensor, root: usize) -> Result<(), C10dError> {
         let mut err = std::ptr::null_mut();
         // SAFETY: the tensor outlives the blocking call.
-        let rc = unsafe { fsdp_broadcast(self.raw, t.as_mut_ptr(), root as c_int, &mut err) };
+        let rc = blocking(|| unsafe {
+            fsdp_broadcast(self.raw, t.as_mut_ptr(), root as c_int, &mut err)
+        });
         self.check("broadcast", rc, err)
     }
 
     pub fn barrier(&self) -> Result<(), C10dError> {
         let mut err = std::ptr::null_mut();
         // SAFETY: plain call on a live group.
-        let rc = unsafe { fsdp_barrier(self.raw, &mut err) };
+        let rc = blocking(|| unsafe { fsdp_barrier(self.raw, &mut err) });
         self.check("barrier", rc, err)
     }
 }

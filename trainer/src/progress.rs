@@ -57,8 +57,9 @@ impl Progress {
         self.say(&format!("joined {round} {from}"), 50);
     }
 
-    pub fn step(&self, n: usize) {
-        self.say(&format!("step {n}"), 1);
+    /// Step `n` finished; this rank worked `busy` of it (not blocked on its peers).
+    pub fn step(&self, n: usize, busy: std::time::Duration) {
+        self.say(&format!("step {n} {:.6}", busy.as_secs_f64()), 1);
     }
 
     // A phase's begin and end matter more than one step: they wait up to ~0.1 s for room.
@@ -82,7 +83,7 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let agent = UnixDatagram::bind(&path).unwrap();
         let p = Progress::to(path.clone(), 3);
-        p.step(41);
+        p.step(41, std::time::Duration::from_micros(83_250));
         p.begin("checkpoint");
         p.end("checkpoint");
         p.can("save-on-warning");
@@ -95,7 +96,7 @@ mod tests {
         assert_eq!(
             got,
             [
-                "3 step 41",
+                "3 step 41 0.083250",
                 "3 begin checkpoint",
                 "3 end checkpoint",
                 "3 can save-on-warning"
@@ -103,6 +104,6 @@ mod tests {
         );
         std::fs::remove_file(&path).unwrap();
         // Without an agent nothing is sent and nothing fails.
-        Progress::to(path, 0).step(1);
+        Progress::to(path, 0).step(1, std::time::Duration::ZERO);
     }
 }

@@ -374,6 +374,9 @@ struct Stepped {
     /// This rank was warned, as it told the others.
     warned_here: bool,
     due: Due,
+    /// This rank's own time in the step: its wall time less what it spent blocked in
+    /// collectives and waiting for a save's writer (what names a straggler).
+    busy: Duration,
 }
 
 impl Stepped {
@@ -619,6 +622,7 @@ impl<'g> Trainer<'g> {
     /// before the phases after it: whether a warning or a new round arrived anywhere, and
     /// the mean loss when a log line or a checkpoint will show it.
     fn step(&mut self) -> anyhow::Result<Stepped> {
+        let (began, blocked_before) = (Instant::now(), crate::c10d::blocked_so_far());
         self.note_epoch();
         let (group, args) = (self.group, &self.args);
         let index = self.position.step;
@@ -673,6 +677,7 @@ impl<'g> Trainer<'g> {
         if due.log || due.save {
             self.last_loss = mean_loss(&group.comm, &loss, index)?;
         }
+        let blocked = crate::c10d::blocked_so_far().saturating_sub(blocked_before) + fenced;
         Ok(Stepped {
             index,
             lr,
@@ -680,6 +685,7 @@ impl<'g> Trainer<'g> {
             boundary,
             warned_here,
             due,
+            busy: began.elapsed().saturating_sub(blocked),
         })
     }
 
@@ -739,7 +745,7 @@ impl<'g> Trainer<'g> {
             );
             self.meter = Meter::start();
         }
-        self.progress.step(stepped.done() as usize);
+        self.progress.step(stepped.done() as usize, stepped.busy);
     }
 
     /// The validation loss after `done` steps, said and logged (a collective).

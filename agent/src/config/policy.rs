@@ -29,6 +29,8 @@ pub struct FailurePolicy {
     pub quarantine_for: Duration,
     /// The machine this agent runs on (what a quarantine keeps out).
     pub machine: String,
+    /// What a straggler costs (`--straggler-policy`).
+    pub straggler: crate::straggler::Policy,
 }
 
 impl Resolver<'_> {
@@ -78,6 +80,11 @@ impl Resolver<'_> {
                 }
                 .replace('/', "_"))
             })?,
+            straggler: self.value(
+                "straggler-policy",
+                &a.straggler_policy,
+                crate::straggler::Policy::parse,
+            )?,
         })
     }
 }

@@ -209,7 +209,7 @@ mod tests {
     fn stepping(rank: u32, t0: Instant, steps: &[(u64, f64)]) -> RankProgress {
         let mut p = RankProgress::new(rank);
         for (n, at) in steps {
-            p.step(*n, t0 + Duration::from_secs_f64(*at));
+            p.step(*n, None, t0 + Duration::from_secs_f64(*at));
         }
         p
     }

@@ -1,7 +1,10 @@
 //! Progress reports from workers: a Unix datagram socket, one short text message each.
 //!
 //! ```text
-//! <rank> step <n>        a step finished
+//! <rank> step <n> [<busy>]
+//!                        a step finished; `busy`, if said: the seconds the rank worked in
+//!                        it, not counting time blocked in collectives (what tells a
+//!                        straggler, see [`crate::straggler`])
 //! <rank> begin <phase>   a long phase starts (checkpoint, eval, ...)
 //! <rank> end <phase>     it ended
 //! <rank> begin finish    training is over (sent at the interpreter's exit by progress.py)
@@ -70,6 +73,9 @@ pub struct RankProgress {
     pub last_step: Option<(u64, Instant)>,
     /// Durations of its recent steps, oldest first.
     pub recent: VecDeque<Duration>,
+    /// Its own working time in its recent steps, as it said it, oldest first (the
+    /// straggler's measure).
+    pub busy: VecDeque<Duration>,
     /// The phase it is in, and since when.
     pub phase: Option<(String, Instant)>,
     /// It said a SIGUSR1 makes it save a checkpoint and stop (`can save-on-warning`).
@@ -108,6 +114,7 @@ impl RankProgress {
             last_report: None,
             last_step: None,
             recent: VecDeque::new(),
+            busy: VecDeque::new(),
             phase: None,
             saves_on_warning: false,
             reforms_in_place: false,
@@ -131,8 +138,14 @@ impl RankProgress {
         self.last_report = Some(at);
     }
 
-    pub fn step(&mut self, n: u64, at: Instant) {
+    pub fn step(&mut self, n: u64, busy: Option<Duration>, at: Instant) {
         self.heard(at);
+        if let Some(b) = busy {
+            if self.busy.len() == RECENT {
+                self.busy.pop_front();
+            }
+            self.busy.push_back(b);
+        }
         // A step's duration runs from the previous step or the end of a phase, whichever
         // is later: a checkpoint between two steps is not a slow step.
         if let Some((_, prev)) = self.last_step {
@@ -173,7 +186,8 @@ impl RankProgress {
 /// One parsed report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Report {
-    Step(u64),
+    /// A step finished, and how long the rank worked in it if it said.
+    Step(u64, Option<Duration>),
     Begin(String),
     End(String),
     /// What the rank can do (a declaration, not progress: the hang judge ignores it).
@@ -202,7 +216,13 @@ pub fn parse(text: &str) -> Option<(u32, Report)> {
     }
     let arg = words.next()?;
     let report = match kind {
-        "step" => Report::Step(arg.parse().ok()?),
+        "step" => Report::Step(
+            arg.parse().ok()?,
+            words
+                .next()
+                .and_then(|b| b.parse::<f64>().ok())
+                .and_then(|b| Duration::try_from_secs_f64(b).ok()),
+        ),
         "begin" => Report::Begin(arg.chars().take(64).collect()),
         "end" => Report::End(arg.chars().take(64).collect()),
         "can" => Report::Can(arg.chars().take(64).collect()),
@@ -222,7 +242,7 @@ pub fn parse(text: &str) -> Option<(u32, Report)> {
 /// Enters one report of rank `p` heard `now`.
 fn enter(p: &mut RankProgress, report: Report, now: Instant) {
     match report {
-        Report::Step(s) => p.step(s, now),
+        Report::Step(s, busy) => p.step(s, busy, now),
         Report::Begin(name) => p.phase_begin(&name, now),
         Report::End(name) => p.phase_end(&name, now),
         Report::Can(what) => match what.as_str() {
@@ -469,7 +489,18 @@ mod tests {
 
     #[test]
     fn reports_parse_and_garbage_does_not() {
-        assert_eq!(parse("3 step 12"), Some((3, Report::Step(12))));
+        assert_eq!(parse("3 step 12"), Some((3, Report::Step(12, None))));
+        assert_eq!(
+            parse("3 step 12 0.250000"),
+            Some((3, Report::Step(12, Some(Duration::from_millis(250)))))
+        );
+        // A busy time that is no duration is not said at all; the step still counts.
+        for bad in ["-1", "NaN", "inf", "x"] {
+            assert_eq!(
+                parse(&format!("3 step 12 {bad}")),
+                Some((3, Report::Step(12, None)))
+            );
+        }
         assert_eq!(
             parse("0 begin checkpoint\n"),
             Some((0, Report::Begin("checkpoint".into())))
@@ -560,11 +591,11 @@ mod tests {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
         let mut p = RankProgress::new(0);
-        p.step(1, t0);
-        p.step(2, t0 + s);
+        p.step(1, None, t0);
+        p.step(2, None, t0 + s);
         p.phase_begin("checkpoint", t0 + s);
         p.phase_end("checkpoint", t0 + 30 * s);
-        p.step(3, t0 + 31 * s);
+        p.step(3, None, t0 + 31 * s);
         assert_eq!(Vec::from(p.recent.clone()), [s, s]);
     }
 

@@ -74,6 +74,8 @@ pub(super) struct Loop<'a, R> {
     /// ([`decide::in_place`]): from the re-form to the next start, which hands them the
     /// round (`handover.rs`), or to the loop's end, which stops them.
     pub(super) kept: Option<WorkerGroup>,
+    /// The straggler judge's memory (`straggler.rs`), on the group's rank 0.
+    pub(super) judge: super::straggler::Judge,
 }
 
 impl<'a, R: Rendezvous> Loop<'a, R> {
@@ -110,6 +112,7 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             cold_starts: 0,
             departed: false,
             kept: None,
+            judge: super::straggler::Judge::default(),
         }
     }
 
@@ -343,6 +346,9 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         round: Round,
         mut group: WorkerGroup,
     ) -> Result<Phase, AgentError> {
+        if let Some(phase) = self.watch_stragglers(&round, &mut group).await {
+            return Ok(phase);
+        }
         let wake = match self.wake(&mut group).await {
             Ok(wake) => wake,
             Err((behind, reason)) => return Ok(self.hung(round, group, &behind, reason).await),
@@ -856,7 +862,7 @@ cause: {full}"
 
     /// Leaves the rendezvous now, before the workers are stopped ([`decide::depart_first`]);
     /// the leave at the end then has nothing left to do there.
-    async fn depart_early(&mut self, leave: Leave) {
+    pub(super) async fn depart_early(&mut self, leave: Leave) {
         if let Err(e) = self.depart(&leave).await {
             tracing::warn!(error = %e, "could not leave the rendezvous early; leaving after the workers stop");
             return;

@@ -44,6 +44,7 @@ mod hang;
 mod memory;
 mod quarantine;
 mod report;
+mod straggler;
 #[cfg(test)]
 mod tests;
 
@@ -143,6 +144,7 @@ async fn supervise<R: Rendezvous>(
     let host = fsdp_rendezvous::hostname();
     let node = rdzv.node_id().unwrap_or(&host).to_owned();
     report.node(&node, rdzv.records().map(|r| r.counters()));
+    report.machine(&cfg.failure.machine);
     let run_dir = log_root(cfg)?;
     if let Some(dir) = &run_dir {
         tracing::info!(log_dir = %dir.display(), "worker logs and error files");

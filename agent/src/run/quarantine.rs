@@ -81,7 +81,7 @@ impl<R: Rendezvous> Loop<'_, R> {
         if let Some(records) = self.rdzv.records() {
             let say = tokio::time::timeout(
                 DEPART_PATIENCE,
-                records.quarantine(machine.clone(), reason.to_owned(), until),
+                records.quarantine(machine.clone(), None, reason.to_owned(), until),
             );
             match interruptible(self.signals, say).await {
                 Err(sig) => return signalled(sig).into(),

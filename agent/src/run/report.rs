@@ -38,7 +38,16 @@ impl Reporter {
         self.board.set_node(node_id, counters);
     }
 
-    /// A round was sealed with this node in it.
+    /// The machine this agent runs on.
+    pub fn machine(&self, machine: &str) {
+        self.board.machine(machine);
+    }
+
+    /// The straggler judge's scores (this node judges its group), or none.
+    pub fn straggler_scores(&self, scores: Vec<fsdp_proto::v1::NodeScore>) {
+        self.board.straggler_scores(scores);
+    }
+
     /// The reporting ranks' progress at `now`, for the straggler metrics.
     pub fn ranks(&self, ranks: &[crate::hang::RankProgress], now: std::time::Instant) {
         let views = ranks
@@ -51,6 +60,8 @@ impl Reporter {
                 silent_seconds: r
                     .last_report
                     .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64()),
+                busy_seconds: crate::straggler::median_s(r.busy.iter().copied()).unwrap_or(0.0),
+                paced_steps: r.busy.len() as u32,
             })
             .collect();
         self.board.ranks(views);

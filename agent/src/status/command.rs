@@ -160,7 +160,7 @@ async fn query(cfg: &EtcdConfig) -> Result<Option<Shown>, RendezvousError> {
     let Some(run) = inspect(&mut client, &cfg.prefix, &cfg.run_id).await? else {
         return Ok(None);
     };
-    let ranks = slowest_ranks(&run).await;
+    let (ranks, stragglers) = slowest_ranks(&run).await;
     let last_hang = run.last_hang.as_ref().map(|h| {
         let nodes: Vec<String> = h.reports.iter().map(|r| r.node_id.clone()).collect();
         let blame = crate::hang::culprit::blame(&h.reports, &nodes);
@@ -168,6 +168,7 @@ async fn query(cfg: &EtcdConfig) -> Result<Option<Shown>, RendezvousError> {
     });
     Ok(Some(Shown {
         run,
+        stragglers,
         slowest_ranks: ranks,
         last_hang,
     }))
@@ -200,6 +201,8 @@ fn usage(msg: &str) -> ExitCode {
 pub struct Shown {
     #[serde(flatten)]
     pub run: RunReport,
+    /// The straggler judge's scores (the group's rank 0 judges), slowest node first.
+    pub stragglers: Vec<ScoreLine>,
     /// The reporting ranks of the round, slowest last step first (at most [`SLOWEST`]).
     pub slowest_ranks: Vec<RankLine>,
     /// Who the latest hang points at, in words (`last_hang` is the run's own record).
@@ -215,6 +218,18 @@ pub struct RankLine {
     pub last_step: u64,
     pub step_seconds: f64,
     pub silent_seconds: f64,
+    /// The median of its recent working times per step (0: it does not say).
+    pub busy_seconds: f64,
+}
+
+/// One judged node: its slowest rank's median working time over the group's median.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ScoreLine {
+    pub node_id: String,
+    pub score: f64,
+    pub rank: u32,
+    pub busy_seconds: f64,
+    pub straggler: bool,
 }
 
 /// Ranks the straggler view lists.
@@ -224,8 +239,9 @@ pub const SLOWEST: usize = 5;
 const ASK_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Asks every member of the round for its ranks' progress (at once, each within
-/// [`ASK_PATIENCE`]) and keeps the slowest.
-async fn slowest_ranks(run: &RunReport) -> Vec<RankLine> {
+/// [`ASK_PATIENCE`]) and keeps the slowest; and the straggler judge's scores (from
+/// whichever member judges).
+async fn slowest_ranks(run: &RunReport) -> (Vec<RankLine>, Vec<ScoreLine>) {
     let asks = run
         .members
         .iter()
@@ -240,34 +256,59 @@ async fn slowest_ranks(run: &RunReport) -> Vec<RankLine> {
                     .await
                     .ok()?
                     .into_inner();
-                Some(state.ranks)
+                Some(state)
             };
-            let ranks = tokio::time::timeout(ASK_PATIENCE, ask)
+            let state = tokio::time::timeout(ASK_PATIENCE, ask)
                 .await
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-            ranks.into_iter().map(|r| RankLine {
-                rank: r.rank,
-                node_id: m.node_id.clone(),
-                last_step: r.last_step,
-                step_seconds: r.step_seconds,
-                silent_seconds: r.silent_seconds,
-            })
+            let ranks: Vec<RankLine> = state
+                .ranks
+                .into_iter()
+                .map(|r| RankLine {
+                    rank: r.rank,
+                    node_id: m.node_id.clone(),
+                    last_step: r.last_step,
+                    step_seconds: r.step_seconds,
+                    silent_seconds: r.silent_seconds,
+                    busy_seconds: r.busy_seconds,
+                })
+                .collect();
+            let scores: Vec<ScoreLine> = state
+                .straggler_scores
+                .into_iter()
+                .map(|n| ScoreLine {
+                    node_id: n.node_id,
+                    score: n.score,
+                    rank: n.rank,
+                    busy_seconds: n.busy_seconds,
+                    straggler: n.straggler,
+                })
+                .collect();
+            (ranks, scores)
         });
-    let all: Vec<RankLine> = futures::future::join_all(asks)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
-    slowest(all)
+    let mut all = Vec::new();
+    let mut scores = Vec::new();
+    for (ranks, judged) in futures::future::join_all(asks).await {
+        all.extend(ranks);
+        // One member judges; a member left from an older round may too, but its own
+        // round's judge is the one that answers with the most nodes.
+        if judged.len() > scores.len() {
+            scores = judged;
+        }
+    }
+    (slowest(all), scores)
 }
 
-/// The [`SLOWEST`] ranks by last step time, slowest first (ties: lower rank first).
+/// The [`SLOWEST`] ranks by working time where ranks report it (in a synchronous job
+/// every rank's step takes the slowest one's time), then by last step time, slowest
+/// first (ties: lower rank first).
 pub fn slowest(mut all: Vec<RankLine>) -> Vec<RankLine> {
     all.sort_by(|a, b| {
-        b.step_seconds
-            .total_cmp(&a.step_seconds)
+        b.busy_seconds
+            .total_cmp(&a.busy_seconds)
+            .then(b.step_seconds.total_cmp(&a.step_seconds))
             .then(a.rank.cmp(&b.rank))
     });
     all.truncate(SLOWEST);
@@ -292,10 +333,34 @@ fn table_text(shown: &Shown) -> String {
     if let Some(h) = &shown.last_hang {
         let _ = writeln!(out, "\n{:<12} {h}", "last hang");
     }
+    if !shown.stragglers.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nstragglers (each node's slowest rank's median working time per step against the group's):"
+        );
+        let rows: Vec<Vec<String>> = shown
+            .stragglers
+            .iter()
+            .map(|n| {
+                vec![
+                    n.node_id.clone(),
+                    format!("{:.2}x", n.score),
+                    n.rank.to_string(),
+                    format!("{:.3}s", n.busy_seconds),
+                    if n.straggler { "straggler" } else { "ok" }.to_owned(),
+                ]
+            })
+            .collect();
+        columns(
+            &mut out,
+            &["NODE", "SCORE", "RANK", "WORKS", "VERDICT"],
+            &rows,
+        );
+    }
     if !shown.slowest_ranks.is_empty() {
         let _ = writeln!(
             out,
-            "\nslowest ranks (last step time, as their agents report):"
+            "\nslowest ranks (working time per step, then last step time, as their agents report):"
         );
         let rows: Vec<Vec<String>> = shown
             .slowest_ranks
@@ -306,17 +371,27 @@ fn table_text(shown: &Shown) -> String {
                     r.node_id.clone(),
                     r.last_step.to_string(),
                     format!("{:.3}s", r.step_seconds),
+                    busy_cell(r.busy_seconds),
                     format!("{:.1}s", r.silent_seconds),
                 ]
             })
             .collect();
         columns(
             &mut out,
-            &["RANK", "NODE", "LAST STEP", "STEP TIME", "SILENT"],
+            &["RANK", "NODE", "LAST STEP", "STEP TIME", "WORKS", "SILENT"],
             &rows,
         );
     }
     out
+}
+
+/// A rank's median working time, or `-` where it does not say.
+fn busy_cell(busy_s: f64) -> String {
+    if busy_s > 0.0 {
+        format!("{busy_s:.3}s")
+    } else {
+        "-".to_owned()
+    }
 }
 
 /// Writes `rows` under `header`, each column as wide as its widest cell.
@@ -500,6 +575,7 @@ mod tests {
             last_step: 10,
             step_seconds,
             silent_seconds: 0.1,
+            busy_seconds: 0.0,
         }
     }
 
@@ -512,6 +588,17 @@ mod tests {
             .collect();
         let ranks: Vec<u32> = slowest(all).iter().map(|r| r.rank).collect();
         assert_eq!(ranks, [1, 3, 6, 4, 0]);
+        // Where ranks say their working time, it decides: their steps all took as long.
+        let said: Vec<RankLine> = [0.05, 0.21, 0.1]
+            .iter()
+            .enumerate()
+            .map(|(r, b)| RankLine {
+                busy_seconds: *b,
+                ..line(r as u32, 0.25)
+            })
+            .collect();
+        let ranks: Vec<u32> = slowest(said).iter().map(|r| r.rank).collect();
+        assert_eq!(ranks, [1, 2, 0]);
     }
 
     #[test]
@@ -647,6 +734,7 @@ mod tests {
     fn the_json_has_each_key_once() {
         let shown = Shown {
             run: report(),
+            stragglers: Vec::new(),
             slowest_ranks: Vec::new(),
             last_hang: Some("round 1: rank 1".into()),
         };
@@ -659,13 +747,46 @@ mod tests {
     fn the_table_shows_the_last_hang_and_the_straggler_view() {
         let shown = Shown {
             run: report(),
+            stragglers: vec![
+                ScoreLine {
+                    node_id: "n1".into(),
+                    score: 2.04,
+                    rank: 3,
+                    busy_seconds: 0.2,
+                    straggler: true,
+                },
+                ScoreLine {
+                    node_id: "n0".into(),
+                    score: 1.0,
+                    rank: 0,
+                    busy_seconds: 0.098,
+                    straggler: false,
+                },
+            ],
             slowest_ranks: vec![line(1, 0.9), line(0, 0.2)],
             last_hang: Some("round 1: rank 1 on node n0 last finished step 9".into()),
         };
         let t = table(&shown);
         assert!(t.contains("last hang    round 1: rank 1 on node n0"), "{t}");
+        let judged: Vec<&str> = t
+            .lines()
+            .skip_while(|l| !l.starts_with("NODE  SCORE"))
+            .collect();
+        assert!(
+            judged[1].starts_with("n1    2.04x  3     0.200s  straggler"),
+            "{t}"
+        );
+        assert!(
+            judged[2].starts_with("n0    1.00x  0     0.098s  ok"),
+            "{t}"
+        );
         let view: Vec<&str> = t.lines().skip_while(|l| !l.starts_with("RANK")).collect();
         assert_eq!(view.len(), 3, "{t}");
-        assert!(view[1].starts_with("1     n0    10         0.900s"), "{t}");
+        assert!(
+            view[1].starts_with("1     n0    10         0.900s     -"),
+            "{t}"
+        );
+        let json = serde_json::to_value(&shown).unwrap();
+        assert_eq!(json["stragglers"][0]["straggler"], true, "{json}");
     }
 }

@@ -42,6 +42,7 @@ pub fn render(s: &Snapshot) -> String {
     );
     health(&mut out, s);
     ranks(&mut out, &s.state.ranks);
+    straggler_scores(&mut out, &s.state.straggler_scores);
     summary(
         &mut out,
         "fsdp_agent_refused_detect_seconds",
@@ -168,7 +169,7 @@ fn ranks(out: &mut String, ranks: &[RankStatus]) {
     if ranks.is_empty() {
         return;
     }
-    let families: [(&str, &str, RankValue); 3] = [
+    let families: [(&str, &str, RankValue); 4] = [
         (
             "fsdp_agent_rank_last_step",
             "The last step each local rank reported finished.",
@@ -176,8 +177,13 @@ fn ranks(out: &mut String, ranks: &[RankStatus]) {
         ),
         (
             "fsdp_agent_rank_step_seconds",
-            "The duration of each local rank's last step (stragglers are slow here).",
+            "The duration of each local rank's last step (in a synchronous job, every rank's).",
             |r| r.step_seconds,
+        ),
+        (
+            "fsdp_agent_rank_busy_seconds",
+            "The median working time per step of each local rank, outside collectives, as it reports it (stragglers are slow here; 0: not reported).",
+            |r| r.busy_seconds,
         ),
         (
             "fsdp_agent_rank_silent_seconds",
@@ -190,6 +196,37 @@ fn ranks(out: &mut String, ranks: &[RankStatus]) {
         for r in ranks {
             let _ = writeln!(out, "{name}{{rank=\"{}\"}} {}", r.rank, value(r));
         }
+    }
+}
+
+/// The judge's scores (on the group's rank 0 only), one per judged node.
+fn straggler_scores(out: &mut String, scores: &[fsdp_proto::v1::NodeScore]) {
+    if scores.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_straggler_score Each node's slowest rank's median working time over the group's median (judged by the group's rank 0).\n# TYPE fsdp_agent_straggler_score gauge"
+    );
+    for n in scores {
+        let node = escape(&n.node_id);
+        let _ = writeln!(
+            out,
+            "fsdp_agent_straggler_score{{node=\"{node}\"}} {}",
+            n.score
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP fsdp_agent_straggler Whether each judged node is a straggler now (1) or not (0).\n# TYPE fsdp_agent_straggler gauge"
+    );
+    for n in scores {
+        let node = escape(&n.node_id);
+        let _ = writeln!(
+            out,
+            "fsdp_agent_straggler{{node=\"{node}\"}} {}",
+            u8::from(n.straggler)
+        );
     }
 }
 
@@ -296,6 +333,8 @@ mod tests {
             last_step: 12,
             step_seconds: 0.25,
             silent_seconds: 1.5,
+            busy_seconds: 0.125,
+            paced_steps: 20,
         }]);
         let text = render(&b.snapshot());
         for line in [

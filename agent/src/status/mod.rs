@@ -245,6 +245,16 @@ impl Board {
         self.lock().state.ranks = ranks;
     }
 
+    /// The machine this agent runs on (what a quarantine names).
+    pub fn machine(&self, machine: &str) {
+        self.lock().state.machine = machine.to_owned();
+    }
+
+    /// The straggler judge's latest scores (this node judges its group), or none.
+    pub fn straggler_scores(&self, scores: Vec<fsdp_proto::v1::NodeScore>) {
+        self.lock().state.straggler_scores = scores;
+    }
+
     /// The health check failed (`Some(reason)`) or passed (`None`).
     pub fn health(&self, failed: Option<&str>) {
         let mut s = self.lock();

@@ -206,13 +206,14 @@ impl JobRecords for EtcdRendezvous {
     async fn quarantine(
         &mut self,
         machine: String,
+        node: Option<String>,
         reason: String,
         until_ms: u64,
     ) -> Result<(), RendezvousError> {
         let record = v1::Quarantine {
             schema: fsdp_proto::SCHEMA_VERSION,
             machine,
-            node_id: self.cfg.node_id.clone(),
+            node_id: node.unwrap_or_else(|| self.cfg.node_id.clone()),
             reason: crate::text::one_line(&reason, crate::text::LINE_MAX),
             until_ms,
         };
@@ -223,6 +224,12 @@ impl JobRecords for EtcdRendezvous {
         let v = self.view.borrow();
         let q = v.quarantine.get(machine)?;
         (q.until_ms > crate::unix_ms()).then(|| (q.reason.clone(), q.until_ms))
+    }
+
+    fn quarantined_node(&self, machine: &str) -> Option<String> {
+        let v = self.view.borrow();
+        let q = v.quarantine.get(machine)?;
+        (q.until_ms > crate::unix_ms()).then(|| q.node_id.clone())
     }
 
     async fn unhealthy(&mut self, reason: String, failures: u32) -> Result<(), RendezvousError> {
