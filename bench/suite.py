@@ -416,6 +416,16 @@ def bench_goodput(a):
     return run_script("goodput.py", args + (["--tiny"] if a.tiny else ["--minutes", str(a.goodput_minutes)]))
 
 
+def bench_stragglers(a):
+    """19. A node slowed to half its CPU by a cgroup: named, and replaced by a spare."""
+    if a.tiny:
+        why = ("--tiny: a run takes 7 minutes on 2 cores (tests/tests/stragglers.rs slows, names and replaces "
+               "a node in the test command)")
+        log(f"stragglers: not run: {why}")
+        return {"not_run": why}
+    return run_script("stragglers.py", ["--agent", a.agent, "--trainer", a.trainer])
+
+
 def machine():
     mem = next((l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal")), "0")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
@@ -905,6 +915,32 @@ def md_goodput(a, G):
                  ""]
 
 
+def md_stragglers(a, S):
+    md = ["## 19. Stragglers: a slow node named, and replaced", ""]
+    if "not_run" in S:
+        return md + [f"Not run: {S['not_run']}.", ""]
+    md += ["`bench/stragglers.py`: four pods (`--nnodes 3:4`, one fsdp-trainer worker each, the demo's model, "
+           "peer-memory snapshots every step, so survivors re-form in place) and a fifth waiting as a spare. After "
+           "40 s of training, pod 2's worker is moved into a CPU cgroup whose quota is half the CPU it was using "
+           "(measured over 5 s): slowed by the kernel, not by a flag. The group's rank 0 judges every 5 s "
+           "([failure-policy](failure-policy.md#stragglers---straggler-policy-warnreplace)). Step rates are "
+           "the job's steps per second; goodput = steps from the slowdown to the end over the healthy rate times "
+           "that time (100 s).", "",
+           "| policy | healthy rate | worker's CPU → quota | named after | slowed rate | taken out after naming "
+           "| rate after | within 10% of healthy after naming | goodput |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in S["results"]:
+        out = f"{r['taken_out_after_s']:.0f} s" if r.get("taken_out_after_s") is not None else "–"
+        after = f"{r['after_rate']:.2f}/s" if r.get("after_rate") is not None else "–"
+        back = f"{r['back_within_10pct_s']:.0f} s" if r.get("back_within_10pct_s") is not None else "not within the run"
+        md.append(f"| `{r['policy']}` | {r['healthy_rate']:.2f}/s | {r['worker_cpu_cores']:.2f} → "
+                  f"{r['quota_cores']:.2f} cores | {r['named_after_s']:.1f} s, {r['named_after_steps']} steps | "
+                  f"{r['slowed_rate']:.2f}/s | {out} | {after} | {back} | **{r['goodput']:.3f}** |")
+    return md + ["", "With `replace` the node is taken out 20 s after it is named (the bound that lets noise clear "
+                 "first), its agent leaves at its next look (1 s) and the survivors re-form in place with the spare: "
+                 "no restart, no reload. With `warn` nothing is taken out and the job runs at the slow node's pace "
+                 "to the end.", ""]
+
+
 def md_reproduce(a, took):
     md = ["## Reproduce", "", "```",
           f"scripts/bench.sh           # everything, about {sum(s[1] for s in STEPS.values()):.0f} minutes on 2 cores",
@@ -1080,6 +1116,7 @@ def report(a, m, r, took, elapsed):
     md += md_mixed(a, r["mixed"])
     md += md_trainer_issue31(a, r["checkpoint"], r["precision"])
     md += md_goodput(a, r["goodput"])
+    md += md_stragglers(a, r["stragglers"])
     md += md_reproduce(a, took)
     with open(os.path.join(figs, "results.json"), "w") as f:
         json.dump({"machine": m, "results": r, "minutes": {k: v / 60 for k, v in took.items()}}, f, indent=1,
@@ -1109,6 +1146,7 @@ STEPS = {
     "checkpoint": (bench_checkpoint, 2.5, "`bench/checkpoint.py --worlds 2,4`"),
     "precision": (bench_precision, 3.5, "`bench/precision.py`: 6 runs of 4 steps, 2 of 100"),
     "goodput": (bench_goodput, 17, "`bench/goodput.py --minutes 4`: 4 launchers through one schedule"),
+    "stragglers": (bench_stragglers, 7, "`bench/stragglers.py`: a node slowed by a cgroup, `replace` and `warn`"),
 }
 
 

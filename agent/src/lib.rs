@@ -10,7 +10,8 @@
 //! 2. [`run`] is the loop, as explicit phases (join, start, running, re-form, failed,
 //!    exit barrier, leave): ask the rendezvous ([`fsdp_rendezvous::Rendezvous`]) for a
 //!    round, start the group, wait for a worker exit, a group change or a signal, and
-//!    decide. The decisions themselves are pure functions in [`policy`].
+//!    decide. The decisions themselves are pure functions in [`policy`] (and, for a slow
+//!    node, in [`straggler`]: who is one, and whom `--straggler-policy replace` takes out).
 //! 3. [`supervisor`] starts workers with the environment from [`worker_env`], one process
 //!    group each, dying with the agent; it stops them with signal, grace, SIGKILL, and
 //!    carries their output to the console and to per-attempt log files.

@@ -145,6 +145,7 @@ impl Drop for Pod {
     fn drop(&mut self) {
         self.kill();
         crate::refuse_debug_text(&self.err);
+        crate::refuse_stragglers(&self.err);
     }
 }
 
