@@ -4,7 +4,7 @@
 # Not part of the tests (a smoke test runs the suite at tiny sizes). Extra arguments go to
 # bench/suite.py (e.g. --tiny --out /tmp/r, or --only prewarm,sim for some steps as JSON).
 #
-# About 60 minutes on 2 cores, after the build. Each step, estimated from the scripts' own
+# About 85 minutes on 2 cores, after the build. Each step, estimated from the scripts' own
 # run lengths (bench/suite.py's STEPS; the report's Reproduce section gives what each took):
 #   launch         1    fsdp-agent and torchrun --standalone /bin/true, N = 1, 2, 8
 #   idle           1    8 idle workers for 10 s under each launcher
@@ -24,6 +24,8 @@
 #   mixed          0.5  bench/mixed.py: a job half under torchrun, 4 ways
 #   checkpoint     2.5  bench/checkpoint.py --worlds 2,4
 #   precision      3.5  bench/precision.py: fp32 against bf16
+#   goodput       17    bench/goodput.py --minutes 4: 4 launchers through one schedule
+#   stragglers     7    bench/stragglers.py: a node slowed by a cgroup, replace and warn
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
