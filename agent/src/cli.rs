@@ -127,6 +127,21 @@ pub struct Args {
     )]
     pub rdzv_conf: String,
 
+    /// Rounds of whole blocks of K nodes of one segment.
+    ///
+    /// The world size stays a multiple of K: each segment (`--rdzv-conf segment`, Slurm's
+    /// switches, `FSDP_AGENT_SEGMENT`) gives whole blocks of K nodes, at most --nnodes MAX
+    /// and at least MIN, and its other nodes wait as spares. docs/rendezvous.md, Topology.
+    #[arg(
+        help_heading = help::FAILURES,
+        long = "segment-size",
+        alias = "segment_size",
+        env = "FSDP_SEGMENT_SIZE",
+        value_name = "K",
+        hide_short_help = true
+    )]
+    pub segment_size: Option<String>,
+
     /// One node, no rendezvous service, a fresh run id.
     ///
     /// The master port is a free local port. Also set by `PET_STANDALONE` (Kubeflow's empty

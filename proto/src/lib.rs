@@ -225,6 +225,8 @@ mod tests {
                     max_restarts: Some(3),
                     restart_window_s: 3600,
                     job: String::new(),
+                    // Not in rounds (`coordinator::round_record` clears it).
+                    segment: String::new(),
                 }
                 .into()
             })

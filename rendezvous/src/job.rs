@@ -11,8 +11,8 @@
 //! whose nodes are given different arguments on purpose turns the check off
 //! (`--rdzv-conf job_check=0`).
 //!
-//! The job travels as `cmd=<digest>;nproc=<as given>;nnodes=<MIN:MAX>` in each
-//! registration and once in each round: short, and readable enough that a refusal names
+//! The job travels as `cmd=<digest>;nproc=<as given>;nnodes=<MIN:MAX>` (and
+//! `;segments=<K>` with `--segment-size`) in each registration and once in each round: short, and readable enough that a refusal names
 //! what differs. The command is a digest (FNV-1a, stable across builds): arguments may hold
 //! paths and names that are nobody else's business, and any length.
 
@@ -34,6 +34,16 @@ pub fn fingerprint(entrypoint: &str, args: &[String], nproc: &str, nnodes: (u32,
     format!("cmd={:016x};nproc={nproc};nnodes={nnodes}", h.0)
 }
 
+/// `job` for rounds of whole blocks of `size` nodes (`--segment-size`): agents that
+/// count blocks differently would seal rounds the others' rule breaks at once. Without
+/// blocks the job is unchanged, so agents from before blocks still match it.
+pub fn with_segment_size(job: String, size: u32) -> String {
+    if size <= 1 || job.is_empty() {
+        return job;
+    }
+    format!("{job};segments={size}")
+}
+
 /// What differs between this agent's job `mine` and the running job `theirs`, in words;
 /// `None` when they are one job (or either does not say: an older agent, a check turned
 /// off).
@@ -41,18 +51,24 @@ pub fn differs(mine: &str, theirs: &str) -> Option<String> {
     if mine.is_empty() || theirs.is_empty() || mine == theirs {
         return None;
     }
-    let part = |job: &str, key: &str| -> String {
+    let part = |job: &str, key: &str| -> Option<String> {
         job.split(';')
             .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-            .unwrap_or("?")
-            .to_owned()
+            .map(str::to_owned)
     };
     let mut what = Vec::new();
     if part(mine, "cmd") != part(theirs, "cmd") {
         what.push("the command (the entrypoint or its arguments)".to_owned());
     }
-    for (key, flag) in [("nproc", "--nproc-per-node"), ("nnodes", "--nnodes")] {
-        let (a, b) = (part(mine, key), part(theirs, key));
+    // What a job without the part means: unknown, but no segments is blocks of one.
+    let parts = [
+        ("nproc", "--nproc-per-node", "?"),
+        ("nnodes", "--nnodes", "?"),
+        ("segments", "--segment-size", "1"),
+    ];
+    for (key, flag, absent) in parts {
+        let value = |job: &str| part(job, key).unwrap_or_else(|| absent.to_owned());
+        let (a, b) = (value(mine), value(theirs));
         if a != b {
             what.push(format!("{flag} ({a} here, {b} there)"));
         }
@@ -121,6 +137,15 @@ mod tests {
         assert_ne!(
             fingerprint("t", &args(&["a b"]), "1", (1, 1)),
             fingerprint("t", &args(&["a", "b"]), "1", (1, 1))
+        );
+        // Blocks are part of the job; none is what an agent from before blocks runs.
+        let blocks = with_segment_size(a.clone(), 4);
+        assert_eq!(blocks, format!("{a};segments=4"));
+        assert_eq!(with_segment_size(a.clone(), 1), a);
+        assert_eq!(with_segment_size(String::new(), 4), "");
+        assert_eq!(
+            differs(&blocks, &a).as_deref(),
+            Some("--segment-size (4 here, 1 there)")
         );
         // An older agent, or the check turned off: nothing to compare.
         assert_eq!(differs("", &a), None);

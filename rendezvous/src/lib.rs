@@ -15,7 +15,9 @@
 //!   of its first worker, the world size, the master address and port, and the job-wide
 //!   restart count.
 //! * [`ranks`] computes ranks from an ordered member list as a pure function, so every
-//!   backend (and every node) derives the same ranks from the same record.
+//!   backend (and every node) derives the same ranks from the same record. The etcd
+//!   coordinator orders that list by where nodes sit ([`topology`]): nodes of one rack or
+//!   zone get contiguous ranks.
 //! * Backends: [`standalone::StandaloneRendezvous`] (one node, in-process, no external
 //!   service) and [`static_group::StaticRendezvous`] (a fixed set of nodes whose ranks and
 //!   master are given on the command line, Kubeflow's non-elastic master mode) share one

@@ -13,11 +13,20 @@
 //!   surviving member is back (ready for a later round) — no last call — or, for a
 //!   survivor that never comes back, after `straggler_timeout` without it.
 //! * Survivors keep their relative order; newcomers follow in join order; at most `max`.
+//!   Then nodes that share the longest prefix of their segment are made contiguous (a
+//!   stable sort, [`topology::order`]): with no segment anywhere the order is exactly
+//!   that one, and a re-form after a loss keeps survivors first and in order (a small
+//!   delta, `etcd::roster`).
+//! * With a segment size K ([`SealConfig::segment_size`]) a round is made of whole blocks
+//!   of K nodes of one segment ([`topology::blocks`]): its size a multiple of K, at most
+//!   `max`, at least `min`; a segment's nodes short of a block wait as spares.
 //! * A failure is charged to the restart budget only when the round lost no member: a
 //!   worker that fails because a peer died is the membership change, not a failure.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
+
+use crate::topology;
 
 /// A registered node as the coordinator sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +36,8 @@ pub struct Candidate {
     pub joined_rev: i64,
     /// The node is ready for a round after the current one (it stopped its workers).
     pub ready: bool,
+    /// Where the node sits (`Member.segment`, [`topology`]); empty: no location.
+    pub segment: String,
 }
 
 /// The round currently sealed in etcd.
@@ -66,6 +77,9 @@ pub struct SealConfig {
     pub max_nodes: u32,
     pub last_call: Duration,
     pub straggler_timeout: Duration,
+    /// `--segment-size`: rounds are made of whole blocks of this many nodes of one
+    /// segment ([`topology::blocks`]); 1: of any nodes.
+    pub segment_size: u32,
 }
 
 /// The round to commit.
@@ -173,45 +187,56 @@ impl<'a> Look<'a> {
         self.cfg.min_nodes as usize
     }
 
-    /// A fresh run: sealed at once with `max` nodes, else with at least `min` once none
-    /// joined or left for the last call.
+    /// The block size: 1 when rounds take any nodes.
+    fn block(&self) -> usize {
+        self.cfg.segment_size.max(1) as usize
+    }
+
+    /// The most nodes a round can have: `max`, or with blocks the largest multiple of
+    /// the block size within it.
+    fn most(&self) -> usize {
+        topology::most(self.cfg.segment_size, self.cfg.max_nodes) as usize
+    }
+
+    /// The nodes a round takes from `pool` (in order of preference): the first `max`, or
+    /// whole blocks of one segment.
+    fn take(&self, pool: &[&'a Candidate]) -> Vec<&'a Candidate> {
+        topology::blocks(pool, self.block(), self.max(), |c| c.segment.as_str())
+    }
+
+    /// A fresh run: sealed at once with `max` nodes (with blocks: as many as whole blocks
+    /// can hold), else with at least `min` once none joined or left for the last call.
     fn fresh(&self) -> (SealDecision, String) {
-        let (n, max, min) = (self.by_join.len(), self.max(), self.min());
-        let members = |k: usize| {
-            self.by_join
-                .iter()
-                .take(k)
-                .map(|c| c.node_id.clone())
-                .collect()
+        let (n, max, min, k) = (self.by_join.len(), self.max(), self.min(), self.block());
+        let chosen = self.take(&self.by_join);
+        let c = chosen.len();
+        let proposal = |chosen: Vec<&Candidate>| Proposal {
+            number: self.next_number,
+            members: ranked(chosen),
+            restart_count: 0,
         };
-        if n >= max {
-            let p = Proposal {
-                number: self.next_number,
-                members: members(max),
-                restart_count: 0,
+        if c >= self.most() && c >= min {
+            let why = match k {
+                1 => format!("{max} nodes present (the maximum)"),
+                _ => format!("{c} nodes present in whole blocks of {k} (the most max {max} holds)"),
             };
-            return (
-                SealDecision::Seal(p),
-                format!("{max} nodes present (the maximum)"),
-            );
+            return (SealDecision::Seal(proposal(chosen)), why);
         }
-        if n < min {
-            return (
-                SealDecision::Wait { recheck_at: None },
-                format!("waiting for nodes: {n} of min {min} present"),
-            );
+        if c < min {
+            let why = match k {
+                1 => format!("waiting for nodes: {n} of min {min} present"),
+                _ => format!(
+                    "waiting for nodes: {c} of min {min} in whole blocks of {k} of one segment ({n} present)"
+                ),
+            };
+            return (SealDecision::Wait { recheck_at: None }, why);
         }
         let deadline = self.quiet_since + self.cfg.last_call;
         if self.now >= deadline {
-            let p = Proposal {
-                number: self.next_number,
-                members: members(n),
-                restart_count: 0,
-            };
             return (
-                SealDecision::Seal(p),
+                SealDecision::Seal(proposal(chosen)),
                 format!(
-                    "{n} nodes present and none joined or left for the last call ({:?})",
+                    "{c} nodes present and none joined or left for the last call ({:?})",
                     self.cfg.last_call
                 ),
             );
@@ -241,7 +266,7 @@ impl<'a> Look<'a> {
             .copied()
             .filter(|c| !in_round.contains(c.node_id.as_str()))
             .collect();
-        let grow = !waiting.is_empty() && current.members.len() < self.max();
+        let grow = !waiting.is_empty() && self.room(current, &waiting);
         let left = current
             .members
             .iter()
@@ -253,6 +278,58 @@ impl<'a> Look<'a> {
             waiting,
             grow,
             left,
+        }
+    }
+
+    /// Whether `current` would be larger with `waiting` nodes: it is below `max`, or with
+    /// blocks, they complete a block it has room for. How many whole blocks a set of
+    /// nodes makes does not depend on their order, so the round this grows to does not
+    /// grow again.
+    fn room(&self, current: &Current, waiting: &[&'a Candidate]) -> bool {
+        if self.block() == 1 {
+            return current.members.len() < self.max();
+        }
+        let mut pool: Vec<&Candidate> = current
+            .members
+            .iter()
+            .filter_map(|m| self.present(m))
+            .collect();
+        pool.extend(waiting);
+        self.take(&pool).len() > current.members.len()
+    }
+
+    /// The next round's members from `survivors` (first, in their order) and `waiting`,
+    /// and the survivors it has no room for: only blocks (or a `max` lowered since) leave
+    /// one out.
+    fn choose(
+        &self,
+        survivors: &[&'a Candidate],
+        waiting: &[&'a Candidate],
+    ) -> (Vec<&'a Candidate>, Vec<&'a String>) {
+        let pool: Vec<&Candidate> = survivors.iter().chain(waiting).copied().collect();
+        let chosen = self.take(&pool);
+        if self.block() == 1 {
+            // The first `max`: no set of every id needed to tell who is left out.
+            let spared = survivors.iter().skip(self.max()).map(|c| &c.node_id);
+            return (chosen, spared.collect());
+        }
+        let taken: HashSet<&str> = chosen.iter().map(|c| c.node_id.as_str()).collect();
+        let spared = survivors
+            .iter()
+            .filter(|c| !taken.contains(c.node_id.as_str()))
+            .map(|c| &c.node_id)
+            .collect();
+        (chosen, spared)
+    }
+
+    /// Why survivors are left out, in words.
+    fn spared(&self, spared: &[&String]) -> String {
+        match self.block() {
+            1 => format!("{} wait as spares (above max {})", join(spared), self.max()),
+            k => format!(
+                "{} wait as spares (short of a whole block of {k} in their segment)",
+                join(spared)
+            ),
         }
     }
 
@@ -295,14 +372,14 @@ impl<'a> Look<'a> {
                 ),
             );
         }
-        let mut members: Vec<String> = self
+        let survivors: Vec<&Candidate> = self
             .survivors
             .iter()
             .filter(|m| back(m))
-            .map(|m| (*m).clone())
+            .filter_map(|m| self.present(m))
             .collect();
-        members.extend(b.waiting.iter().map(|c| c.node_id.clone()));
-        members.truncate(self.max());
+        let (chosen, spared) = self.choose(&survivors, &b.waiting);
+        let members = ranked(chosen);
         if members.len() < self.min() {
             return (
                 SealDecision::Reforming { recheck_at: None },
@@ -320,6 +397,9 @@ impl<'a> Look<'a> {
                 .filter(|m| !b.in_round.contains(m.as_str()))
                 .count();
             parts[i] = format!("admitted {admitted} waiting node(s)");
+        }
+        if !spared.is_empty() {
+            parts.push(self.spared(&spared));
         }
         let p = Proposal {
             number: self.next_number,
@@ -354,6 +434,12 @@ impl Breaks<'_> {
         }
         (why, grow_at)
     }
+}
+
+/// `chosen` in rank order ([`topology::order`]), as node ids.
+fn ranked(mut chosen: Vec<&Candidate>) -> Vec<String> {
+    topology::order(&mut chosen, |c| c.segment.as_str());
+    chosen.into_iter().map(|c| c.node_id.clone()).collect()
 }
 
 /// Node ids named in a reason, at most [`NAMED`] of them: reasons are logged and stored in

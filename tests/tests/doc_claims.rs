@@ -176,6 +176,13 @@ const CLAIMS: &[Claim] = &[
             expect_in(&setting(&out, "rendezvous")?, &["last_call=30s"])
         },
     },
+    // Topology-aware ranks.
+    Claim {
+        doc: "docs/rendezvous.md",
+        phrase: "nodes that share a prefix are one contiguous run of ranks (each zone together, each rack within its zone), nodes within one segment keep their order, and nodes without a segment follow the others in theirs. When no node has a segment nothing moves",
+        behaviour: "the sealing rule's order of a first round of located and unlocated nodes, and of one with no segments",
+        check: |_, _| ranks_follow_segments(),
+    },
     // The health values `fsdp-agent status` can print, and the agent's phases.
     Claim {
         doc: "docs/kubernetes.md",
@@ -711,6 +718,7 @@ fn two_of_four_wait_the_last_call(last_call: Duration) -> Result<(), String> {
         max_nodes: 4,
         last_call,
         straggler_timeout: Duration::from_secs(30),
+        segment_size: 1,
     };
     let start = Instant::now();
     let nodes = candidates(2);
@@ -738,6 +746,7 @@ fn equal_min_and_max_seal_at_once() -> Result<(), String> {
         max_nodes: 2,
         last_call: Duration::from_secs(30),
         straggler_timeout: Duration::from_secs(30),
+        segment_size: 1,
     };
     let now = Instant::now();
     let nodes = candidates(2);
@@ -753,12 +762,57 @@ fn equal_min_and_max_seal_at_once() -> Result<(), String> {
     }
 }
 
+/// A first round of six nodes in two zones (racks in one), two of them unlocated, in join
+/// order node0 to node5; and the same nodes with no segment at all.
+fn ranks_follow_segments() -> Result<(), String> {
+    let cfg = SealConfig {
+        min_nodes: 6,
+        max_nodes: 6,
+        last_call: Duration::from_secs(30),
+        straggler_timeout: Duration::from_secs(30),
+        segment_size: 1,
+    };
+    let segments = ["z1", "", "z0/r1", "z0/r0", "z0/r1", ""];
+    let mut nodes = candidates(6);
+    for (n, s) in nodes.iter_mut().zip(segments) {
+        n.segment = s.into();
+    }
+    let now = Instant::now();
+    let order = |nodes: &[Candidate]| match decide(
+        now,
+        &SealState {
+            current: None,
+            candidates: nodes,
+            quiet_since: now,
+            reform_since: None,
+        },
+        &cfg,
+    )
+    .0
+    {
+        SealDecision::Seal(p) => Ok(p.members),
+        other => Err(format!("six of 6:6: {other:?}")),
+    };
+    let located = order(&nodes)?;
+    let want = ["node3", "node2", "node4", "node0", "node1", "node5"];
+    if located != want {
+        return Err(format!("located nodes ranked {located:?}, not {want:?}"));
+    }
+    let plain = order(&candidates(6))?;
+    let join: Vec<String> = (0..6).map(|i| format!("node{i}")).collect();
+    if plain != join {
+        return Err(format!("with no segments ranked {plain:?}, not join order"));
+    }
+    Ok(())
+}
+
 fn candidates(n: i64) -> Vec<Candidate> {
     (0..n)
         .map(|i| Candidate {
             node_id: format!("node{i}"),
             joined_rev: i + 1,
             ready: true,
+            segment: String::new(),
         })
         .collect()
 }

@@ -790,6 +790,8 @@ fn container_env(container: &Value, pod_ip: &str) -> BTreeMap<String, String> {
                 Some("metadata.uid") => "3f1c2a9e-5b7d-4c1e-9a0b-2d6e8f4a7c31".into(),
                 Some("status.podIP") => pod_ip.into(),
                 Some("spec.nodeName") => "node-a".into(),
+                // The made-up pod carries the zone label (copied from its node).
+                Some("metadata.labels['topology.kubernetes.io/zone']") => "us-east-1a".into(),
                 other => panic!("env {name}: no stand-in for fieldRef {other:?}"),
             }
         };
@@ -953,6 +955,15 @@ fn the_agent_resolves_the_operator_env_of_every_pytorchjob() {
                     "{what}: rendezvous '{rdzv}' lacks {ttl}"
                 );
             }
+        }
+
+        // The pod's place, from its label through the downward API.
+        if env.contains_key("FSDP_AGENT_SEGMENT") {
+            assert_eq!(
+                get("segment"),
+                (env["FSDP_AGENT_SEGMENT"].as_str(), "env FSDP_AGENT_SEGMENT"),
+                "{what}"
+            );
         }
 
         // The flags the manifest passes the agent itself.

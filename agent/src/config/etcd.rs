@@ -245,6 +245,13 @@ fn rendezvous(
     Keys::new(&c.prefix, run_id)
         .map_err(|e| format!("--rdzv-conf etcd_prefix / --rdzv-id: {e}"))?;
     timeouts(&mut c, conf)?;
+    if let Some(segment) = conf.get("segment") {
+        fsdp_rendezvous::topology::check(segment).map_err(|e| {
+            let shown = fsdp_rendezvous::text::shown(segment);
+            format!("--rdzv-conf segment={shown} {e}")
+        })?;
+        c.segment = segment.clone();
+    }
     let exit_barrier = dur(conf, "close_timeout")?.unwrap_or(DEFAULT_EXIT_BARRIER);
     let job_check = conf
         .get("job_check")

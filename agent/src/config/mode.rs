@@ -4,9 +4,16 @@
 
 use std::collections::BTreeMap;
 
-use super::sources::Resolver;
-use super::{ConfigError, DEFAULT_MASTER_PORT, Mode, Source, etcd, parse, rdzv_keys};
+use fsdp_rendezvous::etcd::EtcdConfig;
+use fsdp_rendezvous::topology;
+
+use super::sources::{Resolver, whole_number};
+use super::{ConfigError, DEFAULT_MASTER_PORT, Mode, Source, etcd, parse, rdzv_keys, slurm};
 use crate::cli::Args;
+
+/// Where a node is told its place when neither `--rdzv-conf segment` nor Slurm says: a
+/// Kubernetes pod sets it from a label through the downward API.
+pub const SEGMENT_ENV: &str = "FSDP_AGENT_SEGMENT";
 
 /// The group-shape values [`Resolver::mode`] needs, already parsed.
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +73,15 @@ impl Resolver<'_> {
         };
         self.record_master(&mode, a, g);
         self.check_rdzv_conf(rdzv_conf, &mode)?;
+        if let Some(k) = a
+            .segment_size
+            .as_deref()
+            .filter(|_| !matches!(mode, Mode::Etcd(_)))
+        {
+            self.warn(format!(
+                "--segment-size {k} has no effect without --rdzv-backend etcd or c10d: a single-node or static group has the nodes it is given"
+            ));
+        }
         let (desc, source) = self.describe_mode(&mode, standalone, g);
         self.record("rendezvous", desc, source);
         Ok(mode)
@@ -264,7 +280,7 @@ impl Resolver<'_> {
         let (endpoint, lws) = (&a.rdzv_endpoint, g.nproc_per_node);
         let password = (self.env)(etcd::PASSWORD_ENV);
         let build = if c10d { etcd::build_c10d } else { etcd::build };
-        let m = build(
+        let mut m = build(
             endpoint,
             run_id,
             nodes,
@@ -274,7 +290,73 @@ impl Resolver<'_> {
             password.as_deref(),
         )
         .map_err(ConfigError::Conflict)?;
+        self.topology(a, rdzv_conf, g, &mut m.rendezvous)?;
         Ok(Mode::Etcd(Box::new(m)))
+    }
+
+    /// Where this node sits and what rounds are made of: the segment from `--rdzv-conf
+    /// segment` (read by [`etcd::build`]), else from Slurm's topology in a step, else from
+    /// [`SEGMENT_ENV`]; and `--segment-size`. Both recorded with their source.
+    fn topology(
+        &mut self,
+        a: &Args,
+        conf: &BTreeMap<String, String>,
+        g: GroupArgs,
+        rc: &mut EtcdConfig,
+    ) -> Result<(), ConfigError> {
+        let source = if conf.contains_key("segment") {
+            self.source("rdzv-conf")
+        } else if let Some((segment, source)) =
+            slurm::segment(self.env).map_err(ConfigError::Conflict)?
+        {
+            rc.segment = segment;
+            source
+        } else if let Some(raw) = (self.env)(SEGMENT_ENV) {
+            self.segment_from_env(&raw, rc)?
+        } else {
+            Source::Default
+        };
+        let shown = if rc.segment.is_empty() {
+            "none"
+        } else {
+            rc.segment.as_str()
+        };
+        self.record("segment", shown, source);
+        let Some(raw) = a.segment_size.as_deref() else {
+            return Ok(());
+        };
+        let nnodes = (g.min_nodes, g.max_nodes);
+        rc.segment_size = self.value("segment-size", raw, |s| {
+            let k = whole_number(s)?;
+            topology::check_size(k, nnodes)?;
+            Ok(k)
+        })?;
+        if rc.segment.is_empty() && rc.segment_size > 1 {
+            self.warn(format!(
+                "--segment-size {raw}: this node has no segment (--rdzv-conf segment, Slurm's SLURM_TOPOLOGY_ADDR or {SEGMENT_ENV}), so it makes blocks only with other nodes that have none"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The segment [`SEGMENT_ENV`] gives, checked. Empty, it is no location: a pod's
+    /// variable set from a label the pod lacks is empty, and that is said.
+    fn segment_from_env(&mut self, raw: &str, rc: &mut EtcdConfig) -> Result<Source, ConfigError> {
+        if raw.trim().is_empty() {
+            self.warn(format!(
+                "{SEGMENT_ENV} is set but empty (is the pod label it is set from missing?): this node registers no segment, and its rank follows the nodes that have one"
+            ));
+            return Ok(Source::Default);
+        }
+        let segment = raw.trim();
+        topology::check(segment).map_err(|e| ConfigError::Invalid {
+            what: "segment".into(),
+            value: fsdp_rendezvous::text::shown(segment).into_owned(),
+            origin: format!("env {SEGMENT_ENV}"),
+            reason: e.to_string(),
+        })?;
+        rc.segment = segment.to_owned();
+        Ok(Source::Env(SEGMENT_ENV.into()))
     }
 
     /// The `rendezvous` line of `--print-config`.

@@ -28,7 +28,8 @@ pub(super) fn complete(m: &mut EtcdMode, run: &Run<'_>) {
         window_s: run.failure.restart_window.map_or(0, |w| w.as_secs()),
     };
     if m.job_check {
-        rc.job = job(run, (rc.min_nodes, rc.max_nodes));
+        let job = job(run, (rc.min_nodes, rc.max_nodes));
+        rc.job = fsdp_rendezvous::job::with_segment_size(job, rc.segment_size);
     }
 }
 

@@ -94,6 +94,7 @@ pub const KEYS: &[Key] = &[
     both("fence_margin"),
     both("job_check"),
     both("outage_timeout"),
+    both("segment"),
 ];
 
 /// The known key called `name`.

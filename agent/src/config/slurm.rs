@@ -176,6 +176,60 @@ pub(super) fn plan(env: &dyn Fn(&str) -> Option<String>, given: &Given) -> Resul
     Ok(Plan { fills, is_host })
 }
 
+/// This node's place in the network from Slurm's topology, as a segment: the switches of
+/// `SLURM_TOPOLOGY_ADDR` (`s0.s1.node7`, set by the topology/tree plugin, widest first),
+/// without the node itself, written `s0/s1`. `SLURM_TOPOLOGY_ADDR_PATTERN`
+/// (`switch.switch.node`) says which names are switches; without it the last name is the
+/// node (Slurm ends the path with it). Nodes under one leaf switch then share a segment,
+/// which `--segment-size` counts blocks in; the node's own name would make each node a
+/// segment of one. `None` outside a step, without the variable, or for a node under no
+/// switch.
+pub(super) fn segment(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(String, Source)>, String> {
+    if env("SLURM_JOB_ID").is_none() || env("SLURM_STEP_ID").is_none() {
+        return Ok(None);
+    }
+    let Some(addr) = env("SLURM_TOPOLOGY_ADDR").filter(|a| !a.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let addr = addr.trim();
+    let names: Vec<&str> = addr.split('.').collect();
+    let pattern = env("SLURM_TOPOLOGY_ADDR_PATTERN").filter(|p| !p.trim().is_empty());
+    let fix = "give this node's place with --rdzv-conf segment=PATH (e.g. spine0/leaf3)";
+    let switches: Vec<&str> = match &pattern {
+        Some(pattern) => {
+            let kinds: Vec<&str> = pattern.trim().split('.').collect();
+            if kinds.len() != names.len() {
+                return Err(format!(
+                    "SLURM_TOPOLOGY_ADDR={addr} has {} names but SLURM_TOPOLOGY_ADDR_PATTERN={} has {} kinds, so which are switches is unknown; {fix}",
+                    names.len(),
+                    pattern.trim(),
+                    kinds.len()
+                ));
+            }
+            names
+                .iter()
+                .zip(kinds)
+                .filter(|(_, kind)| *kind != "node")
+                .map(|(name, _)| *name)
+                .collect()
+        }
+        None => names[..names.len() - 1].to_vec(),
+    };
+    if switches.is_empty() {
+        return Ok(None);
+    }
+    let segment = switches.join("/");
+    fsdp_rendezvous::topology::check(&segment).map_err(|e| {
+        format!("SLURM_TOPOLOGY_ADDR={addr} makes segment '{segment}', which {e}; {fix}")
+    })?;
+    let source = Source::Derived(format!(
+        "Slurm: the switches above this node in SLURM_TOPOLOGY_ADDR={addr}"
+    ));
+    Ok(Some((segment, source)))
+}
+
 impl Fill {
     fn new(flag: Flag, value: String, source: Source) -> Self {
         Fill {
@@ -543,6 +597,57 @@ mod tests {
         // The step's own count is the truth: srun --ntasks-per-node=1 in an 8-per-node job.
         env.push(("SLURM_STEP_TASKS_PER_NODE", "1(x3)".into()));
         assert!(plan_in(&env, &Given::default()).is_ok());
+    }
+
+    fn segment_in(env: &[(&'static str, String)]) -> Result<Option<String>, String> {
+        let env = |k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        segment(&env).map(|s| s.map(|(segment, _)| segment))
+    }
+
+    #[test]
+    fn the_switches_above_a_node_are_its_segment() {
+        let mut env = step("gpu-008");
+        assert_eq!(segment_in(&env), Ok(None), "no topology plugin");
+        env.push(("SLURM_TOPOLOGY_ADDR", "core.spine1.leaf3.gpu-008".into()));
+        assert_eq!(segment_in(&env), Ok(Some("core/spine1/leaf3".to_owned())));
+        env.push((
+            "SLURM_TOPOLOGY_ADDR_PATTERN",
+            "switch.switch.switch.node".into(),
+        ));
+        assert_eq!(segment_in(&env), Ok(Some("core/spine1/leaf3".to_owned())));
+        let p = segment(&|k: &str| env.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone()));
+        assert!(
+            matches!(p, Ok(Some((_, Source::Derived(d)))) if d.contains("SLURM_TOPOLOGY_ADDR=core.spine1.leaf3.gpu-008"))
+        );
+        // A node under no switch has no place to tell.
+        let alone = [
+            ("SLURM_JOB_ID", "42".to_owned()),
+            ("SLURM_STEP_ID", "0".into()),
+            ("SLURM_TOPOLOGY_ADDR", "gpu-008".into()),
+            ("SLURM_TOPOLOGY_ADDR_PATTERN", "node".into()),
+        ];
+        assert_eq!(segment_in(&alone), Ok(None));
+        // A batch script's shell is no step: nothing is taken.
+        let batch = [
+            ("SLURM_JOB_ID", "42".to_owned()),
+            ("SLURM_TOPOLOGY_ADDR", "s0.n1".into()),
+        ];
+        assert_eq!(segment_in(&batch), Ok(None));
+    }
+
+    #[test]
+    fn a_topology_that_does_not_add_up_names_both_variables_and_the_fix() {
+        let mut env = step("gpu-008");
+        env.push(("SLURM_TOPOLOGY_ADDR", "s0.s1.gpu-008".into()));
+        env.push(("SLURM_TOPOLOGY_ADDR_PATTERN", "switch.node".into()));
+        let e = segment_in(&env).unwrap_err();
+        assert!(e.contains("SLURM_TOPOLOGY_ADDR=s0.s1.gpu-008"), "{e}");
+        assert!(e.contains("SLURM_TOPOLOGY_ADDR_PATTERN=switch.node"), "{e}");
+        assert!(e.contains("--rdzv-conf segment=PATH"), "{e}");
+        let mut env = step("gpu-008");
+        env.push(("SLURM_TOPOLOGY_ADDR", "s0..gpu-008".into()));
+        let e = segment_in(&env).unwrap_err();
+        assert!(e.contains("empty name"), "{e}");
     }
 
     #[test]

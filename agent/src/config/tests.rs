@@ -610,7 +610,8 @@ fn rdzv_conf_keys_are_known_or_refused_and_the_password_is_never_shown() {
              password_file, join_timeout, last_call_timeout, close_timeout, heartbeat_timeout, \
              keep_alive_interval, keep_alive_max_attempt, timeout, read_timeout, is_host, token_ttl, \
              store_type, etcd_prefix, protocol, cacert, cert, key, ca_cert, ssl_cert, \
-             ssl_cert_key, rank, cas_backoff_max_seconds, fence_margin, job_check, outage_timeout"
+             ssl_cert_key, rank, cas_backoff_max_seconds, fence_margin, job_check, outage_timeout, \
+             segment"
         ),
         "{e}"
     );
@@ -672,7 +673,7 @@ fn every_key_the_table_gives_to_etcd_is_taken_by_the_etcd_rendezvous() {
     let first = "join_timeout=5,last_call_timeout=5,close_timeout=5,keep_alive_ttl=2,\
                  keep_alive_interval=1,keep_alive_max_attempt=2,straggler_timeout=10,\
                  connect_timeout=5,etcd_prefix=/p,protocol=https,cacert=/a,cert=/b,key=/c,\
-                 username=u,password=p,outage_timeout=60,fence_margin=0.5,job_check=1";
+                 username=u,password=p,outage_timeout=60,fence_margin=0.5,job_check=1,segment=z/r";
     let second = format!(
         "ca_cert=/a,ssl_cert=/b,ssl_cert_key=/c,username=u,password_file={}",
         pw.display()
@@ -699,7 +700,7 @@ fn every_key_the_table_gives_to_c10d_is_taken_by_the_c10d_rendezvous() {
     let conf = "join_timeout=5,last_call_timeout=5,close_timeout=5,keep_alive_ttl=2,\
                 keep_alive_interval=1,keep_alive_max_attempt=2,straggler_timeout=10,\
                 connect_timeout=5,etcd_prefix=/p,outage_timeout=60,fence_margin=0.5,job_check=0,is_host=1,token_ttl=60,\
-                username=u,password=p,protocol=https,cacert=/a,cert=/b,key=/c";
+                username=u,password=p,protocol=https,cacert=/a,cert=/b,key=/c,segment=z/r";
     let args = [
         "--rdzv-backend",
         "c10d",
@@ -736,6 +737,143 @@ fn every_key_the_table_gives_to_c10d_is_taken_by_the_c10d_rendezvous() {
             key.name
         );
     }
+}
+
+// ---- topology ----
+
+#[test]
+fn the_segment_comes_from_rdzv_conf_then_slurm_then_the_pod_variable() {
+    let nodes = ["--nnodes", "2:4"];
+    let args = with(&ETCD, &nodes);
+    let c = config(&args, &[]);
+    assert_eq!(etcd_mode(&c).rendezvous.segment, "");
+    assert_eq!(setting(&c, "segment"), ("none", &Source::Default));
+    let pod = [(mode::SEGMENT_ENV, "us-east-1a")];
+    let c = config(&args, &pod);
+    assert_eq!(etcd_mode(&c).rendezvous.segment, "us-east-1a");
+    assert_eq!(
+        setting(&c, "segment"),
+        ("us-east-1a", &env("FSDP_AGENT_SEGMENT"))
+    );
+    // Slurm's switches win over the variable.
+    let mut step = srun_step("n2", "1");
+    step.push(("SLURM_TOPOLOGY_ADDR", "core.leaf3.n2"));
+    step.push(("SLURM_TOPOLOGY_ADDR_PATTERN", "switch.switch.node"));
+    step.extend(pod);
+    let c = config(&[], &step);
+    assert_eq!(etcd_mode(&c).rendezvous.segment, "core/leaf3");
+    assert!(matches!(setting(&c, "segment").1, Source::Derived(d) if d.starts_with("Slurm:")));
+    // And --rdzv-conf over both.
+    let c = config(&["--rdzv-conf", "segment=row-2/rack-7"], &step);
+    assert_eq!(etcd_mode(&c).rendezvous.segment, "row-2/rack-7");
+    assert_eq!(
+        setting(&c, "segment"),
+        ("row-2/rack-7", &flag("--rdzv-conf"))
+    );
+    // The c10d backend reads it too; a static group has no use for it.
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let c = config(
+        &[
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "n0",
+            "--rdzv-conf",
+            "segment=r",
+        ],
+        &[],
+    );
+    assert_eq!(
+        c.warnings,
+        ["--rdzv-conf segment has no effect with a static rendezvous"]
+    );
+}
+
+#[test]
+fn a_bad_segment_names_where_it_came_from_and_what_a_good_one_is() {
+    let args = with(&ETCD, &["--rdzv-conf", "segment=zone-a//rack-3"]);
+    let e = error(&args, &[]);
+    assert!(
+        e.starts_with("--rdzv-conf segment=zone-a//rack-3 has an empty name"),
+        "{e}"
+    );
+    assert!(e.contains("e.g. zone-a/rack-3"), "{e}");
+    let e = error(&ETCD, &[(mode::SEGMENT_ENV, "us east")]);
+    assert!(
+        e.starts_with("invalid segment 'us east' (from env FSDP_AGENT_SEGMENT): has a space"),
+        "{e}"
+    );
+    let long = "r".repeat(300);
+    let e = error(&ETCD, &[(mode::SEGMENT_ENV, long.as_str())]);
+    assert!(
+        e.contains("is 300 characters long; a segment is at most 253"),
+        "{e}"
+    );
+    let mut step = srun_step("n2", "1");
+    step.push(("SLURM_TOPOLOGY_ADDR", "s0.s1.n2"));
+    step.push(("SLURM_TOPOLOGY_ADDR_PATTERN", "switch.node"));
+    let e = error(&[], &step);
+    assert!(e.contains("SLURM_TOPOLOGY_ADDR_PATTERN=switch.node"), "{e}");
+    assert!(e.contains("--rdzv-conf segment=PATH"), "{e}");
+}
+
+/// A pod's variable set from a label the pod lacks is empty: no location, said.
+#[test]
+fn an_empty_pod_variable_is_no_segment_and_a_warning() {
+    let c = config(&ETCD, &[(mode::SEGMENT_ENV, "")]);
+    assert_eq!(etcd_mode(&c).rendezvous.segment, "");
+    assert!(
+        warned(&c, "FSDP_AGENT_SEGMENT is set but empty"),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn a_segment_size_needs_a_multiple_within_nnodes_and_an_elastic_rendezvous() {
+    let pod = [(mode::SEGMENT_ENV, "rack-1")];
+    let c = config(
+        &with(&ETCD, &["--nnodes", "4:16", "--segment-size", "4"]),
+        &pod,
+    );
+    assert_eq!(etcd_mode(&c).rendezvous.segment_size, 4);
+    assert_eq!(setting(&c, "segment-size"), ("4", &flag("--segment-size")));
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let c = config(&with(&ETCD, &["--nnodes", "4:16"]), &pod);
+    assert_eq!(etcd_mode(&c).rendezvous.segment_size, 1);
+    assert!(!recorded(&c, "segment-size"));
+    let e = error(
+        &with(&ETCD, &["--nnodes", "5:7", "--segment-size", "4"]),
+        &pod,
+    );
+    assert!(
+        e.starts_with("invalid --segment-size '4' (from flag --segment-size): no multiple of 4 lies within --nnodes 5:7"),
+        "{e}"
+    );
+    let e = error(
+        &with(&ETCD, &["--nnodes", "2:4", "--segment-size", "0"]),
+        &pod,
+    );
+    assert!(e.contains("must be at least 1"), "{e}");
+    let e = error(
+        &with(&ETCD, &["--nnodes", "2:4", "--segment-size", "two"]),
+        &pod,
+    );
+    assert!(e.contains("expected a whole number"), "{e}");
+    // Without a segment the node makes blocks only with others that have none.
+    let c = config(
+        &with(&ETCD, &["--nnodes", "2:4", "--segment-size", "2"]),
+        &[],
+    );
+    assert!(warned(&c, "this node has no segment"), "{:?}", c.warnings);
+    let c = config(&["--segment-size", "2"], &[]);
+    assert!(
+        warned(&c, "--segment-size 2 has no effect"),
+        "{:?}",
+        c.warnings
+    );
 }
 
 // ---- log settings ----

@@ -255,6 +255,7 @@ fn candidates(v: &View, current: Option<&Current>) -> Vec<Candidate> {
             node_id: m.record.node_id.clone(),
             joined_rev: m.create_rev,
             ready: current.is_none_or(|c| m.record.wants_round > c.number),
+            segment: m.record.segment.clone(),
         })
         .collect()
 }
@@ -344,6 +345,9 @@ pub fn round_record(
                 fields.restart_window_s = 0;
                 // Said once for the round (`Round.job`).
                 fields.job = String::new();
+                // Its place is its rank now; a coordinator orders the next round from the
+                // registrations.
+                fields.segment = String::new();
                 m
             })
             .collect(),

@@ -16,7 +16,7 @@ use super::session::{Command, Config as SessionConfig, Driver, Machine, Request}
 use super::waiter::{Waiter, Watch};
 use super::*;
 use crate::seal::SealConfig;
-use crate::{Change, Counters, RendezvousError};
+use crate::{Change, Counters, RendezvousError, text, topology};
 
 /// An agent's handle on the etcd rendezvous. It reads the session's [`View`] and asks the
 /// session (which makes every etcd write) for writes through [`Command`]s.
@@ -49,13 +49,22 @@ pub(super) struct Watching {
     round: Arc<AtomicU64>,
 }
 
-/// `--nnodes MIN:MAX` must have 0 < MIN <= MAX.
+/// `--nnodes MIN:MAX` must have 0 < MIN <= MAX, the segment size a multiple within it,
+/// and the segment be one the others accept.
 fn check_nnodes(cfg: &EtcdConfig) -> Result<(), RendezvousError> {
     if cfg.min_nodes == 0 || cfg.min_nodes > cfg.max_nodes {
         return Err(RendezvousError::InvalidConfig(format!(
             "nnodes {}:{} is not 0 < MIN <= MAX",
             cfg.min_nodes, cfg.max_nodes
         )));
+    }
+    topology::check_size(cfg.segment_size, (cfg.min_nodes, cfg.max_nodes)).map_err(|e| {
+        RendezvousError::InvalidConfig(format!("segment size {}: {e}", cfg.segment_size))
+    })?;
+    if !cfg.segment.is_empty() {
+        topology::check(&cfg.segment).map_err(|e| {
+            RendezvousError::InvalidConfig(format!("segment '{}' {e}", text::shown(&cfg.segment)))
+        })?;
     }
     Ok(())
 }
@@ -110,10 +119,12 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
             max_nodes: cfg.max_nodes,
             last_call: cfg.last_call,
             straggler_timeout: cfg.straggler_timeout,
+            segment_size: cfg.segment_size,
         },
         several_endpoints: cfg.options.endpoints.len() > 1,
         budget: cfg.budget,
         job: cfg.job.clone(),
+        segment: cfg.segment.clone(),
         fresh_store: cfg.fresh_store,
         can_probe: true,
         embedded_store: cfg.options.embedded_store,

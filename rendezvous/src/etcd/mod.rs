@@ -96,6 +96,12 @@ pub struct EtcdConfig {
     pub budget: Budget,
     /// What makes agents one job ([`crate::job::fingerprint`]); empty: no check.
     pub job: String,
+    /// Where this node sits in the network, checked ([`crate::topology::check`]); empty:
+    /// no location. The coordinator orders ranks by it.
+    pub segment: String,
+    /// Rounds are made of whole blocks of this many nodes of one segment
+    /// ([`crate::topology::blocks`]); 1: of any nodes.
+    pub segment_size: u32,
     /// This agent serves the c10d store, freshly started and empty: the other agents of a
     /// running job are on their way back ([`crate::etcd::session`]'s re-registration
     /// grace).
@@ -134,6 +140,8 @@ impl EtcdConfig {
             torchrun_clients: None,
             budget: Budget::default(),
             job: String::new(),
+            segment: String::new(),
+            segment_size: 1,
             fresh_store: false,
         }
     }

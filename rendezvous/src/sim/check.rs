@@ -70,6 +70,9 @@ impl World {
                 r.number, self.opts.min_nodes, self.opts.max_nodes
             ));
         }
+        if let Some(why) = self.misplaced(r) {
+            return self.violate(format!("round {} {why}: {:?}", r.number, names(r)));
+        }
         // Within one store epoch: when etcd lost its data, the history survives only if an
         // agent that knew the last round puts it back before a fresh round is sealed
         // (docs/simulation.md, "What the model leaves out").
@@ -169,6 +172,46 @@ impl World {
         }
     }
 
+    /// How a round breaks the topology rules, if it does: a segment's members not
+    /// contiguous, or (with blocks) a segment with a number of members that is not a
+    /// multiple of the block size.
+    fn misplaced(&self, r: &v1::Round) -> Option<String> {
+        // Rounds do not carry segments (the registrations do): each agent's is known here.
+        let segments: Vec<String> = r
+            .members
+            .iter()
+            .map(|m| {
+                let a = self.agents.iter().position(|ag| ag.node == m.node_id);
+                a.map(|a| self.opts.segment(a)).unwrap_or_default()
+            })
+            .collect();
+        let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+        for (i, s) in segments.iter().enumerate() {
+            let runs_on = i > 0 && segments[i - 1] == *s;
+            let count = seen.entry(s.as_str()).or_default();
+            if *count > 0 && !runs_on {
+                return Some(format!("splits segment '{s}'"));
+            }
+            *count += 1;
+        }
+        let k = self.opts.segment_size.max(1) as usize;
+        seen.iter()
+            .find(|(_, n)| **n % k != 0)
+            .map(|(s, n)| format!("has {n} nodes of segment '{s}', not whole blocks of {k}"))
+    }
+
+    /// How many of the agents `live` a settled run runs: each segment's whole blocks (one
+    /// node a block without blocks), at most as many as MAX holds.
+    fn runnable(&self, live: &[usize]) -> usize {
+        let k = self.opts.segment_size.max(1) as usize;
+        let mut per_segment = std::collections::BTreeMap::<String, usize>::new();
+        for a in live {
+            *per_segment.entry(self.opts.segment(*a)).or_default() += 1;
+        }
+        let whole: usize = per_segment.values().map(|n| n - n % k).sum();
+        whole.min(crate::topology::most(self.opts.segment_size, self.opts.max_nodes) as usize)
+    }
+
     fn halted(&self) -> bool {
         let key = self.keys.key::<v1::Halt>("");
         let req = fsdp_proto::etcdserverpb::RangeRequest {
@@ -264,7 +307,10 @@ impl World {
             .iter()
             .filter_map(|a| self.agents[*a].running().map(|r| (*a, r.number)))
             .collect();
-        let want = live.len().min(self.opts.max_nodes as usize);
+        let want = self.runnable(&live);
+        if want < self.opts.min_nodes as usize {
+            return;
+        }
         let rounds: std::collections::BTreeSet<u64> = running.iter().map(|(_, n)| *n).collect();
         if running.len() != want || rounds.len() != 1 {
             let waiting: Vec<String> = live

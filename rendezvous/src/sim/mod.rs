@@ -78,6 +78,11 @@ pub struct Options {
     pub three_members: bool,
     /// Failure restarts each agent allows (`--max-restarts`).
     pub max_restarts: u32,
+    /// Agents say where they sit ([`Options::segment`]).
+    pub located: bool,
+    /// `--segment-size`: rounds of whole blocks of this many nodes of one segment; 1: of
+    /// any nodes.
+    pub segment_size: u32,
     pub switches: Switches,
     /// Keep the trace (for a replay).
     pub trace: bool,
@@ -98,6 +103,8 @@ impl Options {
             last_call: Duration::from_secs(1),
             three_members: false,
             max_restarts: u32::MAX,
+            located: false,
+            segment_size: 1,
             switches: Switches::default(),
             trace: false,
         }
@@ -110,13 +117,31 @@ impl Options {
         self.ttl + self.last_call + Duration::from_secs(2)
     }
 
-    /// The options of `seed`: every fourth seed runs against a three-member etcd, and
-    /// every fourth (another one) with a small restart budget, spent within its faults.
+    /// Where agent `a` sits: two racks that alternate, so that rank order is not join
+    /// order; without blocks the last agent has no location. Empty when not located.
+    pub fn segment(&self, a: usize) -> String {
+        let unlocated = self.segment_size <= 1 && a + 1 == self.agents;
+        if !self.located || unlocated {
+            return String::new();
+        }
+        format!("zone-0/rack-{}", (a + 1) % 2)
+    }
+
+    /// The options of `seed`: every fourth seed runs against a three-member etcd, every
+    /// fourth (another one) with a small restart budget, spent within its faults; every
+    /// third with locations, half of those with rounds of whole blocks of two.
     pub fn for_seed(&self, seed: u64) -> Self {
         let mut o = self.clone();
         o.three_members = self.three_members || seed % 4 == 3;
         if seed % 4 == 1 {
             o.max_restarts = o.max_restarts.min(2 + (seed / 4 % 5) as u32);
+        }
+        if seed % 3 == 1 {
+            o.located = true;
+            let blocks = crate::topology::check_size(2, (o.min_nodes, o.max_nodes)).is_ok();
+            if seed % 6 == 4 && blocks && o.segment_size == 1 {
+                o.segment_size = 2;
+            }
         }
         o
     }

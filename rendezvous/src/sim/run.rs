@@ -39,7 +39,12 @@ pub fn run_schedule(seed: u64, opts: &Options, plan: &[(u64, Fault)]) -> Report 
     w.push(heal, Ev::HealAll);
     let settle = heal + opts.liveness_bound().as_millis() as u64;
     w.push(settle, Ev::Settled);
-    w.push(settle + 10_000, Ev::End);
+    // A node outside every round claims the coordinator key a TTL after it went (members
+    // first, duty.rs), and with blocks a run can be left with no live member: its claim
+    // and first writes may come that late, and the quiet starts after them.
+    let quiet_from = settle + opts.ttl.as_millis() as u64;
+    w.push(quiet_from, Ev::Quiet);
+    w.push(quiet_from + 10_000, Ev::End);
     w.push(100, Ev::Expire);
     let mut writes_at_settle = Vec::new();
     while let Some(q) = w.pop() {
@@ -54,6 +59,8 @@ pub fn run_schedule(seed: u64, opts: &Options, plan: &[(u64, Fault)]) -> Report 
             Ev::Settled => {
                 w.check_settled();
                 w.check_departures();
+            }
+            Ev::Quiet => {
                 writes_at_settle = w
                     .writes
                     .iter()
@@ -133,7 +140,7 @@ fn handle(w: &mut World, ev: Ev) {
             }
         }
         Ev::HealAll => heal_all(w),
-        Ev::Settled | Ev::End => {}
+        Ev::Settled | Ev::Quiet | Ev::End => {}
     }
 }
 

@@ -72,6 +72,8 @@ pub enum Ev {
     HealAll,
     /// The liveness bound after the last fault.
     Settled,
+    /// From here on nobody writes more than once (`run.rs`'s quiet check).
+    Quiet,
     End,
 }
 
@@ -225,6 +227,7 @@ impl World {
             max_nodes: self.opts.max_nodes,
             last_call: self.opts.last_call,
             straggler_timeout: self.opts.ttl,
+            segment_size: self.opts.segment_size,
         }
     }
 
@@ -258,6 +261,7 @@ impl World {
             several_endpoints: self.opts.three_members,
             budget: Default::default(),
             job: String::new(),
+            segment: self.opts.segment(a),
             fresh_store: false,
             can_probe: true,
             embedded_store: false,

@@ -11,6 +11,7 @@ fn cfg(min: u32, max: u32) -> SealConfig {
         max_nodes: max,
         last_call: 30 * S,
         straggler_timeout: 10 * S,
+        segment_size: 1,
     }
 }
 
@@ -355,4 +356,48 @@ fn an_older_round_s_charges_age_from_its_own_clock() {
         ..Default::default()
     };
     assert_eq!(ages(&r).collect::<Vec<_>>(), vec![9_000, 1_000]);
+}
+
+/// Registers `id` at revision `rev` for a first round, located in `segment`.
+fn join_in(v: &mut View, id: &str, rev: i64, segment: &str) {
+    join(v, id, rev, 0);
+    if let Some(m) = v.members.get_mut(id) {
+        m.record.segment = segment.into();
+    }
+}
+
+/// The segments come from the registrations: a rack's nodes get contiguous ranks, the
+/// round record does not carry them (ranks say it), and after a loss the next round is
+/// still a small delta of the one before (survivors first, in their order).
+#[test]
+fn registrations_order_the_round_by_segment_and_a_loss_is_still_a_delta() {
+    let t = Instant::now();
+    let mut c = Coordinator::new(cfg(1, 4), t);
+    let mut v = View::default();
+    for (i, (id, segment)) in [("a", "r1"), ("b", "r0"), ("c", "r1"), ("d", "r0")]
+        .into_iter()
+        .enumerate()
+    {
+        join_in(&mut v, id, i as i64 + 1, segment);
+    }
+    let o = c.observe(t, &v);
+    let p = sealed(&o).clone();
+    assert_eq!(p.members, ["b", "d", "a", "c"]);
+    let first = round_record(&p, &v, &o.reason, 1_000, Duration::ZERO);
+    assert!(first.members.iter().all(|m| m.segment.is_empty()));
+    c.sealed(t, p.number, &o.reason);
+    v.round = Some(RoundEntry {
+        record: first.clone().into(),
+        mod_rev: 40,
+    });
+    v.members.remove("d");
+    let o = c.observe(t + S, &v);
+    let p = sealed(&o).clone();
+    assert_eq!(p.members, ["b", "a", "c"]);
+    let next = round_record(&p, &v, &o.reason, 2_000, S);
+    let d = crate::etcd::roster::delta(&first, 40, &next).expect("a delta");
+    assert_eq!(
+        (d.removed.as_slice(), d.added.len()),
+        (["d".to_owned()].as_slice(), 0)
+    );
 }

@@ -15,6 +15,7 @@ fn cfg() -> SealConfig {
         max_nodes: 3,
         last_call: Duration::from_secs(30),
         straggler_timeout: Duration::from_secs(10),
+        segment_size: 1,
     }
 }
 

@@ -36,7 +36,10 @@ impl Record for v1::Member {
         field("node id", &self.node_id, NAME_MAX)?;
         field("address", &self.addr, NAME_MAX)?;
         field("status address", &self.status_addr, NAME_MAX)?;
-        field("job", &self.job, NAME_MAX)
+        field("job", &self.job, NAME_MAX)?;
+        // Only bounded: a segment orders ranks and is shown, and whatever path a peer was
+        // given is its own (the agent checked it before registering).
+        field("segment", &self.segment, crate::topology::SEGMENT_MAX)
     }
 
     fn apply(self, view: &mut View, tail: &str, at: At) -> Result<(), String> {

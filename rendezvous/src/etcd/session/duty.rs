@@ -394,6 +394,7 @@ mod tests {
             max_nodes: 1,
             last_call: Duration::ZERO,
             straggler_timeout: ttl,
+            segment_size: 1,
         };
         let mut d = Duty::new(cfg, t0);
         assert!(d.ask_port(t0, ttl), "none held");

@@ -49,6 +49,8 @@ pub struct Config {
     /// What makes agents one job ([`crate::job`]), written in the registration and, by a
     /// coordinator, in the rounds it seals.
     pub job: String,
+    /// Where this node sits (`Member.segment`, [`crate::topology`]); empty: no location.
+    pub segment: String,
     /// This agent serves the store it uses, started empty: a round that others put back
     /// gets their re-registration a grace before anyone is declared lost.
     pub fresh_store: bool,

@@ -122,6 +122,7 @@ impl Machine {
             max_restarts: self.cfg.budget.max_restarts,
             restart_window_s: self.cfg.budget.window_s,
             job: self.cfg.job.clone(),
+            segment: self.cfg.segment.clone(),
         }
         .into()
     }

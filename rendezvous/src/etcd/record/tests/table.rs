@@ -190,6 +190,24 @@ fn text_fields_with_control_characters_or_past_their_length_are_refused() {
     put(&mut v, &k, &key, &m.encode_to_vec(), at);
     assert!(v.members.is_empty());
     assert!(v.refused[&key].contains("control character"));
+    // A segment orders ranks and is shown: bounded, one line.
+    let mut m = member("n2", 1);
+    m.segment = format!("zone/{}", "r".repeat(300));
+    let key = k.of(&m);
+    put(&mut v, &k, &key, &m.encode_to_vec(), at);
+    assert!(
+        v.refused[&key].contains("segment of 305 characters"),
+        "{:?}",
+        v.refused
+    );
+    m.segment = "zone/rack\u{1b}[2J".into();
+    let mut v = View::default();
+    put(&mut v, &k, &key, &m.encode_to_vec(), at);
+    assert!(
+        v.refused[&key].contains("in its segment"),
+        "{:?}",
+        v.refused
+    );
 }
 
 /// A record at another's key stands for that other: refused.

@@ -273,6 +273,8 @@ fn a_first_round_of_30000_nodes_fits_etcds_default_request_limit() {
                 max_restarts: Some(3),
                 restart_window_s: 3600,
                 job: "cmd=cfd6caedeae80bde;nproc=gpu;nnodes=30000".into(),
+                // Not in rounds (`coordinator::round_record` clears it).
+                segment: String::new(),
             })
         })
         .collect();
