@@ -198,6 +198,7 @@ def run(a, policy, workdir):
         return {"policy": policy, "healthy_rate": round(healthy, 3), "worker_cpu_cores": round(used, 3),
                 "quota_cores": round(cg.quota_cores, 3), "named_after_s": round(t_named - t_slow, 1),
                 "named_after_steps": step_at_named - step_at_slow, "named": NAMED.search(named[2]).group(1),
+                "named_the_slowed_pod": NAMED.search(named[2]).group(1).startswith("pod2-"),
                 "slowed_rate": round(slowed, 3), "taken_out_after_s": round(taken - t_named, 1) if taken else None,
                 "after_rate": round(after, 3) if after is not None else None,
                 "back_within_10pct_s": back, "goodput": round(done / (healthy * (t_end - t_slow)), 3),

@@ -462,12 +462,12 @@ pub struct Args {
 
     /// What a straggler costs: warn (named) or replace (also taken out).
     ///
-    /// A straggler is a node whose slowest rank works at least 1.5 times the group's median
+    /// A straggler is a node whose slowest rank works at least 1.5 times the other nodes' median
     /// per step (over its last 20 steps, as workers report their working time with each
     /// step). `warn`: it is named in the log, `fsdp-agent status` and the metrics.
     /// `replace`: a node named for 20 s is taken out, its machine quarantined for
-    /// --quarantine-for; a waiting spare takes its place, or the group goes on without it
-    /// if --nnodes' minimum allows; at most one node every 5 minutes.
+    /// --quarantine-for; a waiting spare, if any, takes its place; never below --nnodes'
+    /// minimum; at most one node every 5 minutes.
     #[arg(
         help_heading = help::FAILURES,
         long = "straggler-policy",

@@ -3,16 +3,17 @@
 //! In a synchronous job every rank's step takes as long as the slowest rank's: the ranks
 //! that are done wait in the next collective. A step's wall time therefore names nobody;
 //! a rank's own working time in it (what it did outside the collectives, which workers
-//! report with each step: `<rank> step <n> <busy>`) does. [`judge`] compares each rank's
-//! median working time over its recent steps with the group's median, a pure function:
-//! medians, so that one slow step (a page fault, a neighbour's burst) names nobody; a
+//! report with each step: `<rank> step <n> <busy>`) does. [`judge`] compares each node's
+//! slowest rank's median working time over its recent steps with the median of the other
+//! nodes' ranks, a pure function: medians, so that one slow step (a page fault, a
+//! neighbour's burst) names nobody; the others' median, so that the node judged does not
+//! pull its own reference (in a group of two, a node at half speed scores 2, not 1.33); a
 //! minimum number of steps, so that a new group names nobody; a margin to be named by and
-//! a lower one to stop being named by, so that a rank on the line does not flap. A node is
-//! as slow as its slowest rank.
+//! a lower one to stop being named by, so that a rank on the line does not flap.
 //!
 //! [`take_out`] is the `--straggler-policy replace` decision of the node that judges (the
-//! group's rank 0): the node that stayed a straggler the longest past a bound, at most one
-//! per window, never leaving the group below its minimum.
+//! group's rank 0): the slowest node named for longer than a bound, at most one per
+//! window, never leaving the group below its minimum.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ pub struct Pace {
 pub struct Rules {
     /// Steps a rank must have reported in its window to be judged.
     pub min_steps: u32,
-    /// A rank at or above this many times the group's median is a straggler...
+    /// A node at or above this many times the other nodes' median is a straggler...
     pub named_at: f64,
     /// ...and stays one until it falls below this.
     pub cleared_below: f64,
@@ -41,7 +42,8 @@ pub struct Rules {
 }
 
 /// The agent's rules. A rank at half speed scores 2; a loaded machine's noise on medians
-/// of 20 steps stays well under 1.5 (measured in docs/benchmarks.md §19).
+/// of 20 steps stays well under 1.5 (0.90–1.03 in 10 loaded minutes, docs/benchmarks.md
+/// §19).
 pub const RULES: Rules = Rules {
     min_steps: 10,
     named_at: 1.5,
@@ -49,7 +51,7 @@ pub const RULES: Rules = Rules {
     min_excess_s: 0.005,
 };
 
-/// One node's score: its slowest judged rank's median over the group's median.
+/// One node's score: its slowest judged rank's median over the other nodes' median.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeScore {
     pub node: String,
@@ -57,6 +59,8 @@ pub struct NodeScore {
     /// Its slowest rank, and that rank's median working time.
     pub rank: u32,
     pub busy_s: f64,
+    /// The median working time of the other nodes' ranks: what it is measured against.
+    pub others_s: f64,
     pub straggler: bool,
 }
 
@@ -64,11 +68,10 @@ pub struct NodeScore {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Judgement {
     pub nodes: Vec<NodeScore>,
-    /// The group's median working time, when enough ranks were judged.
-    pub median_s: Option<f64>,
 }
 
 impl Judgement {
+    /// The judged nodes named now.
     pub fn stragglers(&self) -> BTreeSet<String> {
         self.nodes
             .iter()
@@ -77,14 +80,27 @@ impl Judgement {
             .collect()
     }
 
+    /// The nodes named after this judgement, `before` the ones named before: those named
+    /// now, and those named before that this look could not judge (a node whose agent
+    /// did not answer in time stays named: one missed look must not restart the bound).
+    pub fn still_named(&self, before: &BTreeSet<String>) -> BTreeSet<String> {
+        let mut named = self.stragglers();
+        named.extend(
+            before
+                .iter()
+                .filter(|b| !self.nodes.iter().any(|n| &n.node == *b))
+                .cloned(),
+        );
+        named
+    }
+
     /// The words for one node's score, e.g. "node b: rank 3 works 0.210 s a step, 2.0x
-    /// the group's median of 0.105 s".
+    /// the other nodes' median of 0.105 s".
     pub fn words(&self, node: &str) -> Option<String> {
         let n = self.nodes.iter().find(|n| n.node == node)?;
-        let median = self.median_s?;
         Some(format!(
-            "node {}: rank {} works {:.3} s a step, {:.1}x the group's median of {median:.3} s",
-            n.node, n.rank, n.busy_s, n.score
+            "node {}: rank {} works {:.3} s a step, {:.1}x the other nodes' median of {:.3} s",
+            n.node, n.rank, n.busy_s, n.score, n.others_s
         ))
     }
 }
@@ -101,8 +117,14 @@ pub fn judge(paces: &[Pace], before: &BTreeSet<String>, rules: &Rules) -> Judgem
     if nodes.len() < 2 {
         return Judgement::default();
     }
-    let mut times: Vec<f64> = judged.iter().map(|p| p.busy_s).collect();
-    let median = median(&mut times);
+    let others = |node: &str| {
+        let mut times: Vec<f64> = judged
+            .iter()
+            .filter(|p| p.node != node)
+            .map(|p| p.busy_s)
+            .collect();
+        median(&mut times)
+    };
     let mut slowest: BTreeMap<&str, &Pace> = BTreeMap::new();
     for p in &judged {
         let e = slowest.entry(p.node.as_str()).or_insert(p);
@@ -113,7 +135,8 @@ pub fn judge(paces: &[Pace], before: &BTreeSet<String>, rules: &Rules) -> Judgem
     let mut scored: Vec<NodeScore> = slowest
         .into_iter()
         .map(|(node, p)| {
-            let score = p.busy_s / median;
+            let reference = others(node);
+            let score = p.busy_s / reference;
             let bar = if before.contains(node) {
                 rules.cleared_below
             } else {
@@ -124,15 +147,13 @@ pub fn judge(paces: &[Pace], before: &BTreeSet<String>, rules: &Rules) -> Judgem
                 score,
                 rank: p.rank,
                 busy_s: p.busy_s,
-                straggler: score >= bar && p.busy_s - median >= rules.min_excess_s,
+                others_s: reference,
+                straggler: score >= bar && p.busy_s - reference >= rules.min_excess_s,
             }
         })
         .collect();
     scored.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.node.cmp(&b.node)));
-    Judgement {
-        nodes: scored,
-        median_s: Some(median),
-    }
+    Judgement { nodes: scored }
 }
 
 fn median(xs: &mut [f64]) -> f64 {
@@ -158,6 +179,10 @@ pub fn changes(before: &BTreeSet<String>, now: &BTreeSet<String>) -> (Vec<String
         before.difference(now).cloned().collect(),
     )
 }
+
+/// How a take-out's quarantine reason starts: what a later judge recognises it by (at
+/// most one take-out per window, whichever node judged).
+pub const REASON: &str = "straggler: ";
 
 /// `--straggler-policy`: what a named node costs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -214,15 +239,27 @@ pub struct Room {
     pub min_nodes: u32,
 }
 
+/// Who else a take-out takes: a quarantine keeps out a machine, and every member of the
+/// run on that machine leaves with it (at once or at its next join).
+pub fn on_machine<'a>(machines: impl IntoIterator<Item = (&'a str, &'a str)>, node: &str) -> u32 {
+    let all: Vec<(&str, &str)> = machines.into_iter().collect();
+    let Some(machine) = all.iter().find(|(n, _)| *n == node).map(|(_, m)| *m) else {
+        return 1;
+    };
+    all.iter().filter(|(_, m)| *m == machine).count().max(1) as u32
+}
+
 /// Which node `replace` takes out now, if any, with the reason either way.
 /// `named_since`: when each named node was first named in this unbroken stretch;
-/// `last_out`: when this judge last took a node out.
+/// `last_out`: when a straggler was last taken out of the run (by any judge);
+/// `leaving(node)`: how many members leave with that node (its machine's).
 pub fn take_out(
     now: Instant,
     j: &Judgement,
     named_since: &BTreeMap<String, Instant>,
     last_out: Option<Instant>,
     room: Room,
+    leaving: impl Fn(&str) -> u32,
     pacing: &Pacing,
 ) -> (Option<String>, String) {
     let due = j.nodes.iter().find(|n| {
@@ -246,12 +283,18 @@ pub fn take_out(
             ),
         );
     }
-    let after = room.members.saturating_sub(1);
+    let gone = leaving(&n.node);
+    let after = room.members.saturating_sub(gone);
     if after < room.min_nodes {
+        let with = if gone > 1 {
+            format!(" and the {} other members on its machine", gone - 1)
+        } else {
+            String::new()
+        };
         return (
             None,
             format!(
-                "node {} stays: without it the group would have {after} nodes, below --nnodes' minimum of {}",
+                "node {} stays: without it{with} the group would have {after} nodes, below --nnodes' minimum of {}",
                 n.node, room.min_nodes
             ),
         );
@@ -259,7 +302,7 @@ pub fn take_out(
     (
         Some(n.node.clone()),
         format!(
-            "{} for {}s or more; the group re-forms without it (a waiting spare takes its place)",
+            "{} for {}s or more; the group re-forms without it (a waiting spare, if any, takes its place)",
             j.words(&n.node)
                 .unwrap_or_else(|| format!("node {}", n.node)),
             pacing.after.as_secs()
@@ -367,9 +410,35 @@ mod tests {
     }
 
     #[test]
-    fn half_the_group_slow_is_no_straggler() {
+    fn in_a_group_of_two_the_node_at_half_speed_scores_two() {
+        // Against the group's median (their mean here) it would score 1.33: never named.
+        let j = judge(&group(&[0.10, 0.20]), &none(), &RULES);
+        assert_eq!(j.stragglers(), BTreeSet::from(["n1".to_owned()]), "{j:?}");
+        assert!((j.nodes[0].score - 2.0).abs() < 0.05, "{j:?}");
+        assert!(j.nodes[1].score < 0.6, "{j:?}");
+    }
+
+    #[test]
+    fn two_slow_nodes_of_four_are_both_named() {
         let j = judge(&group(&[0.10, 0.20, 0.20, 0.10]), &none(), &RULES);
-        assert!(j.stragglers().is_empty(), "{j:?}");
+        assert_eq!(
+            j.stragglers(),
+            BTreeSet::from(["n1".to_owned(), "n2".to_owned()]),
+            "{j:?}"
+        );
+    }
+
+    #[test]
+    fn a_named_node_that_misses_a_look_stays_named() {
+        let was = BTreeSet::from(["n2".to_owned()]);
+        // n2's agent did not answer this look: the others are judged, n2 stays named.
+        let j = judge(&group(&[0.10, 0.10]), &was, &RULES);
+        assert_eq!(j.still_named(&was), was);
+        // Nobody could be judged at all: nothing changes either.
+        assert_eq!(Judgement::default().still_named(&was), was);
+        // Judged and fast again: cleared.
+        let j = judge(&group(&[0.10, 0.10, 0.10]), &was, &RULES);
+        assert!(j.still_named(&was).is_empty());
     }
 
     fn room(members: u32, min_nodes: u32) -> Room {
@@ -383,10 +452,11 @@ mod tests {
         let since = BTreeMap::from([("n2".to_owned(), t0)]);
         let p = &PACING;
         // Not yet named long enough.
-        let (out, why) = take_out(t0 + p.after / 2, &j, &since, None, room(4, 3), p);
+        let one = |_: &str| 1;
+        let (out, why) = take_out(t0 + p.after / 2, &j, &since, None, room(4, 3), one, p);
         assert_eq!(out, None, "{why}");
         let later = t0 + p.after;
-        let (out, why) = take_out(later, &j, &since, None, room(4, 3), p);
+        let (out, why) = take_out(later, &j, &since, None, room(4, 3), one, p);
         assert_eq!(out.as_deref(), Some("n2"));
         assert!(
             why.contains("rank 4 works 0.200 s a step, 2.0x")
@@ -394,15 +464,39 @@ mod tests {
             "{why}"
         );
         // Never below the minimum.
-        let (out, why) = take_out(later, &j, &since, None, room(4, 4), p);
+        let (out, why) = take_out(later, &j, &since, None, room(4, 4), one, p);
         assert_eq!(out, None);
         assert!(why.contains("below --nnodes' minimum of 4"), "{why}");
+        // Counting the members that share its machine: they leave with it.
+        let (out, why) = take_out(later, &j, &since, None, room(4, 3), |_| 2, p);
+        assert_eq!(out, None);
+        assert!(
+            why.contains("and the 1 other members on its machine"),
+            "{why}"
+        );
         // One per window.
-        let (out, why) = take_out(later, &j, &since, Some(later - p.window / 2), room(4, 3), p);
+        let half = Some(later - p.window / 2);
+        let (out, why) = take_out(later, &j, &since, half, room(4, 3), one, p);
         assert_eq!(out, None);
         assert!(why.contains("at most one per 300s"), "{why}");
-        let (out, _) = take_out(later, &j, &since, Some(later - p.window), room(4, 3), p);
+        let (out, _) = take_out(
+            later,
+            &j,
+            &since,
+            Some(later - p.window),
+            room(4, 3),
+            one,
+            p,
+        );
         assert_eq!(out.as_deref(), Some("n2"));
+    }
+
+    #[test]
+    fn the_members_on_a_machine_are_counted() {
+        let m = [("a", "m1"), ("b", "m2"), ("c", "m1")];
+        assert_eq!(on_machine(m.iter().copied(), "a"), 2);
+        assert_eq!(on_machine(m.iter().copied(), "b"), 1);
+        assert_eq!(on_machine(m.iter().copied(), "z"), 1);
     }
 
     #[test]
@@ -416,6 +510,7 @@ mod tests {
             &since,
             None,
             room(4, 1),
+            |_| 1,
             &PACING,
         );
         assert_eq!(out, None);

@@ -525,6 +525,9 @@ pub trait JobRecords {
     /// for one that names it: agents of other runs' nodes may share its machine).
     fn quarantined_node(&self, machine: &str) -> Option<String>;
 
+    /// Every standing quarantine's reason and end (Unix ms).
+    fn quarantines(&self) -> Vec<(String, u64)>;
+
     /// This node's health check failed (`failures` times in a row, the last for `reason`):
     /// it stays out of rounds, and says why, until it joins again.
     async fn unhealthy(&mut self, reason: String, failures: u32) -> Result<(), RendezvousError>;
@@ -588,6 +591,10 @@ impl JobRecords for NoRecords {
     }
 
     fn quarantined_node(&self, _machine: &str) -> Option<String> {
+        match *self {}
+    }
+
+    fn quarantines(&self) -> Vec<(String, u64)> {
         match *self {}
     }
 

@@ -50,9 +50,16 @@ impl Slowed {
             std::fs::write(dir.join("cpu.cfs_quota_us"), quota.to_string()).unwrap();
             dir
         } else {
-            let dir = Path::new("/sys/fs/cgroup").join(&name);
+            let root = Path::new("/sys/fs/cgroup");
+            // cgroup v2: the cpu controller must be on for the root's children.
+            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
+            let dir = root.join(&name);
             std::fs::create_dir_all(&dir).expect("a cgroup (needs root, as CI has)");
-            std::fs::write(dir.join("cpu.max"), format!("{quota} {period}")).unwrap();
+            std::fs::write(dir.join("cpu.max"), format!("{quota} {period}")).unwrap_or_else(|e| {
+                panic!(
+                    "no cpu controller in cgroup v2 here ({e}): this test slows a worker with one"
+                )
+            });
             dir
         };
         std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move the worker");
@@ -62,6 +69,13 @@ impl Slowed {
 
 impl Drop for Slowed {
     fn drop(&mut self) {
+        // Its process may still run (the agents are dropped after this): back to the
+        // parent cgroup, or the directory could not be removed.
+        let parent = self.0.parent().unwrap().join("cgroup.procs");
+        let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write(&parent, pid);
+        }
         for _ in 0..100 {
             if std::fs::remove_dir(&self.0).is_ok() {
                 return;

@@ -14,7 +14,12 @@ fn agent(dir: &Path, etcd: &Etcd, name: &str, segment: &str, extra: &[&str]) -> 
     AgentCmd::new(dir, name)
         .env("FSDP_AGENT_SEGMENT", segment)
         .args(["--nproc-per-node", "1", "--max-restarts", "0"])
-        .args(["--rdzv-backend", "etcd", "--rdzv-endpoint", &etcd.endpoint()])
+        .args([
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            &etcd.endpoint(),
+        ])
         .args(["--rdzv-id", "topology", "--local-addr", "127.0.0.1"])
         .args(["--rdzv-conf", "last_call_timeout=2"])
         .args(extra)
@@ -102,6 +107,11 @@ fn with_segment_size_2_the_world_is_whole_blocks_of_one_rack_and_the_odd_node_wa
         agents[0].output()
     );
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(formed(&agents[3], "group_rank"), None, "{}", agents[3].output());
+    assert_eq!(
+        formed(&agents[3], "group_rank"),
+        None,
+        "{}",
+        agents[3].output()
+    );
     assert!(fsdp_tests::alive(agents[3].pid()), "{}", agents[3].output());
 }

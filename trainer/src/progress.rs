@@ -57,9 +57,13 @@ impl Progress {
         self.say(&format!("joined {round} {from}"), 50);
     }
 
-    /// Step `n` finished; this rank worked `busy` of it (not blocked on its peers).
-    pub fn step(&self, n: usize, busy: std::time::Duration) {
-        self.say(&format!("step {n} {:.6}", busy.as_secs_f64()), 1);
+    /// Step `n` finished; this rank worked `busy` of it (not blocked on its peers), when
+    /// it can tell.
+    pub fn step(&self, n: usize, busy: Option<std::time::Duration>) {
+        match busy {
+            Some(b) => self.say(&format!("step {n} {:.6}", b.as_secs_f64()), 1),
+            None => self.say(&format!("step {n}"), 1),
+        }
     }
 
     // A phase's begin and end matter more than one step: they wait up to ~0.1 s for room.
@@ -83,13 +87,14 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let agent = UnixDatagram::bind(&path).unwrap();
         let p = Progress::to(path.clone(), 3);
-        p.step(41, std::time::Duration::from_micros(83_250));
+        p.step(41, Some(std::time::Duration::from_micros(83_250)));
+        p.step(42, None);
         p.begin("checkpoint");
         p.end("checkpoint");
         p.can("save-on-warning");
         let mut got = Vec::new();
         let mut buf = [0u8; 64];
-        for _ in 0..4 {
+        for _ in 0..5 {
             let n = agent.recv(&mut buf).unwrap();
             got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
@@ -97,6 +102,7 @@ mod tests {
             got,
             [
                 "3 step 41 0.083250",
+                "3 step 42",
                 "3 begin checkpoint",
                 "3 end checkpoint",
                 "3 can save-on-warning"
@@ -104,6 +110,6 @@ mod tests {
         );
         std::fs::remove_file(&path).unwrap();
         // Without an agent nothing is sent and nothing fails.
-        Progress::to(path, 0).step(1, std::time::Duration::ZERO);
+        Progress::to(path, 0).step(1, None);
     }
 }

@@ -375,8 +375,10 @@ struct Stepped {
     warned_here: bool,
     due: Due,
     /// This rank's own time in the step: its wall time less what it spent blocked in
-    /// collectives and waiting for a save's writer (what names a straggler).
-    busy: Duration,
+    /// collectives and waiting for a save's writer (what names a straggler). `None` on a
+    /// GPU: NCCL's waits return at once (the stream waits, not the host), and the host
+    /// blocks later, in a copy to the CPU, so the difference would be the whole step.
+    busy: Option<Duration>,
 }
 
 impl Stepped {
@@ -685,7 +687,8 @@ impl<'g> Trainer<'g> {
             boundary,
             warned_here,
             due,
-            busy: began.elapsed().saturating_sub(blocked),
+            busy: (group.device == tch::Device::Cpu)
+                .then(|| began.elapsed().saturating_sub(blocked)),
         })
     }
 

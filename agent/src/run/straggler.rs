@@ -8,8 +8,10 @@
 //! quarantines a faulty one; that node sees its machine quarantined in the view it
 //! watches and leaves (exit 80), and the others re-form without it.
 //!
-//! One judge, not every node: each judgement asks every member once, so it costs the
-//! group O(N) small requests per look, not O(N²).
+//! One judge, not every node: each look asks every member once (N requests, not N²).
+//! Each answer is a member's whole status, which lists the round's members: a look moves
+//! O(N²) bytes, nothing at tens of nodes and megabytes at a thousand; a dedicated, smaller
+//! request is the scale work's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -48,7 +50,8 @@ pub(super) struct Judge {
     next_at: Option<Instant>,
     named: BTreeSet<String>,
     named_since: BTreeMap<String, Instant>,
-    /// When this node last took a straggler out (kept across rounds: one per window).
+    /// When this node last took a straggler out (kept across rounds: one per window;
+    /// another judge's take-outs are read from the quarantine records).
     last_out: Option<Instant>,
 }
 
@@ -65,6 +68,8 @@ impl<R: Rendezvous> Loop<'_, R> {
             return Some(phase);
         }
         if self.progress.is_none() || round.group_rank != 0 || round.members.len() < 2 {
+            // Not the judge (or no longer): scores it showed would be stale for good.
+            self.report.straggler_scores(Vec::new());
             self.judge = Judge {
                 last_out: self.judge.last_out,
                 ..Judge::default()
@@ -106,9 +111,13 @@ impl<R: Rendezvous> Loop<'_, R> {
     /// Judges the members' answers; says what changed; under `replace`, takes one node
     /// out when [`straggler::take_out`] says so.
     async fn judged(&mut self, round: &Round, answers: Vec<Answer>, now: Instant) -> Option<Phase> {
+        if answers.len() < 2 {
+            // Nobody to compare: the next look judges again, the named stay named.
+            return None;
+        }
         let paces: Vec<Pace> = answers.iter().flat_map(|a| a.paces.clone()).collect();
         let j = straggler::judge(&paces, &self.judge.named, &straggler::RULES);
-        let named = j.stragglers();
+        let named = j.still_named(&self.judge.named);
         let (became, cleared) = straggler::changes(&self.judge.named, &named);
         for node in &became {
             let words = j.words(node).unwrap_or_default();
@@ -131,12 +140,19 @@ impl<R: Rendezvous> Loop<'_, R> {
             members: round.members.len() as u32,
             min_nodes: min_nodes(&self.cfg.mode),
         };
+        let machines = || {
+            answers
+                .iter()
+                .map(|a| (a.node.as_str(), a.machine.as_str()))
+        };
+        let last_out = self.last_take_out(now);
         let (out, why) = straggler::take_out(
             now,
             &j,
             &self.judge.named_since,
-            self.judge.last_out,
+            last_out,
             room,
+            |node| straggler::on_machine(machines(), node),
             &straggler::PACING,
         );
         let Some(node) = out else {
@@ -146,29 +162,54 @@ impl<R: Rendezvous> Loop<'_, R> {
             return None;
         };
         let machine = &answers.iter().find(|a| a.node == node)?.machine;
-        self.take_out(&node, machine, &why).await;
-        self.judge.last_out = Some(now);
+        if self.take_out(&node, machine, &why).await {
+            self.judge.last_out = Some(now);
+        }
         None
     }
 
+    /// When a straggler was last taken out of the run: by this node, or by any judge as
+    /// the standing quarantines say (written `--quarantine-for` before they end; every
+    /// agent of a run is given the same).
+    fn last_take_out(&mut self, now: Instant) -> Option<Instant> {
+        let for_ms = u64::try_from(self.cfg.failure.quarantine_for.as_millis()).unwrap_or(u64::MAX);
+        let now_ms = fsdp_rendezvous::unix_ms();
+        let written = self.rdzv.records().and_then(|r| {
+            r.quarantines()
+                .into_iter()
+                .filter(|(reason, _)| reason.starts_with(straggler::REASON))
+                .map(|(_, until)| until.saturating_sub(for_ms))
+                .max()
+        });
+        let recorded = written.map(|ms| {
+            now.checked_sub(Duration::from_millis(now_ms.saturating_sub(ms)))
+                .unwrap_or(now)
+        });
+        self.judge.last_out.max(recorded)
+    }
+
     /// Quarantines `machine`, where the straggler `node` runs: it leaves on seeing it.
-    async fn take_out(&mut self, node: &str, machine: &str, why: &str) {
-        let reason = format!("straggler: {why}");
+    /// Whether the record was written. The write holds the loop for at most
+    /// [`ASK_PATIENCE`]: a signal meanwhile waits for it, and is not lost.
+    async fn take_out(&mut self, node: &str, machine: &str, why: &str) -> bool {
+        let reason = format!("{}{why}", straggler::REASON);
         tracing::warn!(%node, %machine, "--straggler-policy replace: taking the straggler out ({why})");
         let until = fsdp_rendezvous::unix_ms().saturating_add(
             u64::try_from(self.cfg.failure.quarantine_for.as_millis()).unwrap_or(u64::MAX),
         );
         let Some(records) = self.rdzv.records() else {
-            return;
+            return false;
         };
         let said = tokio::time::timeout(
             ASK_PATIENCE,
             records.quarantine(machine.to_owned(), Some(node.to_owned()), reason, until),
         )
         .await;
-        if !matches!(said, Ok(Ok(()))) {
-            tracing::warn!(%node, "could not record the straggler's quarantine; it stays for now");
+        let written = matches!(said, Ok(Ok(())));
+        if !written {
+            tracing::warn!(%node, "could not record the straggler's quarantine; it stays until a later look takes it out");
         }
+        written
     }
 
     /// This node was taken out while its workers ran (a straggler: its machine quarantined
@@ -241,6 +282,12 @@ async fn ask_paces(members: Vec<(String, String)>) -> Vec<Answer> {
             .await
             .ok()
             .flatten()?;
+        // Only the member asked, and one that names its machine: a status port reused by
+        // another agent, or an agent too old to say its machine, is not judged (a
+        // quarantine of the wrong machine, or of none, would take out the wrong node).
+        if state.node_id != node || state.machine.is_empty() {
+            return None;
+        }
         let paces = state
             .ranks
             .iter()

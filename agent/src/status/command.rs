@@ -222,7 +222,7 @@ pub struct RankLine {
     pub busy_seconds: f64,
 }
 
-/// One judged node: its slowest rank's median working time over the group's median.
+/// One judged node: its slowest rank's median working time over the other nodes' median.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ScoreLine {
     pub node_id: String,
@@ -286,15 +286,14 @@ async fn slowest_ranks(run: &RunReport) -> (Vec<RankLine>, Vec<ScoreLine>) {
                     straggler: n.straggler,
                 })
                 .collect();
-            (ranks, scores)
+            (m.group_rank == Some(0), ranks, scores)
         });
     let mut all = Vec::new();
     let mut scores = Vec::new();
-    for (ranks, judged) in futures::future::join_all(asks).await {
+    for (judge, ranks, judged) in futures::future::join_all(asks).await {
         all.extend(ranks);
-        // One member judges; a member left from an older round may too, but its own
-        // round's judge is the one that answers with the most nodes.
-        if judged.len() > scores.len() {
+        // The round's rank 0 judges (another member's scores are from when it did).
+        if judge {
             scores = judged;
         }
     }
@@ -336,7 +335,7 @@ fn table_text(shown: &Shown) -> String {
     if !shown.stragglers.is_empty() {
         let _ = writeln!(
             out,
-            "\nstragglers (each node's slowest rank's median working time per step against the group's):"
+            "\nstragglers (each node's slowest rank's median working time per step against the other nodes'):"
         );
         let rows: Vec<Vec<String>> = shown
             .stragglers

@@ -206,7 +206,7 @@ fn straggler_scores(out: &mut String, scores: &[fsdp_proto::v1::NodeScore]) {
     }
     let _ = writeln!(
         out,
-        "# HELP fsdp_agent_straggler_score Each node's slowest rank's median working time over the group's median (judged by the group's rank 0).\n# TYPE fsdp_agent_straggler_score gauge"
+        "# HELP fsdp_agent_straggler_score Each node's slowest rank's median working time over the other nodes' median (judged by the group's rank 0).\n# TYPE fsdp_agent_straggler_score gauge"
     );
     for n in scores {
         let node = escape(&n.node_id);

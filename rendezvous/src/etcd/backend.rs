@@ -232,6 +232,16 @@ impl JobRecords for EtcdRendezvous {
         (q.until_ms > crate::unix_ms()).then(|| q.node_id.clone())
     }
 
+    fn quarantines(&self) -> Vec<(String, u64)> {
+        let now = crate::unix_ms();
+        let v = self.view.borrow();
+        v.quarantine
+            .values()
+            .filter(|q| q.until_ms > now)
+            .map(|q| (q.reason.clone(), q.until_ms))
+            .collect()
+    }
+
     async fn unhealthy(&mut self, reason: String, failures: u32) -> Result<(), RendezvousError> {
         let record = v1::Unhealthy {
             schema: fsdp_proto::SCHEMA_VERSION,

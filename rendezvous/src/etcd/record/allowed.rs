@@ -22,8 +22,8 @@ pub struct Allowed {
     /// writes (`--no-retry-exit-codes`, the no-progress rule's); `None`: any but 0.
     pub halt_codes: Option<BTreeSet<u8>>,
     /// How long this node's own policy keeps a machine out (`--quarantine-for`); `None`
-    /// when it never quarantines (`--quarantine-after 0`), and then it obeys no
-    /// quarantine either.
+    /// when it never quarantines (`--quarantine-after 0`, no `--quarantine-on-exit`,
+    /// `--straggler-policy warn`), and then it obeys no quarantine either.
     pub quarantine_for: Option<Duration>,
 }
 
@@ -70,7 +70,7 @@ impl Allowed {
     pub fn quarantine(&self, q: &v1::Quarantine, now_ms: u64) -> Result<(), String> {
         let Some(bound) = self.quarantine_for else {
             return Err(
-                "is not obeyed: this node's failure policy never quarantines (--quarantine-after 0)"
+                "is not obeyed: this node's failure policy never quarantines (--quarantine-after 0, no --quarantine-on-exit, --straggler-policy warn)"
                     .into(),
             );
         };
