@@ -239,3 +239,125 @@ fn the_round_an_agent_runs_shares_the_records_members() {
         assert!(v1::Member::same(&m.record, r), "{} was copied", m.node_id());
     }
 }
+
+/// `view_with_round(members)` as round `number`, charged `restart_count` restarts.
+fn round_view(number: u64, members: &[&str], restart_count: u32) -> View {
+    let mut v = view_with_round(members);
+    let rec = std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record);
+    rec.number = number;
+    rec.restart_count = restart_count;
+    v
+}
+
+fn waiter() -> super::waiter::Waiter {
+    super::waiter::Waiter::new("me".into(), 2, 8, std::time::Duration::from_secs(1))
+}
+
+/// Found by the simulator (seed 207789): a node sealed into a round that spent the
+/// budget, whose lease ran out before the round started, next saw only the round the
+/// coordinator sealed without it. As a spare of that round it asked for the next one, and
+/// waited for a round that never came, where the others gave up. The round it saw itself
+/// sealed into is handed to the loop as broken, as the others were handed it.
+#[test]
+fn a_member_left_out_of_the_next_round_is_handed_the_round_that_spent_its_budget() {
+    use super::waiter::Action;
+    let now = Instant::now();
+    let mut w = waiter();
+    let v = round_view(2, &["a", "b"], 4);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 3 }));
+    // Sealed into round 3; "a" is its rank 0 and has not published the master yet.
+    let v = round_view(3, &["a", "me", "b"], 5);
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
+    // Round 4, sealed without this node (its lease ran out), is all it sees next.
+    let v = round_view(4, &["a", "b"], 5);
+    match w.on_view(&v, now) {
+        Ok(Action::Charged(r)) => {
+            assert_eq!((r.number, r.restart_count), (3, 5));
+            assert_eq!(r.broken, Some(Change::MemberLost { node: "me".into() }));
+        }
+        other => panic!("expected round 3 handed over, got {other:?}"),
+    }
+    // The loop, within its budget, asks for the next round: the same count is not handed
+    // over twice.
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 5 }));
+    let v5 = round_view(5, &["a", "me", "b"], 5);
+    assert!(matches!(w.on_view(&v5, now), Ok(Action::Wait)));
+    let v6 = round_view(6, &["a", "b"], 5);
+    assert!(matches!(
+        w.on_view(&v6, now),
+        Ok(Action::Register { wants: 7 })
+    ));
+}
+
+/// The same, with a round this node was sealed into seen while it ran the one before:
+/// it stopped its workers for it, and by its next look that round was replaced by one
+/// without it.
+#[test]
+fn a_runner_left_out_of_the_round_after_its_own_is_handed_that_round() {
+    use super::waiter::{Action, Watch};
+    let now = Instant::now();
+    let mut w = waiter();
+    let mut v = round_view(3, &["me", "a"], 1);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
+    v = round_view(4, &["me", "a"], 1);
+    v.master = Some(v1::Master {
+        schema: SCHEMA_VERSION,
+        round: 4,
+        addr: "10.0.0.1".into(),
+        port: 29400,
+    });
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Run { .. })));
+    let v = round_view(5, &["a", "me"], 2);
+    assert_eq!(
+        w.on_running_view(&v, now).ok(),
+        Some(Watch::Over(Change::NewRound { number: 5 }))
+    );
+    let v = round_view(6, &["a"], 2);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 5 }));
+    match w.on_view(&v, now) {
+        Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (5, 2)),
+        other => panic!("expected round 5 handed over, got {other:?}"),
+    }
+}
+
+/// etcd came back empty; before the members wrote the round they ran back, another
+/// coordinator sealed its own round under the same number, with this node and a higher
+/// restart count (seed 209829). This node leaves the round it ran for the next number:
+/// the other seal, which it will never run, is handed over first.
+#[test]
+fn another_seal_under_the_held_number_is_handed_over_before_the_next_round() {
+    use super::waiter::{Action, Watch};
+    let now = Instant::now();
+    let mut w = waiter();
+    let v = round_view(3, &["me", "a"], 1);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
+    let mut v = round_view(4, &["me", "a"], 1);
+    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).sealed_at_ms = 1_000;
+    v.master = Some(v1::Master {
+        schema: SCHEMA_VERSION,
+        round: 4,
+        addr: "10.0.0.1".into(),
+        port: 29400,
+    });
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Run { .. })));
+    // The held round, shown again (a keep-alive answer), is not remembered.
+    assert_eq!(
+        w.on_running_view(&v, now).ok(),
+        Some(Watch::Keep { recheck: None })
+    );
+    let mut v = round_view(4, &["b", "me"], 2);
+    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).sealed_at_ms = 2_000;
+    assert_eq!(
+        w.on_running_view(&v, now).ok(),
+        Some(Watch::Over(Change::MemberLost { node: "a".into() }))
+    );
+    match w.begin(&v, now) {
+        Action::Charged(r) => {
+            assert_eq!((r.number, r.restart_count), (4, 2));
+            assert_eq!(r.broken, Some(Change::MemberLost { node: "me".into() }));
+        }
+        other => panic!("expected the other round 4 handed over, got {other:?}"),
+    }
+    // The loop, within its budget, asks for the next round.
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 5 }));
+}

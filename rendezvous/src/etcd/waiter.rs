@@ -57,7 +57,9 @@ pub(crate) enum Action {
     /// A round broken before it started charged a restart the loop has not been given:
     /// hand it over, so the budget is decided as every member of that round decides it
     /// (one that ran it gives up when it is spent; this node must not wait for a round
-    /// that never comes). The loop asks for the next round after it.
+    /// that never comes). So is a round this node was sealed into and leaves unrun (gone
+    /// from view before it started, or another seal under the number it ran), as broken by
+    /// its own loss. The loop asks for the next round after it.
     Charged(Round),
 }
 
@@ -85,6 +87,13 @@ pub(crate) struct Waiter {
     waiting: Option<Wait>,
     /// The highest restart count of a round handed to the loop (run or charged).
     restarts_told: u32,
+    /// The newest round naming this node that it saw while waiting for it or running
+    /// another (one it then ran is no matter: its count was told). It charged its restart count to this node as to its
+    /// other members, who give up when it spent the budget; this node must too, even when
+    /// it never looks at that round again: its lease ran out before the round started and
+    /// the next look shows only the round sealed without it (seed 207789), or it was
+    /// another seal under the number of the round it ran (seed 209829).
+    sealed_in: Option<Arc<v1::Round>>,
 }
 
 impl Waiter {
@@ -97,6 +106,7 @@ impl Waiter {
             held: None,
             waiting: None,
             restarts_told: 0,
+            sealed_in: None,
         }
     }
 
@@ -110,12 +120,18 @@ impl Waiter {
     }
 
     /// Begins waiting for the next round: the one after the round this node ran, or
-    /// after the newest it sees when it ran none.
+    /// after the newest it sees when it ran none. A round before it that this node was
+    /// sealed into and did not run is handed over first.
     pub(crate) fn begin(&mut self, v: &View, now: Instant) -> Action {
         let wants = match &self.held {
             Some(h) => h.record.number + 1,
             None => v.round.as_ref().map_or(0, |r| r.record.number + 1),
         };
+        self.note_sealed_in(v, wants);
+        if let Some(round) = self.charged_in_sealed(wants) {
+            self.waiting = None;
+            return Action::Charged(round);
+        }
         self.waiting = Some(Wait {
             wants,
             since: now,
@@ -129,6 +145,7 @@ impl Waiter {
         let Some(w) = self.waiting else {
             return Ok(Action::Wait);
         };
+        self.note_sealed_in(v, w.wants);
         let next = step(v, &self.me, self.my_workers, w.wants, w.published, w.since)?;
         Ok(match next {
             Step::Wait => Action::Wait,
@@ -167,6 +184,10 @@ impl Waiter {
             }
             Step::Spare { next, members } => {
                 self.log_spare(next - 1, members);
+                if let Some(round) = self.charged_in_sealed(next) {
+                    self.waiting = None;
+                    return Ok(Action::Charged(round));
+                }
                 self.register_for(next, None)
             }
         })
@@ -178,12 +199,17 @@ impl Waiter {
         v: &View,
         now: Instant,
     ) -> Result<Watch, RendezvousError> {
-        let Some(held) = &self.held else {
+        let Some(number) = self.held.as_ref().map(|h| h.record.number) else {
             return Ok(Watch::Keep { recheck: None });
         };
         if let Some(c) = v.corruption() {
             return Err(RendezvousError::Corrupt(c));
         }
+        // A later round that names this node, or another seal under the held number.
+        self.note_sealed_in(v, number);
+        let Some(held) = &self.held else {
+            return Ok(Watch::Keep { recheck: None });
+        };
         if let Some(change) = detect(v, &held.record, &self.me, held.since) {
             return Ok(Watch::Over(change));
         }
@@ -223,16 +249,64 @@ impl Waiter {
     /// Round `number`, broken before it started, if it charged the job a restart this
     /// node's loop has not been given yet.
     fn charged_in_broken(&mut self, v: &View, number: u64, change: Change) -> Option<Round> {
+        let rec = Arc::clone(&v.round.as_ref()?.record);
+        if rec.number != number {
+            return None;
+        }
+        self.charged_in(&rec, change)
+    }
+
+    /// Round `rec`, which names this node and broke with `change` before it started, if
+    /// it charged the job a restart this node's loop has not been given yet.
+    fn charged_in(&mut self, rec: &v1::Round, change: Change) -> Option<Round> {
         if crate::switches::NO_CHARGE_IN_BROKEN.with(std::cell::Cell::get) {
             return None;
         }
-        let rec = &v.round.as_ref()?.record;
-        if rec.number != number || rec.restart_count <= self.restarts_told {
+        if rec.restart_count <= self.restarts_told {
             return None;
         }
         let round = super::joining::broken_round(rec, &self.me, change)?;
         self.restarts_told = rec.restart_count;
         Some(round)
+    }
+
+    /// The round this node was sealed into and did not run ([`Self::sealed_in`]), if it
+    /// is numbered before `next` (the round this node is about to ask for: it will never
+    /// run that one) and charged a restart its loop has not been given: broken by this
+    /// node's loss, as its other members see it.
+    fn charged_in_sealed(&mut self, next: u64) -> Option<Round> {
+        let rec = self.sealed_in.take_if(|r| r.number < next)?;
+        let me = Change::MemberLost {
+            node: self.me.clone(),
+        };
+        let round = self.charged_in(&rec, me)?;
+        tracing::info!(
+            round = round.number,
+            restart_count = round.restart_count,
+            "a round this node was sealed into went on without it; handing over its restart count"
+        );
+        Some(round)
+    }
+
+    /// Remembers the view's round if it names this node, is numbered `from` or later (the
+    /// round waited for; the held one's number while running) and is not the round held.
+    /// Looked at on every change of the view: the members are scanned only for a round
+    /// neither remembered nor held (a keep-alive answer shows the held one again and
+    /// again).
+    fn note_sealed_in(&mut self, v: &View, from: u64) {
+        let Some(rec) = v.round.as_ref().map(|r| &r.record) else {
+            return;
+        };
+        let same = |r: Option<&Arc<v1::Round>>| r.is_some_and(|r| Arc::ptr_eq(r, rec));
+        if rec.number < from
+            || same(self.sealed_in.as_ref())
+            || same(self.held.as_ref().map(|h| &h.record))
+        {
+            return;
+        }
+        if rec.members.iter().any(|m| m.node_id == self.me) {
+            self.sealed_in = Some(Arc::clone(rec));
+        }
     }
 
     /// Why workers started now could run under a lease etcd may have expired, beside a

@@ -196,4 +196,23 @@ fn the_seeds_that_found_bugs_pass() {
     // empty; they took it for theirs (found once the keep-alives went beside ops and
     // moved the timings).
     assert_eq!(run_seed(8847, &opts).violation, None);
+    // A node sealed into a round that spent the budget, whose lease ran out before it
+    // started, next saw only the round sealed without it, and asked for the one after
+    // instead of giving up (the waiter kept no memory of the round it was sealed into);
+    // in 209829 that round was another seal under the number of the one the node ran.
+    for seed in [
+        117_241,
+        201_025,
+        207_789,
+        208_825,
+        208_849,
+        209_829,
+        1_988_231_889,
+    ] {
+        let r = run_seed(seed, &opts);
+        assert_eq!(
+            r.violation, None,
+            "seed {seed}: scripts/sim.sh --seed {seed} --shrink"
+        );
+    }
 }
