@@ -110,6 +110,25 @@ class Pod:
         os.kill(self.agent_pid(), signal.SIGTERM)
 
 
+def descendants(root):
+    """Every process below pid `root` (children, their children, ...), from /proc."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                kids.setdefault(ppid, []).append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], list(kids.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(kids.get(pid, []))
+    return out
+
+
 def launcher_argv(kind, agent, endpoint, run_id, nnodes, index, ckpt):
     addr = f"127.0.{10 + index}.1"
     worker = [WORKER, ckpt, "1000000"]

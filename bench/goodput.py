@@ -143,19 +143,8 @@ def launcher(kind, a, endpoint, run_id, index, ckpt):
 def worker_pids(pod):
     """The pids of the training processes in a torchrun pod (its workers' command lines
     name the script; the launcher's does too, so it is left out)."""
-    kids, out = {}, set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                kids.setdefault(ppid, []).append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    todo = list(kids.get(pod.proc.pid, []))
-    while todo:
-        pid = todo.pop()
-        todo.extend(kids.get(pid, []))
+    out = set()
+    for pid in elastic.descendants(pod.proc.pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")

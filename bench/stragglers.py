@@ -58,19 +58,7 @@ def launcher(a, endpoint, run_id, index, ckpt, policy):
 
 def trainer_pid(pod):
     """The fsdp-trainer process in a pod (a descendant of its launcher)."""
-    kids = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                kids.setdefault(ppid, []).append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    todo = list(kids.get(pod.proc.pid, []))
-    while todo:
-        pid = todo.pop()
-        todo.extend(kids.get(pid, []))
+    for pid in elastic.descendants(pod.proc.pid):
         try:
             with open(f"/proc/{pid}/comm") as f:
                 if f.read().strip() == "fsdp-trainer":
