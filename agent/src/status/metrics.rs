@@ -199,34 +199,35 @@ fn ranks(out: &mut String, ranks: &[RankStatus]) {
     }
 }
 
-/// The judge's scores (on the group's rank 0 only), one per judged node.
+/// The judge's scores (on the group's rank 0 only), one per judged node: families as in
+/// [`ranks`], labelled by node.
 fn straggler_scores(out: &mut String, scores: &[fsdp_proto::v1::NodeScore]) {
     if scores.is_empty() {
         return;
     }
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_straggler_score Each node's slowest rank's median working time over the other nodes' median (judged by the group's rank 0).\n# TYPE fsdp_agent_straggler_score gauge"
-    );
-    for n in scores {
-        let node = escape(&n.node_id);
-        let _ = writeln!(
-            out,
-            "fsdp_agent_straggler_score{{node=\"{node}\"}} {}",
-            n.score
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP fsdp_agent_straggler Whether each judged node is a straggler now (1) or not (0).\n# TYPE fsdp_agent_straggler gauge"
-    );
-    for n in scores {
-        let node = escape(&n.node_id);
-        let _ = writeln!(
-            out,
-            "fsdp_agent_straggler{{node=\"{node}\"}} {}",
-            u8::from(n.straggler)
-        );
+    type NodeValue = fn(&fsdp_proto::v1::NodeScore) -> f64;
+    let families: [(&str, &str, NodeValue); 2] = [
+        (
+            "fsdp_agent_straggler_score",
+            "Each node's slowest rank's median working time over the other nodes' median (judged by the group's rank 0).",
+            |n| n.score,
+        ),
+        (
+            "fsdp_agent_straggler",
+            "Whether each judged node is a straggler now (1) or not (0).",
+            |n| f64::from(u8::from(n.straggler)),
+        ),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for n in scores {
+            let _ = writeln!(
+                out,
+                "{name}{{node=\"{}\"}} {}",
+                escape(&n.node_id),
+                value(n)
+            );
+        }
     }
 }
 
@@ -319,6 +320,29 @@ mod tests {
             samples.push((name.to_owned(), value.parse().expect("numeric value")));
         }
         samples
+    }
+
+    #[test]
+    fn the_judges_scores_are_shown_per_node_and_nothing_elsewhere() {
+        let b = Board::new("j", "etcd", 3);
+        assert!(!render(&b.snapshot()).contains("fsdp_agent_straggler"));
+        b.straggler_scores(vec![fsdp_proto::v1::NodeScore {
+            node_id: "n\"1".into(),
+            score: 2.5,
+            rank: 3,
+            busy_seconds: 0.25,
+            straggler: true,
+        }]);
+        let text = render(&b.snapshot());
+        assert!(
+            text.contains("fsdp_agent_straggler_score{node=\"n\\\"1\"} 2.5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fsdp_agent_straggler{node=\"n\\\"1\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE fsdp_agent_straggler gauge"), "{text}");
     }
 
     #[test]
