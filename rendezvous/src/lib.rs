@@ -116,6 +116,12 @@ pub struct Counters {
     pub coordinating_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// The part of `coordinating_ns` spent in the decisions that sealed a round.
     pub sealing_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Times this node found its lease gone in etcd (a keep-alive or a request answered
+    /// "lease not found"): in a crowd, each is a registration lost and written again.
+    pub leases_lost: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Registrations written on a lease other than the one the last was written on:
+    /// writes a crowd adds while etcd is behind (`rdzv-bench` prints both).
+    pub reregistered: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Charged restarts whose times a round keeps.

@@ -24,10 +24,15 @@ thread_local! {
     /// A round broken before it started never hands its charged restart to the loop: a
     /// node that waited for it waits on when the budget is spent.
     pub static NO_CHARGE_IN_BROKEN: Cell<bool> = const { Cell::new(false) };
+    /// A joining node adds load as fast as it can: no pacing by etcd's answers, and its
+    /// lease kept alive only from its watches on (after its first read).
+    pub static NO_ADMISSION: Cell<bool> = const { Cell::new(false) };
 }
 
 #[cfg(not(feature = "sim"))]
-pub use off::{NEVER_FENCE, NO_CHARGE_IN_BROKEN, OLD_DEPARTURES, OLD_EVICTIONS, Off};
+pub use off::{
+    NEVER_FENCE, NO_ADMISSION, NO_CHARGE_IN_BROKEN, OLD_DEPARTURES, OLD_EVICTIONS, Off,
+};
 
 #[cfg(not(feature = "sim"))]
 mod off {
@@ -59,4 +64,6 @@ mod off {
     pub const NEVER_FENCE: Off = Off;
     /// Broken rounds that drop their charged restart (the simulator's build only).
     pub const NO_CHARGE_IN_BROKEN: Off = Off;
+    /// Joins without admission (the simulator's build only).
+    pub const NO_ADMISSION: Off = Off;
 }

@@ -383,18 +383,31 @@ pub(super) async fn refuse_nesting(
         .flat_map(|outer| ["members/", "ctl/"].map(|sub| format!("{outer}{sub}")))
         .collect();
     let gaps = keys.foreign_ranges();
+    // Serializable, as the session's first read (`Op::Range`): a crowd of joiners must
+    // not each wait for etcd's apply loop, and another run's keys are not written in the
+    // moment this one starts.
     let reads: Vec<TxnOp> = outer
         .iter()
         .map(|p| {
             TxnOp::get(
                 p.as_str(),
-                Some(GetOptions::new().with_prefix().with_count_only()),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_count_only()
+                        .with_serializable(),
+                ),
             )
         })
         .chain(gaps.iter().map(|(from, to)| {
             TxnOp::get(
                 from.as_str(),
-                Some(GetOptions::new().with_range(to.as_str()).with_keys_only()),
+                Some(
+                    GetOptions::new()
+                        .with_range(to.as_str())
+                        .with_keys_only()
+                        .with_serializable(),
+                ),
             )
         }))
         .collect();

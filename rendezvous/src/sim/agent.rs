@@ -61,6 +61,9 @@ pub struct SimAgent {
     /// The open streams: events of closed ones are dropped.
     pub streams: u64,
     pub watching: Option<Watching>,
+    /// The lease of the open keep-alive stream: the watches', or a joining node's from
+    /// its grant (before its watches).
+    pub kept: Option<i64>,
     pub pinned: usize,
     pub cut: bool,
     pub slow: bool,
@@ -134,6 +137,7 @@ impl SimAgent {
             process: 0,
             streams: 0,
             watching: None,
+            kept: None,
             pinned: 0,
             cut: false,
             slow: false,

@@ -123,6 +123,7 @@ impl SimEtcd {
                 key,
                 prefix,
                 keys_only,
+                ..
             } => {
                 let req = pb::RangeRequest {
                     key: key.as_bytes().to_vec(),
@@ -183,9 +184,15 @@ impl SimEtcd {
                     revoked: revoked.map(Into::into),
                 }
             }
-            Op::Watch { .. } | Op::KeepAlive | Op::ReopenKeepAlive { .. } | Op::PickEndpoint => {
+            // Opening a keep-alive stream waits for its first renewal (etcd-client's
+            // `lease_keep_alive`): a lease gone is an error.
+            Op::ReopenKeepAlive { lease } => {
+                if self.keep_alive(*lease, now) == 0 {
+                    return Err(store_error(StoreError::LeaseNotFound));
+                }
                 Answer::Done
             }
+            Op::Watch { .. } | Op::KeepAlive | Op::PickEndpoint => Answer::Done,
         })
     }
 

@@ -128,8 +128,11 @@ impl World {
         self.expire();
         match op {
             Op::Watch { role, from, lease } => self.open_watch(a, *role, *from, *lease),
-            // A new keep-alive stream beside the open watches.
-            Op::ReopenKeepAlive { .. } => self.agents[a].keep_alive_ended = false,
+            // A new keep-alive stream beside the open watches (or, joining, before them).
+            Op::ReopenKeepAlive { lease } => {
+                self.agents[a].keep_alive_ended = false;
+                self.agents[a].kept = Some(*lease);
+            }
             _ => {}
         }
         let answer = self.etcd.execute(op, now);
@@ -148,6 +151,7 @@ impl World {
             lease,
         });
         self.agents[a].keep_alive_ended = false;
+        self.agents[a].kept = Some(lease);
         let (streams, revision) = (self.agents[a].streams, self.etcd.state.revision());
         let lat = self.latency(a);
         self.after(
@@ -362,7 +366,7 @@ impl World {
 
     /// Streams of agent `a` fail (a cut, an etcd restart) after `delay`.
     pub fn fail_streams(&mut self, a: usize, delay: u64) {
-        if self.agents[a].watching.is_none() {
+        if self.agents[a].watching.is_none() && self.agents[a].kept.is_none() {
             return;
         }
         let streams = self.agents[a].streams;

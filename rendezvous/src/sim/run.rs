@@ -292,6 +292,7 @@ fn kill(w: &mut World, a: usize) {
     ag.life = Life::Down;
     ag.machine = None;
     ag.watching = None;
+    ag.kept = None;
     ag.asked = None;
     ag.exit_after = None;
     ag.process += 1;

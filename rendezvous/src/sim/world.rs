@@ -283,6 +283,7 @@ impl World {
         ag.restarted(self.opts.max_nodes);
         ag.asked = None;
         ag.watching = None;
+        ag.kept = None;
         ag.probing = false;
         ag.frozen_inbox.clear();
         self.note(|| format!("n{a} starts (lease {lease})"));
@@ -406,6 +407,7 @@ impl World {
                     self.note(|| format!("n{a} closes its watches"));
                     let ag = &mut self.agents[a];
                     ag.watching = None;
+                    ag.kept = None;
                     ag.streams += 1;
                 }
                 // A port is free at once here, with no event of its own: the schedules
@@ -429,7 +431,7 @@ impl World {
 
     /// One keep-alive on agent `a`'s open stream, if it has one.
     fn send_keep_alive(&mut self, a: usize) {
-        let Some(w) = self.agents[a].watching.clone() else {
+        let Some(lease) = self.agents[a].kept else {
             return;
         };
         let lat = self.latency(a);
@@ -439,7 +441,7 @@ impl World {
             Ev::KeepAlive {
                 a,
                 streams,
-                lease: w.lease,
+                lease,
             },
         );
     }

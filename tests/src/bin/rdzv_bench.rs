@@ -1,13 +1,15 @@
 //! Rendezvous scale benchmark: N simulated nodes (tasks in one process, sharing a few
 //! connections) form one round on an etcd. Prints, as its last line,
-//! `nodes=N seal_s=<seconds> etcd_writes=<count> coordinator_cpu_ms=<ms> seal_cpu_ms=<ms>`:
-//! the time from the first join to every node holding the sealed round, the writes all
-//! nodes made, and the coordinator's CPU time for its decisions (all of them, and those
-//! that sealed).
+//! `nodes=N seal_s=<seconds> etcd_writes=<count> coordinator_cpu_ms=<ms> seal_cpu_ms=<ms>
+//! leases_lost=<count> reregistered=<count> ...`: the time from the first join to every
+//! node holding the sealed round, the writes all nodes made, the coordinator's CPU time
+//! for its decisions (all of them, and those that sealed), and how many times a node
+//! found its lease gone and wrote its registration again on a new one (a crowd that
+//! etcd could not keep up with: 0 when formation is admitted at etcd's pace).
 //!
 //! With `--lose leave|kill`, one node then leaves the sealed round — `leave` revokes its
 //! lease (a pod deleted: SIGTERM), `kill` drops it without a word (SIGKILL: its lease
-//! expires after `--ttl`, default 3 s) — and a further line
+//! expires after its TTL) — and a further line
 //! `nodes=N lose=<how> reform_s=<seconds>` gives the time from the loss to every survivor
 //! holding the next round.
 //!
@@ -20,6 +22,8 @@
 //! once: with all N at once, etcd's limiter refuses tens of thousands of requests at
 //! 10,000 and the floor measures the refusals. `--ceiling-without watch,keepalive`
 //! leaves those steps out, to see what each costs.
+//!
+//! `--ttl S` is every lease's TTL (default 5 s, the agent's).
 //!
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
 //! [--ceiling [--inflight K] [--ceiling-without watch,keepalive]]
@@ -34,7 +38,7 @@ use fsdp_rendezvous::{JobRecords, Rendezvous};
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
-    let (mut lose, mut ttl, mut ceiling) = (None::<String>, 3u64, false);
+    let (mut lose, mut ttl, mut ceiling) = (None::<String>, 5u64, false);
     let mut inflight = 500usize;
     let mut steps = CeilingSteps {
         watch: true,
@@ -96,7 +100,7 @@ fn main() {
         // MIN one below MAX: the survivors of a loss re-form on their own.
         let min = if lose.is_some() { nodes - 1 } else { nodes };
         let mut cfg = EtcdConfig::new(vec![endpoint], &run_id, min.max(1) as u32, nodes as u32);
-        cfg.keep_alive_ttl = Duration::from_secs(if lose.is_some() { ttl } else { 10 });
+        cfg.keep_alive_ttl = Duration::from_secs(ttl.max(1));
         cfg.straggler_timeout = cfg.keep_alive_ttl * 4;
         cfg.join_timeout = Duration::from_secs(300);
         let mut conns = Vec::new();
@@ -104,7 +108,8 @@ fn main() {
             conns.push(connect(&cfg.options).await.expect("connect to etcd"));
         }
         if ceiling {
-            return etcd_ceiling(&conns, nodes, &run_id, inflight.max(1), steps).await;
+            let ttl = ttl.max(1) as i64;
+            return etcd_ceiling(&conns, nodes, &run_id, inflight.max(1), steps, ttl).await;
         }
         let start = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
@@ -137,10 +142,15 @@ fn main() {
         };
         let coordinating_ms = ms(|c| c.coordinating_ns.load(Ordering::Relaxed));
         let sealing_ms = ms(|c| c.sealing_ns.load(Ordering::Relaxed));
+        let count = |pick: fn(&fsdp_rendezvous::Counters) -> u64| {
+            held.iter().map(|(n, _)| pick(&n.counters())).sum::<u64>()
+        };
+        let lost = count(|c| c.leases_lost.load(Ordering::Relaxed));
+        let again = count(|c| c.reregistered.load(Ordering::Relaxed));
         println!(
-            "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
+            "nodes={nodes} ttl_s={ttl} seal_s={seal_s:.3} etcd_writes={writes} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
-             bench_cpu_s={:.2} bench_rss_mb={}",
+             leases_lost={lost} reregistered={again} bench_cpu_s={:.2} bench_rss_mb={}",
             own_cpu_s(),
             own_peak_rss_mb()
         );
@@ -174,6 +184,7 @@ async fn etcd_ceiling(
     run_id: &str,
     inflight: usize,
     steps: CeilingSteps,
+    ttl: i64,
 ) {
     let start = Instant::now();
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(inflight));
@@ -189,7 +200,7 @@ async fn etcd_ceiling(
             let mut refused = 0u64;
             let lease = until_taken("lease grant", &mut refused, || {
                 let mut c = c.clone();
-                async move { c.lease_grant(10, None).await }
+                async move { c.lease_grant(ttl, None).await }
             })
             .await
             .id();
@@ -246,12 +257,13 @@ async fn etcd_ceiling(
     }
     let ceiling_s = start.elapsed().as_secs_f64();
     println!(
-        "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused} inflight={inflight} \
-         watch={} keepalive={} bench_cpu_s={:.2}",
+        "nodes={nodes} ttl_s={ttl} ceiling_s={ceiling_s:.3} writes={} refused={refused} \
+         inflight={inflight} watch={} keepalive={} bench_cpu_s={:.2} bench_rss_mb={}",
         2 * nodes,
         steps.watch,
         steps.keep_alive,
-        own_cpu_s()
+        own_cpu_s(),
+        own_peak_rss_mb()
     );
     drop(streams);
     let mut tasks = tokio::task::JoinSet::new();

@@ -19,8 +19,9 @@ pub(super) type EtcdResult<T> = Result<T, etcd_client::Error>;
 
 /// The streams the session watches while it is in its watching phase.
 pub(super) struct Streams {
-    /// Control keys; for the coordinator, every key of the run.
-    pub(super) ctl: WatchStream,
+    /// Control keys; for the coordinator, every key of the run. None while a joining
+    /// node keeps its lease alive before its first read (`Todo::KeepFromGrant`).
+    pub(super) ctl: Option<WatchStream>,
     /// Member departures (members only: the coordinator's one watch has them in order).
     pub(super) members: Option<WatchStream>,
     pub(super) keeper: LeaseKeeper,
@@ -78,12 +79,19 @@ impl Conn {
                 Answer::Done
             }
             Op::ReopenKeepAlive { lease } => {
-                let Some(s) = self.streams.as_mut() else {
-                    let e = std::io::Error::other("no streams are open");
-                    return Err(etcd_client::Error::IoError(e));
-                };
                 let (keeper, kept) = self.client.lease_keep_alive(lease).await?;
-                (s.keeper, s.kept) = (keeper, Some(kept));
+                match self.streams.as_mut() {
+                    Some(s) => (s.keeper, s.kept) = (keeper, Some(kept)),
+                    // A joining node's, before its watches.
+                    None => {
+                        self.streams = Some(Streams {
+                            ctl: None,
+                            members: None,
+                            keeper,
+                            kept: Some(kept),
+                        })
+                    }
+                }
                 Answer::Done
             }
             Op::PickEndpoint => {
@@ -123,7 +131,7 @@ impl Conn {
         };
         let (keeper, kept) = c.lease_keep_alive(lease).await?;
         Ok(Streams {
-            ctl,
+            ctl: Some(ctl),
             members,
             keeper,
             kept: Some(kept),
@@ -144,10 +152,14 @@ async fn send(mut client: Client, op: Op) -> EtcdResult<Answer> {
             key,
             prefix,
             keys_only,
+            serializable,
         } => {
             let mut opts = GetOptions::new();
             if prefix {
                 opts = opts.with_prefix();
+            }
+            if serializable {
+                opts = opts.with_serializable();
             }
             if keys_only {
                 opts = opts.with_keys_only();

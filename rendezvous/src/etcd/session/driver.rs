@@ -181,7 +181,7 @@ impl Driver {
             } = self;
             let (ctl, members, kept) = match streams.as_mut() {
                 Some(s) if watches_open && room => {
-                    (Some(&mut s.ctl), s.members.as_mut(), s.kept.as_mut())
+                    (s.ctl.as_mut(), s.members.as_mut(), s.kept.as_mut())
                 }
                 Some(s) => (None, None, s.kept.as_mut()),
                 None => (None, None, None),
@@ -247,7 +247,7 @@ impl Driver {
             ..
         } = self;
         let (ctl, members, kept) = match streams {
-            Some(s) => (Some(&mut s.ctl), s.members.as_mut(), s.kept.as_mut()),
+            Some(s) => (s.ctl.as_mut(), s.members.as_mut(), s.kept.as_mut()),
             None => (None, None, None),
         };
         // In this order when several are ready: the keep-alive stream's end before the

@@ -74,6 +74,11 @@ impl Flight {
         self.in_flight.take()
     }
 
+    /// The op in flight, if one is.
+    pub(super) fn in_flight(&self) -> Option<&Op> {
+        self.in_flight.as_ref()
+    }
+
     /// When the op in flight (or the last one) was sent.
     pub(super) fn sent(&self) -> Instant {
         self.sent

@@ -19,6 +19,9 @@ pub(super) struct LeaseKeeper {
     keep_alive_at: Option<Instant>,
     /// etcd ended the keep-alive stream for load: the next keep-alive needs a new one.
     stream_ended: bool,
+    /// The lease whose keep-alive stream a joining node opened right after its grant,
+    /// before its watches (`Todo::KeepFromGrant`); none once the streams are closed.
+    kept_from_grant: Option<i64>,
 }
 
 impl LeaseKeeper {
@@ -32,6 +35,7 @@ impl LeaseKeeper {
             clock,
             keep_alive_at: None,
             stream_ended: false,
+            kept_from_grant: None,
         }
     }
 
@@ -93,6 +97,19 @@ impl LeaseKeeper {
     /// No keep-alives until [`LeaseKeeper::start`]: the streams are closed.
     pub(super) fn stop(&mut self) {
         self.keep_alive_at = None;
+        self.kept_from_grant = None;
+    }
+
+    /// A keep-alive stream for the lease held was opened at `now`, before the watches:
+    /// the next keep-alive a third of a TTL later.
+    pub(super) fn keep_from_grant(&mut self, now: Instant, ttl: Duration) {
+        self.kept_from_grant = Some(self.id);
+        self.later(now, ttl);
+    }
+
+    /// The lease kept alive since its grant, while no watches are open.
+    pub(super) fn kept_from_grant(&self) -> Option<i64> {
+        self.kept_from_grant
     }
 
     /// The next keep-alive a third of a TTL from `now`.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
+use super::admission::{Admission, paced};
 use super::departures::Sayer;
 use super::duty::{Commit, Duty};
 use super::fault::{Fault, FaultKind};
@@ -127,6 +128,7 @@ pub struct Machine {
     pub(super) phase: Phase,
     pub(super) view: Published,
     pub(super) lease: LeaseKeeper,
+    pub(super) admission: Admission,
     pub(super) outage: Outage,
     pub(super) flight: Flight,
     pub(super) duty: Duty,
@@ -150,6 +152,7 @@ impl Machine {
         };
         Self {
             lease,
+            admission: Admission::new(&cfg.node_id, cfg.ttl),
             duty: Duty::new(cfg.seal, now),
             cfg,
             now,
@@ -196,6 +199,12 @@ impl Machine {
             Input::LeaseAnswer(Some(ttl)) if ttl > 0 && self.counts_beside() => {
                 self.on_input(input);
             }
+            // A joining node's lease gone: a new one before the sync's next step.
+            Input::LeaseAnswer(_)
+                if self.counts_beside() && self.phase == Phase::Syncing(Resync::First) =>
+            {
+                self.on_input(input);
+            }
             other => self.flight.queue(other),
         }
         self.advance();
@@ -211,6 +220,12 @@ impl Machine {
         let Some(then) = self.flight.answered() else {
             return tracing::debug!("an answer nobody waited for");
         };
+        let overloaded = answer
+            .as_ref()
+            .is_err_and(|e| e.kind == FaultKind::Overloaded);
+        if !overloaded && self.flight.in_flight().is_some_and(paced) {
+            self.admission.answered(self.flight.sent(), self.now);
+        }
         match answer {
             Err(e) if e.kind == FaultKind::Overloaded && self.may_retry(&then) => {
                 self.slowed_down(then, e)
@@ -329,11 +344,10 @@ impl Machine {
             // Only for the lease the stream was opened for: a command that took a new
             // lease meanwhile resyncs once it is answered (found by the simulator: a
             // keep-alive due at once, never sent, woke the machine without end).
-            let keep_alive = match self.phase {
-                Phase::Watching { lease, .. } if lease == self.lease.id() => {
-                    self.lease.keep_alive_due()
-                }
-                _ => None,
+            let keep_alive = if self.kept_lease() == Some(self.lease.id()) {
+                self.lease.keep_alive_due()
+            } else {
+                None
             };
             return Some(keep_alive.map_or(at, |k| k.min(at)));
         }
@@ -384,9 +398,26 @@ impl Machine {
         self.lost(Fault::local(std::io::ErrorKind::Other, what));
     }
 
-    /// Sends `op`; its answer goes to `then`.
+    /// Sends `op`; its answer goes to `then`. A joining node holds a request until its
+    /// pace lets it go (`admission.rs`), keeping its lease alive meanwhile, as while a
+    /// refused request waits to go again.
     pub(super) fn issue(&mut self, then: Then, op: Op) {
+        if paced(&op) {
+            if let Some(at) = self.admission.wait(self.now) {
+                return self.flight.retry_at(at, then, op);
+            }
+        }
         self.flight.issue(self.now, then, op);
+    }
+
+    /// The lease whose keep-alive stream is open: the watches' in the watching phase, or
+    /// the one a joining node keeps alive from its grant during its first sync.
+    pub(super) fn kept_lease(&self) -> Option<i64> {
+        match self.phase {
+            Phase::Watching { lease, .. } => Some(lease),
+            Phase::Syncing(Resync::First) => self.lease.kept_from_grant(),
+            _ => None,
+        }
     }
 
     /// Whether `input` is something etcd said (not the driver's own doing: a local send,
@@ -415,7 +446,9 @@ impl Machine {
     pub(super) fn keep_alive_beside(&self) -> Option<Instant> {
         let own = matches!(
             self.flight.awaiting(),
-            Some(Then::Todo(Todo::KeepAlive | Todo::ReopenKeepAlive))
+            Some(Then::Todo(
+                Todo::KeepAlive | Todo::ReopenKeepAlive | Todo::KeepFromGrant
+            ))
         );
         if own || self.lease.stream_ended() || !self.counts_beside() {
             return None;
@@ -427,7 +460,7 @@ impl Machine {
     /// the stream of the lease held, and only if no answer waits before it (the lease
     /// clock pairs answers with keep-alives in the order they were sent).
     fn counts_beside(&self) -> bool {
-        let held = matches!(self.phase, Phase::Watching { lease, .. } if lease == self.lease.id());
+        let held = self.kept_lease() == Some(self.lease.id());
         self.busy() && held && !self.flight.inbox().holds_lease_answer()
     }
 
@@ -467,7 +500,7 @@ impl Machine {
             // A keep-alive on a new stream at once.
             self.lease.ended(Some(now));
         }
-        let Phase::Watching { lease, .. } = self.phase else {
+        let Some(lease) = self.kept_lease() else {
             return;
         };
         if lease != self.lease.id() || self.lease.keep_alive_due().is_none_or(|at| at > now) {

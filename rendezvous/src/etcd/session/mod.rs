@@ -16,6 +16,8 @@
 //!
 //! * `lease.rs` — the lease keeper: the lease, the incarnation, the lease clock, the
 //!   keep-alives;
+//! * `admission.rs` — a joining node's pace, from how etcd answers (a crowd joins no
+//!   faster than etcd drains);
 //! * `outage.rs` — etcd's trouble: failures and busy answers in a row, the prober;
 //! * `flight.rs` — the work in hand: the op in flight (and one waiting to go again), the
 //!   queued steps, the inputs and commands that wait (`inbox.rs`), the effects;
@@ -41,6 +43,7 @@
 //! etcd-client lease keeper does not reconnect by itself, so the keep-alive is ours too.
 //! With one owner of the lease, a lease found gone is replaced exactly once.
 
+mod admission;
 mod conn;
 mod departures;
 mod driver;

@@ -35,6 +35,12 @@ impl Machine {
             (Phase::Syncing(_), Input::Command(id, command)) => {
                 self.flight.wait(id, command);
             }
+            // The lease a joining node keeps alive from its grant, before its watches.
+            (Phase::Syncing(Resync::First), input @ (Input::LeaseAnswer(_) | Input::KeepAliveFailed(_)))
+                if self.kept_lease().is_some() =>
+            {
+                self.on_lease_input(input);
+            }
             // Streams that closed, and timers of a phase that is over.
             (_, _) => {}
         }
@@ -67,6 +73,19 @@ impl Machine {
             }
             Input::WatchCreated { .. } => {}
             Input::StreamFailed(e) => self.lost(e),
+            input @ (Input::KeepAliveFailed(_) | Input::LeaseAnswer(_)) => {
+                self.on_lease_input(input);
+            }
+            Input::Timer => self.on_timer(),
+            Input::Command(id, command) => self.serve(id, command),
+            Input::Answer(_) | Input::CommandsClosed | Input::NoLeader { .. } | Input::Port(_) => {}
+        }
+    }
+
+    /// What the keep-alive stream said: an answer, or its end.
+    fn on_lease_input(&mut self, input: Input) {
+        let joining = self.phase == Phase::Syncing(Resync::First);
+        match input {
             // etcd ends a keep-alive stream when it is too busy to renew ("waiting for
             // the applied index took too long"): a new stream, the watches kept. At 4,000
             // nodes every such end was a resync of the whole node before.
@@ -74,13 +93,28 @@ impl Machine {
                 tracing::debug!(error = %e, "etcd ended the keep-alive stream; opening another");
                 self.counters.errors.fetch_add(1, Ordering::Relaxed);
                 self.lease.ended(None);
-                self.flight.then(Todo::ReopenKeepAlive);
+                // While joining the steps of the sync come first; the next keep-alive
+                // due goes on a new stream (`Todo::KeepAlive`, `keep_alive_while_waiting`).
+                if !joining {
+                    self.flight.then(Todo::ReopenKeepAlive);
+                }
             }
             Input::KeepAliveFailed(e) => self.lost(e),
             Input::LeaseAnswer(Some(ttl)) if ttl > 0 => {
                 self.lease.answered(Duration::from_secs(ttl.unsigned_abs()));
                 self.publish_lease();
                 self.probe(false);
+            }
+            // Gone before this node registered: nothing of it stands; a new lease before
+            // the next step of the sync, kept alive from the watches on.
+            Input::LeaseAnswer(_) if joining => {
+                tracing::warn!(
+                    lease = self.lease.id(),
+                    "the lease expired before this node registered; granting another"
+                );
+                self.lease_gone();
+                self.lease.stop();
+                self.flight.first(Todo::Grant);
             }
             Input::LeaseAnswer(_) => {
                 tracing::warn!(
@@ -91,9 +125,7 @@ impl Machine {
                 self.flight
                     .then_all([Todo::Grant, Todo::Register, Todo::Resync(Resync::Outage)]);
             }
-            Input::Timer => self.on_timer(),
-            Input::Command(id, command) => self.serve(id, command),
-            Input::Answer(_) | Input::CommandsClosed | Input::NoLeader { .. } | Input::Port(_) => {}
+            _ => {}
         }
     }
 
@@ -194,7 +226,13 @@ impl Machine {
         };
         self.watches.begin(grace_until);
         self.duty.stand_down();
-        let plan = Todo::sync(why, self.outage.reselect(), self.me.abandoning());
+        let mut plan = Todo::sync(why, self.outage.reselect(), self.me.abandoning());
+        if why == Resync::First && self.admission.active() {
+            // A joining node's lease is kept alive from its grant: its first read and
+            // registration may wait in a crowd longer than a TTL.
+            let at = plan.iter().position(|t| *t == Todo::Read).unwrap_or(0);
+            plan.insert(at, Todo::KeepFromGrant);
+        }
         self.flight.plan(plan);
     }
 
@@ -345,11 +383,18 @@ impl Machine {
         }
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let delay = self.retry_delay(before);
+        // A joining node's pace grows with each refusal, drawn apart from the crowd's.
+        let at = if self.admission.active() && super::admission::paced(&op) {
+            self.admission.refused(self.flight.sent(), now, delay)
+        } else {
+            now + delay
+        };
+        let delay = at - now;
         if before == 0 {
             tracing::warn!(error = %e, retry_in = ?delay, "etcd is overloaded; sending the request again later (the watches stay open)");
         } else {
             tracing::debug!(error = %e, retry_in = ?delay, "etcd is still overloaded");
         }
-        self.flight.retry_at(now + delay, then, op);
+        self.flight.retry_at(at, then, op);
     }
 }

@@ -34,9 +34,12 @@ impl Registration {
         self.member = member;
     }
 
-    /// etcd took the registration with `lease` and `incarnation`.
-    pub(super) fn written(&mut self, lease: i64, incarnation: u64) {
+    /// etcd took the registration with `lease` and `incarnation`; returns whether an
+    /// earlier one was written on another lease (this one registers again).
+    pub(super) fn written(&mut self, lease: i64, incarnation: u64) -> bool {
+        let again = self.written.is_some_and(|(l, _)| l != lease);
         self.written = Some((lease, incarnation));
+        again
     }
 
     /// Whether the registration last written was with `lease` and `incarnation`.

@@ -330,7 +330,7 @@ impl Machine {
             Ok(answer) if !w.regranting => {
                 self.wrote();
                 if register {
-                    self.me.written(self.lease.id(), self.lease.incarnation());
+                    self.registered();
                 }
                 let won = matches!(answer, Answer::Txn { succeeded: true });
                 if register && w.claiming && won {

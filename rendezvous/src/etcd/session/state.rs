@@ -78,6 +78,7 @@ impl Machine {
     /// then on it may have expired and the others re-form without this node: if it runs
     /// a round, that round is over for it too.
     pub(super) fn lease_gone(&mut self) {
+        self.counters.leases_lost.fetch_add(1, Ordering::Relaxed);
         let now = self.now;
         let expired = self.lease.clock().safe_until().is_none_or(|s| now >= s);
         if let Some(went) = self.my_incarnation().filter(|_| expired) {
@@ -85,6 +86,14 @@ impl Machine {
             let me = self.cfg.node_id.clone();
             self.view.edit().depart(&me, went, now);
         }
+    }
+
+    /// etcd took this node's registration on the current lease and incarnation.
+    pub(super) fn registered(&mut self) {
+        if self.me.written(self.lease.id(), self.lease.incarnation()) {
+            self.counters.reregistered.fetch_add(1, Ordering::Relaxed);
+        }
+        self.admission.joined();
     }
 
     /// This node's incarnation in the round it runs, if it runs one.

@@ -48,6 +48,9 @@ pub enum Todo {
     ReadRoster,
     /// The keep-alive stream ended (etcd too busy): a new one, the watches kept.
     ReopenKeepAlive,
+    /// A joining node's keep-alive stream, opened right after its grant, before the
+    /// first read ([`super::admission`]).
+    KeepFromGrant,
     /// After a control-only read on a resync: this node's own registration, to tell
     /// whether it is still there.
     ReadOwn,
@@ -137,8 +140,8 @@ impl Machine {
             // reading it — N joiners at formation, or every node after etcd was too slow
             // for their streams — was O(N²) bytes from etcd exactly when it was busiest
             // (10,000 nodes: gigabytes).
-            Todo::Read if self.control_read() => range(keys.ctl(), true),
-            Todo::Read => range(keys.root().to_owned(), true),
+            Todo::Read if self.control_read() => snapshot(keys.ctl()),
+            Todo::Read => snapshot(keys.root().to_owned()),
             Todo::CountMembers => Op::MemberCount,
             Todo::CheckLease => Op::TimeToLive {
                 lease: self.lease.id(),
@@ -171,6 +174,7 @@ impl Machine {
                     key: keys.members(),
                     prefix: true,
                     keys_only: true,
+                    serializable: false,
                 }
             }
             Todo::ReadRoster => {
@@ -184,6 +188,9 @@ impl Machine {
             Todo::KeepAlive => Op::KeepAlive,
             Todo::ReopenKeepAlive => Op::ReopenKeepAlive {
                 lease: self.watches.lease(),
+            },
+            Todo::KeepFromGrant => Op::ReopenKeepAlive {
+                lease: self.lease.id(),
             },
             // Steps without an op of their own (`run` does them).
             Todo::SayFenced
@@ -246,7 +253,7 @@ impl Machine {
             (Todo::CheckLease, Answer::TimeToLive { ttl }) => self.ensure_registered(ttl),
             (Todo::Register, Answer::Txn { .. }) => {
                 self.wrote();
-                self.me.written(self.lease.id(), self.lease.incarnation());
+                self.registered();
             }
             (Todo::Republish, Answer::Txn { succeeded }) => self.republished(succeeded),
             (Todo::Campaign, Answer::Txn { succeeded }) => {
@@ -259,6 +266,10 @@ impl Machine {
             // answer must be matched with a keep-alive sent on the new one.
             (Todo::OpenWatches | Todo::ReopenKeepAlive, Answer::Done) => {
                 self.lease.stream_opened();
+            }
+            (Todo::KeepFromGrant, Answer::Done) => {
+                self.lease.stream_opened();
+                self.lease.keep_from_grant(self.now, self.cfg.ttl);
             }
             (Todo::CheckAbsent, Answer::Range { kvs, .. }) => self.check_absent(&kvs),
             (Todo::ReadRoster, Answer::Range { kvs, .. }) => self.read_roster(&kvs),
@@ -330,5 +341,17 @@ fn range(key: String, prefix: bool) -> Op {
         key,
         prefix,
         keys_only: false,
+        serializable: false,
+    }
+}
+
+/// The sync's read of every key under `prefix`: a snapshot at its revision, from which
+/// the watches go on (see [`Op::Range`]'s `serializable`).
+fn snapshot(prefix: String) -> Op {
+    Op::Range {
+        key: prefix,
+        prefix: true,
+        keys_only: false,
+        serializable: true,
     }
 }

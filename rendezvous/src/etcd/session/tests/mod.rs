@@ -21,6 +21,7 @@ use crate::seal::SealConfig;
 use crate::{Counters, Departure, RendezvousError};
 use effects::*;
 
+mod admission;
 mod commands;
 mod coordinator;
 mod departures;
@@ -207,6 +208,7 @@ pub(super) fn read_ctl() -> Op {
         key: keys().ctl(),
         prefix: true,
         keys_only: false,
+        serializable: true,
     }
 }
 
@@ -216,6 +218,7 @@ pub(super) fn read_own() -> Op {
         key: keys().key::<v1::Member>("a"),
         prefix: false,
         keys_only: false,
+        serializable: false,
     }
 }
 
@@ -224,6 +227,7 @@ pub(super) fn read_root() -> Op {
         key: keys().root().to_owned(),
         prefix: true,
         keys_only: false,
+        serializable: true,
     }
 }
 
@@ -310,11 +314,12 @@ impl Harness {
             };
             assert_eq!(ops.len(), 1, "one op at a time: {effects:?}");
             let answer = match op {
-                Op::PickEndpoint | Op::Watch { .. } => Answer::Done,
+                Op::PickEndpoint | Op::Watch { .. } | Op::ReopenKeepAlive { .. } => Answer::Done,
                 Op::Range {
                     key,
                     prefix: true,
                     keys_only: false,
+                    ..
                 } if *op == read_root() || *op == read_ctl() => Answer::Range {
                     revision: REV,
                     kvs: kvs
@@ -328,6 +333,7 @@ impl Harness {
                     key,
                     prefix: false,
                     keys_only: false,
+                    ..
                 } if *key == keys().key::<v1::Member>("a") => Answer::Range {
                     revision: REV,
                     kvs: kvs.iter().filter(|kv| kv.key == *key).cloned().collect(),

@@ -247,7 +247,8 @@ fn after_an_outage_the_grace_timer_reads_member_keys_and_departs_absent_round_me
         Op::Range {
             key: k.members(),
             prefix: true,
-            keys_only: true
+            keys_only: true,
+            serializable: false
         }
     );
     let present = Kv {

@@ -6,22 +6,24 @@
 use super::*;
 
 /// etcd's answer when a proposal or a linearizable read timed out inside it.
-fn timed_out() -> etcd_client::Error {
+pub(super) fn timed_out() -> etcd_client::Error {
     etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
         "etcdserver: request timed out, waiting for the applied index took too long",
     ))
 }
 
-fn limited() -> etcd_client::Error {
+pub(super) fn limited() -> etcd_client::Error {
     etcd_client::Error::GRpcStatus(tonic::Status::resource_exhausted(
         "etcdserver: too many requests",
     ))
 }
 
-/// Watching, with the first keep-alive (due at once) sent and answered.
+/// Watching, with the first keep-alive (due at once) sent and answered; past formation
+/// (its requests are not paced: a joining node's pace is in `tests/admission.rs`).
 fn watching(h: Harness) -> Harness {
     let (mut h, rest) = h.first_sync(&[]);
     no_op(&rest);
+    h.m.admission.joined();
     assert_eq!(the_op(&h.fire()), Op::KeepAlive);
     no_op(&h.answer(Answer::Done));
     h
@@ -74,6 +76,8 @@ fn a_command_etcd_was_too_busy_for_is_sent_again_with_the_watches_open() {
 fn the_first_read_etcd_was_too_busy_for_is_sent_again_not_the_whole_sync() {
     let mut h = Harness::new();
     let e = h.m.start(h.now);
+    assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
+    let e = h.answer(Answer::Done);
     assert_eq!(the_op(&e), read_ctl());
     no_op(&h.fail(limited()));
     assert!(matches!(h.m.phase(), Phase::Syncing(Resync::First)));
@@ -143,7 +147,7 @@ fn the_lease_is_kept_alive_while_a_request_waits_to_be_sent_again() {
     assert!(matches!(h.m.phase(), Phase::Watching { .. }));
 }
 
-fn keep_alives_beside(effects: &[Effect]) -> usize {
+pub(super) fn keep_alives_beside(effects: &[Effect]) -> usize {
     effects
         .iter()
         .filter(|e| matches!(e, Effect::KeepAlive))

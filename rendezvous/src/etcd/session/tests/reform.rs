@@ -95,6 +95,7 @@ fn read_roster() -> Op {
         key: keys().key::<v1::Roster>(""),
         prefix: false,
         keys_only: false,
+        serializable: false,
     }
 }
 
@@ -215,7 +216,7 @@ fn a_first_sync_that_finds_a_delta_reads_the_roster_before_watching() {
     let mut h = Harness::new();
     let e = h.m.start(h.now);
     let (ops, e) = h.sync_through(e, &[delta_kv(&d, 9)]);
-    assert_eq!(ops, vec![read_ctl()]);
+    assert_eq!(ops, vec![Op::ReopenKeepAlive { lease: LEASE }, read_ctl()]);
     assert_eq!(h.m.view().round_wanted, Some(2));
     let roster_key = keys().key::<v1::Roster>("");
     assert_eq!(the_op(&e), read_roster());

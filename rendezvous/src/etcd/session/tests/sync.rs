@@ -15,6 +15,9 @@ fn the_first_sync_reads_counts_members_and_watches_from_the_next_revision() {
     assert_eq!(
         ops,
         vec![
+            // Its lease kept alive from the grant on: the read and the registration may
+            // wait in a crowd longer than a TTL (`admission.rs`).
+            Op::ReopenKeepAlive { lease: LEASE },
             // A joining member reads the control keys, not every registration: N members
             // each reading every registration was O(N²) bytes at formation.
             read_ctl(),
@@ -49,7 +52,10 @@ fn a_first_sync_that_finds_itself_coordinator_reads_the_whole_run() {
     let mut h = Harness::new();
     let e = h.m.start(h.now);
     let (ops, _) = h.sync_through(e, &kvs);
-    assert_eq!(ops[..2], [read_ctl(), read_root()]);
+    assert_eq!(
+        ops[..3],
+        [Op::ReopenKeepAlive { lease: LEASE }, read_ctl(), read_root()]
+    );
     assert!(matches!(
         ops.last(),
         Some(Op::Watch {

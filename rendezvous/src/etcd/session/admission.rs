@@ -1,0 +1,230 @@
+//! Admission at formation: how fast a joining node adds load to etcd. A job's nodes start
+//! together, and at 10,000 of them every node's grant, read and registration arrived at
+//! once: etcd's apply loop fell a TTL behind, keep-alives were answered "waiting for the
+//! applied index took too long", leases expired, and every lost lease was a new grant
+//! and a new registration — more load while etcd was behind, a crowd that never formed.
+//!
+//! Nodes on separate hosts share nothing but etcd, so the pace is what etcd's answers
+//! say: a request answered within the target (a tenth of the TTL) lets the next go at
+//! once; one answered later, or refused as too busy, doubles this node's pause before its
+//! next request (at least the latency it saw), and each fast answer halves it. The pause
+//! is drawn around its value (from half to one and a half times) so that a crowd refused
+//! together does not come back together. While etcd keeps up no request waits, so a
+//! healthy join and every re-form cost nothing; a crowd slows itself to the pace etcd
+//! drains at, each node's lease kept alive meanwhile (its keep-alive stream is opened
+//! right after the grant, before the first read: `sync.rs`).
+//!
+//! Pure: [`Admission::answered`] and [`Admission::refused`] take what happened and say
+//! when the next paced request may go; the machine holds requests until then.
+
+use std::time::{Duration, Instant};
+
+use super::io::Op;
+
+/// Whether `op` is one a joining node paces: a request etcd serves (not its streams, a
+/// member count it answers from memory, or a departure).
+pub(super) fn paced(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Range { .. } | Op::Txn(_) | Op::Put(_) | Op::Grant { .. } | Op::TimeToLive { .. }
+    )
+}
+
+/// A joining node's pace.
+#[derive(Debug)]
+pub(super) struct Admission {
+    /// The pause before the next request, before it is drawn around.
+    pause: Duration,
+    /// When the next paced request may go.
+    not_before: Option<Instant>,
+    /// Answers slower than this mean etcd is behind.
+    target: Duration,
+    /// The longest pause: a node that waited this long between requests is paced enough
+    /// (a crowd's lease is kept alive meanwhile, but its join must still end).
+    longest: Duration,
+    /// The draw's state (from the node id: every node draws differently, the same node
+    /// the same way in every run of the simulator).
+    draw: u64,
+    /// The node registered once: formation is over for it.
+    over: bool,
+}
+
+/// Pauses shorter than this are none.
+const NONE_BELOW: Duration = Duration::from_millis(10);
+
+impl Admission {
+    /// The pace of node `node_id` with lease TTL `ttl`.
+    pub(super) fn new(node_id: &str, ttl: Duration) -> Self {
+        // FNV-1a: a stable hash (std's is seeded per process).
+        let draw = node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        Self {
+            pause: Duration::ZERO,
+            not_before: None,
+            target: ttl / 10,
+            longest: ttl / 2,
+            draw: draw | 1,
+            over: false,
+        }
+    }
+
+    /// Whether requests are paced: until the node registered.
+    pub(super) fn active(&self) -> bool {
+        !self.over && !crate::switches::NO_ADMISSION.with(std::cell::Cell::get)
+    }
+
+    /// The node registered: its later requests go unpaced (a re-form must not wait).
+    pub(super) fn joined(&mut self) {
+        self.over = true;
+    }
+
+    /// When a request may go, if not at `now`.
+    pub(super) fn wait(&self, now: Instant) -> Option<Instant> {
+        self.not_before.filter(|at| *at > now && self.active())
+    }
+
+    /// A request sent at `sent` was answered at `now`: the next goes after the pause.
+    pub(super) fn answered(&mut self, sent: Instant, now: Instant) {
+        let latency = now.saturating_duration_since(sent);
+        if latency > self.target {
+            self.slower(latency);
+        } else {
+            self.pause /= 2;
+            if self.pause < NONE_BELOW {
+                self.pause = Duration::ZERO;
+            }
+        }
+        self.not_before = self.next(now);
+    }
+
+    /// etcd refused a request sent at `sent` as too busy, at `now`: the pause grows;
+    /// returns when to send it again (no earlier than `retry` from now, the session's own
+    /// backoff).
+    pub(super) fn refused(&mut self, sent: Instant, now: Instant, retry: Duration) -> Instant {
+        self.slower(now.saturating_duration_since(sent).max(retry));
+        let at = self.next(now).unwrap_or(now).max(now + retry);
+        self.not_before = Some(at);
+        at
+    }
+
+    /// The current pause (before it is drawn around).
+    #[cfg(test)]
+    pub(super) fn pause(&self) -> Duration {
+        self.pause
+    }
+
+    fn slower(&mut self, seen: Duration) {
+        self.pause = (self.pause * 2).max(seen).min(self.longest);
+    }
+
+    /// `now` plus the pause drawn between half and one and a half times its value.
+    fn next(&mut self, now: Instant) -> Option<Instant> {
+        if self.pause.is_zero() {
+            return None;
+        }
+        // xorshift64
+        let mut x = self.draw;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.draw = x;
+        let fraction = 0.5 + (x >> 11) as f64 / (1u64 << 53) as f64;
+        Some(now + self.pause.mul_f64(fraction))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(5);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn fast_answers_never_hold_a_request() {
+        let mut a = Admission::new("n1", TTL);
+        let t0 = Instant::now();
+        for i in 0..10 {
+            let sent = t0 + ms(100 * i);
+            a.answered(sent, sent + ms(20));
+            assert_eq!(a.wait(sent + ms(20)), None);
+        }
+    }
+
+    #[test]
+    fn slow_answers_pause_the_next_request_around_the_latency_seen_and_double() {
+        let mut a = Admission::new("n1", TTL);
+        let t0 = Instant::now();
+        a.answered(t0, t0 + ms(800));
+        assert_eq!(a.pause(), ms(800));
+        let at = a.wait(t0 + ms(800)).expect("held");
+        let held = at - (t0 + ms(800));
+        assert!(held >= ms(400) && held <= ms(1200), "{held:?}");
+        a.answered(t0, t0 + ms(900));
+        assert_eq!(a.pause(), ms(1600));
+        // Never past half a TTL.
+        for _ in 0..10 {
+            a.answered(t0, t0 + ms(900));
+        }
+        assert_eq!(a.pause(), TTL / 2);
+    }
+
+    #[test]
+    fn fast_answers_halve_the_pause_down_to_none() {
+        let mut a = Admission::new("n1", TTL);
+        let t0 = Instant::now();
+        a.answered(t0, t0 + ms(1000));
+        let mut now = t0 + ms(1000);
+        let mut halvings = 0;
+        while !a.pause().is_zero() {
+            a.answered(now, now + ms(5));
+            now += ms(5);
+            halvings += 1;
+        }
+        assert_eq!(halvings, 7, "1 s halved to below 10 ms");
+        assert_eq!(a.wait(now), None);
+    }
+
+    #[test]
+    fn a_refusal_waits_at_least_the_sessions_backoff_and_grows_the_pause() {
+        let mut a = Admission::new("n1", TTL);
+        let t0 = Instant::now();
+        let at = a.refused(t0, t0 + ms(2), ms(100));
+        assert!(at >= t0 + ms(102), "{:?}", at - t0);
+        assert_eq!(a.pause(), ms(100));
+        a.refused(t0, t0 + ms(2), ms(200));
+        assert_eq!(a.pause(), ms(200));
+        a.refused(t0, t0 + ms(2), ms(100));
+        assert_eq!(a.pause(), ms(400));
+    }
+
+    #[test]
+    fn a_crowd_draws_apart_and_each_node_draws_the_same_in_every_run() {
+        let t0 = Instant::now();
+        let draws = |seed: &str| {
+            let mut a = Admission::new(seed, TTL);
+            (0..5)
+                .map(|_| a.refused(t0, t0, ms(100)) - t0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draws("sim-00001"), draws("sim-00001"));
+        let firsts: std::collections::BTreeSet<Duration> = (0..50)
+            .map(|i| draws(&format!("sim-{i:05}"))[1])
+            .collect();
+        assert!(firsts.len() > 40, "{} distinct of 50", firsts.len());
+    }
+
+    #[test]
+    fn once_joined_nothing_is_held() {
+        let mut a = Admission::new("n1", TTL);
+        let t0 = Instant::now();
+        a.answered(t0, t0 + ms(2000));
+        assert!(a.wait(t0 + ms(2000)).is_some());
+        a.joined();
+        assert_eq!(a.wait(t0 + ms(2000)), None);
+    }
+}

@@ -1,0 +1,146 @@
+//! A joining node's pace (`admission.rs`): its lease kept alive from the grant, before
+//! its first read; its requests held while etcd answers slowly or refuses, drawn apart
+//! from the crowd's; a lease lost before it registered replaced without a registration;
+//! nothing held once it registered.
+
+use super::overload::{keep_alives_beside, limited};
+use super::*;
+
+/// Started: the keep-alive stream opened before anything else; the first read in flight.
+fn joining(h: &mut Harness) -> Vec<Effect> {
+    let e = h.m.start(h.now);
+    assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
+    let e = h.answer(Answer::Done);
+    assert_eq!(the_op(&e), read_ctl());
+    e
+}
+
+fn empty_read() -> Answer {
+    Answer::Range {
+        revision: REV,
+        kvs: Vec::new(),
+    }
+}
+
+#[test]
+fn a_joining_nodes_lease_is_kept_alive_while_its_first_read_waits_in_etcd() {
+    let mut h = Harness::new();
+    joining(&mut h);
+    assert!(matches!(h.m.phase(), Phase::Syncing(Resync::First)));
+    // The read waits in a crowd: a keep-alive goes beside it a third of a TTL on.
+    let e = h.fire();
+    assert_eq!(h.now - h.t0, TTL / 3);
+    assert_eq!(keep_alives_beside(&e), 1);
+    // Its answer moves the lease clock at once, the read still in flight.
+    h.later(Duration::from_millis(5));
+    no_op(&h.step(Input::LeaseAnswer(Some(6))));
+    assert!(h.m.busy());
+    let safe = h.m.view().lease_safe_until.expect("a clock");
+    assert_eq!(safe, h.t0 + TTL / 3 + TTL);
+    // And again a third of a TTL later.
+    assert_eq!(keep_alives_beside(&h.fire()), 1);
+    assert_eq!(h.now - h.t0, 2 * TTL / 3);
+}
+
+#[test]
+fn a_slow_answer_holds_a_joining_nodes_registration_around_the_latency_it_saw() {
+    let mut h = Harness::new();
+    joining(&mut h);
+    // etcd took 2 s to answer the read (behind: its target is a tenth of the TTL).
+    h.later(Duration::from_secs(2));
+    let e = h.answer(empty_read());
+    let (_, rest) = h.sync_through(e, &[]);
+    no_op(&rest);
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+    let asked = h.now;
+    // The registration waits (the keep-alive due at once goes meanwhile).
+    let e = h.command(1, Command::Register { wants_round: 0 });
+    assert!(etcd_ops(&e).iter().all(|op| *op == Op::KeepAlive), "{e:?}");
+    let mut e = h.answer(Answer::Done);
+    while !matches!(etcd_ops(&e).first(), Some(Op::Txn(_))) {
+        if etcd_ops(&e).first() == Some(&Op::KeepAlive) {
+            e = h.answer(Answer::Done);
+            continue;
+        }
+        e = h.fire();
+    }
+    let held = h.now - asked;
+    assert!(
+        held >= Duration::from_secs(1) && held <= Duration::from_secs(3),
+        "held {held:?}"
+    );
+    replied_ok(&h.answer(Answer::Txn { succeeded: true }), 1);
+}
+
+#[test]
+fn a_fast_etcd_holds_nothing() {
+    let mut h = Harness::new();
+    let e = joining(&mut h);
+    h.later(Duration::from_millis(20));
+    let (_, rest) = h.sync_through(e, &[]);
+    no_op(&rest);
+    // The registration goes at once (`register` asserts the transaction is sent).
+    h.register(1, 0, true);
+}
+
+#[test]
+fn refused_joiners_go_again_drawn_apart_and_never_before_the_backoff() {
+    let waits: Vec<Duration> = ["a", "b", "c"]
+        .into_iter()
+        .map(|node| {
+            let mut h = Harness::with(|c| c.node_id = node.into());
+            joining(&mut h);
+            no_op(&h.fail(limited()));
+            h.m.deadline().expect("the read goes again") - h.now
+        })
+        .collect();
+    for w in &waits {
+        assert!(
+            *w >= Duration::from_millis(100) && *w <= Duration::from_millis(150),
+            "{waits:?}"
+        );
+    }
+    assert!(waits[0] != waits[1] || waits[1] != waits[2], "{waits:?}");
+}
+
+#[test]
+fn a_lease_gone_before_the_node_registered_is_granted_again_without_a_registration() {
+    let mut h = Harness::new();
+    joining(&mut h);
+    // etcd says the lease is gone while the read waits (it expired in the crowd).
+    no_op(&h.step(Input::LeaseAnswer(Some(0))));
+    let e = h.answer(empty_read());
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    let e = h.answer(Answer::Granted { id: 200 });
+    let (ops, rest) = h.sync_through(e, &[]);
+    no_op(&rest);
+    assert_eq!(
+        ops,
+        vec![
+            Op::MemberCount,
+            Op::Watch {
+                role: Role::Member,
+                from: REV + 1,
+                lease: 200
+            }
+        ],
+        "no registration of a node that had none"
+    );
+    assert_eq!(h.counters.leases_lost.load(Ordering::Relaxed), 1);
+    assert_eq!(h.counters.reregistered.load(Ordering::Relaxed), 0);
+    // Its first registration is on the new lease, and is no registration again.
+    h.register(1, 0, true);
+    assert_eq!(h.counters.reregistered.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn once_registered_a_slow_answer_holds_nothing() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
+    h.register(1, 0, true);
+    let e = h.command(2, report_done(0));
+    assert!(matches!(the_op(&e), Op::Put(_)));
+    h.later(Duration::from_secs(3));
+    replied_ok(&h.answer(Answer::Done), 2);
+    let e = h.command(3, report_done(1));
+    assert!(matches!(the_op(&e), Op::Put(_)), "{e:?}");
+}
