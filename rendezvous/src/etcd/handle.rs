@@ -177,6 +177,8 @@ impl EtcdRendezvous {
         }
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
         let window = cfg.options.retry_window;
+        // A large run's nodes come to etcd spread out, not all in one instant.
+        tokio::time::sleep(session::join_delay(&cfg.node_id, cfg.max_nodes)).await;
         refuse_nesting(&mut client, &keys, &cfg.prefix, window).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, window, ttl_s).await?;

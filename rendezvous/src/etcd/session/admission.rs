@@ -52,13 +52,49 @@ pub(super) struct Admission {
 /// Pauses shorter than this are none.
 const NONE_BELOW: Duration = Duration::from_millis(10);
 
+/// Runs of up to this many nodes join at once: etcd takes their first requests together
+/// (1,000 agents formed in 3.3–5.3 s on two cores, nothing refused).
+pub const CROWD: u32 = 1_000;
+
+/// The pace a larger run's first requests are spread at, per second: below what one
+/// etcd 3.4 on two cores took in `rdzv-bench --ceiling` (10,000 leases, keys, watches and
+/// keep-alive streams in 5.4–6.3 s, about 1,700 a second), so that the spread itself
+/// costs little next to what etcd needs anyway.
+pub const JOINS_PER_SECOND: u32 = 2_000;
+
+/// How long node `node_id` of a run of at most `max_nodes` waits before its first
+/// request (its grant): none in a run of up to [`CROWD`] nodes; in a larger one a draw
+/// from the node id, spread evenly over `max_nodes / JOINS_PER_SECOND` seconds, so that
+/// 10,000 nodes started together arrive at etcd over 5 s, not in one instant (when they
+/// did, etcd fell a TTL behind and formation collapsed). Nodes share nothing, so the
+/// spread is each node's own draw; its pace after that is [`Admission`]'s.
+pub fn join_delay(node_id: &str, max_nodes: u32) -> Duration {
+    if max_nodes <= CROWD || crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
+        return Duration::ZERO;
+    }
+    let span = Duration::from_secs_f64(f64::from(max_nodes) / f64::from(JOINS_PER_SECOND));
+    let mut x = fnv(node_id) | 1;
+    // Two rounds of xorshift: node ids that differ in their last character hash to
+    // nearby values.
+    for _ in 0..2 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    span.mul_f64((x >> 11) as f64 / (1u64 << 53) as f64)
+}
+
+/// FNV-1a: a stable hash (std's is seeded per process).
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 impl Admission {
     /// The pace of node `node_id` with lease TTL `ttl`.
     pub(super) fn new(node_id: &str, ttl: Duration) -> Self {
-        // FNV-1a: a stable hash (std's is seeded per process).
-        let draw = node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+        let draw = fnv(node_id);
         Self {
             pause: Duration::ZERO,
             not_before: None,
@@ -216,6 +252,24 @@ mod tests {
             .map(|i| draws(&format!("sim-{i:05}"))[1])
             .collect();
         assert!(firsts.len() > 40, "{} distinct of 50", firsts.len());
+    }
+
+    #[test]
+    fn a_crowd_of_10000_is_spread_evenly_over_5_s_and_a_run_of_1000_not_at_all() {
+        assert_eq!(join_delay("sim-00001", 1_000), Duration::ZERO);
+        let delays: Vec<Duration> = (0..10_000)
+            .map(|i| join_delay(&format!("sim-{i:05}"), 10_000))
+            .collect();
+        assert!(delays.iter().all(|d| *d < Duration::from_secs(5)));
+        // Evenly: each second of the five holds about a fifth.
+        for s in 0..5 {
+            let n = delays
+                .iter()
+                .filter(|d| d.as_secs() == s)
+                .count();
+            assert!((1_800..=2_200).contains(&n), "second {s}: {n}");
+        }
+        assert_eq!(join_delay("sim-00042", 10_000), join_delay("sim-00042", 10_000));
     }
 
     #[test]

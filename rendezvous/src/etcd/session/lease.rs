@@ -107,6 +107,11 @@ impl LeaseKeeper {
         self.later(now, ttl);
     }
 
+    /// The watches are being opened: the stream kept from the grant is closed.
+    pub(super) fn watches_opening(&mut self) {
+        self.kept_from_grant = None;
+    }
+
     /// The lease kept alive since its grant, while no watches are open.
     pub(super) fn kept_from_grant(&self) -> Option<i64> {
         self.kept_from_grant

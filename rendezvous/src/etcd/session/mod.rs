@@ -67,6 +67,7 @@ mod sync;
 mod tests;
 mod watches;
 
+pub use admission::join_delay;
 pub use conn::{commit_round, lease_holds};
 pub use driver::Driver;
 pub use io::Command;

@@ -83,7 +83,7 @@ impl Machine {
     }
 
     /// What the keep-alive stream said: an answer, or its end.
-    fn on_lease_input(&mut self, input: Input) {
+    pub(super) fn on_lease_input(&mut self, input: Input) {
         let joining = self.phase == Phase::Syncing(Resync::First);
         match input {
             // etcd ends a keep-alive stream when it is too busy to renew ("waiting for
@@ -151,6 +151,11 @@ impl Machine {
             if self.cfg.several_endpoints {
                 let late = "a lease keep-alive went unanswered; trying another etcd member";
                 return self.lost(Fault::local(std::io::ErrorKind::TimedOut, late.into()));
+            }
+            // Once per late keep-alive (the prober's look stops this timer): etcd's own
+            // word on the lease, beside the look for proof that it has no leader.
+            if !self.outage.probing() && !crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
+                self.flight.then(Todo::AskLease);
             }
             self.trouble();
         }

@@ -51,6 +51,10 @@ pub enum Todo {
     /// A joining node's keep-alive stream, opened right after its grant, before the
     /// first read ([`super::admission`]).
     KeepFromGrant,
+    /// A keep-alive is late: ask etcd how long the lease has left. A renewal that was
+    /// only slow (a busy machine, a busy etcd) then moves the lease clock, and the node
+    /// is not fenced or counted lost while etcd says its lease stands.
+    AskLease,
     /// After a control-only read on a resync: this node's own registration, to tell
     /// whether it is still there.
     ReadOwn,
@@ -143,7 +147,7 @@ impl Machine {
             Todo::Read if self.control_read() => snapshot(keys.ctl()),
             Todo::Read => snapshot(keys.root().to_owned()),
             Todo::CountMembers => Op::MemberCount,
-            Todo::CheckLease => Op::TimeToLive {
+            Todo::CheckLease | Todo::AskLease => Op::TimeToLive {
                 lease: self.lease.id(),
             },
             Todo::Register => Op::Txn(records::registration(
@@ -217,6 +221,9 @@ impl Machine {
         }
         let (role, lease) = (self.role(), self.lease.id());
         self.watches.opening(role, lease);
+        // The watches' open replaces every stream, the early keep-alive's too (and, if
+        // etcd refuses it, leaves none until it is sent again).
+        self.lease.watches_opening();
         let from = self.watches.read_rev() + 1;
         self.issue(
             Then::Todo(Todo::OpenWatches),
@@ -251,6 +258,14 @@ impl Machine {
             (Todo::Read, Answer::Range { revision, kvs }) => self.on_read(revision, &kvs),
             (Todo::CountMembers, Answer::MemberCount(n)) => self.outage.members(n),
             (Todo::CheckLease, Answer::TimeToLive { ttl }) => self.ensure_registered(ttl),
+            (Todo::AskLease, Answer::TimeToLive { ttl }) if ttl > 0 => {
+                let left = std::time::Duration::from_secs(ttl.unsigned_abs());
+                self.lease.confirmed(self.flight.sent(), left);
+                self.publish_lease();
+            }
+            (Todo::AskLease, Answer::TimeToLive { .. }) => {
+                self.on_lease_input(super::io::Input::LeaseAnswer(Some(0)));
+            }
             (Todo::Register, Answer::Txn { .. }) => {
                 self.wrote();
                 self.registered();
