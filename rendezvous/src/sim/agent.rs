@@ -92,7 +92,6 @@ pub struct SimAgent {
 pub struct Watching {
     pub role: crate::etcd::session::Role,
     pub next_rev: i64,
-    pub lease: i64,
 }
 
 /// What the loop did, for the world to carry out and check.

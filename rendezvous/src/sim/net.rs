@@ -110,8 +110,8 @@ impl World {
         self.expire();
         let applied = self.rng.chance(50);
         if applied {
-            let answer = self.etcd.execute(op, now);
-            self.after_write(op, &answer);
+            // Applied after the server gave up waiting: the answer is the time-out.
+            let _ = self.execute(a, op, now);
             self.broadcast();
         }
         self.note(|| {
@@ -135,9 +135,48 @@ impl World {
             }
             _ => {}
         }
+        self.execute(a, op, now)
+    }
+
+    /// Agent `a`'s `op` carried out by etcd, and checked: a grant is remembered as this
+    /// process's, and a registration on a new lease must not be written while this
+    /// process's registration on another still stands.
+    fn execute(&mut self, a: usize, op: &Op, now: Instant) -> Result<Answer, etcd_client::Error> {
+        let standing = self.standing_registration(a, op, now);
         let answer = self.etcd.execute(op, now);
+        if let Ok(Answer::Granted { id }) = &answer {
+            self.granted_to.insert(*id, (a, self.agents[a].process));
+        }
+        if let (Some((node, old, new)), Ok(Answer::Txn { succeeded: true })) = (standing, &answer) {
+            self.violate(format!(
+                "re-registration: n{a} registered {node} on lease {new} while its registration on lease {old} stood"
+            ));
+        }
         self.after_write(op, &answer);
         answer
+    }
+
+    /// If `op` writes agent `a`'s registration on a lease other than the one its key is
+    /// on now, and that lease is one this same process was granted and etcd still holds:
+    /// the node, the old lease and the new.
+    fn standing_registration(&self, a: usize, op: &Op, now: Instant) -> Option<(String, i64, i64)> {
+        let Op::Txn(spec) = op else { return None };
+        let members = self.keys.members();
+        let process = self.agents[a].process;
+        spec.then.iter().find_map(|w| {
+            let Write::Put { key, lease, .. } = w else {
+                return None;
+            };
+            let node = key.strip_prefix(&members)?;
+            let req = fsdp_proto::etcdserverpb::RangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            };
+            let old = self.etcd.state.range(&req).ok()?.kvs.first()?.lease;
+            let mine = self.granted_to.get(&old) == Some(&(a, process));
+            let stands = self.etcd.state.time_to_live(old, now).is_some();
+            (old != *lease && mine && stands).then(|| (node.to_owned(), old, *lease))
+        })
     }
 
     /// Agent `a`'s watches open, as `role` from revision `from`, with a new keep-alive
@@ -148,7 +187,6 @@ impl World {
         self.agents[a].watching = Some(Watching {
             role,
             next_rev: from,
-            lease,
         });
         self.agents[a].keep_alive_ended = false;
         self.agents[a].kept = Some(lease);

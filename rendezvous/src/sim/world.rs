@@ -132,6 +132,9 @@ pub struct World {
     /// Last delivery time of each agent's streams (deliveries of one stream keep order).
     pub(super) stream_clock: Vec<[u64; 2]>,
     timer_at: Vec<Option<u64>>,
+    /// Which agent's process each lease was granted to (`check.rs`: no process
+    /// registers on a new lease while its registration on an older one stands).
+    pub granted_to: BTreeMap<i64, (usize, u64)>,
 }
 
 const UNIX_MS_AT_START: u64 = 1_800_000_000_000;
@@ -173,6 +176,7 @@ impl World {
             violation: None,
             stream_clock: vec![[0; 2]; opts.agents],
             timer_at: vec![None; opts.agents],
+            granted_to: BTreeMap::new(),
             opts,
         }
     }
@@ -286,6 +290,7 @@ impl World {
         ag.kept = None;
         ag.probing = false;
         ag.frozen_inbox.clear();
+        self.granted_to.insert(lease, (a, ag.process));
         self.note(|| format!("n{a} starts (lease {lease})"));
         self.carry_out(a, effects);
         self.after_step(a);
