@@ -56,11 +56,13 @@ const NONE_BELOW: Duration = Duration::from_millis(10);
 /// (1,000 agents formed in 3.3–5.3 s on two cores, nothing refused).
 pub const CROWD: u32 = 1_000;
 
-/// The pace a larger run's first requests are spread at, per second: below what one
-/// etcd 3.4 on two cores took in `rdzv-bench --ceiling` (10,000 leases, keys, watches and
-/// keep-alive streams in 5.4–6.3 s, about 1,700 a second), so that the spread itself
-/// costs little next to what etcd needs anyway.
-pub const JOINS_PER_SECOND: u32 = 2_000;
+/// The pace a larger run's first requests are spread at, per second. Each join is two
+/// proposals (the grant, the registration), and one etcd 3.4 on two cores applied
+/// 2,300–2,600 proposals a second beside a crowd's keep-alives, reads and watches: at
+/// 2,000 joins a second its apply loop fell behind within 2 s (1,800 proposals pending,
+/// keep-alives refused, leases lost); at 1,000 a second 10,000 nodes registered in 11.3 s
+/// with not one request refused.
+pub const JOINS_PER_SECOND: u32 = 1_000;
 
 /// How long node `node_id` of a run of at most `max_nodes` waits before its first
 /// request (its grant): none in a run of up to [`CROWD`] nodes; in a larger one a draw
@@ -255,19 +257,16 @@ mod tests {
     }
 
     #[test]
-    fn a_crowd_of_10000_is_spread_evenly_over_5_s_and_a_run_of_1000_not_at_all() {
+    fn a_crowd_of_10000_is_spread_evenly_over_10_s_and_a_run_of_1000_not_at_all() {
         assert_eq!(join_delay("sim-00001", 1_000), Duration::ZERO);
         let delays: Vec<Duration> = (0..10_000)
             .map(|i| join_delay(&format!("sim-{i:05}"), 10_000))
             .collect();
-        assert!(delays.iter().all(|d| *d < Duration::from_secs(5)));
-        // Evenly: each second of the five holds about a fifth.
-        for s in 0..5 {
-            let n = delays
-                .iter()
-                .filter(|d| d.as_secs() == s)
-                .count();
-            assert!((1_800..=2_200).contains(&n), "second {s}: {n}");
+        assert!(delays.iter().all(|d| *d < Duration::from_secs(10)));
+        // Evenly: each second of the ten holds about a tenth.
+        for s in 0..10 {
+            let n = delays.iter().filter(|d| d.as_secs() == s).count();
+            assert!((850..=1_150).contains(&n), "second {s}: {n}");
         }
         assert_eq!(join_delay("sim-00042", 10_000), join_delay("sim-00042", 10_000));
     }
