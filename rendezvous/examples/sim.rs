@@ -9,11 +9,14 @@ use std::time::Instant;
 use fsdp_rendezvous::sim::{self, Options};
 
 const USAGE: &str =
-    "usage: sim.sh [--seeds N] [--seed-start S] [--agents K] [--faults F] [--threads T]
-              [--switch old-departures|old-store|broken-fence|no-charge-in-broken]... [--seed S [--shrink]] [--quiet]
+    "usage: sim.sh [--seeds N] [--seed-start S] [--agents K] [--faults F] [--threads T] [--crowd]
+              [--switch old-departures|old-store|broken-fence|no-charge-in-broken|no-admission]...
+              [--seed S [--shrink]] [--quiet]
   --seeds N       run seeds S..S+N (default 10000) and print 'seeds N, events E, violations V'
   --seed S        run one seed and print its trace (with --shrink: the fewest faults that fail)
-  --switch X      put back a fixed bug (old-departures, old-store) or break the fence on purpose";
+  --crowd         formation alone: K agents (default 24) started together on an overloaded etcd
+  --switch X      put back a fixed bug (old-departures, old-store), break the fence on purpose,
+                  or join without admission (no-admission)";
 
 struct Args {
     seeds: u64,
@@ -38,6 +41,7 @@ fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut agents = None;
     let mut faults = None;
+    let mut crowd = false;
     while let Some(flag) = it.next() {
         let mut value = |name: &str| -> Result<u64, String> {
             let v = it.next().ok_or(format!("{name} needs a value"))?;
@@ -53,6 +57,7 @@ fn parse() -> Result<Args, String> {
             "--threads" => a.threads = value("--threads")? as usize,
             "--shrink" => a.shrink = true,
             "--quiet" => a.quiet = true,
+            "--crowd" => crowd = true,
             "--switch" => {
                 let s = &mut a.opts.switches;
                 match it.next().as_deref() {
@@ -60,9 +65,10 @@ fn parse() -> Result<Args, String> {
                     Some("old-store") => s.old_store = true,
                     Some("broken-fence") => s.broken_fence = true,
                     Some("no-charge-in-broken") => s.no_charge_in_broken = true,
+                    Some("no-admission") => s.no_admission = true,
                     other => {
                         return Err(format!(
-                            "--switch takes old-departures, old-store, broken-fence or no-charge-in-broken, not {other:?}"
+                            "--switch takes old-departures, old-store, broken-fence, no-charge-in-broken or no-admission, not {other:?}"
                         ));
                     }
                 }
@@ -71,9 +77,13 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if let Some(k) = agents {
+    if crowd || agents.is_some() {
         let switches = a.opts.switches;
-        a.opts = Options::new(k);
+        a.opts = if crowd {
+            Options::crowd(agents.unwrap_or(24))
+        } else {
+            Options::new(agents.unwrap_or(4))
+        };
         a.opts.switches = switches;
     }
     if let Some(f) = faults {
@@ -131,9 +141,11 @@ fn main() -> ExitCode {
     }
     let started = Instant::now();
     let (done, events) = (AtomicU64::new(0), AtomicU64::new(0));
+    let formation_writes = AtomicU64::new(0);
     let progress = |r: &sim::Report| {
         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
         events.fetch_add(r.events, Ordering::Relaxed);
+        formation_writes.fetch_max(r.formation_writes, Ordering::Relaxed);
         if !a.quiet && (d % 50 == 0 || d == a.seeds) {
             let width = 40;
             let filled = (d * width / a.seeds.max(1)) as usize;
@@ -147,8 +159,13 @@ fn main() -> ExitCode {
             let _ = std::io::stderr().flush();
         }
         if let Some(v) = &r.violation {
+            let crowd = if a.opts.crowd_ms.is_some() {
+                " --crowd"
+            } else {
+                ""
+            };
             eprintln!(
-                "\nseed {}: {v}\n  replay: scripts/sim.sh --seed {} --agents {} --shrink",
+                "\nseed {}: {v}\n  replay: scripts/sim.sh --seed {} --agents {}{crowd} --shrink",
                 r.seed, r.seed, a.opts.agents
             );
         }
@@ -159,14 +176,16 @@ fn main() -> ExitCode {
         eprintln!();
     }
     println!(
-        "seeds {}, events {}, violations {} ({:.1} s, {:.0} seeds/s, {} agents, {} faults per seed)",
+        "seeds {}, events {}, violations {} ({:.1} s, {:.0} seeds/s, {} agents, {} faults per seed; \
+         most writes by a node before its first round {})",
         a.seeds,
         events.load(Ordering::Relaxed),
         failed.len(),
         secs,
         a.seeds as f64 / secs,
         a.opts.agents,
-        a.opts.faults
+        a.opts.faults,
+        formation_writes.load(Ordering::Relaxed)
     );
     if failed.is_empty() {
         ExitCode::SUCCESS

@@ -30,9 +30,7 @@ thread_local! {
 }
 
 #[cfg(not(feature = "sim"))]
-pub use off::{
-    NEVER_FENCE, NO_ADMISSION, NO_CHARGE_IN_BROKEN, OLD_DEPARTURES, OLD_EVICTIONS, Off,
-};
+pub use off::{NEVER_FENCE, NO_ADMISSION, NO_CHARGE_IN_BROKEN, OLD_DEPARTURES, OLD_EVICTIONS, Off};
 
 #[cfg(not(feature = "sim"))]
 mod off {

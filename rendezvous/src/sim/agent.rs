@@ -64,6 +64,8 @@ pub struct SimAgent {
     /// The lease of the open keep-alive stream: the watches', or a joining node's from
     /// its grant (before its watches).
     pub kept: Option<i64>,
+    /// The process whose start waited its join spread already.
+    pub spread_for: u64,
     pub pinned: usize,
     pub cut: bool,
     pub slow: bool,
@@ -137,6 +139,7 @@ impl SimAgent {
             streams: 0,
             watching: None,
             kept: None,
+            spread_for: 0,
             pinned: 0,
             cut: false,
             slow: false,

@@ -28,6 +28,30 @@ pub struct SimEtcd {
     members: usize,
     /// Leases that ended (expired or revoked) in this epoch.
     pub ended: std::collections::BTreeSet<i64>,
+    /// While overloaded: how long the apply loop takes for each proposal (0: at once).
+    pub apply_ms: u64,
+    /// When the apply loop will have applied every proposal queued so far.
+    backlog_until: Option<Instant>,
+    /// Restarts so far: a proposal queued before one is lost with it.
+    pub restarts: u64,
+}
+
+/// How long etcd 3.4 lets a linearizable read or a lease renewal wait for its apply
+/// loop before it answers "waiting for the applied index took too long".
+pub const APPLY_WAIT: Duration = Duration::from_secs(1);
+/// How long a proposal waits before etcd answers "request timed out" (it may still be
+/// applied later).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The queue past which etcd refuses new proposals ("too many requests").
+pub const TOO_MANY: Duration = Duration::from_secs(3);
+
+/// What the apply loop does with a proposal made now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proposal {
+    /// Refused at once: too many requests.
+    Refused,
+    /// Applied then.
+    At(Instant),
 }
 
 /// The session's error for a request that never got through.
@@ -70,7 +94,33 @@ impl SimEtcd {
             down_until: None,
             old_store,
             ended: Default::default(),
+            apply_ms: 0,
+            backlog_until: None,
+            restarts: 0,
         }
+    }
+
+    /// How far the apply loop is behind at `now`.
+    pub fn lag(&self, now: Instant) -> Duration {
+        self.backlog_until
+            .map_or(Duration::ZERO, |b| b.saturating_duration_since(now))
+    }
+
+    /// Whether ops go through the apply loop's queue: while overloaded, or while what
+    /// queued then drains.
+    pub fn queueing(&self, now: Instant) -> bool {
+        self.apply_ms > 0 || !self.lag(now).is_zero()
+    }
+
+    /// A proposal made at `now`: when it is applied, or refused.
+    pub fn propose(&mut self, now: Instant) -> Proposal {
+        let lag = self.lag(now);
+        if lag > TOO_MANY {
+            return Proposal::Refused;
+        }
+        let at = now + lag + Duration::from_millis(self.apply_ms);
+        self.backlog_until = Some(at);
+        Proposal::At(at)
     }
 
     fn fresh(old_store: bool, unix_ms: u64) -> State {
@@ -89,6 +139,9 @@ impl SimEtcd {
     /// A restart that keeps the data: down for `down`, then every lease a full TTL again.
     pub fn restart(&mut self, now: Instant, down: Duration, empty: bool, unix_ms: u64) {
         self.down_until = Some(now + down);
+        // What was queued and not applied is lost with the process.
+        self.backlog_until = None;
+        self.restarts += 1;
         if empty {
             self.state = Self::fresh(self.old_store, unix_ms);
             self.epoch += 1;

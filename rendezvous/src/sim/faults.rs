@@ -37,6 +37,17 @@ pub enum Fault {
     /// A member of a three-member etcd is lost, and comes back.
     MemberLost(usize),
     MemberBack(usize),
+    /// etcd's apply loop takes `apply_ms` for each proposal (a write, a grant, a revoke),
+    /// one after another: proposals queue behind each other, linearizable reads and lease
+    /// renewals wait for the queue (refused past a second, "waiting for the applied index
+    /// took too long"), writes are answered "request timed out" past 2 s (and applied
+    /// later), and "too many requests" past 3 s of queue. Leases whose renewals were
+    /// refused for a TTL expire.
+    Overload {
+        apply_ms: u64,
+    },
+    /// The overload ends: etcd drains what queued.
+    Drained,
 }
 
 impl Fault {
@@ -71,6 +82,9 @@ pub struct Mix {
     pub three_members: bool,
     /// Whether a worker may halt the run (it ends the seed's interesting part).
     pub halts: bool,
+    /// Whether etcd is overloaded at times (spells drawn apart from the other faults, so
+    /// that a seed's other faults are the same with and without them).
+    pub overload: bool,
 }
 
 /// The schedule of `seed`: `(ms, fault)` in time order.
@@ -116,6 +130,28 @@ pub fn schedule(seed: u64, mix: &Mix) -> Vec<(u64, Fault)> {
             out.push((later, f));
         }
     }
+    if mix.overload {
+        out.extend(overload_spells(seed, t, ttl));
+    }
     out.sort_by_key(|(t, _)| *t);
+    out
+}
+
+/// One to three spells of an overloaded etcd within `0..until` ms, one of them from the
+/// start half the time (formation under overload): each a proposal cost of 50–600 ms,
+/// lasting up to three TTLs.
+fn overload_spells(seed: u64, until: u64, ttl: u64) -> Vec<(u64, Fault)> {
+    let mut rng = Rng::new(seed ^ 0x6f76_6572_6c6f_6164);
+    let mut out = Vec::new();
+    for i in 0..rng.range(1, 3) {
+        let at = if i == 0 && rng.chance(50) {
+            0
+        } else {
+            rng.range(0, until.max(1))
+        };
+        let apply_ms = rng.range(50, 600);
+        out.push((at, Fault::Overload { apply_ms }));
+        out.push((at + rng.range(500, 3 * ttl), Fault::Drained));
+    }
     out
 }

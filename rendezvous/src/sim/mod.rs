@@ -50,6 +50,9 @@ pub struct Switches {
     pub broken_fence: bool,
     /// A round broken before it started never hands its charged restart to the loop.
     pub no_charge_in_broken: bool,
+    /// Joining nodes add load as fast as they can (no spread, no pace, no lease kept
+    /// alive before the watches, no question to etcd before a new lease).
+    pub no_admission: bool,
 }
 
 impl Switches {
@@ -60,6 +63,7 @@ impl Switches {
         OLD_EVICTIONS.with(|s| s.set(self.old_store));
         NEVER_FENCE.with(|s| s.set(self.broken_fence));
         NO_CHARGE_IN_BROKEN.with(|s| s.set(self.no_charge_in_broken));
+        NO_ADMISSION.with(|s| s.set(self.no_admission));
     }
 }
 
@@ -76,6 +80,11 @@ pub struct Options {
     pub ttl: Duration,
     pub last_call: Duration,
     pub three_members: bool,
+    /// Spells of an overloaded etcd ([`Fault::Overload`]).
+    pub overload: bool,
+    /// A run of more than `.0` nodes spreads its joins at `.1` a second (the agent's
+    /// [`crate::etcd::session::join_delay`] at the simulator's scale).
+    pub join_spread: (u32, u32),
     /// Failure restarts each agent allows (`--max-restarts`).
     pub max_restarts: u32,
     /// Agents say where they sit ([`Options::segment`]).
@@ -86,6 +95,11 @@ pub struct Options {
     pub switches: Switches,
     /// Keep the trace (for a replay).
     pub trace: bool,
+    /// A crowd run: etcd overloaded (100 ms a proposal) from the start for this long.
+    pub crowd_ms: Option<u64>,
+    /// The most etcd writes a node may make from its start until it first runs a round
+    /// (checked in crowd runs, where formation is all that happens).
+    pub formation_writes: Option<u64>,
 }
 
 impl Options {
@@ -102,12 +116,36 @@ impl Options {
             ttl: Duration::from_secs(6),
             last_call: Duration::from_secs(1),
             three_members: false,
+            overload: false,
+            join_spread: (
+                crate::etcd::session::CROWD,
+                crate::etcd::session::JOINS_PER_SECOND,
+            ),
             max_restarts: u32::MAX,
             located: false,
             segment_size: 1,
             switches: Switches::default(),
             trace: false,
+            crowd_ms: None,
+            formation_writes: None,
         }
+    }
+
+    /// A crowd forming on an etcd that cannot take it at once: `agents` nodes, all
+    /// started together, one round of all of them, and an etcd whose apply loop takes
+    /// 100 ms a proposal for the first minute (10 a second: two joins' worth of a 10,000
+    /// node crowd on this machine's etcd, scaled down with the crowd); the spread scaled
+    /// alike (runs above 4 nodes spread at 4 joins a second). No other faults: formation
+    /// is what is checked, and its writes are bounded.
+    pub fn crowd(agents: usize) -> Self {
+        let mut o = Self::new(agents);
+        o.faults = 0;
+        o.min_nodes = agents as u32;
+        o.max_nodes = agents as u32;
+        o.crowd_ms = Some(60_000);
+        o.join_spread = (4, 4);
+        o.formation_writes = Some(FORMATION_WRITES);
+        o
     }
 
     /// Once faults stop, every live agent runs within this: TTL + last call + 2 s, the
@@ -132,7 +170,12 @@ impl Options {
     /// third with locations, half of those with rounds of whole blocks of two.
     pub fn for_seed(&self, seed: u64) -> Self {
         let mut o = self.clone();
+        if o.crowd_ms.is_some() {
+            // A crowd is formation alone, on one etcd member.
+            return o;
+        }
         o.three_members = self.three_members || seed % 4 == 3;
+        o.overload = self.overload || seed % 5 == 2;
         if seed % 4 == 1 {
             o.max_restarts = o.max_restarts.min(2 + (seed / 4 % 5) as u32);
         }
@@ -147,12 +190,21 @@ impl Options {
     }
 }
 
+/// A node's etcd writes from its start until it first runs a round, in a crowd: its
+/// registration (which may claim the coordinator key), a seal and the master's key if it
+/// coordinates, its word for a member lost, and as many again for one lease lost on the
+/// way. A crowd that loses leases over and over (each a new grant and a registration
+/// again) goes past it.
+pub const FORMATION_WRITES: u64 = 8;
+
 /// How one seed went.
 #[derive(Debug, Clone)]
 pub struct Report {
     pub seed: u64,
     pub events: u64,
     pub faults: u64,
+    /// The most etcd writes a node made from its start until it first ran a round.
+    pub formation_writes: u64,
     pub violation: Option<String>,
     /// The run, one line per event that matters (when asked for).
     pub trace: Vec<String>,

@@ -8,13 +8,53 @@ use fsdp_proto::v1;
 use fsdp_store::state::WatchSpec;
 
 use super::agent::Watching;
-use super::etcd::{cut, prefix_end};
+use super::etcd::{APPLY_WAIT, Proposal, REQUEST_TIMEOUT, cut, prefix_end};
 use super::world::{Ev, World};
 use crate::etcd::session::{Answer, Input, Op, Role, WatchEvent, Write};
 
 /// etcd's answer to a request it gave up on while overloaded.
 fn timed_out() -> etcd_client::Error {
     etcd_client::Error::GRpcStatus(tonic::Status::unavailable("etcdserver: request timed out"))
+}
+
+/// etcd 3.4's answer to a linearizable read or renewal that waited too long for its apply
+/// loop.
+fn apply_wait() -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+        "etcdserver: request timed out, waiting for the applied index took too long",
+    ))
+}
+
+/// etcd's refusal of a proposal while its apply loop is far behind.
+fn too_many() -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::resource_exhausted(
+        "etcdserver: too many requests",
+    ))
+}
+
+/// How an op meets an etcd whose apply loop is behind.
+enum Queued {
+    /// Not through the apply loop: served as it comes.
+    Served,
+    /// A proposal: applied in its turn.
+    Proposal,
+    /// A linearizable read or a renewal: waits for the loop to catch up.
+    Waits,
+}
+
+fn queued(op: &Op) -> Queued {
+    match op {
+        Op::Txn(_) | Op::Put(_) | Op::Grant { .. } | Op::Revoke { .. } | Op::Depart { .. } => {
+            Queued::Proposal
+        }
+        Op::Range {
+            serializable: false,
+            ..
+        }
+        | Op::TimeToLive { .. }
+        | Op::ReopenKeepAlive { .. } => Queued::Waits,
+        _ => Queued::Served,
+    }
 }
 
 /// A request etcd answers on its own (not a stream, not the connection's).
@@ -63,6 +103,13 @@ impl World {
         if !through {
             return self.refuse(a, process);
         }
+        if self.etcd.queueing(now) {
+            match queued(&op) {
+                Queued::Served => {}
+                Queued::Proposal => return self.propose(a, process, op, now),
+                Queued::Waits => return self.wait_applied(a, process, op, now),
+            }
+        }
         let answer = if self.agents[a].slow && is_request(&op) && self.rng.chance(30) {
             self.time_out_overloaded(a, &op, now)
         } else {
@@ -78,6 +125,85 @@ impl World {
             },
         );
         self.broadcast();
+    }
+
+    /// A proposal while the apply loop is behind: refused past its queue's bound;
+    /// otherwise applied in its turn, and answered then, or "request timed out" if its
+    /// turn is past the request timeout (applied anyway).
+    fn propose(&mut self, a: usize, process: u64, op: Op, now: Instant) {
+        let restarts = self.etcd.restarts;
+        match self.etcd.propose(now) {
+            Proposal::Refused => {
+                self.note(|| format!("etcd: refuses n{a}'s {} (too many requests)", op_name(&op)));
+                let lat = self.latency(a);
+                let input = Input::Answer(Err(too_many().into()));
+                self.after(lat, Ev::Deliver { a, process, input });
+            }
+            Proposal::At(at) => {
+                let late = at - now > REQUEST_TIMEOUT && !matches!(op, Op::Depart { .. });
+                if late {
+                    let input = Input::Answer(Err(timed_out().into()));
+                    let wait = REQUEST_TIMEOUT.as_millis() as u64;
+                    self.after(wait, Ev::Deliver { a, process, input });
+                }
+                let at = self.ms(at);
+                let answer = !late;
+                self.push(
+                    at,
+                    Ev::Apply {
+                        a,
+                        process,
+                        op,
+                        restarts,
+                        answer,
+                    },
+                );
+            }
+        }
+    }
+
+    /// A linearizable read or a renewal while the apply loop is behind: served once it
+    /// caught up, or refused after [`APPLY_WAIT`].
+    fn wait_applied(&mut self, a: usize, process: u64, op: Op, now: Instant) {
+        let lag = self.etcd.lag(now);
+        if lag > APPLY_WAIT {
+            let input = Input::Answer(Err(apply_wait().into()));
+            return self.after(
+                APPLY_WAIT.as_millis() as u64,
+                Ev::Deliver { a, process, input },
+            );
+        }
+        let (at, restarts) = (self.ms(now + lag), self.etcd.restarts);
+        self.push(
+            at,
+            Ev::Apply {
+                a,
+                process,
+                op,
+                restarts,
+                answer: true,
+            },
+        );
+    }
+
+    /// The apply loop reaches agent `a`'s op: carried out (unless etcd restarted since it
+    /// was queued, or serves no more), and answered if the agent still waits.
+    pub fn applied(&mut self, a: usize, process: u64, op: &Op, restarts: u64, answer: bool) {
+        let now = self.now();
+        let three = self.opts.three_members;
+        let result = if restarts != self.etcd.restarts || !self.etcd.has_leader(now, three) {
+            // Lost with the process that queued it: the request fails as its connection
+            // does.
+            Err(cut())
+        } else {
+            self.serve_op(a, op, now)
+        };
+        self.broadcast();
+        if answer && self.agents[a].process == process {
+            let lat = self.latency(a);
+            let input = Input::Answer(result.map_err(Into::into));
+            self.after(lat, Ev::Deliver { a, process, input });
+        }
     }
 
     /// An op that does not get through: a cut network times out; a stopped etcd refuses
@@ -213,7 +339,8 @@ impl World {
         {
             return;
         }
-        if ag.slow && self.rng.chance(20) {
+        let behind = self.etcd.lag(now) > APPLY_WAIT;
+        if behind || (ag.slow && self.rng.chance(20)) {
             // Too busy to renew: etcd ends the keep-alive stream (the watches go on).
             self.agents[a].keep_alive_ended = true;
             self.note(|| format!("etcd: ends n{a}'s keep-alive stream (too busy)"));

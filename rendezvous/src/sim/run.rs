@@ -25,13 +25,19 @@ pub fn mix(seed: u64, opts: &Options) -> Mix {
         three_members: opts.three_members,
         // One seed in ten may end with a halt; the others keep running to the end.
         halts: seed % 10 == 0,
+        overload: opts.overload,
     }
 }
 
 /// Runs `plan` (from `seed`'s schedule, or a shrunk one).
 pub fn run_schedule(seed: u64, opts: &Options, plan: &[(u64, Fault)]) -> Report {
     let mut w = World::new(opts.clone(), seed);
-    let last = plan.last().map_or(0, |(t, _)| *t);
+    let mut last = plan.last().map_or(0, |(t, _)| *t);
+    if let Some(ms) = opts.crowd_ms {
+        w.push(0, Ev::Fault(Fault::Overload { apply_ms: 100 }));
+        w.push(ms, Ev::Fault(Fault::Drained));
+        last = last.max(ms);
+    }
     for (t, f) in plan {
         w.push(*t, Ev::Fault(*f));
     }
@@ -81,6 +87,7 @@ pub fn run_schedule(seed: u64, opts: &Options, plan: &[(u64, Fault)]) -> Report 
         seed,
         events: w.events,
         faults: w.faults_applied,
+        formation_writes: w.formation_writes,
         violation: w.violation.take(),
         trace: w.trace.take().unwrap_or_default(),
     }
@@ -102,6 +109,13 @@ fn handle(w: &mut World, ev: Ev) {
     match ev {
         Ev::Fault(f) => fault(w, f),
         Ev::Arrive { a, process, op } => w.arrive(a, process, op),
+        Ev::Apply {
+            a,
+            process,
+            op,
+            restarts,
+            answer,
+        } => w.applied(a, process, &op, restarts, answer),
         Ev::KeepAlive { a, streams, lease } => w.keep_alive(a, streams, lease),
         Ev::Deliver { a, process, input } => {
             if w.agents[a].process == process {
@@ -205,6 +219,8 @@ fn fault(w: &mut World, f: Fault) {
         Fault::EtcdRestart { empty, down_ms } => etcd_restart(w, empty, down_ms),
         Fault::MemberLost(m) => member_lost(w, m),
         Fault::MemberBack(m) => member_back(w, m),
+        Fault::Overload { apply_ms } => w.etcd.apply_ms = apply_ms,
+        Fault::Drained => w.etcd.apply_ms = 0,
     }
 }
 
@@ -360,6 +376,7 @@ fn heal_all(w: &mut World) {
     }
     let had = w.etcd.has_leader(now, w.opts.three_members);
     w.etcd.members_up = [true; 3];
+    w.etcd.apply_ms = 0;
     if w.etcd.down_until.is_some() || !had {
         w.etcd.new_leader(now);
     }

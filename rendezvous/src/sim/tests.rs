@@ -217,3 +217,33 @@ fn the_seeds_that_found_bugs_pass() {
         );
     }
 }
+
+/// A crowd forming on an etcd that cannot take it at once (`Options::crowd`: 24 nodes
+/// started together, 100 ms of etcd's apply loop a proposal for a minute). With admission
+/// every node runs the round having made at most two writes; without it (the switch),
+/// keep-alives are refused while the crowd's writes queue, leases expire, and every node
+/// grants and registers again and again: the collapse of issue 53 at 10,000 nodes, found
+/// as a node past the formation bound.
+#[test]
+fn a_crowd_forms_on_an_overloaded_etcd_and_without_admission_it_collapses() {
+    let crowd = Options::crowd(24);
+    let failed = campaign(0, 100, &crowd, 2, &|r| {
+        assert!(
+            r.formation_writes <= 2,
+            "seed {}: {} writes",
+            r.seed,
+            r.formation_writes
+        );
+    });
+    assert!(
+        failed.is_empty(),
+        "{:?}",
+        failed.first().map(|r| &r.violation)
+    );
+    let mut without = crowd;
+    without.switches.no_admission = true;
+    let failed = campaign(0, 100, &without, 2, &|_| {});
+    assert!(failed.len() >= 50, "{} of 100 seeds failed", failed.len());
+    let v = failed[0].violation.as_deref().unwrap_or_default();
+    assert!(v.starts_with("formation:"), "{v}");
+}

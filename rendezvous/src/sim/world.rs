@@ -30,6 +30,15 @@ pub enum Ev {
         process: u64,
         op: Op,
     },
+    /// etcd's apply loop reaches an op queued while it was overloaded (lost if etcd
+    /// restarted since: `restarts`); `answer`: the agent still waits for its answer.
+    Apply {
+        a: usize,
+        process: u64,
+        op: Op,
+        restarts: u64,
+        answer: bool,
+    },
     /// A keep-alive reaches etcd.
     KeepAlive {
         a: usize,
@@ -135,6 +144,12 @@ pub struct World {
     /// Which agent's process each lease was granted to (`check.rs`: no process
     /// registers on a new lease while its registration on an older one stands).
     pub granted_to: BTreeMap<i64, (usize, u64)>,
+    /// Each agent's writes when its process started, and the process that first ran a
+    /// round (its formation is over).
+    writes_at_start: Vec<u64>,
+    formed: Vec<u64>,
+    /// The most writes a node made from its start until it first ran a round.
+    pub formation_writes: u64,
 }
 
 const UNIX_MS_AT_START: u64 = 1_800_000_000_000;
@@ -177,6 +192,9 @@ impl World {
             stream_clock: vec![[0; 2]; opts.agents],
             timer_at: vec![None; opts.agents],
             granted_to: BTreeMap::new(),
+            writes_at_start: vec![0; opts.agents],
+            formed: vec![0; opts.agents],
+            formation_writes: 0,
             opts,
         }
     }
@@ -247,6 +265,24 @@ impl World {
             self.after(500, Ev::Fault(Fault::Start(a)));
             return;
         }
+        // The handle's spread before its first request ([`crate::etcd::session::join_delay`]),
+        // once per process.
+        let (crowd, per_second) = self.opts.join_spread;
+        let node = self.agents[a].node.clone();
+        let spread = crate::etcd::session::spread(&node, self.opts.max_nodes, crowd, per_second);
+        let next = self.agents[a].process + 1;
+        if !spread.is_zero() && self.agents[a].spread_for != next {
+            self.agents[a].spread_for = next;
+            self.note(|| format!("n{a} waits {spread:?} before its first request"));
+            return self.after(spread.as_millis() as u64, Ev::Fault(Fault::Start(a)));
+        }
+        // The grant is a proposal: behind a long queue it is refused, and the handle asks
+        // again. (Taken at once otherwise: the lease lives from the request on, which is
+        // what the machine's clock counts from anyway.)
+        if self.etcd.queueing(now) && self.etcd.propose(now) == super::etcd::Proposal::Refused {
+            self.after(500, Ev::Fault(Fault::Start(a)));
+            return;
+        }
         let ttl_s = self.opts.ttl.as_secs() as i64;
         let Ok((lease, _)) = self.etcd.state.grant(ttl_s, 0, now) else {
             return;
@@ -291,6 +327,7 @@ impl World {
         ag.probing = false;
         ag.frozen_inbox.clear();
         self.granted_to.insert(lease, (a, ag.process));
+        self.writes_at_start[a] = self.writes[a].load(std::sync::atomic::Ordering::Relaxed);
         self.note(|| format!("n{a} starts (lease {lease})"));
         self.carry_out(a, effects);
         self.after_step(a);
@@ -370,6 +407,7 @@ impl World {
             Did::Started(round) => {
                 self.note(|| format!("n{a} runs round {} {:?}", round.number, names(&round)));
                 self.check_start(a, &round);
+                self.formed(a);
             }
             Did::Stopped(why) => self.note(|| format!("n{a} stops its workers: {why}")),
             Did::Exited(why) => self.note(|| format!("n{a} exits: {why}")),
@@ -379,6 +417,23 @@ impl World {
                 });
             }
             Did::Note(what) => self.note(|| format!("n{a}: {what}")),
+        }
+    }
+
+    /// Agent `a` runs a round: if its process's first, how many writes it took.
+    fn formed(&mut self, a: usize) {
+        let process = self.agents[a].process;
+        if self.formed[a] == process {
+            return;
+        }
+        self.formed[a] = process;
+        let made = self.writes[a].load(std::sync::atomic::Ordering::Relaxed);
+        let n = made - self.writes_at_start[a];
+        self.formation_writes = self.formation_writes.max(n);
+        if let Some(most) = self.opts.formation_writes.filter(|m| n > *m) {
+            self.violate(format!(
+                "formation: n{a} made {n} etcd writes before it first ran a round (at most {most})"
+            ));
         }
     }
 
@@ -441,14 +496,7 @@ impl World {
         };
         let lat = self.latency(a);
         let streams = self.agents[a].streams;
-        self.after(
-            lat,
-            Ev::KeepAlive {
-                a,
-                streams,
-                lease,
-            },
-        );
+        self.after(lat, Ev::KeepAlive { a, streams, lease });
     }
 
     /// A phase as the trace shows it: times from the start of the run.

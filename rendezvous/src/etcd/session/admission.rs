@@ -71,10 +71,15 @@ pub const JOINS_PER_SECOND: u32 = 1_000;
 /// did, etcd fell a TTL behind and formation collapsed). Nodes share nothing, so the
 /// spread is each node's own draw; its pace after that is [`Admission`]'s.
 pub fn join_delay(node_id: &str, max_nodes: u32) -> Duration {
-    if max_nodes <= CROWD || crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
+    spread(node_id, max_nodes, CROWD, JOINS_PER_SECOND)
+}
+
+/// [`join_delay`] with its two numbers given (the simulator runs them scaled down).
+pub fn spread(node_id: &str, max_nodes: u32, crowd: u32, per_second: u32) -> Duration {
+    if max_nodes <= crowd || crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
         return Duration::ZERO;
     }
-    let span = Duration::from_secs_f64(f64::from(max_nodes) / f64::from(JOINS_PER_SECOND));
+    let span = Duration::from_secs_f64(f64::from(max_nodes) / f64::from(per_second.max(1)));
     let mut x = fnv(node_id) | 1;
     // Two rounds of xorshift: node ids that differ in their last character hash to
     // nearby values.
@@ -250,9 +255,8 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(draws("sim-00001"), draws("sim-00001"));
-        let firsts: std::collections::BTreeSet<Duration> = (0..50)
-            .map(|i| draws(&format!("sim-{i:05}"))[1])
-            .collect();
+        let firsts: std::collections::BTreeSet<Duration> =
+            (0..50).map(|i| draws(&format!("sim-{i:05}"))[1]).collect();
         assert!(firsts.len() > 40, "{} distinct of 50", firsts.len());
     }
 
@@ -268,7 +272,10 @@ mod tests {
             let n = delays.iter().filter(|d| d.as_secs() == s).count();
             assert!((850..=1_150).contains(&n), "second {s}: {n}");
         }
-        assert_eq!(join_delay("sim-00042", 10_000), join_delay("sim-00042", 10_000));
+        assert_eq!(
+            join_delay("sim-00042", 10_000),
+            join_delay("sim-00042", 10_000)
+        );
     }
 
     #[test]

@@ -67,7 +67,7 @@ mod sync;
 mod tests;
 mod watches;
 
-pub use admission::join_delay;
+pub use admission::{CROWD, JOINS_PER_SECOND, join_delay, spread};
 pub use conn::{commit_round, lease_holds};
 pub use driver::Driver;
 pub use io::Command;

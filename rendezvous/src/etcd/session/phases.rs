@@ -36,9 +36,10 @@ impl Machine {
                 self.flight.wait(id, command);
             }
             // The lease a joining node keeps alive from its grant, before its watches.
-            (Phase::Syncing(Resync::First), input @ (Input::LeaseAnswer(_) | Input::KeepAliveFailed(_)))
-                if self.kept_lease().is_some() =>
-            {
+            (
+                Phase::Syncing(Resync::First),
+                input @ (Input::LeaseAnswer(_) | Input::KeepAliveFailed(_)),
+            ) if self.kept_lease().is_some() => {
                 self.on_lease_input(input);
             }
             // Streams that closed, and timers of a phase that is over.

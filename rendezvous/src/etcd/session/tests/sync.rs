@@ -54,7 +54,11 @@ fn a_first_sync_that_finds_itself_coordinator_reads_the_whole_run() {
     let (ops, _) = h.sync_through(e, &kvs);
     assert_eq!(
         ops[..3],
-        [Op::ReopenKeepAlive { lease: LEASE }, read_ctl(), read_root()]
+        [
+            Op::ReopenKeepAlive { lease: LEASE },
+            read_ctl(),
+            read_root()
+        ]
     );
     assert!(matches!(
         ops.last(),
