@@ -363,6 +363,34 @@ impl EtcdRendezvous {
     }
 }
 
+/// The nesting check's reads: a count under each of `outer`, the keys of each of `gaps`.
+/// Serializable, as the session's first read (`Op::Range`): a crowd of joiners must not
+/// each wait for etcd's apply loop, and another run's keys are not written in the moment
+/// this one starts.
+fn nesting_reads(outer: &[String], gaps: &[(String, String)]) -> Vec<etcd_client::TxnOp> {
+    use etcd_client::TxnOp;
+    let count = || {
+        GetOptions::new()
+            .with_prefix()
+            .with_count_only()
+            .with_serializable()
+    };
+    let keys_in = |to: &str| {
+        GetOptions::new()
+            .with_range(to)
+            .with_keys_only()
+            .with_serializable()
+    };
+    outer
+        .iter()
+        .map(|p| TxnOp::get(p.as_str(), Some(count())))
+        .chain(
+            gaps.iter()
+                .map(|(from, to)| TxnOp::get(from.as_str(), Some(keys_in(to)))),
+        )
+        .collect()
+}
+
 /// Refuses to start a run whose keys would lie inside another run's (its prefix is
 /// below another run's root) or around one (another run's prefix is below this run's
 /// root): the outer run would read the inner one's keys as its own. One read-only
@@ -378,41 +406,14 @@ pub(super) async fn refuse_nesting(
     prefix: &str,
     window: Duration,
 ) -> Result<(), RendezvousError> {
-    use etcd_client::{Txn, TxnOp, TxnOpResponse};
+    use etcd_client::{Txn, TxnOpResponse};
     let outer: Vec<String> = keys
         .enclosing_roots()
         .into_iter()
         .flat_map(|outer| ["members/", "ctl/"].map(|sub| format!("{outer}{sub}")))
         .collect();
     let gaps = keys.foreign_ranges();
-    // Serializable, as the session's first read (`Op::Range`): a crowd of joiners must
-    // not each wait for etcd's apply loop, and another run's keys are not written in the
-    // moment this one starts.
-    let reads: Vec<TxnOp> = outer
-        .iter()
-        .map(|p| {
-            TxnOp::get(
-                p.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_count_only()
-                        .with_serializable(),
-                ),
-            )
-        })
-        .chain(gaps.iter().map(|(from, to)| {
-            TxnOp::get(
-                from.as_str(),
-                Some(
-                    GetOptions::new()
-                        .with_range(to.as_str())
-                        .with_keys_only()
-                        .with_serializable(),
-                ),
-            )
-        }))
-        .collect();
+    let reads = nesting_reads(&outer, &gaps);
     let client = &*client;
     let answer = while_overloaded(window, || {
         super::token::renewing(client, || {
