@@ -67,7 +67,10 @@ mod sync;
 mod tests;
 mod watches;
 
-pub use admission::{CROWD, JOINS_PER_SECOND, join_delay, spread};
+pub use admission::join_delay;
+// The join spread's numbers, which the simulator runs scaled down.
+#[cfg(any(test, feature = "sim"))]
+pub use admission::{CROWD, JOINS_PER_SECOND, spread};
 pub use conn::{commit_round, lease_holds};
 pub use driver::Driver;
 pub use io::Command;
