@@ -148,9 +148,9 @@ fn main() {
         let lost = count(|c| c.leases_lost.load(Ordering::Relaxed));
         let again = count(|c| c.reregistered.load(Ordering::Relaxed));
         println!(
-            "nodes={nodes} ttl_s={ttl} seal_s={seal_s:.3} etcd_writes={writes} \
+            "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
-             leases_lost={lost} reregistered={again} bench_cpu_s={:.2} bench_rss_mb={}",
+             leases_lost={lost} reregistered={again} ttl_s={ttl} bench_cpu_s={:.2} bench_rss_mb={}",
             own_cpu_s(),
             own_peak_rss_mb()
         );
@@ -257,8 +257,8 @@ async fn etcd_ceiling(
     }
     let ceiling_s = start.elapsed().as_secs_f64();
     println!(
-        "nodes={nodes} ttl_s={ttl} ceiling_s={ceiling_s:.3} writes={} refused={refused} \
-         inflight={inflight} watch={} keepalive={} bench_cpu_s={:.2} bench_rss_mb={}",
+        "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused} \
+         inflight={inflight} watch={} keepalive={} ttl_s={ttl} bench_cpu_s={:.2} bench_rss_mb={}",
         2 * nodes,
         steps.watch,
         steps.keep_alive,
