@@ -191,10 +191,14 @@ impl World {
     pub fn applied(&mut self, a: usize, process: u64, op: &Op, restarts: u64, answer: bool) {
         let now = self.now();
         let three = self.opts.three_members;
+        let gone = self.agents[a].process != process;
         let result = if restarts != self.etcd.restarts || !self.etcd.has_leader(now, three) {
             // Lost with the process that queued it: the request fails as its connection
             // does.
             Err(cut())
+        } else if gone && matches!(op, Op::ReopenKeepAlive { .. }) {
+            // A dead process's stream opens nothing.
+            return;
         } else {
             self.serve_op(a, op, now)
         };
@@ -308,6 +312,9 @@ impl World {
     /// Agent `a`'s watches open, as `role` from revision `from`, with a new keep-alive
     /// stream for `lease`; their first answer says the revision etcd is at.
     fn open_watch(&mut self, a: usize, role: Role, from: i64, lease: i64) {
+        // The open replaces every stream the agent had (the driver drops them first): what
+        // the old ones still carry is never read, as a closed stream's is not.
+        self.agents[a].streams += 1;
         let (g, rev) = (self.agents[a].streams, self.etcd.state.revision());
         self.note(|| format!("n{a} watches as {role:?} from {from} (etcd at {rev}, streams {g})"));
         self.agents[a].watching = Some(Watching {
@@ -355,6 +362,9 @@ impl World {
             );
         }
         self.expire();
+        // A renewal waits for the apply loop (at most a second: past that it was refused
+        // above).
+        let behind = self.etcd.lag(now).as_millis() as u64;
         let ttl = self.etcd.keep_alive(lease, now);
         if ttl == 0 {
             self.note(|| {
@@ -364,7 +374,7 @@ impl World {
                 )
             });
         }
-        let lat = self.latency(a);
+        let lat = self.latency(a) + behind;
         self.after(
             lat,
             Ev::Stream {

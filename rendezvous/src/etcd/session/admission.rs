@@ -67,7 +67,7 @@ pub const JOINS_PER_SECOND: u32 = 1_000;
 /// How long node `node_id` of a run of at most `max_nodes` waits before its first
 /// request (its grant): none in a run of up to [`CROWD`] nodes; in a larger one a draw
 /// from the node id, spread evenly over `max_nodes / JOINS_PER_SECOND` seconds, so that
-/// 10,000 nodes started together arrive at etcd over 5 s, not in one instant (when they
+/// 10,000 nodes started together arrive at etcd over 10 s, not in one instant (when they
 /// did, etcd fell a TTL behind and formation collapsed). Nodes share nothing, so the
 /// spread is each node's own draw; its pace after that is [`Admission`]'s.
 pub fn join_delay(node_id: &str, max_nodes: u32) -> Duration {

@@ -402,7 +402,9 @@ impl Machine {
     /// pace lets it go (`admission.rs`), keeping its lease alive meanwhile, as while a
     /// refused request waits to go again.
     pub(super) fn issue(&mut self, then: Then, op: Op) {
-        if paced(&op) {
+        // Only while a stream keeps the lease alive: a lease held unkept (an outage's
+        // sync, a lease granted again while joining) must not wait out its TTL.
+        if paced(&op) && self.kept_lease() == Some(self.lease.id()) {
             if let Some(at) = self.admission.wait(self.now) {
                 return self.flight.retry_at(at, then, op);
             }

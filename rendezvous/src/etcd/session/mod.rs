@@ -69,7 +69,7 @@ mod watches;
 
 pub use admission::join_delay;
 // The join spread's numbers, which the simulator runs scaled down.
-#[cfg(any(test, feature = "sim"))]
+#[cfg(feature = "sim")]
 pub use admission::{CROWD, JOINS_PER_SECOND, spread};
 pub use conn::{commit_round, lease_holds};
 pub use driver::Driver;

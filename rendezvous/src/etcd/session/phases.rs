@@ -390,7 +390,8 @@ impl Machine {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let delay = self.retry_delay(before);
         // A joining node's pace grows with each refusal, drawn apart from the crowd's.
-        let at = if self.admission.active() && super::admission::paced(&op) {
+        let kept = self.kept_lease() == Some(self.lease.id());
+        let at = if self.admission.active() && kept && super::admission::paced(&op) {
             self.admission.refused(self.flight.sent(), now, delay)
         } else {
             now + delay

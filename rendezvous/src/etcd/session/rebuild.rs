@@ -48,7 +48,8 @@ impl Machine {
     pub(super) fn ensure_registered(&mut self, ttl: i64) {
         let alive = ttl > 0;
         if alive {
-            let left = Duration::from_secs(ttl.unsigned_abs());
+            // Never past the TTL granted (see `Todo::AskLease`).
+            let left = Duration::from_secs(ttl.unsigned_abs()).min(self.cfg.ttl);
             self.lease.confirmed(self.flight.sent(), left);
             self.publish_lease();
         }

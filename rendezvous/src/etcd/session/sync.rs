@@ -2,7 +2,7 @@
 //! queues: each a [`Todo`] that runs at once or sends one op and goes on with its answer.
 
 use super::fault::{Fault, FaultKind};
-use super::io::{Answer, Kv, Op, Role};
+use super::io::{Answer, Input, Kv, Op, Role};
 use super::machine::{Machine, Phase, Resync, Then};
 use super::rebuild::{fresh_view, put_kv};
 use super::records;
@@ -210,6 +210,15 @@ impl Machine {
     }
 
     fn open_watches(&mut self) {
+        // What the stream kept from the grant said and the machine has not read yet
+        // belongs to a stream the watches' open closes (read after it, an end of that
+        // stream would end the new watches).
+        if self.lease.kept_from_grant().is_some() {
+            self.flight.sort_inputs(|i| match i {
+                Input::LeaseAnswer(_) | Input::KeepAliveFailed(_) => None,
+                other => Some(other),
+            });
+        }
         if self.watches.control_only() && self.role() == Role::Coordinator {
             // Elected during this sync (a campaign after an outage) on a view without
             // registrations: read them all before watching as the coordinator (found by
@@ -259,10 +268,14 @@ impl Machine {
             (Todo::CountMembers, Answer::MemberCount(n)) => self.outage.members(n),
             (Todo::CheckLease, Answer::TimeToLive { ttl }) => self.ensure_registered(ttl),
             (Todo::AskLease, Answer::TimeToLive { ttl }) if ttl > 0 => {
-                let left = std::time::Duration::from_secs(ttl.unsigned_abs());
+                // Never past the TTL granted: a leader not yet keeping leases after an
+                // election answers the largest TTL there is.
+                let left = std::time::Duration::from_secs(ttl.unsigned_abs()).min(self.cfg.ttl);
                 self.lease.confirmed(self.flight.sent(), left);
                 self.publish_lease();
             }
+            // Less than a second left: nothing to move the clock by; the keep-alives go on.
+            (Todo::AskLease, Answer::TimeToLive { ttl: 0 }) => {}
             (Todo::AskLease, Answer::TimeToLive { .. }) => {
                 self.on_lease_input(super::io::Input::LeaseAnswer(Some(0)));
             }

@@ -144,3 +144,19 @@ fn once_registered_a_slow_answer_holds_nothing() {
     let e = h.command(3, report_done(1));
     assert!(matches!(the_op(&e), Op::Put(_)), "{e:?}");
 }
+
+/// The stream kept from the grant ended while the first read was in flight (its end
+/// waits behind the sync's steps): the watches' open closes that stream, and its end is
+/// not read as the end of the new watches.
+#[test]
+fn the_end_of_the_stream_kept_from_the_grant_does_not_end_the_new_watches() {
+    let mut h = Harness::new();
+    joining(&mut h);
+    no_op(&h.step(Input::KeepAliveFailed(cut().into())));
+    let e = h.answer(empty_read());
+    let (ops, rest) = h.sync_through(e, &[]);
+    assert!(matches!(ops.last(), Some(Op::Watch { .. })), "{ops:?}");
+    no_op(&rest);
+    assert!(!closes_watches(&rest), "{rest:?}");
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+}

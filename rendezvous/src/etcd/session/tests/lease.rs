@@ -302,3 +302,20 @@ fn an_unanswered_op_makes_the_next_sync_connect_afresh_even_to_one_member() {
         }
     }
 }
+
+/// A leader not yet keeping leases after an election answers a time-to-live with the
+/// largest TTL there is: the clock moves by the TTL granted at most, or the node would
+/// never fence.
+#[test]
+fn etcds_word_on_a_late_keep_alive_moves_the_clock_by_the_ttl_granted_at_most() {
+    let mut h = Harness::synced();
+    h.fire();
+    h.answer(Answer::Done);
+    h.fire();
+    h.answer(Answer::Done);
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
+    let sent = h.now;
+    no_op(&h.answer(Answer::TimeToLive { ttl: 9_223_372_036 }));
+    assert_eq!(h.m.view().lease_safe_until, Some(sent + TTL));
+}
