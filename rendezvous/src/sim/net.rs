@@ -146,18 +146,7 @@ impl World {
                     let wait = REQUEST_TIMEOUT.as_millis() as u64;
                     self.after(wait, Ev::Deliver { a, process, input });
                 }
-                let at = self.ms(at);
-                let answer = !late;
-                self.push(
-                    at,
-                    Ev::Apply {
-                        a,
-                        process,
-                        op,
-                        restarts,
-                        answer,
-                    },
-                );
+                self.apply_at(at, a, process, op, restarts, !late);
             }
         }
     }
@@ -173,17 +162,30 @@ impl World {
                 Ev::Deliver { a, process, input },
             );
         }
-        let (at, restarts) = (self.ms(now + lag), self.etcd.restarts);
-        self.push(
-            at,
-            Ev::Apply {
-                a,
-                process,
-                op,
-                restarts,
-                answer: true,
-            },
-        );
+        let restarts = self.etcd.restarts;
+        self.apply_at(now + lag, a, process, op, restarts, true);
+    }
+
+    /// Agent `a`'s `op` reaches the apply loop at `at` (queued while etcd had restarted
+    /// `restarts` times); `answer`: the agent waits for its answer.
+    fn apply_at(
+        &mut self,
+        at: Instant,
+        a: usize,
+        process: u64,
+        op: Op,
+        restarts: u64,
+        answer: bool,
+    ) {
+        let at = self.ms(at);
+        let ev = Ev::Apply {
+            a,
+            process,
+            op,
+            restarts,
+            answer,
+        };
+        self.push(at, ev);
     }
 
     /// The apply loop reaches agent `a`'s op: carried out (unless etcd restarted since it

@@ -145,14 +145,7 @@ fn with_one_member_a_keep_alive_unanswered_near_the_fence_starts_the_probe() {
 #[test]
 fn a_late_keep_alive_asks_etcd_and_its_word_that_the_lease_stands_moves_the_clock() {
     let mut h = Harness::synced();
-    h.fire();
-    h.answer(Answer::Done);
-    h.fire();
-    h.answer(Answer::Done);
-    let before = h.m.view().lease_safe_until.expect("a clock");
-    let e = h.fire();
-    assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
-    let sent = h.now;
+    let (before, sent) = asked_after_a_late_keep_alive(&mut h);
     h.later(Duration::from_millis(300));
     no_op(&h.answer(Answer::TimeToLive { ttl: 5 }));
     let after = h.m.view().lease_safe_until.expect("a clock");
@@ -164,12 +157,7 @@ fn a_late_keep_alive_asks_etcd_and_its_word_that_the_lease_stands_moves_the_cloc
 #[test]
 fn a_late_keep_alive_whose_lease_etcd_says_is_gone_grants_another() {
     let mut h = Harness::synced();
-    h.fire();
-    h.answer(Answer::Done);
-    h.fire();
-    h.answer(Answer::Done);
-    let e = h.fire();
-    assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
+    asked_after_a_late_keep_alive(&mut h);
     let e = h.answer(Answer::TimeToLive { ttl: -1 });
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     assert_eq!(h.counters.leases_lost.load(Ordering::Relaxed), 1);
@@ -309,13 +297,20 @@ fn an_unanswered_op_makes_the_next_sync_connect_afresh_even_to_one_member() {
 #[test]
 fn etcds_word_on_a_late_keep_alive_moves_the_clock_by_the_ttl_granted_at_most() {
     let mut h = Harness::synced();
-    h.fire();
-    h.answer(Answer::Done);
-    h.fire();
-    h.answer(Answer::Done);
-    let e = h.fire();
-    assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
-    let sent = h.now;
+    let (_, sent) = asked_after_a_late_keep_alive(&mut h);
     no_op(&h.answer(Answer::TimeToLive { ttl: 9_223_372_036 }));
     assert_eq!(h.m.view().lease_safe_until, Some(sent + TTL));
+}
+
+/// Two keep-alives sent and not answered, the second late near the fence: etcd is asked
+/// how long the lease has left. Returns the lease clock before and when the question went.
+fn asked_after_a_late_keep_alive(h: &mut Harness) -> (Instant, Instant) {
+    h.fire();
+    h.answer(Answer::Done);
+    h.fire();
+    h.answer(Answer::Done);
+    let before = h.m.view().lease_safe_until.expect("a clock");
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
+    (before, h.now)
 }
