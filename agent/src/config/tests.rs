@@ -54,6 +54,21 @@ fn recorded(c: &Config, name: &str) -> bool {
     c.settings.iter().any(|s| s.name == name)
 }
 
+/// Node 1 of a static group of two (`--master-addr n0`) with `--rdzv-conf conf`.
+fn static_node_with_rdzv_conf(conf: &str) -> Config {
+    let args = [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "n0",
+        "--rdzv-conf",
+        conf,
+    ];
+    config(&args, &[])
+}
+
 fn flag(f: &str) -> Source {
     Source::Flag(f.into())
 }
@@ -629,19 +644,7 @@ fn rdzv_conf_keys_without_effect_are_warned_about() {
         ["--rdzv-conf is_host,join_timeout has no effect with a single-node rendezvous"]
     );
     // A static group's first round waits for its nodes, up to join_timeout.
-    let c = config(
-        &[
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "1",
-            "--master-addr",
-            "n0",
-            "--rdzv-conf",
-            "is_host=1,join_timeout=5",
-        ],
-        &[],
-    );
+    let c = static_node_with_rdzv_conf("is_host=1,join_timeout=5");
     assert_eq!(
         c.warnings,
         ["--rdzv-conf is_host has no effect with a static rendezvous"]
@@ -772,19 +775,7 @@ fn the_segment_comes_from_rdzv_conf_then_slurm_then_the_pod_variable() {
     );
     // The c10d backend reads it too; a static group has no use for it.
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
-    let c = config(
-        &[
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "1",
-            "--master-addr",
-            "n0",
-            "--rdzv-conf",
-            "segment=r",
-        ],
-        &[],
-    );
+    let c = static_node_with_rdzv_conf("segment=r");
     assert_eq!(
         c.warnings,
         ["--rdzv-conf segment has no effect with a static rendezvous"]

@@ -107,12 +107,7 @@ fn rank_0_publishes_the_master_and_ranks_follow_worker_counts() {
         step(&v, "me", 2, 3, Some(3), since),
         Ok(Step::Wait)
     ));
-    v.master = Some(v1::Master {
-        schema: SCHEMA_VERSION,
-        round: 3,
-        addr: "10.0.0.1".into(),
-        port: 29400,
-    });
+    v.master = Some(master_of(3));
     let Ok(Step::Done(done)) = step(&v, "other", 2, 3, None, since) else {
         panic!("a sealed round with a master")
     };
@@ -253,6 +248,16 @@ fn waiter() -> super::waiter::Waiter {
     super::waiter::Waiter::new("me".into(), 2, 8, std::time::Duration::from_secs(1))
 }
 
+/// The master record of round `round` (rank 0 at 10.0.0.1:29400).
+fn master_of(round: u64) -> v1::Master {
+    v1::Master {
+        schema: SCHEMA_VERSION,
+        round,
+        addr: "10.0.0.1".into(),
+        port: 29400,
+    }
+}
+
 /// Found by the simulator (seed 207789): a node sealed into a round that spent the
 /// budget, whose lease ran out before the round started, next saw only the round the
 /// coordinator sealed without it. As a spare of that round it asked for the next one, and
@@ -300,12 +305,7 @@ fn a_runner_left_out_of_the_round_after_its_own_is_handed_that_round() {
     let mut v = round_view(3, &["me", "a"], 1);
     assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
     v = round_view(4, &["me", "a"], 1);
-    v.master = Some(v1::Master {
-        schema: SCHEMA_VERSION,
-        round: 4,
-        addr: "10.0.0.1".into(),
-        port: 29400,
-    });
+    v.master = Some(master_of(4));
     assert!(matches!(w.on_view(&v, now), Ok(Action::Run { .. })));
     let v = round_view(5, &["a", "me"], 2);
     assert_eq!(
@@ -333,12 +333,7 @@ fn another_seal_under_the_held_number_is_handed_over_before_the_next_round() {
     assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
     let mut v = round_view(4, &["me", "a"], 1);
     std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).sealed_at_ms = 1_000;
-    v.master = Some(v1::Master {
-        schema: SCHEMA_VERSION,
-        round: 4,
-        addr: "10.0.0.1".into(),
-        port: 29400,
-    });
+    v.master = Some(master_of(4));
     assert!(matches!(w.on_view(&v, now), Ok(Action::Run { .. })));
     // The held round, shown again (a keep-alive answer), is not remembered.
     assert_eq!(

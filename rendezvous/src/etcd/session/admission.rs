@@ -80,15 +80,21 @@ pub fn spread(node_id: &str, max_nodes: u32, crowd: u32, per_second: u32) -> Dur
         return Duration::ZERO;
     }
     let span = Duration::from_secs_f64(f64::from(max_nodes) / f64::from(per_second.max(1)));
-    let mut x = fnv(node_id) | 1;
-    // Two rounds of xorshift: node ids that differ in their last character hash to
-    // nearby values.
-    for _ in 0..2 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-    }
-    span.mul_f64((x >> 11) as f64 / (1u64 << 53) as f64)
+    // Two rounds: node ids that differ in their last character hash to nearby values.
+    span.mul_f64(unit(xorshift(xorshift(fnv(node_id) | 1))))
+}
+
+/// The next of a xorshift64 sequence (never 0 from a value that is not).
+fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
+/// `x` as a fraction in `0..1`.
+fn unit(x: u64) -> f64 {
+    (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// FNV-1a: a stable hash (std's is seeded per process).
@@ -166,14 +172,8 @@ impl Admission {
         if self.pause.is_zero() {
             return None;
         }
-        // xorshift64
-        let mut x = self.draw;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.draw = x;
-        let fraction = 0.5 + (x >> 11) as f64 / (1u64 << 53) as f64;
-        Some(now + self.pause.mul_f64(fraction))
+        self.draw = xorshift(self.draw);
+        Some(now + self.pause.mul_f64(0.5 + unit(self.draw)))
     }
 }
 
