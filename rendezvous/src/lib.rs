@@ -161,6 +161,29 @@ impl Round {
         reason: String,
     ) -> Result<Self, String> {
         let world_size = ranks::rank_members(&mut members)?;
+        Self::of_ranked(
+            number,
+            members.into(),
+            world_size,
+            me,
+            master,
+            restart_count,
+            reason,
+        )
+    }
+
+    /// As [`Round::new`], from members already given their ranks by
+    /// [`ranks::rank_members`] (which returned `world_size`): the nodes of one process share
+    /// one ranked list of a round ([`crate::etcd`]'s memo).
+    pub fn of_ranked(
+        number: u64,
+        members: std::sync::Arc<[RoundMember]>,
+        world_size: u32,
+        me: usize,
+        master: (String, u16),
+        restart_count: u32,
+        reason: String,
+    ) -> Result<Self, String> {
         let mine = members.get(me).ok_or_else(|| {
             format!(
                 "node index {me} is outside the round's {} nodes",
@@ -176,7 +199,7 @@ impl Round {
             master_addr: master.0,
             master_port: master.1,
             restart_count,
-            members: members.into(),
+            members,
             reason,
             charged_at_ms: Vec::new(),
             sealed_at_ms: unix_ms(),

@@ -6,7 +6,7 @@ use std::time::Instant;
 use fsdp_proto::v1;
 
 use super::View;
-use crate::{Change, RendezvousError, Round, RoundMember};
+use crate::{Change, RendezvousError, Round};
 
 /// What `next_round` should do after looking at the view.
 pub(crate) enum Step {
@@ -107,15 +107,18 @@ pub(crate) fn broken_round(rec: &v1::Round, me: &str, change: Change) -> Option<
 
 /// Round `rec` as this node, at position `pos`, runs it with the master at `at`.
 fn joined(rec: &v1::Round, pos: usize, at: (String, u16)) -> Result<Round, RendezvousError> {
-    let mut round = Round::new(
+    let corrupt = |e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number));
+    let (members, world_size) = super::record::ranked(&rec.members).map_err(corrupt)?;
+    let mut round = Round::of_ranked(
         rec.number,
-        rec.members.iter().map(RoundMember::from).collect(),
+        members,
+        world_size,
         pos,
         at,
         rec.restart_count,
         rec.reason.clone(),
     )
-    .map_err(|e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number)))?;
+    .map_err(corrupt)?;
     // A record from before the field existed: the charges of the whole run count.
     if rec.sealed_at_ms > 0 {
         round.sealed_at_ms = rec.sealed_at_ms;

@@ -40,6 +40,7 @@ use super::view::View;
 
 pub use allowed::{Allowed, LEFT_DETAIL_MAX, left_detail};
 pub use declared::{left_tail, per_round};
+pub(super) use memo::ranked;
 
 /// Where a record lives under the run's root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

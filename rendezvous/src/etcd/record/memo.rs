@@ -10,14 +10,54 @@
 //! agent, one node to a process, it costs a comparison of the bytes and a copy of the
 //! member handles per round. Per thread, not per process: no lock for the runtime's
 //! threads to wait on, and no thread's decoding changes what another's memo holds.
+//!
+//! What a node then judges of the round's members (their text, their distinctness, their
+//! worker counts against what this node allows) is kept the same way, beside the very
+//! member handles it judged ([`judged`]): at 10,000 nodes in one process each judging the
+//! same 10,000 members, the judging was 10^8 checks, a core for seconds while the round
+//! was being delivered, and the nodes' keep-alives waited behind it.
 
 use std::cell::RefCell;
 
 use fsdp_proto::{RecordError, decode, v1};
 
+use std::sync::Arc;
+
+use super::allowed::Allowed;
+use crate::{RoundMember, ranks};
+
 thread_local! {
     /// The bytes last decoded on this thread and what they decoded to.
     static LAST: RefCell<Option<(Vec<u8>, v1::Round)>> = const { RefCell::new(None) };
+    /// The last verdict of each judgement on this thread, with the members it judged.
+    static JUDGED: RefCell<Vec<Verdict>> = const { RefCell::new(Vec::new()) };
+    /// The last round's members given their ranks on this thread, and the world size.
+    static RANKED: RefCell<Option<Ranked>> = const { RefCell::new(None) };
+}
+
+/// A round's members as a node runs them (in rank order, each with its ranks), shared
+/// by every node of the thread that takes that round.
+struct Ranked {
+    /// The records they were made from, held as in [`Verdict`].
+    from: Vec<v1::Member>,
+    said: Result<(Arc<[RoundMember]>, u32), String>,
+}
+
+/// A judgement of a round's members whose verdict depends on nothing else than the
+/// members and the rules named here.
+#[derive(Clone, PartialEq)]
+pub enum Judgement {
+    /// Their node ids and addresses are text a record may carry.
+    Text,
+    /// They are distinct (when `distinct`) and form a group this node's rules allow.
+    Group { allowed: Allowed, distinct: bool },
+}
+
+struct Verdict {
+    judgement: Judgement,
+    /// Held, so that no member judged can be freed and another take its address.
+    members: Vec<v1::Member>,
+    said: Result<(), String>,
 }
 
 /// The round stored as `value` at `key`: the memo's if it came from the very same bytes,
@@ -36,6 +76,68 @@ fn held(value: &[u8]) -> Option<v1::Round> {
         let (bytes, round) = last.as_ref()?;
         (bytes.as_slice() == value).then(|| round.clone())
     })
+}
+
+/// What `judge` says of `members` under `judgement`: the verdict kept on this thread when
+/// these very member handles were judged so last (the same handles are the same fields:
+/// a member is changed only by copying it), else `judge`'s, then kept.
+pub fn judged(
+    judgement: Judgement,
+    members: &[v1::Member],
+    judge: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    let same = |v: &Verdict| {
+        v.judgement == judgement
+            && v.members.len() == members.len()
+            && v.members
+                .iter()
+                .zip(members)
+                .all(|(a, b)| v1::Member::same(a, b))
+    };
+    if let Some(said) =
+        JUDGED.with_borrow(|kept| kept.iter().find(|v| same(v)).map(|v| v.said.clone()))
+    {
+        return said;
+    }
+    let said = judge();
+    JUDGED.with_borrow_mut(|kept| {
+        kept.retain(|v| v.judgement != judgement);
+        kept.push(Verdict {
+            judgement,
+            members: members.to_vec(),
+            said: said.clone(),
+        });
+    });
+    said
+}
+
+/// `members` in rank order with their ranks ([`ranks::rank_members`]) and the world
+/// size: the list this thread last made from these very handles, else a new one (then
+/// kept). Every node of a process that takes a round of 10,000 members made its own
+/// 10,000 ranked members; one agent makes one list either way.
+pub fn ranked(members: &[v1::Member]) -> Result<(Arc<[RoundMember]>, u32), String> {
+    let kept = RANKED.with_borrow(|kept| {
+        kept.as_ref()
+            .filter(|k| same_handles(&k.from, members))
+            .map(|k| k.said.clone())
+    });
+    if let Some(said) = kept {
+        return said;
+    }
+    let mut list: Vec<RoundMember> = members.iter().map(RoundMember::from).collect();
+    let said = ranks::rank_members(&mut list).map(|world| (Arc::from(list), world));
+    RANKED.with_borrow_mut(|kept| {
+        *kept = Some(Ranked {
+            from: members.to_vec(),
+            said: said.clone(),
+        });
+    });
+    said
+}
+
+/// Whether `a` and `b` are the same records, one by one.
+fn same_handles(a: &[v1::Member], b: &[v1::Member]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| v1::Member::same(x, y))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use fsdp_proto::v1;
 
+use super::memo::{self, Judgement};
 use super::{At, Mode, Place, Record};
 use crate::etcd::roster;
 use crate::etcd::view::{RoundEntry, View};
@@ -32,12 +33,13 @@ impl Record for v1::Round {
     fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
         field("reason", &self.reason, LINE_MAX)?;
         field("job", &self.job, NAME_MAX)?;
-        for m in self.members.iter().chain(&self.added).chain(&self.updated) {
-            field("member's node id", &m.node_id, NAME_MAX)?;
-            field("member's address", &m.addr, NAME_MAX)?;
-            field("member's status address", &m.status_addr, NAME_MAX)?;
-        }
-        Ok(())
+        memo::judged(Judgement::Text, &self.members, || {
+            self.members.iter().try_for_each(member_text)
+        })?;
+        self.added
+            .iter()
+            .chain(&self.updated)
+            .try_for_each(member_text)
     }
 
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
@@ -75,6 +77,13 @@ impl Record for v1::Round {
     }
 }
 
+/// Whether a member's text is what a record may carry.
+fn member_text(m: &v1::Member) -> Result<(), String> {
+    field("member's node id", &m.node_id, NAME_MAX)?;
+    field("member's address", &m.addr, NAME_MAX)?;
+    field("member's status address", &m.status_addr, NAME_MAX)
+}
+
 /// Whether a round's members are known to be distinct.
 enum Distinct {
     Known,
@@ -83,8 +92,14 @@ enum Distinct {
 
 /// `r` (a whole round) as the view's round, at revision `at`.
 fn set_round(view: &mut View, r: v1::Round, at: At, distinct: Distinct) -> Result<(), String> {
-    check_round(&r, distinct)?;
-    view.allowed.round(&r)?;
+    let judgement = Judgement::Group {
+        allowed: view.allowed.clone(),
+        distinct: matches!(distinct, Distinct::Unchecked),
+    };
+    memo::judged(judgement, &r.members, || {
+        check_round(&r, distinct)?;
+        view.allowed.round(&r)
+    })?;
     view.refused_round_rev = None;
     if view.round_wanted.is_some_and(|n| n <= r.number) {
         view.round_wanted = None;

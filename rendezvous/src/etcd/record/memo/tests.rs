@@ -80,3 +80,101 @@ fn a_packed_round_is_shared_as_a_plain_one_is() {
     assert_eq!(first.members.len(), 5_000);
     assert!(shares(&first, &second));
 }
+
+mod judged {
+    use std::cell::Cell;
+
+    use fsdp_proto::v1;
+
+    use super::super::{Judgement, judged};
+    use super::{KEY, stored};
+
+    /// Judges `members` under `judgement`, counting the times the judge is asked.
+    fn judge(
+        judgement: Judgement,
+        members: &[v1::Member],
+        asked: &Cell<u32>,
+    ) -> Result<(), String> {
+        judged(judgement, members, || {
+            asked.set(asked.get() + 1);
+            if members.iter().any(|m| m.node_id == "bad") {
+                return Err("names bad".into());
+            }
+            Ok(())
+        })
+    }
+
+    #[test]
+    fn the_same_member_handles_are_judged_once_and_a_verdict_is_kept_whatever_it_said() {
+        let asked = Cell::new(0);
+        let round = super::round(KEY, &stored(5, &["a", "b", "c"])).unwrap();
+        let again = super::round(KEY, &stored(5, &["a", "b", "c"])).unwrap();
+        judge(Judgement::Text, &round.members, &asked).unwrap();
+        judge(Judgement::Text, &again.members, &asked).unwrap();
+        assert_eq!(asked.get(), 1, "the memo's handles were judged again");
+        let bad = super::round(KEY, &stored(6, &["a", "bad"])).unwrap();
+        assert!(judge(Judgement::Text, &bad.members, &asked).is_err());
+        assert!(judge(Judgement::Text, &bad.members, &asked).is_err());
+        assert_eq!(asked.get(), 2, "a refusal is kept too");
+    }
+
+    #[test]
+    fn equal_members_in_other_handles_or_under_other_rules_are_judged_anew() {
+        let asked = Cell::new(0);
+        let round = super::round(KEY, &stored(7, &["a", "b"])).unwrap();
+        judge(Judgement::Text, &round.members, &asked).unwrap();
+        // Equal fields, copied: a changed member is a copy, so only the handle proves it
+        // unchanged.
+        let copied: Vec<v1::Member> = round
+            .members
+            .iter()
+            .map(|m| v1::Member::from((**m).clone()))
+            .collect();
+        judge(Judgement::Text, &copied, &asked).unwrap();
+        assert_eq!(asked.get(), 2);
+        // One fewer member: another round.
+        judge(Judgement::Text, &copied[..1], &asked).unwrap();
+        assert_eq!(asked.get(), 3);
+        let rules = |max: u32, distinct: bool| Judgement::Group {
+            allowed: crate::etcd::record::Allowed {
+                nodes: 1..=max,
+                workers_per_node: 1..=8,
+                halt_codes: None,
+                quarantine_for: None,
+            },
+            distinct,
+        };
+        judge(rules(4, true), &copied, &asked).unwrap();
+        judge(rules(4, true), &copied, &asked).unwrap();
+        assert_eq!(asked.get(), 4);
+        judge(rules(8, true), &copied, &asked).unwrap();
+        judge(rules(8, false), &copied, &asked).unwrap();
+        assert_eq!(
+            asked.get(),
+            6,
+            "another node's rules, or another check, were not asked"
+        );
+        // Each judgement keeps its own last verdict: the text's is still held.
+        judge(Judgement::Text, &copied[..1], &asked).unwrap();
+        assert_eq!(asked.get(), 6);
+    }
+}
+
+#[test]
+fn the_nodes_of_a_thread_share_one_ranked_list_of_a_round() {
+    let round = super::round(KEY, &stored(9, &["a", "b", "c"])).unwrap();
+    let again = super::round(KEY, &stored(9, &["a", "b", "c"])).unwrap();
+    let (first, world) = super::ranked(&round.members).unwrap();
+    let (second, _) = super::ranked(&again.members).unwrap();
+    assert_eq!(world, 24);
+    assert!(std::sync::Arc::ptr_eq(&first, &second), "ranked twice");
+    let bases: Vec<u32> = first.iter().map(|m| m.base_rank).collect();
+    assert_eq!(bases, [0, 8, 16]);
+    // Another round: its own list, with its own ranks.
+    let other = super::round(KEY, &stored(10, &["c", "a"])).unwrap();
+    let (list, world) = super::ranked(&other.members).unwrap();
+    assert_eq!(world, 16);
+    assert_eq!(list[0].node_id(), "c");
+    assert_eq!(list[1].base_rank, 8);
+    assert!(!std::sync::Arc::ptr_eq(&first, &list));
+}
