@@ -723,6 +723,35 @@ async fn losing_the_etcd_leader_of_three_members_changes_nothing() {
     assert_eq!(before[0].number, before[1].number);
 }
 
+/// Given one endpoint, an agent's first read needs only the member to answer: served from
+/// its own store, it waits neither for a quorum nor for etcd's apply loop (linearizable,
+/// it took 1.1 s of each agent's join right after another 1,000-agent job left the same
+/// etcd). Given several, the read still passes over a member cut off from its quorum.
+#[tokio::test]
+async fn one_endpoint_is_connected_without_a_quorum_and_of_several_only_a_led_member() {
+    let mut cluster = EtcdCluster::start(3);
+    let endpoints = cluster.endpoints();
+    // Formed first: a member serves nothing until its cluster has had a quorum.
+    leader_endpoint(&endpoints).await;
+    for e in &endpoints[1..] {
+        cluster.kill(e);
+    }
+    let mut one = EtcdConfig::new(vec![endpoints[0].clone()], "connect", 1, 1).options;
+    one.retry_window = Duration::from_secs(3);
+    if let Err(e) = connect(&one).await {
+        panic!("one endpoint, cut off: {e}\n{}", cluster.logs());
+    }
+    let mut several = one.clone();
+    several.endpoints = endpoints.clone();
+    let Err(err) = connect(&several).await else {
+        panic!("connected, but no member of the three has a leader");
+    };
+    assert!(
+        matches!(err, RendezvousError::Unreachable { .. }),
+        "{err:?}"
+    );
+}
+
 /// Two of three etcd members gone: quorum is lost, and a member of a larger cluster proves
 /// nothing about leases, so every agent fences (its workers stop before the others could
 /// be given their ranks). When quorum returns, the job re-forms.
