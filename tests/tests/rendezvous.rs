@@ -743,6 +743,8 @@ async fn one_endpoint_is_connected_without_a_quorum_and_of_several_only_a_led_me
     }
     let mut several = one.clone();
     several.endpoints = endpoints.clone();
+    // Each member is waited for three connect timeouts at most.
+    several.connect_timeout = Duration::from_millis(500);
     let Err(err) = connect(&several).await else {
         panic!("connected, but no member of the three has a leader");
     };

@@ -18,7 +18,7 @@ mod tls;
 mod torchrun;
 
 use backon::Retryable;
-use etcd_client::Client;
+use etcd_client::{Client, ConnectOptions};
 
 pub use options::EtcdOptions;
 pub(super) use options::{options, urls};
@@ -42,15 +42,7 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
     }
     let urls = urls(opts);
     let connect_opts = options(opts)?;
-    // With one endpoint there is nothing to choose: the read need only show that the
-    // member answers, and a serializable one does so from its own store at once. A
-    // linearizable one waits for etcd's apply loop to catch up with its log: right after
-    // another job of 1,000 agents left the same etcd, that was 1.1 s of every joining
-    // agent's 1.1 s to join (0.12 s serializable). With several, the read also picks a
-    // member that has a leader, and a member cut off from its quorum answers only a
-    // serializable read: it stays linearizable there.
-    let serializable = urls.len() == 1;
-    let patience = opts.connect_timeout;
+    let several = urls.len() > 1;
     // One endpoint at a time, in the order given: the client is pinned to the first that
     // answers (a client balanced over several kept sending to a dead member), and the
     // session picks another when that one fails ([`pick`]).
@@ -60,24 +52,7 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         async move {
             let mut last = None;
             for url in urls {
-                let one = async {
-                    let mut client = Client::connect([url], Some(o.clone())).await?;
-                    // The channel connects lazily; one read proves etcd answers.
-                    let mut read = etcd_client::GetOptions::new().with_count_only();
-                    if serializable {
-                        read = read.with_serializable();
-                    }
-                    // Bounded as the connection is: a member cut off from its quorum holds
-                    // a linearizable read for half a minute, and the members after it in
-                    // the list waited as long to be tried.
-                    tokio::time::timeout(patience, client.get("/", Some(read)))
-                        .await
-                        .map_err(|_| {
-                            let late = "the first read went unanswered";
-                            std::io::Error::new(std::io::ErrorKind::TimedOut, late)
-                        })??;
-                    Ok::<_, etcd_client::Error>(client)
-                };
+                let one = first_read(url, o.clone(), several.then_some(opts.connect_timeout * 3));
                 match one.await {
                     Ok(client) => return Ok(client),
                     Err(e) if !transient(&e) => return Err(e),
@@ -133,6 +108,35 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
         retried: retried.load(std::sync::atomic::Ordering::Relaxed),
         error,
     })
+}
+
+/// A client for `url` once one read shows that its member answers (the channel connects
+/// lazily). With one endpoint (`choosing` is `None`) there is nothing to choose: the read
+/// need only show that the member answers, and a serializable one does so from its own
+/// store at once, where a linearizable one waits for etcd's apply loop to catch up with
+/// its log (right after another job of 1,000 agents left the same etcd, that was 1.1 s of
+/// each agent's 1.1 s to join; 0.12 s serializable). Choosing among several, the read also
+/// picks a member that has a leader: it stays linearizable, bounded by `choosing`, since a
+/// member cut off from its quorum held it for half a minute while the members after it in
+/// the list waited to be tried.
+async fn first_read(
+    url: String,
+    o: ConnectOptions,
+    choosing: Option<std::time::Duration>,
+) -> Result<Client, etcd_client::Error> {
+    let mut client = Client::connect([url], Some(o)).await?;
+    let read = etcd_client::GetOptions::new().with_count_only();
+    let Some(patience) = choosing else {
+        client.get("/", Some(read.with_serializable())).await?;
+        return Ok(client);
+    };
+    tokio::time::timeout(patience, client.get("/", Some(read)))
+        .await
+        .map_err(|_| {
+            let late = "the first read went unanswered";
+            std::io::Error::new(std::io::ErrorKind::TimedOut, late)
+        })??;
+    Ok(client)
 }
 
 /// What a person should look at when the store does not answer: only what applies.
