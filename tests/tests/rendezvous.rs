@@ -726,7 +726,7 @@ async fn losing_the_etcd_leader_of_three_members_changes_nothing() {
 /// Given one endpoint, an agent's first read needs only the member to answer: served from
 /// its own store, it waits neither for a quorum nor for etcd's apply loop (linearizable,
 /// it took 1.1 s of each agent's join right after another 1,000-agent job left the same
-/// etcd). Given several, the read still passes over a member cut off from its quorum.
+/// machine). Given several, the read still passes over a member cut off from its quorum.
 #[tokio::test]
 async fn one_endpoint_is_connected_without_a_quorum_and_of_several_only_a_led_member() {
     let mut cluster = EtcdCluster::start(3);

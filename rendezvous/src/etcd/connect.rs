@@ -114,7 +114,7 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
 /// lazily). With one endpoint (`choosing` is `None`) there is nothing to choose: the read
 /// need only show that the member answers, and a serializable one does so from its own
 /// store at once, where a linearizable one waits for etcd's apply loop to catch up with
-/// its log (right after another job of 1,000 agents left the same etcd, that was 1.1 s of
+/// its log (right after another job of 1,000 agents left the same machine, that was 1.1 s of
 /// each agent's 1.1 s to join; 0.12 s serializable). Choosing among several, the read also
 /// picks a member that has a leader: it stays linearizable, bounded by `choosing`, since a
 /// member cut off from its quorum held it for half a minute while the members after it in
