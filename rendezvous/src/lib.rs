@@ -175,7 +175,7 @@ impl Round {
     /// As [`Round::new`], from members already given their ranks by
     /// [`ranks::rank_members`] (which returned `world_size`): the nodes of one process share
     /// one ranked list of a round ([`crate::etcd`]'s memo).
-    pub fn of_ranked(
+    pub(crate) fn of_ranked(
         number: u64,
         members: std::sync::Arc<[RoundMember]>,
         world_size: u32,

@@ -723,12 +723,13 @@ async fn losing_the_etcd_leader_of_three_members_changes_nothing() {
     assert_eq!(before[0].number, before[1].number);
 }
 
-/// Given one endpoint, an agent's first read needs only the member to answer: served from
-/// its own store, it waits neither for a quorum nor for etcd's apply loop (linearizable,
-/// it took 1.1 s of each agent's join right after another 1,000-agent job left the same
-/// machine). Given several, the read still passes over a member cut off from its quorum.
+/// Given several endpoints, a member cut off from its quorum is waited for three connect
+/// timeouts at most before the next is tried: its first read (linearizable, it must show a
+/// leader) was held for about 30 s, and the members after it in the list waited as long.
+/// Here no member has a leader, so joining fails, within the retry window and those
+/// bounds rather than after 38 s.
 #[tokio::test]
-async fn one_endpoint_is_connected_without_a_quorum_and_of_several_only_a_led_member() {
+async fn a_member_cut_off_from_its_quorum_holds_the_connection_no_longer_than_its_bound() {
     let mut cluster = EtcdCluster::start(3);
     let endpoints = cluster.endpoints();
     // Formed first: a member serves nothing until its cluster has had a quorum.
@@ -736,22 +737,22 @@ async fn one_endpoint_is_connected_without_a_quorum_and_of_several_only_a_led_me
     for e in &endpoints[1..] {
         cluster.kill(e);
     }
-    let mut one = EtcdConfig::new(vec![endpoints[0].clone()], "connect", 1, 1).options;
-    one.retry_window = Duration::from_secs(3);
-    if let Err(e) = connect(&one).await {
-        panic!("one endpoint, cut off: {e}\n{}", cluster.logs());
-    }
-    let mut several = one.clone();
-    several.endpoints = endpoints.clone();
-    // Each member is waited for three connect timeouts at most.
-    several.connect_timeout = Duration::from_millis(500);
-    let Err(err) = connect(&several).await else {
+    let mut opts = EtcdConfig::new(endpoints.clone(), "connect", 1, 1).options;
+    opts.retry_window = Duration::from_secs(3);
+    opts.connect_timeout = Duration::from_millis(500);
+    let began = Instant::now();
+    let Err(err) = connect(&opts).await else {
         panic!("connected, but no member of the three has a leader");
     };
     assert!(
         matches!(err, RendezvousError::Unreachable { .. }),
         "{err:?}"
     );
+    // Each attempt waits 1.5 s for the cut-off member and none for the dead ones; the
+    // last attempt starts within the 3 s window. Unbounded, the first attempt alone took
+    // about 35 s.
+    let took = began.elapsed();
+    assert!(took < Duration::from_secs(20), "gave up after {took:?}");
 }
 
 /// Two of three etcd members gone: quorum is lost, and a member of a larger cluster proves

@@ -110,33 +110,29 @@ pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {
     })
 }
 
-/// A client for `url` once one read shows that its member answers (the channel connects
-/// lazily). With one endpoint (`choosing` is `None`) there is nothing to choose: the read
-/// need only show that the member answers, and a serializable one does so from its own
-/// store at once, where a linearizable one waits for etcd's apply loop to catch up with
-/// its log (right after another job of 1,000 agents left the same machine, that was 1.1 s of
-/// each agent's 1.1 s to join; 0.12 s serializable). Choosing among several, the read also
-/// picks a member that has a leader: it stays linearizable, bounded by `choosing`, since a
-/// member cut off from its quorum held it for half a minute while the members after it in
-/// the list waited to be tried.
+/// A client for `url` once one read shows that its member answers with a leader behind
+/// it (the channel connects lazily; the read is linearizable). Choosing among several
+/// endpoints (`choosing`), the connection and the read are bounded together: a member
+/// cut off from its quorum held the read for half a minute, and so did an authenticated
+/// connection's token request, while the members after it in the list waited to be
+/// tried. With one endpoint there is no other to try, and a busy etcd is waited for.
 async fn first_read(
     url: String,
     o: ConnectOptions,
     choosing: Option<std::time::Duration>,
 ) -> Result<Client, etcd_client::Error> {
-    let mut client = Client::connect([url], Some(o)).await?;
-    let read = etcd_client::GetOptions::new().with_count_only();
-    let Some(patience) = choosing else {
-        client.get("/", Some(read.with_serializable())).await?;
-        return Ok(client);
+    let answered = async {
+        let mut client = Client::connect([url], Some(o)).await?;
+        let read = etcd_client::GetOptions::new().with_count_only();
+        client.get("/", Some(read)).await?;
+        Ok(client)
     };
-    tokio::time::timeout(patience, client.get("/", Some(read)))
-        .await
-        .map_err(|_| {
-            let late = "the first read went unanswered";
-            std::io::Error::new(std::io::ErrorKind::TimedOut, late)
-        })??;
-    Ok(client)
+    match choosing {
+        None => answered.await,
+        Some(patience) => tokio::time::timeout(patience, answered)
+            .await
+            .map_err(|_| super::errors::unanswered(patience))?,
+    }
 }
 
 /// What a person should look at when the store does not answer: only what applies.

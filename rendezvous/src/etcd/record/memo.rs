@@ -18,12 +18,11 @@
 //! was being delivered, and the nodes' keep-alives waited behind it.
 
 use std::cell::RefCell;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
 
 use fsdp_proto::{RecordError, decode, v1};
 
-use std::sync::Arc;
-
-use super::allowed::Allowed;
 use crate::{RoundMember, ranks};
 
 thread_local! {
@@ -38,7 +37,7 @@ thread_local! {
 /// A round's members as a node runs them (in rank order, each with its ranks), shared
 /// by every node of the thread that takes that round.
 struct Ranked {
-    /// The records they were made from, held as in [`Verdict`].
+    /// The records they were made from, held as [`Verdict::members`] are.
     from: Vec<v1::Member>,
     said: Result<(Arc<[RoundMember]>, u32), String>,
 }
@@ -49,13 +48,28 @@ struct Ranked {
 pub enum Judgement {
     /// Their node ids and addresses are text a record may carry.
     Text,
-    /// They are distinct (when `distinct`) and form a group this node's rules allow.
-    Group { allowed: Allowed, distinct: bool },
+    /// They form a group this node's rules allow (`--nnodes`, the workers a node may
+    /// ask for), and, when `check_distinct`, name no node twice.
+    Group {
+        nodes: RangeInclusive<u32>,
+        workers_per_node: RangeInclusive<u32>,
+        check_distinct: bool,
+    },
+}
+
+impl Judgement {
+    /// Whether `other` is the same kind of judgement (under any rules): each kind keeps
+    /// its last verdict only.
+    fn kind_of(&self, other: &Self) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
 }
 
 struct Verdict {
     judgement: Judgement,
-    /// Held, so that no member judged can be freed and another take its address.
+    /// Held: no member judged can be freed and another take its address, and none can be
+    /// changed in place (a member's fields are changed in place only through its one
+    /// handle; with this one beside it, they are copied first: [`v1::Member`]).
     members: Vec<v1::Member>,
     said: Result<(), String>,
 }
@@ -79,29 +93,24 @@ fn held(value: &[u8]) -> Option<v1::Round> {
 }
 
 /// What `judge` says of `members` under `judgement`: the verdict kept on this thread when
-/// these very member handles were judged so last (the same handles are the same fields:
-/// a member is changed only by copying it), else `judge`'s, then kept.
+/// these very member handles were judged so last (held by the memo, the same handles are
+/// the same fields: see [`Verdict::members`]), else `judge`'s, then kept.
 pub fn judged(
     judgement: Judgement,
     members: &[v1::Member],
     judge: impl FnOnce() -> Result<(), String>,
 ) -> Result<(), String> {
-    let same = |v: &Verdict| {
-        v.judgement == judgement
-            && v.members.len() == members.len()
-            && v.members
-                .iter()
-                .zip(members)
-                .all(|(a, b)| v1::Member::same(a, b))
-    };
-    if let Some(said) =
-        JUDGED.with_borrow(|kept| kept.iter().find(|v| same(v)).map(|v| v.said.clone()))
-    {
+    let kept = JUDGED.with_borrow(|kept| {
+        kept.iter()
+            .find(|v| v.judgement == judgement && same_handles(&v.members, members))
+            .map(|v| v.said.clone())
+    });
+    if let Some(said) = kept {
         return said;
     }
     let said = judge();
     JUDGED.with_borrow_mut(|kept| {
-        kept.retain(|v| v.judgement != judgement);
+        kept.retain(|v| !v.judgement.kind_of(&judgement));
         kept.push(Verdict {
             judgement,
             members: members.to_vec(),

@@ -93,8 +93,9 @@ enum Distinct {
 /// `r` (a whole round) as the view's round, at revision `at`.
 fn set_round(view: &mut View, r: v1::Round, at: At, distinct: Distinct) -> Result<(), String> {
     let judgement = Judgement::Group {
-        allowed: view.allowed.clone(),
-        distinct: matches!(distinct, Distinct::Unchecked),
+        nodes: view.allowed.nodes.clone(),
+        workers_per_node: view.allowed.workers_per_node.clone(),
+        check_distinct: matches!(distinct, Distinct::Unchecked),
     };
     memo::judged(judgement, &r.members, || {
         check_round(&r, distinct)?;

@@ -135,14 +135,10 @@ mod judged {
         // One fewer member: another round.
         judge(Judgement::Text, &copied[..1], &asked).unwrap();
         assert_eq!(asked.get(), 3);
-        let rules = |max: u32, distinct: bool| Judgement::Group {
-            allowed: crate::etcd::record::Allowed {
-                nodes: 1..=max,
-                workers_per_node: 1..=8,
-                halt_codes: None,
-                quarantine_for: None,
-            },
-            distinct,
+        let rules = |max: u32, check_distinct: bool| Judgement::Group {
+            nodes: 1..=max,
+            workers_per_node: 1..=8,
+            check_distinct,
         };
         judge(rules(4, true), &copied, &asked).unwrap();
         judge(rules(4, true), &copied, &asked).unwrap();
@@ -154,9 +150,29 @@ mod judged {
             6,
             "another node's rules, or another check, were not asked"
         );
-        // Each judgement keeps its own last verdict: the text's is still held.
+        // Each kind of judgement keeps its own last verdict: the text's is still held.
         judge(Judgement::Text, &copied[..1], &asked).unwrap();
         assert_eq!(asked.get(), 6);
+    }
+
+    /// A member changed through its handle is a copy while the memo holds the handle: the
+    /// round holding it is judged anew, and a verdict never outlives the fields it judged.
+    #[test]
+    fn a_member_changed_after_its_judgement_is_judged_again() {
+        let asked = Cell::new(0);
+        let round = super::round(KEY, &stored(11, &["a", "b"])).unwrap();
+        let mut members = round.members.clone();
+        judge(Judgement::Text, &members, &asked).unwrap();
+        members[1].node_id = "bad".into();
+        assert!(judge(Judgement::Text, &members, &asked).is_err());
+        assert_eq!(asked.get(), 2);
+        drop(round);
+        // Even with every other handle gone but the memo's.
+        let mut alone = super::round(KEY, &stored(12, &["c", "d"])).unwrap().members;
+        judge(Judgement::Text, &alone, &asked).unwrap();
+        alone[0].node_id = "bad".into();
+        assert!(judge(Judgement::Text, &alone, &asked).is_err());
+        assert_eq!(asked.get(), 4);
     }
 }
 
