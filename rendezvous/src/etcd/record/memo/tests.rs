@@ -194,3 +194,27 @@ fn the_nodes_of_a_thread_share_one_ranked_list_of_a_round() {
     assert_eq!(list[1].base_rank, 8);
     assert!(!std::sync::Arc::ptr_eq(&first, &list));
 }
+
+/// Members whose worker counts overflow the rank arithmetic: refused every time they are
+/// asked for (the second time from the memo) in the words a fresh ranking says.
+#[test]
+fn a_ranked_refusal_says_what_a_fresh_ranking_says_every_time() {
+    let big = |id: &str| {
+        v1::Member::from(v1::MemberFields {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: id.into(),
+            local_world_size: u32::MAX / 2,
+            ..Default::default()
+        })
+    };
+    let members = vec![big("a"), big("b"), big("c")];
+    let first = super::ranked(&members).expect_err("ranks past 2^31 - 1");
+    let again = super::ranked(&members).expect_err("kept");
+    assert_eq!(first, again);
+    let mut fresh: Vec<crate::RoundMember> = members.iter().map(crate::RoundMember::from).collect();
+    assert_eq!(
+        Err(first),
+        crate::ranks::rank_members(&mut fresh),
+        "the words a fresh ranking says"
+    );
+}
