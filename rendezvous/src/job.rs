@@ -79,6 +79,13 @@ pub fn differs(mine: &str, theirs: &str) -> Option<String> {
     Some(what.join(", "))
 }
 
+/// FNV-1a of `bytes`, 64 bits ([`Fnv`]).
+pub(crate) fn fnv(bytes: &[u8]) -> u64 {
+    let mut h = Fnv::default();
+    h.write(bytes);
+    h.0
+}
+
 /// FNV-1a, 64 bits: a digest that is the same in every build of every version, unlike
 /// the standard library's hasher.
 struct Fnv(u64);

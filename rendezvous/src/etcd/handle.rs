@@ -69,6 +69,16 @@ fn check_nnodes(cfg: &EtcdConfig) -> Result<(), RendezvousError> {
     Ok(())
 }
 
+/// Waits this node's turn before its first request to etcd, the connection's read
+/// included: a large run's nodes come to etcd spread out, not all in one instant
+/// ([`session::join_delay`], drawn from the node id, which is chosen here if not given).
+async fn spread_out(cfg: &mut EtcdConfig) {
+    if cfg.node_id.is_empty() {
+        cfg.node_id = new_node_id();
+    }
+    tokio::time::sleep(session::join_delay(&cfg.node_id, cfg.max_nodes)).await;
+}
+
 /// The membership lease granted at join, and when: the session maps the moment of the
 /// grant onto the Unix time then.
 struct Granted {
@@ -164,21 +174,24 @@ impl Drop for EtcdRendezvous {
 
 impl EtcdRendezvous {
     /// Connects (bounded retry) and joins the run.
-    pub async fn connect(cfg: EtcdConfig) -> Result<Self, RendezvousError> {
+    pub async fn connect(mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
+        check_nnodes(&cfg)?;
+        spread_out(&mut cfg).await;
         let client = connect::connect(&cfg.options).await?;
-        Self::join(client, cfg).await
+        Self::joined_over(client, cfg).await
     }
 
     /// Joins the run over an existing connection (several simulated nodes can share one).
-    pub async fn join(mut client: Client, mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
+    pub async fn join(client: Client, mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
         check_nnodes(&cfg)?;
-        if cfg.node_id.is_empty() {
-            cfg.node_id = new_node_id();
-        }
+        spread_out(&mut cfg).await;
+        Self::joined_over(client, cfg).await
+    }
+
+    /// [`EtcdRendezvous::join`] once this node's turn in the spread came.
+    async fn joined_over(mut client: Client, cfg: EtcdConfig) -> Result<Self, RendezvousError> {
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
         let window = cfg.options.retry_window;
-        // A large run's nodes come to etcd spread out, not all in one instant.
-        tokio::time::sleep(session::join_delay(&cfg.node_id, cfg.max_nodes)).await;
         refuse_nesting(&mut client, &keys, &cfg.prefix, window).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, window, ttl_s).await?;

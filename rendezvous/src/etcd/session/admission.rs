@@ -20,6 +20,7 @@
 use std::time::{Duration, Instant};
 
 use super::io::Op;
+use crate::job::fnv;
 
 /// Whether `op` is one a joining node paces: a request etcd serves (not its streams, a
 /// member count it answers from memory, or a departure).
@@ -81,7 +82,7 @@ pub fn spread(node_id: &str, max_nodes: u32, crowd: u32, per_second: u32) -> Dur
     }
     let span = Duration::from_secs_f64(f64::from(max_nodes) / f64::from(per_second.max(1)));
     // Two rounds: node ids that differ in their last character hash to nearby values.
-    span.mul_f64(unit(xorshift(xorshift(fnv(node_id) | 1))))
+    span.mul_f64(unit(xorshift(xorshift(fnv(node_id.as_bytes()) | 1))))
 }
 
 /// The next of a xorshift64 sequence (never 0 from a value that is not).
@@ -97,17 +98,10 @@ fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// FNV-1a: a stable hash (std's is seeded per process).
-fn fnv(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 impl Admission {
     /// The pace of node `node_id` with lease TTL `ttl`.
     pub(super) fn new(node_id: &str, ttl: Duration) -> Self {
-        let draw = fnv(node_id);
+        let draw = fnv(node_id.as_bytes());
         Self {
             pause: Duration::ZERO,
             not_before: None,

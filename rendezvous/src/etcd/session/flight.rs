@@ -158,6 +158,12 @@ impl Flight {
         });
     }
 
+    /// What a keep-alive stream said and was not read yet: that stream is being closed.
+    pub(super) fn drop_keep_alive_events(&mut self) {
+        self.inbox
+            .retain(|i| !matches!(i, Input::LeaseAnswer(_) | Input::KeepAliveFailed(_)));
+    }
+
     /// `command` waits for etcd, after those waiting.
     pub(super) fn wait(&mut self, id: CommandId, command: Command) {
         self.pending.push_back((id, command));

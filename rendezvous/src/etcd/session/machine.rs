@@ -344,7 +344,7 @@ impl Machine {
             // Only for the lease the stream was opened for: a command that took a new
             // lease meanwhile resyncs once it is answered (found by the simulator: a
             // keep-alive due at once, never sent, woke the machine without end).
-            let keep_alive = if self.kept_lease() == Some(self.lease.id()) {
+            let keep_alive = if self.keeps_own_lease() {
                 self.lease.keep_alive_due()
             } else {
                 None
@@ -404,12 +404,18 @@ impl Machine {
     pub(super) fn issue(&mut self, then: Then, op: Op) {
         // Only while a stream keeps the lease alive: a lease held unkept (an outage's
         // sync, a lease granted again while joining) must not wait out its TTL.
-        if paced(&op) && self.kept_lease() == Some(self.lease.id()) {
+        if paced(&op) && self.keeps_own_lease() {
             if let Some(at) = self.admission.wait(self.now) {
                 return self.flight.retry_at(at, then, op);
             }
         }
         self.flight.issue(self.now, then, op);
+    }
+
+    /// Whether a keep-alive stream keeps this node's current lease alive (a lease granted
+    /// again, or an outage's sync, has none until its watches open).
+    pub(super) fn keeps_own_lease(&self) -> bool {
+        self.kept_lease() == Some(self.lease.id())
     }
 
     /// The lease whose keep-alive stream is open: the watches' in the watching phase, or
@@ -462,7 +468,7 @@ impl Machine {
     /// the stream of the lease held, and only if no answer waits before it (the lease
     /// clock pairs answers with keep-alives in the order they were sent).
     fn counts_beside(&self) -> bool {
-        let held = self.kept_lease() == Some(self.lease.id());
+        let held = self.keeps_own_lease();
         self.busy() && held && !self.flight.inbox().holds_lease_answer()
     }
 

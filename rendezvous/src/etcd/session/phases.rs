@@ -84,7 +84,7 @@ impl Machine {
     }
 
     /// What the keep-alive stream said: an answer, or its end.
-    pub(super) fn on_lease_input(&mut self, input: Input) {
+    fn on_lease_input(&mut self, input: Input) {
         let joining = self.phase == Phase::Syncing(Resync::First);
         match input {
             // etcd ends a keep-alive stream when it is too busy to renew ("waiting for
@@ -106,28 +106,31 @@ impl Machine {
                 self.publish_lease();
                 self.probe(false);
             }
-            // Gone before this node registered: nothing of it stands; a new lease before
-            // the next step of the sync, kept alive from the watches on.
-            Input::LeaseAnswer(_) if joining => {
-                tracing::warn!(
-                    lease = self.lease.id(),
-                    "the lease expired before this node registered; granting another"
-                );
-                self.lease_gone();
-                self.lease.stop();
-                self.flight.first(Todo::Grant);
-            }
-            Input::LeaseAnswer(_) => {
-                tracing::warn!(
-                    lease = self.lease.id(),
-                    "lease expired or revoked; registering again"
-                );
-                self.lease_gone();
-                self.flight
-                    .then_all([Todo::Grant, Todo::Register, Todo::Resync(Resync::Outage)]);
-            }
+            Input::LeaseAnswer(_) => self.lease_expired(),
             _ => {}
         }
+    }
+
+    /// etcd says this node's lease is gone (a keep-alive, or a time-to-live, found it so).
+    pub(super) fn lease_expired(&mut self) {
+        self.lease_gone();
+        if self.phase == Phase::Syncing(Resync::First) {
+            // Gone before this node registered: nothing of it stands; a new lease before
+            // the next step of the sync, kept alive from the watches on.
+            tracing::warn!(
+                lease = self.lease.id(),
+                "the lease expired before this node registered; granting another"
+            );
+            self.lease.stop();
+            self.flight.first(Todo::Grant);
+            return;
+        }
+        tracing::warn!(
+            lease = self.lease.id(),
+            "lease expired or revoked; registering again"
+        );
+        self.flight
+            .then_all([Todo::Grant, Todo::Register, Todo::Resync(Resync::Outage)]);
     }
 
     /// The timers that are due.
@@ -390,12 +393,12 @@ impl Machine {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let delay = self.retry_delay(before);
         // A joining node's pace grows with each refusal, drawn apart from the crowd's.
-        let kept = self.kept_lease() == Some(self.lease.id());
-        let at = if self.admission.active() && kept && super::admission::paced(&op) {
-            self.admission.refused(self.flight.sent(), now, delay)
-        } else {
-            now + delay
-        };
+        let at =
+            if self.admission.active() && self.keeps_own_lease() && super::admission::paced(&op) {
+                self.admission.refused(self.flight.sent(), now, delay)
+            } else {
+                now + delay
+            };
         let delay = at - now;
         if before == 0 {
             tracing::warn!(error = %e, retry_in = ?delay, "etcd is overloaded; sending the request again later (the watches stay open)");

@@ -43,15 +43,21 @@ impl Machine {
         *self.view.edit() = fresh;
     }
 
+    /// etcd answered the time-to-live sent last with `ttl` (> 0) seconds left: the lease
+    /// clock moves from the request's send time by that much, never past the TTL granted
+    /// (a leader not yet keeping leases after an election answers the largest TTL there is).
+    pub(super) fn lease_left(&mut self, ttl: i64) {
+        let left = Duration::from_secs(ttl.unsigned_abs()).min(self.cfg.ttl);
+        self.lease.confirmed(self.flight.sent(), left);
+        self.publish_lease();
+    }
+
     /// After a read: make sure our lease lives and our registration is there; put back
     /// our round if etcd lost it.
     pub(super) fn ensure_registered(&mut self, ttl: i64) {
         let alive = ttl > 0;
         if alive {
-            // Never past the TTL granted (see `Todo::AskLease`).
-            let left = Duration::from_secs(ttl.unsigned_abs()).min(self.cfg.ttl);
-            self.lease.confirmed(self.flight.sent(), left);
-            self.publish_lease();
+            self.lease_left(ttl);
         }
         let v = &self.view;
         let present = v.members.contains_key(&self.cfg.node_id);

@@ -2,7 +2,7 @@
 //! queues: each a [`Todo`] that runs at once or sends one op and goes on with its answer.
 
 use super::fault::{Fault, FaultKind};
-use super::io::{Answer, Input, Kv, Op, Role};
+use super::io::{Answer, Kv, Op, Role};
 use super::machine::{Machine, Phase, Resync, Then};
 use super::rebuild::{fresh_view, put_kv};
 use super::records;
@@ -214,10 +214,7 @@ impl Machine {
         // belongs to a stream the watches' open closes (read after it, an end of that
         // stream would end the new watches).
         if self.lease.kept_from_grant().is_some() {
-            self.flight.sort_inputs(|i| match i {
-                Input::LeaseAnswer(_) | Input::KeepAliveFailed(_) => None,
-                other => Some(other),
-            });
+            self.flight.drop_keep_alive_events();
         }
         if self.watches.control_only() && self.role() == Role::Coordinator {
             // Elected during this sync (a campaign after an outage) on a view without
@@ -267,18 +264,10 @@ impl Machine {
             (Todo::Read, Answer::Range { revision, kvs }) => self.on_read(revision, &kvs),
             (Todo::CountMembers, Answer::MemberCount(n)) => self.outage.members(n),
             (Todo::CheckLease, Answer::TimeToLive { ttl }) => self.ensure_registered(ttl),
-            (Todo::AskLease, Answer::TimeToLive { ttl }) if ttl > 0 => {
-                // Never past the TTL granted: a leader not yet keeping leases after an
-                // election answers the largest TTL there is.
-                let left = std::time::Duration::from_secs(ttl.unsigned_abs()).min(self.cfg.ttl);
-                self.lease.confirmed(self.flight.sent(), left);
-                self.publish_lease();
-            }
+            (Todo::AskLease, Answer::TimeToLive { ttl }) if ttl > 0 => self.lease_left(ttl),
             // Less than a second left: nothing to move the clock by; the keep-alives go on.
             (Todo::AskLease, Answer::TimeToLive { ttl: 0 }) => {}
-            (Todo::AskLease, Answer::TimeToLive { .. }) => {
-                self.on_lease_input(super::io::Input::LeaseAnswer(Some(0)));
-            }
+            (Todo::AskLease, Answer::TimeToLive { .. }) => self.lease_expired(),
             (Todo::Register, Answer::Txn { .. }) => {
                 self.wrote();
                 self.registered();
