@@ -426,6 +426,25 @@ pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Stops (SIGSTOP) or continues (SIGCONT) a pod: an agent and its workers, in the order
+/// that keeps every worker there to be signalled. The agent is stopped first, so it
+/// signals and reaps none of them meanwhile, and continued last, as a freezer that thaws
+/// a whole pod at once would have it: an agent continued first may find its lease gone
+/// and kill its workers at once (its grace is cut past the lease), before they are
+/// continued.
+pub fn signal_pod(agent: i32, workers: &[i32], sig: nix::sys::signal::Signal) {
+    let agent = std::iter::once(&agent);
+    let order: Vec<&i32> = if sig == nix::sys::signal::Signal::SIGCONT {
+        workers.iter().chain(agent).collect()
+    } else {
+        agent.chain(workers).collect()
+    };
+    for pid in order {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), sig)
+            .unwrap_or_else(|e| panic!("{sig} to {pid}: {e}"));
+    }
+}
+
 /// Whether a process with this pid exists (and is not a zombie).
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -144,11 +144,7 @@ fn a_frozen_pod_is_evicted_and_rejoins_cleanly_when_thawed() {
         .expect("a worker")
         .parse()
         .unwrap();
-    let freeze = |sig| {
-        for pid in [agent, worker] {
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
-        }
-    };
+    let freeze = |sig| fsdp_tests::signal_pod(agent, &[worker], sig);
     freeze(Signal::SIGSTOP);
     wait_until("the others to evict the frozen pod", &[&p0, &p1], || {
         nth_start_world(&p0, 1, 2) && nth_start_world(&p1, 1, 2)

@@ -11,7 +11,9 @@ use fsdp_proto::v1::{GetStatusRequest, WorkerState};
 use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, Keys, connect};
 use fsdp_rendezvous::{Rendezvous, RendezvousError};
 use fsdp_tests::etcd::Etcd;
-use fsdp_tests::{Agent, AgentCmd, TempDir, alive, fake_worker_args, records, wait_for};
+use fsdp_tests::{
+    Agent, AgentCmd, TempDir, alive, fake_worker_args, records, signal_pod, wait_for,
+};
 use prost::Message;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -116,17 +118,12 @@ fn a_rendezvous_error_mid_run_stops_every_worker_process_group() {
     );
 }
 
-/// Freezes `pids` with SIGSTOP for `secs`, then thaws them.
-fn freeze(pids: &[i32], secs: u64) {
-    use nix::sys::signal::{Signal, kill};
-    use nix::unistd::Pid;
-    for p in pids {
-        kill(Pid::from_raw(*p), Signal::SIGSTOP).expect("SIGSTOP");
-    }
+/// Freezes an agent and `workers` of its for `secs` ([`signal_pod`]).
+fn freeze(agent: i32, workers: &[i32], secs: u64) {
+    use nix::sys::signal::Signal;
+    signal_pod(agent, workers, Signal::SIGSTOP);
     std::thread::sleep(Duration::from_secs(secs));
-    for p in pids {
-        kill(Pid::from_raw(*p), Signal::SIGCONT).expect("SIGCONT");
-    }
+    signal_pod(agent, workers, Signal::SIGCONT);
 }
 
 /// Groups of two nodes this agent has formed so far.
@@ -150,7 +147,7 @@ fn an_agent_frozen_past_its_lease_rejoins_as_a_new_node() {
     // The agent alone (its workers keep running), for more than two lease TTLs: the
     // other node re-forms without it, and it must come back rather than exit.
     let before = pairs_formed(&a);
-    freeze(&[a.pid()], 5);
+    freeze(a.pid(), &[], 5);
     until(
         &a,
         "both nodes together again after the agent's freeze",
@@ -160,9 +157,15 @@ fn an_agent_frozen_past_its_lease_rejoins_as_a_new_node() {
 
     // The whole pod: the agent and the workers it runs now.
     let before = pairs_formed(&a);
-    let mut pod = vec![a.pid()];
-    pod.extend(pids(dir_a.path(), "pid").into_iter().filter(|p| alive(*p)));
-    freeze(&pod, 5);
+    let workers = || -> Vec<i32> {
+        let all = pids(dir_a.path(), "pid");
+        all.into_iter().filter(|p| alive(*p)).collect()
+    };
+    // The workers of the new group, once both have started.
+    wait_for("the new group's two workers", LIMIT, || {
+        workers().len() == 2
+    });
+    freeze(a.pid(), &workers(), 5);
     until(
         &a,
         "both nodes together again after the pod's freeze",
