@@ -68,11 +68,12 @@ def formed(path, world):
 def metrics(port):
     """etcd's own counters of what it did: raft proposals committed (every write, lease
     grant and revoke, and every transaction, whether its compare held or not), puts,
-    deletes, ranges and the revision's height."""
+    deletes, ranges, the revision's height, and the events it sent to watchers."""
     import urllib.request
     want = {"etcd_server_proposals_committed_total": "proposals", "etcd_mvcc_put_total": "puts",
             "etcd_mvcc_delete_total": "deletes", "etcd_mvcc_range_total": "ranges",
-            "etcd_mvcc_txn_total": "txns", "etcd_debugging_mvcc_current_revision": "revision"}
+            "etcd_mvcc_txn_total": "txns", "etcd_debugging_mvcc_current_revision": "revision",
+            "etcd_debugging_mvcc_events_total": "events"}
     out = dict.fromkeys(want.values(), 0.0)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
         for line in r.read().decode().splitlines():
@@ -212,6 +213,31 @@ def run(a, tmp):
               f"deletes={cost['deletes']} txns={cost['txns']} ranges={cost['ranges']} "
               f"further_rounds={further} held_s={a.hold} idle_busy={idle:.2f} "
               f"agent_cpu_ms={agent_ms:.2f} form_cpu_ms={form_cpu_ms:.2f}", flush=True)
+        # The whole run leaves at once (a job deleted): what that costs etcd, which a run
+        # starting beside it on the same machines pays for too.
+        before, etcd_cpu = metrics(port), cpu_ms([etcd.pid])
+        # The agents' own CPU from here until each exits: what they used by the end (counted
+        # for children once waited for) less what they had used so far.
+        import resource
+        waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+        lived_ms = cpu_ms([p.pid for p in agents if p.poll() is None])
+        t0 = time.time()
+        for p in agents:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in agents:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        gone_s = time.time() - t0
+        after = metrics(port)
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        agents_cpu = now.ru_utime + now.ru_stime - waited.ru_utime - waited.ru_stime - lived_ms / 1000
+        print(f"agents={a.nodes} teardown_s={gone_s:.3f} teardown_events={int(after['events'] - before['events'])} "
+              f"teardown_writes={int(after['revision'] - before['revision'])} "
+              f"teardown_etcd_cpu_ms={cpu_ms([etcd.pid]) - etcd_cpu:.0f} "
+              f"teardown_agents_cpu_ms={agents_cpu * 1000:.0f}", flush=True)
     finally:
         for p in agents:
             if p.poll() is None:

@@ -172,6 +172,48 @@ async fn a_dead_node_is_out_after_the_ttl_and_a_leaving_node_at_once() {
     assert_eq!(r.group_world_size, 1);
 }
 
+/// A run that leaves at once (a job deleted) says only its first departure: once the
+/// members know the round broke, another word of a departure from it is no news to them,
+/// and each would go to every member still watching (a million events for 1,000 nodes,
+/// seconds of etcd's and the agents' CPU on the machines a run starting beside it
+/// shares). Neither the nodes that go nor the coordinator write one.
+#[tokio::test]
+async fn a_run_leaving_at_once_says_only_its_first_departure() {
+    let etcd = Etcd::start();
+    // No smaller round forms: the one sealed stays the round they all leave.
+    let mut ns = nodes(&etcd, "crowd", 5, 5, 5).await;
+    rounds(&mut ns).await;
+    let mut first = ns.pop().unwrap();
+    let first_id = first.node_id().to_owned();
+    first.depart(Departure::Left, why()).await.unwrap();
+    for n in ns.iter_mut() {
+        let change = within(Duration::from_secs(5), "the first leave", n.changed()).await;
+        let node = first_id.clone();
+        assert_eq!(change.unwrap(), Change::MemberLost { node });
+    }
+    let leaving: Vec<_> = ns
+        .iter_mut()
+        .map(|n| n.depart(Departure::Left, why()))
+        .collect();
+    for left in join_all(leaving).await {
+        left.unwrap();
+    }
+    // Each revoke is seen by the coordinator (while there is one) at once.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let opts = etcd_client::GetOptions::new().with_prefix();
+    let words = c.get("/fsdp/crowd/ctl/left/", Some(opts)).await.unwrap();
+    let said: Vec<String> = words
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains(&first_id), "{said:?}");
+}
+
 #[tokio::test]
 async fn a_new_coordinator_takes_over_when_the_old_one_dies() {
     let etcd = Etcd::start();

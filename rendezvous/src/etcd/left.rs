@@ -105,6 +105,44 @@ pub fn trim(left: &BTreeMap<String, LeftEntry>, writing: Option<&str>) -> Vec<St
         .collect()
 }
 
+/// The members of `round` whose departure its other members were told of, in words that
+/// break it: a word of the registration the round names (or a later one) that is not a
+/// finish, from a node not done with the round. Once one is there, another word of a
+/// departure from the round is no news to its members (they stopped at the first, and
+/// the next round is sealed from the registrations): when a whole run leaves at once,
+/// saying each departure to every member still watching is a million events for 1,000
+/// nodes, which kept etcd and the agents busy for seconds.
+pub fn breakers<'r>(v: &View, round: &'r v1::Round) -> Vec<&'r str> {
+    let mut words: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for e in v.left.values() {
+        if kind_of(&e.record) != Some(LeftKind::Finished) {
+            let i = words.entry(e.record.node_id.as_str()).or_default();
+            *i = (*i).max(e.record.incarnation);
+        }
+    }
+    if words.is_empty() {
+        return Vec::new();
+    }
+    let done = v.done.get(&round.number);
+    round
+        .members
+        .iter()
+        .filter(|m| {
+            words
+                .get(m.node_id.as_str())
+                .is_some_and(|i| *i >= m.incarnation)
+        })
+        .filter(|m| !done.is_some_and(|d| d.contains(&m.node_id)))
+        .map(|m| m.node_id.as_str())
+        .collect()
+}
+
+/// Whether a word of `node`'s departure from `round` would be news to its members: none
+/// of the others' departures broke it yet ([`breakers`]).
+pub fn news(v: &View, round: &v1::Round, node: &str) -> bool {
+    breakers(v, round).iter().all(|b| *b == node)
+}
+
 /// A member of the sealed round whose registration is gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Vanished {

@@ -249,3 +249,44 @@ fn a_word_is_one_line_cut_to_the_length_agents_accept() {
     assert!(r.allowed(&View::default(), "").is_ok());
     assert_eq!(kind_of(&r), Some(LeftKind::Unhealthy));
 }
+
+/// Which departures told a round's members it broke: a word of the registration the round
+/// names or a later one, not a finish, from a node not done with the round.
+#[test]
+fn a_round_is_broken_for_its_members_by_a_word_that_is_not_a_finish() {
+    let with = |words: &[(&str, u64, v1::LeftKind)]| {
+        let mut v = view(&[("a", 1), ("b", 2), ("c", 1)], &[]);
+        for (i, (node, incarnation, kind)) in words.iter().enumerate() {
+            v.left.insert(
+                left_tail(node, *incarnation),
+                LeftEntry {
+                    record: word(node, *incarnation, *kind),
+                    mod_rev: 10 + i as i64,
+                },
+            );
+        }
+        v
+    };
+    let round = |v: &View| v.round.as_ref().unwrap().record.clone();
+    let v = with(&[]);
+    assert!(breakers(&v, &round(&v)).is_empty());
+    assert!(news(&v, &round(&v), "a"));
+
+    let v = with(&[
+        ("b", 1, v1::LeftKind::Left),
+        ("c", 1, v1::LeftKind::Finished),
+        ("d", 1, v1::LeftKind::Lost),
+    ]);
+    assert!(
+        breakers(&v, &round(&v)).is_empty(),
+        "an earlier b, a finish, no member"
+    );
+
+    let mut v = with(&[("b", 3, v1::LeftKind::Lost)]);
+    assert_eq!(breakers(&v, &round(&v)), ["b"]);
+    assert!(!news(&v, &round(&v), "a"), "b broke it");
+    assert!(news(&v, &round(&v), "b"), "its own word breaks nothing new");
+    // b was done with the round before it went: its going breaks nothing.
+    v.done.insert(3, BTreeSet::from(["b".to_owned()]));
+    assert!(breakers(&v, &round(&v)).is_empty());
+}

@@ -24,13 +24,16 @@ pub(super) struct Sayer {
     dealt: BTreeSet<left::Departure>,
     /// The write in flight.
     saying: Option<Saying>,
+    /// The last round it said a member of was lost: that broke it for its members.
+    told: Option<u64>,
 }
 
 /// The coordinator's write in flight: the departure it says "lost" for, and the records
 /// it deletes.
 #[derive(Debug, Default)]
 struct Saying {
-    lost: Option<left::Departure>,
+    /// And the round it was lost from.
+    lost: Option<(String, u64, u64)>,
     trimmed: Vec<String>,
 }
 
@@ -73,9 +76,22 @@ impl Machine {
         }
         self.forget_dealt();
         let gone = left::vanished(&self.view, &self.cfg.node_id, &self.sayer.dealt);
+        let round = self.view.round.as_ref().map(|r| &r.record);
+        let breakers = round
+            .map(|r| left::breakers(&self.view, r))
+            .unwrap_or_default();
+        // Its own word, written and not yet seen back, breaks the round as well.
+        let told = |node: &str| {
+            breakers.iter().any(|b| *b != node)
+                || self
+                    .sayer
+                    .told
+                    .is_some_and(|t| round.is_some_and(|r| r.number == t))
+        };
         let mut unsaid = None;
         for g in gone {
-            if g.explained {
+            // A member of a round its members know broke: no news to them.
+            if g.explained || told(&g.node_id) {
                 self.sayer.dealt.insert((g.node_id, g.incarnation));
             } else if unsaid.is_none() {
                 unsaid = Some(g);
@@ -97,7 +113,7 @@ impl Machine {
                 let trim = left::trim(&self.view.left, Some(&word.tail()));
                 tracing::info!(node = %g.node_id, detail = %why.detail, "a member left without a word; recording it as lost");
                 let txn = records::say_lost(&self.cfg.keys, &word, &trim);
-                let lost = Some((g.node_id, g.incarnation));
+                let lost = Some((g.node_id, g.incarnation, g.round));
                 (
                     Saying {
                         lost,
@@ -128,7 +144,10 @@ impl Machine {
     pub(super) fn said_lost(&mut self) {
         self.wrote();
         if let Some(s) = self.sayer.saying.take() {
-            self.sayer.dealt.extend(s.lost);
+            if let Some((node, incarnation, round)) = s.lost {
+                self.sayer.dealt.insert((node, incarnation));
+                self.sayer.told = Some(round);
+            }
             if !s.trimmed.is_empty() {
                 let v = self.view.edit();
                 for t in &s.trimmed {
@@ -151,8 +170,9 @@ impl Machine {
         match todo {
             Todo::SayFenced => self.me.word_done(),
             _ => {
-                if let Some(s) = self.sayer.saying.take() {
-                    self.sayer.dealt.extend(s.lost);
+                if let Some((node, incarnation, _)) = self.sayer.saying.take().and_then(|s| s.lost)
+                {
+                    self.sayer.dealt.insert((node, incarnation));
                 }
             }
         }

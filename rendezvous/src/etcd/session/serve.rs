@@ -206,7 +206,15 @@ impl Machine {
                 }
                 EvictStage::Revoke => Op::Revoke { lease: e.lease },
             },
-            Job::Depart { how, why } => self.depart_op(*how, why),
+            Job::Depart { how, why } => {
+                let op = self.depart_op(*how, why);
+                // A node that leaves needs no more news of the run (the session ends with
+                // the answer). When a whole run leaves at once (a job deleted), each watch
+                // left open got every other node's departure: a million events for 1,000
+                // nodes, seconds of etcd's and the agents' CPU.
+                self.close_watches();
+                op
+            }
         };
         self.issue(Then::Command(s), op);
     }
@@ -234,7 +242,22 @@ impl Machine {
     /// others learn within milliseconds instead of a lease TTL. The others learn how (a
     /// leave, not a death) and status why, from records sent beside the revoke, not before
     /// it: under load one more round trip first would delay what every survivor waits for.
+    ///
+    /// A node of a round its members know broke already says nothing ([`left::news`]).
     fn depart_op(&self, how: Departure, why: &LeftReason) -> Op {
+        let lease = self.lease.id();
+        let incarnation = self.lease.incarnation();
+        let mine = self.view.round.as_ref().map(|r| &r.record).filter(|r| {
+            r.members
+                .iter()
+                .any(|m| m.node_id == self.cfg.node_id && m.incarnation == incarnation)
+        });
+        if mine.is_some_and(|r| !left::news(&self.view, r, &self.cfg.node_id)) {
+            return Op::Depart {
+                record: None,
+                lease,
+            };
+        }
         let gone = match (how, self.me.running()) {
             (Departure::Left, Some(r)) => Some(records::noticed(
                 r.number,
@@ -253,7 +276,7 @@ impl Machine {
                 gone.as_ref(),
                 &trim,
             )),
-            lease: self.lease.id(),
+            lease,
         }
     }
 

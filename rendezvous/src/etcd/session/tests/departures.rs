@@ -115,6 +115,71 @@ fn a_member_that_said_why_gets_no_second_row() {
     assert!(touches(&spec.then, &keys().of(&own)));
 }
 
+/// A round its members know broke (a word of another member's departure from it is
+/// there): the next member gone without one is no news to them, and a run leaving at once
+/// would send each such word to every member still watching. A finish breaks nothing.
+#[test]
+fn no_word_is_said_for_a_member_of_a_round_its_members_know_broke() {
+    let r = round(1, &[("a", 1), ("b", 1), ("c", 1)]);
+    let coordinating = |c: Kv| {
+        let kvs = vec![
+            round_kv(&r, 7),
+            member_kv(&member("a", LEASE, 1, 1), 3),
+            member_kv(&member("b", 200, 1, 1), 4),
+            coordinator_kv("a", LEASE),
+            c,
+        ];
+        let (h, rest) = Harness::with(|c| {
+            c.can_probe = false;
+            c.seal.min_nodes = 3;
+        })
+        .first_sync(&kvs);
+        no_op(&rest);
+        h
+    };
+    let mut h = coordinating(word_kv(&said("c", 1, v1::LeftKind::Left), 20));
+    let writes = h.writes.load(Ordering::Relaxed);
+    no_op(&h.step(Input::Watched(vec![b_deleted()])));
+    assert_eq!(h.writes.load(Ordering::Relaxed), writes);
+
+    let mut h = coordinating(word_kv(&said("c", 1, v1::LeftKind::Finished), 20));
+    let spec = txn(the_op(&h.step(Input::Watched(vec![b_deleted()]))));
+    assert_eq!(left_put(&spec.then, "b", 1).kind(), v1::LeftKind::Lost);
+
+    // Its own "lost" breaks the round as well, before it comes back on the watch.
+    let mut h = coordinating(member_kv(&member("c", 300, 1, 1), 5));
+    let spec = txn(the_op(&h.step(Input::Watched(vec![b_deleted()]))));
+    assert_eq!(left_put(&spec.then, "b", 1).kind(), v1::LeftKind::Lost);
+    no_op(&h.answer(Answer::Txn { succeeded: true }));
+    let c_deleted = WatchEvent::Delete {
+        key: keys().key::<v1::Member>("c"),
+        prev: None,
+    };
+    no_op(&h.step(Input::Watched(vec![c_deleted])));
+}
+
+/// A member of a round its members know broke leaves without a word: it revokes only.
+#[test]
+fn a_node_leaving_a_round_its_members_know_broke_says_nothing() {
+    let r = round(4, &[("a", 1), ("b", 1), ("c", 1)]);
+    let leave = |b_word: Kv| {
+        let mut h = Harness::synced_with(&[round_kv(&r, 7), b_word]);
+        let running = std::sync::Arc::new(r.clone());
+        h.command(2, Command::Running { round: running });
+        let e = h.command(3, depart(Departure::Left, crate::LeftKind::Left));
+        let Op::Depart { record, lease } = the_op(&e) else {
+            panic!("a departure: {e:?}")
+        };
+        assert_eq!(lease, LEASE);
+        record
+    };
+    assert_eq!(leave(word_kv(&said("b", 1, v1::LeftKind::Left), 20)), None);
+    // A finish of b's breaks nothing: a's leave is news.
+    let finished = leave(word_kv(&said("b", 1, v1::LeftKind::Finished), 20));
+    let spec = finished.expect("a's word");
+    assert_eq!(left_put(&spec.then, "a", 1).kind(), v1::LeftKind::Left);
+}
+
 /// After an outage etcd may have come back empty and the members are still registering
 /// again: nobody is called lost before the grace is over.
 #[test]

@@ -194,6 +194,13 @@ fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
         panic!("expected a departure with its record: {e:?}")
     };
     assert_eq!(lease, LEASE);
+    // It stops watching first: a run leaving at once would otherwise send each departure
+    // to every node still leaving.
+    let closed = e.iter().position(|e| matches!(e, Effect::CloseWatches));
+    let sent = e
+        .iter()
+        .position(|e| matches!(e, Effect::Etcd(Op::Depart { .. })));
+    assert!(closed.is_some_and(|c| Some(c) < sent), "{e:?}");
     let key = k.key::<v1::Noticed>(&crate::etcd::record::per_round(4, "a"));
     assert_eq!(spec.when, vec![Compare::Absent(key.clone())]);
     let gone = v1::Noticed::decode(put_at(&spec.then, &key).0).unwrap();
