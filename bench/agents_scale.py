@@ -217,7 +217,8 @@ def run(a, tmp):
         # starting beside it on the same machines pays for too.
         before, etcd_cpu = metrics(port), cpu_ms([etcd.pid])
         # The agents' own CPU from here until each exits: what they used by the end (counted
-        # for children once waited for) less what they had used so far.
+        # for children once waited for) less what their live threads had used so far. An
+        # upper bound: a thread that exited before now counts in it.
         import resource
         waited = resource.getrusage(resource.RUSAGE_CHILDREN)
         lived_ms = cpu_ms([p.pid for p in agents if p.poll() is None])

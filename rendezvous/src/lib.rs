@@ -346,6 +346,9 @@ pub enum Detection {
     Refused { detect: std::time::Duration },
     /// It went silent and its lease expired.
     LeaseExpiry,
+    /// Nobody said how: it went from a round another member's departure had broken
+    /// already, where a word is no news to the members (a run leaving at once).
+    Unsaid,
 }
 
 impl Detection {
@@ -355,6 +358,7 @@ impl Detection {
             Self::Left => "left",
             Self::Refused { .. } => "refused",
             Self::LeaseExpiry => "lease expiry",
+            Self::Unsaid => "unsaid",
         }
     }
 }

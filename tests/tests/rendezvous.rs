@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, Keys, TlsFiles, commit_round, connect};
 use fsdp_rendezvous::{
-    Change, Departure, LeftKind, LeftReason, Rendezvous, RendezvousError, Round,
+    Change, Departure, Detection, JobRecords, LeftKind, LeftReason, Rendezvous, RendezvousError,
+    Round,
 };
 use fsdp_tests::etcd::{Etcd, ServerTls};
 use fsdp_tests::etcd_cluster::EtcdCluster;
@@ -176,21 +177,26 @@ async fn a_dead_node_is_out_after_the_ttl_and_a_leaving_node_at_once() {
 /// members know the round broke, another word of a departure from it is no news to them,
 /// and each would go to every member still watching (a million events for 1,000 nodes,
 /// seconds of etcd's and the agents' CPU on the machines a run starting beside it
-/// shares). Neither the nodes that go nor the coordinator write one.
+/// shares). Neither the nodes that go nor the coordinator, which stays and sees each
+/// registration go, write one.
 #[tokio::test]
 async fn a_run_leaving_at_once_says_only_its_first_departure() {
     let etcd = Etcd::start();
     // No smaller round forms: the one sealed stays the round they all leave.
     let mut ns = nodes(&etcd, "crowd", 5, 5, 5).await;
-    rounds(&mut ns).await;
+    let number = rounds(&mut ns).await[0].number;
+    let coordinator = ns[0].view().coordinator.expect("a coordinator");
+    let stays = ns.iter().position(|n| n.node_id() == coordinator).unwrap();
+    let mut stays = ns.remove(stays);
     let mut first = ns.pop().unwrap();
     let first_id = first.node_id().to_owned();
     first.depart(Departure::Left, why()).await.unwrap();
-    for n in ns.iter_mut() {
+    for n in ns.iter_mut().chain([&mut stays]) {
         let change = within(Duration::from_secs(5), "the first leave", n.changed()).await;
         let node = first_id.clone();
         assert_eq!(change.unwrap(), Change::MemberLost { node });
     }
+    let others: Vec<String> = ns.iter().map(|n| n.node_id().to_owned()).collect();
     let leaving: Vec<_> = ns
         .iter_mut()
         .map(|n| n.depart(Departure::Left, why()))
@@ -198,8 +204,9 @@ async fn a_run_leaving_at_once_says_only_its_first_departure() {
     for left in join_all(leaving).await {
         left.unwrap();
     }
-    // Each revoke is seen by the coordinator (while there is one) at once.
+    // The coordinator sees each revoke at once; a "lost" would follow within a second.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(stays.view().coordinator, Some(coordinator));
     let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
         .await
         .unwrap();
@@ -212,6 +219,13 @@ async fn a_run_leaving_at_once_says_only_its_first_departure() {
         .collect();
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(said[0].contains(&first_id), "{said:?}");
+    // How each went, as the agent reports it: the first left, the others unsaid.
+    let records = stays.records().unwrap();
+    assert_eq!(records.detection(&first_id, number), Detection::Left);
+    for node in &others {
+        assert_eq!(records.detection(node, number), Detection::Unsaid, "{node}");
+    }
+    stays.depart(Departure::Left, why()).await.unwrap();
 }
 
 #[tokio::test]

@@ -181,7 +181,10 @@ impl JobRecords for EtcdRendezvous {
             Some((v1::Detection::Refused, ms)) => crate::Detection::Refused {
                 detect: Duration::from_millis(u64::from(ms)),
             },
-            _ => crate::Detection::LeaseExpiry,
+            // The coordinator says "lost" for a silent member of a round not yet broken;
+            // a member of a broken one goes without a word from anyone.
+            _ if v.left.values().any(|e| e.record.node_id == node) => crate::Detection::LeaseExpiry,
+            _ => crate::Detection::Unsaid,
         }
     }
 

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use fsdp_proto::{SCHEMA_VERSION, v1};
 
 use super::record::left_detail;
-use super::view::{LeftEntry, View};
+use super::view::{LeftEntry, RoundEntry, View};
 use crate::{LeftKind, LeftReason};
 
 /// Departures a run keeps.
@@ -106,15 +106,18 @@ pub fn trim(left: &BTreeMap<String, LeftEntry>, writing: Option<&str>) -> Vec<St
 }
 
 /// The members of `round` whose departure its other members were told of, in words that
-/// break it: a word of the registration the round names (or a later one) that is not a
-/// finish, from a node not done with the round. Once one is there, another word of a
-/// departure from the round is no news to its members (they stopped at the first, and
-/// the next round is sealed from the registrations): when a whole run leaves at once,
-/// saying each departure to every member still watching is a million events for 1,000
-/// nodes, which kept etcd and the agents busy for seconds.
-pub fn breakers<'r>(v: &View, round: &'r v1::Round) -> Vec<&'r str> {
+/// break it: a word written after the round was sealed, of the registration the round
+/// names (or a later one), not a finish, from a node not done with the round. Once one is
+/// there, another word of a departure from the round is no news to its members (they
+/// stopped at the first, and the next round is sealed from the registrations): when a
+/// whole run leaves at once, saying each departure to every member still watching is a
+/// million events for 1,000 nodes, which kept etcd and the agents busy for seconds.
+///
+/// Words, not [`View::departed`]: that is what this view saw go (a coordinator sees
+/// registrations deleted), and the question is what the members were told.
+pub fn breakers<'r>(v: &View, round: &'r RoundEntry) -> Vec<&'r str> {
     let mut words: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-    for e in v.left.values() {
+    for e in v.left.values().filter(|e| e.mod_rev > round.mod_rev) {
         if kind_of(&e.record) != Some(LeftKind::Finished) {
             let i = words.entry(e.record.node_id.as_str()).or_default();
             *i = (*i).max(e.record.incarnation);
@@ -123,8 +126,9 @@ pub fn breakers<'r>(v: &View, round: &'r v1::Round) -> Vec<&'r str> {
     if words.is_empty() {
         return Vec::new();
     }
-    let done = v.done.get(&round.number);
+    let done = v.done.get(&round.record.number);
     round
+        .record
         .members
         .iter()
         .filter(|m| {
@@ -139,7 +143,7 @@ pub fn breakers<'r>(v: &View, round: &'r v1::Round) -> Vec<&'r str> {
 
 /// Whether a word of `node`'s departure from `round` would be news to its members: none
 /// of the others' departures broke it yet ([`breakers`]).
-pub fn news(v: &View, round: &v1::Round, node: &str) -> bool {
+pub fn news(v: &View, round: &RoundEntry, node: &str) -> bool {
     breakers(v, round).iter().all(|b| *b == node)
 }
 

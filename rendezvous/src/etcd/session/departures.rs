@@ -16,6 +16,7 @@ use super::sync::Todo;
 use crate::LeftReason;
 use crate::etcd::left::{self, KEPT, Word};
 use crate::etcd::record::Record;
+use crate::etcd::view::LeftEntry;
 
 /// The coordinator's part in the departure records.
 #[derive(Debug, Default)]
@@ -24,16 +25,13 @@ pub(super) struct Sayer {
     dealt: BTreeSet<left::Departure>,
     /// The write in flight.
     saying: Option<Saying>,
-    /// The last round it said a member of was lost: that broke it for its members.
-    told: Option<u64>,
 }
 
 /// The coordinator's write in flight: the departure it says "lost" for, and the records
 /// it deletes.
 #[derive(Debug, Default)]
 struct Saying {
-    /// And the round it was lost from.
-    lost: Option<(String, u64, u64)>,
+    lost: Option<v1::Left>,
     trimmed: Vec<String>,
 }
 
@@ -76,22 +74,14 @@ impl Machine {
         }
         self.forget_dealt();
         let gone = left::vanished(&self.view, &self.cfg.node_id, &self.sayer.dealt);
-        let round = self.view.round.as_ref().map(|r| &r.record);
-        let breakers = round
-            .map(|r| left::breakers(&self.view, r))
-            .unwrap_or_default();
-        // Its own word, written and not yet seen back, breaks the round as well.
-        let told = |node: &str| {
-            breakers.iter().any(|b| *b != node)
-                || self
-                    .sayer
-                    .told
-                    .is_some_and(|t| round.is_some_and(|r| r.number == t))
+        let breakers = match (gone.is_empty(), self.view.round.as_ref()) {
+            (false, Some(r)) => left::breakers(&self.view, r),
+            _ => Vec::new(),
         };
         let mut unsaid = None;
         for g in gone {
             // A member of a round its members know broke: no news to them.
-            if g.explained || told(&g.node_id) {
+            if g.explained || breakers.iter().any(|b| *b != g.node_id) {
                 self.sayer.dealt.insert((g.node_id, g.incarnation));
             } else if unsaid.is_none() {
                 unsaid = Some(g);
@@ -113,10 +103,9 @@ impl Machine {
                 let trim = left::trim(&self.view.left, Some(&word.tail()));
                 tracing::info!(node = %g.node_id, detail = %why.detail, "a member left without a word; recording it as lost");
                 let txn = records::say_lost(&self.cfg.keys, &word, &trim);
-                let lost = Some((g.node_id, g.incarnation, g.round));
                 (
                     Saying {
-                        lost,
+                        lost: Some(word),
                         trimmed: trim,
                     },
                     txn,
@@ -144,15 +133,22 @@ impl Machine {
     pub(super) fn said_lost(&mut self) {
         self.wrote();
         if let Some(s) = self.sayer.saying.take() {
-            if let Some((node, incarnation, round)) = s.lost {
-                self.sayer.dealt.insert((node, incarnation));
-                self.sayer.told = Some(round);
+            let v = self.view.edit();
+            for t in &s.trimmed {
+                v.left.remove(t);
             }
-            if !s.trimmed.is_empty() {
-                let v = self.view.edit();
-                for t in &s.trimmed {
-                    v.left.remove(t);
-                }
+            if let Some(word) = s.lost {
+                self.sayer
+                    .dealt
+                    .insert((word.node_id.clone(), word.incarnation));
+                // In the view at once, as the members will hold it: it breaks the round
+                // for them ([`left::breakers`]) before it comes back on the watch (with
+                // its revision, which no earlier record's can be above).
+                let entry = LeftEntry {
+                    record: word,
+                    mod_rev: i64::MAX,
+                };
+                v.left.insert(entry.record.tail(), entry);
             }
         }
         self.flight.first(Todo::SayLost);
@@ -170,9 +166,8 @@ impl Machine {
         match todo {
             Todo::SayFenced => self.me.word_done(),
             _ => {
-                if let Some((node, incarnation, _)) = self.sayer.saying.take().and_then(|s| s.lost)
-                {
-                    self.sayer.dealt.insert((node, incarnation));
+                if let Some(word) = self.sayer.saying.take().and_then(|s| s.lost) {
+                    self.sayer.dealt.insert((word.node_id, word.incarnation));
                 }
             }
         }

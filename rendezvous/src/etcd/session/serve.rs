@@ -247,8 +247,9 @@ impl Machine {
     fn depart_op(&self, how: Departure, why: &LeftReason) -> Op {
         let lease = self.lease.id();
         let incarnation = self.lease.incarnation();
-        let mine = self.view.round.as_ref().map(|r| &r.record).filter(|r| {
-            r.members
+        let mine = self.view.round.as_ref().filter(|r| {
+            r.record
+                .members
                 .iter()
                 .any(|m| m.node_id == self.cfg.node_id && m.incarnation == incarnation)
         });
@@ -383,6 +384,9 @@ impl Machine {
                 }
                 match revoked {
                     None => self.wrote(),
+                    // Gone already: its keep-alives stopped with the watches, before the
+                    // departure, and it expired meanwhile. Gone is what a revoke does.
+                    Some(e) if e.kind == FaultKind::LeaseNotFound => {}
                     Some(e) => {
                         tracing::warn!(error = %e, "could not revoke the lease; peers will notice after its TTL")
                     }

@@ -138,24 +138,42 @@ fn no_word_is_said_for_a_member_of_a_round_its_members_know_broke() {
         h
     };
     let mut h = coordinating(word_kv(&said("c", 1, v1::LeftKind::Left), 20));
-    let writes = h.writes.load(Ordering::Relaxed);
     no_op(&h.step(Input::Watched(vec![b_deleted()])));
-    assert_eq!(h.writes.load(Ordering::Relaxed), writes);
 
     let mut h = coordinating(word_kv(&said("c", 1, v1::LeftKind::Finished), 20));
     let spec = txn(the_op(&h.step(Input::Watched(vec![b_deleted()]))));
     assert_eq!(left_put(&spec.then, "b", 1).kind(), v1::LeftKind::Lost);
 
-    // Its own "lost" breaks the round as well, before it comes back on the watch.
+    // Its own "lost" breaks the round as well, before it comes back on the watch...
+    let c_deleted = || WatchEvent::Delete {
+        key: keys().key::<v1::Member>("c"),
+        prev: None,
+    };
     let mut h = coordinating(member_kv(&member("c", 300, 1, 1), 5));
     let spec = txn(the_op(&h.step(Input::Watched(vec![b_deleted()]))));
     assert_eq!(left_put(&spec.then, "b", 1).kind(), v1::LeftKind::Lost);
     no_op(&h.answer(Answer::Txn { succeeded: true }));
-    let c_deleted = WatchEvent::Delete {
-        key: keys().key::<v1::Member>("c"),
-        prev: None,
+    no_op(&h.step(Input::Watched(vec![c_deleted()])));
+    // ...unless the member it was said for was done with the round: c's loss is news.
+    let b_done = v1::Done {
+        schema: SCHEMA_VERSION,
+        round: 1,
+        node_id: "b".into(),
     };
-    no_op(&h.step(Input::Watched(vec![c_deleted])));
+    let done_kv = Kv {
+        key: keys().of(&b_done),
+        value: b_done.encode_to_vec(),
+        create_rev: 6,
+        mod_rev: 6,
+        lease: 0,
+    };
+    let mut h = coordinating(member_kv(&member("c", 300, 1, 1), 5));
+    h.step(Input::Watched(vec![WatchEvent::Put(done_kv)]));
+    let spec = txn(the_op(&h.step(Input::Watched(vec![b_deleted()]))));
+    assert_eq!(left_put(&spec.then, "b", 1).kind(), v1::LeftKind::Lost);
+    no_op(&h.answer(Answer::Txn { succeeded: true }));
+    let spec = txn(the_op(&h.step(Input::Watched(vec![c_deleted()]))));
+    assert_eq!(left_put(&spec.then, "c", 1).kind(), v1::LeftKind::Lost);
 }
 
 /// A member of a round its members know broke leaves without a word: it revokes only.
