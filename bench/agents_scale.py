@@ -131,6 +131,19 @@ def wait(what, cond, limit):
         time.sleep(0.2)
 
 
+def stop(agents, patience):
+    """SIGTERM to every agent still running, all at once (a job deleted); a SIGKILL for one
+    that has not exited within `patience` seconds."""
+    for p in agents:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in agents:
+        try:
+            p.wait(timeout=patience)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def run(a, tmp):
     port, peer = free_port(), free_port()
     # etcd's data on a disk, as a real etcd's is: its writes wait for fsync.
@@ -223,14 +236,7 @@ def run(a, tmp):
         waited = resource.getrusage(resource.RUSAGE_CHILDREN)
         lived_ms = cpu_ms([p.pid for p in agents if p.poll() is None])
         t0 = time.time()
-        for p in agents:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in agents:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(agents, 60)
         gone_s = time.time() - t0
         after = metrics(port)
         now = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -240,14 +246,7 @@ def run(a, tmp):
               f"teardown_etcd_cpu_ms={cpu_ms([etcd.pid]) - etcd_cpu:.0f} "
               f"teardown_agents_cpu_ms={agents_cpu * 1000:.0f}", flush=True)
     finally:
-        for p in agents:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in agents:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(agents, 30)
         etcd.kill()
         etcd.wait()
         shutil.rmtree(data, ignore_errors=True)

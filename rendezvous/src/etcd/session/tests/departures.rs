@@ -45,16 +45,6 @@ fn b_deleted() -> WatchEvent {
     }
 }
 
-fn word_kv(l: &v1::Left, mod_rev: i64) -> Kv {
-    Kv {
-        key: keys().of(l),
-        value: l.encode_to_vec(),
-        create_rev: mod_rev,
-        mod_rev,
-        lease: 0,
-    }
-}
-
 fn said(node: &str, incarnation: u64, kind: v1::LeftKind) -> v1::Left {
     v1::Left {
         schema: SCHEMA_VERSION,
@@ -103,7 +93,7 @@ fn a_member_that_said_why_gets_no_second_row() {
     let mut h = coordinating_a_round_of_two();
     let own = said("b", 1, v1::LeftKind::Unhealthy);
     let e = h.step(Input::Watched(vec![
-        WatchEvent::Put(word_kv(&own, 20)),
+        WatchEvent::Put(record_kv(&own, 20)),
         b_deleted(),
     ]));
     no_op(&e);
@@ -137,10 +127,10 @@ fn no_word_is_said_for_a_member_of_a_round_its_members_know_broke() {
         no_op(&rest);
         h
     };
-    let mut h = coordinating(word_kv(&said("c", 1, v1::LeftKind::Left), 20));
+    let mut h = coordinating(record_kv(&said("c", 1, v1::LeftKind::Left), 20));
     no_op(&h.step(Input::Watched(vec![b_deleted()])));
 
-    let mut h = coordinating(word_kv(&said("c", 1, v1::LeftKind::Finished), 20));
+    let mut h = coordinating(record_kv(&said("c", 1, v1::LeftKind::Finished), 20));
     let spec = txn(the_op(&h.step(Input::Watched(vec![b_deleted()]))));
     assert_eq!(left_put(&spec.then, "b", 1).kind(), v1::LeftKind::Lost);
 
@@ -160,15 +150,8 @@ fn no_word_is_said_for_a_member_of_a_round_its_members_know_broke() {
         round: 1,
         node_id: "b".into(),
     };
-    let done_kv = Kv {
-        key: keys().of(&b_done),
-        value: b_done.encode_to_vec(),
-        create_rev: 6,
-        mod_rev: 6,
-        lease: 0,
-    };
     let mut h = coordinating(member_kv(&member("c", 300, 1, 1), 5));
-    h.step(Input::Watched(vec![WatchEvent::Put(done_kv)]));
+    h.step(Input::Watched(vec![WatchEvent::Put(record_kv(&b_done, 6))]));
     let spec = txn(the_op(&h.step(Input::Watched(vec![b_deleted()]))));
     assert_eq!(left_put(&spec.then, "b", 1).kind(), v1::LeftKind::Lost);
     no_op(&h.answer(Answer::Txn { succeeded: true }));
@@ -191,9 +174,12 @@ fn a_node_leaving_a_round_its_members_know_broke_says_nothing() {
         assert_eq!(lease, LEASE);
         record
     };
-    assert_eq!(leave(word_kv(&said("b", 1, v1::LeftKind::Left), 20)), None);
+    assert_eq!(
+        leave(record_kv(&said("b", 1, v1::LeftKind::Left), 20)),
+        None
+    );
     // A finish of b's breaks nothing: a's leave is news.
-    let finished = leave(word_kv(&said("b", 1, v1::LeftKind::Finished), 20));
+    let finished = leave(record_kv(&said("b", 1, v1::LeftKind::Finished), 20));
     let spec = finished.expect("a's word");
     assert_eq!(left_put(&spec.then, "a", 1).kind(), v1::LeftKind::Left);
 }
@@ -240,7 +226,7 @@ fn the_coordinator_trims_the_records_beyond_the_hundred() {
     let k = keys();
     let extra: Vec<Kv> = (0..102)
         .map(|i| {
-            word_kv(
+            record_kv(
                 &said(&format!("n{i:03}"), 1, v1::LeftKind::Finished),
                 100 + i,
             )
@@ -275,7 +261,7 @@ fn a_departing_node_deletes_the_oldest_record_beside_its_word() {
     let k = keys();
     let extra: Vec<Kv> = (0..100)
         .map(|i| {
-            word_kv(
+            record_kv(
                 &said(&format!("n{i:03}"), 1, v1::LeftKind::Finished),
                 100 + i,
             )

@@ -192,6 +192,17 @@ pub(super) fn coordinator_kv(id: &str, lease: i64) -> Kv {
     }
 }
 
+/// `r` as etcd holds it at its key, written at revision `rev`.
+pub(super) fn record_kv<R: Record + Message>(r: &R, rev: i64) -> Kv {
+    Kv {
+        key: keys().of(r),
+        value: r.encode_to_vec(),
+        create_rev: rev,
+        mod_rev: rev,
+        lease: 0,
+    }
+}
+
 pub(super) fn round_kv(r: &v1::Round, mod_rev: i64) -> Kv {
     Kv {
         key: keys().key::<v1::Round>(""),

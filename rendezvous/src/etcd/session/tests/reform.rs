@@ -52,13 +52,7 @@ fn a_survivor_of_a_failure_says_it_stopped() {
         round: 1,
         node_id: "c".into(),
     };
-    let kv = Kv {
-        key: keys().of(&failure),
-        value: failure.encode_to_vec(),
-        create_rev: 9,
-        mod_rev: 9,
-        lease: 0,
-    };
+    let kv = record_kv(&failure, 9);
     no_op(&h.step(Input::Watched(vec![WatchEvent::Put(kv)])));
     let e = h.command(3, Command::Register { wants_round: 2 });
     let spec = txn(the_op(&e));
