@@ -133,7 +133,7 @@ def wait(what, cond, limit):
 
 def stop(agents, patience):
     """SIGTERM to every agent still running, all at once (a job deleted); a SIGKILL for one
-    that has not exited within `patience` seconds."""
+    that has not exited after waiting `patience` seconds for it (each in turn)."""
     for p in agents:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

@@ -36,7 +36,7 @@ pub fn render(s: &Snapshot) -> String {
     counter_by(
         &mut out,
         "fsdp_agent_member_losses_total",
-        "Members this node's group lost, by how the loss was noticed (refused: its process was gone; left: it revoked its lease; lease expiry: it went silent).",
+        "Members this node's group lost, by how the loss was noticed (refused: its process was gone; left: it revoked its lease; lease expiry: it went silent; unsaid: it went from a round another member's departure had broken already, where nobody says how).",
         "detection",
         &s.losses,
     );

@@ -183,7 +183,13 @@ impl JobRecords for EtcdRendezvous {
             },
             // The coordinator says "lost" for a silent member of a round not yet broken;
             // a member of a broken one goes without a word from anyone.
-            _ if v.left.values().any(|e| e.record.node_id == node) => crate::Detection::LeaseExpiry,
+            _ if v
+                .left
+                .values()
+                .any(|e| e.record.node_id == node && e.record.round == round) =>
+            {
+                crate::Detection::LeaseExpiry
+            }
             _ => crate::Detection::Unsaid,
         }
     }

@@ -283,7 +283,7 @@ fn a_round_is_broken_for_its_members_by_a_word_that_is_not_a_finish() {
         ("d", 1, v1::LeftKind::Lost, 12),
         // Written before the round was sealed (a revoke that failed beside it): the round
         // names that registration, and its members did not take the word for a loss.
-        ("a", 1, v1::LeftKind::Left, 1),
+        ("a", 1, v1::LeftKind::Left, 0),
     ]);
     assert!(
         broke(&v).is_empty(),

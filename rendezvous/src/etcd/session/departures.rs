@@ -127,10 +127,10 @@ impl Machine {
         self.issue(Then::Todo(Todo::SayLost), Op::Txn(txn));
     }
 
-    /// The coordinator's write went through: that departure is dealt with, the trimmed
-    /// records are gone from the view (their deletes come later), and the next is looked
-    /// at.
-    pub(super) fn said_lost(&mut self) {
+    /// The coordinator's write went through (`written`: its word was stored, not the
+    /// node's own, which stood already): that departure is dealt with, the trimmed records
+    /// are gone from the view (their deletes come later), and the next is looked at.
+    pub(super) fn said_lost(&mut self, written: bool) {
         self.wrote();
         if let Some(s) = self.sayer.saying.take() {
             let v = self.view.edit();
@@ -142,13 +142,16 @@ impl Machine {
                     .dealt
                     .insert((word.node_id.clone(), word.incarnation));
                 // In the view at once, as the members will hold it: it breaks the round
-                // for them ([`left::breakers`]) before it comes back on the watch (with
-                // its revision, which no earlier record's can be above).
-                let entry = LeftEntry {
-                    record: word,
-                    mod_rev: i64::MAX,
-                };
-                v.left.insert(entry.record.tail(), entry);
+                // for them ([`left::breakers`]) before it comes back on the watch with
+                // its revision (later than the round's; none is known yet). A put the
+                // watch brought first is etcd's, and stays.
+                if written {
+                    let entry = LeftEntry {
+                        record: word,
+                        mod_rev: i64::MAX,
+                    };
+                    v.left.entry(entry.record.tail()).or_insert(entry);
+                }
             }
         }
         self.flight.first(Todo::SayLost);

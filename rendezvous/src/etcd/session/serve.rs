@@ -384,8 +384,9 @@ impl Machine {
                 }
                 match revoked {
                     None => self.wrote(),
-                    // Gone already: its keep-alives stopped with the watches, before the
-                    // departure, and it expired meanwhile. Gone is what a revoke does.
+                    // Gone already (its keep-alives stopped with the watches, before the
+                    // departure, and it expired meanwhile; or a ring neighbour evicted it):
+                    // gone is what a revoke does.
                     Some(e) if e.kind == FaultKind::LeaseNotFound => {}
                     Some(e) => {
                         tracing::warn!(error = %e, "could not revoke the lease; peers will notice after its TTL")

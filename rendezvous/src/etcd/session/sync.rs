@@ -251,7 +251,7 @@ impl Machine {
                 self.wrote();
                 self.me.word_done();
             }
-            (Todo::SayLost, Answer::Txn { .. }) => self.said_lost(),
+            (Todo::SayLost, Answer::Txn { succeeded }) => self.said_lost(succeeded),
             (Todo::RevokeFenced, _) => self.revoked_fenced(),
             (Todo::Grant, Answer::Granted { id }) => self.lease_renewed(id),
             (Todo::ReadOwn, Answer::Range { kvs, .. }) => {
