@@ -181,16 +181,12 @@ impl JobRecords for EtcdRendezvous {
             Some((v1::Detection::Refused, ms)) => crate::Detection::Refused {
                 detect: Duration::from_millis(u64::from(ms)),
             },
-            // The coordinator says "lost" for a silent member of a round not yet broken;
-            // a member of a broken one goes without a word from anyone.
-            _ if v
-                .left
-                .values()
-                .any(|e| e.record.node_id == node && e.record.round == round) =>
-            {
-                crate::Detection::LeaseExpiry
+            // A member of a round another member's departure broke goes without a word
+            // from anyone.
+            _ if v.broken.get(&round).is_some_and(|first| first != node) => {
+                crate::Detection::Unsaid
             }
-            _ => crate::Detection::Unsaid,
+            _ => crate::Detection::LeaseExpiry,
         }
     }
 

@@ -49,6 +49,9 @@ pub struct FaultSeen {
     pub rev: i64,
 }
 
+/// Rounds [`View::broken`] keeps.
+pub const BROKEN_KEPT: usize = 16;
+
 #[derive(Debug, Clone, Default)]
 pub struct View {
     /// A watch is established and the view is current.
@@ -101,6 +104,10 @@ pub struct View {
     /// Why nodes left, by key tail ([`super::record::left_tail`]); the machine's and
     /// status's only: the handle decides nothing from them ([`View::for_handle`]).
     pub left: BTreeMap<String, LeftEntry>,
+    /// For each recent round (the last [`BROKEN_KEPT`]), the first member said to have
+    /// left it (not a finish): how the others went is said by nobody
+    /// ([`crate::etcd::left::news`]), and the handle reports them so.
+    pub broken: BTreeMap<u64, String>,
     /// Hang reports of the latest rounds that hung, by round and node.
     pub hangs: BTreeMap<u64, BTreeMap<String, v1::HangReport>>,
     /// The earliest moment etcd could expire this agent's lease ([`crate::fence`]); not
@@ -144,6 +151,7 @@ impl View {
             unhealthy,
             halt,
             left: _,
+            broken,
             hangs,
             lease_safe_until,
             incarnation,
@@ -171,6 +179,7 @@ impl View {
             unhealthy: unhealthy.clone(),
             halt: halt.clone(),
             left: BTreeMap::new(),
+            broken: broken.clone(),
             hangs: hangs.clone(),
             lease_safe_until: *lease_safe_until,
             incarnation: *incarnation,

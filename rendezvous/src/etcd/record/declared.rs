@@ -339,6 +339,14 @@ impl Record for v1::Left {
             ));
         }
         view.allowed.left(&self)?;
+        if crate::etcd::left::kind_of(&self) != Some(crate::LeftKind::Finished) {
+            view.broken
+                .entry(self.round)
+                .or_insert_with(|| self.node_id.clone());
+            while view.broken.len() > crate::etcd::view::BROKEN_KEPT {
+                view.broken.pop_first();
+            }
+        }
         view.left.insert(
             tail.to_owned(),
             LeftEntry {

@@ -286,7 +286,7 @@ impl Machine {
         match job {
             Job::Write(w) => self.on_write_answer(id, w, answer),
             Job::Evict(e, stage) => {
-                let (node, lease) = (e.node.clone(), e.lease);
+                let (node, lease, round) = (e.node.clone(), e.lease, e.round);
                 let next = |stage| Job::Evict(e, stage);
                 match (stage, answer) {
                     (EvictStage::CheckHeld, Ok(Answer::Txn { succeeded: false })) => {
@@ -294,8 +294,24 @@ impl Machine {
                         self.served(id, false, Ok(()));
                     }
                     (EvictStage::CheckHeld, Ok(_)) => {
-                        let job = next(EvictStage::SayNoticed);
-                        self.next_op(Serving { id, job });
+                        // How it went is no news to the members of a round they know
+                        // broke ([`left::news`]): its lease is revoked at once, so that
+                        // the next round is sealed without its registration.
+                        let said = self
+                            .view
+                            .round
+                            .as_ref()
+                            .filter(|r| r.record.number == round);
+                        let news = said.is_none_or(|r| left::news(&self.view, r, &node));
+                        let stage = if news {
+                            EvictStage::SayNoticed
+                        } else {
+                            EvictStage::Revoke
+                        };
+                        self.next_op(Serving {
+                            id,
+                            job: next(stage),
+                        });
                     }
                     (EvictStage::SayNoticed, Ok(_)) => {
                         self.wrote();

@@ -163,6 +163,26 @@ fn evicting_a_node_that_holds_says_gone_then_revokes() {
     no_op(&e);
 }
 
+/// In a round its members know broke (another member's word is there), how b went is no
+/// news to them: its lease is revoked without a record first. A run half killed at once
+/// would send each neighbour's record to every member still watching.
+#[test]
+fn evicting_a_node_of_a_round_its_members_know_broke_only_revokes() {
+    let r = round(1, &[("a", 1), ("b", 1), ("c", 1)]);
+    let c_left = v1::Left {
+        schema: SCHEMA_VERSION,
+        node_id: "c".into(),
+        incarnation: 1,
+        kind: v1::LeftKind::Left.into(),
+        ..Default::default()
+    };
+    let mut h = Harness::synced_with(&[round_kv(&r, 7), record_kv(&c_left, 20)]);
+    h.command(1, evict_b());
+    let e = h.answer(Answer::Txn { succeeded: true });
+    assert_eq!(the_op(&e), Op::Revoke { lease: 200 });
+    replied_ok(&h.answer(Answer::Done), 1);
+}
+
 #[test]
 fn evicting_a_node_whose_lease_went_during_the_revoke_is_answered_ok() {
     let mut h = Harness::synced();
