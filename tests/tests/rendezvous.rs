@@ -211,7 +211,11 @@ async fn a_run_leaving_at_once_says_only_its_first_departure() {
         .await
         .unwrap();
     let opts = etcd_client::GetOptions::new().with_prefix();
-    let words = c.get("/fsdp/crowd/ctl/left/", Some(opts)).await.unwrap();
+    let keys = Keys::new("/fsdp", "crowd").unwrap();
+    let words = c
+        .get(keys.key::<fsdp_proto::v1::Left>(""), Some(opts))
+        .await
+        .unwrap();
     let said: Vec<String> = words
         .kvs()
         .iter()

@@ -232,6 +232,14 @@ pub fn hang_report(h: &v1::HangReport) -> crate::HangReport {
     }
 }
 
+/// Whether `round` was sealed with registration `incarnation` of node `me`.
+pub(crate) fn names(round: &v1::Round, me: &str, incarnation: u64) -> bool {
+    round
+        .members
+        .iter()
+        .any(|m| m.node_id == me && m.incarnation == incarnation)
+}
+
 /// Whether this node's registration — incarnation `incarnation`, written and still in
 /// etcd — already makes it a member of round `wants`, so that asking for that round
 /// writes nothing: a re-form after a loss costs the coordinator's one round write, not
@@ -254,10 +262,7 @@ pub(crate) fn registration_stands(v: &View, me: &str, incarnation: u64, wants: u
     let Some(round) = v.round.as_ref().map(|r| &r.record) else {
         return false;
     };
-    let names_me = round
-        .members
-        .iter()
-        .any(|m| m.node_id == me && m.incarnation == incarnation);
+    let names_me = names(round, me, incarnation);
     if round.number >= wants || !names_me {
         return names_me;
     }

@@ -339,7 +339,11 @@ impl Record for v1::Left {
             ));
         }
         view.allowed.left(&self)?;
-        if crate::etcd::left::kind_of(&self) != Some(crate::LeftKind::Finished) {
+        // As `left::breakers` judges: a finish, or a node done with the round, breaks
+        // nothing.
+        let done = view.done.get(&self.round);
+        let finished = crate::etcd::left::kind_of(&self) == Some(crate::LeftKind::Finished);
+        if !finished && !done.is_some_and(|d| d.contains(&self.node_id)) {
             view.broken
                 .entry(self.round)
                 .or_insert_with(|| self.node_id.clone());

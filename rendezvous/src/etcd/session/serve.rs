@@ -247,12 +247,9 @@ impl Machine {
     fn depart_op(&self, how: Departure, why: &LeftReason) -> Op {
         let lease = self.lease.id();
         let incarnation = self.lease.incarnation();
-        let mine = self.view.round.as_ref().filter(|r| {
-            r.record
-                .members
-                .iter()
-                .any(|m| m.node_id == self.cfg.node_id && m.incarnation == incarnation)
-        });
+        let me = &self.cfg.node_id;
+        let mine = (self.view.round.as_ref())
+            .filter(|r| crate::etcd::joining::names(&r.record, me, incarnation));
         if mine.is_some_and(|r| !left::news(&self.view, r, &self.cfg.node_id)) {
             return Op::Depart {
                 record: None,
