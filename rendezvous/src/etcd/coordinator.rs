@@ -353,8 +353,20 @@ pub fn round_record(
             .collect(),
         restart_count: p.restart_count,
         reason: reason.to_owned(),
+        dropped: previous.map(|r| dropped(r, p)).unwrap_or_default(),
         ..v1::Round::default()
     }
+}
+
+/// The members of `previous` that `p` does not keep ([`v1::Round::dropped`]).
+fn dropped(previous: &v1::Round, p: &Proposal) -> Vec<String> {
+    let kept: std::collections::HashSet<&str> = p.members.iter().map(String::as_str).collect();
+    previous
+        .members
+        .iter()
+        .filter(|m| !kept.contains(m.node_id.as_str()))
+        .map(|m| m.node_id.clone())
+        .collect()
 }
 
 /// The ages of `round`'s charges at its seal ([`v1::Round::charged_ago_ms`]); for a round

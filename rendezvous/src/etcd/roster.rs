@@ -61,6 +61,7 @@ pub fn delta(base: &v1::Round, base_rev: i64, full: &v1::Round) -> Option<v1::Ro
             .cloned()
             .collect(),
         added: added.to_vec(),
+        dropped: Vec::new(),
         ..full.clone()
     })
 }
@@ -128,6 +129,7 @@ pub fn apply(base: &v1::Round, d: &v1::Round) -> Result<v1::Round, String> {
         removed: Vec::new(),
         updated: Vec::new(),
         added: Vec::new(),
+        dropped: d.removed.clone(),
         ..d.clone()
     })
 }

@@ -36,6 +36,9 @@ impl Record for v1::Round {
         memo::judged(Judgement::Text, &self.members, || {
             self.members.iter().try_for_each(member_text)
         })?;
+        self.dropped
+            .iter()
+            .try_for_each(|id| field("left-out node's id", id, NAME_MAX))?;
         self.added
             .iter()
             .chain(&self.updated)
@@ -137,7 +140,9 @@ fn halt_writer(view: &View, h: &v1::Halt) -> Result<(), String> {
         return Ok(());
     };
     let member = |r: &v1::Round| r.members.iter().any(|m| m.node_id == h.node_id);
-    let before = view.previous_round.as_deref().is_some_and(member);
+    // The round before, as held, or as the round names those of it it left out.
+    let before = view.previous_round.as_deref().is_some_and(member)
+        || round.record.dropped.contains(&h.node_id);
     if member(&round.record) || before {
         return Ok(());
     }

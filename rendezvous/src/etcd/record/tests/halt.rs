@@ -90,3 +90,53 @@ fn a_halt_read_before_the_round_is_judged_when_the_round_comes() {
         assert_eq!(v.refused.is_empty(), obeyed, "{writer}: {:?}", v.refused);
     }
 }
+
+/// Found by the simulator (seed 2183617580): etcd restarted empty, n0's worker exited 3 in
+/// round 4 and n0 halted the run, while the coordinator sealed round 5 without it. A node
+/// that synced afresh held round 5 alone, refused n0's halt and waited for a round that the
+/// halt keeps anyone from sealing. The round names who of the round before it left out,
+/// so a node that never held that round judges a halt from them too.
+#[test]
+fn a_node_holding_only_the_next_round_obeys_a_halt_from_one_it_left_out() {
+    use crate::etcd::view::RoundEntry;
+    let k = keys();
+    let round_key = k.key::<v1::Round>("");
+    // The coordinator held round 4 (n0, n1, n3) and seals round 5 without n0.
+    let mut coordinator = View::default();
+    for id in ["n0", "n1", "n3"] {
+        coordinator.members.insert(
+            id.into(),
+            crate::etcd::view::MemberEntry {
+                record: member(id, 1),
+                create_rev: 1,
+            },
+        );
+    }
+    coordinator.round = Some(RoundEntry {
+        record: round(4, ["n0", "n1", "n3"].map(|id| member(id, 1)).into()).into(),
+        mod_rev: 40,
+    });
+    let p = crate::seal::Proposal {
+        number: 5,
+        members: vec!["n3".into(), "n1".into()],
+        restart_count: 0,
+    };
+    let r5 = crate::etcd::coordinator::round_record(
+        &p,
+        &coordinator,
+        "re-form (lost n0)",
+        1_000,
+        std::time::Duration::ZERO,
+    );
+    // Written whole (the store had lost round 4), read by a node that never held round 4.
+    for (writer, obeyed) in [("n0", true), ("evil-node", false)] {
+        let mut v = View::default();
+        put(&mut v, &k, &round_key, &r5.encode_to_vec(), At::default());
+        assert!(v.previous_round.is_none());
+        let mut h = halt(3);
+        h.node_id = writer.into();
+        h.round = 4;
+        put(&mut v, &k, &k.of(&h), &h.encode_to_vec(), At::default());
+        assert_eq!(v.halt.is_some(), obeyed, "{writer}: {:?}", v.refused);
+    }
+}

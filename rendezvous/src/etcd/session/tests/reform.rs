@@ -107,7 +107,8 @@ fn delta_kv(d: &v1::Round, mod_rev: i64) -> Kv {
 fn a_delta_of_the_held_round_is_applied_without_a_read() {
     let mut h = running_round_one();
     let base = round(1, &[("b", 1), ("a", 1), ("c", 1)]);
-    let next = round(2, &[("b", 1), ("a", 1)]);
+    let mut next = round(2, &[("b", 1), ("a", 1)]);
+    next.dropped = vec!["c".into()];
     let d = crate::etcd::roster::delta(&base, 7, &next).unwrap();
     no_op(&h.step(Input::Watched(vec![WatchEvent::Put(delta_kv(&d, 12))])));
     let r = h.m.view().round.clone().unwrap();
