@@ -23,6 +23,16 @@
 //! 10,000 and the floor measures the refusals. `--ceiling-without watch,keepalive`
 //! leaves those steps out, to see what each costs.
 //!
+//! `--ceiling-round whole|placement` adds to the floor the least a sealed round costs
+//! once every node is there, timed from the seal to the last node holding its part:
+//! `whole` puts a round of N members (as the coordinator writes it, ~100 bytes a member)
+//! under the `ctl/` every node watches, and each node receives it; `placement` puts a
+//! header of a few bytes there and, in the same transaction, the members in
+//! shards of [`PLACEMENT_SHARD`] outside it (each member beside its ring neighbour), and
+//! each node receives the header and reads its own shard. A further line
+//! `nodes=N round=<how> round_s=<seconds> round_bytes=<each node received>` says which of
+//! the two a round of N can afford.
+//!
 //! `--ttl S` is every lease's TTL (default 5 s, the agent's).
 //!
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
@@ -43,6 +53,7 @@ fn main() {
     let mut steps = CeilingSteps {
         watch: true,
         keep_alive: true,
+        round: None,
     };
     while let Some(a) = args.next() {
         let mut v = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
@@ -54,6 +65,18 @@ fn main() {
             "--ttl" => ttl = v().parse().expect("--ttl seconds"),
             "--ceiling" => ceiling = true,
             "--inflight" => inflight = v().parse().expect("--inflight K"),
+            "--ceiling-round" => {
+                steps.round = match v().as_str() {
+                    "whole" => Some(RoundShape::Whole),
+                    "placement" => Some(RoundShape::Placement),
+                    bad => {
+                        eprintln!(
+                            "rdzv-bench: --ceiling-round takes whole or placement, not '{bad}'"
+                        );
+                        std::process::exit(64);
+                    }
+                }
+            }
             "--ceiling-without" => {
                 for step in v().split(',') {
                     match step {
@@ -173,7 +196,26 @@ fn main() {
 struct CeilingSteps {
     watch: bool,
     keep_alive: bool,
+    /// And a sealed round, in this shape, once every node is there.
+    round: Option<RoundShape>,
 }
+
+/// How a sealed round reaches its members (`--ceiling-round`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum RoundShape {
+    /// The whole round at the key every member watches.
+    Whole,
+    /// A header there; each member reads its own shard of the members outside it.
+    Placement,
+}
+
+/// Members in one shard of a round's placement: what each member reads is this many
+/// members and their neighbours, whatever the round's size.
+const PLACEMENT_SHARD: usize = 64;
+
+/// Operations in one transaction of the placement (etcd refuses more than 128 in one by
+/// default).
+const PLACEMENT_TXN_OPS: usize = 120;
 
 /// The least any formation does, per node: a lease, a key on it, a watch and a keep-alive
 /// stream that has renewed once; the floor under `seal_s` that this etcd on this machine
@@ -265,6 +307,13 @@ async fn etcd_ceiling(
         own_cpu_s(),
         own_peak_rss_mb()
     );
+    if let Some(shape) = steps.round.filter(|_| steps.watch) {
+        let watches = streams
+            .iter_mut()
+            .map(|(w, _)| w.take().expect("a watch"))
+            .collect();
+        seal_round(conns, run_id, shape, watches).await;
+    }
     drop(streams);
     let mut tasks = tokio::task::JoinSet::new();
     for (i, lease) in leases.into_iter().enumerate() {
@@ -401,4 +450,124 @@ async fn reform_after_loss(
     let writes = revision(etcd).await - before;
     println!("nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes}");
     survivors
+}
+
+/// The least a sealed round of `watches.len()` members costs in `shape`: one write, then
+/// every member holding its part (see `--ceiling-round`). Prints the round's line.
+async fn seal_round(
+    conns: &[etcd_client::Client],
+    run_id: &str,
+    shape: RoundShape,
+    watches: Vec<etcd_client::WatchStream>,
+) {
+    use prost::Message;
+    let nodes = watches.len();
+    let member = |i: usize| {
+        fsdp_proto::v1::Member::from(fsdp_proto::v1::MemberFields {
+            schema: fsdp_proto::SCHEMA_VERSION,
+            node_id: format!("node-{i:05}-{:08x}", i.wrapping_mul(2_654_435_761)),
+            addr: format!("10.{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255),
+            local_world_size: 8,
+            status_addr: format!("10.{}.{}.{}:29450", i >> 16 & 255, i >> 8 & 255, i & 255),
+            lease: 7_587_000_000_000_000_000 + i as i64,
+            incarnation: 1,
+            ..Default::default()
+        })
+    };
+    let round = |members| fsdp_proto::v1::Round {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        number: 1,
+        members,
+        reason: "first round".into(),
+        sealed_at_ms: 1,
+        ..Default::default()
+    };
+    let ctl = format!("/fsdp/{run_id}/ctl/round");
+    let shard_key = |k: usize| format!("/fsdp/{run_id}/placement/{k:03}");
+    let shards = nodes.div_ceil(PLACEMENT_SHARD);
+    let mut c = conns[0].clone();
+    let start = Instant::now();
+    match shape {
+        RoundShape::Whole => {
+            let whole = round((0..nodes).map(member).collect()).encode_to_vec();
+            if let Err(e) = c.put(ctl, whole, None).await {
+                println!("nodes={nodes} round=whole round_s=none: {e}");
+                return;
+            }
+        }
+        RoundShape::Placement => {
+            // Member i sits in shard i % shards, beside its ring neighbour i + 1. The
+            // shards go first, in transactions under etcd's request limit (1.5 MiB), at
+            // keys no member reads before the header names them; then the header.
+            let mut batches = vec![Vec::new()];
+            let mut bytes = 0;
+            for k in 0..shards {
+                let placed = (k..nodes)
+                    .step_by(shards)
+                    .flat_map(|i| [member(i), member((i + 1) % nodes)])
+                    .collect();
+                let shard = round(placed).encode_to_vec();
+                let full = batches.last().is_some_and(|b| b.len() == PLACEMENT_TXN_OPS);
+                if full || bytes + shard.len() > 1 << 20 {
+                    batches.push(Vec::new());
+                    bytes = 0;
+                }
+                bytes += shard.len();
+                let batch = batches.last_mut().expect("one batch at least");
+                batch.push(etcd_client::TxnOp::put(shard_key(k), shard, None));
+            }
+            for batch in batches {
+                c.txn(etcd_client::Txn::new().and_then(batch))
+                    .await
+                    .expect("the placement's transaction");
+            }
+            c.put(ctl, round(Vec::new()).encode_to_vec(), None)
+                .await
+                .expect("the round's header");
+        }
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, mut watch) in watches.into_iter().enumerate() {
+        let mut c = conns[i % conns.len()].clone();
+        let key = shard_key(i % shards);
+        tasks.spawn(async move {
+            let mut got = 0usize;
+            while got == 0 {
+                let answer = watch.message().await.expect("the watch").expect("an event");
+                got = answer
+                    .events()
+                    .iter()
+                    .filter_map(|e| e.kv())
+                    .map(|kv| kv.value().len())
+                    .sum();
+            }
+            if shape == RoundShape::Placement {
+                let r = c.get(key, None).await.expect("the member's shard");
+                let kv = r.kvs().first().expect("the shard is there");
+                let shard = fsdp_proto::v1::Round::decode(kv.value()).expect("a round");
+                assert!(
+                    shard
+                        .members
+                        .iter()
+                        .any(|m| m.node_id.contains(&format!("{i:05}")))
+                );
+                got += kv.value().len();
+            }
+            got
+        });
+    }
+    let mut received = 0;
+    while let Some(r) = tasks.join_next().await {
+        received = received.max(r.expect("a member's part"));
+    }
+    println!(
+        "nodes={nodes} round={} round_s={:.3} round_bytes={received} bench_cpu_s={:.2}",
+        if shape == RoundShape::Whole {
+            "whole"
+        } else {
+            "placement"
+        },
+        start.elapsed().as_secs_f64(),
+        own_cpu_s()
+    );
 }
