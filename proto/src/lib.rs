@@ -90,7 +90,7 @@ macro_rules! versioned {
     };
 }
 
-versioned!(Member => "member", Round => "round", Roster => "roster", Master => "master", Failure => "failure", Coordinator => "coordinator", Done => "done", Noticed => "noticed", HangReport => "hang report", Halt => "halt", Unhealthy => "unhealthy", Fault => "fault", Quarantine => "quarantine", Left => "left");
+versioned!(Member => "member", Round => "round", Roster => "roster", Master => "master", Failure => "failure", Coordinator => "coordinator", Done => "done", Noticed => "noticed", HangReport => "hang report", Halt => "halt", Unhealthy => "unhealthy", Fault => "fault", Quarantine => "quarantine", Left => "left", Placement => "placement");
 
 /// `record` as stored: its protobuf encoding, packed when that is longer than
 /// [`PACK_ABOVE`] and packing makes it shorter.

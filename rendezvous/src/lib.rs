@@ -245,6 +245,17 @@ impl RoundMember {
     }
 }
 
+impl RoundMember {
+    /// A member of a placed round, at the ranks its place gives it.
+    pub(crate) fn placed(m: &fsdp_proto::v1::Member, group_rank: u32, base_rank: u32) -> Self {
+        Self {
+            record: m.clone(),
+            group_rank,
+            base_rank,
+        }
+    }
+}
+
 impl From<&fsdp_proto::v1::Member> for RoundMember {
     fn from(m: &fsdp_proto::v1::Member) -> Self {
         Self {

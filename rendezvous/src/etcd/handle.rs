@@ -136,6 +136,7 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
         job: cfg.job.clone(),
         segment: cfg.segment.clone(),
         fresh_store: cfg.fresh_store,
+        placement_above: cfg.placement_above,
         can_probe: true,
         embedded_store: cfg.options.embedded_store,
         lease: lease.id,

@@ -48,7 +48,7 @@ pub(crate) fn step(
     let Some(pos) = rec.members.iter().position(|m| m.node_id == me) else {
         return Ok(Step::Spare {
             next: rec.number + 1,
-            members: rec.members.len(),
+            members: group_size(rec),
         });
     };
     // A round that gives this node another worker count than it runs would hand its
@@ -81,11 +81,13 @@ pub(crate) fn step(
     }
     let master = v.master.as_ref().filter(|m| m.round == rec.number);
     let Some(master) = master else {
-        return Ok(if pos == 0 && published != Some(rec.number) {
-            Step::PublishMaster { round: rec.number }
-        } else {
-            Step::Wait
-        });
+        return Ok(
+            if group_rank(rec, pos) == 0 && published != Some(rec.number) {
+                Step::PublishMaster { round: rec.number }
+            } else {
+                Step::Wait
+            },
+        );
     };
     // The view admits only ports 1-65535.
     let at = (
@@ -105,20 +107,58 @@ pub(crate) fn broken_round(rec: &v1::Round, me: &str, change: Change) -> Option<
     Some(round)
 }
 
+/// The nodes in round `rec`: counted by its header when it is placed.
+fn group_size(rec: &v1::Round) -> usize {
+    if rec.shards > 0 {
+        rec.group_world_size as usize
+    } else {
+        rec.members.len()
+    }
+}
+
+/// The group rank of the member at `pos` in `rec`: its place, in a member's copy of a
+/// placed round (which lists it first, then its neighbour).
+fn group_rank(rec: &v1::Round, pos: usize) -> u32 {
+    rec.placed
+        .as_ref()
+        .map_or(u32::try_from(pos).unwrap_or(u32::MAX), |p| p.group_rank)
+}
+
 /// Round `rec` as this node, at position `pos`, runs it with the master at `at`.
 fn joined(rec: &v1::Round, pos: usize, at: (String, u16)) -> Result<Round, RendezvousError> {
     let corrupt = |e| RendezvousError::Corrupt(format!("round {}: {e}", rec.number));
-    let (members, world_size) = super::record::ranked(&rec.members).map_err(corrupt)?;
-    let mut round = Round::of_ranked(
-        rec.number,
-        members,
-        world_size,
-        pos,
-        at,
-        rec.restart_count,
-        rec.reason.clone(),
-    )
-    .map_err(corrupt)?;
+    let mut round = match &rec.placed {
+        // A member's copy of a placed round: its own ranks, as placed; the group's sizes
+        // from the header. It lists the member alone.
+        Some(p) => {
+            let me = crate::RoundMember::placed(&rec.members[pos], p.group_rank, p.base_rank);
+            let mut round = Round::of_ranked(
+                rec.number,
+                std::sync::Arc::from([me]),
+                rec.world_size,
+                0,
+                at,
+                rec.restart_count,
+                rec.reason.clone(),
+            )
+            .map_err(corrupt)?;
+            round.group_world_size = rec.group_world_size;
+            round
+        }
+        None => {
+            let (members, world_size) = super::record::ranked(&rec.members).map_err(corrupt)?;
+            Round::of_ranked(
+                rec.number,
+                members,
+                world_size,
+                pos,
+                at,
+                rec.restart_count,
+                rec.reason.clone(),
+            )
+            .map_err(corrupt)?
+        }
+    };
     // A record from before the field existed: the charges of the whole run count.
     if rec.sealed_at_ms > 0 {
         round.sealed_at_ms = rec.sealed_at_ms;
@@ -176,7 +216,14 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
                 // comes before the word of a loss, the round itself says who is missing
                 // (as the deleted registration said before; the agent tells a loss from a
                 // change of membership by it).
-                let missing = crate::lacking::lacking(&held.members, &r.members, |m| &m.node_id)
+                // A member's copy of a placed round lists only it and its neighbour:
+                // the round names who of the one before it left out.
+                let missing: Vec<&str> = if r.placed.is_some() {
+                    r.dropped.iter().map(String::as_str).collect()
+                } else {
+                    crate::lacking::lacking(&held.members, &r.members, |m| &m.node_id)
+                };
+                let missing = missing
                     .into_iter()
                     .find(|id| *id != me && !done.is_some_and(|d| d.contains(*id)));
                 Some(match missing {

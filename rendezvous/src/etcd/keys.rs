@@ -8,7 +8,7 @@
 use super::record::{Place, Record};
 
 /// The segments a run's own keys use under its root.
-pub const RESERVED: &[&str] = &["members", "ctl"];
+pub const RESERVED: &[&str] = &["members", "ctl", "placement"];
 
 /// Keys of one run.
 #[derive(Debug, Clone)]
@@ -87,18 +87,19 @@ impl Keys {
     }
 
     /// The ranges `[from, to)` under the root that hold none of this run's own keys
-    /// (`ctl/…`, `members/…`, `roster`): where another run nested in this one keeps its
-    /// keys ([`Keys::nested_run_key`]). Reading them costs what they hold, not what the run
-    /// holds; a nested run's root cannot have a `ctl` or `members` segment ([`Keys::new`]),
-    /// so it is never inside `ctl/` or `members/`.
-    pub fn foreign_ranges(&self) -> [(String, String); 4] {
+    /// (`ctl/…`, `members/…`, `placement/…`, `roster`): where another run nested in this
+    /// one keeps its keys ([`Keys::nested_run_key`]). Reading them costs what they hold,
+    /// not what the run holds; a nested run's root cannot have a segment of
+    /// [`RESERVED`] ([`Keys::new`]), so it is never inside one of the run's prefixes.
+    pub fn foreign_ranges(&self) -> [(String, String); 5] {
         let r = &self.root;
         // The key just after every key that starts with `p` ('/' + 1 is '0').
         let past = |p: &str| format!("{}0", p.trim_end_matches('/'));
         [
             (r.clone(), format!("{r}ctl/")),
             (past(&self.ctl()), self.members()),
-            (past(&self.members()), format!("{r}roster")),
+            (past(&self.members()), self.placements()),
+            (past(&self.placements()), format!("{r}roster")),
             // Past the roster key itself, to the end of the root.
             (format!("{r}roster\0"), past(r)),
         ]
@@ -116,6 +117,17 @@ impl Keys {
     /// The prefix of every other record (`ctl/`).
     pub fn ctl(&self) -> String {
         format!("{}ctl/", self.root)
+    }
+
+    /// The prefix of a placed round's shards (`placement/`), outside `ctl/`: each member
+    /// reads only its own ([`crate::etcd::placement`]).
+    pub fn placements(&self) -> String {
+        format!("{}placement/", self.root)
+    }
+
+    /// The key of shard `shard` of the placed round.
+    pub fn placement(&self, shard: u32) -> String {
+        format!("{}{shard:05}", self.placements())
     }
 
     /// The key of an `R` whose tail is `tail` (what it names, [`Record::tail`]); with an
@@ -182,6 +194,8 @@ mod tests {
         }
         assert!(Keys::new("/fsdp", "members").is_err());
         assert!(Keys::new("/fsdp", "ctl").is_err());
+        assert!(Keys::new("/fsdp", "placement").is_err());
+        assert!(Keys::new("/fsdp/placement", "x").is_err());
         assert_eq!(Keys::new("/", "j").unwrap().root(), "/j/");
         assert_eq!(Keys::new("", "j").unwrap().root(), "/j/");
         assert_eq!(Keys::new("/team/a/", "j").unwrap().root(), "/team/a/j/");
@@ -203,6 +217,8 @@ mod tests {
             k.key::<v1::Member>(""),
             k.key::<v1::Round>(""),
             k.key::<v1::Roster>(""),
+            k.placement(0),
+            k.placement(99),
             k.key::<v1::Failure>("00000000000000000007"),
             k.ctl(),
         ] {
@@ -213,6 +229,8 @@ mod tests {
             "/fsdp/train/a/b/ctl/round",
             "/fsdp/train/roster/members/n1",
             "/fsdp/train/members0/ctl/round",
+            "/fsdp/train/placement0/ctl/round",
+            "/fsdp/train/placemenz/members/n",
             "/fsdp/train/ctl0/members/n",
             "/fsdp/train/zz/ctl/halt",
             "/fsdp/train/0/members/n",

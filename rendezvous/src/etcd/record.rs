@@ -41,6 +41,7 @@ use super::view::View;
 pub use allowed::{Allowed, LEFT_DETAIL_MAX, left_detail};
 pub use declared::{left_tail, per_round};
 pub(super) use memo::ranked;
+pub(crate) use round::set_placed;
 
 /// Where a record lives under the run's root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,6 +222,8 @@ pub(super) fn put(view: &mut View, keys: &Keys, key: &str, value: &[u8], at: At)
         // Another run whose prefix lies under ours: its keys are not ours to judge
         // (agents refuse to start such a run; this keeps a race harmless).
         None if keys.nested_run_key(key) => {}
+        // A placed round's shards: read apart, by the members that need them.
+        None if key.starts_with(&keys.placements()) => {}
         None => {
             let shown = crate::text::shown(key);
             view.refuse(

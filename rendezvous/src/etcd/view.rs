@@ -67,9 +67,12 @@ pub struct View {
     /// The round `round` replaced, if it held a lower number: a halt may come from its
     /// members ([`super::record`]).
     pub previous_round: Option<std::sync::Arc<v1::Round>>,
-    /// A round sealed as a delta of a round this view does not hold: the roster must be
-    /// read.
+    /// A round sealed as a delta of a round this view does not hold, or placed: the
+    /// roster, or the placement, must be read.
     pub round_wanted: Option<u64>,
+    /// The header of a placed round ([`super::placement`]) whose placement is read next,
+    /// and its revision; the machine's only.
+    pub placing: Option<RoundEntry>,
     pub master: Option<v1::Master>,
     pub failures: BTreeSet<u64>,
     /// Per round, the members whose workers all succeeded.
@@ -136,6 +139,7 @@ impl View {
             round,
             previous_round,
             round_wanted,
+            placing: _,
             master,
             failures,
             done,
@@ -164,6 +168,7 @@ impl View {
             round: round.clone(),
             previous_round: previous_round.clone(),
             round_wanted: *round_wanted,
+            placing: None,
             master: master.clone(),
             failures: failures.clone(),
             done: done.clone(),
@@ -188,14 +193,24 @@ impl View {
     }
 
     /// The members of `round` whose workers have not all succeeded (none: it finished).
+    /// For a member's copy of a placed round, which lists only itself and its neighbour,
+    /// the others are counted, not named.
     pub fn unfinished(&self, round: &v1::Round) -> Vec<String> {
         let done = self.done.get(&round.number);
-        round
+        let mut out: Vec<String> = round
             .members
             .iter()
             .filter(|m| !done.is_some_and(|d| d.contains(&m.node_id)))
             .map(|m| m.node_id.clone())
-            .collect()
+            .collect();
+        if round.placed.is_some() {
+            let finished = done.map_or(0, BTreeSet::len);
+            let others = (round.group_world_size as usize).saturating_sub(finished + out.len());
+            if others > 0 {
+                out.push(format!("{others} other member(s)"));
+            }
+        }
+        out
     }
 
     /// The current round finished: every member's workers succeeded and the members are

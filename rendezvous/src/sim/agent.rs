@@ -103,7 +103,7 @@ pub enum Did {
     /// A command nobody waits on.
     Tell(CommandId, Command),
     /// Its workers started `round`.
-    Started(v1::Round),
+    Started(Box<v1::Round>),
     /// Its workers stopped.
     Stopped(String),
     Exited(String),
@@ -294,7 +294,10 @@ impl SimAgent {
                 let run = Command::Running {
                     round: record.clone(),
                 };
-                vec![Did::Tell(id, run), Did::Started((*record).clone())]
+                vec![
+                    Did::Tell(id, run),
+                    Did::Started(Box::new((*record).clone())),
+                ]
             }
             Action::Charged(round) => {
                 if let Some(spent) = self.budget_spent(&round) {

@@ -100,6 +100,8 @@ pub struct Options {
     /// The most etcd writes a node may make from its start until it first runs a round
     /// (checked in crowd runs, where formation is all that happens).
     pub formation_writes: Option<u64>,
+    /// Rounds of more members than this are placed ([`crate::etcd::placement`]).
+    pub placement_above: usize,
 }
 
 impl Options {
@@ -128,6 +130,7 @@ impl Options {
             trace: false,
             crowd_ms: None,
             formation_writes: None,
+            placement_above: crate::etcd::PLACEMENT_ABOVE,
         }
     }
 
@@ -167,7 +170,8 @@ impl Options {
 
     /// The options of `seed`: every fourth seed runs against a three-member etcd, every
     /// fourth (another one) with a small restart budget, spent within its faults; every
-    /// third with locations, half of those with rounds of whole blocks of two.
+    /// third with locations, half of those with rounds of whole blocks of two; every
+    /// other one with every round placed (as rounds of thousands are).
     pub fn for_seed(&self, seed: u64) -> Self {
         let mut o = self.clone();
         if o.crowd_ms.is_some() {
@@ -175,6 +179,9 @@ impl Options {
             return o;
         }
         o.three_members = self.three_members || seed % 4 == 3;
+        if seed % 2 == 1 {
+            o.placement_above = 0;
+        }
         o.overload = self.overload || seed % 5 == 2;
         if seed % 4 == 1 {
             o.max_restarts = o.max_restarts.min(2 + (seed / 4 % 5) as u32);

@@ -427,8 +427,20 @@ impl World {
                 }
             }
         }
-        // The whole round is at the roster beside a delta, at the round key otherwise.
+        // The whole round is at the roster beside a delta, in the shards beside a placed
+        // header, at the round key otherwise.
         let round_key = self.keys.key::<v1::Round>("");
+        let placements = self.keys.placements();
+        let shards: Vec<v1::Placement> = spec
+            .then
+            .iter()
+            .filter_map(|w| match w {
+                Write::Put { key, value, .. } if key.starts_with(&placements) => {
+                    fsdp_proto::decode(key, value).ok()
+                }
+                _ => None,
+            })
+            .collect();
         for w in &spec.then {
             if let Write::Put { key, value, .. } = w {
                 let whole = if *key == roster_key {
@@ -439,6 +451,10 @@ impl World {
                     fsdp_proto::decode::<v1::Round>(key, value)
                         .ok()
                         .filter(|r| !r.delta)
+                        .and_then(|r| match r.shards {
+                            0 => Some(r),
+                            _ => crate::etcd::placement::whole(&r, &shards).ok(),
+                        })
                 } else {
                     None
                 };

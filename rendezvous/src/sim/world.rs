@@ -303,6 +303,7 @@ impl World {
             job: String::new(),
             segment: self.opts.segment(a),
             fresh_store: false,
+            placement_above: self.opts.placement_above,
             can_probe: true,
             embedded_store: false,
             lease,

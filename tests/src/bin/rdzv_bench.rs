@@ -33,7 +33,9 @@
 //! `nodes=N round=<how> round_s=<seconds> round_bytes=<each node received>` says which of
 //! the two a round of N can afford.
 //!
-//! `--ttl S` is every lease's TTL (default 5 s, the agent's).
+//! `--ttl S` is every lease's TTL (default 5 s, the agent's). `--placement-above K` seals
+//! a round of more than K members placed (default the agent's,
+//! [`fsdp_rendezvous::etcd::PLACEMENT_ABOVE`]).
 //!
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
 //! [--ceiling [--inflight K] [--ceiling-without watch,keepalive]]
@@ -50,6 +52,7 @@ fn main() {
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
     let (mut lose, mut ttl, mut ceiling) = (None::<String>, 5u64, false);
     let mut inflight = 500usize;
+    let mut placement_above = fsdp_rendezvous::etcd::PLACEMENT_ABOVE;
     let mut steps = CeilingSteps {
         watch: true,
         keep_alive: true,
@@ -65,6 +68,7 @@ fn main() {
             "--ttl" => ttl = v().parse().expect("--ttl seconds"),
             "--ceiling" => ceiling = true,
             "--inflight" => inflight = v().parse().expect("--inflight K"),
+            "--placement-above" => placement_above = v().parse().expect("--placement-above K"),
             "--ceiling-round" => {
                 steps.round = match v().as_str() {
                     "whole" => Some(RoundShape::Whole),
@@ -126,6 +130,7 @@ fn main() {
         cfg.keep_alive_ttl = Duration::from_secs(ttl.max(1));
         cfg.straggler_timeout = cfg.keep_alive_ttl * 4;
         cfg.join_timeout = Duration::from_secs(300);
+        cfg.placement_above = placement_above;
         let mut conns = Vec::new();
         for _ in 0..clients {
             conns.push(connect(&cfg.options).await.expect("connect to etcd"));
@@ -173,7 +178,8 @@ fn main() {
         println!(
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
-             leases_lost={lost} reregistered={again} ttl_s={ttl} bench_cpu_s={:.2} bench_rss_mb={}",
+             leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
+             bench_cpu_s={:.2} bench_rss_mb={}",
             own_cpu_s(),
             own_peak_rss_mb()
         );

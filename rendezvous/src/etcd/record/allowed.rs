@@ -102,17 +102,52 @@ impl Allowed {
 
     /// A round's size, and each member's worker count.
     pub fn round(&self, r: &v1::Round) -> Result<(), String> {
-        let n = u32::try_from(r.members.len()).unwrap_or(u32::MAX);
+        self.group_of(u32::try_from(r.members.len()).unwrap_or(u32::MAX))?;
+        for m in &r.members {
+            self.workers(m.local_world_size)
+                .map_err(|why| format!("gives node {} a count that {why}", m.node_id))?;
+        }
+        Ok(())
+    }
+
+    /// A member's copy of a placed round (or its header alone, for a node sealed without
+    /// it): the sizes the header says, and the member's place within them. The rest of
+    /// the group is the coordinator's word: nobody but it reads the whole.
+    pub fn placed(&self, r: &v1::Round) -> Result<(), String> {
+        self.group_of(r.group_world_size)?;
+        if r.world_size > crate::ranks::MAX_WORLD_SIZE {
+            return Err(format!(
+                "has {} workers, more than {}",
+                r.world_size,
+                crate::ranks::MAX_WORLD_SIZE
+            ));
+        }
+        for m in &r.members {
+            self.workers(m.local_world_size)
+                .map_err(|why| format!("gives node {} a count that {why}", m.node_id))?;
+        }
+        if let Some(p) = &r.placed {
+            let workers = p.member.as_ref().map_or(0, |m| m.local_world_size);
+            let fits = u64::from(p.base_rank) + u64::from(workers) <= u64::from(r.world_size);
+            if p.group_rank >= r.group_world_size || !fits {
+                return Err(format!(
+                    "places a node at rank {} (workers from {}), outside its group of {} nodes \
+                     and {} workers",
+                    p.group_rank, p.base_rank, r.group_world_size, r.world_size
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A group of `n` nodes, within this run's `--nnodes`.
+    fn group_of(&self, n: u32) -> Result<(), String> {
         if !self.nodes.contains(&n) {
             return Err(format!(
                 "has {n} nodes, outside {}..={} (this run's --nnodes)",
                 self.nodes.start(),
                 self.nodes.end()
             ));
-        }
-        for m in &r.members {
-            self.workers(m.local_world_size)
-                .map_err(|why| format!("gives node {} a count that {why}", m.node_id))?;
         }
         Ok(())
     }

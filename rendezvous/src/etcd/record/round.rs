@@ -32,6 +32,12 @@ impl Record for v1::Round {
     /// `apply` (a delta only together with the round it is based on); here its text.
     fn allowed(&self, _: &View, _: &str) -> Result<(), String> {
         field("reason", &self.reason, LINE_MAX)?;
+        if self.placed.is_some() {
+            return Err("carries a member's own place, which no coordinator writes".into());
+        }
+        if self.shards > 0 && (self.delta || !self.members.is_empty()) {
+            return Err("is placed and lists members too".into());
+        }
         field("job", &self.job, NAME_MAX)?;
         memo::judged(Judgement::Text, &self.members, || {
             self.members.iter().try_for_each(member_text)
@@ -46,6 +52,9 @@ impl Record for v1::Round {
     }
 
     fn apply(self, view: &mut View, _: &str, at: At) -> Result<(), String> {
+        if self.shards > 0 {
+            return want_placement(view, self, at);
+        }
         let (whole, distinct) = if self.delta {
             let held = view.round.as_ref();
             if held.is_some_and(|h| h.record.number >= self.number) {
@@ -76,8 +85,47 @@ impl Record for v1::Round {
     fn remove(view: &mut View, _: &str, _: Instant, _: Option<&[u8]>) {
         view.round = None;
         view.round_wanted = None;
+        view.placing = None;
         view.refused_round_rev = None;
     }
+}
+
+/// A placed round's header: its members are in the placement, read next (the machine
+/// reads this node's shard, or every shard for a view that coordinates), unless this very
+/// seal is held already.
+fn want_placement(view: &mut View, header: v1::Round, at: At) -> Result<(), String> {
+    let held = view.round.as_ref().map(|r| &r.record);
+    if held.is_some_and(|h| h.number == header.number && h.sealed_at_ms == header.sealed_at_ms) {
+        return Ok(());
+    }
+    if header.group_world_size == 0 {
+        return Err("is placed and names no member".into());
+    }
+    view.round_wanted = Some(header.number);
+    view.placing = Some(RoundEntry {
+        record: std::sync::Arc::new(header),
+        mod_rev: at.mod_rev,
+    });
+    Ok(())
+}
+
+/// The placed round `r` as the view's round, at revision `mod_rev` of its header: whole
+/// (read from every shard, for a view that coordinates: judged as any whole round), a
+/// member's own copy ([`crate::etcd::placement::window`]), or the header alone for a node
+/// the round was sealed without.
+pub(crate) fn set_placed(view: &mut View, r: v1::Round, mod_rev: i64) -> Result<(), String> {
+    view.placing = None;
+    let at = At {
+        mod_rev,
+        ..At::default()
+    };
+    if r.shards == 0 {
+        return set_round(view, r, at, Distinct::Unchecked);
+    }
+    let sizes = &view.allowed;
+    sizes.placed(&r)?;
+    install(view, r, at);
+    Ok(())
 }
 
 /// Whether a member's text is what a record may carry.
@@ -104,6 +152,12 @@ fn set_round(view: &mut View, r: v1::Round, at: At, distinct: Distinct) -> Resul
         check_round(&r, distinct)?;
         view.allowed.round(&r)
     })?;
+    install(view, r, at);
+    Ok(())
+}
+
+/// `r`, judged, as the view's round.
+fn install(view: &mut View, r: v1::Round, at: At) {
     view.refused_round_rev = None;
     if view.round_wanted.is_some_and(|n| n <= r.number) {
         view.round_wanted = None;
@@ -130,7 +184,6 @@ fn set_round(view: &mut View, r: v1::Round, at: At, distinct: Distinct) -> Resul
         view.halt = None;
         view.refuse("ctl/halt", why);
     }
-    Ok(())
 }
 
 /// A halt ends every node: only a node of the round it ends, or of the one before (where
@@ -144,6 +197,13 @@ fn halt_writer(view: &View, h: &v1::Halt) -> Result<(), String> {
     let before = view.previous_round.as_deref().is_some_and(member)
         || round.record.dropped.contains(&h.node_id);
     if member(&round.record) || before {
+        return Ok(());
+    }
+    // A member's copy of a placed round names only itself and its neighbour: the halt is
+    // judged by the round it says it ends, this one or the one before (a forger who reads
+    // the round first gets through; one who does not, does not).
+    let number = round.record.number;
+    if round.record.shards > 0 && (number.saturating_sub(1)..=number).contains(&h.round) {
         return Ok(());
     }
     Err(format!(

@@ -128,8 +128,12 @@ impl Machine {
     pub(super) fn campaign_in_turn(&mut self) {
         let me = self.cfg.node_id.as_str();
         let v = &self.view;
-        let turn = v.round.as_ref().and_then(|r| {
-            r.record
+        let placed = v.round.as_ref().and_then(|r| r.record.placed.as_ref());
+        // A member's copy of a placed round knows its rank, not who before it went.
+        let turn = placed.map(|p| p.group_rank as usize).or_else(|| {
+            v.round
+                .as_ref()?
+                .record
                 .members
                 .iter()
                 // This node lives, whatever became of the registration the round names.
@@ -270,13 +274,21 @@ impl Machine {
             )
         };
         let base = self.view.round.as_ref();
-        let mut txn = records::commit_round(
-            &self.cfg.keys,
-            fence,
-            self.view.coordinator_lease,
-            &record,
-            base.map(|b| (&*b.record, b.mod_rev)),
-        );
+        let (keys, lease) = (&self.cfg.keys, self.view.coordinator_lease);
+        let mut txn = if record.members.len() > self.cfg.placement_above {
+            match records::commit_placed(keys, fence, lease, &record) {
+                Ok(txn) => txn,
+                Err(why) => {
+                    // Proposals are made of registrations this view accepted, whose
+                    // worker counts are checked: not a state a seal can mend.
+                    tracing::error!(round = p.number, %why, "the round cannot be placed");
+                    return;
+                }
+            }
+        } else {
+            let base = base.map(|b| (&*b.record, b.mod_rev));
+            records::commit_round(keys, fence, lease, &record, base)
+        };
         if let Some(master) = self.master_of(&record) {
             let put = records::put(
                 self.cfg.keys.of(&master),

@@ -55,6 +55,8 @@ pub struct Config {
     /// This agent serves the store it uses, started empty: a round that others put back
     /// gets their re-registration a grace before anyone is declared lost.
     pub fresh_store: bool,
+    /// A round of more members than this is sealed placed ([`crate::etcd::placement`]).
+    pub placement_above: usize,
     /// The driver can look for proof that etcd has no leader ([`Effect::Probe`]).
     pub can_probe: bool,
     /// etcd is the c10d store an agent serves (for the give-up message).

@@ -9,7 +9,8 @@ use std::time::Duration;
 use super::io::{Kv, Role};
 use super::machine::{Machine, Phase, Resync};
 use super::sync::Todo;
-use crate::etcd::view::{View, left_between};
+use crate::etcd::view::{RoundEntry, View, left_between};
+use fsdp_proto::v1;
 
 impl Machine {
     /// Replaces the view with `fresh`, keeping the departures already seen. When
@@ -124,6 +125,9 @@ impl Machine {
     /// brings its delta) leaves the view waiting; none at all means the run's keys are not
     /// as any agent writes them: read everything again.
     pub(super) fn read_roster(&mut self, kvs: &[Kv]) {
+        if let Some(header) = self.view.placing.clone() {
+            return self.read_placement(header, kvs);
+        }
         let keys = self.cfg.keys.clone();
         let v = self.view.edit();
         for kv in kvs {
@@ -133,6 +137,54 @@ impl Machine {
             tracing::warn!(
                 "a round came as a delta and no roster holds it whole; reading the run again"
             );
+            self.resync_after_watching(Resync::Outage);
+        }
+    }
+
+    /// The shards of the placed round `header` (this node's, or every one for a view
+    /// that coordinates). Shards of a newer seal (it came between the header and the
+    /// read) leave the view waiting for that seal's header; shards missing mean the run's
+    /// keys are not as any agent writes them: read everything again.
+    pub(super) fn read_placement(&mut self, header: RoundEntry, kvs: &[Kv]) {
+        use crate::etcd::placement;
+        let h = &header.record;
+        let mut shards = Vec::with_capacity(kvs.len());
+        for kv in kvs {
+            match fsdp_proto::decode::<v1::Placement>(&kv.key, &kv.value) {
+                // Shards past the header's count are an earlier, larger round's.
+                Ok(s) if s.shard < h.shards => shards.push(s),
+                Ok(_) => {}
+                // As garbage anywhere in the run: the rendezvous stops, naming the key.
+                Err(e) => {
+                    self.view
+                        .edit()
+                        .corrupt
+                        .insert(kv.key.clone(), e.to_string());
+                    return;
+                }
+            }
+        }
+        if shards.iter().any(|s| s.round > h.number) {
+            return;
+        }
+        let made = if self.watches.control_only() {
+            let me = &self.cfg.node_id;
+            match shards
+                .iter()
+                .find(|s| s.shard == placement::shard_of(me, h.shards))
+            {
+                Some(s) if s.round == h.number => {
+                    Ok(placement::window(h, s, me).unwrap_or_else(|| v1::Round::clone(h)))
+                }
+                _ => Err(format!("shard of round {} missing", h.number)),
+            }
+        } else {
+            placement::whole(h, &shards)
+        };
+        let judged =
+            made.and_then(|r| crate::etcd::record::set_placed(self.view.edit(), r, header.mod_rev));
+        if let Err(why) = judged {
+            tracing::warn!(round = h.number, %why, "a placed round's placement does not make the round; reading the run again");
             self.resync_after_watching(Resync::Outage);
         }
     }

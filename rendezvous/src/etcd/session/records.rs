@@ -197,17 +197,8 @@ pub fn commit_round(
         schema: fsdp_proto::SCHEMA_VERSION,
         round: Some(record.clone()),
     };
-    let when = match fence {
-        Some(rev) => Compare::ModRevision(key.clone(), rev),
-        None => Compare::Absent(key.clone()),
-    };
     TxnSpec {
-        when: vec![
-            when,
-            Compare::Lease(keys.key::<v1::Coordinator>(""), lease),
-            // Never after a halt, even one this coordinator has not seen yet.
-            Compare::Absent(keys.key::<v1::Halt>("")),
-        ],
+        when: seal_fences(keys, fence, lease),
         then: match &delta {
             Some(d) => vec![
                 put(key, fsdp_proto::encode(d), 0),
@@ -221,6 +212,49 @@ pub fn commit_round(
         },
         otherwise: Vec::new(),
     }
+}
+
+/// What a seal is fenced on ([`commit_round`]).
+fn seal_fences(keys: &Keys, fence: Option<i64>, lease: i64) -> Vec<Compare> {
+    let key = keys.key::<v1::Round>("");
+    vec![
+        match fence {
+            Some(rev) => Compare::ModRevision(key, rev),
+            None => Compare::Absent(key),
+        },
+        Compare::Lease(keys.key::<v1::Coordinator>(""), lease),
+        // Never after a halt, even one this coordinator has not seen yet.
+        Compare::Absent(keys.key::<v1::Halt>("")),
+    ]
+}
+
+/// `record` sealed placed ([`crate::etcd::placement`]), fenced as [`commit_round`]: its
+/// header at `ctl/round` and its shards outside `ctl/`, in one transaction, so that no
+/// member reads a shard of a round that was not sealed. Shards of an earlier, larger
+/// round past this one's count stay; the header's count says which are this round's.
+/// Fails when the members' worker counts form no group.
+pub fn commit_placed(
+    keys: &Keys,
+    fence: Option<i64>,
+    lease: i64,
+    record: &v1::Round,
+) -> Result<TxnSpec, String> {
+    let (header, shards) = crate::etcd::placement::place(record)?;
+    let mut then = vec![put(
+        keys.key::<v1::Round>(""),
+        fsdp_proto::encode(&header),
+        0,
+    )];
+    then.extend(
+        shards
+            .iter()
+            .map(|s| put(keys.placement(s.shard), fsdp_proto::encode(s), 0)),
+    );
+    Ok(TxnSpec {
+        when: seal_fences(keys, fence, lease),
+        then,
+        otherwise: Vec::new(),
+    })
 }
 
 /// Out of every round until it registers again: the registration goes, the reason stays

@@ -67,12 +67,15 @@ impl Registration {
         }
     }
 
-    /// The newest round this agent knows (the one it runs, or a later one it saw).
+    /// The newest round this agent knows (the one it runs, or a later one it saw), if it
+    /// knows it whole: a member's copy of a placed round lists only it and its
+    /// neighbour, and put back it would be a round of two.
     pub(super) fn round_to_put_back(&self) -> Option<&v1::Round> {
         [self.running.as_deref(), self.known_round.as_ref()]
             .into_iter()
             .flatten()
             .max_by_key(|r| r.number)
+            .filter(|r| r.shards == 0)
     }
 
     /// This node fenced itself, for `word`: out of its round, and at the next contact

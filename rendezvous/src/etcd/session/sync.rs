@@ -183,6 +183,9 @@ impl Machine {
             }
             Todo::ReadRoster => {
                 let wanted = self.view.round_wanted?;
+                if let Some(read) = self.placement_read(wanted) {
+                    return Some(read);
+                }
                 tracing::debug!(
                     wanted,
                     "a round came as a delta of one not held; reading the roster"
@@ -327,9 +330,19 @@ impl Machine {
             self.flight.first(Todo::ReadOwn);
         }
         if control_only && self.view.round_wanted.is_some() {
-            // The round key holds a difference: the whole round is at the roster, outside
-            // the control keys.
+            // The round key holds a difference, or a placed round's header: the whole
+            // round is at the roster, or this node's part in its shard, outside the
+            // control keys.
             self.flight.first(Todo::ReadRoster);
+        } else if let Some(header) = self.view.placing.clone() {
+            // A whole read has every shard of a placed round already.
+            let placements = self.cfg.keys.placements();
+            let shards: Vec<Kv> = kvs
+                .iter()
+                .filter(|kv| kv.key.starts_with(&placements))
+                .cloned()
+                .collect();
+            self.read_placement(header, &shards);
         }
     }
 
@@ -353,6 +366,22 @@ impl Machine {
 }
 
 /// A ranged read of `key` (with `prefix`: every key under it).
+impl Machine {
+    /// The read of placed round `wanted`'s placement, if its header is what the view
+    /// waits on: a member reads its own shard; a view that coordinates, every one.
+    fn placement_read(&self, wanted: u64) -> Option<Op> {
+        let placing = self.view.placing.as_ref().map(|p| &p.record);
+        let header = placing.filter(|h| h.number == wanted)?;
+        let keys = &self.cfg.keys;
+        Some(if self.watches.control_only() {
+            let shard = crate::etcd::placement::shard_of(&self.cfg.node_id, header.shards);
+            range(keys.placement(shard), false)
+        } else {
+            range(keys.placements(), true)
+        })
+    }
+}
+
 fn range(key: String, prefix: bool) -> Op {
     Op::Range {
         key,

@@ -30,6 +30,7 @@ mod eviction;
 mod lease;
 mod outage;
 mod overload;
+mod placed;
 mod reform;
 mod sync;
 
@@ -71,6 +72,7 @@ fn config(t0: Instant) -> Config {
         job: String::new(),
         segment: String::new(),
         fresh_store: false,
+        placement_above: crate::etcd::PLACEMENT_ABOVE,
         can_probe: true,
         embedded_store: false,
         lease: LEASE,

@@ -1,0 +1,174 @@
+//! A placed round ([`crate::etcd::placement`]): a member that receives its header reads its
+//! own shard, not the whole round, and runs at the ranks its place gives it; a node the
+//! round was sealed without reads its shard and waits as a spare; a coordinator seals a
+//! round above `placement_above` as a header and shards in one fenced transaction.
+
+use super::*;
+use crate::etcd::joining::{Step, step};
+use crate::etcd::placement;
+
+/// Round 2 of d, b, a, c (two workers each), placed: its header and shards.
+fn placed_round_two() -> (v1::Round, v1::Round, Vec<v1::Placement>) {
+    let mut whole = round(2, &[("d", 1), ("b", 1), ("a", 1), ("c", 1)]);
+    whole.sealed_at_ms = 5_000;
+    let (header, shards) = placement::place(&whole).unwrap();
+    (whole, header, shards)
+}
+
+fn shard_kv(s: &v1::Placement, mod_rev: i64) -> Kv {
+    Kv {
+        key: keys().placement(s.shard),
+        value: fsdp_proto::encode(s),
+        create_rev: 1,
+        mod_rev,
+        lease: 0,
+    }
+}
+
+/// Where `me` waits or runs in the view: the step a waiting agent takes for round 2.
+fn step_for(h: &Harness, me: &str) -> Step {
+    step(h.m.view(), me, 2, 2, None, h.now).unwrap()
+}
+
+#[test]
+fn a_member_reads_its_own_shard_and_runs_at_its_placed_ranks() {
+    let mut h = Harness::synced();
+    let (_, header, shards) = placed_round_two();
+    let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    let mine = placement::shard_of("a", header.shards);
+    assert_eq!(
+        the_op(&e),
+        Op::Range {
+            key: keys().placement(mine),
+            prefix: false,
+            keys_only: false,
+            serializable: false,
+        },
+        "its own shard, nothing else"
+    );
+    // Not the round yet: the header alone names nobody's place.
+    assert!(h.m.view().round.is_none());
+    no_op(&h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![shard_kv(&shards[mine as usize], 12)],
+    }));
+    let v = h.m.view();
+    let held = v.round.as_ref().unwrap();
+    assert_eq!((held.record.number, held.mod_rev), (2, 12));
+    assert_eq!(v.round_wanted, None);
+    // The master is rank 0's (d's) to publish: a waits for it.
+    assert!(matches!(step_for(&h, "a"), Step::Wait));
+    let master = v1::Master {
+        schema: SCHEMA_VERSION,
+        round: 2,
+        addr: "d.local".into(),
+        port: 29500,
+    };
+    h.step(Input::Watched(vec![WatchEvent::Put(record_kv(
+        &master, 13,
+    ))]));
+    let Step::Done(done) = step_for(&h, "a") else {
+        panic!("a runs round 2");
+    };
+    let r = &done.1;
+    assert_eq!(
+        (r.group_rank, r.base_rank, r.group_world_size, r.world_size),
+        (2, 4, 4, 8)
+    );
+    assert_eq!((r.master_addr.as_str(), r.master_port), ("d.local", 29500));
+}
+
+/// A node the round was sealed without finds no place in its shard: it holds the header,
+/// and waits for the next round as a spare of a group of four.
+#[test]
+fn a_node_sealed_without_waits_as_a_spare() {
+    let mut h = Harness::synced();
+    let mut whole = round(2, &[("d", 1), ("b", 1), ("c", 1)]);
+    whole.sealed_at_ms = 5_000;
+    let (header, shards) = placement::place(&whole).unwrap();
+    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    let mine = placement::shard_of("a", header.shards) as usize;
+    h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![shard_kv(&shards[mine], 12)],
+    });
+    assert!(matches!(
+        step_for(&h, "a"),
+        Step::Spare {
+            next: 3,
+            members: 3
+        }
+    ));
+}
+
+/// The rank 0 of a placed round publishes the master, as the first member of a whole one.
+#[test]
+fn rank_zero_of_a_placed_round_publishes_the_master() {
+    let mut h = Harness::synced();
+    let mut whole = round(2, &[("a", 1), ("b", 1)]);
+    whole.sealed_at_ms = 5_000;
+    let (header, shards) = placement::place(&whole).unwrap();
+    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![shard_kv(&shards[0], 12)],
+    });
+    assert!(matches!(
+        step_for(&h, "a"),
+        Step::PublishMaster { round: 2 }
+    ));
+}
+
+/// A coordinator with `placement_above` below the round's size seals it placed: the
+/// header at the round key and every shard, fenced as any seal; and what it seals makes
+/// the whole round again.
+#[test]
+fn a_coordinator_seals_a_round_above_placement_above_as_header_and_shards() {
+    let k = keys();
+    let me = member("a", LEASE, 1, 0);
+    let (_, rest) = Harness::with(|c| c.placement_above = 0)
+        .first_sync(&[member_kv(&me, 4), coordinator_kv("a", LEASE)]);
+    let spec = txn(the_op(&rest));
+    assert_eq!(
+        spec.when,
+        vec![
+            Compare::Absent(k.key::<v1::Round>("")),
+            Compare::Lease(k.key::<v1::Coordinator>(""), LEASE),
+            Compare::Absent(k.key::<v1::Halt>(""))
+        ]
+    );
+    let header: v1::Round =
+        fsdp_proto::decode("k", put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
+    assert!(header.members.is_empty());
+    assert_eq!(
+        (header.shards, header.group_world_size, header.world_size),
+        (1, 1, 2)
+    );
+    let shard: v1::Placement =
+        fsdp_proto::decode("k", put_at(&spec.then, &k.placement(0)).0).unwrap();
+    let whole = placement::whole(&header, &[shard]).unwrap();
+    assert_eq!(whole.members.len(), 1);
+    assert_eq!(whole.members[0].node_id, "a");
+    // Rank 0 names the master in the same write, as for a whole round.
+    put_at(&spec.then, &k.key::<v1::Master>(""));
+}
+
+/// A coordinator's read of the whole run has every shard of a placed round: it holds the
+/// whole round at once, with no read of its own (found by the simulator: a coordinator
+/// back from an outage waited for a placement nothing would read, and sealed nothing).
+#[test]
+fn a_coordinators_whole_read_makes_the_placed_round_whole() {
+    let (whole, header, shards) = placed_round_two();
+    let mut kvs = vec![
+        round_kv(&header, 9),
+        member_kv(&member("a", LEASE, 1, 2), 4),
+        coordinator_kv("a", LEASE),
+    ];
+    kvs.extend(shards.iter().map(|s| shard_kv(s, 9)));
+    let (h, _) = Harness::new().first_sync(&kvs);
+    let v = h.m.view();
+    let held = v.round.as_ref().expect("the round, whole");
+    assert_eq!(held.record.members, whole.members);
+    assert_eq!((held.record.shards, held.mod_rev), (0, 9));
+    assert!(v.placing.is_none() && v.round_wanted.is_none());
+}
