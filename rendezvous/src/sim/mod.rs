@@ -174,14 +174,14 @@ impl Options {
     /// other one with every round placed (as rounds of thousands are).
     pub fn for_seed(&self, seed: u64) -> Self {
         let mut o = self.clone();
+        if seed % 2 == 1 {
+            o.placement_above = 0;
+        }
         if o.crowd_ms.is_some() {
             // A crowd is formation alone, on one etcd member.
             return o;
         }
         o.three_members = self.three_members || seed % 4 == 3;
-        if seed % 2 == 1 {
-            o.placement_above = 0;
-        }
         o.overload = self.overload || seed % 5 == 2;
         if seed % 4 == 1 {
             o.max_restarts = o.max_restarts.min(2 + (seed / 4 % 5) as u32);
