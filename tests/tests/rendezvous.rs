@@ -856,3 +856,64 @@ async fn losing_etcd_quorum_fences_every_agent_and_the_job_re_forms_when_it_retu
     .await;
     assert_one_group(&rs);
 }
+
+/// A placed round (`placement_above` below its size: what rounds of thousands are): each
+/// node holds its own part, runs at the ranks of one group, learns of a leave and of a
+/// death, and re-forms with the others; `fsdp-agent status` reads the round whole.
+#[tokio::test]
+async fn a_placed_round_forms_and_reforms_after_a_leave_and_a_death() {
+    let etcd = Etcd::start();
+    let mut ns = Vec::new();
+    for _ in 0..4 {
+        let mut c = config(&etcd, "placed", 2, 4);
+        c.placement_above = 0;
+        ns.push(EtcdRendezvous::connect(c).await.expect("join"));
+    }
+    let rs = within(Duration::from_secs(20), "a placed round", rounds(&mut ns)).await;
+    assert_one_group(&rs);
+    assert_eq!(rs[0].group_world_size, 4);
+    // Each member holds its own part, not the whole round; the coordinator, the whole.
+    let parts = rs.iter().filter(|r| r.members.len() == 1).count();
+    assert_eq!(parts, 3, "{rs:?}");
+    let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let report = fsdp_rendezvous::etcd::inspect::inspect(&mut c, "/fsdp", "placed")
+        .await
+        .unwrap()
+        .expect("the run");
+    assert_eq!(report.round, Some(rs[0].number));
+    assert_eq!(report.members.len(), 4, "{report:?}");
+    let leaver = ns.pop().unwrap();
+    let left = leaver.node_id().to_owned();
+    let mut leaver = leaver;
+    leaver.depart(Departure::Left, why()).await.unwrap();
+    for n in ns.iter_mut() {
+        let change = within(Duration::from_secs(10), "the leave", n.changed()).await;
+        let node = left.clone();
+        assert_eq!(change.unwrap(), Change::MemberLost { node });
+    }
+    let rs = within(Duration::from_secs(20), "a round of 3", rounds(&mut ns)).await;
+    assert_one_group(&rs);
+    assert_eq!(rs[0].group_world_size, 3);
+    // Dropped without a word: its lease expires.
+    drop(ns.pop().unwrap());
+    for n in ns.iter_mut() {
+        let change = within(Duration::from_secs(15), "the death", n.changed()).await;
+        assert!(
+            matches!(change, Ok(Change::MemberLost { .. })),
+            "{change:?}"
+        );
+    }
+    let rs = within(
+        Duration::from_secs(30),
+        "a round of 2",
+        settled_rounds(&mut ns, Duration::from_secs(1)),
+    )
+    .await;
+    assert_one_group(&rs);
+    assert_eq!(rs[0].group_world_size, 2);
+    for n in ns.iter_mut() {
+        n.depart(Departure::Left, why()).await.unwrap();
+    }
+}

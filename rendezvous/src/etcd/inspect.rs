@@ -80,6 +80,23 @@ pub async fn inspect(
             kv.lease(),
         );
     }
+    // A placed round's shards are in the read too: status shows the round whole.
+    if let Some(header) = view.placing.clone() {
+        let placements = keys.placements();
+        let shards: Vec<v1::Placement> = resp
+            .kvs()
+            .iter()
+            .map(|kv| (String::from_utf8_lossy(kv.key()), kv.value()))
+            .filter(|(key, _)| key.starts_with(&placements))
+            .filter_map(|(key, value)| fsdp_proto::decode(&key, value).ok())
+            .filter(|s: &v1::Placement| s.shard < header.record.shards)
+            .collect();
+        let whole = super::placement::whole(&header.record, &shards)
+            .and_then(|r| super::record::set_placed(&mut view, r, header.mod_rev));
+        if let Err(why) = whole {
+            view.refuse(&keys.key::<v1::Round>(""), format!("placed round {why}"));
+        }
+    }
     // A halt is judged by the round it ends when that round comes after it in the read
     // (keys come sorted: `ctl/halt` before `ctl/round`). With no round at all (lost, or
     // refused as a forgery) nothing can vouch for its writer: shown refused, not halted.
