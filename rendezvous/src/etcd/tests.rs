@@ -356,3 +356,48 @@ fn another_seal_under_the_held_number_is_handed_over_before_the_next_round() {
     // The loop, within its budget, asks for the next round.
     assert!(matches!(w.begin(&v, now), Action::Register { wants: 5 }));
 }
+
+/// Found by the simulator (seed 3805): a member of a placed round that spent the budget
+/// (it holds its own part, too little to put the round back) saw etcd come back empty
+/// before the round started; the next round, sealed from what etcd had left, named it
+/// with the charges gone. It ran that round where the others gave up. The round that
+/// charged them is handed over first, and a later one that carries fewer charges does not
+/// make the node forget it.
+#[test]
+fn a_round_whose_charges_etcd_lost_is_handed_over_before_the_next_one_runs() {
+    use super::waiter::Action;
+    let now = Instant::now();
+    let mut w = waiter();
+    let v = round_view(3, &["a", "me"], 3);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
+    let v = round_view(4, &["a", "me"], 4);
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
+    // etcd lost its data: round 5, sealed without the charges, names this node; its
+    // master comes at a later look.
+    let v = round_view(5, &["me", "b"], 0);
+    assert!(matches!(
+        w.on_view(&v, now),
+        Ok(Action::PublishMaster { round: 5 })
+    ));
+    let mut v = round_view(5, &["me", "b"], 0);
+    v.master = Some(master_of(5));
+    match w.on_view(&v, now) {
+        Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (4, 4)),
+        other => panic!("expected round 4 handed over, got {other:?}"),
+    }
+    // The same with another seal under the number of the round that charged them (seed
+    // 487326625).
+    let mut w = waiter();
+    let v = round_view(3, &["a", "me"], 3);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
+    let mut v = round_view(4, &["a", "me"], 4);
+    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).sealed_at_ms = 1_000;
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
+    let mut v = round_view(4, &["me", "b"], 0);
+    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).sealed_at_ms = 2_000;
+    v.master = Some(master_of(4));
+    match w.on_view(&v, now) {
+        Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (4, 4)),
+        other => panic!("expected the first round 4 handed over, got {other:?}"),
+    }
+}

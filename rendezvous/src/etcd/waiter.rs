@@ -154,6 +154,17 @@ impl Waiter {
                 if let Some(reason) = self.lease_may_be_gone(v, now, record.number) {
                     return Ok(self.register_for(record.number + 1, Some(reason)));
                 }
+                // An earlier round this node was sealed into charged restarts this one
+                // does not carry: etcd lost them with its data before anyone put that
+                // round back (a member of a placed round holds too little of it to). Its
+                // other members decided the budget by it; so does this node, first.
+                let lost_charges = self.sealed_in.clone().filter(|s| {
+                    s.number <= record.number && s.restart_count > record.restart_count
+                });
+                if let Some(charged) = lost_charges.and_then(|s| self.charged_as_lost(&s)) {
+                    self.waiting = None;
+                    return Ok(Action::Charged(charged));
+                }
                 self.restarts_told = self.restarts_told.max(round.restart_count);
                 self.held = Some(Held {
                     record: record.clone(),
@@ -276,10 +287,17 @@ impl Waiter {
     /// node's loss, as its other members see it.
     fn charged_in_sealed(&mut self, next: u64) -> Option<Round> {
         let rec = self.sealed_in.take_if(|r| r.number < next)?;
+        self.charged_as_lost(&rec)
+    }
+
+    /// Round `rec`, which this node was sealed into and did not run, if it charged a
+    /// restart its loop has not been given: broken by this node's loss, as its other
+    /// members see it.
+    fn charged_as_lost(&mut self, rec: &v1::Round) -> Option<Round> {
         let me = Change::MemberLost {
             node: self.me.clone(),
         };
-        let round = self.charged_in(&rec, me)?;
+        let round = self.charged_in(rec, me)?;
         tracing::info!(
             round = round.number,
             restart_count = round.restart_count,
@@ -304,7 +322,14 @@ impl Waiter {
         {
             return;
         }
-        if rec.members.iter().any(|m| m.node_id == self.me) {
+        // A later round, or another seal under the same number, that carries fewer
+        // charges (etcd lost them with its data) does not make this node forget the round
+        // that charged them.
+        let forgets_charges = self
+            .sealed_in
+            .as_ref()
+            .is_some_and(|s| s.number <= rec.number && s.restart_count > rec.restart_count);
+        if !forgets_charges && rec.members.iter().any(|m| m.node_id == self.me) {
             self.sealed_in = Some(Arc::clone(rec));
         }
     }

@@ -217,6 +217,27 @@ fn the_seeds_that_found_bugs_pass() {
             "seed {seed}: scripts/sim.sh --seed {seed} --shrink"
         );
     }
+    // A node that synced afresh after an empty etcd restart held only the round sealed
+    // without the node that halted the run in the round before, refused the halt and
+    // waited for a round the halt keeps anyone from sealing (2_183_617_580). Placed
+    // rounds: a coordinator back from an outage waited for a placement nothing would
+    // read, and sealed nothing (2_331_412_341, 2_331_412_399, 2_331_412_695).
+    // A member of a placed round that spent the budget ran the next round, sealed after
+    // etcd lost the charges (3805), or another seal under its number (487_326_625).
+    for seed in [
+        2_183_617_580,
+        2_331_412_341,
+        2_331_412_399,
+        2_331_412_695,
+        3805,
+        487_326_625,
+    ] {
+        let r = run_seed(seed, &opts);
+        assert_eq!(
+            r.violation, None,
+            "seed {seed}: scripts/sim.sh --seed {seed} --shrink"
+        );
+    }
 }
 
 /// A crowd forming on an etcd that cannot take it at once (`Options::crowd`: 24 nodes
