@@ -106,6 +106,18 @@ pub fn encode<T: Versioned>(record: &T) -> Vec<u8> {
     if plain.len() <= PACK_ABOVE {
         return plain;
     }
+    pack(plain)
+}
+
+/// `record` as stored, packed whenever packing makes it shorter: the shards of a placed
+/// round, each under [`PACK_ABOVE`], are all written in one request that etcd's limit
+/// bounds.
+pub fn encode_packed<T: Versioned>(record: &T) -> Vec<u8> {
+    pack(record.encode_to_vec())
+}
+
+/// `plain` packed, if that makes it shorter.
+fn pack(plain: Vec<u8>) -> Vec<u8> {
     // Level 1: the coordinator packs a round at every seal, and zstd's fastest level
     // already removes what repeats (host names, the run's settings in every member).
     match zstd::bulk::compress(&plain, 1) {

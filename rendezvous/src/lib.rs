@@ -209,6 +209,15 @@ impl Round {
 }
 
 impl RoundMember {
+    /// A member of a placed round, at the ranks its place gives it.
+    pub(crate) fn placed(m: &fsdp_proto::v1::Member, group_rank: u32, base_rank: u32) -> Self {
+        Self {
+            record: m.clone(),
+            group_rank,
+            base_rank,
+        }
+    }
+
     /// A node of a round before [`Round::new`] or [`ranks::rank_members`] gives it ranks.
     pub fn unranked(node_id: String, addr: String, local_world_size: u32) -> Self {
         let fields = fsdp_proto::v1::MemberFields {
@@ -242,17 +251,6 @@ impl RoundMember {
     /// Workers the node runs.
     pub fn local_world_size(&self) -> u32 {
         self.record.local_world_size
-    }
-}
-
-impl RoundMember {
-    /// A member of a placed round, at the ranks its place gives it.
-    pub(crate) fn placed(m: &fsdp_proto::v1::Member, group_rank: u32, base_rank: u32) -> Self {
-        Self {
-            record: m.clone(),
-            group_rank,
-            base_rank,
-        }
     }
 }
 

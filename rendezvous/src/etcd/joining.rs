@@ -217,8 +217,9 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
                 // (as the deleted registration said before; the agent tells a loss from a
                 // change of membership by it).
                 // A member's copy of a placed round lists only it and its neighbour:
-                // the round names who of the one before it left out.
-                let missing: Vec<&str> = if r.placed.is_some() {
+                // the next round names who of it it left out.
+                let placed = r.placed.is_some() || held.placed.is_some();
+                let missing: Vec<&str> = if placed && r.number == held.number + 1 {
                     r.dropped.iter().map(String::as_str).collect()
                 } else {
                     crate::lacking::lacking(&held.members, &r.members, |m| &m.node_id)
@@ -257,6 +258,11 @@ fn another_seal(r: &v1::Round, held: &v1::Round) -> bool {
     }
     let sealed_apart =
         r.sealed_at_ms != 0 && held.sealed_at_ms != 0 && r.sealed_at_ms != held.sealed_at_ms;
+    // A placed round's copies list different members (a member's, itself and its
+    // neighbour; a coordinator's, all): its seal's time tells it apart.
+    if r.shards > 0 || held.shards > 0 {
+        return sealed_apart;
+    }
     let (a, b) = (r.members.iter(), held.members.iter());
     sealed_apart || !a.map(|m| &m.node_id).eq(b.map(|m| &m.node_id))
 }

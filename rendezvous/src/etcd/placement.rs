@@ -1,6 +1,6 @@
 //! A round too large to send whole to every member, as pure functions: a header at
 //! `ctl/round` that every member receives, and the members in shards outside `ctl/`
-//! (`placement/<round>/<shard>`), each member in the shard its node id hashes to, with its
+//! (`placement/<shard>`), each member in the shard its node id hashes to, with its
 //! ranks and its ring neighbour. A member reads its own shard; a coordinator, which needs
 //! the whole round, reads them all ([`whole`]). The header and the shards are one fenced
 //! transaction, so no member reads a shard of a round that was not sealed.
@@ -61,7 +61,7 @@ pub fn place(round: &v1::Round) -> Result<(v1::Round, Vec<v1::Placement>), Strin
                 member: Some(m.clone()),
                 group_rank: r.group_rank,
                 base_rank: r.base_rank,
-                neighbour: n.map(|i| members[i].clone()),
+                neighbour: n.map(|i| watched(&members[i])),
             });
     }
     let header = v1::Round {
@@ -73,6 +73,21 @@ pub fn place(round: &v1::Round) -> Result<(v1::Round, Vec<v1::Placement>), Strin
         ..round.clone()
     };
     Ok((header, out))
+}
+
+/// What a member's liveness stream needs of its neighbour (and what judging its copy of
+/// the round reads): every member is in two shards, its own and its watcher's, and the
+/// seal is one request under etcd's limit.
+fn watched(m: &v1::Member) -> v1::Member {
+    v1::Member::from(v1::MemberFields {
+        schema: m.schema,
+        node_id: m.node_id.clone(),
+        local_world_size: m.local_world_size,
+        status_addr: m.status_addr.clone(),
+        lease: m.lease,
+        incarnation: m.incarnation,
+        ..Default::default()
+    })
 }
 
 /// Each member's ring neighbour ([`crate::etcd::liveness::neighbour`]: the next one in
@@ -115,8 +130,10 @@ pub fn window(header: &v1::Round, shard: &v1::Placement, me: &str) -> Option<v1:
 }
 
 /// The whole round that the placed `header` and its `shards` make, its members in rank
-/// order: what a coordinator holds. Fails unless the shards are all there, of this round,
-/// and their ranks are each of `0..group_world_size` once.
+/// order: what a coordinator holds. It keeps the header's shard count: it is still a
+/// placed round (nobody puts it back whole, and a member's copy of it is the same round).
+/// Fails unless the shards are all there, of this round, and their ranks are each of
+/// `0..group_world_size` once.
 pub fn whole(header: &v1::Round, shards: &[v1::Placement]) -> Result<v1::Round, String> {
     let n = header.group_world_size as usize;
     let mut slots: Vec<Option<v1::Member>> = vec![None; n];
@@ -157,7 +174,6 @@ pub fn whole(header: &v1::Round, shards: &[v1::Placement]) -> Result<v1::Round, 
     let members: Option<Vec<v1::Member>> = slots.into_iter().collect();
     Ok(v1::Round {
         members: members.ok_or_else(|| format!("round {} has an empty rank", header.number))?,
-        shards: 0,
         placed: None,
         ..header.clone()
     })

@@ -38,6 +38,13 @@ impl Record for v1::Round {
         if self.shards > 0 && (self.delta || !self.members.is_empty()) {
             return Err("is placed and lists members too".into());
         }
+        if self.shards as usize > crate::etcd::placement::MAX_SHARDS {
+            return Err(format!(
+                "is placed in {} shards, more than {}",
+                self.shards,
+                crate::etcd::placement::MAX_SHARDS
+            ));
+        }
         field("job", &self.job, NAME_MAX)?;
         memo::judged(Judgement::Text, &self.members, || {
             self.members.iter().try_for_each(member_text)
@@ -61,7 +68,9 @@ impl Record for v1::Round {
                 // Known already, from the roster written beside it.
                 return Ok(());
             }
-            match held.filter(|h| h.record.number == self.base && h.mod_rev == self.base_rev) {
+            // A member's copy of a placed round lists too few members to apply a delta to.
+            let base = held.filter(|h| h.record.placed.is_none() && h.record.shards == 0);
+            match base.filter(|h| h.record.number == self.base && h.mod_rev == self.base_rev) {
                 // The held round was checked distinct, and `apply` keeps it so.
                 Some(h) => (roster::apply(&h.record, &self)?, Distinct::Known),
                 None => {
@@ -98,9 +107,8 @@ fn want_placement(view: &mut View, header: v1::Round, at: At) -> Result<(), Stri
     if held.is_some_and(|h| h.number == header.number && h.sealed_at_ms == header.sealed_at_ms) {
         return Ok(());
     }
-    if header.group_world_size == 0 {
-        return Err("is placed and names no member".into());
-    }
+    // Its sizes before anything is read or made of them.
+    view.allowed.placed(&header)?;
     view.round_wanted = Some(header.number);
     view.placing = Some(RoundEntry {
         record: std::sync::Arc::new(header),
@@ -112,18 +120,25 @@ fn want_placement(view: &mut View, header: v1::Round, at: At) -> Result<(), Stri
 /// The placed round `r` as the view's round, at revision `mod_rev` of its header: whole
 /// (read from every shard, for a view that coordinates: judged as any whole round), a
 /// member's own copy ([`crate::etcd::placement::window`]), or the header alone for a node
-/// the round was sealed without.
+/// the round was sealed without. Not over a newer round the view took meanwhile.
 pub(crate) fn set_placed(view: &mut View, r: v1::Round, mod_rev: i64) -> Result<(), String> {
     view.placing = None;
+    if view
+        .round
+        .as_ref()
+        .is_some_and(|h| h.record.number > r.number)
+    {
+        return Ok(());
+    }
     let at = At {
         mod_rev,
         ..At::default()
     };
-    if r.shards == 0 {
+    if r.placed.is_none() && !r.members.is_empty() {
         return set_round(view, r, at, Distinct::Unchecked);
     }
-    let sizes = &view.allowed;
-    sizes.placed(&r)?;
+    view.allowed.placed(&r)?;
+    r.members.iter().try_for_each(member_text)?;
     install(view, r, at);
     Ok(())
 }
@@ -159,6 +174,13 @@ fn set_round(view: &mut View, r: v1::Round, at: At, distinct: Distinct) -> Resul
 /// `r`, judged, as the view's round.
 fn install(view: &mut View, r: v1::Round, at: At) {
     view.refused_round_rev = None;
+    if view
+        .placing
+        .as_ref()
+        .is_some_and(|p| p.record.number <= r.number)
+    {
+        view.placing = None;
+    }
     if view.round_wanted.is_some_and(|n| n <= r.number) {
         view.round_wanted = None;
     }

@@ -370,7 +370,7 @@ impl Machine {
                         members = c.members,
                         error = %e,
                         "the round is larger than etcd takes in one request (its --max-request-bytes, \
-                         1.5 MiB by default, holds a round of about 40,000 nodes, stored packed); no \
+                         1.5 MiB by default, holds a round of about 20,000 nodes, placed and packed); no \
                          round can form until etcd is started with a larger --max-request-bytes"
                     );
                 }

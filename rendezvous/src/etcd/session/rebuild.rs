@@ -125,7 +125,9 @@ impl Machine {
     /// brings its delta) leaves the view waiting; none at all means the run's keys are not
     /// as any agent writes them: read everything again.
     pub(super) fn read_roster(&mut self, kvs: &[Kv]) {
-        if let Some(header) = self.view.placing.clone() {
+        let wanted = self.view.round_wanted;
+        let placing = self.view.placing.as_ref();
+        if let Some(header) = placing.filter(|h| Some(h.record.number) == wanted).cloned() {
             return self.read_placement(header, kvs);
         }
         let keys = self.cfg.keys.clone();
@@ -165,6 +167,12 @@ impl Machine {
             }
         }
         if shards.iter().any(|s| s.round > h.number) {
+            return;
+        }
+        // A shard of an earlier seal: the read came before the header's transaction
+        // reached this member of etcd. Read it again.
+        if shards.iter().any(|s| s.round < h.number) {
+            self.flight.then(Todo::ReadRoster);
             return;
         }
         let made = if self.watches.control_only() {

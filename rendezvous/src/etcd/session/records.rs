@@ -248,7 +248,7 @@ pub fn commit_placed(
     then.extend(
         shards
             .iter()
-            .map(|s| put(keys.placement(s.shard), fsdp_proto::encode(s), 0)),
+            .map(|s| put(keys.placement(s.shard), fsdp_proto::encode_packed(s), 0)),
     );
     Ok(TxnSpec {
         when: seal_fences(keys, fence, lease),

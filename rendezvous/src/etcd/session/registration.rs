@@ -67,9 +67,10 @@ impl Registration {
         }
     }
 
-    /// The newest round this agent knows (the one it runs, or a later one it saw), if it
-    /// knows it whole: a member's copy of a placed round lists only it and its
-    /// neighbour, and put back it would be a round of two.
+    /// The newest round this agent knows (the one it runs, or a later one it saw), unless
+    /// it is placed: a member's copy lists only it and its neighbour (put back, a round
+    /// of two), and the whole one is what a placed round is not sent as (at 10,000
+    /// members, 27.9 s of etcd's time; at 20,000, over its request limit).
     pub(super) fn round_to_put_back(&self) -> Option<&v1::Round> {
         [self.running.as_deref(), self.known_round.as_ref()]
             .into_iter()

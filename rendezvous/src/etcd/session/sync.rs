@@ -365,7 +365,6 @@ impl Machine {
     }
 }
 
-/// A ranged read of `key` (with `prefix`: every key under it).
 impl Machine {
     /// The read of placed round `wanted`'s placement, if its header is what the view
     /// waits on: a member reads its own shard; a view that coordinates, every one.
@@ -382,6 +381,7 @@ impl Machine {
     }
 }
 
+/// A ranged read of `key` (with `prefix`: every key under it).
 fn range(key: String, prefix: bool) -> Op {
     Op::Range {
         key,

@@ -169,6 +169,44 @@ fn a_coordinators_whole_read_makes_the_placed_round_whole() {
     let v = h.m.view();
     let held = v.round.as_ref().expect("the round, whole");
     assert_eq!(held.record.members, whole.members);
-    assert_eq!((held.record.shards, held.mod_rev), (0, 9));
+    // Still a placed round: nobody puts it back whole.
+    assert_eq!((held.record.shards, held.mod_rev), (header.shards, 9));
     assert!(v.placing.is_none() && v.round_wanted.is_none());
+}
+
+/// A round below `placement_above` after a placed one is sealed as a delta of it: a member
+/// holds only its own copy of the placed round, too little to apply it to, and reads the
+/// roster instead (applied to its copy, a loss of anyone but its neighbour failed, and its
+/// neighbour's made it a group of one).
+#[test]
+fn a_member_of_a_placed_round_reads_the_roster_for_a_delta_of_it() {
+    let mut h = Harness::synced();
+    let (whole, header, shards) = placed_round_two();
+    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    let mine = placement::shard_of("a", header.shards) as usize;
+    h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![shard_kv(&shards[mine], 12)],
+    });
+    let mut next = round(3, &[("d", 1), ("a", 1), ("c", 1)]);
+    next.dropped = vec!["b".into()];
+    let d = crate::etcd::roster::delta(&whole, 12, &next).expect("a delta");
+    let kv = Kv {
+        key: keys().key::<v1::Round>(""),
+        value: d.encode_to_vec(),
+        create_rev: 1,
+        mod_rev: 14,
+        lease: 0,
+    };
+    let e = h.step(Input::Watched(vec![WatchEvent::Put(kv)]));
+    assert_eq!(
+        the_op(&e),
+        Op::Range {
+            key: keys().key::<v1::Roster>(""),
+            prefix: false,
+            keys_only: false,
+            serializable: false,
+        }
+    );
+    assert_eq!(h.m.view().round.as_ref().unwrap().record.number, 2);
 }
