@@ -107,6 +107,12 @@ pub(crate) fn broken_round(rec: &v1::Round, me: &str, change: Change) -> Option<
     Some(round)
 }
 
+/// Whether `rec` lists every member of its round: not a member's copy of a placed round,
+/// nor its header alone.
+pub(crate) fn lists_all(rec: &v1::Round) -> bool {
+    rec.placed.is_none() && (rec.shards == 0 || rec.members.len() == rec.group_world_size as usize)
+}
+
 /// The nodes in round `rec`: counted by its header when it is placed.
 fn group_size(rec: &v1::Round) -> usize {
     if rec.shards > 0 {
@@ -218,11 +224,12 @@ pub fn detect(v: &View, held: &v1::Round, me: &str, since: Instant) -> Option<Ch
                 // change of membership by it).
                 // A member's copy of a placed round lists only it and its neighbour:
                 // the next round names who of it it left out.
-                let placed = r.placed.is_some() || held.placed.is_some();
-                let missing: Vec<&str> = if placed && r.number == held.number + 1 {
-                    r.dropped.iter().map(String::as_str).collect()
-                } else {
+                // Compared member by member only when both list every member: a copy
+                // that lacks most of them would name live nodes lost.
+                let missing: Vec<&str> = if lists_all(held) && lists_all(r) {
                     crate::lacking::lacking(&held.members, &r.members, |m| &m.node_id)
+                } else {
+                    r.dropped.iter().map(String::as_str).collect()
                 };
                 let missing = missing
                     .into_iter()

@@ -401,3 +401,35 @@ fn a_round_whose_charges_etcd_lost_is_handed_over_before_the_next_one_runs() {
         other => panic!("expected the first round 4 handed over, got {other:?}"),
     }
 }
+
+/// A member's copy of a placed round lists itself and its neighbour: a later round
+/// compared member by member with it, or it with a round held whole, named live nodes
+/// lost (a round of 2,000 that grew past placement, the view two rounds on). The later
+/// round's own word (`dropped`) says who went.
+#[test]
+fn a_copy_of_a_placed_round_names_nobody_lost_that_its_round_did_not_drop() {
+    let since = Instant::now();
+    let held = view_with_round(&["me", "a", "b", "c"])
+        .round
+        .unwrap()
+        .record;
+    let mut v = round_view(5, &["me", "c"], 0);
+    {
+        let r = std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record);
+        r.shards = 1;
+        r.group_world_size = 4;
+        r.placed = Some(v1::Placed {
+            member: Some(member("me")),
+            ..Default::default()
+        });
+    }
+    assert_eq!(
+        detect(&v, &held, "me", since),
+        Some(Change::NewRound { number: 5 })
+    );
+    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).dropped = vec!["b".into()];
+    assert_eq!(
+        detect(&v, &held, "me", since),
+        Some(Change::MemberLost { node: "b".into() })
+    );
+}

@@ -69,7 +69,7 @@ impl Record for v1::Round {
                 return Ok(());
             }
             // A member's copy of a placed round lists too few members to apply a delta to.
-            let base = held.filter(|h| h.record.placed.is_none() && h.record.shards == 0);
+            let base = held.filter(|h| crate::etcd::joining::lists_all(&h.record));
             match base.filter(|h| h.record.number == self.base && h.mod_rev == self.base_rev) {
                 // The held round was checked distinct, and `apply` keeps it so.
                 Some(h) => (roster::apply(&h.record, &self)?, Distinct::Known),
@@ -225,7 +225,8 @@ fn halt_writer(view: &View, h: &v1::Halt) -> Result<(), String> {
     // judged by the round it says it ends, this one or the one before (a forger who reads
     // the round first gets through; one who does not, does not).
     let number = round.record.number;
-    if round.record.shards > 0 && (number.saturating_sub(1)..=number).contains(&h.round) {
+    let partial = round.record.placed.is_some() || round.record.members.is_empty();
+    if partial && (number.saturating_sub(1)..=number).contains(&h.round) {
         return Ok(());
     }
     Err(format!(

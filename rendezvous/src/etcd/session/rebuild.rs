@@ -169,12 +169,6 @@ impl Machine {
         if shards.iter().any(|s| s.round > h.number) {
             return;
         }
-        // A shard of an earlier seal: the read came before the header's transaction
-        // reached this member of etcd. Read it again.
-        if shards.iter().any(|s| s.round < h.number) {
-            self.flight.then(Todo::ReadRoster);
-            return;
-        }
         let made = if self.watches.control_only() {
             let me = &self.cfg.node_id;
             match shards
