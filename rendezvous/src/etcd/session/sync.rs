@@ -363,9 +363,7 @@ impl Machine {
             }
         }
     }
-}
 
-impl Machine {
     /// The read of placed round `wanted`'s placement, if its header is what the view
     /// waits on: a member reads its own shard; a view that coordinates, every one.
     fn placement_read(&self, wanted: u64) -> Option<Op> {

@@ -170,6 +170,17 @@ pub(super) fn round(number: u64, members: &[(&str, u64)]) -> v1::Round {
     }
 }
 
+/// What the first seal of a run is fenced on: no round yet, this node's coordinator
+/// lease, no halt.
+pub(super) fn first_seal_fences() -> Vec<Compare> {
+    let k = keys();
+    vec![
+        Compare::Absent(k.key::<v1::Round>("")),
+        Compare::Lease(k.key::<v1::Coordinator>(""), LEASE),
+        Compare::Absent(k.key::<v1::Halt>("")),
+    ]
+}
+
 pub(super) fn member_kv(m: &v1::Member, create_rev: i64) -> Kv {
     Kv {
         key: keys().key::<v1::Member>(&m.node_id),

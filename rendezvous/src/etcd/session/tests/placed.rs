@@ -129,14 +129,7 @@ fn a_coordinator_seals_a_round_above_placement_above_as_header_and_shards() {
     let (_, rest) = Harness::with(|c| c.placement_above = 0)
         .first_sync(&[member_kv(&me, 4), coordinator_kv("a", LEASE)]);
     let spec = txn(the_op(&rest));
-    assert_eq!(
-        spec.when,
-        vec![
-            Compare::Absent(k.key::<v1::Round>("")),
-            Compare::Lease(k.key::<v1::Coordinator>(""), LEASE),
-            Compare::Absent(k.key::<v1::Halt>(""))
-        ]
-    );
+    assert_eq!(spec.when, first_seal_fences());
     let header: v1::Round =
         fsdp_proto::decode("k", put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
     assert!(header.members.is_empty());
