@@ -286,6 +286,15 @@ pub fn on_wake(wake: Wake, rules: &Rules) -> OnWake {
     }
 }
 
+/// Whether a worker of this node that exited on its own before `change` was seen is
+/// handled as this node's failure first (reported with its exit time, charged, its code
+/// kept for the budget), the change being news of the same breakage or of something the
+/// failure outranks. A halt ends the run whatever failed, and a fence must stop the
+/// workers before the lease can expire: those go on as they are.
+pub fn own_exit_first(change: &Change) -> bool {
+    !matches!(change, Change::Halted(_) | Change::Fenced { .. })
+}
+
 /// The SIGTERM grace of workers stopped for `change`. A fenced node's workers must be
 /// gone before etcd can expire its lease and hand their ranks to others: their grace is
 /// cut to half the time left.

@@ -358,11 +358,23 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             OnWake::Stop { signal, grace } => {
                 Ok(self.stop_on_signal(&mut group, signal, grace).await)
             }
-            OnWake::Reform(change) => Ok(Phase::Reform {
-                round,
-                group,
-                change,
-            }),
+            OnWake::Reform(change) => {
+                if decide::own_exit_first(&change) {
+                    if let Some(first) = group.failed_before_now().await {
+                        tracing::info!(%change, "a worker had failed before the change was seen: the failure is this node's");
+                        return Ok(Phase::Failed {
+                            round,
+                            group,
+                            first,
+                        });
+                    }
+                }
+                Ok(Phase::Reform {
+                    round,
+                    group,
+                    change,
+                })
+            }
             OnWake::Broken { error, grace } => {
                 Err(self.rendezvous_failed(&mut group, error, grace).await)
             }

@@ -40,6 +40,10 @@ struct Scripted {
     depart_hangs: bool,
     /// How long each round takes to form.
     round_delay: Duration,
+    /// When the change is due, the runtime's one thread blocks until this file exists and
+    /// a while after: a worker that exits meanwhile is not reported before the change is
+    /// seen (an agent's waiter delayed on a busy machine).
+    block_for: Option<std::path::PathBuf>,
     calls: Calls,
 }
 
@@ -83,6 +87,13 @@ impl Rendezvous for Scripted {
             return std::future::pending().await;
         };
         tokio::time::sleep_until(*at).await;
+        if let Some(file) = &self.block_for {
+            let until = std::time::Instant::now() + Duration::from_secs(20);
+            while !file.exists() && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
         let (_, change) = self.current.take().expect("the change is still there");
         change.map_err(|e| RendezvousError::Corrupt(e.into()))
     }
@@ -240,6 +251,40 @@ fn a_spent_budget_ends_with_the_workers_own_code() {
     let cfg = config(&[], "exit 3");
     let rdzv = Scripted {
         rounds: [round(0, 0, 0), round(1, 0, 1)].into(),
+        ..Scripted::default()
+    };
+    let (result, calls) = play(&cfg, rdzv, None);
+    assert_eq!(result.unwrap(), AgentExit::Failed { exit_code: 3 });
+    assert_eq!(
+        calls,
+        [
+            "next_round",
+            "record_failure",
+            "next_round",
+            "depart Failed: failed"
+        ]
+    );
+}
+
+#[test]
+fn a_worker_that_failed_before_a_peers_failure_was_seen_is_this_nodes_failure() {
+    // The worker exits 3 and the agent, busy, sees another node's failure before its own
+    // worker's exit: the exit came before any stop signal, so it is this node's failure
+    // (charged and reported), and the spent budget ends with its code, not 76.
+    let dir = tempfile::tempdir().unwrap();
+    let exiting = dir.path().join("exiting");
+    let cfg = config(
+        &[],
+        &format!("sleep 0.2; touch {}; exit 3", exiting.display()),
+    );
+    let rdzv = Scripted {
+        rounds: [round(0, 0, 0), round(1, 0, 1)].into(),
+        changes: [Some((
+            Duration::from_millis(50),
+            Ok(Change::PeerFailed { restart_count: 1 }),
+        ))]
+        .into(),
+        block_for: Some(exiting),
         ..Scripted::default()
     };
     let (result, calls) = play(&cfg, rdzv, None);

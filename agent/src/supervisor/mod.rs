@@ -416,6 +416,30 @@ impl WorkerGroup {
         self.statuses()[index]
     }
 
+    /// The first failure of a worker that exited on its own before now, though its waiter
+    /// may not have reported it yet: a busy agent can see a peer's news of the same
+    /// breakage first, and a stop signal sent then would pass the exit off as the agent's.
+    /// Waits for those reports (each waiter reads its error file within
+    /// [`ERROR_FILE_PATIENCE`]); nothing is signalled.
+    pub async fn failed_before_now(&mut self) -> Option<Failure> {
+        let seen = self.failures.len();
+        while let Ok(reported) = self.exits.try_recv() {
+            self.record(reported);
+        }
+        let gone: Vec<usize> = (0..self.workers.len())
+            .filter(|&i| self.workers[i].exit.is_none() && unix::has_exited(self.workers[i].pid))
+            .collect();
+        let patience = tokio::time::sleep(ERROR_FILE_PATIENCE * 2);
+        tokio::pin!(patience);
+        while gone.iter().any(|&i| self.workers[i].exit.is_none()) {
+            tokio::select! {
+                Some(reported) = self.exits.recv() => { self.record(reported); }
+                () = &mut patience => break,
+            }
+        }
+        self.failures.get(seen).cloned()
+    }
+
     /// Every failure observed before the stop, in the order seen.
     pub fn failures(&self) -> &[Failure] {
         &self.failures

@@ -57,6 +57,19 @@ pub fn signal_group(pgid: u32, signal: Signal) {
     }
 }
 
+/// Whether the worker leader `pid`, a child of the agent, has exited: a zombie its waiter
+/// has not reaped yet, or reaped already (it is no child any more). Nothing is reaped
+/// here: its exit status stays its waiter's.
+pub fn has_exited(pid: u32) -> bool {
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(Pid::from_raw(pid as i32)), flags) {
+        Ok(WaitStatus::StillAlive) => false,
+        Ok(_) | Err(nix::errno::Errno::ECHILD) => true,
+        Err(_) => false,
+    }
+}
+
 /// Makes the descriptor `fd` (close-on-exec in the agent, as every descriptor it opens)
 /// survive into the program `cmd` execs, at the same number.
 pub fn inherit_fd(cmd: &mut Command, fd: std::os::fd::RawFd) {
