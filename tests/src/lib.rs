@@ -414,6 +414,24 @@ pub fn refuse_debug_text(log_file: &Path) {
     );
 }
 
+/// [`wait_for`], and on the timeout the panic shows `shown()` (the agents' logs).
+pub fn wait_showing(
+    what: &str,
+    limit: Duration,
+    cond: impl FnMut() -> bool,
+    shown: impl FnOnce() -> String,
+) {
+    let waited =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wait_for(what, limit, cond)));
+    if let Err(e) = waited {
+        let why = e
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_else(|| "the wait panicked".into());
+        panic!("{why}\n{}", shown());
+    }
+}
+
 /// Polls `cond` every 10 ms until it holds; panics naming `what` after `limit`.
 pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + limit;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fsdp_tests::etcd::Etcd;
-use fsdp_tests::{Agent, AgentCmd, TempDir, status_cmd, wait_for, workspace_file};
+use fsdp_tests::{Agent, AgentCmd, TempDir, status_cmd, wait_for, wait_showing, workspace_file};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -185,9 +185,15 @@ fn a_slowed_node_is_named_taken_out_and_the_spare_takes_its_place() {
     let _slowed = Slowed::pid(worker_pid(&slow), 5);
 
     let named = format!("a straggler: node {slow_id}: rank 2 works");
-    wait_for("the judge to name the slowed node", LIMIT, || {
-        judge.stderr().contains(&named)
-    });
+    wait_showing(
+        "the judge to name the slowed node",
+        LIMIT,
+        || judge.stderr().contains(&named),
+        || {
+            let shown: Vec<String> = a.iter().chain([&slow]).map(Agent::output).collect();
+            shown.join("\n")
+        },
+    );
     // Taken out after the bound: quarantined, exit 80, the judge's words in its log.
     let mut slow = slow;
     assert_eq!(slow.wait(LIMIT).code(), Some(80), "{}", slow.output());
