@@ -249,6 +249,11 @@ impl EtcdRendezvous {
         self.view.borrow().clone()
     }
 
+    /// The agent's view as it changes (a bench's look at a node that waits too long).
+    pub fn views(&self) -> watch::Receiver<View> {
+        self.view.clone()
+    }
+
     /// Resolves when the held round is no longer the group's round (or this node must
     /// fence itself).
     pub(super) async fn next_change(&mut self) -> Result<Change, RendezvousError> {

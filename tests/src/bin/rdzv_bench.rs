@@ -403,6 +403,32 @@ fn finished() -> fsdp_rendezvous::LeftReason {
     fsdp_rendezvous::LeftReason::new(fsdp_rendezvous::LeftKind::Finished, "the bench")
 }
 
+/// How long a survivor waits for the next round before it says what it holds.
+const STALLED: Duration = Duration::from_secs(30);
+
+/// What a survivor that waits too long holds: whether connected, its round (number,
+/// members held, placed or not), a round it wants read, a placed header it reads, the
+/// coordinator (and whether it is this node).
+fn stalled_words(v: &fsdp_rendezvous::etcd::View, me: &str) -> String {
+    let round = v.round.as_ref().map_or("none".to_owned(), |r| {
+        format!(
+            "{} members={} world={} placed={}",
+            r.record.number,
+            r.record.members.len(),
+            r.record.group_world_size,
+            r.record.placed.is_some()
+        )
+    });
+    format!(
+        "connected={} round={round} wanted={:?} placing={:?} coordinator_is_me={} departed={}",
+        v.connected,
+        v.round_wanted,
+        v.placing.as_ref().map(|p| p.record.number),
+        v.coordinator.as_deref() == Some(me),
+        v.departed.len(),
+    )
+}
+
 /// Takes one node out of the sealed round (`leave`: revoking its lease; `kill`: dropping
 /// it, so its lease expires) and times the survivors' way to the next round.
 async fn reform_after_loss(
@@ -436,10 +462,25 @@ async fn reform_after_loss(
     drop(lost);
     let mut tasks = tokio::task::JoinSet::new();
     for (mut node, _) in held {
+        let views = node.views();
+        let id = node.node_id().to_owned();
         tasks.spawn(async move {
-            node.changed().await.expect("the loss is seen");
-            let round = node.next_round().await.expect("the next round");
-            (node, round)
+            let next = async move {
+                node.changed().await.expect("the loss is seen");
+                let round = node.next_round().await.expect("the next round");
+                (node, round)
+            };
+            tokio::pin!(next);
+            // A node still waiting after STALLED says what it holds, once: the lines of
+            // a re-form that never ends, summed with `sort | uniq -c`.
+            let round = tokio::select! {
+                r = &mut next => r,
+                () = tokio::time::sleep(STALLED) => {
+                    eprintln!("stalled {}", stalled_words(&views.borrow(), &id));
+                    next.await
+                }
+            };
+            round
         });
     }
     let mut survivors = Vec::new();
