@@ -39,8 +39,13 @@ pub fn shard_of(node_id: &str, shards: u32) -> u32 {
 }
 
 /// `round` (whole, its members in rank order) as its header and its shards. Fails when its
-/// members' worker counts do not form a group.
-pub fn place(round: &v1::Round) -> Result<(v1::Round, Vec<v1::Placement>), String> {
+/// members' worker counts do not form a group. With `base`, the whole copy of the placed
+/// round it replaces and that round's revision, the header also says how `round` moves
+/// from it when it only leaves members out ([`moves`]).
+pub fn place(
+    round: &v1::Round,
+    base: Option<(&v1::Round, i64)>,
+) -> Result<(v1::Round, Vec<v1::Placement>), String> {
     let members = &round.members;
     let sizes: Vec<u32> = members.iter().map(|m| m.local_world_size).collect();
     let (ranks, world_size) = crate::ranks::assign(&sizes)?;
@@ -64,7 +69,7 @@ pub fn place(round: &v1::Round) -> Result<(v1::Round, Vec<v1::Placement>), Strin
                 neighbour: n.map(|i| watched(&members[i])),
             });
     }
-    let header = v1::Round {
+    let mut header = v1::Round {
         members: Vec::new(),
         shards,
         group_world_size: u32::try_from(members.len()).map_err(|e| e.to_string())?,
@@ -72,7 +77,155 @@ pub fn place(round: &v1::Round) -> Result<(v1::Round, Vec<v1::Placement>), Strin
         placed: None,
         ..round.clone()
     };
+    if let Some((base, base_rev)) = base
+        && let Some((gone, rewired)) = moves(base, base_rev, round)
+    {
+        (header.base, header.base_rev) = (base.number, base_rev);
+        (header.gone, header.rewired) = (gone, rewired);
+    }
     Ok((header, out))
+}
+
+/// How `full` moves from `base`, the whole copy of the placed round it replaces (at
+/// revision `base_rev`), when it keeps `base`'s members less some, in their order and with
+/// the same records: the members left out at their ranks in `base`, and the members kept
+/// whose ring neighbour went, with their new one. `None` for any other change (a member
+/// added or registered anew, an order changed): then every member reads its shard.
+fn moves(
+    base: &v1::Round,
+    base_rev: i64,
+    full: &v1::Round,
+) -> Option<(Vec<v1::Placed>, Vec<v1::Placed>)> {
+    if base.shards == 0 || base.placed.is_some() || base_rev == 0 {
+        return None;
+    }
+    let d = crate::etcd::roster::delta(base, base_rev, full)?;
+    if !d.added.is_empty() || !d.updated.is_empty() {
+        return None;
+    }
+    let removed: std::collections::BTreeSet<&str> = d.removed.iter().map(String::as_str).collect();
+    let sizes: Vec<u32> = base.members.iter().map(|m| m.local_world_size).collect();
+    let (ranks, _) = crate::ranks::assign(&sizes).ok()?;
+    let gone = base
+        .members
+        .iter()
+        .zip(&ranks)
+        .filter(|(m, _)| removed.contains(m.node_id.as_str()))
+        .map(|(m, r)| v1::Placed {
+            member: Some(watched(m)),
+            group_rank: r.group_rank,
+            base_rank: r.base_rank,
+            neighbour: None,
+        })
+        .collect();
+    let before: std::collections::HashMap<&str, Option<&str>> = base
+        .members
+        .iter()
+        .zip(neighbours(&base.members))
+        .map(|(m, n)| {
+            let n = n.map(|i| base.members[i].node_id.as_str());
+            (m.node_id.as_str(), n)
+        })
+        .collect();
+    let rewired = full
+        .members
+        .iter()
+        .zip(neighbours(&full.members))
+        .filter(|(m, n)| {
+            let now = n.map(|i| full.members[i].node_id.as_str());
+            before.get(m.node_id.as_str()) != Some(&now)
+        })
+        .map(|(m, n)| v1::Placed {
+            member: Some(watched(m)),
+            neighbour: n.map(|i| watched(&full.members[i])),
+            ..Default::default()
+        })
+        .collect();
+    Some((gone, rewired))
+}
+
+/// The copy of the placed round `header` that `held`, a copy of the round it moves from
+/// ([`v1::Round::gone`]), makes without a read: a member's own window with its ranks
+/// shifted past the members gone before it and its new neighbour if its own went, or a
+/// coordinator's whole copy less the members gone. `None` when `held` is not the round
+/// `header` moves from, when this member is itself gone, or when the moves do not fit
+/// what `held` holds: then the shard is read as for any placed round. The caller checks
+/// that `held` is the very seal `header` names (its revision).
+pub fn moved(held: &v1::Round, header: &v1::Round) -> Option<v1::Round> {
+    if header.base_rev == 0 || header.shards == 0 || held.shards == 0 {
+        return None;
+    }
+    if held.number != header.base {
+        return None;
+    }
+    fn id(p: &v1::Placed) -> &str {
+        p.member.as_ref().map_or("", |m| m.node_id.as_str())
+    }
+    let gone: std::collections::BTreeSet<&str> = header.gone.iter().map(id).collect();
+    let plain = v1::Round {
+        members: Vec::new(),
+        placed: None,
+        base: 0,
+        base_rev: 0,
+        gone: Vec::new(),
+        rewired: Vec::new(),
+        ..header.clone()
+    };
+    let Some(mine) = &held.placed else {
+        // A coordinator's whole copy: every member gone must be in it.
+        let members: Vec<v1::Member> = held
+            .members
+            .iter()
+            .filter(|m| !gone.contains(m.node_id.as_str()))
+            .cloned()
+            .collect();
+        let all_found = held.members.len() - members.len() == gone.len();
+        let fits = members.len() == header.group_world_size as usize;
+        return (all_found && fits && held.members.len() == held.group_world_size as usize)
+            .then_some(v1::Round { members, ..plain });
+    };
+    let me = mine.member.as_ref()?;
+    if gone.contains(me.node_id.as_str()) {
+        return None;
+    }
+    let ahead: Vec<&v1::Placed> = header
+        .gone
+        .iter()
+        .filter(|g| g.group_rank < mine.group_rank)
+        .collect();
+    let workers_ahead: u32 = ahead
+        .iter()
+        .map(|g| g.member.as_ref().map_or(0, |m| m.local_world_size))
+        .sum();
+    let neighbour = match header.rewired.iter().find(|r| id(r) == me.node_id) {
+        Some(r) => r.neighbour.clone(),
+        None if mine
+            .neighbour
+            .as_ref()
+            .is_some_and(|n| gone.contains(n.node_id.as_str())) =>
+        {
+            return None;
+        }
+        None => mine.neighbour.clone(),
+    };
+    let placed = v1::Placed {
+        member: Some(me.clone()),
+        group_rank: mine
+            .group_rank
+            .checked_sub(u32::try_from(ahead.len()).ok()?)?,
+        base_rank: mine.base_rank.checked_sub(workers_ahead)?,
+        neighbour,
+    };
+    Some(v1::Round {
+        members: placed
+            .member
+            .iter()
+            .chain(placed.neighbour.iter())
+            .cloned()
+            .collect(),
+        placed: Some(placed),
+        ..plain
+    })
 }
 
 /// What a member's liveness stream needs of its neighbour (and what judging its copy of

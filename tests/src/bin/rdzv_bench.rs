@@ -146,8 +146,30 @@ fn main() {
             let mut c = cfg.clone();
             c.node_id = format!("sim-{i:05}");
             tasks.spawn(async move {
-                let mut node = EtcdRendezvous::join(client, c).await.expect("join");
-                let round = node.next_round().await.expect("round");
+                let id = c.node_id.clone();
+                let join = EtcdRendezvous::join(client, c);
+                tokio::pin!(join);
+                let mut node = tokio::select! {
+                    n = &mut join => n,
+                    () = tokio::time::sleep(STALLED) => {
+                        eprintln!("stalled joining {id}");
+                        join.await
+                    }
+                }
+                .expect("join");
+                let views = node.views();
+                let round = {
+                    let next = node.next_round();
+                    tokio::pin!(next);
+                    tokio::select! {
+                        r = &mut next => r,
+                        () = tokio::time::sleep(STALLED) => {
+                            eprintln!("stalled forming {}", stalled_words(&views.borrow(), &id));
+                            next.await
+                        }
+                    }
+                }
+                .expect("round");
                 (node, round)
             });
         }

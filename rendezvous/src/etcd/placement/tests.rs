@@ -39,7 +39,7 @@ fn a_placed_round_gives_each_member_what_the_whole_round_would() {
             .map(|i| member(i, 1 + (i % 3) as u32, i % 7 != 0))
             .collect(),
     );
-    let (header, shards) = place(&r).unwrap();
+    let (header, shards) = place(&r, None).unwrap();
     assert_eq!(header.shards, shards_for(n));
     assert_eq!(shards.len(), n.div_ceil(SHARD_MEMBERS));
     assert!(header.members.is_empty());
@@ -114,7 +114,7 @@ fn a_placed_round_of_twenty_thousand_fits_in_one_request() {
         (20_000, 2 * 20_000 / MAX_SHARDS),
     ] {
         let r = round((0..n).map(real).collect());
-        let (header, shards) = place(&r).unwrap();
+        let (header, shards) = place(&r, None).unwrap();
         let largest = shards.iter().map(|s| s.members.len()).max().unwrap();
         assert!(largest < most, "{n}: {largest}");
         let stored: usize = shards
@@ -135,7 +135,7 @@ fn a_placed_round_of_twenty_thousand_fits_in_one_request() {
 #[test]
 fn a_lone_member_has_no_neighbour() {
     let r = round(vec![member(0, 2, true)]);
-    let (header, shards) = place(&r).unwrap();
+    let (header, shards) = place(&r, None).unwrap();
     let w = window(&header, &shards[0], "node-00000").unwrap();
     assert_eq!(w.placed.unwrap().neighbour, None);
     assert_eq!(w.members.len(), 1);
@@ -146,7 +146,7 @@ fn a_lone_member_has_no_neighbour() {
 #[test]
 fn whole_refuses_shards_that_do_not_make_the_round() {
     let r = round((0..200).map(|i| member(i, 1, true)).collect());
-    let (header, shards) = place(&r).unwrap();
+    let (header, shards) = place(&r, None).unwrap();
     let why = whole(&header, &shards[1..]).unwrap_err();
     assert!(why.contains("shard 0") && why.contains("missing"), "{why}");
     let mut other = shards.clone();
@@ -171,4 +171,113 @@ fn the_shard_of_a_node_is_fixed() {
         (0xaf63_dc4c_8601_ec8cu64 % u64::from(u32::MAX)) as u32
     );
     assert_eq!(shard_of("anything", 0), 0);
+}
+
+/// Every member's copy of `header` from its shard, by node id.
+fn windows(header: &v1::Round, shards: &[v1::Placement], r: &v1::Round) -> Vec<v1::Round> {
+    r.members
+        .iter()
+        .map(|m| {
+            let shard = &shards[shard_of(&m.node_id, header.shards) as usize];
+            window(header, shard, &m.node_id).expect("placed in its shard")
+        })
+        .collect()
+}
+
+/// A re-form that leaves members out (the first, the last, a run of four, one beside a
+/// member nobody watches) is said as moves: every member kept makes from its copy of the
+/// round before exactly the copy its new shard gives it, without reading it; a member left
+/// out makes none (it reads its shard and finds no place); the coordinator's whole copy
+/// becomes the new whole round.
+#[test]
+fn a_member_makes_its_copy_of_a_re_form_that_leaves_members_out_without_a_read() {
+    let n = 1_000;
+    let before = round(
+        (0..n)
+            .map(|i| member(i, 1 + (i % 3) as u32, i % 7 != 0))
+            .collect(),
+    );
+    let (h1, s1) = place(&before, None).unwrap();
+    let held_whole = whole(&h1, &s1).unwrap();
+    let copies = windows(&h1, &s1, &before);
+    let out = [0, n - 1, 500, 501, 502, 503, 13, 699];
+    let after = v1::Round {
+        number: 4,
+        reason: "a re-form".into(),
+        members: before
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !out.contains(i))
+            .map(|(_, m)| m.clone())
+            .collect(),
+        ..before.clone()
+    };
+    let (h2, s2) = place(&after, Some((&held_whole, 41))).unwrap();
+    assert_eq!((h2.base, h2.base_rev, h2.gone.len()), (3, 41, out.len()));
+    // A few entries, not the round: the header every member receives stays small.
+    assert!(h2.rewired.len() <= out.len(), "{}", h2.rewired.len());
+    assert!(prost::Message::encoded_len(&h2) < 2_000);
+    let fresh = windows(&h2, &s2, &after);
+    let mut kept = fresh.iter();
+    for (i, copy) in copies.iter().enumerate() {
+        let made = moved(copy, &h2);
+        if out.contains(&i) {
+            assert!(made.is_none(), "member {i} was left out");
+            continue;
+        }
+        let made = made.unwrap_or_else(|| panic!("member {i} makes its copy"));
+        let want = kept.next().unwrap();
+        assert_eq!(made.placed, want.placed, "member {i}");
+        assert_eq!(made.members, want.members, "member {i}");
+        assert_eq!(
+            (made.number, made.group_world_size, made.world_size),
+            (4, want.group_world_size, want.world_size)
+        );
+        assert!(made.gone.is_empty() && made.rewired.is_empty() && made.base_rev == 0);
+    }
+    let made = moved(&held_whole, &h2).unwrap();
+    assert_eq!(made.members, after.members);
+    assert_eq!(made.shards, h2.shards);
+    // Not from another round than the one it moves from.
+    let older = v1::Round {
+        number: 2,
+        ..copies[1].clone()
+    };
+    assert!(moved(&older, &h2).is_none());
+}
+
+/// A re-form that keeps everyone (after a failure) moves nobody: every copy keeps its
+/// place. One that adds a node, or keeps a node registered anew, is no move: every member
+/// reads its shard.
+#[test]
+fn only_a_re_form_that_leaves_members_out_in_their_order_is_said_as_moves() {
+    let before = round((0..300).map(|i| member(i, 2, true)).collect());
+    let (h1, s1) = place(&before, None).unwrap();
+    let held = whole(&h1, &s1).unwrap();
+    let next = |members: Vec<v1::Member>| v1::Round {
+        number: 4,
+        members,
+        ..before.clone()
+    };
+    let same = next(before.members.clone());
+    let (h2, _) = place(&same, Some((&held, 9))).unwrap();
+    assert_eq!((h2.base_rev, h2.gone.len(), h2.rewired.len()), (9, 0, 0));
+    let copy = &windows(&h1, &s1, &before)[7];
+    assert_eq!(moved(copy, &h2).unwrap().placed, copy.placed);
+
+    let mut added = before.members.clone();
+    added.push(member(300, 2, true));
+    let mut anew = before.members.clone();
+    anew[5].incarnation = 2;
+    let mut reordered = before.members.clone();
+    reordered.swap(1, 2);
+    for members in [added, anew, reordered] {
+        let (h, _) = place(&next(members), Some((&held, 9))).unwrap();
+        assert_eq!((h.base, h.base_rev), (0, 0));
+        assert!(moved(copy, &h).is_none());
+    }
+    // Nor from a member's copy, which lists too little to say what moved.
+    let (h, _) = place(&same, Some((copy, 9))).unwrap();
+    assert_eq!(h.base_rev, 0);
 }

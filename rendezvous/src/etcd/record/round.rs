@@ -109,6 +109,21 @@ fn want_placement(view: &mut View, header: v1::Round, at: At) -> Result<(), Stri
     }
     // Its sizes before anything is read or made of them.
     view.allowed.placed(&header)?;
+    for p in header.gone.iter().chain(&header.rewired) {
+        p.member
+            .iter()
+            .chain(&p.neighbour)
+            .try_for_each(member_text)?;
+    }
+    // A copy of the very round it moves from makes this one without a read.
+    let moved = view
+        .round
+        .as_ref()
+        .filter(|h| h.mod_rev == header.base_rev)
+        .and_then(|h| crate::etcd::placement::moved(&h.record, &header));
+    if let Some(r) = moved {
+        return set_placed(view, r, at.mod_rev);
+    }
     view.round_wanted = Some(header.number);
     view.placing = Some(RoundEntry {
         record: std::sync::Arc::new(header),

@@ -273,10 +273,10 @@ impl Machine {
                 self.since_previous(),
             )
         };
-        let base = self.view.round.as_ref();
+        let base = self.view.round.as_ref().map(|b| (&*b.record, b.mod_rev));
         let (keys, lease) = (&self.cfg.keys, self.view.coordinator_lease);
         let mut txn = if record.members.len() > self.cfg.placement_above {
-            match records::commit_placed(keys, fence, lease, &record) {
+            match records::commit_placed(keys, fence, lease, &record, base) {
                 Ok(txn) => txn,
                 Err(why) => {
                     // Proposals are made of registrations this view accepted, whose
@@ -286,7 +286,6 @@ impl Machine {
                 }
             }
         } else {
-            let base = base.map(|b| (&*b.record, b.mod_rev));
             records::commit_round(keys, fence, lease, &record, base)
         };
         if let Some(master) = self.master_of(&record) {

@@ -238,8 +238,11 @@ pub fn commit_placed(
     fence: Option<i64>,
     lease: i64,
     record: &v1::Round,
+    base: Option<(&v1::Round, i64)>,
 ) -> Result<TxnSpec, String> {
-    let (header, shards) = crate::etcd::placement::place(record)?;
+    // Moves are said only from the round the seal replaces (its fence).
+    let base = base.filter(|(_, rev)| fence == Some(*rev));
+    let (header, shards) = crate::etcd::placement::place(record, base)?;
     let mut then = vec![put(
         keys.key::<v1::Round>(""),
         fsdp_proto::encode(&header),

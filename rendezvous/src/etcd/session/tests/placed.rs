@@ -11,7 +11,7 @@ use crate::etcd::placement;
 fn placed_round_two() -> (v1::Round, v1::Round, Vec<v1::Placement>) {
     let mut whole = round(2, &[("d", 1), ("b", 1), ("a", 1), ("c", 1)]);
     whole.sealed_at_ms = 5_000;
-    let (header, shards) = placement::place(&whole).unwrap();
+    let (header, shards) = placement::place(&whole, None).unwrap();
     (whole, header, shards)
 }
 
@@ -78,6 +78,61 @@ fn a_member_reads_its_own_shard_and_runs_at_its_placed_ranks() {
     assert_eq!((r.master_addr.as_str(), r.master_port), ("d.local", 29500));
 }
 
+/// A member that holds its copy of round 2 makes its copy of round 3, sealed without b,
+/// from the header's moves alone: no read, its ranks shifted past b's. A member the header
+/// moves from another seal reads its shard.
+#[test]
+fn a_member_holding_the_round_before_takes_a_re_form_without_a_read() {
+    let mut h = Harness::synced();
+    let (whole, header, shards) = placed_round_two();
+    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    let mine = placement::shard_of("a", header.shards);
+    h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![shard_kv(&shards[mine as usize], 12)],
+    });
+    let held = h.m.view().round.clone().unwrap();
+    assert_eq!(held.record.placed.as_ref().unwrap().group_rank, 2);
+    // The coordinator's whole copy of round 2, at the revision a's copy has.
+    let coordinators = placement::whole(&header, &shards).unwrap();
+    // The same registrations, b's left out (a round's members carry no `wants_round`).
+    let next = v1::Round {
+        number: 3,
+        sealed_at_ms: 6_000,
+        members: whole
+            .members
+            .iter()
+            .filter(|m| m.node_id != "b")
+            .cloned()
+            .collect(),
+        ..whole.clone()
+    };
+    let (moving, _) = placement::place(&next, Some((&coordinators, 12))).unwrap();
+    assert_eq!(moving.gone.len(), 1);
+    let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&moving, 20))]));
+    no_op(&e);
+    let v = h.m.view();
+    let r = v.round.as_ref().unwrap();
+    assert_eq!((r.record.number, r.mod_rev), (3, 20));
+    assert_eq!(v.round_wanted, None);
+    let p = r.record.placed.as_ref().unwrap();
+    assert_eq!((p.group_rank, p.base_rank), (1, 2), "b, ahead of a, went");
+    // Nobody here serves a status port: nobody is watched (the pure tests rewire).
+    assert_eq!(p.neighbour, None);
+    // Moves from a seal a does not hold (another revision): its shard is read.
+    let mut h = Harness::synced();
+    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![shard_kv(&shards[mine as usize], 12)],
+    });
+    let (elsewhere, _) = placement::place(&next, Some((&coordinators, 11))).unwrap();
+    let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(
+        &elsewhere, 20,
+    ))]));
+    assert!(matches!(the_op(&e), Op::Range { .. }));
+}
+
 /// A node the round was sealed without finds no place in its shard: it holds the header,
 /// and waits for the next round as a spare of a group of four.
 #[test]
@@ -85,7 +140,7 @@ fn a_node_sealed_without_waits_as_a_spare() {
     let mut h = Harness::synced();
     let mut whole = round(2, &[("d", 1), ("b", 1), ("c", 1)]);
     whole.sealed_at_ms = 5_000;
-    let (header, shards) = placement::place(&whole).unwrap();
+    let (header, shards) = placement::place(&whole, None).unwrap();
     h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
     let mine = placement::shard_of("a", header.shards) as usize;
     h.answer(Answer::Range {
@@ -107,7 +162,7 @@ fn rank_zero_of_a_placed_round_publishes_the_master() {
     let mut h = Harness::synced();
     let mut whole = round(2, &[("a", 1), ("b", 1)]);
     whole.sealed_at_ms = 5_000;
-    let (header, shards) = placement::place(&whole).unwrap();
+    let (header, shards) = placement::place(&whole, None).unwrap();
     h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
     h.answer(Answer::Range {
         revision: 12,
