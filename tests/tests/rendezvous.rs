@@ -98,6 +98,21 @@ fn assert_one_group(rs: &[Round]) {
     assert_ne!(first.master_port, 0);
 }
 
+/// A node whose first read of the run etcd answers later than the retry window (a crowd
+/// of 10,000 joining on a busy etcd: every such node gave up, "etcd did not answer the
+/// first read of the run", and its agent exited) waits for it up to the join timeout.
+/// Here the window is a millisecond, shorter than any read, watch and count on a real
+/// etcd take.
+#[tokio::test]
+async fn a_first_read_slower_than_the_retry_window_is_waited_for_up_to_the_join_timeout() {
+    let etcd = Etcd::start();
+    let mut cfg = config(&etcd, "slow-first-read", 1, 1);
+    cfg.options.retry_window = Duration::from_millis(1);
+    let mut node = EtcdRendezvous::connect(cfg).await.expect("joins");
+    let r = within(Duration::from_secs(20), "a round of one", node.next_round()).await;
+    assert_eq!(r.unwrap().world_size, 1);
+}
+
 #[tokio::test]
 async fn three_nodes_seal_one_round_and_two_seal_after_the_last_call() {
     let etcd = Etcd::start();

@@ -150,8 +150,10 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
     }
 }
 
-/// Waits for the session's first read of the run, for at most `window`; the session is
-/// stopped when it does not come.
+/// Waits for the session's first read of the run, for at most `window` (the join
+/// timeout: a crowd's first reads wait in a busy etcd for far longer than a connection's
+/// retry window, and each node that gave up at that window was an agent that exited
+/// while its lease was kept alive); the session is stopped when it does not come.
 async fn first_sync(
     view: &mut watch::Receiver<View>,
     session: &JoinHandle<()>,
@@ -161,7 +163,7 @@ async fn first_sync(
     if tokio::time::timeout(window, synced).await.is_err() {
         session.abort();
         return Err(RendezvousError::SessionEnded(
-            "etcd did not answer the first read of the run",
+            "etcd did not answer the first read of the run within join_timeout",
         ));
     }
     Ok(())
@@ -208,7 +210,7 @@ impl EtcdRendezvous {
         let counter = client.clone();
         let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
         let session = tokio::spawn(driver.run());
-        first_sync(&mut view, &session, cfg.options.retry_window).await?;
+        first_sync(&mut view, &session, cfg.join_timeout).await?;
         let waiter = Waiter::new(
             cfg.node_id.clone(),
             cfg.local_world_size,

@@ -442,10 +442,12 @@ fn stalled_words(v: &fsdp_rendezvous::etcd::View, me: &str) -> String {
         )
     });
     format!(
-        "connected={} round={round} wanted={:?} placing={:?} coordinator_is_me={} departed={}",
+        "connected={} round={round} wanted={:?} placing={:?} master={:?} coordinator_is_me={} \
+         departed={}",
         v.connected,
         v.round_wanted,
         v.placing.as_ref().map(|p| p.record.number),
+        v.master.as_ref().map(|m| m.round),
         v.coordinator.as_deref() == Some(me),
         v.departed.len(),
     )
@@ -487,8 +489,11 @@ async fn reform_after_loss(
         let views = node.views();
         let id = node.node_id().to_owned();
         tasks.spawn(async move {
+            let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let saw = seen.clone();
             let next = async move {
                 node.changed().await.expect("the loss is seen");
+                saw.store(true, Ordering::Relaxed);
                 let round = node.next_round().await.expect("the next round");
                 (node, round)
             };
@@ -498,7 +503,8 @@ async fn reform_after_loss(
             let round = tokio::select! {
                 r = &mut next => r,
                 () = tokio::time::sleep(STALLED) => {
-                    eprintln!("stalled {}", stalled_words(&views.borrow(), &id));
+                    let phase = if seen.load(Ordering::Relaxed) { "next_round" } else { "changed" };
+                    eprintln!("stalled in {phase} {}", stalled_words(&views.borrow(), &id));
                     next.await
                 }
             };

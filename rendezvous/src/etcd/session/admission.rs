@@ -46,7 +46,7 @@ pub(super) struct Admission {
     /// The draw's state (from the node id: every node draws differently, the same node
     /// the same way in every run of the simulator).
     draw: u64,
-    /// The node registered once: formation is over for it.
+    /// The node ran a round: formation is over for it.
     over: bool,
 }
 
@@ -112,12 +112,13 @@ impl Admission {
         }
     }
 
-    /// Whether requests are paced: until the node registered.
+    /// Whether requests are paced: until the node runs a round.
     pub(super) fn active(&self) -> bool {
         !self.over && !crate::switches::NO_ADMISSION.with(std::cell::Cell::get)
     }
 
-    /// The node registered: its later requests go unpaced (a re-form must not wait).
+    /// The node runs its first round: its later requests go unpaced (a re-form must not
+    /// wait).
     pub(super) fn joined(&mut self) {
         self.over = true;
     }

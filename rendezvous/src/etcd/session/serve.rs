@@ -112,6 +112,12 @@ impl Machine {
         let job = match command {
             Command::Running { round } => {
                 self.me.runs(Some(round));
+                // Formation is over for this node: its requests go unpaced, so that a
+                // re-form never waits. Not at its registration: a crowd's registered nodes
+                // whose streams broke read the run again, each read one more request to an
+                // etcd already behind, and at 10,000 nodes those unpaced reads kept etcd
+                // from ever draining (no round in 150 s; 53,000 reads "took too long").
+                self.admission.joined();
                 return self.served(id, false, Ok(()));
             }
             Command::Abandon { reason } => {

@@ -93,7 +93,6 @@ impl Machine {
         if self.me.written(self.lease.id(), self.lease.incarnation()) {
             self.counters.reregistered.fetch_add(1, Ordering::Relaxed);
         }
-        self.admission.joined();
     }
 
     /// This node's incarnation in the round it runs, if it runs one.
