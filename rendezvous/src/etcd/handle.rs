@@ -194,7 +194,10 @@ impl EtcdRendezvous {
     /// [`EtcdRendezvous::join`] once this node's turn in the spread came.
     async fn joined_over(mut client: Client, cfg: EtcdConfig) -> Result<Self, RendezvousError> {
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
-        let window = cfg.options.retry_window;
+        // Asked again while etcd says it is too busy for as long as the join may take: a
+        // crowd's grants were refused past the connection's retry window at 20,000 nodes,
+        // and each node that gave up was an agent that exited.
+        let window = cfg.join_timeout;
         refuse_nesting(&mut client, &keys, &cfg.prefix, window).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, window, ttl_s).await?;
