@@ -419,8 +419,8 @@ impl WorkerGroup {
     /// The first failure of a worker that exited on its own before now, though its waiter
     /// may not have reported it yet: a busy agent can see a peer's news of the same
     /// breakage first, and a stop signal sent then would pass the exit off as the agent's.
-    /// Waits for those reports (each waiter reads its error file within
-    /// [`ERROR_FILE_PATIENCE`]); nothing is signalled.
+    /// Waits for those reports (each waiter reads its output's tail and its error file
+    /// within [`ERROR_FILE_PATIENCE`] each); nothing is signalled.
     pub async fn failed_before_now(&mut self) -> Option<Failure> {
         let seen = self.failures.len();
         while let Ok(reported) = self.exits.try_recv() {
@@ -429,7 +429,7 @@ impl WorkerGroup {
         let gone: Vec<usize> = (0..self.workers.len())
             .filter(|&i| self.workers[i].exit.is_none() && unix::has_exited(self.workers[i].pid))
             .collect();
-        let patience = tokio::time::sleep(ERROR_FILE_PATIENCE * 2);
+        let patience = tokio::time::sleep(ERROR_FILE_PATIENCE * 2 + Duration::from_secs(1));
         tokio::pin!(patience);
         while gone.iter().any(|&i| self.workers[i].exit.is_none()) {
             tokio::select! {

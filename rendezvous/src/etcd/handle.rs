@@ -150,10 +150,9 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
     }
 }
 
-/// Waits for the session's first read of the run, for at most `window` (the join
-/// timeout: a crowd's first reads wait in a busy etcd for far longer than a connection's
-/// retry window, and each node that gave up at that window was an agent that exited
-/// while its lease was kept alive); the session is stopped when it does not come.
+/// Waits for the session's first read of the run, for at most `window` (what is left of
+/// the join timeout: a crowd's first reads wait in a busy etcd for far longer than a
+/// connection's retry window); the session is stopped when it does not come.
 async fn first_sync(
     view: &mut watch::Receiver<View>,
     session: &JoinHandle<()>,
@@ -194,13 +193,15 @@ impl EtcdRendezvous {
     /// [`EtcdRendezvous::join`] once this node's turn in the spread came.
     async fn joined_over(mut client: Client, cfg: EtcdConfig) -> Result<Self, RendezvousError> {
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
-        // Asked again while etcd says it is too busy for as long as the join may take: a
-        // crowd's grants were refused past the connection's retry window at 20,000 nodes,
-        // and each node that gave up was an agent that exited.
-        let window = cfg.join_timeout;
-        refuse_nesting(&mut client, &keys, &cfg.prefix, window).await?;
+        // Asked again while etcd says it is too busy, and waited for, for as long as the
+        // join may take (one deadline for the three): a crowd's grants were refused, and
+        // its first reads unanswered, past the connection's retry window at 10,000 and
+        // 20,000 nodes, and each node that gave up was an agent that exited.
+        let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
+        let left = || deadline.saturating_duration_since(Instant::now());
+        refuse_nesting(&mut client, &keys, &cfg.prefix, left()).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
-        let lease = grant_lease(&client, window, ttl_s).await?;
+        let lease = grant_lease(&client, left(), ttl_s).await?;
         let writes = Arc::new(AtomicU64::new(1));
         let counters = Counters::default();
         let (tx, mut view) = watch::channel(View::default());
@@ -213,7 +214,7 @@ impl EtcdRendezvous {
         let counter = client.clone();
         let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
         let session = tokio::spawn(driver.run());
-        first_sync(&mut view, &session, cfg.join_timeout).await?;
+        first_sync(&mut view, &session, left()).await?;
         let waiter = Waiter::new(
             cfg.node_id.clone(),
             cfg.local_world_size,

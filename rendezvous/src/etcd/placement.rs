@@ -100,7 +100,7 @@ fn moves(
         return None;
     }
     let d = crate::etcd::roster::delta(base, base_rev, full)?;
-    if !d.added.is_empty() || !d.updated.is_empty() {
+    if !d.added.is_empty() || !d.updated.is_empty() || d.removed.len() > MAX_MOVES {
         return None;
     }
     let removed: std::collections::BTreeSet<&str> = d.removed.iter().map(String::as_str).collect();
@@ -140,8 +140,42 @@ fn moves(
             neighbour: n.map(|i| watched(&full.members[i])),
             ..Default::default()
         })
-        .collect();
-    Some((gone, rewired))
+        .collect::<Vec<_>>();
+    // The header goes to every member: past a shard's worth of moves, reading the shards
+    // costs etcd less than sending every member all the moves.
+    (rewired.len() <= MAX_MOVES).then_some((gone, rewired))
+}
+
+/// The most members gone, and the most rewired, that a header says (each a few dozen
+/// bytes, sent to every member).
+pub const MAX_MOVES: usize = SHARD_MEMBERS;
+
+/// `header` as a copy's fields: a copy holds its members (or its window), not the moves
+/// it was made from.
+fn plain(header: &v1::Round) -> v1::Round {
+    v1::Round {
+        members: Vec::new(),
+        placed: None,
+        base: 0,
+        base_rev: 0,
+        gone: Vec::new(),
+        rewired: Vec::new(),
+        ..header.clone()
+    }
+}
+
+/// A member's copy of the round `plain`: itself and its neighbour, its place in `placed`.
+fn copy(plain: v1::Round, placed: v1::Placed) -> v1::Round {
+    v1::Round {
+        members: placed
+            .member
+            .iter()
+            .chain(placed.neighbour.iter())
+            .cloned()
+            .collect(),
+        placed: Some(placed),
+        ..plain
+    }
 }
 
 /// The copy of the placed round `header` that `held`, a copy of the round it moves from
@@ -152,7 +186,8 @@ fn moves(
 /// what `held` holds: then the shard is read as for any placed round. The caller checks
 /// that `held` is the very seal `header` names (its revision).
 pub fn moved(held: &v1::Round, header: &v1::Round) -> Option<v1::Round> {
-    if header.base_rev == 0 || header.shards == 0 || held.shards == 0 {
+    let too_many = header.gone.len() > MAX_MOVES || header.rewired.len() > MAX_MOVES;
+    if header.base_rev == 0 || header.shards == 0 || held.shards == 0 || too_many {
         return None;
     }
     if held.number != header.base {
@@ -162,15 +197,19 @@ pub fn moved(held: &v1::Round, header: &v1::Round) -> Option<v1::Round> {
         p.member.as_ref().map_or("", |m| m.node_id.as_str())
     }
     let gone: std::collections::BTreeSet<&str> = header.gone.iter().map(id).collect();
-    let plain = v1::Round {
-        members: Vec::new(),
-        placed: None,
-        base: 0,
-        base_rev: 0,
-        gone: Vec::new(),
-        rewired: Vec::new(),
-        ..header.clone()
-    };
+    let plain = plain(header);
+    // What the moves take out must be what the header's sizes lack: a header that says
+    // otherwise is not applied (its shard is read, and judged).
+    let workers_gone: u64 = header
+        .gone
+        .iter()
+        .map(|g| u64::from(g.member.as_ref().map_or(0, |m| m.local_world_size)))
+        .sum();
+    let nodes_fit = held.group_world_size as usize == plain.group_world_size as usize + gone.len();
+    let workers_fit = u64::from(held.world_size) == u64::from(plain.world_size) + workers_gone;
+    if !nodes_fit || !workers_fit || gone.len() != header.gone.len() {
+        return None;
+    }
     let Some(mine) = &held.placed else {
         // A coordinator's whole copy: every member gone must be in it.
         let members: Vec<v1::Member> = held
@@ -193,9 +232,9 @@ pub fn moved(held: &v1::Round, header: &v1::Round) -> Option<v1::Round> {
         .iter()
         .filter(|g| g.group_rank < mine.group_rank)
         .collect();
-    let workers_ahead: u32 = ahead
+    let workers_ahead: u64 = ahead
         .iter()
-        .map(|g| g.member.as_ref().map_or(0, |m| m.local_world_size))
+        .map(|g| u64::from(g.member.as_ref().map_or(0, |m| m.local_world_size)))
         .sum();
     let neighbour = match header.rewired.iter().find(|r| id(r) == me.node_id) {
         Some(r) => r.neighbour.clone(),
@@ -213,19 +252,12 @@ pub fn moved(held: &v1::Round, header: &v1::Round) -> Option<v1::Round> {
         group_rank: mine
             .group_rank
             .checked_sub(u32::try_from(ahead.len()).ok()?)?,
-        base_rank: mine.base_rank.checked_sub(workers_ahead)?,
+        base_rank: mine
+            .base_rank
+            .checked_sub(u32::try_from(workers_ahead).ok()?)?,
         neighbour,
     };
-    Some(v1::Round {
-        members: placed
-            .member
-            .iter()
-            .chain(placed.neighbour.iter())
-            .cloned()
-            .collect(),
-        placed: Some(placed),
-        ..plain
-    })
+    Some(copy(plain, placed))
 }
 
 /// What a member's liveness stream needs of its neighbour (and what judging its copy of
@@ -269,17 +301,7 @@ pub fn window(header: &v1::Round, shard: &v1::Placement, me: &str) -> Option<v1:
         .members
         .iter()
         .find(|p| p.member.as_ref().is_some_and(|m| m.node_id == me))?;
-    let members = mine
-        .member
-        .iter()
-        .chain(mine.neighbour.iter())
-        .cloned()
-        .collect();
-    Some(v1::Round {
-        members,
-        placed: Some(mine.clone()),
-        ..header.clone()
-    })
+    Some(copy(plain(header), mine.clone()))
 }
 
 /// The whole round that the placed `header` and its `shards` make, its members in rank
@@ -327,8 +349,7 @@ pub fn whole(header: &v1::Round, shards: &[v1::Placement]) -> Result<v1::Round, 
     let members: Option<Vec<v1::Member>> = slots.into_iter().collect();
     Ok(v1::Round {
         members: members.ok_or_else(|| format!("round {} has an empty rank", header.number))?,
-        placed: None,
-        ..header.clone()
+        ..plain(header)
     })
 }
 

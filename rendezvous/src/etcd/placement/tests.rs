@@ -280,4 +280,27 @@ fn only_a_re_form_that_leaves_members_out_in_their_order_is_said_as_moves() {
     // Nor from a member's copy, which lists too little to say what moved.
     let (h, _) = place(&same, Some((copy, 9))).unwrap();
     assert_eq!(h.base_rev, 0);
+    // Nor more moves than a shard holds: the header goes to every member.
+    let many = next(before.members[MAX_MOVES + 1..].to_vec());
+    let (h, _) = place(&many, Some((&held, 9))).unwrap();
+    assert_eq!(h.base_rev, 0);
+    let few = next(before.members[MAX_MOVES..].to_vec());
+    let (h, _) = place(&few, Some((&held, 9))).unwrap();
+    assert_eq!((h.base_rev, h.gone.len()), (9, MAX_MOVES));
+    // A header whose sizes are not the round before less its moves is not applied.
+    let later = &windows(&h1, &s1, &before)[200];
+    assert!(moved(later, &h).is_some());
+    for forged in [
+        v1::Round {
+            world_size: h.world_size + 2,
+            ..h.clone()
+        },
+        v1::Round {
+            group_world_size: h.group_world_size - 1,
+            ..h.clone()
+        },
+    ] {
+        assert!(moved(later, &forged).is_none());
+        assert!(moved(&held, &forged).is_none());
+    }
 }

@@ -119,7 +119,7 @@ impl Admission {
 
     /// The node runs its first round: its later requests go unpaced (a re-form must not
     /// wait).
-    pub(super) fn joined(&mut self) {
+    pub(super) fn ran_a_round(&mut self) {
         self.over = true;
     }
 
@@ -279,7 +279,7 @@ mod tests {
         let t0 = Instant::now();
         a.answered(t0, t0 + ms(2000));
         assert!(a.wait(t0 + ms(2000)).is_some());
-        a.joined();
+        a.ran_a_round();
         assert_eq!(a.wait(t0 + ms(2000)), None);
     }
 }

@@ -404,14 +404,24 @@ impl Machine {
     /// pace lets it go (`admission.rs`), keeping its lease alive meanwhile, as while a
     /// refused request waits to go again.
     pub(super) fn issue(&mut self, then: Then, op: Op) {
-        // Only while a stream keeps the lease alive: a lease held unkept (an outage's
-        // sync, a lease granted again while joining) must not wait out its TTL.
-        if paced(&op) && self.keeps_own_lease() {
+        if self.paces(&op) {
             if let Some(at) = self.admission.wait(self.now) {
                 return self.flight.retry_at(at, then, op);
             }
         }
         self.flight.issue(self.now, then, op);
+    }
+
+    /// Whether `op` waits for this node's pace (`admission.rs`): a request etcd serves,
+    /// while the node joins and a stream keeps its lease alive (a lease held unkept, an
+    /// outage's sync or a lease granted again while joining, must not wait out its TTL),
+    /// and never a coordinator's: its seals, reads and evictions are every node's way on
+    /// (one that ended up a spare would otherwise stay paced for good).
+    pub(super) fn paces(&self, op: &Op) -> bool {
+        paced(op)
+            && self.admission.active()
+            && self.keeps_own_lease()
+            && self.role() != super::io::Role::Coordinator
     }
 
     /// Whether a keep-alive stream keeps this node's current lease alive (a lease granted

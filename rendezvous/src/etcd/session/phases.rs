@@ -393,12 +393,11 @@ impl Machine {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let delay = self.retry_delay(before);
         // A joining node's pace grows with each refusal, drawn apart from the crowd's.
-        let at =
-            if self.admission.active() && self.keeps_own_lease() && super::admission::paced(&op) {
-                self.admission.refused(self.flight.sent(), now, delay)
-            } else {
-                now + delay
-            };
+        let at = if self.paces(&op) {
+            self.admission.refused(self.flight.sent(), now, delay)
+        } else {
+            now + delay
+        };
         let delay = at - now;
         if before == 0 {
             tracing::warn!(error = %e, retry_in = ?delay, "etcd is overloaded; sending the request again later (the watches stay open)");

@@ -117,7 +117,7 @@ impl Machine {
                 // whose streams broke read the run again, each read one more request to an
                 // etcd already behind, and at 10,000 nodes those unpaced reads kept etcd
                 // from ever draining (no round in 150 s; 53,000 reads "took too long").
-                self.admission.joined();
+                self.admission.ran_a_round();
                 return self.served(id, false, Ok(()));
             }
             Command::Abandon { reason } => {

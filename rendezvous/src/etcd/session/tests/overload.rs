@@ -23,7 +23,7 @@ pub(super) fn limited() -> etcd_client::Error {
 fn watching(h: Harness) -> Harness {
     let (mut h, rest) = h.first_sync(&[]);
     no_op(&rest);
-    h.m.admission.joined();
+    h.m.admission.ran_a_round();
     assert_eq!(the_op(&h.fire()), Op::KeepAlive);
     no_op(&h.answer(Answer::Done));
     h
