@@ -246,6 +246,15 @@ fn a_failure_is_charged_and_the_group_restarts_within_the_budget() {
     );
 }
 
+/// What a node whose own worker spent the budget asks of the rendezvous: the failure
+/// charged, the next round (which says the budget is spent), its departure.
+const SPENT_ON_OWN_FAILURE: [&str; 4] = [
+    "next_round",
+    "record_failure",
+    "next_round",
+    "depart Failed: failed",
+];
+
 #[test]
 fn a_spent_budget_ends_with_the_workers_own_code() {
     let cfg = config(&[], "exit 3");
@@ -255,15 +264,7 @@ fn a_spent_budget_ends_with_the_workers_own_code() {
     };
     let (result, calls) = play(&cfg, rdzv, None);
     assert_eq!(result.unwrap(), AgentExit::Failed { exit_code: 3 });
-    assert_eq!(
-        calls,
-        [
-            "next_round",
-            "record_failure",
-            "next_round",
-            "depart Failed: failed"
-        ]
-    );
+    assert_eq!(calls, SPENT_ON_OWN_FAILURE);
 }
 
 #[test]
@@ -289,15 +290,7 @@ fn a_worker_that_failed_before_a_peers_failure_was_seen_is_this_nodes_failure() 
     };
     let (result, calls) = play(&cfg, rdzv, None);
     assert_eq!(result.unwrap(), AgentExit::Failed { exit_code: 3 });
-    assert_eq!(
-        calls,
-        [
-            "next_round",
-            "record_failure",
-            "next_round",
-            "depart Failed: failed"
-        ]
-    );
+    assert_eq!(calls, SPENT_ON_OWN_FAILURE);
 }
 
 #[test]
