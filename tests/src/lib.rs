@@ -418,17 +418,15 @@ pub fn refuse_debug_text(log_file: &Path) {
 pub fn wait_showing(
     what: &str,
     limit: Duration,
-    cond: impl FnMut() -> bool,
+    mut cond: impl FnMut() -> bool,
     shown: impl FnOnce() -> String,
 ) {
-    let waited =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| wait_for(what, limit, cond)));
-    if let Err(e) = waited {
-        let why = e
-            .downcast_ref::<String>()
-            .cloned()
-            .unwrap_or_else(|| "the wait panicked".into());
-        panic!("{why}\n{}", shown());
+    let end = Instant::now() + limit;
+    while !cond() {
+        if Instant::now() >= end {
+            panic!("timed out after {limit:?} waiting for {what}\n{}", shown());
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

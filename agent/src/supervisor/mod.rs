@@ -398,9 +398,7 @@ impl WorkerGroup {
 
     /// Whether every worker still runs, after taking in the exits already reported.
     pub fn all_running(&mut self) -> bool {
-        while let Ok(reported) = self.exits.try_recv() {
-            self.record(reported);
-        }
+        self.take_queued();
         self.workers.iter().all(|w| w.exit.is_none())
     }
 
@@ -423,9 +421,7 @@ impl WorkerGroup {
     /// within [`ERROR_FILE_PATIENCE`] each); nothing is signalled.
     pub async fn failed_before_now(&mut self) -> Option<Failure> {
         let seen = self.failures.len();
-        while let Ok(reported) = self.exits.try_recv() {
-            self.record(reported);
-        }
+        self.take_queued();
         let gone: Vec<usize> = (0..self.workers.len())
             .filter(|&i| self.workers[i].exit.is_none() && unix::has_exited(self.workers[i].pid))
             .collect();
@@ -438,6 +434,13 @@ impl WorkerGroup {
             }
         }
         self.failures.get(seen).cloned()
+    }
+
+    /// Takes in the exits the waiters have reported and nobody read yet.
+    fn take_queued(&mut self) {
+        while let Ok(reported) = self.exits.try_recv() {
+            self.record(reported);
+        }
     }
 
     /// Every failure observed before the stop, in the order seen.
@@ -471,9 +474,7 @@ impl WorkerGroup {
         escalate: impl Future<Output = ()>,
     ) {
         // Exits already queued happened before the stop; they may be failures of their own.
-        while let Ok(reported) = self.exits.try_recv() {
-            self.record(reported);
-        }
+        self.take_queued();
         self.stopping.store(true, Ordering::SeqCst);
         if self.running() {
             tracing::info!(%signal, grace_s = grace.as_secs_f64(), "stopping workers");

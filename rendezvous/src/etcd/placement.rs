@@ -59,7 +59,7 @@ pub fn place(
         })
         .collect();
     let next = neighbours(members);
-    for ((m, r), n) in members.iter().zip(ranks).zip(next) {
+    for ((m, r), n) in members.iter().zip(ranks).zip(next.iter().copied()) {
         out[shard_of(&m.node_id, shards) as usize]
             .members
             .push(v1::Placed {
@@ -78,7 +78,7 @@ pub fn place(
         ..round.clone()
     };
     if let Some((base, base_rev)) = base
-        && let Some((gone, rewired)) = moves(base, base_rev, round)
+        && let Some((gone, rewired)) = moves(base, base_rev, round, &next)
     {
         (header.base, header.base_rev) = (base.number, base_rev);
         (header.gone, header.rewired) = (gone, rewired);
@@ -95,6 +95,7 @@ fn moves(
     base: &v1::Round,
     base_rev: i64,
     full: &v1::Round,
+    next: &[Option<usize>],
 ) -> Option<(Vec<v1::Placed>, Vec<v1::Placed>)> {
     if base.shards == 0 || base.placed.is_some() || base_rev == 0 {
         return None;
@@ -130,7 +131,7 @@ fn moves(
     let rewired = full
         .members
         .iter()
-        .zip(neighbours(&full.members))
+        .zip(next.iter().copied())
         .filter(|(m, n)| {
             let now = n.map(|i| full.members[i].node_id.as_str());
             before.get(m.node_id.as_str()) != Some(&now)

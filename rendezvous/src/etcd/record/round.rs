@@ -52,9 +52,11 @@ impl Record for v1::Round {
         self.dropped
             .iter()
             .try_for_each(|id| field("left-out node's id", id, NAME_MAX))?;
+        let moves = self.gone.iter().chain(&self.rewired);
         self.added
             .iter()
             .chain(&self.updated)
+            .chain(moves.flat_map(|p| p.member.iter().chain(&p.neighbour)))
             .try_for_each(member_text)
     }
 
@@ -109,12 +111,6 @@ fn want_placement(view: &mut View, header: v1::Round, at: At) -> Result<(), Stri
     }
     // Its sizes before anything is read or made of them.
     view.allowed.placed(&header)?;
-    for p in header.gone.iter().chain(&header.rewired) {
-        p.member
-            .iter()
-            .chain(&p.neighbour)
-            .try_for_each(member_text)?;
-    }
     // A copy of the very round it moves from makes this one without a read.
     let moved = view
         .round
