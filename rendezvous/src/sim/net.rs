@@ -259,7 +259,12 @@ impl World {
     fn serve_op(&mut self, a: usize, op: &Op, now: Instant) -> Result<Answer, etcd_client::Error> {
         self.expire();
         match op {
-            Op::Watch { role, from, lease } => self.open_watch(a, *role, *from, *lease),
+            Op::Watch {
+                role,
+                from,
+                lease,
+                keep_stream,
+            } => self.open_watch(a, *role, *from, *lease, *keep_stream),
             // A new keep-alive stream beside the open watches (or, joining, before them).
             Op::ReopenKeepAlive { lease } => {
                 self.agents[a].keep_alive_ended = false;
@@ -312,11 +317,18 @@ impl World {
     }
 
     /// Agent `a`'s watches open, as `role` from revision `from`, with a new keep-alive
-    /// stream for `lease`; their first answer says the revision etcd is at.
-    fn open_watch(&mut self, a: usize, role: Role, from: i64, lease: i64) {
-        // The open replaces every stream the agent had (the driver drops them first): what
-        // the old ones still carry is never read, as a closed stream's is not.
-        self.agents[a].streams += 1;
+    /// stream for `lease` unless the one it has for it is to be kept (as the driver,
+    /// only one etcd has not ended, under no watches); their first answer says the
+    /// revision etcd is at.
+    fn open_watch(&mut self, a: usize, role: Role, from: i64, lease: i64, keep_stream: bool) {
+        let ag = &self.agents[a];
+        let kept =
+            keep_stream && ag.watching.is_none() && ag.kept == Some(lease) && !ag.keep_alive_ended;
+        if !kept {
+            // The open replaces every stream the agent had (the driver drops them first):
+            // what the old ones still carry is never read, as a closed stream's is not.
+            self.agents[a].streams += 1;
+        }
         let (g, rev) = (self.agents[a].streams, self.etcd.state.revision());
         self.note(|| format!("n{a} watches as {role:?} from {from} (etcd at {rev}, streams {g})"));
         self.agents[a].watching = Some(Watching {

@@ -123,6 +123,11 @@ impl Admission {
         self.over = true;
     }
 
+    /// Whether the node ran a round (its formation is over).
+    pub(super) fn formation_over(&self) -> bool {
+        self.over
+    }
+
     /// When a request may go, if not at `now`.
     pub(super) fn wait(&self, now: Instant) -> Option<Instant> {
         self.not_before.filter(|at| *at > now && self.active())

@@ -65,9 +65,20 @@ impl Conn {
 
     async fn on_streams(&mut self, op: Op) -> EtcdResult<Answer> {
         Ok(match op {
-            Op::Watch { role, from, lease } => {
-                self.streams = None;
-                self.streams = Some(self.open(role, from, lease).await?);
+            Op::Watch {
+                role,
+                from,
+                lease,
+                keep_stream,
+            } => {
+                let old = self.streams.take();
+                // The stream kept from the grant, if it still runs for this lease (one
+                // that failed meanwhile is replaced: the machine hears of its end and
+                // opens another).
+                let kept = old
+                    .and_then(|s| Some((s.keeper, s.kept?)))
+                    .filter(|(keeper, _)| keep_stream && keeper.id() == lease);
+                self.streams = Some(self.open(role, from, lease, kept).await?);
                 Answer::Done
             }
             Op::KeepAlive => {
@@ -108,8 +119,15 @@ impl Conn {
         })
     }
 
-    /// Opens the watches for `role` from revision `from`, and the keep-alive.
-    async fn open(&mut self, role: Role, from: i64, lease: i64) -> EtcdResult<Streams> {
+    /// Opens the watches for `role` from revision `from`, and the keep-alive for `lease`
+    /// unless one is `kept`.
+    async fn open(
+        &mut self,
+        role: Role,
+        from: i64,
+        lease: i64,
+        kept: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    ) -> EtcdResult<Streams> {
         let c = &mut self.client;
         let ctl_opts = WatchOptions::new().with_prefix().with_start_revision(from);
         let (ctl, members) = if role == Role::Coordinator {
@@ -129,7 +147,10 @@ impl Conn {
             let ctl = c.watch(self.keys.ctl(), Some(ctl_opts)).await?;
             (ctl, None)
         };
-        let (keeper, kept) = c.lease_keep_alive(lease).await?;
+        let (keeper, kept) = match kept {
+            Some(kept) => kept,
+            None => c.lease_keep_alive(lease).await?,
+        };
         Ok(Streams {
             ctl: Some(ctl),
             members,

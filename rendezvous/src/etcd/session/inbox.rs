@@ -64,6 +64,14 @@ impl Inbox {
         self.lease_answers > 0
     }
 
+    /// Whether the end of a keep-alive stream waits (asked once per watches' open: a
+    /// scan).
+    pub(super) fn holds_keep_alive_end(&self) -> bool {
+        self.queue
+            .iter()
+            .any(|i| matches!(i, Input::KeepAliveFailed(_)))
+    }
+
     fn forget(&mut self, input: &Input) {
         let (bytes, answers) = weight(input);
         self.bytes -= bytes;

@@ -112,6 +112,12 @@ impl LeaseKeeper {
         self.kept_from_grant = None;
     }
 
+    /// The watches are open: a stream kept from the grant under them is the watching
+    /// phase's from now on.
+    pub(super) fn watching(&mut self) {
+        self.kept_from_grant = None;
+    }
+
     /// The lease kept alive since its grant, while no watches are open.
     pub(super) fn kept_from_grant(&self) -> Option<i64> {
         self.kept_from_grant

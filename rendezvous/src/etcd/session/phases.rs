@@ -203,8 +203,15 @@ impl Machine {
         }
     }
 
+    /// Looks for that proof, or stops. A node still forming has no workers to fence:
+    /// it looks only once it runs a round (`serve.rs`), though the session counts it as
+    /// looking meanwhile (a late keep-alive asks etcd once, not at every tick). Each
+    /// look is a fresh connection and a status request, and in a crowd on a slow etcd
+    /// thousands of joining nodes looked every quarter TTL: at 10,000 nodes, half the
+    /// bench's CPU was the kernel finding ports for their connections, and the
+    /// requests were more load on an etcd already behind.
     pub(super) fn probe(&mut self, on: bool) {
-        if self.outage.probe(on) {
+        if self.outage.probe(on) && (!on || self.admission.formation_over()) {
             self.flight.emit(Effect::Probe(on));
         }
     }
@@ -335,6 +342,7 @@ impl Machine {
             role: self.watches.role(),
             lease: self.watches.lease(),
         };
+        self.lease.watching();
         self.lease.start(self.now);
         self.outage.over();
     }

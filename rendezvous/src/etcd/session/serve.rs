@@ -6,7 +6,7 @@ use std::time::Instant;
 use fsdp_proto::v1;
 
 use super::fault::{Fault, FaultKind};
-use super::io::{Answer, Command, CommandId, Op};
+use super::io::{Answer, Command, CommandId, Effect, Op};
 use super::machine::{Machine, Phase, Resync, Then};
 use super::records;
 use crate::etcd::left;
@@ -118,6 +118,10 @@ impl Machine {
                 // etcd already behind, and at 10,000 nodes those unpaced reads kept etcd
                 // from ever draining (no round in 150 s; 53,000 reads "took too long").
                 self.admission.ran_a_round();
+                if self.outage.probing() {
+                    // The look held back while forming starts now that workers run.
+                    self.flight.emit(Effect::Probe(true));
+                }
                 return self.served(id, false, Ok(()));
             }
             Command::Abandon { reason } => {

@@ -213,10 +213,17 @@ impl Machine {
     }
 
     fn open_watches(&mut self) {
-        // What the stream kept from the grant said and the machine has not read yet
-        // belongs to a stream the watches' open closes (read after it, an end of that
-        // stream would end the new watches).
-        if self.lease.kept_from_grant().is_some() {
+        let (role, lease) = (self.role(), self.lease.id());
+        // A joining node's stream kept from the grant goes on under the watches, unless
+        // it ended (the driver hands its end over before the machine's next op, so an
+        // end not read yet waits in the inbox); any other is replaced by the open's.
+        let keep_stream = self.lease.kept_from_grant() == Some(lease)
+            && !self.lease.stream_ended()
+            && !self.flight.inbox().holds_keep_alive_end();
+        // What a stream the open closes said and the machine has not read yet belongs
+        // to that stream (read after it, an end of that stream would end the new
+        // watches).
+        if self.lease.kept_from_grant().is_some() && !keep_stream {
             self.flight.drop_keep_alive_events();
         }
         if self.watches.control_only() && self.role() == Role::Coordinator {
@@ -228,16 +235,20 @@ impl Machine {
             self.flight.first(Todo::Read);
             return;
         }
-        let (role, lease) = (self.role(), self.lease.id());
         self.watches.opening(role, lease);
-        // The watches' open replaces every stream, the early keep-alive's too (and, if
-        // etcd refuses it, leaves none until it is sent again).
-        self.lease.watches_opening();
+        if !keep_stream {
+            // The open replaces every stream, an early keep-alive's too (and, if etcd
+            // refuses it, leaves none until it is sent again).
+            self.lease.watches_opening();
+        }
         let from = self.watches.read_rev() + 1;
-        self.issue(
-            Then::Todo(Todo::OpenWatches),
-            Op::Watch { role, from, lease },
-        );
+        let op = Op::Watch {
+            role,
+            from,
+            lease,
+            keep_stream,
+        };
+        self.issue(Then::Todo(Todo::OpenWatches), op);
     }
 
     pub(super) fn on_todo_answer(&mut self, todo: Todo, answer: Result<Answer, Fault>) {
@@ -284,6 +295,9 @@ impl Machine {
             }
             // The keep-alives sent on an ended stream will never be answered: the next
             // answer must be matched with a keep-alive sent on the new one.
+            // A stream kept from the grant under the new watches is still the one its
+            // keep-alives went on.
+            (Todo::OpenWatches, Answer::Done) if self.lease.kept_from_grant().is_some() => {}
             (Todo::OpenWatches | Todo::ReopenKeepAlive, Answer::Done) => {
                 self.lease.stream_opened();
             }

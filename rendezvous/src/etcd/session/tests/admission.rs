@@ -42,6 +42,36 @@ fn a_joining_nodes_lease_is_kept_alive_while_its_first_read_waits_in_etcd() {
     assert_eq!(h.now - h.t0, 2 * TTL / 3);
 }
 
+/// The watches open over the stream kept from the grant, not a second one (at 10,000
+/// nodes the second open and its renewals were half of etcd's keep-alives at
+/// formation): a keep-alive sent on it before the open and answered after still moves
+/// the lease clock.
+#[test]
+fn the_stream_kept_from_the_grant_goes_on_under_the_watches() {
+    let mut h = Harness::new();
+    joining(&mut h);
+    assert_eq!(keep_alives_beside(&h.fire()), 1);
+    let sent = h.now;
+    h.later(Duration::from_millis(5));
+    let e = h.answer(empty_read());
+    let (ops, rest) = h.sync_through(e, &[]);
+    no_op(&rest);
+    assert!(
+        matches!(
+            ops.last(),
+            Some(Op::Watch {
+                keep_stream: true,
+                ..
+            })
+        ),
+        "{ops:?}"
+    );
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+    h.later(Duration::from_millis(5));
+    h.step(Input::LeaseAnswer(Some(6)));
+    assert_eq!(h.m.view().lease_safe_until, Some(sent + TTL));
+}
+
 #[test]
 fn a_slow_answer_holds_a_joining_nodes_registration_around_the_latency_it_saw() {
     let mut h = Harness::new();
@@ -121,7 +151,8 @@ fn a_lease_gone_before_the_node_registered_is_granted_again_without_a_registrati
             Op::Watch {
                 role: Role::Member,
                 from: REV + 1,
-                lease: 200
+                lease: 200,
+                keep_stream: false
             }
         ],
         "no registration of a node that had none"
@@ -170,7 +201,17 @@ fn the_end_of_the_stream_kept_from_the_grant_does_not_end_the_new_watches() {
     no_op(&h.step(Input::KeepAliveFailed(cut().into())));
     let e = h.answer(empty_read());
     let (ops, rest) = h.sync_through(e, &[]);
-    assert!(matches!(ops.last(), Some(Op::Watch { .. })), "{ops:?}");
+    // Not kept: the open brings a stream of its own.
+    assert!(
+        matches!(
+            ops.last(),
+            Some(Op::Watch {
+                keep_stream: false,
+                ..
+            })
+        ),
+        "{ops:?}"
+    );
     no_op(&rest);
     assert!(!closes_watches(&rest), "{rest:?}");
     assert!(matches!(h.m.phase(), Phase::Watching { .. }));

@@ -51,7 +51,8 @@ fn winning_the_claim_resyncs_with_coordinator_watches() {
             Op::Watch {
                 role: Role::Coordinator,
                 from: REV + 1,
-                lease: LEASE
+                lease: LEASE,
+                keep_stream: false
             },
         ]
     );

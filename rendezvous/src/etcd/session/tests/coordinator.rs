@@ -24,7 +24,8 @@ fn coordinating(at_ms: u64) -> (Harness, TxnSpec) {
     assert!(ops.contains(&Op::Watch {
         role: Role::Coordinator,
         from: REV + 1,
-        lease: LEASE
+        lease: LEASE,
+        keep_stream: false
     }));
     let spec = txn(the_op(&e));
     (h, spec)

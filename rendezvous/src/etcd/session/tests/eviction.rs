@@ -43,7 +43,8 @@ fn abandon_makes_the_next_sync_say_why_then_revoke_then_grant_then_read() {
             Op::Watch {
                 role: Role::Member,
                 from: REV + 1,
-                lease: 300
+                lease: 300,
+                keep_stream: false
             },
         ]
     );

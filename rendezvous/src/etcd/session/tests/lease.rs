@@ -117,9 +117,17 @@ fn a_lease_gone_before_safe_until_records_no_departure() {
     assert!(h.m.view().departed.is_empty());
 }
 
+/// A synced node that runs a round (its workers are what a probe's proof spares).
+fn running() -> Harness {
+    let mut h = Harness::synced();
+    let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
+    replied_ok(&h.command(90, Command::Running { round }), 90);
+    h
+}
+
 #[test]
 fn with_one_member_a_keep_alive_unanswered_near_the_fence_starts_the_probe() {
-    let mut h = Harness::synced();
+    let mut h = running();
     let e = h.fire();
     assert_eq!(the_op(&e), Op::KeepAlive);
     h.answer(Answer::Done);
@@ -137,6 +145,30 @@ fn with_one_member_a_keep_alive_unanswered_near_the_fence_starts_the_probe() {
     no_op(&h.answer(Answer::TimeToLive { ttl: 6 }));
     // Probing: the next wake-up is the next keep-alive, not the answer again.
     assert_eq!(h.m.deadline(), Some(h.t0 + 2 * TTL / 3));
+}
+
+/// A node still forming has no workers to fence, and does not look for proof (in a crowd
+/// on a slow etcd, thousands of joining nodes' looks were fresh connections and status
+/// requests every quarter TTL: half the bench's CPU at 10,000 nodes). It still asks etcd
+/// once; the look starts when it runs a round, if the trouble lasts.
+#[test]
+fn a_forming_node_asks_etcd_but_looks_for_no_proof_until_it_runs_a_round() {
+    let mut h = Harness::synced();
+    h.fire();
+    h.answer(Answer::Done);
+    h.fire();
+    h.answer(Answer::Done);
+    let e = h.fire();
+    assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
+    assert_eq!(probes(&e), Vec::<bool>::new());
+    no_op(&h.answer(Answer::TimeToLive { ttl: 0 }));
+    // Asked once: the next wake-up is the next keep-alive.
+    assert_eq!(h.m.deadline(), Some(h.t0 + 2 * TTL / 3));
+    let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
+    let e = h.command(90, Command::Running { round });
+    assert_eq!(probes(&e), vec![true]);
+    // An answered keep-alive stops it.
+    assert_eq!(probes(&h.step(Input::LeaseAnswer(Some(6)))), vec![false]);
 }
 
 /// A renewal that was only slow (a busy machine or etcd): etcd's answer that the lease
@@ -165,7 +197,7 @@ fn a_late_keep_alive_whose_lease_etcd_says_is_gone_grants_another() {
 
 #[test]
 fn an_answered_keep_alive_stops_the_probe() {
-    let mut h = Harness::synced();
+    let mut h = running();
     h.fire();
     h.answer(Answer::Done);
     h.fire();
