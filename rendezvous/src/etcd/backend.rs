@@ -90,7 +90,7 @@ impl Rendezvous for EtcdRendezvous {
                 r = self.view.changed() => r.map_err(|_| self.ended())?,
                 () = tokio::time::sleep_until(next_word) => {
                     next_word += waiting::EVERY;
-                    let line = self.waiting(wants).await.progress(since.elapsed());
+                    let line = self.waiting(wants, false).await.progress(since.elapsed());
                     tracing::info!("{line}");
                 }
                 () = tokio::time::sleep_until(deadline) => return Err(self.join_timed_out(wants).await),
@@ -318,8 +318,9 @@ impl JobRecords for EtcdRendezvous {
 /// The steps of `next_round` that are not the loop.
 impl EtcdRendezvous {
     /// What this node knows while it waits for round `wants`: the round it is not in,
-    /// and the registrations, counted afresh (the handle's view holds none).
-    async fn waiting(&mut self, wants: u64) -> waiting::Waiting<'_> {
+    /// and the registrations, counted afresh (the handle's view holds none) if this node
+    /// is one that counts them, or `always` (once, when its wait ends).
+    async fn waiting(&mut self, wants: u64, always: bool) -> waiting::Waiting<'_> {
         let (round, connected) = {
             let v = self.view.borrow();
             let round = v
@@ -329,6 +330,8 @@ impl EtcdRendezvous {
                 .map(|r| (r.record.number, r.record.members.len()));
             (round, v.connected)
         };
+        let counting =
+            always || waiting::counts_registrations(&self.cfg.node_id, self.cfg.max_nodes);
         let count = super::token::renewing(&self.counter, || {
             let mut c = self.counter.clone();
             let only_count = etcd_client::GetOptions::new()
@@ -339,9 +342,12 @@ impl EtcdRendezvous {
         });
         // A count is worth a line, never a wait: a store that does not answer soon says
         // so by its absence.
-        let registered = match tokio::time::timeout(Duration::from_secs(2), count).await {
-            Ok(Ok(r)) => u64::try_from(r.count()).ok(),
-            _ => None,
+        let registered = match counting {
+            true => match tokio::time::timeout(Duration::from_secs(2), count).await {
+                Ok(Ok(r)) => u64::try_from(r.count()).ok(),
+                _ => None,
+            },
+            false => None,
         };
         waiting::Waiting {
             run_id: &self.cfg.run_id,
@@ -350,6 +356,7 @@ impl EtcdRendezvous {
             min_nodes: self.cfg.min_nodes,
             max_nodes: self.cfg.max_nodes,
             registered,
+            counting,
             round,
             connected,
         }
@@ -390,6 +397,6 @@ impl EtcdRendezvous {
     /// The join timeout's error: what the node waited for, and the fix.
     async fn join_timed_out(&mut self, wants: u64) -> RendezvousError {
         let timeout = self.cfg.join_timeout;
-        RendezvousError::Timeout(self.waiting(wants).await.gave_up(timeout))
+        RendezvousError::Timeout(self.waiting(wants, true).await.gave_up(timeout))
     }
 }

@@ -5,8 +5,19 @@
 
 use std::time::Duration;
 
+use super::session::{CROWD, place_in_crowd};
+
 /// How often a node that waits for a round says so.
 pub const EVERY: Duration = Duration::from_secs(30);
+
+/// Whether node `node_id` of a run of at most `max_nodes` counts the registrations for
+/// its waiting line: every node of a run of up to [`CROWD`], about that many of a larger
+/// one. etcd 3.4 counts a range key by key, so each count is O(N): at 10,000 nodes
+/// waiting a count from each every [`EVERY`] was 333 such reads a second on an etcd
+/// already behind (86,707 of them "took too long" in one formation that never ended).
+pub fn counts_registrations(node_id: &str, max_nodes: u32) -> bool {
+    max_nodes <= CROWD || place_in_crowd(node_id) < f64::from(CROWD) / f64::from(max_nodes)
+}
 
 /// What a waiting node knows.
 #[derive(Debug, Clone)]
@@ -18,8 +29,10 @@ pub struct Waiting<'a> {
     pub min_nodes: u32,
     pub max_nodes: u32,
     /// Registrations in the store, this node's included; `None` when they could not be
-    /// counted (the store did not answer).
+    /// counted (the store did not answer) or were not ([`counts_registrations`]).
     pub registered: Option<u64>,
+    /// Whether this node counts them.
+    pub counting: bool,
     /// The run's current round, which this node is not in: its number and size.
     pub round: Option<(u64, usize)>,
     /// Whether the node's session is connected to the store.
@@ -83,6 +96,13 @@ impl Waiting<'_> {
                 format!("waiting for the first round: {n} nodes present (min {min}, max {max})"),
                 "the coordinator seals it when --nnodes MAX are there or the last call ends (fsdp-agent status shows who registered)".into(),
             ),
+            (None, None) if !self.counting => (
+                format!(
+                    "waiting for the first round (min {min}, max {max} nodes); in a run this \
+                     large about {CROWD} of the nodes count the registrations, this one does not"
+                ),
+                "fsdp-agent status shows who registered; the coordinator seals the round when --nnodes MAX are there or the last call ends".into(),
+            ),
             (None, None) => (
                 format!("waiting for nodes (min {min}); the registrations could not be counted"),
                 format!("{start_others}, or lower --nnodes"),
@@ -119,6 +139,7 @@ mod tests {
             min_nodes: 2,
             max_nodes: 2,
             registered: Some(1),
+            counting: true,
             round: None,
             connected: true,
         }
@@ -207,10 +228,53 @@ mod tests {
         );
     }
 
+    /// In a run of more than a crowd, about a crowd's worth of nodes count, each the same
+    /// in every run; the others say so, and where to look instead.
+    #[test]
+    fn in_a_large_run_about_a_crowd_of_nodes_count_the_registrations() {
+        let counting = |max: u32| {
+            (0..max)
+                .filter(|i| counts_registrations(&format!("node-{i:05}"), max))
+                .count()
+        };
+        assert_eq!(counting(CROWD), CROWD as usize);
+        for max in [2_000, 10_000, 20_000] {
+            let n = counting(max);
+            assert!((900..=1_100).contains(&n), "{max}: {n}");
+        }
+        assert_eq!(
+            counts_registrations("node-00042", 10_000),
+            counts_registrations("node-00042", 10_000)
+        );
+        let spared = Waiting {
+            registered: None,
+            counting: false,
+            max_nodes: 10_000,
+            ..alone()
+        };
+        let line = spared.progress(EVERY);
+        assert!(
+            line.starts_with(
+                "waiting for the first round (min 2, max 10000 nodes); in a run this large about \
+                 1000 of the nodes count the registrations, this one does not"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains("fsdp-agent status shows who registered"),
+            "{line}"
+        );
+    }
+
     #[test]
     fn no_line_holds_rust_debug_text() {
         for w in [
             alone(),
+            Waiting {
+                registered: None,
+                counting: false,
+                ..alone()
+            },
             Waiting {
                 registered: None,
                 ..alone()

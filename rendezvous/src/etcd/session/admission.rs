@@ -81,8 +81,13 @@ pub fn spread(node_id: &str, max_nodes: u32, crowd: u32, per_second: u32) -> Dur
         return Duration::ZERO;
     }
     let span = Duration::from_secs_f64(f64::from(max_nodes) / f64::from(per_second.max(1)));
-    // Two rounds: node ids that differ in their last character hash to nearby values.
-    span.mul_f64(unit(xorshift(xorshift(fnv(node_id.as_bytes()) | 1))))
+    span.mul_f64(place_in_crowd(node_id))
+}
+
+/// Node `node_id`'s place in a crowd, in `0..1`: a draw from its id, the same in every
+/// run. Two rounds: node ids that differ in their last character hash to nearby values.
+pub fn place_in_crowd(node_id: &str) -> f64 {
+    unit(xorshift(xorshift(fnv(node_id.as_bytes()) | 1)))
 }
 
 /// The next of a xorshift64 sequence (never 0 from a value that is not).

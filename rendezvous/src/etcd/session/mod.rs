@@ -67,10 +67,10 @@ mod sync;
 mod tests;
 mod watches;
 
-pub use admission::join_delay;
+pub use admission::{CROWD, join_delay, place_in_crowd};
 // The join spread's numbers, which the simulator runs scaled down.
 #[cfg(feature = "sim")]
-pub use admission::{CROWD, JOINS_PER_SECOND, spread};
+pub use admission::{JOINS_PER_SECOND, spread};
 pub use conn::{commit_round, lease_holds};
 pub use driver::Driver;
 pub use io::Command;
