@@ -148,27 +148,14 @@ fn main() {
             tasks.spawn(async move {
                 let id = c.node_id.clone();
                 let join = EtcdRendezvous::join(client, c);
-                tokio::pin!(join);
-                let mut node = tokio::select! {
-                    n = &mut join => n,
-                    () = tokio::time::sleep(STALLED) => {
-                        eprintln!("stalled joining {id}");
-                        join.await
-                    }
-                }
-                .expect("join");
+                let mut node = said_if_stalled(join, || format!("joining {id}"))
+                    .await
+                    .expect("join");
                 let views = node.views();
-                let round = {
-                    let next = node.next_round();
-                    tokio::pin!(next);
-                    tokio::select! {
-                        r = &mut next => r,
-                        () = tokio::time::sleep(STALLED) => {
-                            eprintln!("stalled forming {}", stalled_words(&views.borrow(), &id));
-                            next.await
-                        }
-                    }
-                }
+                let round = said_if_stalled(node.next_round(), || {
+                    format!("forming {}", stalled_words(&views.borrow(), &id))
+                })
+                .await
                 .expect("round");
                 (node, round)
             });
@@ -425,8 +412,22 @@ fn finished() -> fsdp_rendezvous::LeftReason {
     fsdp_rendezvous::LeftReason::new(fsdp_rendezvous::LeftKind::Finished, "the bench")
 }
 
-/// How long a survivor waits for the next round before it says what it holds.
+/// How long a node waits (to join, for a round) before it says what it holds.
 const STALLED: Duration = Duration::from_secs(30);
+
+/// `step`'s outcome; if it takes longer than [`STALLED`], a line `stalled <words>` on
+/// stderr first, once: the lines of a formation or re-form that never ends, summed with
+/// `sed -E 's/sim-[0-9]+//' | sort | uniq -c`.
+async fn said_if_stalled<T>(step: impl Future<Output = T>, words: impl FnOnce() -> String) -> T {
+    tokio::pin!(step);
+    tokio::select! {
+        done = &mut step => done,
+        () = tokio::time::sleep(STALLED) => {
+            eprintln!("stalled {}", words());
+            step.await
+        }
+    }
+}
 
 /// What a survivor that waits too long holds: whether connected, its round (number,
 /// members held, placed or not), a round it wants read, a placed header it reads, the
@@ -497,18 +498,15 @@ async fn reform_after_loss(
                 let round = node.next_round().await.expect("the next round");
                 (node, round)
             };
-            tokio::pin!(next);
-            // A node still waiting after STALLED says what it holds, once: the lines of
-            // a re-form that never ends, summed with `sort | uniq -c`.
-            let round = tokio::select! {
-                r = &mut next => r,
-                () = tokio::time::sleep(STALLED) => {
-                    let phase = if seen.load(Ordering::Relaxed) { "next_round" } else { "changed" };
-                    eprintln!("stalled in {phase} {}", stalled_words(&views.borrow(), &id));
-                    next.await
-                }
-            };
-            round
+            said_if_stalled(next, || {
+                let phase = if seen.load(Ordering::Relaxed) {
+                    "next_round"
+                } else {
+                    "changed"
+                };
+                format!("in {phase} {}", stalled_words(&views.borrow(), &id))
+            })
+            .await
         });
     }
     let mut survivors = Vec::new();

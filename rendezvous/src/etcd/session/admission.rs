@@ -162,6 +162,13 @@ impl Admission {
         at
     }
 
+    /// etcd let this node's lease expire at `now` while the node kept it alive: it is a
+    /// TTL behind. The pause grows to the longest, and the next request waits it.
+    pub(super) fn lease_lost(&mut self, now: Instant) {
+        self.slower(self.longest);
+        self.not_before = self.next(now);
+    }
+
     /// The current pause (before it is drawn around).
     #[cfg(test)]
     pub(super) fn pause(&self) -> Duration {
@@ -190,6 +197,22 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// A lease etcd let expire while it was kept alive says etcd is a TTL behind: the
+    /// next request (the new grant) waits the longest pause, drawn around, and fast
+    /// answers then bring the pace back down.
+    #[test]
+    fn a_lease_lost_while_kept_alive_holds_the_next_request_the_longest_pause() {
+        let mut a = Admission::new("n1", TTL);
+        let t0 = Instant::now();
+        a.lease_lost(t0);
+        assert_eq!(a.pause(), TTL / 2);
+        let held = a.wait(t0).expect("held") - t0;
+        assert!(held >= TTL / 4 && held <= TTL * 3 / 4, "{held:?}");
+        let sent = t0 + held;
+        a.answered(sent, sent + ms(20));
+        assert_eq!(a.pause(), TTL / 4);
     }
 
     #[test]

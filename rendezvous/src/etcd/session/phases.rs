@@ -114,6 +114,9 @@ impl Machine {
     /// etcd says this node's lease is gone (a keep-alive, or a time-to-live, found it so).
     pub(super) fn lease_expired(&mut self) {
         self.lease_gone();
+        // Kept alive and expired all the same: etcd is a TTL behind, and the grant and
+        // registration that follow wait the longest pause.
+        self.admission.lease_lost(self.now);
         if self.phase == Phase::Syncing(Resync::First) {
             // Gone before this node registered: nothing of it stands; a new lease before
             // the next step of the sync, kept alive from the watches on.

@@ -57,6 +57,7 @@ fn a_lease_answer_of_none_grants_registers_and_resyncs() {
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.register(1, 0, true);
     let e = h.step(Input::LeaseAnswer(None));
+    let e = h.paced_grant(e);
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     let e = h.answer(Answer::Granted { id: 300 });
     let spec = txn(the_op(&e));
@@ -73,6 +74,7 @@ fn a_lease_answer_of_none_grants_registers_and_resyncs() {
 fn a_lease_answer_of_none_without_a_registration_only_grants_and_resyncs() {
     let mut h = Harness::synced();
     let e = h.step(Input::LeaseAnswer(None));
+    let e = h.paced_grant(e);
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     let e = h.answer(Answer::Granted { id: 300 });
     assert_eq!(the_op(&e), read_ctl());
@@ -191,6 +193,7 @@ fn a_late_keep_alive_whose_lease_etcd_says_is_gone_grants_another() {
     let mut h = Harness::synced();
     asked_after_a_late_keep_alive(&mut h);
     let e = h.answer(Answer::TimeToLive { ttl: -1 });
+    let e = h.paced_grant(e);
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     assert_eq!(h.counters.leases_lost.load(Ordering::Relaxed), 1);
 }

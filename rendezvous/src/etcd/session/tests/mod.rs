@@ -415,6 +415,27 @@ impl Harness {
         self.timer()
     }
 
+    /// A forming node whose lease etcd let expire (`e`, what the machine did on hearing
+    /// it) grants another only after its pace's longest pause, drawn around (from a
+    /// quarter to three quarters of the TTL): the effects that send the grant, answering
+    /// every keep-alive sent meanwhile.
+    #[track_caller]
+    pub(super) fn paced_grant(&mut self, e: Vec<Effect>) -> Vec<Effect> {
+        let lost = self.now;
+        let mut e = e;
+        loop {
+            match etcd_ops(&e).first() {
+                Some(Op::Grant { .. }) => break,
+                Some(Op::KeepAlive) => e = self.answer(Answer::Done),
+                Some(other) => panic!("{other:?} before the grant"),
+                None => e = self.fire(),
+            }
+        }
+        let waited = self.now - lost;
+        assert!(waited >= TTL / 4 && waited <= TTL * 3 / 4, "{waited:?}");
+        e
+    }
+
     /// Registers for `wants_round`; etcd answers the transaction with `succeeded`.
     pub(super) fn register(
         &mut self,
