@@ -358,11 +358,26 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
             OnWake::Stop { signal, grace } => {
                 Ok(self.stop_on_signal(&mut group, signal, grace).await)
             }
-            OnWake::Reform(change) => Ok(Phase::Reform {
-                round,
-                group,
-                change,
-            }),
+            OnWake::Reform(change) => {
+                // Here only, not in `reform()`: a group handed over to re-form in place
+                // (`handover.rs`) re-initialises with its new peers, and a worker that
+                // exits then is the change's doing, deliberately not charged there.
+                if decide::own_exit_first(&change) {
+                    if let Some(first) = group.failed_before_now().await {
+                        tracing::info!(%change, "a worker had failed before the change was seen: the failure is this node's");
+                        return Ok(Phase::Failed {
+                            round,
+                            group,
+                            first,
+                        });
+                    }
+                }
+                Ok(Phase::Reform {
+                    round,
+                    group,
+                    change,
+                })
+            }
             OnWake::Broken { error, grace } => {
                 Err(self.rendezvous_failed(&mut group, error, grace).await)
             }
@@ -464,19 +479,6 @@ impl<'a, R: Rendezvous> Loop<'a, R> {
         mut group: WorkerGroup,
         change: Change,
     ) -> Phase {
-        // Whichever phase saw the change (a running group's, or one handed over to
-        // re-form in place): a worker that had exited on its own before it is this node's
-        // failure first.
-        if decide::own_exit_first(&change) {
-            if let Some(first) = group.failed_before_now().await {
-                tracing::info!(%change, "a worker had failed before the change was seen: the failure is this node's");
-                return Phase::Failed {
-                    round,
-                    group,
-                    first,
-                };
-            }
-        }
         let (in_place, why) = decide::in_place(&change, &self.reformable(&mut group));
         if in_place {
             return self.reform_in_place(round, group, change, why).await;

@@ -264,7 +264,10 @@ impl World {
                 from,
                 lease,
                 keep_stream,
-            } => self.open_watch(a, *role, *from, *lease, *keep_stream),
+            } if !self.open_watch(a, *role, *from, *lease, *keep_stream) => {
+                let e = std::io::Error::other("the keep-alive stream kept from the grant ended");
+                return Err(etcd_client::Error::IoError(e));
+            }
             // A new keep-alive stream beside the open watches (or, joining, before them).
             Op::ReopenKeepAlive { lease } => {
                 self.agents[a].keep_alive_ended = false;
@@ -317,14 +320,23 @@ impl World {
     }
 
     /// Agent `a`'s watches open, as `role` from revision `from`, with a new keep-alive
-    /// stream for `lease` unless the one it has for it is to be kept (as the driver,
-    /// only one etcd has not ended, under no watches); their first answer says the
-    /// revision etcd is at.
-    fn open_watch(&mut self, a: usize, role: Role, from: i64, lease: i64, keep_stream: bool) {
+    /// stream for `lease` unless the one it has for it is to be kept; their first answer
+    /// says the revision etcd is at. False, and nothing opened, if that one ended (as
+    /// the driver, which fails the op).
+    fn open_watch(
+        &mut self,
+        a: usize,
+        role: Role,
+        from: i64,
+        lease: i64,
+        keep_stream: bool,
+    ) -> bool {
         let ag = &self.agents[a];
-        let kept =
-            keep_stream && ag.watching.is_none() && ag.kept == Some(lease) && !ag.keep_alive_ended;
-        if !kept {
+        let kept = ag.watching.is_none() && ag.kept == Some(lease) && !ag.keep_alive_ended;
+        if keep_stream && !kept {
+            return false;
+        }
+        if !keep_stream {
             // The open replaces every stream the agent had (the driver drops them first):
             // what the old ones still carry is never read, as a closed stream's is not.
             self.agents[a].streams += 1;
@@ -347,6 +359,7 @@ impl World {
                 input: Input::WatchCreated { revision },
             },
         );
+        true
     }
 
     /// A keep-alive reaches etcd.

@@ -70,17 +70,7 @@ impl Conn {
                 from,
                 lease,
                 keep_stream,
-            } => {
-                let old = self.streams.take();
-                // The stream kept from the grant, if it still runs for this lease (one
-                // that failed meanwhile is replaced: the machine hears of its end and
-                // opens another).
-                let kept = old
-                    .and_then(|s| Some((s.keeper, s.kept?)))
-                    .filter(|(keeper, _)| keep_stream && keeper.id() == lease);
-                self.streams = Some(self.open(role, from, lease, kept).await?);
-                Answer::Done
-            }
+            } => self.open_watches(role, from, lease, keep_stream).await?,
             Op::KeepAlive => {
                 let Some(s) = self.streams.as_mut() else {
                     let e = std::io::Error::other("no keep-alive stream is open");
@@ -119,15 +109,63 @@ impl Conn {
         })
     }
 
-    /// Opens the watches for `role` from revision `from`, and the keep-alive for `lease`
-    /// unless one is `kept`.
-    async fn open(
+    /// Opens the watches for `role` from revision `from` (replacing any open ones) over
+    /// the keep-alive stream of `lease` kept from its grant if `keep_stream`, else with a
+    /// new one.
+    async fn open_watches(
         &mut self,
         role: Role,
         from: i64,
         lease: i64,
-        kept: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-    ) -> EtcdResult<Streams> {
+        keep_stream: bool,
+    ) -> EtcdResult<Answer> {
+        let old = self.streams.take().and_then(|s| Some((s.keeper, s.kept?)));
+        let kept = match old {
+            Some((keeper, kept)) if keep_stream && keeper.id() == lease => Some((keeper, kept)),
+            // It ended meanwhile: a failure, so that the machine, which counts
+            // its keep-alives as sent on it, syncs again instead of pairing
+            // another stream's answers with them.
+            _ if keep_stream => {
+                let e = std::io::Error::other("the keep-alive stream kept from the grant ended");
+                return Err(etcd_client::Error::IoError(e));
+            }
+            _ => None,
+        };
+        let (ctl, members) = match self.watches(role, from).await {
+            Ok(watches) => watches,
+            Err(e) => {
+                // The stream kept stays for the open tried again (with a renewed
+                // token: `execute`).
+                if let Some((keeper, kept)) = kept {
+                    self.streams = Some(Streams {
+                        ctl: None,
+                        members: None,
+                        keeper,
+                        kept: Some(kept),
+                    });
+                }
+                return Err(e);
+            }
+        };
+        let (keeper, kept) = match kept {
+            Some(kept) => kept,
+            None => self.client.lease_keep_alive(lease).await?,
+        };
+        self.streams = Some(Streams {
+            ctl: Some(ctl),
+            members,
+            keeper,
+            kept: Some(kept),
+        });
+        Ok(Answer::Done)
+    }
+
+    /// Opens the watches for `role` from revision `from`.
+    async fn watches(
+        &mut self,
+        role: Role,
+        from: i64,
+    ) -> EtcdResult<(WatchStream, Option<WatchStream>)> {
         let c = &mut self.client;
         let ctl_opts = WatchOptions::new().with_prefix().with_start_revision(from);
         let (ctl, members) = if role == Role::Coordinator {
@@ -147,16 +185,7 @@ impl Conn {
             let ctl = c.watch(self.keys.ctl(), Some(ctl_opts)).await?;
             (ctl, None)
         };
-        let (keeper, kept) = match kept {
-            Some(kept) => kept,
-            None => c.lease_keep_alive(lease).await?,
-        };
-        Ok(Streams {
-            ctl: Some(ctl),
-            members,
-            keeper,
-            kept: Some(kept),
-        })
+        Ok((ctl, members))
     }
 }
 

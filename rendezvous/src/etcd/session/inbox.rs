@@ -69,7 +69,7 @@ impl Inbox {
     pub(super) fn holds_keep_alive_end(&self) -> bool {
         self.queue
             .iter()
-            .any(|i| matches!(i, Input::KeepAliveFailed(_)))
+            .any(|i| matches!(i, Input::KeepAliveFailed(_) | Input::LeaseAnswer(None)))
     }
 
     fn forget(&mut self, input: &Input) {

@@ -122,7 +122,9 @@ pub enum Op {
         lease: i64,
         /// Keep the keep-alive stream open for `lease` since its grant: at formation a
         /// second stream was a second open and two more renewals per node, the busiest
-        /// second of etcd's life (10,000 nodes: half its keep-alives).
+        /// second of etcd's life (10,000 nodes: half its keep-alives). If that stream
+        /// ended meanwhile, the op fails (the machine counts its keep-alives as sent on
+        /// it).
         keep_stream: bool,
     },
     /// Send one keep-alive on the open stream.

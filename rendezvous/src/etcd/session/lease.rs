@@ -20,8 +20,12 @@ pub(super) struct LeaseKeeper {
     /// etcd ended the keep-alive stream for load: the next keep-alive needs a new one.
     stream_ended: bool,
     /// The lease whose keep-alive stream a joining node opened right after its grant,
-    /// before its watches (`Todo::KeepFromGrant`); none once the streams are closed.
+    /// before its watches (`Todo::KeepFromGrant`); none once the streams are closed,
+    /// or once the watches replace it or open over it.
     kept_from_grant: Option<i64>,
+    /// etcd said this lease is gone: what keep-alives sent before that bring back says
+    /// nothing new.
+    gone: bool,
 }
 
 impl LeaseKeeper {
@@ -36,6 +40,7 @@ impl LeaseKeeper {
             keep_alive_at: None,
             stream_ended: false,
             kept_from_grant: None,
+            gone: false,
         }
     }
 
@@ -62,6 +67,12 @@ impl LeaseKeeper {
     pub(super) fn replaced(&mut self, id: i64, sent: Instant, ttl: Duration) {
         self.clock.replaced(sent, ttl);
         self.id = id;
+        self.gone = false;
+    }
+
+    /// etcd said the lease is gone; false if it had said so already.
+    pub(super) fn first_word_of_its_end(&mut self) -> bool {
+        !std::mem::replace(&mut self.gone, true)
     }
 
     /// A request sent at `sent` found the lease with `left` to live.
@@ -107,14 +118,9 @@ impl LeaseKeeper {
         self.later(now, ttl);
     }
 
-    /// The watches are being opened: the stream kept from the grant is closed.
-    pub(super) fn watches_opening(&mut self) {
-        self.kept_from_grant = None;
-    }
-
-    /// The watches are open: a stream kept from the grant under them is the watching
-    /// phase's from now on.
-    pub(super) fn watching(&mut self) {
+    /// The stream kept from the grant is no longer a joining node's own: the watches'
+    /// open closes it, or they are open over it and it is theirs.
+    pub(super) fn kept_from_grant_over(&mut self) {
         self.kept_from_grant = None;
     }
 

@@ -113,10 +113,18 @@ impl Machine {
 
     /// etcd says this node's lease is gone (a keep-alive, or a time-to-live, found it so).
     pub(super) fn lease_expired(&mut self) {
+        if !self.lease.first_word_of_its_end() {
+            // An answer to a keep-alive sent before etcd first said so.
+            return;
+        }
         self.lease_gone();
         // Kept alive and expired all the same: etcd is a TTL behind, and the grant and
-        // registration that follow wait the longest pause.
-        self.admission.lease_lost(self.now);
+        // registration that follow wait the longest pause, with no keep-alive for the
+        // lease gone meanwhile.
+        if self.admission.active() {
+            self.admission.lease_lost(self.now);
+            self.lease.stop();
+        }
         if self.phase == Phase::Syncing(Resync::First) {
             // Gone before this node registered: nothing of it stands; a new lease before
             // the next step of the sync, kept alive from the watches on.
@@ -345,7 +353,7 @@ impl Machine {
             role: self.watches.role(),
             lease: self.watches.lease(),
         };
-        self.lease.watching();
+        self.lease.kept_from_grant_over();
         self.lease.start(self.now);
         self.outage.over();
     }

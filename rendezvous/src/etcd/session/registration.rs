@@ -53,6 +53,17 @@ impl Registration {
 
     /// This node runs `round` now (none: no round).
     pub(super) fn runs(&mut self, round: Option<Arc<v1::Round>>) {
+        // Written again on a new lease, the registration of a node that runs round R
+        // asks for R at least: a coordinator that seals afresh on an etcd that lost its
+        // data (a process that never saw R) then seals R or later
+        // (`first_number_all_wait_for`), never a lower number, which this node would take
+        // for an old round and ignore while the others ran it (found by the simulator:
+        // seed 941517, a node killed and started again across empty restarts of etcd).
+        if let (Some(m), Some(r)) = (self.member.as_mut(), round.as_deref()) {
+            if m.wants_round < r.number {
+                m.wants_round = r.number;
+            }
+        }
         self.running = round;
     }
 

@@ -117,8 +117,9 @@ impl Machine {
                 // whose streams broke read the run again, each read one more request to an
                 // etcd already behind, and at 10,000 nodes those unpaced reads kept etcd
                 // from ever draining (no round in 150 s; 53,000 reads "took too long").
+                let first = !self.admission.formation_over();
                 self.admission.ran_a_round();
-                if self.outage.probing() {
+                if first && self.outage.probing() {
                     // The look held back while forming starts now that workers run.
                     self.flight.emit(Effect::Probe(true));
                 }

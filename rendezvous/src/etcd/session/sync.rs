@@ -239,7 +239,7 @@ impl Machine {
         if !keep_stream {
             // The open replaces every stream, an early keep-alive's too (and, if etcd
             // refuses it, leaves none until it is sent again).
-            self.lease.watches_opening();
+            self.lease.kept_from_grant_over();
         }
         let from = self.watches.read_rev() + 1;
         let op = Op::Watch {

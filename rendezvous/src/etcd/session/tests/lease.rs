@@ -70,6 +70,36 @@ fn a_lease_answer_of_none_grants_registers_and_resyncs() {
     assert_eq!(h.m.phase(), Phase::Syncing(Resync::Outage));
 }
 
+/// A node that runs round R and registers again on a new lease asks for R at least: a
+/// coordinator sealing afresh on an etcd that lost its data seals no lower number, which
+/// the node would take for an old round (simulator seed 941517).
+#[test]
+fn a_running_node_registered_again_asks_for_the_round_it_runs() {
+    let k = keys();
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 0, true);
+    let round = std::sync::Arc::new(round(7, &[("a", 1), ("b", 1)]));
+    replied_ok(&h.command(2, Command::Running { round }), 2);
+    let e = h.step(Input::LeaseAnswer(None));
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    let e = h.answer(Answer::Granted { id: 300 });
+    let spec = txn(the_op(&e));
+    let (value, _) = put_at(&spec.then, &k.key::<v1::Member>("a"));
+    assert_eq!(v1::Member::decode(value).unwrap().wants_round, 7);
+}
+
+/// An answer to a keep-alive sent before etcd said the lease is gone says it again, and
+/// changes nothing: one lease lost, one grant.
+#[test]
+fn a_second_word_that_the_lease_is_gone_changes_nothing() {
+    let mut h = Harness::synced();
+    let e = h.step(Input::LeaseAnswer(None));
+    no_op(&h.step(Input::LeaseAnswer(Some(0))));
+    let e = h.paced_grant(e);
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    assert_eq!(h.counters.leases_lost.load(Ordering::Relaxed), 1);
+}
+
 #[test]
 fn a_lease_answer_of_none_without_a_registration_only_grants_and_resyncs() {
     let mut h = Harness::synced();
@@ -167,8 +197,16 @@ fn a_forming_node_asks_etcd_but_looks_for_no_proof_until_it_runs_a_round() {
     // Asked once: the next wake-up is the next keep-alive.
     assert_eq!(h.m.deadline(), Some(h.t0 + 2 * TTL / 3));
     let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
-    let e = h.command(90, Command::Running { round });
+    let e = h.command(
+        90,
+        Command::Running {
+            round: round.clone(),
+        },
+    );
     assert_eq!(probes(&e), vec![true]);
+    // Only the first round starts it: a later one leaves the look as it goes.
+    let e = h.command(91, Command::Running { round });
+    assert_eq!(probes(&e), Vec::<bool>::new());
     // An answered keep-alive stops it.
     assert_eq!(probes(&h.step(Input::LeaseAnswer(Some(6)))), vec![false]);
 }

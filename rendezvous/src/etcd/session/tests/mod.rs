@@ -417,8 +417,8 @@ impl Harness {
 
     /// A forming node whose lease etcd let expire (`e`, what the machine did on hearing
     /// it) grants another only after its pace's longest pause, drawn around (from a
-    /// quarter to three quarters of the TTL): the effects that send the grant, answering
-    /// every keep-alive sent meanwhile.
+    /// quarter to three quarters of the TTL), and sends no keep-alive for the lease gone
+    /// meanwhile: the effects that send the grant.
     #[track_caller]
     pub(super) fn paced_grant(&mut self, e: Vec<Effect>) -> Vec<Effect> {
         let lost = self.now;
@@ -426,7 +426,6 @@ impl Harness {
         loop {
             match etcd_ops(&e).first() {
                 Some(Op::Grant { .. }) => break,
-                Some(Op::KeepAlive) => e = self.answer(Answer::Done),
                 Some(other) => panic!("{other:?} before the grant"),
                 None => e = self.fire(),
             }
