@@ -70,19 +70,22 @@ impl LeaseKeeper {
         self.gone = false;
     }
 
-    /// etcd said the lease is gone; false if it had said so already.
+    /// etcd said the lease is gone; false if that was its last word already.
     pub(super) fn first_word_of_its_end(&mut self) -> bool {
         !std::mem::replace(&mut self.gone, true)
     }
 
-    /// A request sent at `sent` found the lease with `left` to live.
+    /// A request sent at `sent` found the lease with `left` to live (etcd's last word:
+    /// an ended keep-alive stream is taken for a lease gone, and the lease may stand).
     pub(super) fn confirmed(&mut self, sent: Instant, left: Duration) {
         self.clock.confirmed(sent, left);
+        self.gone = false;
     }
 
     /// The oldest unanswered keep-alive was answered with `left` to live.
     pub(super) fn answered(&mut self, left: Duration) {
         self.clock.keep_alive_answered(left);
+        self.gone = false;
     }
 
     /// etcd was seen without a leader at `sent` ([`LeaseClock::no_leader_at`]).

@@ -100,6 +100,32 @@ fn a_second_word_that_the_lease_is_gone_changes_nothing() {
     assert_eq!(h.counters.leases_lost.load(Ordering::Relaxed), 1);
 }
 
+/// An ended keep-alive stream is taken for a lease gone; when etcd then says the lease
+/// stands (the grant cut, the resync's time-to-live), a later word that it is gone is
+/// heard again: a new grant.
+#[test]
+fn a_lease_said_to_stand_after_its_end_was_feared_is_granted_again_when_it_goes() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
+    h.register(1, 0, true);
+    let e = h.step(Input::LeaseAnswer(None));
+    let e = h.paced_grant(e);
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    h.fail(cut());
+    let e = h.fire();
+    let (ops, rest) = h.sync_through(e, &[coordinator_kv("b", 200)]);
+    assert!(ops.contains(&Op::TimeToLive { lease: LEASE }), "{ops:?}");
+    // The lease stands: its registration is written on it again, no lease granted.
+    let spec = txn(the_op(&rest));
+    assert_eq!(put_at(&spec.then, &keys().key::<v1::Member>("a")).1, LEASE);
+    let e = h.answer(Answer::Txn { succeeded: true });
+    let (ops, _) = h.sync_through(e, &[]);
+    assert!(matches!(ops.last(), Some(Op::Watch { .. })), "{ops:?}");
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+    let e = h.step(Input::LeaseAnswer(Some(0)));
+    let e = h.paced_grant(e);
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+}
+
 #[test]
 fn a_lease_answer_of_none_without_a_registration_only_grants_and_resyncs() {
     let mut h = Harness::synced();
