@@ -421,25 +421,29 @@ pub fn wait_showing(
     mut cond: impl FnMut() -> bool,
     shown: impl FnOnce() -> String,
 ) {
-    let end = Instant::now() + limit;
-    while !cond() {
-        if Instant::now() >= end {
-            panic!("timed out after {limit:?} waiting for {what}\n{}", shown());
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    if !held_within(limit, &mut cond) {
+        panic!("timed out after {limit:?} waiting for {what}\n{}", shown());
     }
 }
 
 /// Polls `cond` every 10 ms until it holds; panics naming `what` after `limit`.
 pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    assert!(
+        held_within(limit, &mut cond),
+        "timed out after {limit:?} waiting for {what}"
+    );
+}
+
+/// Whether `cond`, polled every 10 ms, held within `limit`.
+fn held_within(limit: Duration, cond: &mut impl FnMut() -> bool) -> bool {
     let end = Instant::now() + limit;
     while !cond() {
-        assert!(
-            Instant::now() < end,
-            "timed out after {limit:?} waiting for {what}"
-        );
+        if Instant::now() >= end {
+            return false;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
+    true
 }
 
 /// Stops (SIGSTOP) or continues (SIGCONT) a pod: an agent and its workers, in the order

@@ -342,12 +342,13 @@ impl EtcdRendezvous {
         });
         // A count is worth a line, never a wait: a store that does not answer soon says
         // so by its absence.
-        let registered = match counting {
-            true => match tokio::time::timeout(Duration::from_secs(2), count).await {
+        let registered = if counting {
+            match tokio::time::timeout(Duration::from_secs(2), count).await {
                 Ok(Ok(r)) => u64::try_from(r.count()).ok(),
                 _ => None,
-            },
-            false => None,
+            }
+        } else {
+            None
         };
         waiting::Waiting {
             run_id: &self.cfg.run_id,

@@ -8,6 +8,13 @@
 //! descriptions, as etcd's Go client makes them; the rest of the crate asks these
 //! functions and never looks at an error's text.
 
+/// The keep-alive stream a joining node kept from its grant ended before its watches
+/// opened over it (the driver's and the simulator's word alike).
+pub(crate) fn kept_stream_ended() -> etcd_client::Error {
+    let e = std::io::Error::other("the keep-alive stream kept from the grant ended");
+    etcd_client::Error::IoError(e)
+}
+
 /// The error of an op that etcd did not answer within `patience` (the driver's deadline):
 /// a transient failure, and a sign that the connection itself is wedged.
 pub(crate) fn unanswered(patience: std::time::Duration) -> etcd_client::Error {

@@ -265,8 +265,8 @@ impl World {
                 lease,
                 keep_stream,
             } if !self.open_watch(a, *role, *from, *lease, *keep_stream) => {
-                let e = std::io::Error::other("the keep-alive stream kept from the grant ended");
-                return Err(etcd_client::Error::IoError(e));
+                // Not opened; an open that took goes on to `execute` below.
+                return Err(crate::etcd::errors::kept_stream_ended());
             }
             // A new keep-alive stream beside the open watches (or, joining, before them).
             Op::ReopenKeepAlive { lease } => {

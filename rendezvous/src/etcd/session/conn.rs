@@ -126,8 +126,7 @@ impl Conn {
             // its keep-alives as sent on it, syncs again instead of pairing
             // another stream's answers with them.
             _ if keep_stream => {
-                let e = std::io::Error::other("the keep-alive stream kept from the grant ended");
-                return Err(etcd_client::Error::IoError(e));
+                return Err(crate::etcd::errors::kept_stream_ended());
             }
             _ => None,
         };

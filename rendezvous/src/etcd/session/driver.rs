@@ -205,14 +205,13 @@ impl Driver {
                 msg = next_watch(ctl) => watch_input(msg),
                 msg = next_watch(members) => watch_input(msg),
             };
-            match &input {
-                Input::KeepAliveFailed(_) | Input::LeaseAnswer(None) => {
-                    if let Some(s) = streams.as_mut() {
-                        s.kept = None;
-                    }
+            if input.ends_keep_alive() {
+                if let Some(s) = streams.as_mut() {
+                    s.kept = None;
                 }
-                Input::WatchEnded | Input::StreamFailed(_) => watches_open = false,
-                _ => {}
+            }
+            if matches!(input, Input::WatchEnded | Input::StreamFailed(_)) {
+                watches_open = false;
             }
             for effect in machine.step(Instant::now(), input) {
                 match effect {
@@ -274,7 +273,7 @@ impl Driver {
             },
             Some(p) = proofs.1.recv() => Input::from(p),
         };
-        if matches!(input, Input::KeepAliveFailed(_) | Input::LeaseAnswer(None)) {
+        if input.ends_keep_alive() {
             if let Some(s) = streams.as_mut() {
                 s.kept = None;
             }

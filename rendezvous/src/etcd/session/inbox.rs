@@ -67,9 +67,7 @@ impl Inbox {
     /// Whether the end of a keep-alive stream waits (asked once per watches' open: a
     /// scan).
     pub(super) fn holds_keep_alive_end(&self) -> bool {
-        self.queue
-            .iter()
-            .any(|i| matches!(i, Input::KeepAliveFailed(_) | Input::LeaseAnswer(None)))
+        self.queue.iter().any(Input::ends_keep_alive)
     }
 
     fn forget(&mut self, input: &Input) {

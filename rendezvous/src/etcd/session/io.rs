@@ -249,6 +249,13 @@ pub enum Input {
     Port(Option<u16>),
 }
 
+impl Input {
+    /// Whether this ends the keep-alive stream it came on (failed, or closed by etcd).
+    pub fn ends_keep_alive(&self) -> bool {
+        matches!(self, Input::KeepAliveFailed(_) | Input::LeaseAnswer(None))
+    }
+}
+
 impl From<crate::etcd::probe::Proof> for Input {
     fn from(p: crate::etcd::probe::Proof) -> Self {
         Input::NoLeader {

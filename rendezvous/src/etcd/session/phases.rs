@@ -123,16 +123,18 @@ impl Machine {
         // lease gone meanwhile.
         if self.admission.active() {
             self.admission.lease_lost(self.now);
+        }
+        let joining = self.phase == Phase::Syncing(Resync::First);
+        if joining || self.admission.active() {
             self.lease.stop();
         }
-        if self.phase == Phase::Syncing(Resync::First) {
+        if joining {
             // Gone before this node registered: nothing of it stands; a new lease before
             // the next step of the sync, kept alive from the watches on.
             tracing::warn!(
                 lease = self.lease.id(),
                 "the lease expired before this node registered; granting another"
             );
-            self.lease.stop();
             self.flight.first(Todo::Grant);
             return;
         }

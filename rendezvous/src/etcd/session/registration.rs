@@ -61,6 +61,7 @@ impl Registration {
         // seed 941517, a node killed and started again across empty restarts of etcd).
         if let (Some(m), Some(r)) = (self.member.as_mut(), round.as_deref()) {
             if m.wants_round < r.number {
+                // Only then: a registration is shared with the view until changed.
                 m.wants_round = r.number;
             }
         }
