@@ -56,6 +56,7 @@ fn main() {
     let mut steps = CeilingSteps {
         watch: true,
         keep_alive: true,
+        renew_once: false,
         round: None,
     };
     while let Some(a) = args.next() {
@@ -77,6 +78,16 @@ fn main() {
                         eprintln!(
                             "rdzv-bench: --ceiling-round takes whole or placement, not '{bad}'"
                         );
+                        std::process::exit(64);
+                    }
+                }
+            }
+            "--ceiling-renew" => {
+                steps.renew_once = match v().as_str() {
+                    "kept" => false,
+                    "once" => true,
+                    bad => {
+                        eprintln!("rdzv-bench: --ceiling-renew takes kept or once, not '{bad}'");
                         std::process::exit(64);
                     }
                 }
@@ -211,6 +222,9 @@ fn main() {
 struct CeilingSteps {
     watch: bool,
     keep_alive: bool,
+    /// Renew each lease once and stop (the floor before the sixth sitting's), instead of
+    /// every third of a TTL until the last node holds its part, as an agent does.
+    renew_once: bool,
     /// And a sealed round, in this shape, once every node is there.
     round: Option<RoundShape>,
 }
@@ -244,6 +258,7 @@ async fn etcd_ceiling(
     ttl: i64,
 ) {
     let start = Instant::now();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(inflight));
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..nodes {
@@ -251,9 +266,9 @@ async fn etcd_ceiling(
         let key = format!("/fsdp/{run_id}/ceiling/{i:05}");
         // One prefix that every member watches, as every member watches the run's `ctl/`.
         let ctl = format!("/fsdp/{run_id}/ctl/");
-        let gate = gate.clone();
+        let (gate, stopped) = (gate.clone(), stopped.clone());
         tasks.spawn(async move {
-            let _turn = gate.acquire_owned().await.expect("the gate stays open");
+            let turn = gate.acquire_owned().await.expect("the gate stays open");
             let mut refused = 0u64;
             let lease = until_taken("lease grant", &mut refused, || {
                 let mut c = c.clone();
@@ -302,15 +317,21 @@ async fn etcd_ceiling(
             } else {
                 None
             };
-            (lease, refused, (watch, keeper))
+            drop(turn);
+            let renewing = keeper
+                .filter(|_| !steps.renew_once)
+                .map(|(keeper, kept)| tokio::spawn(keep_renewing(keeper, kept, ttl, stopped)));
+            (lease, refused, watch, renewing)
         });
     }
-    let (mut leases, mut refused, mut streams) = (Vec::new(), 0, Vec::new());
+    let (mut leases, mut refused, mut watches, mut renewing) =
+        (Vec::new(), 0, Vec::new(), Vec::new());
     while let Some(r) = tasks.join_next().await {
-        let (lease, n, held) = r.expect("ceiling task");
+        let (lease, n, watch, renewer) = r.expect("ceiling task");
         leases.push(lease);
         refused += n;
-        streams.push(held);
+        watches.push(watch);
+        renewing.extend(renewer);
     }
     let ceiling_s = start.elapsed().as_secs_f64();
     println!(
@@ -323,13 +344,22 @@ async fn etcd_ceiling(
         own_peak_rss_mb()
     );
     if let Some(shape) = steps.round.filter(|_| steps.watch) {
-        let watches = streams
+        let watches = watches
             .iter_mut()
-            .map(|(w, _)| w.take().expect("a watch"))
+            .map(|w| w.take().expect("a watch"))
             .collect();
         seal_round(conns, run_id, shape, watches).await;
     }
-    drop(streams);
+    drop(watches);
+    let _ = stop.send(true);
+    let (mut renewals, mut lapsed) = (0, 0);
+    for r in renewing {
+        let (n, gone) = r.await.expect("renewing task");
+        renewals += n;
+        lapsed += u64::from(gone);
+    }
+    // A floor whose own leases lapsed is not one (etcd was past its pace).
+    println!("nodes={nodes} renewals={renewals} leases_lapsed={lapsed}");
     let mut tasks = tokio::task::JoinSet::new();
     for (i, lease) in leases.into_iter().enumerate() {
         let mut c = conns[i % conns.len()].clone();
@@ -353,6 +383,32 @@ where
             Err(e) => panic!("{what}: {e}"),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Renews a floor node's lease on its stream every third of `ttl` (as an agent keeps its
+/// lease alive while it forms) until `stop` changes. Returns the renewals etcd answered
+/// and whether the lease was found gone (or its stream broken) before.
+async fn keep_renewing(
+    mut keeper: etcd_client::LeaseKeeper,
+    mut kept: etcd_client::LeaseKeepAliveStream,
+    ttl: i64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> (u64, bool) {
+    let period = Duration::from_secs(ttl.max(1) as u64) / 3;
+    let mut renewed = 0;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return (renewed, false),
+            () = tokio::time::sleep(period) => {}
+        }
+        if keeper.keep_alive().await.is_err() {
+            return (renewed, true);
+        }
+        match kept.message().await {
+            Ok(Some(answer)) if answer.ttl() > 0 => renewed += 1,
+            _ => return (renewed, true),
+        }
     }
 }
 
