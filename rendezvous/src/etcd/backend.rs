@@ -67,11 +67,6 @@ impl Rendezvous for EtcdRendezvous {
                     self.ask(Command::Register { wants_round: wants }).await?;
                     continue;
                 }
-                Action::Abandon { reason, wants } => {
-                    self.tell(Command::Abandon { reason });
-                    self.ask(Command::Register { wants_round: wants }).await?;
-                    continue;
-                }
                 Action::PublishMaster { round } => {
                     let port = port::free_port(&self.cfg.addr)?;
                     let master = v1::Master {

@@ -44,9 +44,6 @@ pub(crate) enum Action {
     Wait,
     /// Ask the session to register this node for round `wants`; look again once answered.
     Register { wants: u64 },
-    /// Tell the session to give up the lease (it may be gone in etcd), then register for
-    /// round `wants`.
-    Abandon { reason: String, wants: u64 },
     /// Pick a free port and write the master record of `round` (this node is its rank 0).
     PublishMaster { round: u64 },
     /// Run this round: tell the session, watch the ring neighbour, start the workers.
@@ -94,6 +91,8 @@ pub(crate) struct Waiter {
     /// the next look shows only the round sealed without it (seed 207789), or it was
     /// another seal under the number of the round it ran (seed 209829).
     sealed_in: Option<Arc<v1::Round>>,
+    /// The round whose start waits for etcd's word on the lease (said once).
+    doubted: Option<u64>,
 }
 
 impl Waiter {
@@ -107,6 +106,7 @@ impl Waiter {
             waiting: None,
             restarts_told: 0,
             sealed_in: None,
+            doubted: None,
         }
     }
 
@@ -151,8 +151,17 @@ impl Waiter {
             Step::Wait => Action::Wait,
             Step::Done(done) => {
                 let (record, round) = *done;
-                if let Some(reason) = self.lease_may_be_gone(v, now, record.number) {
-                    return Ok(self.register_for(record.number + 1, Some(reason)));
+                if self.lease_in_doubt(v, now, record.number) {
+                    // Not started (workers could run under a lease etcd let expire, beside
+                    // a group that re-forms without them), and not given up either: the
+                    // session asks etcd, and the round starts once etcd says the lease
+                    // stands (a renewal only slow moves the clock) or is joined again
+                    // once etcd says it is gone. Given up at once, each late keep-alive at
+                    // a busy seal was a revoke, a new lease and a new registration, every
+                    // one breaking the round for all: at 10,000 nodes the few seconds that
+                    // etcd took to send a first round's header to every member made some
+                    // members' keep-alives late, and no round ever started.
+                    return Ok(Action::Wait);
                 }
                 // An earlier round this node was sealed into charged restarts this one
                 // does not carry: etcd lost them with its data before anyone put that
@@ -191,7 +200,7 @@ impl Waiter {
                     self.waiting = None;
                     return Ok(Action::Charged(round));
                 }
-                self.register_for(next, None)
+                self.register_for(next)
             }
             Step::Spare { next, members } => {
                 self.log_spare(next - 1, members);
@@ -199,7 +208,7 @@ impl Waiter {
                     self.waiting = None;
                     return Ok(Action::Charged(round));
                 }
-                self.register_for(next, None)
+                self.register_for(next)
             }
         })
     }
@@ -245,16 +254,12 @@ impl Waiter {
         })
     }
 
-    /// Waits for round `wants` from here on, after abandoning the lease when `abandon`
-    /// says why.
-    fn register_for(&mut self, wants: u64, abandon: Option<String>) -> Action {
+    /// Waits for round `wants` from here on.
+    fn register_for(&mut self, wants: u64) -> Action {
         if let Some(w) = &mut self.waiting {
             w.wants = wants;
         }
-        match abandon {
-            Some(reason) => Action::Abandon { reason, wants },
-            None => Action::Register { wants },
-        }
+        Action::Register { wants }
     }
 
     /// Round `number`, broken before it started, if it charged the job a restart this
@@ -334,20 +339,21 @@ impl Waiter {
         }
     }
 
-    /// Why workers started now could run under a lease etcd may have expired, beside a
-    /// group that re-forms without this node.
-    fn lease_may_be_gone(&self, v: &View, now: Instant, round: u64) -> Option<String> {
+    /// Whether workers started now could run under a lease etcd may have expired (said
+    /// once per round).
+    fn lease_in_doubt(&mut self, v: &View, now: Instant, round: u64) -> bool {
         if crate::switches::NEVER_FENCE.with(std::cell::Cell::get) {
-            return None;
+            return false;
         }
         match fence::decide(now, v.lease_safe_until, self.margin) {
             FenceDecision::Fence { reason, .. } => {
-                tracing::warn!(round, %reason, "not starting the round: the lease may be gone; joining the next");
-                Some(format!(
-                    "did not start round {round}: its lease may have expired in etcd"
-                ))
+                if self.doubted != Some(round) {
+                    self.doubted = Some(round);
+                    tracing::warn!(round, %reason, "not starting the round until etcd says the lease stands");
+                }
+                true
             }
-            _ => None,
+            _ => false,
         }
     }
 

@@ -266,14 +266,6 @@ impl SimAgent {
             Action::Register { wants } => {
                 vec![self.ask(Command::Register { wants_round: wants }, Asked::Plain)]
             }
-            Action::Abandon { reason, wants } => {
-                self.abandoned = true;
-                let id = self.tell();
-                vec![
-                    Did::Tell(id, Command::Abandon { reason }),
-                    self.ask(Command::Register { wants_round: wants }, Asked::Plain),
-                ]
-            }
             Action::PublishMaster { round } => {
                 let master = v1::Master {
                     schema: SCHEMA_VERSION,
