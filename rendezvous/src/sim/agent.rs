@@ -165,6 +165,8 @@ impl SimAgent {
     pub fn restarted(&mut self, max_nodes: u32) {
         self.waiter = Waiter::new(self.node.clone(), 1, max_nodes, self.fence_margin);
         self.lp = Loop::Starting;
+        // The last process's lease recheck is not this one's.
+        self.recheck = None;
         self.abandoned = false;
         self.saw_member_of.clear();
     }

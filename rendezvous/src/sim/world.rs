@@ -327,6 +327,9 @@ impl World {
         ag.kept = None;
         ag.probing = false;
         ag.frozen_inbox.clear();
+        // A timer the last process set fires for that process only (and is dropped): a new
+        // deadline at the same moment must be set again for this one.
+        self.timer_at[a] = None;
         self.granted_to.insert(lease, (a, ag.process));
         self.writes_at_start[a] = self.writes[a].load(std::sync::atomic::Ordering::Relaxed);
         self.note(|| format!("n{a} starts (lease {lease})"));
