@@ -294,6 +294,34 @@ fn a_member_left_out_of_the_next_round_is_handed_the_round_that_spent_its_budget
     ));
 }
 
+/// A round sealed while this node's lease clock is in doubt (its keep-alives late, as a
+/// busy etcd makes them while it sends a 10,000-node round's header to every member) is
+/// neither started nor given up: the node waits for etcd's word (the session asks it),
+/// and runs the round once the clock moves. Given up at once, each late keep-alive was a
+/// revoke, a grant and a registration that broke the round for every member.
+#[test]
+fn a_round_sealed_while_the_lease_is_in_doubt_waits_for_etcds_word() {
+    use super::waiter::Action;
+    let now = Instant::now();
+    let mut w = waiter();
+    let v = round_view(2, &["a", "me"], 0);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 3 }));
+    let mut v = round_view(3, &["a", "me"], 0);
+    v.master = Some(master_of(3));
+    // Half a second left on the clock, within the fence margin (1 s here).
+    v.lease_safe_until = Some(now + std::time::Duration::from_millis(500));
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
+    // Past it altogether: still only waiting (etcd has the word, not the clock).
+    let later = now + std::time::Duration::from_secs(2);
+    assert!(matches!(w.on_view(&v, later), Ok(Action::Wait)));
+    // etcd answered: the lease stands for another TTL.
+    v.lease_safe_until = Some(later + std::time::Duration::from_secs(5));
+    match w.on_view(&v, later) {
+        Ok(Action::Run { round, .. }) => assert_eq!(round.number, 3),
+        other => panic!("expected round 3 to start, got {other:?}"),
+    }
+}
+
 /// The same, with a round this node was sealed into seen while it ran the one before:
 /// it stopped its workers for it, and by its next look that round was replaced by one
 /// without it.
