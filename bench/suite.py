@@ -170,7 +170,8 @@ def bench_rendezvous(a):
             # node and nothing else (no protocol can do less).
             r = subprocess.run([a.rdzv_bench, "--endpoint", ep, "--nodes", str(n), "--ceiling"],
                                capture_output=True, text=True, check=True, env=QUIET)
-            m = re.search(r"ceiling_s=([0-9.]+)", r.stdout.strip().splitlines()[-1])
+            # The floor's line (a line on its renewals follows it).
+            m = re.search(r"nodes=\d+ ceiling_s=([0-9.]+)", r.stdout)
             out.setdefault("etcd floor", {})[n] = float(m.group(1))
             # Then one node leaves (lease revoked: a pod delete) or dies (lease expires
             # after --ttl 3 s: SIGKILL) and the survivors re-form.

@@ -85,9 +85,9 @@ fn rendezvous_benchmark_prints_its_summary_line() {
     // roster) and the master, whatever the number of nodes (it was once one registration
     // per survivor, a thousand writes at each re-form of a thousand nodes).
     let writes: i64 = last
-        .rsplit_once("reform_etcd_writes=")
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("reform_etcd_writes="))
         .expect("the re-form's writes")
-        .1
         .parse()
         .expect("a count");
     assert!(
@@ -97,10 +97,17 @@ fn rendezvous_benchmark_prints_its_summary_line() {
 
     // The floor: a lease, a key and a watch per node, nothing of the rendezvous.
     let stdout = rdzv_bench(&etcd, &["--nodes", "8", "--ceiling"]);
+    let floor = stdout
+        .lines()
+        .find(|l| l.starts_with("nodes=8 ceiling_s="))
+        .unwrap_or_default();
+    assert!(floor.contains(" writes=16 "), "{stdout}");
+    // Its leases were kept alive to the end, none lapsed (the floor of a run that keeps
+    // them, not of one that lets them go).
     let last = stdout.lines().last().unwrap_or_default();
     assert!(
-        last.starts_with("nodes=8 ceiling_s=") && last.contains(" writes=16 "),
-        "{last}"
+        last.starts_with("nodes=8 renewals=") && last.ends_with(" leases_lapsed=0"),
+        "{stdout}"
     );
 }
 

@@ -11,7 +11,7 @@
 //! lease (a pod deleted: SIGTERM), `kill` drops it without a word (SIGKILL: its lease
 //! expires after its TTL) — and a further line
 //! `nodes=N lose=<how> reform_s=<seconds>` gives the time from the loss to every survivor
-//! holding the next round.
+//! holding the next round (and the median survivor's and the 99th percentile's).
 //!
 //! With `--ceiling`, no rendezvous runs: each of the N nodes grants a lease, puts one key
 //! on it, opens a watch and a keep-alive stream and renews once, over the same
@@ -29,9 +29,10 @@
 //! under the `ctl/` every node watches, and each node receives it; `placement` puts a
 //! header of a few bytes there and, in the same transaction, the members in
 //! shards of [`PLACEMENT_SHARD`] outside it (each member beside its ring neighbour), and
-//! each node receives the header and reads its own shard. A further line
-//! `nodes=N round=<how> round_s=<seconds> round_bytes=<each node received>` says which of
-//! the two a round of N can afford.
+//! each node receives the header and reads its own shard; `header` puts the header alone
+//! (a placed re-form that says its moves there). A further line
+//! `nodes=N round=<how> round_s=<seconds> round_bytes=<each node received>` says which
+//! shape a round of N can afford.
 //!
 //! `--ttl S` is every lease's TTL (default 5 s, the agent's). `--placement-above K` seals
 //! a round of more than K members placed (default the agent's,
@@ -74,9 +75,10 @@ fn main() {
                 steps.round = match v().as_str() {
                     "whole" => Some(RoundShape::Whole),
                     "placement" => Some(RoundShape::Placement),
+                    "header" => Some(RoundShape::Header),
                     bad => {
                         eprintln!(
-                            "rdzv-bench: --ceiling-round takes whole or placement, not '{bad}'"
+                            "rdzv-bench: --ceiling-round takes whole, placement or header, not '{bad}'"
                         );
                         std::process::exit(64);
                     }
@@ -236,6 +238,9 @@ enum RoundShape {
     Whole,
     /// A header there; each member reads its own shard of the members outside it.
     Placement,
+    /// A header there and nothing else: what a placed re-form that says its moves in the
+    /// header costs (every member makes its copy from it).
+    Header,
 }
 
 /// Members in one shard of a round's placement: what each member reads is this many
@@ -552,7 +557,7 @@ async fn reform_after_loss(
                 node.changed().await.expect("the loss is seen");
                 saw.store(true, Ordering::Relaxed);
                 let round = node.next_round().await.expect("the next round");
-                (node, round)
+                (node, round, start.elapsed())
             };
             said_if_stalled(next, || {
                 let phase = if seen.load(Ordering::Relaxed) {
@@ -565,9 +570,10 @@ async fn reform_after_loss(
             .await
         });
     }
-    let mut survivors = Vec::new();
+    let (mut survivors, mut took) = (Vec::new(), Vec::new());
     while let Some(r) = tasks.join_next().await {
-        let (node, round) = r.expect("survivor task");
+        let (node, round, after) = r.expect("survivor task");
+        took.push(after.as_secs_f64());
         assert_eq!(
             round.world_size as usize,
             nodes - 1,
@@ -577,7 +583,14 @@ async fn reform_after_loss(
     }
     let reform_s = start.elapsed().as_secs_f64();
     let writes = revision(etcd).await - before;
-    println!("nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes}");
+    took.sort_by(f64::total_cmp);
+    let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize];
+    println!(
+        "nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes} \
+         reform_p50_s={:.3} reform_p99_s={:.3}",
+        at(0.5),
+        at(0.99)
+    );
     survivors
 }
 
@@ -654,6 +667,11 @@ async fn seal_round(
                 .await
                 .expect("the round's header");
         }
+        RoundShape::Header => {
+            c.put(ctl, round(Vec::new()).encode_to_vec(), None)
+                .await
+                .expect("the round's header");
+        }
     }
     let mut tasks = tokio::task::JoinSet::new();
     for (i, mut watch) in watches.into_iter().enumerate() {
@@ -691,10 +709,10 @@ async fn seal_round(
     }
     println!(
         "nodes={nodes} round={} round_s={:.3} round_bytes={received} bench_cpu_s={:.2}",
-        if shape == RoundShape::Whole {
-            "whole"
-        } else {
-            "placement"
+        match shape {
+            RoundShape::Whole => "whole",
+            RoundShape::Placement => "placement",
+            RoundShape::Header => "header",
         },
         start.elapsed().as_secs_f64(),
         own_cpu_s()
