@@ -297,8 +297,7 @@ fn a_member_left_out_of_the_next_round_is_handed_the_round_that_spent_its_budget
 /// A round sealed while this node's lease clock is in doubt (its keep-alives late, as a
 /// busy etcd makes them while it sends a 10,000-node round's header to every member) is
 /// neither started nor given up: the node waits for etcd's word (the session asks it),
-/// and runs the round once the clock moves. Given up at once, each late keep-alive was a
-/// revoke, a grant and a registration that broke the round for every member.
+/// and runs the round once the clock moves (docs/rendezvous.md, "Start").
 #[test]
 fn a_round_sealed_while_the_lease_is_in_doubt_waits_for_etcds_word() {
     use super::waiter::Action;

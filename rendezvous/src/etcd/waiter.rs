@@ -154,14 +154,16 @@ impl Waiter {
                 if self.lease_in_doubt(v, now, record.number) {
                     // Not started (workers could run under a lease etcd let expire, beside
                     // a group that re-forms without them), and not given up either: the
-                    // session asks etcd, and the round starts once etcd says the lease
-                    // stands (a renewal only slow moves the clock) or is joined again
-                    // once etcd says it is gone. Given up at once, each late keep-alive at
-                    // a busy seal was a revoke, a new lease and a new registration, every
-                    // one breaking the round for all: at 10,000 nodes the few seconds that
-                    // etcd took to send a first round's header to every member made some
-                    // members' keep-alives late, and no round ever started.
+                    // session asks etcd, whose word wakes this look again (`published.rs`),
+                    // and the round starts once etcd says the lease stands, or is joined
+                    // again once etcd says it is gone (why: docs/rendezvous.md, "Start").
                     return Ok(Action::Wait);
+                }
+                if self.doubted.take() == Some(record.number) {
+                    tracing::info!(
+                        round = record.number,
+                        "etcd says the lease stands; starting the round"
+                    );
                 }
                 // An earlier round this node was sealed into charged restarts this one
                 // does not carry: etcd lost them with its data before anyone put that

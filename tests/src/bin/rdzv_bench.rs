@@ -14,16 +14,20 @@
 //! holding the next round (and the median survivor's and the 99th percentile's).
 //!
 //! With `--ceiling`, no rendezvous runs: each of the N nodes grants a lease, puts one key
-//! on it, opens a watch and a keep-alive stream and renews once, over the same
-//! connections, and the line `nodes=N ceiling_s=<seconds> writes=<2N>` says how fast
-//! this etcd on this machine takes the least a formation must do (a lease kept alive, a
-//! registration and a watch per node), whatever the protocol does above it. At most
+//! on it, opens a watch and a keep-alive stream, and renews the lease every third of a TTL
+//! (as an agent does) until the last node holds its part, over the same connections; the
+//! line `nodes=N ceiling_s=<seconds> writes=<2N>` says how fast this etcd on this machine
+//! takes the least a formation must do (a lease kept alive, a registration and a watch per
+//! node), whatever the protocol does above it, and a last line `nodes=N renewals=<count>
+//! leases_lapsed=<count>` what keeping the leases cost and that none lapsed
+//! (`--ceiling-renew once` renews once and keeps the streams open: the floor before issue
+//! 53's seventh sitting, whose early leases lapsed in a run longer than a TTL). At most
 //! `--inflight K` nodes (default 500) are between their first request and their last at
 //! once: with all N at once, etcd's limiter refuses tens of thousands of requests at
 //! 10,000 and the floor measures the refusals. `--ceiling-without watch,keepalive`
 //! leaves those steps out, to see what each costs.
 //!
-//! `--ceiling-round whole|placement` adds to the floor the least a sealed round costs
+//! `--ceiling-round whole|placement|header` adds to the floor the least a sealed round costs
 //! once every node is there, timed from the seal to the last node holding its part:
 //! `whole` puts a round of N members (as the coordinator writes it, ~100 bytes a member)
 //! under the `ctl/` every node watches, and each node receives it; `placement` puts a
@@ -39,7 +43,8 @@
 //! [`fsdp_rendezvous::etcd::PLACEMENT_ABOVE`]).
 //!
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
-//! [--ceiling [--inflight K] [--ceiling-without watch,keepalive]]
+//! [--ceiling [--inflight K] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once]
+//! [--ceiling-round whole|placement|header]]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
 
 use std::sync::atomic::Ordering;
@@ -224,7 +229,7 @@ fn main() {
 struct CeilingSteps {
     watch: bool,
     keep_alive: bool,
-    /// Renew each lease once and stop (the floor before the sixth sitting's), instead of
+    /// Renew each lease once and stop (the floor before the seventh sitting's), instead of
     /// every third of a TTL until the last node holds its part, as an agent does.
     renew_once: bool,
     /// And a sealed round, in this shape, once every node is there.
@@ -323,9 +328,18 @@ async fn etcd_ceiling(
                 None
             };
             drop(turn);
-            let renewing = keeper
-                .filter(|_| !steps.renew_once)
-                .map(|(keeper, kept)| tokio::spawn(keep_renewing(keeper, kept, ttl, stopped)));
+            // Renewed to the end, or (the old floor) held open unrenewed.
+            let renewing = keeper.map(|(keeper, kept)| {
+                if steps.renew_once {
+                    tokio::spawn(async move {
+                        let _open = (keeper, kept);
+                        let _ = stopped.clone().changed().await;
+                        (0, false)
+                    })
+                } else {
+                    tokio::spawn(keep_renewing(keeper, kept, ttl, stopped))
+                }
+            });
             (lease, refused, watch, renewing)
         });
     }
@@ -364,6 +378,11 @@ async fn etcd_ceiling(
         lapsed += u64::from(gone);
     }
     // A floor whose own leases lapsed is not one (etcd was past its pace).
+    let lapsed = if steps.keep_alive && !steps.renew_once {
+        lapsed.to_string()
+    } else {
+        "unchecked".to_owned()
+    };
     println!("nodes={nodes} renewals={renewals} leases_lapsed={lapsed}");
     let mut tasks = tokio::task::JoinSet::new();
     for (i, lease) in leases.into_iter().enumerate() {
@@ -407,12 +426,17 @@ async fn keep_renewing(
             _ = stop.changed() => return (renewed, false),
             () = tokio::time::sleep(period) => {}
         }
-        if keeper.keep_alive().await.is_err() {
-            return (renewed, true);
-        }
-        match kept.message().await {
-            Ok(Some(answer)) if answer.ttl() > 0 => renewed += 1,
-            _ => return (renewed, true),
+        // The stop also ends a renewal etcd has not answered.
+        let renewal = async {
+            keeper.keep_alive().await?;
+            kept.message().await
+        };
+        tokio::select! {
+            _ = stop.changed() => return (renewed, false),
+            answer = renewal => match answer {
+                Ok(Some(answer)) if answer.ttl() > 0 => renewed += 1,
+                _ => return (renewed, true),
+            },
         }
     }
 }
@@ -584,7 +608,11 @@ async fn reform_after_loss(
     let reform_s = start.elapsed().as_secs_f64();
     let writes = revision(etcd).await - before;
     took.sort_by(f64::total_cmp);
-    let at = |q: f64| took[((took.len() - 1) as f64 * q) as usize];
+    let at = |q: f64| {
+        took.get(((took.len().max(1) - 1) as f64 * q) as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
     println!(
         "nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes} \
          reform_p50_s={:.3} reform_p99_s={:.3}",
