@@ -2,9 +2,10 @@
 //! through [`Published::edit`], so that every change is one the agent loop hears of.
 
 use std::ops::Deref;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::etcd::view::View;
+use crate::fence::{FenceDecision, decide};
 
 #[derive(Debug, Default)]
 pub(super) struct Published {
@@ -39,20 +40,26 @@ impl Published {
         &mut self.view
     }
 
-    /// The lease is safe until `safe_until` now. Later than before, from a moment later
-    /// than `doubt_until` (now plus the fence margin), it is handed on without waking
-    /// anyone ([`Published::lease_moved`]); from a moment in doubt, it is a change: a
-    /// round sealed while the lease was in doubt waits for exactly this word, and
-    /// without a wake it waited for the next unrelated change (up to the 30 s waiting
-    /// line). Earlier, it is a change like any other: a wait timed by the old moment
-    /// would fence late.
-    pub(super) fn lease_safe_until(&mut self, safe_until: Option<Instant>, doubt_until: Instant) {
+    /// The lease is safe until `safe_until` at `now`. Later than before, from a moment the
+    /// fence (with `margin`) did not doubt, it is handed on without waking anyone
+    /// ([`Published::lease_moved`]); from a moment in doubt, it is a change: a round
+    /// sealed while the lease was in doubt waits for exactly this word, and without a
+    /// wake it waited for the next unrelated change (up to the 30 s waiting line).
+    /// Earlier, it is a change like any other: a wait timed by the old moment would fence
+    /// late.
+    pub(super) fn lease_safe_until(
+        &mut self,
+        safe_until: Option<Instant>,
+        now: Instant,
+        margin: Duration,
+    ) {
         let old = self.view.lease_safe_until;
         if old == safe_until {
             return;
         }
         self.view.lease_safe_until = safe_until;
-        if matches!((old, safe_until), (Some(o), Some(n)) if n > o && o > doubt_until) {
+        let held = matches!(decide(now, old, margin), FenceDecision::Hold { .. });
+        if held && matches!((old, safe_until), (Some(o), Some(n)) if n > o) {
             self.lease_moved = true;
         } else {
             self.changed = true;
@@ -73,8 +80,6 @@ impl Published {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     /// A renewal answered in time moves the clock without waking the agent loop; one that
@@ -89,19 +94,19 @@ mod tests {
         };
         let mut p = Published::new(view);
         assert!(p.take_changed().is_some());
-        p.lease_safe_until(Some(t0 + Duration::from_secs(5)), t0 + margin);
+        p.lease_safe_until(Some(t0 + Duration::from_secs(5)), t0, margin);
         assert!(p.take_changed().is_none());
         assert!(p.take_lease_moved().is_some());
         // Three and a half seconds on, the clock is half a second from its end.
         let late = t0 + Duration::from_millis(4_500);
-        p.lease_safe_until(Some(late + Duration::from_secs(5)), late + margin);
+        p.lease_safe_until(Some(late + Duration::from_secs(5)), late, margin);
         assert!(
             p.take_changed().is_some(),
             "a word a round waits for wakes the loop"
         );
         assert!(p.take_lease_moved().is_none());
         // Earlier: always a change.
-        p.lease_safe_until(Some(late + Duration::from_secs(2)), late + margin);
+        p.lease_safe_until(Some(late + Duration::from_secs(2)), late, margin);
         assert!(p.take_changed().is_some());
     }
 }

@@ -22,9 +22,9 @@ impl Machine {
 
     /// The lease clock's moment, into the view.
     pub(super) fn publish_lease(&mut self) {
-        let doubt_until = self.now + self.cfg.fence_margin;
+        let (now, margin) = (self.now, self.cfg.fence_margin);
         self.view
-            .lease_safe_until(self.lease.clock().safe_until(), doubt_until);
+            .lease_safe_until(self.lease.clock().safe_until(), now, margin);
     }
 
     pub(super) fn role(&self) -> Role {
