@@ -5,7 +5,9 @@
 //! node holding the sealed round, the writes all nodes made, the coordinator's CPU time
 //! for its decisions (all of them, and those that sealed), and how many times a node
 //! found its lease gone and wrote its registration again on a new one (a crowd that
-//! etcd could not keep up with: 0 when formation is admitted at etcd's pace).
+//! etcd could not keep up with: 0 when formation is admitted at etcd's pace);
+//! `formed_p50_s` and `formed_p99_s` say when the median node and the slowest hundredth
+//! held the round (a gap to `seal_s` is a few stragglers, not a slow crowd).
 //!
 //! With `--lose leave|kill`, one node then leaves the sealed round — `leave` revokes its
 //! lease (a pod deleted: SIGTERM), `kill` drops it without a word (SIGKILL: its lease
@@ -38,11 +40,12 @@
 //! `nodes=N round=<how> round_s=<seconds> round_bytes=<each node received>` says which
 //! shape a round of N can afford.
 //!
+//! `--settle S` lets the sealed round run S seconds before the loss (default 0: at once).
 //! `--ttl S` is every lease's TTL (default 5 s, the agent's). `--placement-above K` seals
 //! a round of more than K members placed (default the agent's,
 //! [`fsdp_rendezvous::etcd::PLACEMENT_ABOVE`]).
 //!
-//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill] [--ttl S]
+//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill [--settle S]] [--ttl S]
 //! [--ceiling [--inflight K] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once]
 //! [--ceiling-round whole|placement|header]]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
@@ -58,6 +61,7 @@ fn main() {
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
     let (mut lose, mut ttl, mut ceiling) = (None::<String>, 5u64, false);
     let mut inflight = 500usize;
+    let mut settle = Duration::ZERO;
     let mut placement_above = fsdp_rendezvous::etcd::PLACEMENT_ABOVE;
     let mut steps = CeilingSteps {
         watch: true,
@@ -73,6 +77,7 @@ fn main() {
             "--clients" => clients = Some(v().parse().expect("--clients K")),
             "--lose" => lose = Some(v()).filter(|h| h == "leave" || h == "kill"),
             "--ttl" => ttl = v().parse().expect("--ttl seconds"),
+            "--settle" => settle = Duration::from_secs_f64(v().parse().expect("--settle seconds")),
             "--ceiling" => ceiling = true,
             "--inflight" => inflight = v().parse().expect("--inflight K"),
             "--placement-above" => placement_above = v().parse().expect("--placement-above K"),
@@ -175,12 +180,14 @@ fn main() {
                 })
                 .await
                 .expect("round");
-                (node, round)
+                (node, round, start.elapsed().as_secs_f64())
             });
         }
-        let mut held = Vec::new();
+        let (mut held, mut took) = (Vec::new(), Vec::new());
         while let Some(r) = tasks.join_next().await {
-            held.push(r.expect("node task"));
+            let (node, round, after) = r.expect("node task");
+            took.push(after);
+            held.push((node, round));
         }
         let seal_s = start.elapsed().as_secs_f64();
         let world: Vec<u32> = held.iter().map(|(_, r)| r.world_size).collect();
@@ -206,13 +213,18 @@ fn main() {
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
              leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
-             bench_cpu_s={:.2} bench_rss_mb={}",
+             formed_p50_s={:.3} formed_p99_s={:.3} bench_cpu_s={:.2} bench_rss_mb={}",
+            quantile(&mut took, 0.5),
+            quantile(&mut took, 0.99),
             own_cpu_s(),
             own_peak_rss_mb()
         );
         if let Some(how) = lose {
+            // The round runs a while before the loss (`--settle`), as a job's does: a
+            // loss at the seal is timed with the formation's own tail beside it.
+            tokio::time::sleep(settle).await;
             let mut probe = conns[0].clone();
-            let survivors = reform_after_loss(held, &how, &mut probe).await;
+            let survivors = reform_after_loss(held, &how, &mut probe, settle).await;
             leave_all(survivors, cfg.keep_alive_ttl).await;
             return;
         }
@@ -545,6 +557,7 @@ async fn reform_after_loss(
     mut held: Vec<(EtcdRendezvous, fsdp_rendezvous::Round)>,
     how: &str,
     etcd: &mut etcd_client::Client,
+    settle: Duration,
 ) -> Vec<EtcdRendezvous> {
     // Every write that changes etcd moves its revision by one: the re-form's cost is how
     // far it moved (the master's key included, written once the new round is held).
@@ -607,19 +620,23 @@ async fn reform_after_loss(
     }
     let reform_s = start.elapsed().as_secs_f64();
     let writes = revision(etcd).await - before;
-    took.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        took.get(((took.len().max(1) - 1) as f64 * q) as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
     println!(
         "nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes} \
-         reform_p50_s={:.3} reform_p99_s={:.3}",
-        at(0.5),
-        at(0.99)
+         reform_p50_s={:.3} reform_p99_s={:.3} settled_s={:.1}",
+        quantile(&mut took, 0.5),
+        quantile(&mut took, 0.99),
+        settle.as_secs_f64(),
     );
     survivors
+}
+
+/// The `q` quantile of `took` (sorted here), 0 when it is empty: how long the nodes'
+/// median or slowest hundredth took, beside the slowest one's time that ends a step.
+fn quantile(took: &mut [f64], q: f64) -> f64 {
+    took.sort_by(f64::total_cmp);
+    took.get(((took.len().max(1) - 1) as f64 * q) as usize)
+        .copied()
+        .unwrap_or(0.0)
 }
 
 /// The least a sealed round of `watches.len()` members costs in `shape`: one write, then
