@@ -7,7 +7,9 @@
 //! found its lease gone and wrote its registration again on a new one (a crowd that
 //! etcd could not keep up with: 0 when formation is admitted at etcd's pace);
 //! `formed_p50_s` and `formed_p99_s` say when the median node and the slowest hundredth
-//! held the round (a gap to `seal_s` is a few stragglers, not a slow crowd).
+//! held the round (a gap to `seal_s` is a few stragglers, not a slow crowd), and
+//! `paced_max_s` and `slowest_paced_s` how long the most paced node's requests and the
+//! slowest node's waited for their pace (admission).
 //!
 //! With `--lose leave|kill`, one node then leaves the sealed round — `leave` revokes its
 //! lease (a pod deleted: SIGTERM), `kill` drops it without a word (SIGKILL: its lease
@@ -184,8 +186,14 @@ fn main() {
             });
         }
         let (mut held, mut took) = (Vec::new(), Vec::new());
+        let (mut paced_max_s, mut slowest) = (0f64, (0f64, 0f64));
         while let Some(r) = tasks.join_next().await {
             let (node, round, after) = r.expect("node task");
+            let paced = node.counters().paced_ns.load(Ordering::Relaxed) as f64 / 1e9;
+            paced_max_s = paced_max_s.max(paced);
+            if after > slowest.0 {
+                slowest = (after, paced);
+            }
             took.push(after);
             held.push((node, round));
         }
@@ -213,9 +221,11 @@ fn main() {
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
              leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
-             formed_p50_s={:.3} formed_p99_s={:.3} bench_cpu_s={:.2} bench_rss_mb={}",
+             formed_p50_s={:.3} formed_p99_s={:.3} paced_max_s={paced_max_s:.2} \
+             slowest_paced_s={:.2} bench_cpu_s={:.2} bench_rss_mb={}",
             quantile(&mut took, 0.5),
             quantile(&mut took, 0.99),
+            slowest.1,
             own_cpu_s(),
             own_peak_rss_mb()
         );

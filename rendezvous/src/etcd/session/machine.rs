@@ -2,7 +2,7 @@
 //! input. The steps of a sync and of a command live in `sync.rs` and `serve.rs`.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::admission::{Admission, paced};
@@ -406,6 +406,8 @@ impl Machine {
     pub(super) fn issue(&mut self, then: Then, op: Op) {
         if self.paces(&op) {
             if let Some(at) = self.admission.wait(self.now) {
+                let held = u64::try_from((at - self.now).as_nanos()).unwrap_or(u64::MAX);
+                self.counters.paced_ns.fetch_add(held, Ordering::Relaxed);
                 return self.flight.retry_at(at, then, op);
             }
         }
