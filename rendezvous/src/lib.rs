@@ -122,9 +122,10 @@ pub struct Counters {
     /// Registrations written on a lease other than the one the last was written on:
     /// writes a crowd adds while etcd is behind (`rdzv-bench` prints both).
     pub reregistered: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// Time (ns) this node's requests waited for its pace while it formed (`admission`):
-    /// a crowd's slowest nodes, and whether their pace is what held them (`rdzv-bench`
-    /// prints the longest wait, and the slowest node's).
+    /// Time (ns) this node's requests were held by its pace while it formed
+    /// (`admission`: after a slow answer or a refusal; the join's first spread is not
+    /// counted): whether the pace is what held a crowd's slowest nodes (`rdzv-bench`
+    /// prints the longest, and the slowest node's).
     pub paced_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 

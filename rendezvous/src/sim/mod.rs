@@ -82,7 +82,7 @@ pub struct Options {
     pub three_members: bool,
     /// Spells of an overloaded etcd ([`Fault::Overload`]).
     pub overload: bool,
-    /// A run of more than `.0` nodes spreads its joins at `.1` a second (the agent's
+    /// A run of more than `.0` nodes spreads its joins at `.1` a second on average (the agent's
     /// [`crate::etcd::session::join_delay`] at the simulator's scale).
     pub join_spread: (u32, u32),
     /// Failure restarts each agent allows (`--max-restarts`).
@@ -138,8 +138,8 @@ impl Options {
     /// started together, one round of all of them, and an etcd whose apply loop takes
     /// 100 ms a proposal for the first minute (10 a second: two joins' worth of a 10,000
     /// node crowd on this machine's etcd, scaled down with the crowd); the spread scaled
-    /// alike (runs above 4 nodes spread at 4 joins a second). No other faults: formation
-    /// is what is checked, and its writes are bounded.
+    /// alike (runs above 4 nodes spread at 4 joins a second on average). No other faults:
+    /// formation is what is checked, and its writes are bounded.
     pub fn crowd(agents: usize) -> Self {
         let mut o = Self::new(agents);
         o.faults = 0;

@@ -1,5 +1,5 @@
 //! Rendezvous scale benchmark: N simulated nodes (tasks in one process, sharing a few
-//! connections) form one round on an etcd. Prints, as its last line,
+//! connections) form one round on an etcd. Prints a line
 //! `nodes=N seal_s=<seconds> etcd_writes=<count> coordinator_cpu_ms=<ms> seal_cpu_ms=<ms>
 //! leases_lost=<count> reregistered=<count> ...`: the time from the first join to every
 //! node holding the sealed round, the writes all nodes made, the coordinator's CPU time
@@ -9,13 +9,16 @@
 //! `formed_p50_s` and `formed_p99_s` say when the median node and the slowest hundredth
 //! held the round (a gap to `seal_s` is a few stragglers, not a slow crowd), and
 //! `paced_max_s` and `slowest_paced_s` how long the most paced node's requests and the
-//! slowest node's waited for their pace (admission).
+//! slowest node's were held by their pace (admission, after a slow answer or a refusal).
 //!
 //! With `--lose leave|kill`, one node then leaves the sealed round — `leave` revokes its
 //! lease (a pod deleted: SIGTERM), `kill` drops it without a word (SIGKILL: its lease
-//! expires after its TTL) — and a further line
-//! `nodes=N lose=<how> reform_s=<seconds>` gives the time from the loss to every survivor
-//! holding the next round (and the median survivor's and the 99th percentile's).
+//! expires after its TTL) — and a further line `nodes=N lose=<how> reform_s=<seconds>
+//! reform_etcd_writes=<count> reform_p50_s=<seconds> reform_p99_s=<seconds>
+//! settled_s=<seconds>` gives the time from the loss to every survivor holding the next
+//! round, the writes that took, the median survivor's and the 99th percentile's times, and
+//! how long the round ran before the loss: `--settle S` (default 0, the loss at once; a
+//! loss at the seal meets the formation's own tail).
 //!
 //! With `--ceiling`, no rendezvous runs: each of the N nodes grants a lease, puts one key
 //! on it, opens a watch and a keep-alive stream, and renews the lease every third of a TTL
@@ -42,7 +45,6 @@
 //! `nodes=N round=<how> round_s=<seconds> round_bytes=<each node received>` says which
 //! shape a round of N can afford.
 //!
-//! `--settle S` lets the sealed round run S seconds before the loss (default 0: at once).
 //! `--ttl S` is every lease's TTL (default 5 s, the agent's). `--placement-above K` seals
 //! a round of more than K members placed (default the agent's,
 //! [`fsdp_rendezvous::etcd::PLACEMENT_ABOVE`]).
@@ -79,7 +81,18 @@ fn main() {
             "--clients" => clients = Some(v().parse().expect("--clients K")),
             "--lose" => lose = Some(v()).filter(|h| h == "leave" || h == "kill"),
             "--ttl" => ttl = v().parse().expect("--ttl seconds"),
-            "--settle" => settle = Duration::from_secs_f64(v().parse().expect("--settle seconds")),
+            "--settle" => {
+                let said = v();
+                let Some(s) = said
+                    .parse()
+                    .ok()
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                else {
+                    eprintln!("rdzv-bench: --settle takes seconds (0 or more), not '{said}'");
+                    std::process::exit(64);
+                };
+                settle = s;
+            }
             "--ceiling" => ceiling = true,
             "--inflight" => inflight = v().parse().expect("--inflight K"),
             "--placement-above" => placement_above = v().parse().expect("--placement-above K"),
@@ -632,7 +645,7 @@ async fn reform_after_loss(
     let writes = revision(etcd).await - before;
     println!(
         "nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes} \
-         reform_p50_s={:.3} reform_p99_s={:.3} settled_s={:.1}",
+         reform_p50_s={:.3} reform_p99_s={:.3} settled_s={:.3}",
         quantile(&mut took, 0.5),
         quantile(&mut took, 0.99),
         settle.as_secs_f64(),

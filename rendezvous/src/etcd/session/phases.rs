@@ -415,7 +415,10 @@ impl Machine {
         let delay = self.retry_delay(before);
         // A joining node's pace grows with each refusal, drawn apart from the crowd's.
         let at = if self.paces(&op) {
-            self.admission.refused(self.flight.sent(), now, delay)
+            let at = self.admission.refused(self.flight.sent(), now, delay);
+            let paced = u64::try_from((at - now).as_nanos()).unwrap_or(u64::MAX);
+            self.counters.paced_ns.fetch_add(paced, Ordering::Relaxed);
+            at
         } else {
             now + delay
         };
