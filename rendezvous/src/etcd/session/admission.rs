@@ -73,7 +73,7 @@ pub const JOINS_PER_SECOND: u32 = 1_000;
 /// shards went to every member: at 10,000 nodes etcd's apply loop was 600–850 proposals
 /// behind there, 100–310 with this taper. The first second's 1,300 joins are more than
 /// the even rate's 1,000, but few renewals run beside them. (Formations at 10,000 that
-/// collapsed at the seal did so with the taper too, 3 runs of 32 against 2 of 12: not
+/// collapsed at the seal did so with the taper too, 3 runs of 42 against 2 of 12: not
 /// shown to change.) In `0..1`: at 0 the spread is even, at 1 its last joins never come.
 pub const TAPER: f64 = 0.3;
 
