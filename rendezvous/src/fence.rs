@@ -109,7 +109,7 @@ pub fn decide(now: Instant, safe_until: Option<Instant>, margin: Duration) -> Fe
     let Some(safe_until) = safe_until else {
         return FenceDecision::Unknown;
     };
-    let fence_at = safe_until.checked_sub(margin).unwrap_or(safe_until);
+    let fence_at = fence_at(safe_until, margin);
     if now < fence_at {
         return FenceDecision::Hold {
             recheck_at: fence_at,
@@ -126,6 +126,17 @@ pub fn decide(now: Instant, safe_until: Option<Instant>, margin: Duration) -> Fe
     }
 }
 
+/// When workers under a lease etcd may expire at `safe_until` must have stopped.
+fn fence_at(safe_until: Instant, margin: Duration) -> Instant {
+    safe_until.checked_sub(margin).unwrap_or(safe_until)
+}
+
+/// Whether [`decide`] fences at `now` (the lease in doubt), without its words: asked on
+/// every publish of the clock and every look of a waiting round.
+pub fn in_doubt(now: Instant, safe_until: Option<Instant>, margin: Duration) -> bool {
+    safe_until.is_some_and(|s| now >= fence_at(s, margin))
+}
+
 /// The default margin for a lease of `ttl`: a fifth of it, at least half a second, so one
 /// missed keep-alive (sent every TTL/3) never fences but two do.
 pub fn default_margin(ttl: Duration) -> Duration {
@@ -135,6 +146,21 @@ pub fn default_margin(ttl: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `in_doubt` is `decide` fencing, without its words.
+    #[test]
+    fn in_doubt_is_exactly_when_decide_fences() {
+        let t0 = Instant::now();
+        let margin = Duration::from_secs(1);
+        for safe in [None, Some(t0), Some(t0 + Duration::from_millis(500))] {
+            for ms in [0, 400, 500, 999, 1000, 1500, 3000] {
+                let now = t0 + Duration::from_millis(ms);
+                let safe = safe.map(|s: Instant| s + Duration::from_secs(2));
+                let fences = matches!(decide(now, safe, margin), FenceDecision::Fence { .. });
+                assert_eq!(in_doubt(now, safe, margin), fences, "{ms} ms");
+            }
+        }
+    }
 
     const TTL: Duration = Duration::from_secs(5);
     const MARGIN: Duration = Duration::from_secs(1);

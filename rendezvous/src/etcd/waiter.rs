@@ -347,16 +347,18 @@ impl Waiter {
         if crate::switches::NEVER_FENCE.with(std::cell::Cell::get) {
             return false;
         }
-        match fence::decide(now, v.lease_safe_until, self.margin) {
-            FenceDecision::Fence { reason, .. } => {
-                if self.doubted != Some(round) {
-                    self.doubted = Some(round);
-                    tracing::warn!(round, %reason, "not starting the round until etcd says the lease stands");
-                }
-                true
-            }
-            _ => false,
+        if !fence::in_doubt(now, v.lease_safe_until, self.margin) {
+            return false;
         }
+        if self.doubted != Some(round) {
+            self.doubted = Some(round);
+            if let FenceDecision::Fence { reason, .. } =
+                fence::decide(now, v.lease_safe_until, self.margin)
+            {
+                tracing::warn!(round, %reason, "not starting the round until etcd says the lease stands");
+            }
+        }
+        true
     }
 
     /// Says why this node is not in `round`, from that round's own size (the view may

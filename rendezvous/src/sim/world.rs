@@ -329,8 +329,9 @@ impl World {
         ag.frozen_inbox.clear();
         // A timer the last process set fires for that process only (and is dropped): a new
         // deadline at the same moment must be set again for this one.
-        self.timer_at[a] = None;
-        self.granted_to.insert(lease, (a, ag.process));
+        let process = ag.process;
+        self.clear_timer(a);
+        self.granted_to.insert(lease, (a, process));
         self.writes_at_start[a] = self.writes[a].load(std::sync::atomic::Ordering::Relaxed);
         self.note(|| format!("n{a} starts (lease {lease})"));
         self.carry_out(a, effects);

@@ -230,14 +230,13 @@ fn main() {
         };
         let lost = count(|c| c.leases_lost.load(Ordering::Relaxed));
         let again = count(|c| c.reregistered.load(Ordering::Relaxed));
+        let (p50, p99) = p50_p99(&mut took);
         println!(
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
              leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
-             formed_p50_s={:.3} formed_p99_s={:.3} paced_max_s={paced_max_s:.2} \
+             formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \
              slowest_paced_s={:.2} bench_cpu_s={:.2} bench_rss_mb={}",
-            quantile(&mut took, 0.5),
-            quantile(&mut took, 0.99),
             slowest.1,
             own_cpu_s(),
             own_peak_rss_mb()
@@ -643,23 +642,26 @@ async fn reform_after_loss(
     }
     let reform_s = start.elapsed().as_secs_f64();
     let writes = revision(etcd).await - before;
+    let (p50, p99) = p50_p99(&mut took);
     println!(
         "nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes} \
-         reform_p50_s={:.3} reform_p99_s={:.3} settled_s={:.3}",
-        quantile(&mut took, 0.5),
-        quantile(&mut took, 0.99),
+         reform_p50_s={p50:.3} reform_p99_s={p99:.3} settled_s={:.3}",
         settle.as_secs_f64(),
     );
     survivors
 }
 
-/// The `q` quantile of `took` (sorted here), 0 when it is empty: how long the nodes'
-/// median or slowest hundredth took, beside the slowest one's time that ends a step.
-fn quantile(took: &mut [f64], q: f64) -> f64 {
+/// The median and the 99th percentile of `took` (sorted here; 0 when it is empty): how
+/// long the median node and the slowest hundredth took, beside the slowest one's time
+/// that ends a step.
+fn p50_p99(took: &mut [f64]) -> (f64, f64) {
     took.sort_by(f64::total_cmp);
-    took.get(((took.len().max(1) - 1) as f64 * q) as usize)
-        .copied()
-        .unwrap_or(0.0)
+    let at = |q: f64| {
+        took.get(((took.len().max(1) - 1) as f64 * q) as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    (at(0.5), at(0.99))
 }
 
 /// The least a sealed round of `watches.len()` members costs in `shape`: one write, then

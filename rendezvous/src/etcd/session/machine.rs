@@ -406,12 +406,19 @@ impl Machine {
     pub(super) fn issue(&mut self, then: Then, op: Op) {
         if self.paces(&op) {
             if let Some(at) = self.admission.wait(self.now) {
-                let held = u64::try_from((at - self.now).as_nanos()).unwrap_or(u64::MAX);
-                self.counters.paced_ns.fetch_add(held, Ordering::Relaxed);
+                self.held_by_pace(self.now, at);
                 return self.flight.retry_at(at, then, op);
             }
         }
         self.flight.issue(self.now, then, op);
+    }
+
+    /// A request that could go at `from` waits for this node's pace until `at`
+    /// (`Counters::paced_ns`).
+    pub(super) fn held_by_pace(&self, from: Instant, at: Instant) {
+        let held = u64::try_from(at.saturating_duration_since(from).as_nanos());
+        let held = held.unwrap_or(u64::MAX);
+        self.counters.paced_ns.fetch_add(held, Ordering::Relaxed);
     }
 
     /// Whether `op` waits for this node's pace (`admission.rs`): a request etcd serves,

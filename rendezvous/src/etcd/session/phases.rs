@@ -416,8 +416,8 @@ impl Machine {
         // A joining node's pace grows with each refusal, drawn apart from the crowd's.
         let at = if self.paces(&op) {
             let at = self.admission.refused(self.flight.sent(), now, delay);
-            let paced = u64::try_from((at - now).as_nanos()).unwrap_or(u64::MAX);
-            self.counters.paced_ns.fetch_add(paced, Ordering::Relaxed);
+            // Beyond the backoff an unpaced request waits too.
+            self.held_by_pace(now + delay, at);
             at
         } else {
             now + delay

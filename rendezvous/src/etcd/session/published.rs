@@ -5,7 +5,7 @@ use std::ops::Deref;
 use std::time::{Duration, Instant};
 
 use crate::etcd::view::View;
-use crate::fence::{FenceDecision, decide};
+use crate::fence::in_doubt;
 
 #[derive(Debug, Default)]
 pub(super) struct Published {
@@ -58,8 +58,8 @@ impl Published {
             return;
         }
         self.view.lease_safe_until = safe_until;
-        let held = matches!(decide(now, old, margin), FenceDecision::Hold { .. });
-        if held && matches!((old, safe_until), (Some(o), Some(n)) if n > o) {
+        let later = matches!((old, safe_until), (Some(o), Some(n)) if n > o);
+        if later && !in_doubt(now, old, margin) {
             self.lease_moved = true;
         } else {
             self.changed = true;
