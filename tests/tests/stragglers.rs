@@ -86,8 +86,14 @@ impl Drop for Slowed {
 }
 
 fn agent(dir: &Path, etcd: &Etcd, name: &str, nnodes: &str, policy: &str) -> Agent {
+    // One script for all (it is part of the job), replaced whole: rewriting it in place
+    // while another agent's python opens it runs an empty file, a worker that "finishes"
+    // at once (seen under load when the spare was started right after the group's
+    // workers).
     let script = dir.join("worker.py");
-    std::fs::write(&script, WORKER).unwrap();
+    let fresh = dir.join(format!("worker.py.{name}"));
+    std::fs::write(&fresh, WORKER).unwrap();
+    std::fs::rename(&fresh, &script).unwrap();
     AgentCmd::new(dir, name)
         .naming_stragglers()
         .args([
