@@ -102,6 +102,9 @@ impl Machine {
             }
             Input::KeepAliveFailed(e) => self.lost(e),
             Input::LeaseAnswer(Some(ttl)) if ttl > 0 => {
+                if let Some(sent) = self.lease.clock().oldest_unanswered() {
+                    self.admission.kept_alive(sent, self.now);
+                }
                 self.lease.answered(Duration::from_secs(ttl.unsigned_abs()));
                 self.publish_lease();
                 self.probe(false);
