@@ -60,6 +60,13 @@ use std::time::{Duration, Instant};
 use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, connect};
 use fsdp_rendezvous::{JobRecords, Rendezvous};
 
+/// Says what is wrong with the command line, and how it goes, and exits 64.
+fn refuse(what: &str) -> ! {
+    eprintln!("rdzv-bench: {what}");
+    eprintln!("usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] ...");
+    std::process::exit(64)
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
@@ -88,8 +95,7 @@ fn main() {
                     .ok()
                     .and_then(|s| Duration::try_from_secs_f64(s).ok())
                 else {
-                    eprintln!("rdzv-bench: --settle takes seconds (0 or more), not '{said}'");
-                    std::process::exit(64);
+                    refuse(&format!("--settle takes seconds (0 or more), not '{said}'"));
                 };
                 settle = s;
             }
@@ -97,26 +103,19 @@ fn main() {
             "--inflight" => inflight = v().parse().expect("--inflight K"),
             "--placement-above" => placement_above = v().parse().expect("--placement-above K"),
             "--ceiling-round" => {
-                steps.round = match v().as_str() {
-                    "whole" => Some(RoundShape::Whole),
-                    "placement" => Some(RoundShape::Placement),
-                    "header" => Some(RoundShape::Header),
-                    bad => {
-                        eprintln!(
-                            "rdzv-bench: --ceiling-round takes whole, placement or header, not '{bad}'"
-                        );
-                        std::process::exit(64);
-                    }
-                }
+                let said = v();
+                let Some(shape) = RoundShape::named(&said) else {
+                    refuse(&format!(
+                        "--ceiling-round takes whole, placement or header, not '{said}'"
+                    ));
+                };
+                steps.round = Some(shape);
             }
             "--ceiling-renew" => {
                 steps.renew_once = match v().as_str() {
                     "kept" => false,
                     "once" => true,
-                    bad => {
-                        eprintln!("rdzv-bench: --ceiling-renew takes kept or once, not '{bad}'");
-                        std::process::exit(64);
-                    }
+                    bad => refuse(&format!("--ceiling-renew takes kept or once, not '{bad}'")),
                 }
             }
             "--ceiling-without" => {
@@ -124,27 +123,18 @@ fn main() {
                     match step {
                         "watch" => steps.watch = false,
                         "keepalive" => steps.keep_alive = false,
-                        bad => {
-                            eprintln!(
-                                "rdzv-bench: --ceiling-without takes watch, keepalive or both \
-                                 (comma-separated), not '{bad}'"
-                            );
-                            std::process::exit(64);
-                        }
+                        bad => refuse(&format!(
+                            "--ceiling-without takes watch, keepalive or both \
+                             (comma-separated), not '{bad}'"
+                        )),
                     }
                 }
             }
-            other => {
-                eprintln!(
-                    "usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] (unknown {other})"
-                );
-                std::process::exit(64);
-            }
+            other => refuse(&format!("unknown {other}")),
         }
     }
     let Some(endpoint) = endpoint else {
-        eprintln!("usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K]");
-        std::process::exit(64);
+        refuse("--endpoint is required");
     };
     // One HTTP/2 connection carries many nodes' streams, as separate hosts would not;
     // a few connections keep one slow stream from holding up everyone.
@@ -280,6 +270,29 @@ enum RoundShape {
     /// A header there and nothing else: what a placed re-form that says its moves in the
     /// header costs (every member makes its copy from it).
     Header,
+}
+
+impl RoundShape {
+    /// Each shape and the name `--ceiling-round` gives it.
+    const NAMES: [(RoundShape, &'static str); 3] = [
+        (RoundShape::Whole, "whole"),
+        (RoundShape::Placement, "placement"),
+        (RoundShape::Header, "header"),
+    ];
+
+    fn named(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .find(|(_, n)| *n == name)
+            .map(|(s, _)| *s)
+    }
+
+    fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(s, _)| *s == self)
+            .map_or("?", |(_, n)| n)
+    }
 }
 
 /// Members in one shard of a round's placement: what each member reads is this many
@@ -702,7 +715,7 @@ async fn seal_round(
     match shape {
         RoundShape::Whole => {
             let whole = round((0..nodes).map(member).collect()).encode_to_vec();
-            if let Err(e) = c.put(ctl, whole, None).await {
+            if let Err(e) = c.put(ctl.as_str(), whole, None).await {
                 println!("nodes={nodes} round=whole round_s=none: {e}");
                 return;
             }
@@ -733,15 +746,13 @@ async fn seal_round(
                     .await
                     .expect("the placement's transaction");
             }
-            c.put(ctl, round(Vec::new()).encode_to_vec(), None)
-                .await
-                .expect("the round's header");
         }
-        RoundShape::Header => {
-            c.put(ctl, round(Vec::new()).encode_to_vec(), None)
-                .await
-                .expect("the round's header");
-        }
+        RoundShape::Header => {}
+    }
+    if shape != RoundShape::Whole {
+        c.put(ctl, round(Vec::new()).encode_to_vec(), None)
+            .await
+            .expect("the round's header");
     }
     let mut tasks = tokio::task::JoinSet::new();
     for (i, mut watch) in watches.into_iter().enumerate() {
@@ -779,11 +790,7 @@ async fn seal_round(
     }
     println!(
         "nodes={nodes} round={} round_s={:.3} round_bytes={received} bench_cpu_s={:.2}",
-        match shape {
-            RoundShape::Whole => "whole",
-            RoundShape::Placement => "placement",
-            RoundShape::Header => "header",
-        },
+        shape.name(),
         start.elapsed().as_secs_f64(),
         own_cpu_s()
     );
