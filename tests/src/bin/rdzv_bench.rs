@@ -38,8 +38,8 @@
 //! once every node is there, timed from the seal to the last node holding its part:
 //! `whole` puts a round of N members (as the coordinator writes it, ~100 bytes a member)
 //! under the `ctl/` every node watches, and each node receives it; `placement` puts a
-//! header of a few bytes there and, in the same transaction, the members in
-//! shards of [`PLACEMENT_SHARD`] outside it (each member beside its ring neighbour), and
+//! header of a few bytes there and, before it (in transactions under etcd's limits), the
+//! members in shards of [`PLACEMENT_SHARD`] outside it (each member beside its ring neighbour), and
 //! each node receives the header and reads its own shard; `header` puts the header alone
 //! (a placed re-form that says its moves there). A further line
 //! `nodes=N round=<how> round_s=<seconds> round_bytes=<each node received>` says which
@@ -60,11 +60,17 @@ use std::time::{Duration, Instant};
 use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, connect};
 use fsdp_rendezvous::{JobRecords, Rendezvous};
 
-/// Says what is wrong with the command line, and how it goes, and exits 64.
+/// Says what is wrong with the command line, prints the usage line, and exits 64.
 fn refuse(what: &str) -> ! {
     eprintln!("rdzv-bench: {what}");
     eprintln!("usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] ...");
     std::process::exit(64)
+}
+
+/// `flag`'s value `said` as a number, or [`refuse`].
+fn number<T: std::str::FromStr>(flag: &str, said: String) -> T {
+    said.parse()
+        .unwrap_or_else(|_| refuse(&format!("{flag} takes a number, not '{said}'")))
 }
 
 fn main() {
@@ -81,13 +87,22 @@ fn main() {
         round: None,
     };
     while let Some(a) = args.next() {
-        let mut v = || args.next().unwrap_or_else(|| panic!("{a} needs a value"));
+        let mut v = || {
+            args.next()
+                .unwrap_or_else(|| refuse(&format!("{a} needs a value")))
+        };
         match a.as_str() {
             "--endpoint" => endpoint = Some(v()),
-            "--nodes" => nodes = v().parse().expect("--nodes N"),
-            "--clients" => clients = Some(v().parse().expect("--clients K")),
-            "--lose" => lose = Some(v()).filter(|h| h == "leave" || h == "kill"),
-            "--ttl" => ttl = v().parse().expect("--ttl seconds"),
+            "--nodes" => nodes = number(&a, v()),
+            "--clients" => clients = Some(number(&a, v())),
+            "--lose" => {
+                let said = v();
+                if said != "leave" && said != "kill" {
+                    refuse(&format!("--lose takes leave or kill, not '{said}'"));
+                }
+                lose = Some(said);
+            }
+            "--ttl" => ttl = number(&a, v()),
             "--settle" => {
                 let said = v();
                 let Some(s) = said
@@ -100,13 +115,15 @@ fn main() {
                 settle = s;
             }
             "--ceiling" => ceiling = true,
-            "--inflight" => inflight = v().parse().expect("--inflight K"),
-            "--placement-above" => placement_above = v().parse().expect("--placement-above K"),
+            "--inflight" => inflight = number(&a, v()),
+            "--placement-above" => placement_above = number(&a, v()),
             "--ceiling-round" => {
                 let said = v();
                 let Some(shape) = RoundShape::named(&said) else {
+                    let names: Vec<_> = RoundShape::ALL.map(RoundShape::name).into();
                     refuse(&format!(
-                        "--ceiling-round takes whole, placement or header, not '{said}'"
+                        "--ceiling-round takes one of {}, not '{said}'",
+                        names.join(", ")
                     ));
                 };
                 steps.round = Some(shape);
@@ -273,25 +290,19 @@ enum RoundShape {
 }
 
 impl RoundShape {
-    /// Each shape and the name `--ceiling-round` gives it.
-    const NAMES: [(RoundShape, &'static str); 3] = [
-        (RoundShape::Whole, "whole"),
-        (RoundShape::Placement, "placement"),
-        (RoundShape::Header, "header"),
-    ];
+    const ALL: [RoundShape; 3] = [Self::Whole, Self::Placement, Self::Header];
 
-    fn named(name: &str) -> Option<Self> {
-        Self::NAMES
-            .iter()
-            .find(|(_, n)| *n == name)
-            .map(|(s, _)| *s)
+    /// The name `--ceiling-round` gives it.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Whole => "whole",
+            Self::Placement => "placement",
+            Self::Header => "header",
+        }
     }
 
-    fn name(self) -> &'static str {
-        Self::NAMES
-            .iter()
-            .find(|(s, _)| *s == self)
-            .map_or("?", |(_, n)| n)
+    fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.name() == name)
     }
 }
 
@@ -716,7 +727,7 @@ async fn seal_round(
         RoundShape::Whole => {
             let whole = round((0..nodes).map(member).collect()).encode_to_vec();
             if let Err(e) = c.put(ctl.as_str(), whole, None).await {
-                println!("nodes={nodes} round=whole round_s=none: {e}");
+                println!("nodes={nodes} round={} round_s=none: {e}", shape.name());
                 return;
             }
         }

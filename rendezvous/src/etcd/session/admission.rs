@@ -6,16 +6,20 @@
 //!
 //! Nodes on separate hosts share nothing but etcd, so the pace is what etcd's answers
 //! say: a request answered within the target (a tenth of the TTL) lets the next go at
-//! once; one answered later, or refused as too busy, doubles this node's pause before its
-//! next request (at least the latency it saw), and each fast answer halves it. The pause
+//! once; one answered later, or refused as too busy, or a keep-alive answered later (etcd
+//! 3.4 renews only once its apply loop caught up, which its reads do not wait for),
+//! doubles this node's pause before its next request (at least the latency it saw), and
+//! each fast answer to a request halves it; a lease lost while kept alive sets it to the
+//! longest. The pause
 //! is drawn around its value (from half to one and a half times) so that a crowd refused
 //! together does not come back together. While etcd keeps up no request waits, so a
 //! healthy join and every re-form cost nothing; a crowd slows itself to the pace etcd
 //! drains at, each node's lease kept alive meanwhile (its keep-alive stream is opened
 //! right after the grant, before the first read: `sync.rs`).
 //!
-//! Pure: [`Admission::answered`] and [`Admission::refused`] take what happened and say
-//! when the next paced request may go; the machine holds requests until then.
+//! Pure: [`Admission::answered`], [`Admission::refused`], [`Admission::kept_alive`] and
+//! [`Admission::lease_lost`] take what happened and say when the next paced request may
+//! go; the machine holds requests until then.
 
 use std::time::{Duration, Instant};
 
@@ -272,6 +276,18 @@ mod tests {
         let at = a.wait(now);
         a.kept_alive(now, now + ms(10));
         assert_eq!((a.pause(), a.wait(now)), (ms(1200), at));
+    }
+
+    /// A late keep-alive never brings a longer hold nearer: after a lost lease (the
+    /// longest pause), one 600 ms late leaves the next request where it was or later.
+    #[test]
+    fn a_late_keep_alive_never_shortens_a_hold() {
+        let mut a = Admission::new("n1", TTL);
+        let t0 = Instant::now();
+        a.lease_lost(t0);
+        let held = a.wait(t0).expect("held");
+        a.kept_alive(t0, t0 + ms(600));
+        assert!(a.wait(t0 + ms(600)).expect("still held") >= held);
     }
 
     #[test]

@@ -102,6 +102,8 @@ impl Machine {
             }
             Input::KeepAliveFailed(e) => self.lost(e),
             Input::LeaseAnswer(Some(ttl)) if ttl > 0 => {
+                // Timed when the machine takes the answer: one that waited behind an op
+                // counts that wait as etcd's, which only slows a joiner down.
                 if let Some(sent) = self.lease.clock().oldest_unanswered() {
                     self.admission.kept_alive(sent, self.now);
                 }

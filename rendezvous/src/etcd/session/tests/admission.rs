@@ -199,6 +199,38 @@ fn until_it_runs_a_round_a_slow_answer_holds_the_next_request_and_then_nothing()
     }
 }
 
+/// A keep-alive answered late says etcd's apply loop is behind (etcd 3.4 renews a lease
+/// only once it caught up) while its reads still come back at once: until the node runs
+/// a round its next request waits; once it runs one, nothing does.
+#[test]
+fn until_it_runs_a_round_a_late_keep_alive_holds_the_next_request_and_then_nothing() {
+    let puts = |e: &[Effect]| {
+        etcd_ops(e)
+            .into_iter()
+            .filter(|o| matches!(o, Op::Put(_)))
+            .count()
+    };
+    for runs in [false, true] {
+        let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
+        h.register(1, 0, true);
+        if runs {
+            let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
+            replied_ok(&h.command(2, Command::Running { round }), 2);
+        }
+        let mut e = h.fire();
+        while keep_alives_beside(&e) == 0 && !etcd_ops(&e).contains(&Op::KeepAlive) {
+            e = h.fire();
+        }
+        if etcd_ops(&e).contains(&Op::KeepAlive) {
+            no_op(&h.answer(Answer::Done));
+        }
+        h.later(Duration::from_secs(2));
+        h.step(Input::LeaseAnswer(Some(6)));
+        let e = h.command(3, report_done(0));
+        assert_eq!(puts(&e), usize::from(runs), "runs a round: {runs}: {e:?}");
+    }
+}
+
 /// The stream kept from the grant ended while the first read was in flight (its end
 /// waits behind the sync's steps): the watches' open closes that stream, and its end is
 /// not read as the end of the new watches.
