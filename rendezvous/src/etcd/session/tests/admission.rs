@@ -172,24 +172,32 @@ fn a_lease_gone_before_the_node_registered_is_granted_again_without_a_registrati
     assert_eq!(h.counters.reregistered.load(Ordering::Relaxed), 0);
 }
 
+/// The puts among `e`'s ops.
+fn puts(e: &[Effect]) -> usize {
+    etcd_ops(e)
+        .into_iter()
+        .filter(|o| matches!(o, Op::Put(_)))
+        .count()
+}
+
+/// A registered node, running a round or not.
+fn registered(runs: bool) -> Harness {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
+    h.register(1, 0, true);
+    if runs {
+        let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
+        replied_ok(&h.command(2, Command::Running { round }), 2);
+    }
+    h
+}
+
 /// Registered but in no round yet, a node is still joining: a slow answer holds its next
 /// request (a crowd's registered nodes that read the run again, unpaced, kept etcd from
 /// ever draining at 10,000 nodes). Once it runs a round, nothing it asks waits.
 #[test]
 fn until_it_runs_a_round_a_slow_answer_holds_the_next_request_and_then_nothing() {
-    let puts = |e: &[Effect]| {
-        etcd_ops(e)
-            .into_iter()
-            .filter(|o| matches!(o, Op::Put(_)))
-            .count()
-    };
     for runs in [false, true] {
-        let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
-        h.register(1, 0, true);
-        if runs {
-            let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
-            replied_ok(&h.command(2, Command::Running { round }), 2);
-        }
+        let mut h = registered(runs);
         let e = h.command(3, report_done(0));
         assert_eq!(puts(&e), 1);
         h.later(Duration::from_secs(3));
@@ -204,19 +212,8 @@ fn until_it_runs_a_round_a_slow_answer_holds_the_next_request_and_then_nothing()
 /// a round its next request waits; once it runs one, nothing does.
 #[test]
 fn until_it_runs_a_round_a_late_keep_alive_holds_the_next_request_and_then_nothing() {
-    let puts = |e: &[Effect]| {
-        etcd_ops(e)
-            .into_iter()
-            .filter(|o| matches!(o, Op::Put(_)))
-            .count()
-    };
     for runs in [false, true] {
-        let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
-        h.register(1, 0, true);
-        if runs {
-            let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
-            replied_ok(&h.command(2, Command::Running { round }), 2);
-        }
+        let mut h = registered(runs);
         let mut e = h.fire();
         while keep_alives_beside(&e) == 0 && !etcd_ops(&e).contains(&Op::KeepAlive) {
             e = h.fire();
