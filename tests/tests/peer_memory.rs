@@ -408,3 +408,86 @@ fn a_kept_worker_frozen_during_the_handover_is_stopped_and_restarted_fresh() {
         "the survivors' agents run on"
     );
 }
+
+/// A rank whose own allocator fails inside a collective (here `ulimit -d` under the
+/// agent, as `bench/full_shard.py` probes a memory budget) has no peer to wait for: it
+/// ends at once and the agent stops the group. It used to take the failure for a group
+/// that broke and wait up to two minutes for a round its agent would never send (no node
+/// was lost), the other ranks waiting on it. Where the allocation fails first (in a
+/// collective, or in a tensor op, which always ended the rank) varies from run to run:
+/// three budgets, each of which failed in a collective about every other run.
+#[test]
+fn a_rank_out_of_memory_in_a_collective_ends_at_once_instead_of_waiting_for_a_round() {
+    let trainer = agent_bin().with_file_name("fsdp-trainer");
+    // A layer of 11.6M parameters: ~70 MiB of optimizer state a rank and a 44 MiB unit
+    // to gather, past what these data segments leave beside the trainer itself.
+    let model = [
+        "--hidden_width",
+        "1024",
+        "--num_heads",
+        "16",
+        "--num_key_value_heads",
+        "8",
+        "--intermediate_size",
+        "2752",
+        "--max_context_width",
+        "32",
+        "--num_layers",
+        "1",
+        "--max_steps",
+        "2",
+        "--threads",
+        "1",
+        "--collective_timeout",
+        "20",
+        "--sharding_strategy",
+        "full",
+    ];
+    for mib in [400, 450, 500] {
+        let dir = TempDir::new().unwrap();
+        let file = |name: &str| std::fs::File::create(dir.path().join(name)).unwrap();
+        let mut agent = Command::new(agent_bin())
+            .current_dir(dir.path())
+            .env("OMP_NUM_THREADS", "1")
+            .env("RUST_BACKTRACE", "0")
+            .args([
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "--status-addr",
+                "off",
+            ])
+            .args(["--max-restarts", "0", "--no-python", "/bin/sh", "-c"])
+            .arg(format!("ulimit -d {}; exec \"$0\" \"$@\"", mib * 1024))
+            .arg(&trainer)
+            .args(model)
+            .stdout(file("out"))
+            .stderr(file("err"))
+            .spawn()
+            .expect("the agent");
+        let mut ended = None;
+        wait_for("the agent to end", Duration::from_secs(60), || {
+            ended = agent.try_wait().unwrap();
+            ended.is_some()
+        });
+        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        let out = read("out") + &read("err");
+        assert!(!ended.unwrap().success(), "{mib} MiB: {out}");
+        assert!(
+            out.contains("allocate memory") || out.contains("out of memory"),
+            "{mib} MiB did not run the trainer out of memory:\n{out}"
+        );
+        // What a rank said of a broken group, up to its "waiting": never its own
+        // allocation (the message may span lines: libtorch adds its frames).
+        for said in out.split("the group broke during step").skip(1) {
+            let said = said
+                .split("waiting for the agent's next round")
+                .next()
+                .unwrap_or(said);
+            assert!(
+                !said.contains("allocate memory"),
+                "{mib} MiB: {said}\n{out}"
+            );
+        }
+    }
+}

@@ -180,6 +180,21 @@ pub struct C10dError {
     pub message: String,
 }
 
+impl C10dError {
+    /// Whether this process failed, not the group: the allocator found no memory for the
+    /// collective's buffers (a host's `can't allocate memory`, CUDA's `out of memory`, a
+    /// C++ `bad_alloc`). A peer's death or a timeout says nothing of the kind. Such a rank
+    /// has nothing to wait for: its agent sees no node lost and sends no new round, and
+    /// waiting for one held the failure back two minutes (`inplace::ORDER_WAIT`) while the
+    /// other ranks waited on it.
+    pub fn is_own_failure(&self) -> bool {
+        let m = self.message.to_ascii_lowercase();
+        ["can't allocate memory", "out of memory", "bad_alloc"]
+            .iter()
+            .any(|what| m.contains(what))
+    }
+}
+
 fn take_error(op: &'static str, err: *mut c_char) -> C10dError {
     let message = if err.is_null() {
         "no message".to_owned()
@@ -517,6 +532,43 @@ impl Comm {
         match self {
             Self::Single => Ok(()),
             Self::Group(g) => g.barrier(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::C10dError;
+
+    fn error(message: &str) -> C10dError {
+        C10dError {
+            op: "all_gather",
+            message: message.to_owned(),
+        }
+    }
+
+    /// The messages libtorch gives when this process's allocator fails, against those of a
+    /// group that broke under it (a peer gone, a timeout): only the first end the rank.
+    #[test]
+    fn a_failed_allocation_is_the_ranks_own_failure_and_a_lost_peer_is_not() {
+        for own in [
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate \
+             memory: you tried to allocate 46407680 bytes. Error code 12 (Cannot allocate memory)",
+            "CUDA out of memory. Tried to allocate 20.00 MiB",
+            "CUDA error: out of memory",
+            "std::bad_alloc",
+        ] {
+            assert!(error(own).is_own_failure(), "{own}");
+        }
+        for group in [
+            "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting \
+             20000ms for recv operation to complete",
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer \
+             [127.0.0.1]:53012",
+            "NCCL communicator was aborted on rank 1",
+            "no message",
+        ] {
+            assert!(!error(group).is_own_failure(), "{group}");
         }
     }
 }

@@ -582,13 +582,16 @@ impl<'g> Trainer<'g> {
 
     /// A step or a phase failed. Re-forming in place, a failed collective is a group that
     /// broke (a peer lost): whatever of the copy in flight arrived is kept, and the
-    /// process waits for its agent's next round. Any other failure ends the process.
+    /// process waits for its agent's next round. Any other failure ends the process, and so
+    /// does a collective that failed for this process's own lack of memory
+    /// ([`crate::c10d::C10dError::is_own_failure`]).
     fn broken(&mut self, e: anyhow::Error) -> anyhow::Result<Ended> {
         let Some(p) = self.in_place.as_mut() else {
             return Err(e);
         };
-        if e.downcast_ref::<crate::c10d::C10dError>().is_none() {
-            return Err(e);
+        match e.downcast_ref::<crate::c10d::C10dError>() {
+            Some(c) if !c.is_own_failure() => {}
+            _ => return Err(e),
         }
         p.settle(self.kept);
         println!(
