@@ -69,7 +69,25 @@ pub struct Warned(pub i32);
 #[error("{0}")]
 pub struct BadInput(pub String);
 
+/// A panic on the main thread (a failed allocation in a tensor op, most often) ends the
+/// process at once, with the code Rust gives a panic (101). Unwinding dropped the
+/// collectives in flight, and dropping one waits for it while the peers wait on this
+/// rank: the process lingered until the collective timed out (20 s in the benchmark's
+/// memory probe; NCCL's default is 10 minutes) before its agent saw it end and stopped
+/// the others. Other threads' panics still unwind: their joiners turn them into errors.
+fn exit_on_a_main_thread_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        if std::thread::current().name() == Some("main") {
+            // SAFETY: ends the process without running anything more, which is the point.
+            unsafe { libc::_exit(101) };
+        }
+    }));
+}
+
 fn main() -> ExitCode {
+    exit_on_a_main_thread_panic();
     let args = args::Args::parse();
     // `full` allocates the most temporaries per step (every unit recomputed): see malloc.rs.
     if args.sharding_strategy == args::Sharding::Full {
