@@ -123,9 +123,10 @@ pub struct Counters {
     /// writes a crowd adds while etcd is behind (`rdzv-bench` prints both).
     pub reregistered: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Time (ns) this node's requests were held by its pace while it formed
-    /// (`admission`: after a slow answer, or a refusal beyond the backoff every request
-    /// waits; the join's first spread is not counted): whether the pace is what held a crowd's slowest nodes (`rdzv-bench`
-    /// prints the longest, and the slowest node's).
+    /// (`admission`: after a slow answer, a late keep-alive, or a refusal beyond the
+    /// backoff every request waits; the join's first spread is not counted): whether the
+    /// pace is what held a crowd's slowest nodes (`rdzv-bench` prints the longest, and the
+    /// slowest node's).
     pub paced_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 

@@ -120,10 +120,9 @@ fn main() {
             "--ceiling-round" => {
                 let said = v();
                 let Some(shape) = RoundShape::named(&said) else {
-                    let names: Vec<_> = RoundShape::ALL.map(RoundShape::name).into();
                     refuse(&format!(
                         "--ceiling-round takes one of {}, not '{said}'",
-                        names.join(", ")
+                        RoundShape::ALL.map(RoundShape::name).join(", ")
                     ));
                 };
                 steps.round = Some(shape);
