@@ -877,11 +877,31 @@ async fn losing_etcd_quorum_fences_every_agent_and_the_job_re_forms_when_it_retu
 /// death, and re-forms with the others; `fsdp-agent status` reads the round whole.
 #[tokio::test]
 async fn a_placed_round_forms_and_reforms_after_a_leave_and_a_death() {
+    placed_round_forms_and_reforms(fsdp_rendezvous::etcd::placement::Shape::ETCD).await;
+}
+
+/// The same, cut as finely as a round of thousands: a shard a member, the shards written
+/// ahead of the header in transactions of two, and each seal's transaction deleting the
+/// shards of the rounds before (what etcd itself must take: range deletes beside puts).
+/// Afterwards only the last two rounds' shards are left.
+#[tokio::test]
+async fn a_placed_round_with_its_shards_written_ahead_forms_and_reforms() {
+    use fsdp_rendezvous::etcd::placement::Shape;
+    let shape = Shape {
+        shard_members: 1,
+        inline: 1,
+        per_txn: 2,
+    };
+    placed_round_forms_and_reforms(shape).await;
+}
+
+async fn placed_round_forms_and_reforms(shape: fsdp_rendezvous::etcd::placement::Shape) {
     let etcd = Etcd::start();
     let mut ns = Vec::new();
     for _ in 0..4 {
         let mut c = config(&etcd, "placed", 2, 4);
         c.placement_above = 0;
+        c.placement_shape = shape;
         ns.push(EtcdRendezvous::connect(c).await.expect("join"));
     }
     let rs = within(Duration::from_secs(20), "a placed round", rounds(&mut ns)).await;
@@ -928,6 +948,30 @@ async fn a_placed_round_forms_and_reforms_after_a_leave_and_a_death() {
     .await;
     assert_one_group(&rs);
     assert_eq!(rs[0].group_world_size, 2);
+    // Three rounds sealed at least: the shards of two at most are left.
+    let shards = c
+        .get(
+            "/fsdp/placed/placement/",
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_keys_only(),
+            ),
+        )
+        .await
+        .unwrap();
+    let rounds: std::collections::BTreeSet<String> = shards
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            kv.key_str()
+                .ok()?
+                .split('/')
+                .nth(4)
+                .map(|t| t[..20].to_owned())
+        })
+        .collect();
+    assert!((1..=2).contains(&rounds.len()), "{rounds:?}");
     for n in ns.iter_mut() {
         n.depart(Departure::Left, why()).await.unwrap();
     }

@@ -137,6 +137,7 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
         segment: cfg.segment.clone(),
         fresh_store: cfg.fresh_store,
         placement_above: cfg.placement_above,
+        placement_shape: cfg.placement_shape,
         can_probe: true,
         embedded_store: cfg.options.embedded_store,
         lease: lease.id,

@@ -82,14 +82,13 @@ pub async fn inspect(
     }
     // A placed round's shards are in the read too: status shows the round whole.
     if let Some(header) = view.placing.clone() {
-        let placements = keys.placements();
+        let placements = keys.placement_of(&header.record.placement);
         let shards: Vec<v1::Placement> = resp
             .kvs()
             .iter()
             .map(|kv| (String::from_utf8_lossy(kv.key()), kv.value()))
             .filter(|(key, _)| key.starts_with(&placements))
             .filter_map(|(key, value)| fsdp_proto::decode(&key, value).ok())
-            .filter(|s: &v1::Placement| s.shard < header.record.shards)
             .collect();
         let whole = super::placement::whole(&header.record, &shards)
             .and_then(|r| super::record::set_placed(&mut view, r, header.mod_rev));

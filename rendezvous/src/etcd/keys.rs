@@ -93,8 +93,6 @@ impl Keys {
     /// [`RESERVED`] ([`Keys::new`]), so it is never inside one of the run's prefixes.
     pub fn foreign_ranges(&self) -> [(String, String); 5] {
         let r = &self.root;
-        // The key just after every key that starts with `p` ('/' + 1 is '0').
-        let past = |p: &str| format!("{}0", p.trim_end_matches('/'));
         [
             (r.clone(), format!("{r}ctl/")),
             (past(&self.ctl()), self.members()),
@@ -125,9 +123,34 @@ impl Keys {
         format!("{}placement/", self.root)
     }
 
-    /// The key of shard `shard` of the placed round.
-    pub fn placement(&self, shard: u32) -> String {
-        format!("{}{shard:05}", self.placements())
+    /// The prefix of the shards of one attempt to seal a placed round (its header's
+    /// `placement`, [`crate::etcd::placement::tag`]).
+    pub fn placement_of(&self, tag: &str) -> String {
+        format!("{}{tag}/", self.placements())
+    }
+
+    /// The key of shard `shard` of the placed round whose shards are under `tag`.
+    pub fn placement(&self, tag: &str, shard: u32) -> String {
+        format!("{}{shard:05}", self.placement_of(tag))
+    }
+
+    /// The ranges `[from, to)` that hold every shard under `placement/` but those under
+    /// `keep` (the shards of the round a seal replaces, which members that saw its header
+    /// may still be reading) and under `own` (the seal's own): what a seal deletes.
+    /// `keep` sorts before `own` (an older round's number).
+    pub fn stale_placements(&self, keep: Option<&str>, own: Option<&str>) -> Vec<(String, String)> {
+        let all = self.placements();
+        let mut out = Vec::new();
+        let mut from = all.clone();
+        for tag in [keep, own].into_iter().flatten() {
+            let under = self.placement_of(tag);
+            if from < under {
+                out.push((from, under.clone()));
+            }
+            from = past(&under);
+        }
+        out.push((from, past(&all)));
+        out
     }
 
     /// The key of an `R` whose tail is `tail` (what it names, [`Record::tail`]); with an
@@ -145,6 +168,11 @@ impl Keys {
     pub fn place(&self, place: Place, tail: &str) -> String {
         format!("{}{}{tail}", self.root, place.path())
     }
+}
+
+/// The key just after every key under the prefix `p`, which ends in '/' ('/' + 1 is '0').
+fn past(p: &str) -> String {
+    format!("{}0", p.trim_end_matches('/'))
 }
 
 #[cfg(test)]
@@ -217,8 +245,8 @@ mod tests {
             k.key::<v1::Member>(""),
             k.key::<v1::Round>(""),
             k.key::<v1::Roster>(""),
-            k.placement(0),
-            k.placement(99),
+            k.placement("00000000000000000007.00000000000000ab.1", 0),
+            k.placement("00000000000000000007.00000000000000ab.1", 99),
             k.key::<v1::Failure>("00000000000000000007"),
             k.ctl(),
         ] {
@@ -240,6 +268,45 @@ mod tests {
         }
         assert_eq!(inside("/fsdp/train0"), 0, "the root's end is its own");
         assert_eq!(inside("/fsdp/other/x/members/n"), 0);
+    }
+
+    /// A seal deletes every shard but its own and those of the round it replaces, in
+    /// ranges that hold nothing else of the run's.
+    #[test]
+    fn stale_placements_hold_every_other_shard_and_nothing_else() {
+        use crate::etcd::placement::tag;
+        use fsdp_proto::v1;
+        let k = Keys::new("/fsdp", "train").unwrap();
+        let (older, keep, lost, own) = (tag(3, 9, 0), tag(5, 9, 1), tag(6, 9, 2), tag(6, 9, 3));
+        let inside = |ranges: &[(String, String)], key: &str| {
+            ranges
+                .iter()
+                .any(|(from, to)| from.as_str() <= key && key < to.as_str())
+        };
+        let ranges = k.stale_placements(Some(&keep), Some(&own));
+        for stale in [
+            k.placement(&older, 0),
+            k.placement(&lost, 7),
+            k.placement(&tag(7, 1, 0), 0),
+            format!("{}00003", k.placements()),
+        ] {
+            assert!(inside(&ranges, &stale), "{stale}");
+        }
+        for kept in [
+            k.placement(&keep, 0),
+            k.placement(&keep, 99_999),
+            k.placement(&own, 0),
+            k.placement(&own, 12),
+            k.key::<v1::Round>(""),
+            k.key::<v1::Roster>(""),
+            k.key::<v1::Member>("n"),
+            "/fsdp/train0".into(),
+        ] {
+            assert!(!inside(&ranges, &kept), "{kept}");
+        }
+        let all = k.stale_placements(None, None);
+        assert!(inside(&all, &k.placement(&own, 0)));
+        assert!(!inside(&all, &k.key::<v1::Roster>("")));
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub struct EtcdConfig {
     /// A round of more members than this is placed ([`placement`]): a header to every
     /// member and each member's part in a shard it reads, not the whole round to each.
     pub placement_above: usize,
+    /// How a placed round is cut ([`placement::Shape::ETCD`]: for etcd's limits); a
+    /// finer cut makes a test's few nodes write their shards ahead as thousands do.
+    pub placement_shape: placement::Shape,
 }
 
 /// An agent's restart budget as it was given it (`--max-restarts`, the restart window).
@@ -155,6 +158,7 @@ impl EtcdConfig {
             segment_size: 1,
             fresh_store: false,
             placement_above: PLACEMENT_ABOVE,
+            placement_shape: placement::Shape::ETCD,
         }
     }
 }

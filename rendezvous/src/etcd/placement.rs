@@ -1,29 +1,84 @@
 //! A round too large to send whole to every member, as pure functions: a header at
 //! `ctl/round` that every member receives, and the members in shards outside `ctl/`
-//! (`placement/<shard>`), each member in the shard its node id hashes to, with its
+//! (`placement/<tag>/<shard>`), each member in the shard its node id hashes to, with its
 //! ranks and its ring neighbour. A member reads its own shard; a coordinator, which needs
-//! the whole round, reads them all ([`whole`]). The header and the shards are one fenced
-//! transaction, so no member reads a shard of a round that was not sealed.
+//! the whole round, reads them all ([`whole`]).
 //!
 //! Why: every member watches `ctl/`, so a round written there is sent once per member. At
 //! 10,000 members that was 0.73 MB to each of them, and etcd took 27.9 s to send it all,
-//! 4.4 times the floor of the whole formation (`rdzv-bench --ceiling-round`); the header
-//! and a shard of [`SHARD_MEMBERS`] took 1.64 s.
+//! 4.4 times the floor of the whole formation (`rdzv-bench --ceiling-round`).
+//!
+//! Why shards of [`SHARD_MEMBERS`], in transactions of their own: when every member reads
+//! its shard (a formation), the seal costs etcd a shard's bytes per member. Shards that
+//! fitted the header's one transaction (at most 100) held 100 members at 10,000 and 200
+//! at 20,000, and the seal had etcd answer 104 MB and 422 MB in a second or two: where
+//! formations collapsed. A round of more shards than [`INLINE_SHARDS`] writes them first,
+//! each transaction fenced as the header is, under a name no other attempt uses
+//! ([`tag`]), and the header names them: no member reads a shard of a round not sealed,
+//! and a late write of a lost attempt lands where no header points.
 
 use fsdp_proto::v1;
 
-/// Members in one shard, up to [`MAX_SHARDS`] shards.
-pub const SHARD_MEMBERS: usize = 64;
+/// Members in one shard (about 1 KB read by each of them).
+pub const SHARD_MEMBERS: usize = 8;
 
-/// The most shards a round has: they are written in the seal's one transaction, beside
-/// the header and the master, and etcd takes at most 128 operations in one
-/// (`--max-txn-ops`). Above 6,400 members the shards grow instead.
-pub const MAX_SHARDS: usize = 100;
+/// The most shards written in the seal's own transaction, beside the header, the master
+/// and the deletes of earlier rounds' shards: etcd takes at most 128 operations in one
+/// (`--max-txn-ops`). A round that moves from the one it replaces ([`moved`]), whose
+/// shards few read, is placed in at most this many, as large as they need be; any other
+/// in as many as [`SHARD_MEMBERS`] asks for, written ahead.
+pub const INLINE_SHARDS: usize = 100;
 
-/// The shards of a round of `members` members.
-pub fn shards_for(members: usize) -> u32 {
-    let n = members.div_ceil(SHARD_MEMBERS).clamp(1, MAX_SHARDS);
-    u32::try_from(n).unwrap_or(1)
+/// How placed rounds are cut: [`Shape::ETCD`], for etcd's limits. The simulator cuts its
+/// small rounds as finely, so that its seals write shards ahead as large ones do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Members in one shard.
+    pub shard_members: usize,
+    /// The most shards in the seal's own transaction.
+    pub inline: usize,
+    /// The most shards in one transaction written ahead of the header.
+    pub per_txn: usize,
+}
+
+impl Shape {
+    /// Shards of [`SHARD_MEMBERS`]; [`INLINE_SHARDS`] in the seal's transaction; 120 in
+    /// one written ahead (under etcd's 128 operations, and at about 1 KB a shard far
+    /// under its 1.5 MiB a request).
+    pub const ETCD: Shape = Shape {
+        shard_members: SHARD_MEMBERS,
+        inline: INLINE_SHARDS,
+        per_txn: 120,
+    };
+
+    /// The shards of a round of `members` members; `moves`: the round moves from the one
+    /// it replaces, and its members make their copies without a read.
+    pub fn shards_for(&self, members: usize, moves: bool) -> u32 {
+        let n = members.div_ceil(self.shard_members.max(1)).max(1);
+        let n = if moves { n.min(self.inline.max(1)) } else { n };
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+}
+
+/// The name of one attempt to seal round `number`, by the coordinator on `lease`, its
+/// `attempt`th: the segment its shards are under. The number first, padded, so that the
+/// shards of older rounds sort before a newer round's and one range deletes them.
+pub fn tag(number: u64, lease: i64, attempt: u64) -> String {
+    format!("{number:020}.{:016x}.{attempt}", lease as u64)
+}
+
+/// Whether `tag` names an attempt to seal round `number` ([`tag`]'s form): what a
+/// header's placement must be before anyone reads under it.
+pub fn tag_fits(tag: &str, number: u64) -> bool {
+    let mut parts = tag.split('.');
+    let round = parts.next().is_some_and(|r| r == format!("{number:020}"));
+    let lease = parts
+        .next()
+        .is_some_and(|l| l.len() == 16 && l.bytes().all(|b| b.is_ascii_hexdigit()));
+    let attempt = parts
+        .next()
+        .is_some_and(|a| !a.is_empty() && a.len() <= 20 && a.bytes().all(|b| b.is_ascii_digit()));
+    round && lease && attempt && parts.next().is_none()
 }
 
 /// The shard of `node_id` among `shards`. FNV-1a, spelled out: every agent of every
@@ -38,18 +93,23 @@ pub fn shard_of(node_id: &str, shards: u32) -> u32 {
     u32::try_from(h % u64::from(shards.max(1))).unwrap_or(0)
 }
 
-/// `round` (whole, its members in rank order) as its header and its shards. Fails when its
+/// `round` (whole, its members in rank order) as its header and its shards, cut to `shape`. Fails when its
 /// members' worker counts do not form a group. With `base`, the whole copy of the placed
 /// round it replaces and that round's revision, the header also says how `round` moves
 /// from it when it only leaves members out ([`moves`]).
 pub fn place(
     round: &v1::Round,
     base: Option<(&v1::Round, i64)>,
+    shape: Shape,
 ) -> Result<(v1::Round, Vec<v1::Placement>), String> {
     let members = &round.members;
     let sizes: Vec<u32> = members.iter().map(|m| m.local_world_size).collect();
     let (ranks, world_size) = crate::ranks::assign(&sizes)?;
-    let shards = shards_for(members.len());
+    let next = neighbours(members);
+    let moves = base.and_then(|(base, base_rev)| {
+        moves(base, base_rev, round, &next).map(|m| (base.number, base_rev, m))
+    });
+    let shards = shape.shards_for(members.len(), moves.is_some());
     let mut out: Vec<v1::Placement> = (0..shards)
         .map(|shard| v1::Placement {
             schema: fsdp_proto::SCHEMA_VERSION,
@@ -58,7 +118,6 @@ pub fn place(
             members: Vec::new(),
         })
         .collect();
-    let next = neighbours(members);
     for ((m, r), n) in members.iter().zip(ranks).zip(next.iter().copied()) {
         out[shard_of(&m.node_id, shards) as usize]
             .members
@@ -77,10 +136,8 @@ pub fn place(
         placed: None,
         ..round.clone()
     };
-    if let Some((base, base_rev)) = base
-        && let Some((gone, rewired)) = moves(base, base_rev, round, &next)
-    {
-        (header.base, header.base_rev) = (base.number, base_rev);
+    if let Some((base, base_rev, (gone, rewired))) = moves {
+        (header.base, header.base_rev) = (base, base_rev);
         (header.gone, header.rewired) = (gone, rewired);
     }
     Ok((header, out))
@@ -149,7 +206,7 @@ fn moves(
 
 /// The most members gone, and the most rewired, that a header says (each a few dozen
 /// bytes, sent to every member).
-pub const MAX_MOVES: usize = SHARD_MEMBERS;
+pub const MAX_MOVES: usize = 64;
 
 /// `header` as a copy's fields: a copy holds its members (or its window), not the moves
 /// it was made from.

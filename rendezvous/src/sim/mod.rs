@@ -102,6 +102,8 @@ pub struct Options {
     pub formation_writes: Option<u64>,
     /// Rounds of more members than this are placed ([`crate::etcd::placement`]).
     pub placement_above: usize,
+    /// How they are cut.
+    pub placement_shape: crate::etcd::placement::Shape,
 }
 
 impl Options {
@@ -131,6 +133,7 @@ impl Options {
             crowd_ms: None,
             formation_writes: None,
             placement_above: crate::etcd::PLACEMENT_ABOVE,
+            placement_shape: crate::etcd::placement::Shape::ETCD,
         }
     }
 
@@ -171,11 +174,20 @@ impl Options {
     /// The options of `seed`: every fourth seed runs against a three-member etcd, every
     /// fourth (another one) with a small restart budget, spent within its faults; every
     /// third with locations, half of those with rounds of whole blocks of two; every
-    /// other one with every round placed (as rounds of thousands are).
+    /// other one with every round placed (as rounds of thousands are), two in three of
+    /// those cut so finely that each seal writes its shards ahead in several
+    /// transactions (as rounds of more than 800 members do).
     pub fn for_seed(&self, seed: u64) -> Self {
         let mut o = self.clone();
         if seed % 2 == 1 {
             o.placement_above = 0;
+            if seed % 3 != 0 {
+                o.placement_shape = crate::etcd::placement::Shape {
+                    shard_members: 1,
+                    inline: 1,
+                    per_txn: 2,
+                };
+            }
         }
         if o.crowd_ms.is_some() {
             // A crowd is formation alone, on one etcd member.

@@ -10,7 +10,7 @@ use fsdp_store::state::WatchSpec;
 use super::agent::Watching;
 use super::etcd::{APPLY_WAIT, Proposal, REQUEST_TIMEOUT, cut, prefix_end};
 use super::world::{Ev, World};
-use crate::etcd::session::{Answer, Input, Op, Role, WatchEvent, Write};
+use crate::etcd::session::{Answer, Compare, Input, Op, Role, WatchEvent, Write};
 
 /// etcd's answer to a request it gave up on while overloaded.
 fn timed_out() -> etcd_client::Error {
@@ -44,9 +44,12 @@ enum Queued {
 
 fn queued(op: &Op) -> Queued {
     match op {
-        Op::Txn(_) | Op::Put(_) | Op::Grant { .. } | Op::Revoke { .. } | Op::Depart { .. } => {
-            Queued::Proposal
-        }
+        Op::Txn(_)
+        | Op::Txns(_)
+        | Op::Put(_)
+        | Op::Grant { .. }
+        | Op::Revoke { .. }
+        | Op::Depart { .. } => Queued::Proposal,
         Op::Range {
             serializable: false,
             ..
@@ -74,6 +77,7 @@ fn op_name(op: &Op) -> &'static str {
     match op {
         Op::Range { .. } => "range",
         Op::Txn(_) => "txn",
+        Op::Txns(_) => "txns",
         Op::Put(_) => "put",
         Op::Grant { .. } => "grant",
         Op::Revoke { .. } => "revoke",
@@ -452,20 +456,29 @@ impl World {
                 }
             }
         }
-        // The whole round is at the roster beside a delta, in the shards beside a placed
-        // header, at the round key otherwise.
+        // The whole round is at the roster beside a delta, in the shards a placed header
+        // names (in the store now, written with it or ahead of it), at the round key
+        // otherwise.
         let round_key = self.keys.key::<v1::Round>("");
-        let placements = self.keys.placements();
-        let shards: Vec<v1::Placement> = spec
-            .then
+        let (keys, state) = (&self.keys, &self.etcd.state);
+        let shards = |r: &v1::Round| -> Vec<v1::Placement> {
+            let prefix = keys.placement_of(&r.placement);
+            let req = fsdp_proto::etcdserverpb::RangeRequest {
+                key: prefix.as_bytes().to_vec(),
+                range_end: prefix_end(prefix.as_bytes()),
+                ..Default::default()
+            };
+            let kvs = state.range(&req).map(|r| r.kvs).unwrap_or_default();
+            kvs.iter()
+                .filter_map(|kv| fsdp_proto::decode(&prefix, &kv.value).ok())
+                .collect()
+        };
+        let coordinator = self.keys.key::<v1::Coordinator>("");
+        let sealing = spec
+            .when
             .iter()
-            .filter_map(|w| match w {
-                Write::Put { key, value, .. } if key.starts_with(&placements) => {
-                    fsdp_proto::decode(key, value).ok()
-                }
-                _ => None,
-            })
-            .collect();
+            .any(|c| matches!(c, Compare::Lease(k, _) if *k == coordinator));
+        let (mut sealed, mut broken) = (Vec::new(), Vec::new());
         for w in &spec.then {
             if let Write::Put { key, value, .. } = w {
                 let whole = if *key == roster_key {
@@ -478,15 +491,31 @@ impl World {
                         .filter(|r| !r.delta)
                         .and_then(|r| match r.shards {
                             0 => Some(r),
-                            _ => crate::etcd::placement::whole(&r, &shards).ok(),
+                            _ => match crate::etcd::placement::whole(&r, &shards(&r)) {
+                                Ok(whole) => Some(whole),
+                                // A round put back after etcd lost its data has lost its
+                                // shards too; a seal never may.
+                                Err(why) if sealing => {
+                                    broken.push(format!(
+                                        "round {} sealed placed without its shards: {why}",
+                                        r.number
+                                    ));
+                                    None
+                                }
+                                Err(_) => None,
+                            },
                         })
                 } else {
                     None
                 };
-                if let Some(r) = whole {
-                    self.on_sealed(&r);
-                }
+                sealed.extend(whole);
             }
+        }
+        for why in broken {
+            self.violate(why);
+        }
+        for r in sealed {
+            self.on_sealed(&r);
         }
     }
 

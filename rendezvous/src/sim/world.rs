@@ -304,6 +304,7 @@ impl World {
             segment: self.opts.segment(a),
             fresh_store: false,
             placement_above: self.opts.placement_above,
+            placement_shape: self.opts.placement_shape,
             can_probe: true,
             embedded_store: false,
             lease,

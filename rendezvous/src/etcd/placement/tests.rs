@@ -39,8 +39,8 @@ fn a_placed_round_gives_each_member_what_the_whole_round_would() {
             .map(|i| member(i, 1 + (i % 3) as u32, i % 7 != 0))
             .collect(),
     );
-    let (header, shards) = place(&r, None).unwrap();
-    assert_eq!(header.shards, shards_for(n));
+    let (header, shards) = place(&r, None, Shape::ETCD).unwrap();
+    assert_eq!(header.shards, Shape::ETCD.shards_for(n, false));
     assert_eq!(shards.len(), n.div_ceil(SHARD_MEMBERS));
     assert!(header.members.is_empty());
     assert!(prost::Message::encoded_len(&header) < 200);
@@ -88,12 +88,14 @@ fn a_placed_round_gives_each_member_what_the_whole_round_would() {
     assert!(window(&header, shard, &stranger).is_none());
 }
 
-/// A shard holds about [`SHARD_MEMBERS`] members up to [`MAX_SHARDS`] shards, and the
-/// seal, one transaction, stays under etcd's request limit (1.5 MiB) with real host names
-/// and status ports (every member is stored twice: itself, and its watcher's neighbour),
-/// stored as the coordinator writes them: packed.
+/// A round every member reads is placed in shards of about [`SHARD_MEMBERS`] members at
+/// any size (each member reads a shard, not a hundredth of the round); a round that moves
+/// from the one before, whose shards few read, in at most [`INLINE_SHARDS`], and all of
+/// it still fits the seal's one request under etcd's limit (1.5 MiB) at 20,000 members,
+/// with real host names and status ports (every member is stored twice: itself, and its
+/// watcher's neighbour), stored as the coordinator writes them: packed.
 #[test]
-fn a_placed_round_of_twenty_thousand_fits_in_one_request() {
+fn shards_stay_small_at_any_size_and_a_moved_round_fits_one_request() {
     let scramble = |i: usize| (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let real = |i: usize| {
         let host = format!("gpu-node-{i:05}.cluster.example.com");
@@ -109,33 +111,69 @@ fn a_placed_round_of_twenty_thousand_fits_in_one_request() {
             ..Default::default()
         })
     };
-    for (n, most) in [
-        (1_000, 2 * SHARD_MEMBERS),
-        (20_000, 2 * 20_000 / MAX_SHARDS),
-    ] {
-        let r = round((0..n).map(real).collect());
-        let (header, shards) = place(&r, None).unwrap();
-        let largest = shards.iter().map(|s| s.members.len()).max().unwrap();
-        assert!(largest < most, "{n}: {largest}");
-        let stored: usize = shards
+    let stored = |header: &v1::Round, shards: &[v1::Placement]| -> usize {
+        let shards: usize = shards
             .iter()
             .map(|s| fsdp_proto::encode_packed(s).len())
             .sum();
-        let bytes = stored + fsdp_proto::encode(&header).len();
-        assert!(
-            bytes < 1_400_000,
-            "{n} members: {bytes} bytes in one transaction"
-        );
-        let plain: usize = shards.iter().map(prost::Message::encoded_len).sum();
-        eprintln!("{n} members: {bytes} bytes stored, {plain} plain");
+        shards + fsdp_proto::encode(header).len()
+    };
+    for n in [1_000, 20_000] {
+        let r = round((0..n).map(real).collect());
+        let (header, shards) = place(&r, None, Shape::ETCD).unwrap();
+        assert_eq!(header.shards as usize, n.div_ceil(SHARD_MEMBERS));
+        let largest = shards.iter().map(|s| s.members.len()).max().unwrap();
+        assert!(largest <= 3 * SHARD_MEMBERS, "{n}: {largest}");
+        let mean = stored(&header, &shards) / shards.len();
+        assert!(mean < 2_000, "{n} members: {mean} bytes a shard");
+        eprintln!("{n} members: {mean} bytes a shard, {largest} members at most");
     }
+    // 20,000 left of 20,001: the header says the one gone; the shards fit its request.
+    let n = 20_001;
+    let before = round((0..n).map(real).collect());
+    let (h0, s0) = place(&before, None, Shape::ETCD).unwrap();
+    let base = whole(&h0, &s0).unwrap();
+    let after = v1::Round {
+        number: 4,
+        members: before.members[1..].to_vec(),
+        ..before.clone()
+    };
+    let (header, shards) = place(&after, Some((&base, 7)), Shape::ETCD).unwrap();
+    assert_eq!(header.gone.len(), 1);
+    assert_eq!(shards.len(), INLINE_SHARDS);
+    let bytes = stored(&header, &shards);
+    assert!(bytes < 1_400_000, "{bytes} bytes in one transaction");
+    assert_eq!(whole(&header, &shards).unwrap().members, after.members);
+}
+
+/// A tag names one attempt at one round, and nothing else passes for one.
+#[test]
+fn a_tag_names_its_round_and_nothing_else_passes() {
+    let t = tag(7, 0x1234_abcd, 3);
+    assert!(tag_fits(&t, 7));
+    assert!(!tag_fits(&t, 8), "another round's");
+    assert!(tag(7, -1, u64::MAX).len() < 64);
+    assert!(tag_fits(&tag(7, -1, u64::MAX), 7), "any lease, any count");
+    for bad in [
+        "",
+        "00000000000000000007",
+        "00000000000000000007.1234.3",
+        "00000000000000000007.000000001234abcd.",
+        "00000000000000000007.000000001234abcd.3/x",
+        "00000000000000000007.000000001234abcd.3.4",
+        "../00000000000000000007.000000001234abcd.3",
+    ] {
+        assert!(!tag_fits(bad, 7), "{bad}");
+    }
+    // Older rounds sort first, whatever their lease and count.
+    assert!(tag(9, -1, 99) < tag(10, 0, 0));
 }
 
 /// A node that forms a group alone has nobody to watch.
 #[test]
 fn a_lone_member_has_no_neighbour() {
     let r = round(vec![member(0, 2, true)]);
-    let (header, shards) = place(&r, None).unwrap();
+    let (header, shards) = place(&r, None, Shape::ETCD).unwrap();
     let w = window(&header, &shards[0], "node-00000").unwrap();
     assert_eq!(w.placed.unwrap().neighbour, None);
     assert_eq!(w.members.len(), 1);
@@ -146,7 +184,7 @@ fn a_lone_member_has_no_neighbour() {
 #[test]
 fn whole_refuses_shards_that_do_not_make_the_round() {
     let r = round((0..200).map(|i| member(i, 1, true)).collect());
-    let (header, shards) = place(&r, None).unwrap();
+    let (header, shards) = place(&r, None, Shape::ETCD).unwrap();
     let why = whole(&header, &shards[1..]).unwrap_err();
     assert!(why.contains("shard 0") && why.contains("missing"), "{why}");
     let mut other = shards.clone();
@@ -197,7 +235,7 @@ fn a_member_makes_its_copy_of_a_re_form_that_leaves_members_out_without_a_read()
             .map(|i| member(i, 1 + (i % 3) as u32, i % 7 != 0))
             .collect(),
     );
-    let (h1, s1) = place(&before, None).unwrap();
+    let (h1, s1) = place(&before, None, Shape::ETCD).unwrap();
     let held_whole = whole(&h1, &s1).unwrap();
     let copies = windows(&h1, &s1, &before);
     let out = [0, n - 1, 500, 501, 502, 503, 13, 699];
@@ -213,7 +251,7 @@ fn a_member_makes_its_copy_of_a_re_form_that_leaves_members_out_without_a_read()
             .collect(),
         ..before.clone()
     };
-    let (h2, s2) = place(&after, Some((&held_whole, 41))).unwrap();
+    let (h2, s2) = place(&after, Some((&held_whole, 41)), Shape::ETCD).unwrap();
     assert_eq!((h2.base, h2.base_rev, h2.gone.len()), (3, 41, out.len()));
     // A few entries, not the round: the header every member receives stays small.
     assert!(h2.rewired.len() <= out.len(), "{}", h2.rewired.len());
@@ -253,7 +291,7 @@ fn a_member_makes_its_copy_of_a_re_form_that_leaves_members_out_without_a_read()
 #[test]
 fn only_a_re_form_that_leaves_members_out_in_their_order_is_said_as_moves() {
     let before = round((0..300).map(|i| member(i, 2, true)).collect());
-    let (h1, s1) = place(&before, None).unwrap();
+    let (h1, s1) = place(&before, None, Shape::ETCD).unwrap();
     let held = whole(&h1, &s1).unwrap();
     let next = |members: Vec<v1::Member>| v1::Round {
         number: 4,
@@ -261,7 +299,7 @@ fn only_a_re_form_that_leaves_members_out_in_their_order_is_said_as_moves() {
         ..before.clone()
     };
     let same = next(before.members.clone());
-    let (h2, _) = place(&same, Some((&held, 9))).unwrap();
+    let (h2, _) = place(&same, Some((&held, 9)), Shape::ETCD).unwrap();
     assert_eq!((h2.base_rev, h2.gone.len(), h2.rewired.len()), (9, 0, 0));
     let copy = &windows(&h1, &s1, &before)[7];
     assert_eq!(moved(copy, &h2).unwrap().placed, copy.placed);
@@ -273,19 +311,19 @@ fn only_a_re_form_that_leaves_members_out_in_their_order_is_said_as_moves() {
     let mut reordered = before.members.clone();
     reordered.swap(1, 2);
     for members in [added, anew, reordered] {
-        let (h, _) = place(&next(members), Some((&held, 9))).unwrap();
+        let (h, _) = place(&next(members), Some((&held, 9)), Shape::ETCD).unwrap();
         assert_eq!((h.base, h.base_rev), (0, 0));
         assert!(moved(copy, &h).is_none());
     }
     // Nor from a member's copy, which lists too little to say what moved.
-    let (h, _) = place(&same, Some((copy, 9))).unwrap();
+    let (h, _) = place(&same, Some((copy, 9)), Shape::ETCD).unwrap();
     assert_eq!(h.base_rev, 0);
     // Nor more moves than a shard holds: the header goes to every member.
     let many = next(before.members[MAX_MOVES + 1..].to_vec());
-    let (h, _) = place(&many, Some((&held, 9))).unwrap();
+    let (h, _) = place(&many, Some((&held, 9)), Shape::ETCD).unwrap();
     assert_eq!(h.base_rev, 0);
     let few = next(before.members[MAX_MOVES..].to_vec());
-    let (h, _) = place(&few, Some((&held, 9))).unwrap();
+    let (h, _) = place(&few, Some((&held, 9)), Shape::ETCD).unwrap();
     assert_eq!((h.base_rev, h.gone.len()), (9, MAX_MOVES));
     // A header whose sizes are not the round before less its moves is not applied.
     let later = &windows(&h1, &s1, &before)[200];

@@ -38,11 +38,17 @@ impl Record for v1::Round {
         if self.shards > 0 && (self.delta || !self.members.is_empty()) {
             return Err("is placed and lists members too".into());
         }
-        if self.shards as usize > crate::etcd::placement::MAX_SHARDS {
+        if self.shards > self.group_world_size.max(1) {
             return Err(format!(
-                "is placed in {} shards, more than {}",
-                self.shards,
-                crate::etcd::placement::MAX_SHARDS
+                "is placed in {} shards, more than its {} members",
+                self.shards, self.group_world_size
+            ));
+        }
+        if self.shards > 0 && !crate::etcd::placement::tag_fits(&self.placement, self.number) {
+            let shown = crate::text::shown(&self.placement);
+            return Err(format!(
+                "names its shards '{shown}', not a placement of round {}",
+                self.number
             ));
         }
         field("job", &self.job, NAME_MAX)?;

@@ -3,8 +3,8 @@
 //! on the streams (watches, keep-alives) that the driver waits on alone.
 
 use etcd_client::{
-    Client, Compare as EtcdCompare, CompareOp, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, Txn, TxnOp, WatchOptions, WatchResponse, WatchStream,
+    Client, Compare as EtcdCompare, CompareOp, DeleteOptions, GetOptions, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions, WatchResponse, WatchStream,
 };
 use fsdp_proto::v1;
 
@@ -223,12 +223,32 @@ async fn send(mut client: Client, op: Op) -> EtcdResult<Answer> {
         Op::Txn(spec) => Answer::Txn {
             succeeded: c.txn(txn(spec)).await?.succeeded(),
         },
+        Op::Txns(specs) => {
+            // Each on its own handle, all in flight together: etcd takes them in one
+            // round trip's time instead of one round trip each. Every answer is waited
+            // for, so that none of them is still on its way when the next op goes.
+            let sent = specs.into_iter().map(|spec| {
+                let mut c = c.clone();
+                async move { c.txn(txn(spec)).await }
+            });
+            let answers = futures::future::join_all(sent).await;
+            let mut succeeded = true;
+            for a in answers {
+                succeeded &= a?.succeeded();
+            }
+            Answer::Txn { succeeded }
+        }
         Op::Put(Write::Put { key, value, lease }) => {
             c.put(key, value, lease_opts(lease)).await?;
             Answer::Done
         }
         Op::Put(Write::Delete(key)) => {
             c.delete(key, None).await?;
+            Answer::Done
+        }
+        Op::Put(Write::DeleteRange { from, to }) => {
+            c.delete(from, Some(DeleteOptions::new().with_range(to)))
+                .await?;
             Answer::Done
         }
         Op::Grant { ttl } => Answer::Granted {
@@ -301,6 +321,9 @@ fn write(w: Write) -> TxnOp {
     match w {
         Write::Put { key, value, lease } => TxnOp::put(key, value, lease_opts(lease)),
         Write::Delete(key) => TxnOp::delete(key, None),
+        Write::DeleteRange { from, to } => {
+            TxnOp::delete(from, Some(DeleteOptions::new().with_range(to)))
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use fsdp_proto::v1;
 
-use super::io::{Effect, Op, Role};
+use super::io::{Effect, Op, Role, TxnSpec};
 use super::machine::{Machine, Then};
 use super::records;
 use super::sync::Todo;
@@ -44,6 +44,9 @@ pub(super) struct Duty {
     asked_at: Option<Instant>,
     /// A seal waits for the port asked for: decided again when it comes.
     seal_waits: bool,
+    /// Placed seals tried by this process: each attempt's shards go under a name of
+    /// their own ([`crate::etcd::placement::tag`]).
+    placed_seals: u64,
 }
 
 /// What a commit in flight was for.
@@ -53,6 +56,10 @@ pub(super) struct Commit {
     members: usize,
     restart_count: u32,
     reason: String,
+    /// The header's transaction, still to go once the shards written ahead of it are in.
+    header: Option<TxnSpec>,
+    /// How many transactions wrote the shards ahead (none when the header holds them).
+    ahead: usize,
 }
 
 impl Duty {
@@ -67,6 +74,7 @@ impl Duty {
             port: None,
             asked_at: None,
             seal_waits: false,
+            placed_seals: 0,
         }
     }
 
@@ -275,9 +283,12 @@ impl Machine {
         };
         let base = self.view.round.as_ref().map(|b| (&*b.record, b.mod_rev));
         let (keys, lease) = (&self.cfg.keys, self.view.coordinator_lease);
-        let mut txn = if record.members.len() > self.cfg.placement_above {
-            match records::commit_placed(keys, fence, lease, &record, base) {
-                Ok(txn) => txn,
+        let (ahead, mut txn) = if record.members.len() > self.cfg.placement_above {
+            let attempt = self.duty.placed_seals;
+            self.duty.placed_seals += 1;
+            let shape = self.cfg.placement_shape;
+            match records::commit_placed(keys, fence, lease, &record, base, attempt, shape) {
+                Ok(seal) => (seal.ahead, seal.header),
                 Err(why) => {
                     // Proposals are made of registrations this view accepted, whose
                     // worker counts are checked: not a state a seal can mend.
@@ -286,7 +297,8 @@ impl Machine {
                 }
             }
         } else {
-            records::commit_round(keys, fence, lease, &record, base)
+            let txn = records::commit_round(keys, fence, lease, &record, base);
+            (Vec::new(), txn)
         };
         if let Some(master) = self.master_of(&record) {
             let put = records::put(
@@ -296,13 +308,20 @@ impl Machine {
             );
             txn.then.push(put);
         }
-        let commit = Commit {
+        let mut commit = Commit {
             number: p.number,
             members: p.members.len(),
             restart_count: p.restart_count,
             reason,
+            header: None,
+            ahead: ahead.len(),
         };
-        self.issue(Then::Commit(commit), Op::Txn(txn));
+        if ahead.is_empty() {
+            self.issue(Then::Commit(commit), Op::Txn(txn));
+        } else {
+            commit.header = Some(txn);
+            self.issue(Then::Commit(commit), Op::Txns(ahead));
+        }
     }
 
     /// How long ago the round the view holds was sealed: seen sealed, on this agent's own
@@ -350,8 +369,25 @@ impl Machine {
         answer: Result<super::io::Answer, super::Fault>,
     ) {
         match answer {
+            Ok(super::io::Answer::Txn { succeeded: true }) if c.header.is_some() => {
+                // The shards are in: the header names them. (The seal counts as one of
+                // this node's writes, the header's; the shards' apart.)
+                let ahead = u64::try_from(c.ahead).unwrap_or(u64::MAX);
+                self.counters.shard_txns.fetch_add(ahead, Ordering::Relaxed);
+                let mut c = c;
+                let header = c.header.take();
+                if let Some(txn) = header {
+                    self.issue(Then::Commit(c), Op::Txn(txn));
+                }
+            }
             Ok(super::io::Answer::Txn { succeeded }) => {
                 self.wrote();
+                if !succeeded && c.header.is_some() {
+                    tracing::debug!(
+                        round = c.number,
+                        "the round's shards lost their fence; no header follows"
+                    );
+                }
                 if succeeded {
                     let (number, members, restart_count) = (c.number, c.members, c.restart_count);
                     tracing::info!(round = number, members, restart_count, reason = %c.reason, "round sealed");

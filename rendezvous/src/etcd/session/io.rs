@@ -36,6 +36,13 @@ pub enum WatchEvent {
 }
 
 impl WatchEvent {
+    pub fn key(&self) -> &str {
+        match self {
+            WatchEvent::Put(kv) => &kv.key,
+            WatchEvent::Delete { key, .. } => key,
+        }
+    }
+
     /// About how many bytes it holds.
     pub fn size(&self) -> usize {
         match self {
@@ -66,6 +73,11 @@ pub enum Write {
         lease: i64,
     },
     Delete(String),
+    /// Every key in `[from, to)`.
+    DeleteRange {
+        from: String,
+        to: String,
+    },
 }
 
 /// An etcd transaction: `then` if every comparison holds, else `otherwise`.
@@ -103,6 +115,9 @@ pub enum Op {
     /// How many members the etcd cluster has.
     MemberCount,
     Txn(TxnSpec),
+    /// Transactions sent at once, none waiting for another: succeeded when every one did
+    /// (the shards of a placed round, ahead of its header).
+    Txns(Vec<TxnSpec>),
     Put(Write),
     Grant {
         ttl: i64,

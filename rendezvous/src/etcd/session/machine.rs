@@ -57,6 +57,9 @@ pub struct Config {
     pub fresh_store: bool,
     /// A round of more members than this is sealed placed ([`crate::etcd::placement`]).
     pub placement_above: usize,
+    /// How a placed round is cut ([`crate::etcd::placement::Shape::ETCD`] but in the
+    /// simulator).
+    pub placement_shape: crate::etcd::placement::Shape,
     /// The driver can look for proof that etcd has no leader ([`Effect::Probe`]).
     pub can_probe: bool,
     /// etcd is the c10d store an agent serves (for the give-up message).

@@ -49,7 +49,17 @@ impl Machine {
 
     pub(super) fn on_watching(&mut self, input: Input) {
         match input {
-            Input::Watched(events) => {
+            Input::Watched(mut events) => {
+                // A placed round's shards and their deletes (in the coordinator's watch of
+                // the whole run) are read apart, by whoever needs them: nothing to decide
+                // again for. The shards written ahead of a header came before it, and a
+                // coordinator that looked again at each, its round not yet in its view,
+                // sealed it again: a write each, fenced out.
+                let shards = self.cfg.keys.placements();
+                events.retain(|e| !e.key().starts_with(&shards));
+                if events.is_empty() {
+                    return;
+                }
                 if self.apply(events) {
                     self.campaign_in_turn();
                 }

@@ -144,18 +144,16 @@ impl Machine {
     }
 
     /// The shards of the placed round `header` (this node's, or every one for a view
-    /// that coordinates). Shards of a newer seal (it came between the header and the
-    /// read) leave the view waiting for that seal's header; shards missing mean the run's
-    /// keys are not as any agent writes them: read everything again.
+    /// that coordinates), read under the name its header gives them. Shards missing mean
+    /// a newer seal deleted them (two seals came between the header and the read) or the
+    /// run's keys are not as any agent writes them: either way, read everything again.
     pub(super) fn read_placement(&mut self, header: RoundEntry, kvs: &[Kv]) {
         use crate::etcd::placement;
         let h = &header.record;
         let mut shards = Vec::with_capacity(kvs.len());
         for kv in kvs {
             match fsdp_proto::decode::<v1::Placement>(&kv.key, &kv.value) {
-                // Shards past the header's count are an earlier, larger round's.
-                Ok(s) if s.shard < h.shards => shards.push(s),
-                Ok(_) => {}
+                Ok(s) => shards.push(s),
                 // As garbage anywhere in the run: the rendezvous stops, naming the key.
                 Err(e) => {
                     self.view
@@ -165,9 +163,6 @@ impl Machine {
                     return;
                 }
             }
-        }
-        if shards.iter().any(|s| s.round > h.number) {
-            return;
         }
         let made = if self.watches.control_only() {
             let me = &self.cfg.node_id;

@@ -197,19 +197,29 @@ pub fn commit_round(
         schema: fsdp_proto::SCHEMA_VERSION,
         round: Some(record.clone()),
     };
+    let mut then = match &delta {
+        Some(d) => vec![
+            put(key, fsdp_proto::encode(d), 0),
+            put(keys.of(&roster), fsdp_proto::encode(&roster), 0),
+        ],
+        // Once: etcd refuses a request over 1.5 MiB (`--max-request-bytes`), and a
+        // round of 10,000 written twice was 2.4 MB. The roster is read only for a
+        // delta's whole round; it keeps the last of those, which is never older
+        // than a delta a member could still be waiting to apply.
+        None => vec![put(key, fsdp_proto::encode(record), 0)],
+    };
+    if base.is_some_and(|(b, _)| b.shards > 0) {
+        // A placed round replaced by a whole one (the group shrank): nothing names its
+        // shards any more. (A member still reading its own reads the run again.)
+        then.extend(
+            keys.stale_placements(None, None)
+                .into_iter()
+                .map(|(from, to)| Write::DeleteRange { from, to }),
+        );
+    }
     TxnSpec {
         when: seal_fences(keys, fence, lease),
-        then: match &delta {
-            Some(d) => vec![
-                put(key, fsdp_proto::encode(d), 0),
-                put(keys.of(&roster), fsdp_proto::encode(&roster), 0),
-            ],
-            // Once: etcd refuses a request over 1.5 MiB (`--max-request-bytes`), and a
-            // round of 10,000 written twice was 2.4 MB. The roster is read only for a
-            // delta's whole round; it keeps the last of those, which is never older
-            // than a delta a member could still be waiting to apply.
-            None => vec![put(key, fsdp_proto::encode(record), 0)],
-        },
+        then,
         otherwise: Vec::new(),
     }
 }
@@ -228,10 +238,27 @@ fn seal_fences(keys: &Keys, fence: Option<i64>, lease: i64) -> Vec<Compare> {
     ]
 }
 
+/// A placed round's seal: the transactions that write its shards first, sent together,
+/// and then its header's ([`commit_placed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacedSeal {
+    pub ahead: Vec<TxnSpec>,
+    pub header: TxnSpec,
+}
+
+/// The most bytes of shards in one transaction: under etcd's request limit (1.5 MiB),
+/// whatever a shard holds.
+const SHARD_BYTES_PER_TXN: usize = 1 << 20;
+
 /// `record` sealed placed ([`crate::etcd::placement`]), fenced as [`commit_round`]: its
-/// header at `ctl/round` and its shards outside `ctl/`, in one transaction, so that no
-/// member reads a shard of a round that was not sealed. Shards of an earlier, larger
-/// round past this one's count stay; the header's count says which are this round's.
+/// header at `ctl/round`, its shards outside `ctl/` under a name of this attempt's own
+/// (`attempt`, this coordinator's count of its placed seals: [`placement::tag`]), cut to
+/// `shape`. Shards
+/// that fit go in the header's transaction; more are written ahead, each transaction
+/// fenced as the header is, so that no member reads a shard of a round that was not
+/// sealed and a lost attempt's shards, late or not, are under a name no header gives.
+/// The header's transaction deletes every other shard but those of the round it
+/// replaces, which members that saw its header may still be reading.
 /// Fails when the members' worker counts form no group.
 pub fn commit_placed(
     keys: &Keys,
@@ -239,24 +266,64 @@ pub fn commit_placed(
     lease: i64,
     record: &v1::Round,
     base: Option<(&v1::Round, i64)>,
-) -> Result<TxnSpec, String> {
+    attempt: u64,
+    shape: crate::etcd::placement::Shape,
+) -> Result<PlacedSeal, String> {
+    use crate::etcd::placement;
+    let kept = base
+        .filter(|(b, _)| b.shards > 0)
+        .map(|(b, _)| b.placement.as_str());
     // Moves are said only from the round the seal replaces (its fence).
     let base = base.filter(|(_, rev)| fence == Some(*rev));
-    let (header, shards) = crate::etcd::placement::place(record, base)?;
+    let (mut header, shards) = placement::place(record, base, shape)?;
+    header.placement = placement::tag(record.number, lease, attempt);
     let mut then = vec![put(
         keys.key::<v1::Round>(""),
         fsdp_proto::encode(&header),
         0,
     )];
+    let kept = kept.filter(|k| !k.is_empty() && *k < header.placement.as_str());
     then.extend(
-        shards
-            .iter()
-            .map(|s| put(keys.placement(s.shard), fsdp_proto::encode_packed(s), 0)),
+        keys.stale_placements(kept, Some(&header.placement))
+            .into_iter()
+            .map(|(from, to)| Write::DeleteRange { from, to }),
     );
-    Ok(TxnSpec {
-        when: seal_fences(keys, fence, lease),
-        then,
-        otherwise: Vec::new(),
+    let puts = shards.iter().map(|s| {
+        let value = fsdp_proto::encode_packed(s);
+        (
+            value.len(),
+            put(keys.placement(&header.placement, s.shard), value, 0),
+        )
+    });
+    let mut ahead: Vec<TxnSpec> = Vec::new();
+    if shards.len() <= shape.inline {
+        then.extend(puts.map(|(_, w)| w));
+    } else {
+        let mut bytes = 0;
+        for (size, w) in puts {
+            let full = ahead.last().is_none_or(|t| {
+                t.then.len() >= shape.per_txn || bytes + size > SHARD_BYTES_PER_TXN
+            });
+            if full {
+                ahead.push(TxnSpec {
+                    when: seal_fences(keys, fence, lease),
+                    ..TxnSpec::default()
+                });
+                bytes = 0;
+            }
+            bytes += size;
+            if let Some(t) = ahead.last_mut() {
+                t.then.push(w);
+            }
+        }
+    }
+    Ok(PlacedSeal {
+        ahead,
+        header: TxnSpec {
+            when: seal_fences(keys, fence, lease),
+            then,
+            otherwise: Vec::new(),
+        },
     })
 }
 

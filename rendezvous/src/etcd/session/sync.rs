@@ -350,7 +350,7 @@ impl Machine {
             self.flight.first(Todo::ReadRoster);
         } else if let Some(header) = self.view.placing.clone() {
             // A whole read has every shard of a placed round already.
-            let placements = self.cfg.keys.placements();
+            let placements = self.cfg.keys.placement_of(&header.record.placement);
             let shards: Vec<Kv> = kvs
                 .iter()
                 .filter(|kv| kv.key.starts_with(&placements))
@@ -386,9 +386,9 @@ impl Machine {
         let keys = &self.cfg.keys;
         Some(if self.watches.control_only() {
             let shard = crate::etcd::placement::shard_of(&self.cfg.node_id, header.shards);
-            range(keys.placement(shard), false)
+            range(keys.placement(&header.placement, shard), false)
         } else {
-            range(keys.placements(), true)
+            range(keys.placement_of(&header.placement), true)
         })
     }
 }

@@ -286,6 +286,7 @@ fn a_first_round_of_30000_nodes_fits_etcds_default_request_limit() {
         .map(|w| match w {
             Write::Put { key, value, .. } => key.len() + value.len(),
             Write::Delete(key) => key.len(),
+            Write::DeleteRange { from, to } => from.len() + to.len(),
         })
         .sum();
     assert!(

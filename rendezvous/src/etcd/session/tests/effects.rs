@@ -90,5 +90,6 @@ pub(super) fn put_at<'a>(writes: &'a [Write], key: &str) -> (&'a [u8], i64) {
 pub(super) fn touches(writes: &[Write], key: &str) -> bool {
     writes.iter().any(|w| match w {
         Write::Put { key: k, .. } | Write::Delete(k) => k == key,
+        Write::DeleteRange { from, to } => from.as_str() <= key && key < to.as_str(),
     })
 }

@@ -73,6 +73,7 @@ fn config(t0: Instant) -> Config {
         segment: String::new(),
         fresh_store: false,
         placement_above: crate::etcd::PLACEMENT_ABOVE,
+        placement_shape: crate::etcd::placement::Shape::ETCD,
         can_probe: true,
         embedded_store: false,
         lease: LEASE,

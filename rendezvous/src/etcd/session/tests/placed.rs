@@ -1,23 +1,32 @@
 //! A placed round ([`crate::etcd::placement`]): a member that receives its header reads its
 //! own shard, not the whole round, and runs at the ranks its place gives it; a node the
 //! round was sealed without reads its shard and waits as a spare; a coordinator seals a
-//! round above `placement_above` as a header and shards in one fenced transaction.
+//! round above `placement_above` as a header and shards, the shards of a large one in
+//! transactions of their own ahead of the header.
 
 use super::*;
 use crate::etcd::joining::{Step, step};
 use crate::etcd::placement;
 
+/// `whole` placed as the coordinator on [`LEASE`] places it in its first attempt.
+fn place(whole: &v1::Round, base: Option<(&v1::Round, i64)>) -> (v1::Round, Vec<v1::Placement>) {
+    let (mut header, shards) = placement::place(whole, base, placement::Shape::ETCD).unwrap();
+    header.placement = placement::tag(whole.number, LEASE, 0);
+    (header, shards)
+}
+
 /// Round 2 of d, b, a, c (two workers each), placed: its header and shards.
 fn placed_round_two() -> (v1::Round, v1::Round, Vec<v1::Placement>) {
     let mut whole = round(2, &[("d", 1), ("b", 1), ("a", 1), ("c", 1)]);
     whole.sealed_at_ms = 5_000;
-    let (header, shards) = placement::place(&whole, None).unwrap();
+    let (header, shards) = place(&whole, None);
     (whole, header, shards)
 }
 
+/// `s` where [`place`] puts it.
 fn shard_kv(s: &v1::Placement, mod_rev: i64) -> Kv {
     Kv {
-        key: keys().placement(s.shard),
+        key: keys().placement(&placement::tag(s.round, LEASE, 0), s.shard),
         value: fsdp_proto::encode(s),
         create_rev: 1,
         mod_rev,
@@ -39,7 +48,7 @@ fn a_member_reads_its_own_shard_and_runs_at_its_placed_ranks() {
     assert_eq!(
         the_op(&e),
         Op::Range {
-            key: keys().placement(mine),
+            key: keys().placement(&header.placement, mine),
             prefix: false,
             keys_only: false,
             serializable: false,
@@ -107,7 +116,7 @@ fn a_member_holding_the_round_before_takes_a_re_form_without_a_read() {
             .collect(),
         ..whole.clone()
     };
-    let (moving, _) = placement::place(&next, Some((&coordinators, 12))).unwrap();
+    let (moving, _) = place(&next, Some((&coordinators, 12)));
     assert_eq!(moving.gone.len(), 1);
     let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&moving, 20))]));
     no_op(&e);
@@ -126,7 +135,7 @@ fn a_member_holding_the_round_before_takes_a_re_form_without_a_read() {
         revision: 12,
         kvs: vec![shard_kv(&shards[mine as usize], 12)],
     });
-    let (elsewhere, _) = placement::place(&next, Some((&coordinators, 11))).unwrap();
+    let (elsewhere, _) = place(&next, Some((&coordinators, 11)));
     let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(
         &elsewhere, 20,
     ))]));
@@ -140,7 +149,7 @@ fn a_node_sealed_without_waits_as_a_spare() {
     let mut h = Harness::synced();
     let mut whole = round(2, &[("d", 1), ("b", 1), ("c", 1)]);
     whole.sealed_at_ms = 5_000;
-    let (header, shards) = placement::place(&whole, None).unwrap();
+    let (header, shards) = place(&whole, None);
     h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
     let mine = placement::shard_of("a", header.shards) as usize;
     h.answer(Answer::Range {
@@ -162,7 +171,7 @@ fn rank_zero_of_a_placed_round_publishes_the_master() {
     let mut h = Harness::synced();
     let mut whole = round(2, &[("a", 1), ("b", 1)]);
     whole.sealed_at_ms = 5_000;
-    let (header, shards) = placement::place(&whole, None).unwrap();
+    let (header, shards) = place(&whole, None);
     h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
     h.answer(Answer::Range {
         revision: 12,
@@ -192,8 +201,12 @@ fn a_coordinator_seals_a_round_above_placement_above_as_header_and_shards() {
         (header.shards, header.group_world_size, header.world_size),
         (1, 1, 2)
     );
-    let shard: v1::Placement =
-        fsdp_proto::decode("k", put_at(&spec.then, &k.placement(0)).0).unwrap();
+    assert_eq!(header.placement, placement::tag(header.number, LEASE, 0));
+    let shard: v1::Placement = fsdp_proto::decode(
+        "k",
+        put_at(&spec.then, &k.placement(&header.placement, 0)).0,
+    )
+    .unwrap();
     let whole = placement::whole(&header, &[shard]).unwrap();
     assert_eq!(whole.members.len(), 1);
     assert_eq!(whole.members[0].node_id, "a");
@@ -257,4 +270,120 @@ fn a_member_of_a_placed_round_reads_the_roster_for_a_delta_of_it() {
         }
     );
     assert_eq!(h.m.view().round.as_ref().unwrap().record.number, 2);
+}
+
+/// `n` members, "a" on [`LEASE`] and the others on leases of their own.
+fn crowd(n: usize) -> Vec<v1::Member> {
+    (0..n)
+        .map(|i| match i {
+            0 => member("a", LEASE, 1, 0),
+            _ => member(&format!("n{i:04}"), LEASE + i as i64, 1, 0),
+        })
+        .collect()
+}
+
+/// A round of more shards than the header's transaction holds has them written ahead,
+/// each transaction fenced as the header, under this attempt's name; the header's
+/// transaction holds no shard, deletes every other shard but the replaced round's, and
+/// the shards make the whole round again.
+#[test]
+fn a_large_placed_round_writes_its_shards_ahead_each_fenced_as_the_header() {
+    let k = keys();
+    let whole = v1::Round {
+        members: crowd(2_000),
+        ..round(6, &[])
+    };
+    let base = v1::Round {
+        shards: 300,
+        placement: placement::tag(5, LEASE, 4),
+        ..round(5, &[("a", 1)])
+    };
+    let fence = Some(40);
+    let seal = crate::etcd::session::records::commit_placed(
+        &k,
+        fence,
+        LEASE,
+        &whole,
+        Some((&base, 40)),
+        7,
+        placement::Shape::ETCD,
+    )
+    .unwrap();
+    let tag = placement::tag(6, LEASE, 7);
+    let fences = seal.header.when.clone();
+    assert_eq!(fences[0], Compare::ModRevision(k.key::<v1::Round>(""), 40));
+    assert!(seal.ahead.len() >= 3, "{} transactions", seal.ahead.len());
+    let mut shards = Vec::new();
+    for t in &seal.ahead {
+        assert_eq!(t.when, fences, "each fenced as the header");
+        assert!(t.then.len() <= 120 && t.otherwise.is_empty());
+        for w in &t.then {
+            let Write::Put { key, value, lease } = w else {
+                panic!("a shard transaction writes shards: {w:?}");
+            };
+            assert!(key.starts_with(&k.placement_of(&tag)), "{key}");
+            assert_eq!(*lease, 0);
+            shards.push(fsdp_proto::decode::<v1::Placement>(key, value).unwrap());
+        }
+    }
+    let header: v1::Round =
+        fsdp_proto::decode("k", put_at(&seal.header.then, &k.key::<v1::Round>("")).0).unwrap();
+    assert_eq!(header.placement, tag);
+    assert_eq!(
+        header.shards as usize,
+        2_000usize.div_ceil(placement::SHARD_MEMBERS)
+    );
+    assert_eq!(
+        placement::whole(&header, &shards).unwrap().members,
+        whole.members
+    );
+    let w = &seal.header.then;
+    assert!(
+        !w.iter()
+            .any(|w| matches!(w, Write::Put { key, .. } if key.starts_with(&k.placements())))
+    );
+    assert!(
+        touches(w, &k.placement(&placement::tag(4, LEASE, 0), 3)),
+        "older rounds'"
+    );
+    assert!(
+        touches(w, &k.placement(&placement::tag(6, LEASE, 6), 3)),
+        "a lost attempt's"
+    );
+    assert!(
+        !touches(w, &k.placement(&base.placement, 3)),
+        "the replaced round's"
+    );
+    assert!(!touches(w, &k.placement(&tag, 3)), "its own");
+}
+
+/// The coordinator sends a large placed round's shards, all at once, and its header only
+/// once they are in; shards that lost their fence are followed by no header.
+#[test]
+fn a_coordinator_sends_the_header_only_after_the_shards_written_ahead() {
+    let kvs = |n: u32| -> Vec<Kv> {
+        let mut kvs: Vec<Kv> = crowd(n as usize).iter().map(|m| member_kv(m, 4)).collect();
+        kvs.push(coordinator_kv("a", LEASE));
+        kvs
+    };
+    let n = 2_000;
+    let edit = |c: &mut Config| {
+        c.placement_above = 0;
+        (c.seal.min_nodes, c.seal.max_nodes) = (n, n);
+    };
+    let (mut h, rest) = Harness::with(edit).first_sync(&kvs(n));
+    let Op::Txns(ahead) = the_op(&rest) else {
+        panic!("the shards first: {rest:?}");
+    };
+    assert!(ahead.len() > 1);
+    assert!(ahead.iter().all(|t| t.when == first_seal_fences()));
+    let header = txn(the_op(&h.answer(Answer::Txn { succeeded: true })));
+    assert_eq!(header.when, first_seal_fences());
+    let k = keys();
+    put_at(&header.then, &k.key::<v1::Round>(""));
+    no_op(&h.answer(Answer::Txn { succeeded: true }));
+    // The shards lost their fence: nothing follows.
+    let (mut h, rest) = Harness::with(edit).first_sync(&kvs(n));
+    assert!(matches!(the_op(&rest), Op::Txns(_)));
+    no_op(&h.answer(Answer::Txn { succeeded: false }));
 }
