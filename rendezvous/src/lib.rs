@@ -129,7 +129,7 @@ pub struct Counters {
     /// slowest node's).
     pub paced_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Transactions that wrote a placed round's shards ahead of its header, as the
-    /// coordinator (a round of 10,000 takes 11): apart from a node's own writes, whose
+    /// coordinator (a round of 10,000 takes 6): apart from a node's own writes, whose
     /// count is bounded at formation whatever the crowd, while these grow with it.
     pub shard_txns: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }

@@ -19,8 +19,8 @@
 
 use fsdp_proto::v1;
 
-/// Members in one shard (about 1 KB read by each of them).
-pub const SHARD_MEMBERS: usize = 8;
+/// Members in one shard (about 1 KB, packed, read by each of them).
+pub const SHARD_MEMBERS: usize = 16;
 
 /// The most shards written in the seal's own transaction, beside the header, the master
 /// and the deletes of earlier rounds' shards: etcd takes at most 128 operations in one

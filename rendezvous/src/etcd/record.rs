@@ -7,8 +7,9 @@
 //!                                                the difference from it when it can be
 //! roster                            Roster       beside a delta, the whole round, in the same
 //!                                                transaction
-//! placement/<shard>                 Placement    a placed round's members, beside its header, in
-//!                                                the same transaction; read apart
+//! placement/<tag>/<shard>           Placement    a placed round's members, under the name its
+//!                                                header gives them, written before it or
+//!                                                with it; read apart
 //!                                                ([`crate::etcd::placement`])
 //! ctl/master                        Master       leased: where the round's workers meet
 //! ctl/coordinator                   Coordinator  leased, claimed if absent: the election key

@@ -168,15 +168,6 @@ impl SimEtcd {
         gone
     }
 
-    /// Transactions, one after another: succeeded if every one did.
-    fn txns(&mut self, specs: &[TxnSpec]) -> Result<Answer, etcd_client::Error> {
-        let mut succeeded = true;
-        for spec in specs {
-            succeeded &= self.state.txn(txn(spec)).map_err(store_error)?.succeeded;
-        }
-        Ok(Answer::Txn { succeeded })
-    }
-
     /// Carries `op` out now (the caller knows the member serves). Watches and keep-alive
     /// are the world's business.
     pub fn execute(&mut self, op: &Op, now: Instant) -> Result<Answer, etcd_client::Error> {
@@ -204,9 +195,12 @@ impl SimEtcd {
                 }
             }
             Op::MemberCount => Answer::MemberCount(self.members),
-            // The driver sends several at once; etcd applies them in some order, each whole.
-            Op::Txn(spec) => self.txns(std::slice::from_ref(spec))?,
-            Op::Txns(specs) => self.txns(specs)?,
+            Op::Txn(spec) => {
+                let resp = self.state.txn(txn(spec)).map_err(store_error)?;
+                Answer::Txn {
+                    succeeded: resp.succeeded,
+                }
+            }
             Op::Put(w) => {
                 let spec = TxnSpec {
                     then: vec![w.clone()],

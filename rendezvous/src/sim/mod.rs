@@ -176,7 +176,7 @@ impl Options {
     /// third with locations, half of those with rounds of whole blocks of two; every
     /// other one with every round placed (as rounds of thousands are), two in three of
     /// those cut so finely that each seal writes its shards ahead in several
-    /// transactions (as rounds of more than 800 members do).
+    /// transactions (as rounds of more than 1,600 members do).
     pub fn for_seed(&self, seed: u64) -> Self {
         let mut o = self.clone();
         if seed % 2 == 1 {

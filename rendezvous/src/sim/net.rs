@@ -44,12 +44,9 @@ enum Queued {
 
 fn queued(op: &Op) -> Queued {
     match op {
-        Op::Txn(_)
-        | Op::Txns(_)
-        | Op::Put(_)
-        | Op::Grant { .. }
-        | Op::Revoke { .. }
-        | Op::Depart { .. } => Queued::Proposal,
+        Op::Txn(_) | Op::Put(_) | Op::Grant { .. } | Op::Revoke { .. } | Op::Depart { .. } => {
+            Queued::Proposal
+        }
         Op::Range {
             serializable: false,
             ..
@@ -77,7 +74,6 @@ fn op_name(op: &Op) -> &'static str {
     match op {
         Op::Range { .. } => "range",
         Op::Txn(_) => "txn",
-        Op::Txns(_) => "txns",
         Op::Put(_) => "put",
         Op::Grant { .. } => "grant",
         Op::Revoke { .. } => "revoke",

@@ -1,8 +1,10 @@
 //! Rendezvous scale benchmark: N simulated nodes (tasks in one process, sharing a few
 //! connections) form one round on an etcd. Prints a line
-//! `nodes=N seal_s=<seconds> etcd_writes=<count> coordinator_cpu_ms=<ms> seal_cpu_ms=<ms>
-//! leases_lost=<count> reregistered=<count> ...`: the time from the first join to every
-//! node holding the sealed round, the writes all nodes made, the coordinator's CPU time
+//! `nodes=N seal_s=<seconds> etcd_writes=<count> shard_txns=<count> coordinator_cpu_ms=<ms>
+//! seal_cpu_ms=<ms> leases_lost=<count> reregistered=<count> ...`: the time from the first
+//! join to every node holding the sealed round, the writes all nodes made (a seal counts
+//! once; the transactions that wrote a placed round's shards ahead of its header are
+//! `shard_txns`), the coordinator's CPU time
 //! for its decisions (all of them, and those that sealed), and how many times a node
 //! found its lease gone and wrote its registration again on a new one (a crowd that
 //! etcd could not keep up with: 0 when formation is admitted at etcd's pace);
@@ -236,9 +238,10 @@ fn main() {
         };
         let lost = count(|c| c.leases_lost.load(Ordering::Relaxed));
         let again = count(|c| c.reregistered.load(Ordering::Relaxed));
+        let shard_txns = count(|c| c.shard_txns.load(Ordering::Relaxed));
         let (p50, p99) = p50_p99(&mut took);
         println!(
-            "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} \
+            "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} shard_txns={shard_txns} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
              leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
              formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \
@@ -305,9 +308,9 @@ impl RoundShape {
     }
 }
 
-/// Members in one shard of a round's placement: what each member reads is this many
-/// members and their neighbours, whatever the round's size.
-const PLACEMENT_SHARD: usize = 64;
+/// Members in one shard of a round's placement, as the rendezvous cuts it: what each
+/// member reads is this many members and their neighbours, whatever the round's size.
+const PLACEMENT_SHARD: usize = fsdp_rendezvous::etcd::placement::SHARD_MEMBERS;
 
 /// Operations in one transaction of the placement (etcd refuses more than 128 in one by
 /// default).

@@ -31,12 +31,7 @@ use crate::job::fnv;
 pub(super) fn paced(op: &Op) -> bool {
     matches!(
         op,
-        Op::Range { .. }
-            | Op::Txn(_)
-            | Op::Txns(_)
-            | Op::Put(_)
-            | Op::Grant { .. }
-            | Op::TimeToLive { .. }
+        Op::Range { .. } | Op::Txn(_) | Op::Put(_) | Op::Grant { .. } | Op::TimeToLive { .. }
     )
 }
 

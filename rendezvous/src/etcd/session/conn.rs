@@ -223,21 +223,6 @@ async fn send(mut client: Client, op: Op) -> EtcdResult<Answer> {
         Op::Txn(spec) => Answer::Txn {
             succeeded: c.txn(txn(spec)).await?.succeeded(),
         },
-        Op::Txns(specs) => {
-            // Each on its own handle, all in flight together: etcd takes them in one
-            // round trip's time instead of one round trip each. Every answer is waited
-            // for, so that none of them is still on its way when the next op goes.
-            let sent = specs.into_iter().map(|spec| {
-                let mut c = c.clone();
-                async move { c.txn(txn(spec)).await }
-            });
-            let answers = futures::future::join_all(sent).await;
-            let mut succeeded = true;
-            for a in answers {
-                succeeded &= a?.succeeded();
-            }
-            Answer::Txn { succeeded }
-        }
         Op::Put(Write::Put { key, value, lease }) => {
             c.put(key, value, lease_opts(lease)).await?;
             Answer::Done

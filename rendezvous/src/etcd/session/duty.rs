@@ -56,11 +56,20 @@ pub(super) struct Commit {
     members: usize,
     restart_count: u32,
     reason: String,
-    /// The header's transaction, still to go once the shards written ahead of it are in.
-    header: Option<TxnSpec>,
-    /// How many transactions wrote the shards ahead (none when the header holds them).
-    ahead: usize,
+    /// The transactions still to go of a placed round whose shards are written ahead of
+    /// its header: the shards', then the header's (none when the header holds them).
+    ahead: std::collections::VecDeque<TxnSpec>,
 }
+
+/// How long after one transaction of a placed round's seal the next one goes: etcd's
+/// backend commits its writes every 100 ms (`--backend-batch-interval`), and etcd 3.4
+/// copies the buffer of writes not yet committed into every answer it sends (the
+/// header's revision, read through a transaction that copies it); the buffer keeps the
+/// largest size it ever reached. The shards of 10,000 members at once (1,250 keys in a
+/// tenth of a second) left every later keep-alive copying four times as much: 10,000
+/// nodes then formed only once etcd committed every 100 writes
+/// (`--backend-batch-limit=100`).
+pub(super) const AHEAD_SPACING: Duration = Duration::from_millis(100);
 
 impl Duty {
     pub(super) fn new(cfg: SealConfig, now: Instant) -> Self {
@@ -313,15 +322,17 @@ impl Machine {
             members: p.members.len(),
             restart_count: p.restart_count,
             reason,
-            header: None,
-            ahead: ahead.len(),
+            ahead: ahead.into(),
         };
-        if ahead.is_empty() {
-            self.issue(Then::Commit(commit), Op::Txn(txn));
-        } else {
-            commit.header = Some(txn);
-            self.issue(Then::Commit(commit), Op::Txns(ahead));
-        }
+        // The shards first, one transaction at a time, then the header.
+        let first = match commit.ahead.pop_front() {
+            Some(shards) => {
+                commit.ahead.push_back(txn);
+                shards
+            }
+            None => txn,
+        };
+        self.issue(Then::Commit(commit), Op::Txn(first));
     }
 
     /// How long ago the round the view holds was sealed: seen sealed, on this agent's own
@@ -369,20 +380,20 @@ impl Machine {
         answer: Result<super::io::Answer, super::Fault>,
     ) {
         match answer {
-            Ok(super::io::Answer::Txn { succeeded: true }) if c.header.is_some() => {
-                // The shards are in: the header names them. (The seal counts as one of
-                // this node's writes, the header's; the shards' apart.)
-                let ahead = u64::try_from(c.ahead).unwrap_or(u64::MAX);
-                self.counters.shard_txns.fetch_add(ahead, Ordering::Relaxed);
+            Ok(super::io::Answer::Txn { succeeded: true }) if !c.ahead.is_empty() => {
+                // Shards are in: the next ones, or the header that names them, a backend
+                // commit later ([`AHEAD_SPACING`]). (The seal counts as one of this
+                // node's writes, the header's; the shards' apart.)
+                self.counters.shard_txns.fetch_add(1, Ordering::Relaxed);
                 let mut c = c;
-                let header = c.header.take();
-                if let Some(txn) = header {
-                    self.issue(Then::Commit(c), Op::Txn(txn));
+                if let Some(next) = c.ahead.pop_front() {
+                    let at = self.now + AHEAD_SPACING;
+                    self.flight.retry_at(at, Then::Commit(c), Op::Txn(next));
                 }
             }
             Ok(super::io::Answer::Txn { succeeded }) => {
                 self.wrote();
-                if !succeeded && c.header.is_some() {
+                if !succeeded && !c.ahead.is_empty() {
                     tracing::debug!(
                         round = c.number,
                         "the round's shards lost their fence; no header follows"

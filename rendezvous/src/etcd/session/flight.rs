@@ -19,8 +19,9 @@ pub(super) struct Flight {
     in_flight: Option<Op>,
     /// When the op in flight was sent.
     sent: Instant,
-    /// An op etcd was too busy for, and when to send it again. Until then the machine
-    /// waits as if it were still in flight.
+    /// An op to send at a set time, and when: one etcd was too busy for, or the next
+    /// transaction of a placed round's seal. Until then the machine waits as if it were
+    /// still in flight.
     retry: Option<(Instant, Then, Op)>,
     /// What is left to do before the next input is looked at.
     todo: VecDeque<Todo>,

@@ -115,9 +115,6 @@ pub enum Op {
     /// How many members the etcd cluster has.
     MemberCount,
     Txn(TxnSpec),
-    /// Transactions sent at once, none waiting for another: succeeded when every one did
-    /// (the shards of a placed round, ahead of its header).
-    Txns(Vec<TxnSpec>),
     Put(Write),
     Grant {
         ttl: i64,

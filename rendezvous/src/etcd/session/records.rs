@@ -238,7 +238,7 @@ fn seal_fences(keys: &Keys, fence: Option<i64>, lease: i64) -> Vec<Compare> {
     ]
 }
 
-/// A placed round's seal: the transactions that write its shards first, sent together,
+/// A placed round's seal: the transactions that write its shards first, one at a time,
 /// and then its header's ([`commit_placed`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlacedSeal {

@@ -7,6 +7,7 @@
 use super::*;
 use crate::etcd::joining::{Step, step};
 use crate::etcd::placement;
+use crate::etcd::session::duty::AHEAD_SPACING;
 
 /// `whole` placed as the coordinator on [`LEASE`] places it in its first attempt.
 fn place(whole: &v1::Round, base: Option<(&v1::Round, i64)>) -> (v1::Round, Vec<v1::Placement>) {
@@ -357,8 +358,9 @@ fn a_large_placed_round_writes_its_shards_ahead_each_fenced_as_the_header() {
     assert!(!touches(w, &k.placement(&tag, 3)), "its own");
 }
 
-/// The coordinator sends a large placed round's shards, all at once, and its header only
-/// once they are in; shards that lost their fence are followed by no header.
+/// The coordinator sends a large placed round's shards one transaction at a time, each a
+/// backend commit after the one before, and its header only once they are all in;
+/// shards that lost their fence are followed by nothing.
 #[test]
 fn a_coordinator_sends_the_header_only_after_the_shards_written_ahead() {
     let kvs = |n: u32| -> Vec<Kv> {
@@ -371,19 +373,36 @@ fn a_coordinator_sends_the_header_only_after_the_shards_written_ahead() {
         c.placement_above = 0;
         (c.seal.min_nodes, c.seal.max_nodes) = (n, n);
     };
-    let (mut h, rest) = Harness::with(edit).first_sync(&kvs(n));
-    let Op::Txns(ahead) = the_op(&rest) else {
-        panic!("the shards first: {rest:?}");
-    };
-    assert!(ahead.len() > 1);
-    assert!(ahead.iter().all(|t| t.when == first_seal_fences()));
-    let header = txn(the_op(&h.answer(Answer::Txn { succeeded: true })));
-    assert_eq!(header.when, first_seal_fences());
     let k = keys();
-    put_at(&header.then, &k.key::<v1::Round>(""));
-    no_op(&h.answer(Answer::Txn { succeeded: true }));
+    let round_key = k.key::<v1::Round>("");
+    let (mut h, rest) = Harness::with(edit).first_sync(&kvs(n));
+    let mut spec = txn(the_op(&rest));
+    let mut shards = 0;
+    while !touches(&spec.then, &round_key) {
+        assert_eq!(spec.when, first_seal_fences(), "each fenced as the header");
+        assert!(
+            spec.then
+                .iter()
+                .all(|w| matches!(w, Write::Put { key, .. } if key.starts_with(&k.placements())))
+        );
+        shards += spec.then.len();
+        let sent = h.now;
+        no_op(&h.answer(Answer::Txn { succeeded: true }));
+        spec = txn(the_op(&h.fire()));
+        assert!(h.now >= sent + AHEAD_SPACING, "a backend commit later");
+    }
+    assert_eq!(shards, 2_000usize.div_ceil(placement::SHARD_MEMBERS));
+    assert_eq!(spec.when, first_seal_fences());
+    h.answer(Answer::Txn { succeeded: true });
+    let per_txn = placement::Shape::ETCD.per_txn;
+    let ahead = u64::try_from(shards.div_ceil(per_txn)).unwrap();
+    assert_eq!(h.m.counters.shard_txns.load(Ordering::Relaxed), ahead);
     // The shards lost their fence: nothing follows.
     let (mut h, rest) = Harness::with(edit).first_sync(&kvs(n));
-    assert!(matches!(the_op(&rest), Op::Txns(_)));
+    assert!(!touches(&txn(the_op(&rest)).then, &round_key));
     no_op(&h.answer(Answer::Txn { succeeded: false }));
+    h.later(AHEAD_SPACING * 2);
+    let e = h.timer();
+    let txns = e.iter().filter(|e| matches!(e, Effect::Etcd(Op::Txn(_))));
+    assert_eq!(txns.count(), 0, "no shards, no header: {e:?}");
 }
