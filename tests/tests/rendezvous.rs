@@ -948,7 +948,8 @@ async fn placed_round_forms_and_reforms(shape: fsdp_rendezvous::etcd::placement:
     .await;
     assert_one_group(&rs);
     assert_eq!(rs[0].group_world_size, 2);
-    // Three rounds sealed at least: the shards of two at most are left.
+    // Three rounds sealed at least, each deleting the shards of all but the round it
+    // replaced: those two rounds' shards are left, and no other's.
     let shards = c
         .get(
             "/fsdp/placed/placement/",
@@ -971,7 +972,7 @@ async fn placed_round_forms_and_reforms(shape: fsdp_rendezvous::etcd::placement:
                 .map(|t| t[..20].to_owned())
         })
         .collect();
-    assert!((1..=2).contains(&rounds.len()), "{rounds:?}");
+    assert_eq!(rounds.len(), 2, "{rounds:?}");
     for n in ns.iter_mut() {
         n.depart(Departure::Left, why()).await.unwrap();
     }

@@ -137,13 +137,18 @@ impl Keys {
     /// The ranges `[from, to)` that hold every shard under `placement/` but those under
     /// `keep` (the shards of the round a seal replaces, which members that saw its header
     /// may still be reading) and under `own` (the seal's own): what a seal deletes.
-    /// `keep` sorts before `own` (an older round's number).
     pub fn stale_placements(&self, keep: Option<&str>, own: Option<&str>) -> Vec<(String, String)> {
         let all = self.placements();
+        let mut spared: Vec<String> = [keep, own]
+            .into_iter()
+            .flatten()
+            .map(|tag| self.placement_of(tag))
+            .collect();
+        spared.sort();
+        spared.dedup();
         let mut out = Vec::new();
         let mut from = all.clone();
-        for tag in [keep, own].into_iter().flatten() {
-            let under = self.placement_of(tag);
+        for under in spared {
             if from < under {
                 out.push((from, under.clone()));
             }
@@ -307,6 +312,18 @@ mod tests {
         let all = k.stale_placements(None, None);
         assert!(inside(&all, &k.placement(&own, 0)));
         assert!(!inside(&all, &k.key::<v1::Roster>("")));
+        // Whatever their order, and the same one twice: both spared, the rest not.
+        for ranges in [
+            k.stale_placements(Some(&own), Some(&keep)),
+            k.stale_placements(Some(&own), Some(&own)),
+        ] {
+            assert!(!inside(&ranges, &k.placement(&own, 3)));
+            assert!(inside(&ranges, &k.placement(&lost, 3)));
+        }
+        assert!(!inside(
+            &k.stale_placements(Some(&own), Some(&keep)),
+            &k.placement(&keep, 3)
+        ));
     }
 
     #[test]

@@ -93,7 +93,8 @@ pub fn shard_of(node_id: &str, shards: u32) -> u32 {
     u32::try_from(h % u64::from(shards.max(1))).unwrap_or(0)
 }
 
-/// `round` (whole, its members in rank order) as its header and its shards, cut to `shape`. Fails when its
+/// `round` (whole, its members in rank order) as its header and its shards, cut to
+/// `shape`. Fails when its
 /// members' worker counts do not form a group. With `base`, the whole copy of the placed
 /// round it replaces and that round's revision, the header also says how `round` moves
 /// from it when it only leaves members out ([`moves`]).
@@ -199,8 +200,8 @@ fn moves(
             ..Default::default()
         })
         .collect::<Vec<_>>();
-    // The header goes to every member: past a shard's worth of moves, reading the shards
-    // costs etcd less than sending every member all the moves.
+    // The header goes to every member: past [`MAX_MOVES`], reading the shards costs etcd
+    // less than sending every member all the moves.
     (rewired.len() <= MAX_MOVES).then_some((gone, rewired))
 }
 

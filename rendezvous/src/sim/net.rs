@@ -489,8 +489,8 @@ impl World {
                             0 => Some(r),
                             _ => match crate::etcd::placement::whole(&r, &shards(&r)) {
                                 Ok(whole) => Some(whole),
-                                // A round put back after etcd lost its data has lost its
-                                // shards too; a seal never may.
+                                // Only a seal is judged: any other write of the round key
+                                // (none writes a placed one now) says nothing of shards.
                                 Err(why) if sealing => {
                                     broken.push(format!(
                                         "round {} sealed placed without its shards: {why}",

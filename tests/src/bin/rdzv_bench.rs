@@ -754,7 +754,13 @@ async fn seal_round(
                 let batch = batches.last_mut().expect("one batch at least");
                 batch.push(etcd_client::TxnOp::put(shard_key(k), shard, None));
             }
-            for batch in batches {
+            // One a backend commit apart, as the rendezvous writes them: etcd 3.4 copies
+            // its uncommitted writes into every answer, and a burst of them made every
+            // later answer dearer.
+            for (i, batch) in batches.into_iter().enumerate() {
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
                 c.txn(etcd_client::Txn::new().and_then(batch))
                     .await
                     .expect("the placement's transaction");

@@ -415,9 +415,9 @@ impl Machine {
                         round = c.number,
                         members = c.members,
                         error = %e,
-                        "the round is larger than etcd takes in one request (its --max-request-bytes, \
-                         1.5 MiB by default, holds a round of about 20,000 nodes, placed and packed); no \
-                         round can form until etcd is started with a larger --max-request-bytes"
+                        "the round is larger than etcd takes in one request (its --max-request-bytes: \
+                         a seal's transactions stay under 1 MiB, and etcd takes 1.5 MiB by default); \
+                         no round can form until etcd is started with a larger --max-request-bytes"
                     );
                 }
                 self.lost(e)

@@ -36,6 +36,7 @@ pub enum WatchEvent {
 }
 
 impl WatchEvent {
+    /// The key it is about.
     pub fn key(&self) -> &str {
         match self {
             WatchEvent::Put(kv) => &kv.key,

@@ -144,9 +144,10 @@ impl Machine {
     }
 
     /// The shards of the placed round `header` (this node's, or every one for a view
-    /// that coordinates), read under the name its header gives them. Shards missing mean
-    /// a newer seal deleted them (two seals came between the header and the read) or the
-    /// run's keys are not as any agent writes them: either way, read everything again.
+    /// that coordinates), read under the name its header gives them. A member's shard
+    /// missing means a newer seal deleted it (two seals came between the header and the
+    /// read, or a whole round replaced it) or keys no agent wrote: the round key tells
+    /// which ([`Machine::read_seal`]). Anything else wrong: read everything again.
     pub(super) fn read_placement(&mut self, header: RoundEntry, kvs: &[Kv]) {
         use crate::etcd::placement;
         let h = &header.record;
@@ -163,6 +164,11 @@ impl Machine {
                     return;
                 }
             }
+        }
+        if self.watches.control_only() && kvs.is_empty() {
+            // At 10,000 members a resync for each would be a crowd's whole reads again.
+            self.flight.first(Todo::ReadSeal);
+            return;
         }
         let made = if self.watches.control_only() {
             let me = &self.cfg.node_id;
@@ -183,6 +189,30 @@ impl Machine {
         if let Err(why) = judged {
             tracing::warn!(round = h.number, %why, "a placed round's placement does not make the round; reading the run again");
             self.resync_after_watching(Resync::Outage);
+        }
+    }
+
+    /// The round key, read because this node's shard of the placed round it waits on
+    /// was gone: a newer seal is taken as a watch would bring it (its header, read next);
+    /// the same seal (or none) means keys no agent wrote: read everything again.
+    pub(super) fn read_seal(&mut self, kvs: &[Kv]) {
+        let waited = self.view.placing.as_ref().map(|p| p.mod_rev);
+        match kvs.first() {
+            Some(kv) if waited.is_some_and(|rev| kv.mod_rev > rev) => {
+                let keys = self.cfg.keys.clone();
+                put_kv(self.view.edit(), &keys, kv);
+                if self.view.round_wanted.is_some() {
+                    self.flight.first(Todo::ReadRoster);
+                }
+            }
+            _ => {
+                let round = self.view.placing.as_ref().map(|p| p.record.number);
+                tracing::warn!(
+                    ?round,
+                    "a placed round's shard is missing; reading the run again"
+                );
+                self.resync_after_watching(Resync::Outage);
+            }
         }
     }
 

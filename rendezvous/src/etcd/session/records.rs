@@ -252,14 +252,14 @@ const SHARD_BYTES_PER_TXN: usize = 1 << 20;
 
 /// `record` sealed placed ([`crate::etcd::placement`]), fenced as [`commit_round`]: its
 /// header at `ctl/round`, its shards outside `ctl/` under a name of this attempt's own
-/// (`attempt`, this coordinator's count of its placed seals: [`placement::tag`]), cut to
-/// `shape`. Shards
-/// that fit go in the header's transaction; more are written ahead, each transaction
-/// fenced as the header is, so that no member reads a shard of a round that was not
-/// sealed and a lost attempt's shards, late or not, are under a name no header gives.
-/// The header's transaction deletes every other shard but those of the round it
-/// replaces, which members that saw its header may still be reading.
-/// Fails when the members' worker counts form no group.
+/// (`attempt`, this coordinator's count of its placed seals:
+/// [`crate::etcd::placement::tag`]), cut to `shape`. Shards that fit go in the header's
+/// transaction; more (or more bytes than [`SHARD_BYTES_PER_TXN`]) are written ahead, each
+/// transaction fenced as the header is, so that no member reads a shard of a round that
+/// was not sealed and a lost attempt's shards, late or not, are under a name no header
+/// gives. The header's transaction deletes every other shard but those of the round it
+/// replaces, which members that saw its header may still be reading. Fails when the
+/// members' worker counts form no group.
 pub fn commit_placed(
     keys: &Keys,
     fence: Option<i64>,
@@ -296,7 +296,9 @@ pub fn commit_placed(
         )
     });
     let mut ahead: Vec<TxnSpec> = Vec::new();
-    if shards.len() <= shape.inline {
+    let bytes: usize = shards.iter().map(prost::Message::encoded_len).sum();
+    // Encoded length is an upper bound of the packed one.
+    if shards.len() <= shape.inline && bytes <= SHARD_BYTES_PER_TXN {
         then.extend(puts.map(|(_, w)| w));
     } else {
         let mut bytes = 0;

@@ -46,6 +46,9 @@ pub enum Todo {
     CheckAbsent,
     /// A round came as a delta of one this view does not hold: read it whole.
     ReadRoster,
+    /// This node's shard of the placed round it waits on is gone: read the round key, to
+    /// tell a newer seal (which deleted it) from keys no agent wrote.
+    ReadSeal,
     /// The keep-alive stream ended (etcd too busy): a new one, the watches kept.
     ReopenKeepAlive,
     /// A joining node's keep-alive stream, opened right after its grant, before the
@@ -192,6 +195,7 @@ impl Machine {
                 );
                 range(keys.key::<fsdp_proto::v1::Roster>(""), false)
             }
+            Todo::ReadSeal => range(keys.key::<fsdp_proto::v1::Round>(""), false),
             Todo::KeepAlive => Op::KeepAlive,
             Todo::ReopenKeepAlive => Op::ReopenKeepAlive {
                 lease: self.watches.lease(),
@@ -307,6 +311,7 @@ impl Machine {
             }
             (Todo::CheckAbsent, Answer::Range { kvs, .. }) => self.check_absent(&kvs),
             (Todo::ReadRoster, Answer::Range { kvs, .. }) => self.read_roster(&kvs),
+            (Todo::ReadSeal, Answer::Range { kvs, .. }) => self.read_seal(&kvs),
             (Todo::KeepAlive, Answer::Done) => {}
             (_, other) => self.unexpected(&other),
         }

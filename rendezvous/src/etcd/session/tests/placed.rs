@@ -406,3 +406,53 @@ fn a_coordinator_sends_the_header_only_after_the_shards_written_ahead() {
     let txns = e.iter().filter(|e| matches!(e, Effect::Etcd(Op::Txn(_))));
     assert_eq!(txns.count(), 0, "no shards, no header: {e:?}");
 }
+
+/// A member whose shard is gone when it reads it (two seals came between its header and
+/// its read, each deleting the shards of the round before the one it replaces) reads the
+/// round key and takes the newer seal from it as a watch would bring it: it reads that
+/// seal's shard, not the whole run again (at 10,000 members, a resync each was a crowd's
+/// whole reads again). The same seal at the round key means keys no agent wrote: the run
+/// is read again.
+#[test]
+fn a_member_whose_shard_a_newer_seal_deleted_reads_that_seal_not_the_run() {
+    let ranged = |key: String| Op::Range {
+        key,
+        prefix: false,
+        keys_only: false,
+        serializable: false,
+    };
+    let k = keys();
+    let (whole, header, _) = placed_round_two();
+    let mut h = Harness::synced();
+    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    let gone = Answer::Range {
+        revision: 30,
+        kvs: Vec::new(),
+    };
+    assert_eq!(the_op(&h.answer(gone)), ranged(k.key::<v1::Round>("")));
+    let next = v1::Round {
+        number: 4,
+        sealed_at_ms: 7_000,
+        ..whole.clone()
+    };
+    let (newer, _) = place(&next, None);
+    let e = h.answer(Answer::Range {
+        revision: 30,
+        kvs: vec![round_kv(&newer, 25)],
+    });
+    let mine = placement::shard_of("a", newer.shards);
+    assert_eq!(the_op(&e), ranged(k.placement(&newer.placement, mine)));
+    assert!(matches!(h.m.phase(), Phase::Watching { .. }));
+    // The same seal at the round key: the run is read again.
+    let mut h = Harness::synced();
+    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    h.answer(Answer::Range {
+        revision: 30,
+        kvs: Vec::new(),
+    });
+    h.answer(Answer::Range {
+        revision: 30,
+        kvs: vec![round_kv(&header, 12)],
+    });
+    assert!(matches!(h.m.phase(), Phase::Syncing(_)));
+}
