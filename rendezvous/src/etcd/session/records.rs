@@ -288,18 +288,18 @@ pub fn commit_placed(
             .into_iter()
             .map(|(from, to)| Write::DeleteRange { from, to }),
     );
-    let puts = shards.iter().map(|s| {
-        let value = fsdp_proto::encode_packed(s);
-        (
-            value.len(),
-            put(keys.placement(&header.placement, s.shard), value, 0),
-        )
-    });
+    let puts: Vec<(usize, Write)> = shards
+        .iter()
+        .map(|s| {
+            let value = fsdp_proto::encode_packed(s);
+            let key = keys.placement(&header.placement, s.shard);
+            (value.len(), put(key, value, 0))
+        })
+        .collect();
     let mut ahead: Vec<TxnSpec> = Vec::new();
-    let bytes: usize = shards.iter().map(prost::Message::encoded_len).sum();
-    // Encoded length is an upper bound of the packed one.
+    let bytes: usize = puts.iter().map(|(size, _)| size).sum();
     if shards.len() <= shape.inline && bytes <= SHARD_BYTES_PER_TXN {
-        then.extend(puts.map(|(_, w)| w));
+        then.extend(puts.into_iter().map(|(_, w)| w));
     } else {
         let mut bytes = 0;
         for (size, w) in puts {
