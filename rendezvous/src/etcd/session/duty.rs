@@ -68,7 +68,7 @@ pub(super) struct Commit {
 /// most writes one batch ever held. The shards of 10,000 members written at once (1,250
 /// keys) were followed by a collapse at the seal in 3 runs of 3, with etcd's CPU mostly
 /// that copy and its garbage; the same code formed once etcd committed every 100 writes
-/// (`--backend-batch-limit=100`), and spaced a commit apart, 7 formations of 8.
+/// (`--backend-batch-limit=100`), and spaced a commit apart, 9 formations of 11.
 pub(super) const AHEAD_SPACING: Duration = Duration::from_millis(100);
 
 impl Duty {
