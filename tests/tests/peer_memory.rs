@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fsdp_tests::{TempDir, agent_bin, free_port, wait_for};
+use fsdp_tests::{AgentCmd, TempDir, agent_bin, free_port, wait_for};
 
 const MODEL: &[&str] = &[
     "--hidden_width",
@@ -445,8 +445,7 @@ fn a_rank_out_of_memory_in_a_collective_ends_at_once_instead_of_waiting_for_a_ro
     ];
     for mib in [400, 450, 500] {
         let dir = TempDir::new().unwrap();
-        let file = |name: &str| std::fs::File::create(dir.path().join(name)).unwrap();
-        let mut agent = Command::new(agent_bin())
+        let mut agent = AgentCmd::new(dir.path(), "agent")
             .current_dir(dir.path())
             .env("OMP_NUM_THREADS", "1")
             .env("RUST_BACKTRACE", "0")
@@ -461,19 +460,11 @@ fn a_rank_out_of_memory_in_a_collective_ends_at_once_instead_of_waiting_for_a_ro
             .arg(format!("ulimit -d {}; exec \"$0\" \"$@\"", mib * 1024))
             .arg(&trainer)
             .args(model)
-            .stdout(file("out"))
-            .stderr(file("err"))
-            .spawn()
-            .expect("the agent");
-        let mut ended = None;
+            .spawn();
         // Well within the collective timeout: no rank waited for it.
-        wait_for("the agent to end", Duration::from_secs(45), || {
-            ended = agent.try_wait().unwrap();
-            ended.is_some()
-        });
-        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
-        let out = read("out") + &read("err");
-        assert!(!ended.unwrap().success(), "{mib} MiB: {out}");
+        let ended = agent.wait(Duration::from_secs(45));
+        let out = agent.output();
+        assert!(!ended.success(), "{mib} MiB: {out}");
         assert!(
             out.contains("allocate memory") || out.contains("out of memory"),
             "{mib} MiB did not run the trainer out of memory:\n{out}"

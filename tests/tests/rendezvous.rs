@@ -886,13 +886,7 @@ async fn a_placed_round_forms_and_reforms_after_a_leave_and_a_death() {
 /// Afterwards only the last two rounds' shards are left.
 #[tokio::test]
 async fn a_placed_round_with_its_shards_written_ahead_forms_and_reforms() {
-    use fsdp_rendezvous::etcd::placement::Shape;
-    let shape = Shape {
-        shard_members: 1,
-        inline: 1,
-        per_txn: 2,
-    };
-    placed_round_forms_and_reforms(shape).await;
+    placed_round_forms_and_reforms(fsdp_rendezvous::etcd::placement::Shape::FINEST).await;
 }
 
 async fn placed_round_forms_and_reforms(shape: fsdp_rendezvous::etcd::placement::Shape) {

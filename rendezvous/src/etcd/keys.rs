@@ -7,6 +7,9 @@
 
 use super::record::{Place, Record};
 
+/// Where a placed round's shards are under a run's root.
+const PLACEMENTS: &str = "placement/";
+
 /// The segments a run's own keys use under its root.
 pub const RESERVED: &[&str] = &["members", "ctl", "placement"];
 
@@ -120,7 +123,14 @@ impl Keys {
     /// The prefix of a placed round's shards (`placement/`), outside `ctl/`: each member
     /// reads only its own ([`crate::etcd::placement`]).
     pub fn placements(&self) -> String {
-        format!("{}placement/", self.root)
+        format!("{}{PLACEMENTS}", self.root)
+    }
+
+    /// Whether `key` is a placed round's shard: every watch event of the coordinator's is
+    /// asked, so no key is built for it.
+    pub fn is_placement(&self, key: &str) -> bool {
+        key.strip_prefix(&self.root)
+            .is_some_and(|rest| rest.starts_with(PLACEMENTS))
     }
 
     /// The prefix of the shards of one attempt to seal a placed round (its header's

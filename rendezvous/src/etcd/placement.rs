@@ -29,6 +29,20 @@ pub const SHARD_MEMBERS: usize = 16;
 /// in as many as [`SHARD_MEMBERS`] asks for, written ahead.
 pub const INLINE_SHARDS: usize = 100;
 
+/// The most bytes of shards in one transaction: under etcd's request limit (1.5 MiB),
+/// whatever a shard holds.
+pub const SHARD_BYTES_PER_TXN: usize = 1 << 20;
+
+/// How long after one transaction of a placed round's seal the next one goes: etcd's
+/// backend commits its writes every 100 ms (`--backend-batch-interval`), and etcd 3.4
+/// copies the buffer of writes not yet committed into every answer it sends (the
+/// header's revision, read through a transaction that copies it), a copy as long as the
+/// most writes one batch ever held. The shards of 10,000 members written at once (1,250
+/// keys) were followed by a collapse at the seal in 3 runs of 3, with etcd's CPU mostly
+/// that copy and its garbage; the same code formed once etcd committed every 100 writes
+/// (`--backend-batch-limit=100`), and spaced a commit apart, 9 formations of 11.
+pub const AHEAD_SPACING: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How placed rounds are cut: [`Shape::ETCD`], for etcd's limits. The simulator cuts its
 /// small rounds as finely, so that its seals write shards ahead as large ones do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +63,14 @@ impl Shape {
         shard_members: SHARD_MEMBERS,
         inline: INLINE_SHARDS,
         per_txn: 120,
+    };
+
+    /// A shard a member, one in the seal's transaction, two in one written ahead: a
+    /// handful of nodes sealed as finely as thousands are (the simulator, tests).
+    pub const FINEST: Shape = Shape {
+        shard_members: 1,
+        inline: 1,
+        per_txn: 2,
     };
 
     /// The shards of a round of `members` members; `moves`: the round moves from the one

@@ -227,7 +227,7 @@ pub(super) fn put(view: &mut View, keys: &Keys, key: &str, value: &[u8], at: At)
         // (agents refuse to start such a run; this keeps a race harmless).
         None if keys.nested_run_key(key) => {}
         // A placed round's shards: read apart, by the members that need them.
-        None if key.starts_with(&keys.placements()) => {}
+        None if keys.is_placement(key) => {}
         None => {
             let shown = crate::text::shown(key);
             view.refuse(

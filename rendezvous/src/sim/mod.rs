@@ -182,11 +182,7 @@ impl Options {
         if seed % 2 == 1 {
             o.placement_above = 0;
             if seed % 3 != 0 {
-                o.placement_shape = crate::etcd::placement::Shape {
-                    shard_members: 1,
-                    inline: 1,
-                    per_txn: 2,
-                };
+                o.placement_shape = crate::etcd::placement::Shape::FINEST;
             }
         }
         if o.crowd_ms.is_some() {

@@ -312,9 +312,8 @@ impl RoundShape {
 /// member reads is this many members and their neighbours, whatever the round's size.
 const PLACEMENT_SHARD: usize = fsdp_rendezvous::etcd::placement::SHARD_MEMBERS;
 
-/// Operations in one transaction of the placement (etcd refuses more than 128 in one by
-/// default).
-const PLACEMENT_TXN_OPS: usize = 120;
+/// Shards in one transaction of the placement, as the rendezvous writes them.
+const PLACEMENT_TXN_OPS: usize = fsdp_rendezvous::etcd::placement::Shape::ETCD.per_txn;
 
 /// The least any formation does, per node: a lease, a key on it, a watch and a keep-alive
 /// stream that has renewed once; the floor under `seal_s` that this etcd on this machine
@@ -746,7 +745,9 @@ async fn seal_round(
                     .collect();
                 let shard = round(placed).encode_to_vec();
                 let full = batches.last().is_some_and(|b| b.len() == PLACEMENT_TXN_OPS);
-                if full || bytes + shard.len() > 1 << 20 {
+                if full
+                    || bytes + shard.len() > fsdp_rendezvous::etcd::placement::SHARD_BYTES_PER_TXN
+                {
                     batches.push(Vec::new());
                     bytes = 0;
                 }
@@ -759,7 +760,7 @@ async fn seal_round(
             // later answer dearer.
             for (i, batch) in batches.into_iter().enumerate() {
                 if i > 0 {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(fsdp_rendezvous::etcd::placement::AHEAD_SPACING).await;
                 }
                 c.txn(etcd_client::Txn::new().and_then(batch))
                     .await

@@ -13,6 +13,7 @@ use super::machine::{Machine, Then};
 use super::records;
 use super::sync::Todo;
 use crate::etcd::coordinator::{Coordinator, Observation, round_record};
+use crate::etcd::placement::AHEAD_SPACING;
 use crate::pace::HoldRule;
 use crate::seal::{Proposal, SealConfig, SealDecision};
 
@@ -60,16 +61,6 @@ pub(super) struct Commit {
     /// its header: the shards', then the header's (none when the header holds them).
     ahead: std::collections::VecDeque<TxnSpec>,
 }
-
-/// How long after one transaction of a placed round's seal the next one goes: etcd's
-/// backend commits its writes every 100 ms (`--backend-batch-interval`), and etcd 3.4
-/// copies the buffer of writes not yet committed into every answer it sends (the
-/// header's revision, read through a transaction that copies it), a copy as long as the
-/// most writes one batch ever held. The shards of 10,000 members written at once (1,250
-/// keys) were followed by a collapse at the seal in 3 runs of 3, with etcd's CPU mostly
-/// that copy and its garbage; the same code formed once etcd committed every 100 writes
-/// (`--backend-batch-limit=100`), and spaced a commit apart, 9 formations of 11.
-pub(super) const AHEAD_SPACING: Duration = Duration::from_millis(100);
 
 impl Duty {
     pub(super) fn new(cfg: SealConfig, now: Instant) -> Self {
@@ -317,20 +308,18 @@ impl Machine {
             );
             txn.then.push(put);
         }
-        let mut commit = Commit {
+        // The shards first, one transaction at a time, then the header.
+        let mut txns: std::collections::VecDeque<TxnSpec> = ahead.into();
+        txns.push_back(txn);
+        let Some(first) = txns.pop_front() else {
+            return;
+        };
+        let commit = Commit {
             number: p.number,
             members: p.members.len(),
             restart_count: p.restart_count,
             reason,
-            ahead: ahead.into(),
-        };
-        // The shards first, one transaction at a time, then the header.
-        let first = match commit.ahead.pop_front() {
-            Some(shards) => {
-                commit.ahead.push_back(txn);
-                shards
-            }
-            None => txn,
+            ahead: txns,
         };
         self.issue(Then::Commit(commit), Op::Txn(first));
     }
@@ -376,7 +365,7 @@ impl Machine {
     /// The answer to a commit: sealed, or not (another commit came first).
     pub(super) fn on_commit_answer(
         &mut self,
-        c: Commit,
+        mut c: Commit,
         answer: Result<super::io::Answer, super::Fault>,
     ) {
         match answer {
@@ -385,7 +374,6 @@ impl Machine {
                 // commit later ([`AHEAD_SPACING`]). (The seal counts as one of this
                 // node's writes, the header's; the shards' apart.)
                 self.counters.shard_txns.fetch_add(1, Ordering::Relaxed);
-                let mut c = c;
                 if let Some(next) = c.ahead.pop_front() {
                     let at = self.now + AHEAD_SPACING;
                     self.flight.retry_at(at, Then::Commit(c), Op::Txn(next));

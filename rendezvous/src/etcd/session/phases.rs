@@ -55,8 +55,8 @@ impl Machine {
                 // again for. The shards written ahead of a header came before it, and a
                 // coordinator that looked again at each, its round not yet in its view,
                 // sealed it again: a write each, fenced out.
-                let shards = self.cfg.keys.placements();
-                events.retain(|e| !e.key().starts_with(&shards));
+                let keys = &self.cfg.keys;
+                events.retain(|e| !keys.is_placement(e.key()));
                 if events.is_empty() {
                     return;
                 }

@@ -211,11 +211,7 @@ pub fn commit_round(
     if base.is_some_and(|(b, _)| b.shards > 0) {
         // A placed round replaced by a whole one (the group shrank): nothing names its
         // shards any more. (A member still reading its own reads the run again.)
-        then.extend(
-            keys.stale_placements(None, None)
-                .into_iter()
-                .map(|(from, to)| Write::DeleteRange { from, to }),
-        );
+        then.extend(deletes(keys.stale_placements(None, None)));
     }
     TxnSpec {
         when: seal_fences(keys, fence, lease),
@@ -246,15 +242,12 @@ pub struct PlacedSeal {
     pub header: TxnSpec,
 }
 
-/// The most bytes of shards in one transaction: under etcd's request limit (1.5 MiB),
-/// whatever a shard holds.
-const SHARD_BYTES_PER_TXN: usize = 1 << 20;
-
 /// `record` sealed placed ([`crate::etcd::placement`]), fenced as [`commit_round`]: its
 /// header at `ctl/round`, its shards outside `ctl/` under a name of this attempt's own
 /// (`attempt`, this coordinator's count of its placed seals:
 /// [`crate::etcd::placement::tag`]), cut to `shape`. Shards that fit go in the header's
-/// transaction; more (or more bytes than [`SHARD_BYTES_PER_TXN`]) are written ahead, each
+/// transaction; more (or more bytes than
+/// [`crate::etcd::placement::SHARD_BYTES_PER_TXN`]) are written ahead, each
 /// transaction fenced as the header is, so that no member reads a shard of a round that
 /// was not sealed and a lost attempt's shards, late or not, are under a name no header
 /// gives. The header's transaction deletes every other shard but those of the round it
@@ -282,12 +275,9 @@ pub fn commit_placed(
         fsdp_proto::encode(&header),
         0,
     )];
-    let kept = kept.filter(|k| !k.is_empty() && *k < header.placement.as_str());
-    then.extend(
-        keys.stale_placements(kept, Some(&header.placement))
-            .into_iter()
-            .map(|(from, to)| Write::DeleteRange { from, to }),
-    );
+    then.extend(deletes(
+        keys.stale_placements(kept, Some(&header.placement)),
+    ));
     let puts: Vec<(usize, Write)> = shards
         .iter()
         .map(|s| {
@@ -298,13 +288,13 @@ pub fn commit_placed(
         .collect();
     let mut ahead: Vec<TxnSpec> = Vec::new();
     let bytes: usize = puts.iter().map(|(size, _)| size).sum();
-    if shards.len() <= shape.inline && bytes <= SHARD_BYTES_PER_TXN {
+    if shards.len() <= shape.inline && bytes <= placement::SHARD_BYTES_PER_TXN {
         then.extend(puts.into_iter().map(|(_, w)| w));
     } else {
         let mut bytes = 0;
         for (size, w) in puts {
             let full = ahead.last().is_none_or(|t| {
-                t.then.len() >= shape.per_txn || bytes + size > SHARD_BYTES_PER_TXN
+                t.then.len() >= shape.per_txn || bytes + size > placement::SHARD_BYTES_PER_TXN
             });
             if full {
                 ahead.push(TxnSpec {
@@ -327,6 +317,13 @@ pub fn commit_placed(
             otherwise: Vec::new(),
         },
     })
+}
+
+/// `ranges` deleted.
+fn deletes(ranges: Vec<(String, String)>) -> impl Iterator<Item = Write> {
+    ranges
+        .into_iter()
+        .map(|(from, to)| Write::DeleteRange { from, to })
 }
 
 /// Out of every round until it registers again: the registration goes, the reason stays

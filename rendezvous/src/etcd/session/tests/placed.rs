@@ -7,7 +7,7 @@
 use super::*;
 use crate::etcd::joining::{Step, step};
 use crate::etcd::placement;
-use crate::etcd::session::duty::AHEAD_SPACING;
+use crate::etcd::placement::AHEAD_SPACING;
 
 /// `whole` placed as the coordinator on [`LEASE`] places it in its first attempt.
 fn place(whole: &v1::Round, base: Option<(&v1::Round, i64)>) -> (v1::Round, Vec<v1::Placement>) {
