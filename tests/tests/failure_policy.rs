@@ -51,7 +51,16 @@ fn a_no_retry_exit_code_ends_the_run_on_every_node_with_the_budget_unspent() {
     // Two interpreters' start-up (torch imports) and the halt: seconds, not restarts.
     assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
     let starts = |p: &fsdp_tests::pod::Pod| fsdp_tests::job::starts(p).len();
-    assert!(pods.iter().all(|p| starts(p) == 1), "one attempt each");
+    // What each pod did, for the one time in a loaded suite this failed (2026-11-30).
+    let said = || {
+        let outputs: Vec<String> = pods.iter().map(|p| p.output()).collect();
+        outputs.join("\n")
+    };
+    assert!(
+        pods.iter().all(|p| starts(p) == 1),
+        "one attempt each\n{}",
+        said()
+    );
     assert!(
         pods[0].stderr().contains("another node ended the run"),
         "{}",
