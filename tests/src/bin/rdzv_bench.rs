@@ -186,6 +186,9 @@ fn main() {
             return etcd_ceiling(&conns, nodes, &run_id, inflight.max(1), steps, ttl).await;
         }
         let start = Instant::now();
+        // When the header was put: what the seal's tail is made of (the last
+        // registration, the coordinator's writes, every member's read of its shard).
+        let sealed = watch_seal(conns[0].clone(), &cfg, start).await;
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..nodes {
             let client = conns[i % clients].clone();
@@ -197,19 +200,22 @@ fn main() {
                 let mut node = said_if_stalled(join, || format!("joining {id}"))
                     .await
                     .expect("join");
+                let joined = start.elapsed().as_secs_f64();
                 let views = node.views();
                 let round = said_if_stalled(node.next_round(), || {
                     format!("forming {}", stalled_words(&views.borrow(), &id))
                 })
                 .await
                 .expect("round");
-                (node, round, start.elapsed().as_secs_f64())
+                (node, round, start.elapsed().as_secs_f64(), joined)
             });
         }
         let (mut held, mut took) = (Vec::new(), Vec::new());
         let (mut paced_max_s, mut slowest) = (0f64, (0f64, 0f64));
+        let mut last_joined = 0f64;
         while let Some(r) = tasks.join_next().await {
-            let (node, round, after) = r.expect("node task");
+            let (node, round, after, joined) = r.expect("node task");
+            last_joined = last_joined.max(joined);
             let paced = node.counters().paced_ns.load(Ordering::Relaxed) as f64 / 1e9;
             paced_max_s = paced_max_s.max(paced);
             if after > slowest.0 {
@@ -245,8 +251,10 @@ fn main() {
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
              leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
              formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \
-             slowest_paced_s={:.2} bench_cpu_s={:.2} bench_rss_mb={}",
+             slowest_paced_s={:.2} last_joined_s={last_joined:.3} {} \
+             bench_cpu_s={:.2} bench_rss_mb={}",
             slowest.1,
+            sealed.lock().unwrap().words(),
             own_cpu_s(),
             own_peak_rss_mb()
         );
@@ -674,6 +682,73 @@ async fn reform_after_loss(
         settle.as_secs_f64(),
     );
     survivors
+}
+
+/// The seal's moments, in seconds after the formation's start, as the bench's own watch
+/// saw them: the last registration before the header, the first and last shard written
+/// ahead (none in a whole round) and the header.
+#[derive(Debug, Default, Clone, Copy)]
+struct SealTimes {
+    last_member: Option<f64>,
+    first_shard: Option<f64>,
+    last_shard: Option<f64>,
+    header: Option<f64>,
+}
+
+impl SealTimes {
+    /// `registered_s=R shards_s=FIRST..LAST header_s=H` (`-` for what did not come).
+    fn words(&self) -> String {
+        let s = |t: Option<f64>| t.map_or("-".to_owned(), |t| format!("{t:.3}"));
+        format!(
+            "registered_s={} shards_s={}..{} header_s={}",
+            s(self.last_member),
+            s(self.first_shard),
+            s(self.last_shard),
+            s(self.header)
+        )
+    }
+}
+
+/// Watches the run's round key and shards from the bench's own connection and keeps
+/// when the first seal's shards and header were put: what the seal's tail is made of
+/// (the last registration, the coordinator's writes, every member's read of its shard).
+async fn watch_seal(
+    mut client: etcd_client::Client,
+    cfg: &EtcdConfig,
+    start: Instant,
+) -> std::sync::Arc<std::sync::Mutex<SealTimes>> {
+    let times = std::sync::Arc::new(std::sync::Mutex::new(SealTimes::default()));
+    let root = format!("{}/{}/", cfg.prefix.trim_end_matches('/'), cfg.run_id);
+    let (round, placements) = (format!("{root}ctl/round"), format!("{root}placement/"));
+    let members = format!("{root}members/");
+    let opts = etcd_client::WatchOptions::new().with_prefix();
+    let mut stream = client
+        .watch(root.clone(), Some(opts))
+        .await
+        .expect("watch the run");
+    let kept = times.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(r)) = stream.message().await {
+            let now = start.elapsed().as_secs_f64();
+            let mut t = kept.lock().unwrap();
+            for e in r.events() {
+                let key = e.kv().map(|kv| kv.key()).unwrap_or_default();
+                if key == round.as_bytes() {
+                    t.header = Some(now);
+                    return;
+                }
+                if key.starts_with(placements.as_bytes()) {
+                    t.first_shard.get_or_insert(now);
+                    t.last_shard = Some(now);
+                } else if key.starts_with(members.as_bytes())
+                    && e.event_type() == etcd_client::EventType::Put
+                {
+                    t.last_member = Some(now);
+                }
+            }
+        }
+    });
+    times
 }
 
 /// The median and the 99th percentile of `took` (sorted here; 0 when it is empty): how

@@ -177,6 +177,9 @@ impl Driver {
                 conn: Conn { streams, .. },
                 machine,
                 proofs,
+                commands,
+                replies,
+                next_id,
                 ..
             } = self;
             let (ctl, members, kept) = match streams.as_mut() {
@@ -202,6 +205,10 @@ impl Driver {
                     Err(e) => Input::KeepAliveFailed(e.into()),
                 },
                 () = timer => Input::Timer,
+                // A command waits in the machine for this op's answer; read now, a
+                // departure goes right after it, before what the watches brought
+                // (`Flight::leave`). A closed channel is heard between ops.
+                Some(req) = commands.recv() => command_input(req, next_id, replies),
                 msg = next_watch(ctl) => watch_input(msg),
                 msg = next_watch(members) => watch_input(msg),
             };
@@ -250,8 +257,9 @@ impl Driver {
             None => (None, None, None),
         };
         // In this order when several are ready: the keep-alive stream's end before the
-        // timer that would send a keep-alive on it ("channel closed", an outage), and the
-        // timer before the watches, so that a busy watch never holds up a keep-alive.
+        // timer that would send a keep-alive on it ("channel closed", an outage), the
+        // timer before the watches, so that a busy watch never holds up a keep-alive, and
+        // commands before the watches, so that a busy watch never holds up a departure.
         let input = tokio::select! {
             biased;
             msg = next_answer(kept) => match msg {
@@ -259,18 +267,12 @@ impl Driver {
                 Err(e) => Input::KeepAliveFailed(e.into()),
             },
             () = sleep => Input::Timer,
-            msg = next_watch(ctl) => watch_input(msg),
-            msg = next_watch(members) => watch_input(msg),
             req = commands.recv() => match req {
-                Some(req) => {
-                    *next_id += 1;
-                    if let Some(reply) = req.reply {
-                        replies.insert(*next_id, reply);
-                    }
-                    Input::Command(*next_id, req.command)
-                }
+                Some(req) => command_input(req, next_id, replies),
                 None => Input::CommandsClosed,
             },
+            msg = next_watch(ctl) => watch_input(msg),
+            msg = next_watch(members) => watch_input(msg),
             Some(p) = proofs.1.recv() => Input::from(p),
         };
         if input.ends_keep_alive() {
@@ -281,6 +283,19 @@ impl Driver {
         input
     }
 }
+/// A command from the handle, numbered, its reply kept for when the machine answers it.
+fn command_input(
+    req: Request,
+    next_id: &mut u64,
+    replies: &mut HashMap<u64, tokio::sync::oneshot::Sender<Result<(), crate::RendezvousError>>>,
+) -> Input {
+    *next_id += 1;
+    if let Some(reply) = req.reply {
+        replies.insert(*next_id, reply);
+    }
+    Input::Command(*next_id, req.command)
+}
+
 fn watch_input(msg: EtcdResult<Option<WatchResponse>>) -> Input {
     match msg {
         Err(e) => Input::StreamFailed(e.into()),

@@ -30,6 +30,8 @@ pub(super) struct Flight {
     /// Commands waiting for etcd, oldest first: served after the next sync, never
     /// answered with a transient error.
     pending: VecDeque<(CommandId, Command)>,
+    /// A departure, served before anything queued (see [`Flight::leave`]).
+    leaving: Option<(CommandId, Command)>,
     effects: Vec<Effect>,
 }
 
@@ -43,6 +45,7 @@ impl Flight {
             todo: VecDeque::new(),
             inbox: Inbox::default(),
             pending: VecDeque::new(),
+            leaving: None,
             effects: Vec::new(),
         }
     }
@@ -179,12 +182,30 @@ impl Flight {
         self.pending.pop_front()
     }
 
+    /// `departure` goes as soon as no op is in flight, before any todo, retry, queued
+    /// input or waiting command: it needs nothing of the run, and the session ends with
+    /// its answer. Queued behind the rest, a node busy with a whole run's departures
+    /// answered its own after more than a minute (a coordinator at 10,000 nodes).
+    pub(super) fn leave(&mut self, id: CommandId, departure: Command) {
+        debug_assert!(matches!(departure, Command::Depart { .. }));
+        // A second one waits, and is answered when the first ends the session.
+        if self.leaving.is_some() {
+            self.pending.push_back((id, departure));
+        } else {
+            self.leaving = Some((id, departure));
+        }
+    }
+
+    pub(super) fn take_leaving(&mut self) -> Option<(CommandId, Command)> {
+        self.leaving.take()
+    }
+
     /// The session ended: every command still waiting or queued, to be told why; and the
     /// queued work dropped.
     pub(super) fn abandon_all(&mut self) -> Vec<CommandId> {
         self.todo.clear();
-        self.pending
-            .drain(..)
+        (self.leaving.take().into_iter())
+            .chain(self.pending.drain(..))
             .map(|(id, _)| id)
             .chain(self.inbox.take().into_iter().filter_map(|i| match i {
                 Input::Command(id, _) => Some(id),

@@ -10,7 +10,7 @@ use super::departures::Sayer;
 use super::duty::{Commit, Duty};
 use super::fault::{Fault, FaultKind};
 use super::flight::Flight;
-use super::io::{Answer, Effect, Input, Op};
+use super::io::{Answer, Command, Effect, Input, Op};
 use super::lease::LeaseKeeper;
 use super::outage::Outage;
 use super::published::Published;
@@ -210,6 +210,11 @@ impl Machine {
             {
                 self.on_input(input);
             }
+            Input::Command(id, departure @ Command::Depart { .. })
+                if self.phase != Phase::Ended =>
+            {
+                self.flight.leave(id, departure);
+            }
             other => self.flight.queue(other),
         }
         self.advance();
@@ -377,7 +382,9 @@ impl Machine {
     /// Works until an op is in flight or nothing is left to do.
     fn advance(&mut self) {
         while !self.busy() && self.phase != Phase::Ended {
-            if let Some(at) = self.flight.retry_due() {
+            if let Some((id, departure)) = self.flight.take_leaving() {
+                self.serve(id, departure);
+            } else if let Some(at) = self.flight.retry_due() {
                 if self.now < at {
                     self.keep_alive_while_waiting();
                     break;

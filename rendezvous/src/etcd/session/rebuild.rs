@@ -124,11 +124,11 @@ impl Machine {
     /// round wanted (a newer seal came between the event and the read, so the next event
     /// brings its delta) leaves the view waiting; none at all means the run's keys are not
     /// as any agent writes them: read everything again.
-    pub(super) fn read_roster(&mut self, kvs: &[Kv]) {
+    pub(super) fn read_roster(&mut self, kvs: &[Kv], served_at: Option<i64>) {
         let wanted = self.view.round_wanted;
         let placing = self.view.placing.as_ref();
         if let Some(header) = placing.filter(|h| Some(h.record.number) == wanted).cloned() {
-            return self.read_placement(header, kvs);
+            return self.read_placement(header, kvs, served_at);
         }
         let keys = self.cfg.keys.clone();
         let v = self.view.edit();
@@ -147,8 +147,16 @@ impl Machine {
     /// that coordinates), read under the name its header gives them. A member's shard
     /// missing means a newer seal deleted it (two seals came between the header and the
     /// read, or a whole round replaced it) or keys no agent wrote: the round key tells
-    /// which ([`Machine::read_seal`]). Anything else wrong: read everything again.
-    pub(super) fn read_placement(&mut self, header: RoundEntry, kvs: &[Kv]) {
+    /// which ([`Machine::read_seal`]), unless the read was served (`served_at`, a
+    /// serializable read's revision) from a member that had not applied the header yet:
+    /// then it is read again from the leader's state. Anything else wrong: read
+    /// everything again.
+    pub(super) fn read_placement(
+        &mut self,
+        header: RoundEntry,
+        kvs: &[Kv],
+        served_at: Option<i64>,
+    ) {
         use crate::etcd::placement;
         let h = &header.record;
         let mut shards = Vec::with_capacity(kvs.len());
@@ -166,6 +174,10 @@ impl Machine {
             }
         }
         if self.watches.control_only() && kvs.is_empty() {
+            if served_at.is_some_and(|rev| rev < header.mod_rev) {
+                self.flight.first(Todo::ReadShardAgain);
+                return;
+            }
             // At 10,000 members a resync for each would be a crowd's whole reads again.
             self.flight.first(Todo::ReadSeal);
             return;
