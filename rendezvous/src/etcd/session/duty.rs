@@ -284,10 +284,14 @@ impl Machine {
         let base = self.view.round.as_ref().map(|b| (&*b.record, b.mod_rev));
         let (keys, lease) = (&self.cfg.keys, self.view.coordinator_lease);
         let (ahead, mut txn) = if record.members.len() > self.cfg.placement_above {
-            let attempt = self.duty.placed_seals;
+            // Named after this process's own lease, not the coordinator key's: a process
+            // restarted on the same node coordinates under the key its predecessor left
+            // while that lease lives, and counts its seals from 0 as its predecessor did.
+            let tag =
+                crate::etcd::placement::tag(record.number, self.lease.id(), self.duty.placed_seals);
             self.duty.placed_seals += 1;
             let shape = self.cfg.placement_shape;
-            match records::commit_placed(keys, fence, lease, &record, base, attempt, shape) {
+            match records::commit_placed(keys, fence, lease, &record, base, tag, shape) {
                 Ok(seal) => (seal.ahead, seal.header),
                 Err(why) => {
                     // Proposals are made of registrations this view accepted, whose

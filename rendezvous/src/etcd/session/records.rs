@@ -244,8 +244,8 @@ pub struct PlacedSeal {
 
 /// `record` sealed placed ([`crate::etcd::placement`]), fenced as [`commit_round`]: its
 /// header at `ctl/round`, its shards outside `ctl/` under a name of this attempt's own
-/// (`attempt`, this coordinator's count of its placed seals:
-/// [`crate::etcd::placement::tag`]), cut to `shape`. Shards that fit go in the header's
+/// (`tag`: [`crate::etcd::placement::tag`] of the coordinating process's own lease and its
+/// count of its placed seals), cut to `shape`. Shards that fit go in the header's
 /// transaction; more (or more bytes than
 /// [`crate::etcd::placement::SHARD_BYTES_PER_TXN`]) are written ahead, each
 /// transaction fenced as the header is, so that no member reads a shard of a round that
@@ -259,7 +259,7 @@ pub fn commit_placed(
     lease: i64,
     record: &v1::Round,
     base: Option<(&v1::Round, i64)>,
-    attempt: u64,
+    tag: String,
     shape: crate::etcd::placement::Shape,
 ) -> Result<PlacedSeal, String> {
     use crate::etcd::placement;
@@ -269,7 +269,7 @@ pub fn commit_placed(
     // Moves are said only from the round the seal replaces (its fence).
     let base = base.filter(|(_, rev)| fence == Some(*rev));
     let (mut header, shards) = placement::place(record, base, shape)?;
-    header.placement = placement::tag(record.number, lease, attempt);
+    header.placement = tag;
     let mut then = vec![put(
         keys.key::<v1::Round>(""),
         fsdp_proto::encode(&header),

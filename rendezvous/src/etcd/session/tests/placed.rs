@@ -306,7 +306,7 @@ fn a_large_placed_round_writes_its_shards_ahead_each_fenced_as_the_header() {
         LEASE,
         &whole,
         Some((&base, 40)),
-        7,
+        placement::tag(6, LEASE, 7),
         placement::Shape::ETCD,
     )
     .unwrap();
@@ -559,4 +559,28 @@ fn a_departure_goes_next_whatever_was_queued_before_it() {
         departs(&rest),
         "the departure after the op in flight: {rest:?}"
     );
+}
+
+/// A process that coordinates under the coordinator key its predecessor on the same node
+/// left (same node id, that process's lease still live) names its shards after its own
+/// lease: both count their seals from 0, and under the key's lease the new one's header
+/// named the dead one's shards of another membership beside its own (found by the
+/// simulator: "shard 2 of 2 shards is no shard of round 1", a round nobody could read).
+#[test]
+fn a_restarted_coordinator_names_its_shards_apart_from_its_predecessors() {
+    const PREDECESSOR: i64 = LEASE + 7;
+    let k = keys();
+    let me = member("a", LEASE, 1, 0);
+    let (_, rest) = Harness::with(|c| c.placement_above = 0)
+        .first_sync(&[member_kv(&me, 4), coordinator_kv("a", PREDECESSOR)]);
+    let spec = txn(the_op(&rest));
+    assert!(
+        spec.when
+            .contains(&Compare::Lease(k.key::<v1::Coordinator>(""), PREDECESSOR)),
+        "fenced by the key it holds: {:?}",
+        spec.when
+    );
+    let header: v1::Round =
+        fsdp_proto::decode("k", put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
+    assert_eq!(header.placement, placement::tag(header.number, LEASE, 0));
 }
