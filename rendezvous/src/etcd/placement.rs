@@ -83,9 +83,11 @@ impl Shape {
 }
 
 /// The name of one attempt to seal round `number`, by the coordinating process whose own
-/// lease is `lease`, its `attempt`th: the segment its shards are under. (Not the
-/// coordinator key's lease: a process restarted on the same node may coordinate under
-/// the key its predecessor left, and counts its attempts from 0 again.) The number first, padded, so that the
+/// lease is `lease`, its `attempt`th: the segment its shards are under. Not the
+/// coordinator key's lease: a process restarted under the same node id coordinates
+/// under the key its predecessor left while that lease lives, and counts its attempts
+/// from 0 again; under the key's lease its header named its predecessor's shards of
+/// another membership beside its own (found by the simulator). The number first, padded, so that the
 /// shards of older rounds sort before a newer round's and one range deletes them.
 pub fn tag(number: u64, lease: i64, attempt: u64) -> String {
     format!("{number:020}.{:016x}.{attempt}", lease as u64)

@@ -12,6 +12,10 @@
 //! held the round (a gap to `seal_s` is a few stragglers, not a slow crowd), and
 //! `paced_max_s` and `slowest_paced_s` how long the most paced node's requests and the
 //! slowest node's were held by their pace (admission, after a slow answer or a refusal).
+//! The seal's moments, as a watch of the run on a connection of the bench's own sees
+//! them: `last_joined_s` (the last node's join returned), `registered_s` (the last
+//! registration's event before the header), `shards_s=FIRST..LAST` (a placed round's
+//! shards written ahead) and `header_s`.
 //!
 //! With `--lose leave|kill`, one node then leaves the sealed round — `leave` revokes its
 //! lease (a pod deleted: SIGTERM), `kill` drops it without a word (SIGKILL: its lease
@@ -59,7 +63,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, connect};
+use fsdp_proto::v1;
+use fsdp_rendezvous::etcd::{EtcdConfig, EtcdRendezvous, Keys, connect};
 use fsdp_rendezvous::{JobRecords, Rendezvous};
 
 /// Says what is wrong with the command line, prints the usage line, and exits 64.
@@ -188,7 +193,8 @@ fn main() {
         let start = Instant::now();
         // When the header was put: what the seal's tail is made of (the last
         // registration, the coordinator's writes, every member's read of its shard).
-        let sealed = watch_seal(conns[0].clone(), &cfg, start).await;
+        let own = connect(&cfg.options).await.expect("connect to etcd");
+        let sealed = watch_seal(own, &cfg, start).await;
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..nodes {
             let client = conns[i % clients].clone();
@@ -718,12 +724,12 @@ async fn watch_seal(
     start: Instant,
 ) -> std::sync::Arc<std::sync::Mutex<SealTimes>> {
     let times = std::sync::Arc::new(std::sync::Mutex::new(SealTimes::default()));
-    let root = format!("{}/{}/", cfg.prefix.trim_end_matches('/'), cfg.run_id);
-    let (round, placements) = (format!("{root}ctl/round"), format!("{root}placement/"));
-    let members = format!("{root}members/");
+    let keys = Keys::new(&cfg.prefix, &cfg.run_id).expect("the bench's run id");
+    let (round, placements) = (keys.key::<v1::Round>(""), keys.placements());
+    let members = keys.members();
     let opts = etcd_client::WatchOptions::new().with_prefix();
     let mut stream = client
-        .watch(root.clone(), Some(opts))
+        .watch(keys.root(), Some(opts))
         .await
         .expect("watch the run");
     let kept = times.clone();
@@ -865,7 +871,9 @@ async fn seal_round(
                     .sum();
             }
             if shape == RoundShape::Placement {
-                let r = c.get(key, None).await.expect("the member's shard");
+                // Serializable, as an agent reads its shard.
+                let opts = etcd_client::GetOptions::new().with_serializable();
+                let r = c.get(key, Some(opts)).await.expect("the member's shard");
                 let kv = r.kvs().first().expect("the shard is there");
                 let shard = fsdp_proto::v1::Round::decode(kv.value()).expect("a round");
                 assert!(

@@ -24,7 +24,7 @@ pub struct Driver {
     machine: Machine,
     view: watch::Sender<View>,
     commands: mpsc::UnboundedReceiver<Request>,
-    replies: HashMap<u64, tokio::sync::oneshot::Sender<Result<(), crate::RendezvousError>>>,
+    replies: Replies,
     next_id: u64,
     prober: Option<Prober>,
     /// Ops in a row that went unanswered past their deadline (see [`op_patience`]).
@@ -283,12 +283,12 @@ impl Driver {
         input
     }
 }
+
+/// Where the handle waits for each command's answer, by command id.
+type Replies = HashMap<u64, tokio::sync::oneshot::Sender<Result<(), crate::RendezvousError>>>;
+
 /// A command from the handle, numbered, its reply kept for when the machine answers it.
-fn command_input(
-    req: Request,
-    next_id: &mut u64,
-    replies: &mut HashMap<u64, tokio::sync::oneshot::Sender<Result<(), crate::RendezvousError>>>,
-) -> Input {
+fn command_input(req: Request, next_id: &mut u64, replies: &mut Replies) -> Input {
     *next_id += 1;
     if let Some(reply) = req.reply {
         replies.insert(*next_id, reply);

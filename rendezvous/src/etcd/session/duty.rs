@@ -284,11 +284,9 @@ impl Machine {
         let base = self.view.round.as_ref().map(|b| (&*b.record, b.mod_rev));
         let (keys, lease) = (&self.cfg.keys, self.view.coordinator_lease);
         let (ahead, mut txn) = if record.members.len() > self.cfg.placement_above {
-            // Named after this process's own lease, not the coordinator key's: a process
-            // restarted on the same node coordinates under the key its predecessor left
-            // while that lease lives, and counts its seals from 0 as its predecessor did.
-            let tag =
-                crate::etcd::placement::tag(record.number, self.lease.id(), self.duty.placed_seals);
+            // This process's own lease, not the key's (see `placement::tag`).
+            let (own, attempt) = (self.lease.id(), self.duty.placed_seals);
+            let tag = crate::etcd::placement::tag(record.number, own, attempt);
             self.duty.placed_seals += 1;
             let shape = self.cfg.placement_shape;
             match records::commit_placed(keys, fence, lease, &record, base, tag, shape) {

@@ -182,10 +182,11 @@ impl Flight {
         self.pending.pop_front()
     }
 
-    /// `departure` goes as soon as no op is in flight, before any todo, retry, queued
-    /// input or waiting command: it needs nothing of the run, and the session ends with
-    /// its answer. Queued behind the rest, a node busy with a whole run's departures
-    /// answered its own after more than a minute (a coordinator at 10,000 nodes).
+    /// `departure` goes as soon as no op is in flight (a command of several ops ends
+    /// first), before any todo, retry, queued input or waiting command: it needs nothing
+    /// of the run, and the session ends with its answer. Queued behind the rest, one node
+    /// of 10,000 leaving together (busy with the others' departures, the coordinator most
+    /// likely) had not left after a minute.
     pub(super) fn leave(&mut self, id: CommandId, departure: Command) {
         debug_assert!(matches!(departure, Command::Depart { .. }));
         // A second one waits, and is answered when the first ends the session.
@@ -204,7 +205,9 @@ impl Flight {
     /// queued work dropped.
     pub(super) fn abandon_all(&mut self) -> Vec<CommandId> {
         self.todo.clear();
-        (self.leaving.take().into_iter())
+        self.leaving
+            .take()
+            .into_iter()
             .chain(self.pending.drain(..))
             .map(|(id, _)| id)
             .chain(self.inbox.take().into_iter().filter_map(|i| match i {

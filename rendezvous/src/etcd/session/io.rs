@@ -108,9 +108,11 @@ pub enum Op {
         keys_only: bool,
         /// Served from the member's own state, without waiting for its apply loop to
         /// catch up with the leader: a sync's read, which the watches opened from its
-        /// revision bring up to date. etcd 3.4 makes a linearizable read wait for the
-        /// applied index, and a crowd of joiners each reading so was answered "waiting
-        /// for the applied index took too long" thousands of times at 10,000 nodes.
+        /// revision bring up to date, and a member's read of its shard at a seal (the
+        /// answer's revision tells one that predates the header). etcd 3.4 makes a
+        /// linearizable read wait for the applied index, and a crowd of joiners each
+        /// reading so was answered "waiting for the applied index took too long"
+        /// thousands of times at 10,000 nodes.
         serializable: bool,
     },
     /// How many members the etcd cluster has.

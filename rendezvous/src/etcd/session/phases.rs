@@ -21,11 +21,9 @@ impl Machine {
                     self.begin_sync(Resync::Outage);
                 }
             }
+            // (A departure never comes here: it goes before everything, `Flight::leave`.)
             (Phase::Disconnected { .. }, Input::Command(id, command)) => {
-                let local = matches!(
-                    command,
-                    Command::Running { .. } | Command::Abandon { .. } | Command::Depart { .. }
-                );
+                let local = matches!(command, Command::Running { .. } | Command::Abandon { .. });
                 if local {
                     self.serve(id, command);
                 } else {
@@ -351,6 +349,11 @@ impl Machine {
 
     /// The session ended: whoever still waits hears why.
     pub(super) fn end_requests(&mut self) {
+        // A command held for its pace or a backoff is told too: a departure goes ahead of
+        // it and ends the session.
+        if let Some((Then::Command(s), _)) = self.flight.take_retry() {
+            self.flight.wait_first(s.into_waiting());
+        }
         let reason = self.view.gave_up.clone();
         for id in self.flight.abandon_all() {
             let e = match &reason {

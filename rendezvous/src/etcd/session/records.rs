@@ -268,6 +268,7 @@ pub fn commit_placed(
         .map(|(b, _)| b.placement.as_str());
     // Moves are said only from the round the seal replaces (its fence).
     let base = base.filter(|(_, rev)| fence == Some(*rev));
+    debug_assert!(placement::tag_fits(&tag, record.number), "{tag}");
     let (mut header, shards) = placement::place(record, base, shape)?;
     header.placement = tag;
     let mut then = vec![put(

@@ -111,6 +111,32 @@ fn depart_is_served_while_disconnected() {
     assert!(h.m.ended());
 }
 
+/// A node that fenced itself while cut off says so at its next contact with etcd; leaving
+/// before that contact (the departure goes before the sync's steps), its departure says
+/// it: the fence is why its registration went, not the leave.
+#[test]
+fn a_fenced_node_that_leaves_before_it_could_say_so_says_it_in_its_departure() {
+    let mut h = Harness::synced();
+    h.command(
+        9,
+        Command::Running {
+            round: std::sync::Arc::new(round(3, &[("a", 1), ("b", 1)])),
+        },
+    );
+    h.disconnect();
+    replied_ok(&h.command(1, abandon()), 1);
+    let e = h.command(2, depart(Departure::Left, crate::LeftKind::Left));
+    let Op::Depart {
+        record: Some(spec),
+        lease: LEASE,
+    } = the_op(&e)
+    else {
+        panic!("a departure with its word: {e:?}")
+    };
+    let word = left_put(&spec.then, "a", 1);
+    assert_eq!(word.kind(), v1::LeftKind::Fenced, "{word:?}");
+}
+
 #[test]
 fn the_backoff_doubles_after_another_failure() {
     let mut h = Harness::synced();

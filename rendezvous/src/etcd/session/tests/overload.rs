@@ -302,3 +302,21 @@ fn a_reopen_etcd_is_too_busy_for_never_takes_a_waiting_commands_place() {
     assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
     assert!(h.now - h.t0 >= TTL / 3);
 }
+
+/// A departure goes ahead of a command waiting to go again after etcd was too busy for
+/// it, and ends the session: that command is told the session ended, not left unanswered.
+#[test]
+fn a_command_waiting_its_backoff_is_answered_when_a_departure_ends_the_session() {
+    let mut h = watching(Harness::new());
+    h.command(1, report_done(3));
+    no_op(&h.fail(timed_out()));
+    let e = h.command(2, depart(Departure::Finished, crate::LeftKind::Finished));
+    assert!(matches!(the_op(&e), Op::Depart { .. }), "{e:?}");
+    let e = h.answer(Answer::Departed {
+        said: None,
+        revoked: None,
+    });
+    replied_ok(&e, 2);
+    assert!(reply_of(&e, 1).is_err(), "{e:?}");
+    assert_eq!(h.m.phase(), Phase::Ended);
+}

@@ -300,17 +300,17 @@ fn a_large_placed_round_writes_its_shards_ahead_each_fenced_as_the_header() {
         ..round(5, &[("a", 1)])
     };
     let fence = Some(40);
+    let tag = placement::tag(6, LEASE, 7);
     let seal = crate::etcd::session::records::commit_placed(
         &k,
         fence,
         LEASE,
         &whole,
         Some((&base, 40)),
-        placement::tag(6, LEASE, 7),
+        tag.clone(),
         placement::Shape::ETCD,
     )
     .unwrap();
-    let tag = placement::tag(6, LEASE, 7);
     let fences = seal.header.when.clone();
     assert_eq!(fences[0], Compare::ModRevision(k.key::<v1::Round>(""), 40));
     assert!(seal.ahead.len() >= 2, "{} transactions", seal.ahead.len());
