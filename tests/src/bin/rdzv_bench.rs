@@ -191,8 +191,8 @@ fn main() {
             return etcd_ceiling(&conns, nodes, &run_id, inflight.max(1), steps, ttl).await;
         }
         let start = Instant::now();
-        // When the header was put: what the seal's tail is made of (the last
-        // registration, the coordinator's writes, every member's read of its shard).
+        // The seal's moments, on a connection of the bench's own (one more watcher of
+        // the whole run, as the coordinator is: a round's registrations and shards).
         let own = connect(&cfg.options).await.expect("connect to etcd");
         let sealed = watch_seal(own, &cfg, start).await;
         let mut tasks = tokio::task::JoinSet::new();

@@ -282,14 +282,15 @@ impl Machine {
             )
         };
         let base = self.view.round.as_ref().map(|b| (&*b.record, b.mod_rev));
-        let (keys, lease) = (&self.cfg.keys, self.view.coordinator_lease);
+        // The coordinator key's lease, which fences the seal.
+        let (keys, key_lease) = (&self.cfg.keys, self.view.coordinator_lease);
         let (ahead, mut txn) = if record.members.len() > self.cfg.placement_above {
             // This process's own lease, not the key's (see `placement::tag`).
             let (own, attempt) = (self.lease.id(), self.duty.placed_seals);
             let tag = crate::etcd::placement::tag(record.number, own, attempt);
             self.duty.placed_seals += 1;
             let shape = self.cfg.placement_shape;
-            match records::commit_placed(keys, fence, lease, &record, base, tag, shape) {
+            match records::commit_placed(keys, fence, key_lease, &record, base, tag, shape) {
                 Ok(seal) => (seal.ahead, seal.header),
                 Err(why) => {
                     // Proposals are made of registrations this view accepted, whose
@@ -299,7 +300,7 @@ impl Machine {
                 }
             }
         } else {
-            let txn = records::commit_round(keys, fence, lease, &record, base);
+            let txn = records::commit_round(keys, fence, key_lease, &record, base);
             (Vec::new(), txn)
         };
         if let Some(master) = self.master_of(&record) {

@@ -279,7 +279,11 @@ impl Machine {
         // A node that fenced itself and leaves before it could say so says that: the
         // departure goes before the sync's word (`Flight::leave`), and the fence is why
         // its registration went.
-        let word = (self.me.fenced_word().cloned()).unwrap_or_else(|| self.own_word(why));
+        let word = self
+            .me
+            .fenced_word()
+            .cloned()
+            .unwrap_or_else(|| self.own_word(why));
         let trim = left::trim(&self.view.left, Some(&word.tail()));
         Op::Depart {
             record: Some(records::say_left(
