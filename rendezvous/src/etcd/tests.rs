@@ -429,6 +429,43 @@ fn a_round_whose_charges_etcd_lost_is_handed_over_before_the_next_one_runs() {
     }
 }
 
+/// Found by the simulator (seed 1456934009): a node saw itself in rounds 18 and 19 of a
+/// placed run, both past the budget, before either started for it; etcd then came back
+/// empty and the next round, sealed under a lower number (18) without the charges, named
+/// it. Numbered below the round that charged them, it was taken for an older round and
+/// the charges were forgotten: the node ran on where the others gave up. A round that
+/// carries fewer charges than one this node was sealed into hands that one over first,
+/// whatever its number.
+#[test]
+fn charges_etcd_lost_are_handed_over_when_the_next_round_is_numbered_lower() {
+    use super::waiter::Action;
+    let now = Instant::now();
+    let mut w = waiter();
+    let v = round_view(3, &["a", "me"], 3);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
+    let v = round_view(4, &["a", "me"], 4);
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
+    let v = round_view(5, &["a", "me"], 4);
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
+    // etcd lost its data: round 4 again, sealed without the charges, names this node
+    // first; its master comes at a later look.
+    let v = round_view(4, &["me", "b"], 0);
+    assert!(matches!(
+        w.on_view(&v, now),
+        Ok(Action::PublishMaster { round: 4 })
+    ));
+    let mut v = round_view(4, &["me", "b"], 0);
+    v.master = Some(master_of(4));
+    match w.on_view(&v, now) {
+        Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (5, 4)),
+        other => panic!("expected round 5 handed over, got {other:?}"),
+    }
+    // Within the budget, the loop asks for the round after the one etcd shows, and runs
+    // it: the charges were told once.
+    let v = round_view(4, &["me", "b"], 0);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 5 }));
+}
+
 /// A member's copy of a placed round lists itself and its neighbour: a later round
 /// compared member by member with it, or it with a round held whole, named live nodes
 /// lost (a round of 2,000 that grew past placement, the view two rounds on). The later

@@ -165,13 +165,17 @@ impl Waiter {
                         "etcd says the lease stands; starting the round"
                     );
                 }
-                // An earlier round this node was sealed into charged restarts this one
-                // does not carry: etcd lost them with its data before anyone put that
-                // round back (a member of a placed round holds too little of it to). Its
-                // other members decided the budget by it; so does this node, first.
-                let lost_charges = self.sealed_in.clone().filter(|s| {
-                    s.number <= record.number && s.restart_count > record.restart_count
-                });
+                // A round this node was sealed into charged restarts this one does not
+                // carry: etcd lost them with its data before anyone put that round back (a
+                // member of a placed round holds too little of it to). Its other members
+                // decided the budget by it; so does this node, first. Its number says
+                // nothing: etcd counts rounds again from what it kept, so the round that
+                // lost the charges may be numbered below the one that made them (seed
+                // 1456934009), and within one life of etcd counts never go down.
+                let lost_charges = self
+                    .sealed_in
+                    .clone()
+                    .filter(|s| s.restart_count > record.restart_count);
                 if let Some(charged) = lost_charges.and_then(|s| self.charged_as_lost(&s)) {
                     self.waiting = None;
                     return Ok(Action::Charged(charged));
@@ -329,13 +333,14 @@ impl Waiter {
         {
             return;
         }
-        // A later round, or another seal under the same number, that carries fewer
-        // charges (etcd lost them with its data) does not make this node forget the round
-        // that charged them.
+        // A round that carries fewer charges (etcd lost them with its data: a later
+        // round, another seal under the same number, or one numbered below, counted
+        // again from what etcd kept) does not make this node forget the round that
+        // charged them.
         let forgets_charges = self
             .sealed_in
             .as_ref()
-            .is_some_and(|s| s.number <= rec.number && s.restart_count > rec.restart_count);
+            .is_some_and(|s| s.restart_count > rec.restart_count);
         if !forgets_charges && rec.members.iter().any(|m| m.node_id == self.me) {
             self.sealed_in = Some(Arc::clone(rec));
         }
