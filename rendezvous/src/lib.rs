@@ -128,6 +128,9 @@ pub struct Counters {
     /// pace is what held a crowd's slowest nodes (`rdzv-bench` prints the longest, and the
     /// slowest node's).
     pub paced_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Time (ns) this node was held at the gate before its grant while etcd answered
+    /// slowly (`admission::Gate`), after its spread.
+    pub gated_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Transactions that wrote a placed round's shards ahead of its header, as the
     /// coordinator (a round of 10,000 takes 6): apart from a node's own writes, whose
     /// count is bounded at formation whatever the crowd, while these grow with it.

@@ -719,6 +719,52 @@ async fn a_frozen_etcd_stops_no_worker_while_frozen_and_the_run_goes_on_after() 
     }
 }
 
+/// A crowd's node (MAX above 1,000) reads its nesting check linearizably: etcd answers it
+/// only once its apply loop caught up, and a late answer holds the node at the gate, with
+/// no lease and no registration, before it looks again and joins. A frozen etcd stands in
+/// for one whose apply loop is behind. A run of up to 1,000 nodes has no gate.
+#[tokio::test]
+async fn a_crowds_node_answered_late_waits_at_the_gate_without_a_lease_then_joins() {
+    use fsdp_rendezvous::Rendezvous;
+    let etcd = Etcd::start();
+    let pid = nix::unistd::Pid::from_raw(etcd.pid());
+    let signal = |s| nix::sys::signal::kill(pid, s).unwrap();
+    for (max, gated) in [(2_000, true), (1_000, false)] {
+        let mut cfg = config(&etcd, &format!("gate-{max}"), 1, max);
+        cfg.node_id = format!("gate-node-{max}");
+        let client = connect(&cfg.options).await.unwrap();
+        let mut outsider = connect(&cfg.options).await.unwrap();
+        signal(nix::sys::signal::Signal::SIGSTOP);
+        let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
+        // Past the spread (at most 2 s at MAX 2,000): the nesting read waits 3 s or more,
+        // so a gated node is held 1.5 s or more after etcd thaws.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        signal(nix::sys::signal::Signal::SIGCONT);
+        if gated {
+            let leases = outsider.leases().await.unwrap();
+            assert!(
+                leases.leases().is_empty(),
+                "a node held at the gate holds no lease: {:?}",
+                leases.leases()
+            );
+        }
+        let mut n = within(Duration::from_secs(30), "the join", join)
+            .await
+            .unwrap()
+            .expect("joins");
+        let held = n
+            .counters()
+            .gated_ns
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(held > 0, gated, "MAX {max}: held at the gate for {held} ns");
+        let r = within(Duration::from_secs(30), "a round", n.next_round())
+            .await
+            .expect("round");
+        assert_eq!(r.members.len(), 1, "the node forms its round alone");
+        n.depart(Departure::Left, why()).await.unwrap();
+    }
+}
+
 /// etcd gone for longer than `outage_timeout`: the agent stops waiting, with an error that
 /// names the bound (the agent exits 69 on it).
 #[tokio::test]

@@ -79,6 +79,38 @@ async fn spread_out(cfg: &mut EtcdConfig) {
     tokio::time::sleep(session::join_delay(&cfg.node_id, cfg.max_nodes)).await;
 }
 
+/// The nesting check, which in a crowd is also the gate before the grant
+/// ([`session::Gate`]): read linearizably there, and again after a drawn pause for as
+/// long as etcd answers it slowly (its apply loop behind), but never past `deadline` (the
+/// join's): a node held that long joins and lets the pace after its grant hold it.
+async fn through_gate(
+    client: &mut Client,
+    keys: &Keys,
+    cfg: &EtcdConfig,
+    deadline: Instant,
+    counters: &Counters,
+) -> Result<(), RendezvousError> {
+    let gated = session::gated(cfg.max_nodes);
+    let mut gate = session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl);
+    loop {
+        let sent = Instant::now();
+        let left = deadline.saturating_duration_since(sent);
+        refuse_nesting(client, keys, &cfg.prefix, left, gated).await?;
+        let now = Instant::now();
+        let again = if gated { gate.looked(sent, now) } else { None };
+        let Some(at) = again.filter(|at| *at < deadline) else {
+            return Ok(());
+        };
+        tracing::debug!(
+            answered_in_ms = now.duration_since(sent).as_millis() as u64,
+            "etcd is behind; holding this node's join"
+        );
+        let held = u64::try_from(at.duration_since(now).as_nanos()).unwrap_or(u64::MAX);
+        counters.gated_ns.fetch_add(held, Ordering::Relaxed);
+        tokio::time::sleep_until(at.into()).await;
+    }
+}
+
 /// The membership lease granted at join, and when: the session maps the moment of the
 /// grant onto the Unix time then.
 struct Granted {
@@ -200,11 +232,11 @@ impl EtcdRendezvous {
         // 20,000 nodes, and each node that gave up was an agent that exited.
         let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
         let left = || deadline.saturating_duration_since(Instant::now());
-        refuse_nesting(&mut client, &keys, &cfg.prefix, left()).await?;
+        let counters = Counters::default();
+        through_gate(&mut client, &keys, &cfg, deadline, &counters).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, left(), ttl_s).await?;
         let writes = Arc::new(AtomicU64::new(1));
-        let counters = Counters::default();
         let (tx, mut view) = watch::channel(View::default());
         let (commands, inbox) = mpsc::unbounded_channel();
         let machine = Machine::new(
@@ -390,23 +422,24 @@ impl EtcdRendezvous {
 }
 
 /// The nesting check's reads: a count under each of `outer`, the keys of each of `gaps`.
-/// Serializable, as the session's first read (`Op::Range`): a crowd of joiners must not
-/// each wait for etcd's apply loop, and another run's keys are not written in the moment
-/// this one starts.
-fn nesting_reads(outer: &[String], gaps: &[(String, String)]) -> Vec<etcd_client::TxnOp> {
+/// Serializable, as the session's first read (`Op::Range`), unless `linearizable`:
+/// another run's keys are not written in the moment this one starts, so only the gate
+/// (`through_gate`) wants the answer to wait for etcd's apply loop.
+fn nesting_reads(
+    outer: &[String],
+    gaps: &[(String, String)],
+    linearizable: bool,
+) -> Vec<etcd_client::TxnOp> {
     use etcd_client::TxnOp;
-    let count = || {
-        GetOptions::new()
-            .with_prefix()
-            .with_count_only()
-            .with_serializable()
+    let read = |o: GetOptions| {
+        if linearizable {
+            o
+        } else {
+            o.with_serializable()
+        }
     };
-    let keys_in = |to: &str| {
-        GetOptions::new()
-            .with_range(to)
-            .with_keys_only()
-            .with_serializable()
-    };
+    let count = || read(GetOptions::new().with_prefix().with_count_only());
+    let keys_in = |to: &str| read(GetOptions::new().with_range(to).with_keys_only());
     outer
         .iter()
         .map(|p| TxnOp::get(p.as_str(), Some(count())))
@@ -431,6 +464,7 @@ pub(super) async fn refuse_nesting(
     keys: &Keys,
     prefix: &str,
     window: Duration,
+    linearizable: bool,
 ) -> Result<(), RendezvousError> {
     use etcd_client::{Txn, TxnOpResponse};
     let outer: Vec<String> = keys
@@ -439,7 +473,7 @@ pub(super) async fn refuse_nesting(
         .flat_map(|outer| ["members/", "ctl/"].map(|sub| format!("{outer}{sub}")))
         .collect();
     let gaps = keys.foreign_ranges();
-    let reads = nesting_reads(&outer, &gaps);
+    let reads = nesting_reads(&outer, &gaps, linearizable);
     let client = &*client;
     let answer = while_overloaded(window, || {
         super::token::renewing(client, || {

@@ -66,6 +66,9 @@ pub struct SimAgent {
     pub kept: Option<i64>,
     /// The process whose start waited its join spread already.
     pub spread_for: u64,
+    /// The gate of the process waiting to start, once it looked (the handle's
+    /// `through_gate`); none once it started.
+    pub gate: Option<crate::etcd::session::Gate>,
     pub pinned: usize,
     pub cut: bool,
     pub slow: bool,
@@ -140,6 +143,7 @@ impl SimAgent {
             watching: None,
             kept: None,
             spread_for: 0,
+            gate: None,
             pinned: 0,
             cut: false,
             slow: false,

@@ -253,6 +253,41 @@ impl World {
         }
     }
 
+    /// Whether agent `a`'s process waits before its grant, as the handle's does: its
+    /// spread, once per process, then the gate; its start comes again when it may go on.
+    fn waits_before_join(&mut self, a: usize, now: Instant) -> bool {
+        // The handle's spread before its first request ([`crate::etcd::session::join_delay`]),
+        // once per process.
+        let (crowd, per_second) = self.opts.join_spread;
+        let node = self.agents[a].node.clone();
+        let spread = crate::etcd::session::spread(&node, self.opts.max_nodes, crowd, per_second);
+        let next = self.agents[a].process + 1;
+        if !spread.is_zero() && self.agents[a].spread_for != next {
+            self.agents[a].spread_for = next;
+            self.note(|| format!("n{a} waits {spread:?} before its first request"));
+            self.after(spread.as_millis() as u64, Ev::Fault(Fault::Start(a)));
+            return true;
+        }
+        // The handle's gate ([`crate::etcd::session::Gate`]): its nesting read, linearizable
+        // in a crowd, is answered once the apply loop caught up; a late answer holds the
+        // node a drawn pause before it looks again.
+        if self.opts.max_nodes > crowd {
+            let lag = self.etcd.lag(now);
+            let gate = self.agents[a]
+                .gate
+                .get_or_insert_with(|| crate::etcd::session::Gate::new(&node, self.opts.ttl));
+            if let Some(at) = gate.looked(now, now + lag) {
+                let held = at.saturating_duration_since(now);
+                self.note(|| {
+                    format!("n{a} is held at the gate for {held:?} (etcd {lag:?} behind)")
+                });
+                self.after(held.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
+                return true;
+            }
+        }
+        false
+    }
+
     /// Starts agent `a`'s process: a lease granted at etcd, then the machine's first sync.
     pub fn start(&mut self, a: usize) {
         if self.agents[a].life != Life::Down {
@@ -265,16 +300,8 @@ impl World {
             self.after(500, Ev::Fault(Fault::Start(a)));
             return;
         }
-        // The handle's spread before its first request ([`crate::etcd::session::join_delay`]),
-        // once per process.
-        let (crowd, per_second) = self.opts.join_spread;
-        let node = self.agents[a].node.clone();
-        let spread = crate::etcd::session::spread(&node, self.opts.max_nodes, crowd, per_second);
-        let next = self.agents[a].process + 1;
-        if !spread.is_zero() && self.agents[a].spread_for != next {
-            self.agents[a].spread_for = next;
-            self.note(|| format!("n{a} waits {spread:?} before its first request"));
-            return self.after(spread.as_millis() as u64, Ev::Fault(Fault::Start(a)));
+        if self.waits_before_join(a, now) {
+            return;
         }
         // The grant is a proposal: behind a long queue it is refused, and the handle asks
         // again. (Taken at once otherwise: the lease lives from the request on, which is
@@ -319,6 +346,7 @@ impl World {
         let effects = machine.start(now);
         let ag = &mut self.agents[a];
         ag.process += 1;
+        ag.gate = None;
         ag.streams += 1;
         ag.machine = Some(machine);
         ag.life = Life::Up;

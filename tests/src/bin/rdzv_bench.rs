@@ -11,7 +11,9 @@
 //! `formed_p50_s` and `formed_p99_s` say when the median node and the slowest hundredth
 //! held the round (a gap to `seal_s` is a few stragglers, not a slow crowd), and
 //! `paced_max_s` and `slowest_paced_s` how long the most paced node's requests and the
-//! slowest node's were held by their pace (admission, after a slow answer or a refusal).
+//! slowest node's were held by their pace (admission, after a slow answer or a refusal);
+//! `gated_max_s` and `gated_nodes` the longest a node was held at the gate before its
+//! grant (etcd behind) and how many were held there at all.
 //! The seal's moments, as a watch of the run on a connection of the bench's own sees
 //! them: `last_joined_s` (the last node's join returned), `registered_s` (the last
 //! registration's event before the header), `shards_s=FIRST..LAST` (a placed round's
@@ -251,13 +253,20 @@ fn main() {
         let lost = count(|c| c.leases_lost.load(Ordering::Relaxed));
         let again = count(|c| c.reregistered.load(Ordering::Relaxed));
         let shard_txns = count(|c| c.shard_txns.load(Ordering::Relaxed));
+        let gated: Vec<u64> = held
+            .iter()
+            .map(|(n, _)| n.counters().gated_ns.load(Ordering::Relaxed))
+            .collect();
+        let gated_max_s = gated.iter().max().copied().unwrap_or(0) as f64 / 1e9;
+        let gated_nodes = gated.iter().filter(|g| **g > 0).count();
         let (p50, p99) = p50_p99(&mut took);
         println!(
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} shard_txns={shard_txns} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
              leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
              formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \
-             slowest_paced_s={:.2} last_joined_s={last_joined:.3} {} \
+             slowest_paced_s={:.2} gated_max_s={gated_max_s:.2} gated_nodes={gated_nodes} \
+             last_joined_s={last_joined:.3} {} \
              bench_cpu_s={:.2} bench_rss_mb={}",
             slowest.1,
             sealed.lock().unwrap().words(),

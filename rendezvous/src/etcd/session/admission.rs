@@ -131,6 +131,65 @@ fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// The gate before a crowd's grant. A node's spread says when it may join, not whether
+/// etcd can take it then: the spread's rate is fixed ([`JOINS_PER_SECOND`]), and etcd's
+/// room for joins shrinks as the nodes already in renew their leases (every third of a
+/// TTL: 12,000 renewals a second at 20,000 nodes). There etcd's apply loop fell behind
+/// 4–8 s into the spread (1,300–3,300 proposals pending, where 10,000 nodes stayed under
+/// 310), keep-alives waited for it and were refused, and leases expired: once a node has
+/// its lease and registration it adds load whatever pace its later requests keep, so the
+/// pace must hold it before. Its first request, the nesting check, is read
+/// linearizably in a crowd: etcd answers it only once its apply loop has caught up with
+/// the moment it was asked, so how long it took is how far that loop is behind. A prompt
+/// answer opens the gate; a slow one (or one etcd refused as too busy) holds the node for
+/// a pause that doubles with each slow look (at least the latency seen, at most twice
+/// the TTL), drawn from half to one and a half times its value, and it looks again.
+/// Nodes held there have no lease and no registration yet: they add one read per look,
+/// nothing to renew and nothing to expire.
+#[derive(Debug)]
+pub struct Gate {
+    pause: Duration,
+    /// Answers slower than this mean etcd is behind (as [`Admission`]'s target).
+    target: Duration,
+    longest: Duration,
+    draw: u64,
+}
+
+impl Gate {
+    /// The gate of node `node_id` with lease TTL `ttl`.
+    pub fn new(node_id: &str, ttl: Duration) -> Self {
+        Self {
+            pause: Duration::ZERO,
+            target: ttl / 10,
+            longest: ttl * 2,
+            // Not the admission's draw: a node's two pauses need not coincide.
+            draw: xorshift(fnv(node_id.as_bytes()) | 1),
+        }
+    }
+
+    /// The gate's read, sent at `sent`, came back at `now` (answered, or etcd kept
+    /// refusing it as too busy until then): `None` to go on to the grant, or when to look
+    /// again.
+    pub fn looked(&mut self, sent: Instant, now: Instant) -> Option<Instant> {
+        if crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
+            return None;
+        }
+        let latency = now.saturating_duration_since(sent);
+        if latency <= self.target {
+            return None;
+        }
+        self.pause = (self.pause * 2).max(latency).min(self.longest);
+        self.draw = xorshift(self.draw);
+        Some(now + self.pause.mul_f64(0.5 + unit(self.draw)))
+    }
+}
+
+/// Whether a run of at most `max_nodes` nodes joins through the [`Gate`]: a crowd (the
+/// nodes spread their joins), unless admission is switched off.
+pub fn gated(max_nodes: u32) -> bool {
+    max_nodes > CROWD && !crate::switches::NO_ADMISSION.with(std::cell::Cell::get)
+}
+
 impl Admission {
     /// The pace of node `node_id` with lease TTL `ttl`.
     pub(super) fn new(node_id: &str, ttl: Duration) -> Self {
@@ -288,6 +347,45 @@ mod tests {
         let held = a.wait(t0).expect("held");
         a.kept_alive(t0, t0 + ms(600));
         assert!(a.wait(t0 + ms(600)).expect("still held") >= held);
+    }
+
+    /// The gate opens at a prompt answer, holds the node at a slow one for a drawn pause
+    /// that doubles with each slow look up to twice the TTL, and opens again at the
+    /// first prompt one.
+    #[test]
+    fn the_gate_holds_a_node_while_etcd_answers_slowly_and_opens_at_a_prompt_answer() {
+        let mut g = Gate::new("n1", TTL);
+        let t0 = Instant::now();
+        assert_eq!(g.looked(t0, t0 + ms(40)), None, "prompt: go");
+        let mut now = t0;
+        let mut pauses = Vec::new();
+        for _ in 0..6 {
+            let answered = now + ms(700);
+            let at = g.looked(now, answered).expect("slow: held");
+            let held = at - answered;
+            pauses.push(g.pause);
+            assert!(held >= g.pause / 2 && held <= g.pause * 3 / 2, "{held:?}");
+            now = at;
+        }
+        assert_eq!(
+            pauses,
+            [ms(700), ms(1400), ms(2800), ms(5600), TTL * 2, TTL * 2]
+        );
+        assert_eq!(g.looked(now, now + ms(10)), None, "prompt again: go");
+    }
+
+    /// Two nodes held by the same slow answer look again at different moments: a crowd
+    /// held together does not come back together.
+    #[test]
+    fn nodes_held_together_look_again_apart() {
+        let t0 = Instant::now();
+        let at: std::collections::BTreeSet<Instant> = (0..50)
+            .map(|i| {
+                let mut g = Gate::new(&format!("node-{i}"), TTL);
+                g.looked(t0, t0 + ms(900)).expect("held")
+            })
+            .collect();
+        assert!(at.len() > 45, "{} distinct moments of 50", at.len());
     }
 
     #[test]

@@ -67,7 +67,7 @@ mod sync;
 mod tests;
 mod watches;
 
-pub use admission::{CROWD, join_delay, place_in_crowd};
+pub use admission::{CROWD, Gate, gated, join_delay, place_in_crowd};
 // The join spread's numbers, which the simulator runs scaled down.
 #[cfg(feature = "sim")]
 pub use admission::{JOINS_PER_SECOND, spread};
