@@ -35,7 +35,9 @@
 //! takes the least a formation must do (a lease kept alive, a registration and a watch per
 //! node), whatever the protocol does above it, and a last line `nodes=N renewals=<count>
 //! leases_lapsed=<count>` what keeping the leases cost and that none lapsed
-//! (`--ceiling-renew once` renews once and keeps the streams open: the floor before issue
+//! (`--ceiling-hold S` keeps every lease alive S seconds more first, with its watch open:
+//! whether this etcd holds N leases at all, not only while they come; `held_s=S` on the
+//! line) (`--ceiling-renew once` renews once and keeps the streams open: the floor before issue
 //! 53's seventh sitting, whose early leases lapsed in a run longer than a TTL). At most
 //! `--inflight K` nodes (default 500) are between their first request and their last at
 //! once: with all N at once, etcd's limiter refuses tens of thousands of requests at
@@ -58,7 +60,7 @@
 //! [`fsdp_rendezvous::etcd::PLACEMENT_ABOVE`]).
 //!
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill [--settle S]] [--ttl S]
-//! [--ceiling [--inflight K] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once]
+//! [--ceiling [--inflight K] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once] [--ceiling-hold S]
 //! [--ceiling-round whole|placement|header]]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
 
@@ -94,6 +96,7 @@ fn main() {
         keep_alive: true,
         renew_once: false,
         round: None,
+        hold: Duration::ZERO,
     };
     while let Some(a) = args.next() {
         let mut v = || {
@@ -135,6 +138,12 @@ fn main() {
                     ));
                 };
                 steps.round = Some(shape);
+            }
+            "--ceiling-hold" => {
+                let secs = v().parse::<f64>().unwrap_or_else(|_| {
+                    refuse("--ceiling-hold takes seconds (e.g. 30)");
+                });
+                steps.hold = Duration::from_secs_f64(secs);
             }
             "--ceiling-renew" => {
                 steps.renew_once = match v().as_str() {
@@ -300,6 +309,9 @@ struct CeilingSteps {
     renew_once: bool,
     /// And a sealed round, in this shape, once every node is there.
     round: Option<RoundShape>,
+    /// How long every lease is then kept alive before the count of lapsed ones: whether
+    /// this etcd holds N leases at all, not only while they come.
+    hold: Duration,
 }
 
 /// How a sealed round reaches its members (`--ceiling-round`).
@@ -451,6 +463,7 @@ async fn etcd_ceiling(
             .collect();
         seal_round(conns, run_id, shape, watches).await;
     }
+    tokio::time::sleep(steps.hold).await;
     drop(watches);
     let _ = stop.send(true);
     let (mut renewals, mut lapsed) = (0, 0);
@@ -465,7 +478,8 @@ async fn etcd_ceiling(
     } else {
         "unchecked".to_owned()
     };
-    println!("nodes={nodes} renewals={renewals} leases_lapsed={lapsed}");
+    let held_s = steps.hold.as_secs_f64();
+    println!("nodes={nodes} held_s={held_s} renewals={renewals} leases_lapsed={lapsed}");
     let mut tasks = tokio::task::JoinSet::new();
     for (i, lease) in leases.into_iter().enumerate() {
         let mut c = conns[i % conns.len()].clone();
