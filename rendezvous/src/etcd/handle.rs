@@ -81,8 +81,10 @@ async fn spread_out(cfg: &mut EtcdConfig) {
 
 /// The nesting check, which in a crowd is also the gate before the grant
 /// ([`session::Gate`]): read linearizably there, and again after a drawn pause for as
-/// long as etcd answers it slowly (its apply loop behind), but never past `deadline` (the
-/// join's): a node held that long joins and lets the pace after its grant hold it.
+/// long as etcd answers it slowly (its apply loop behind), for at most half of what is
+/// left until `deadline` (the join's): the grant and the first sync need the rest, and a
+/// node held that long joins and lets the pace after its grant hold it. A look still
+/// unanswered then is given up, and the check made as outside a crowd.
 async fn through_gate(
     client: &mut Client,
     keys: &Keys,
@@ -90,25 +92,45 @@ async fn through_gate(
     deadline: Instant,
     counters: &Counters,
 ) -> Result<(), RendezvousError> {
-    let gated = session::gated(cfg.max_nodes);
-    let mut gate = session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl);
-    loop {
+    let mut gate =
+        session::gated(cfg.max_nodes).then(|| session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl));
+    let began = Instant::now();
+    let gate_until = began + deadline.saturating_duration_since(began) / 2;
+    let mut said = false;
+    while let Some(g) = gate.as_mut() {
         let sent = Instant::now();
+        // Asked again while too busy for as long as the join may take: the gate's own
+        // time bounds the look, and a refusal is a slow look like any other.
         let left = deadline.saturating_duration_since(sent);
-        refuse_nesting(client, keys, &cfg.prefix, left, gated).await?;
+        let look = refuse_nesting(client, keys, &cfg.prefix, left, true);
+        let Ok(looked) = tokio::time::timeout_at(gate_until.into(), look).await else {
+            break;
+        };
+        looked?;
         let now = Instant::now();
-        let again = if gated { gate.looked(sent, now) } else { None };
-        let Some(at) = again.filter(|at| *at < deadline) else {
+        let Some(at) = g.looked(sent, now).filter(|at| *at < gate_until) else {
             return Ok(());
         };
-        tracing::debug!(
-            answered_in_ms = now.duration_since(sent).as_millis() as u64,
-            "etcd is behind; holding this node's join"
-        );
+        let answered_in_ms = now.duration_since(sent).as_millis() as u64;
+        if !said {
+            // Once: a node held for minutes must not look hung, nor log every look.
+            said = true;
+            tracing::info!(
+                answered_in_ms,
+                "etcd is behind; holding this node's join until it catches up"
+            );
+        } else {
+            tracing::debug!(
+                answered_in_ms,
+                "etcd is still behind; holding this node's join"
+            );
+        }
         let held = u64::try_from(at.duration_since(now).as_nanos()).unwrap_or(u64::MAX);
         counters.gated_ns.fetch_add(held, Ordering::Relaxed);
         tokio::time::sleep_until(at.into()).await;
     }
+    let left = deadline.saturating_duration_since(Instant::now());
+    refuse_nesting(client, keys, &cfg.prefix, left, false).await
 }
 
 /// The membership lease granted at join, and when: the session maps the moment of the
@@ -227,7 +249,8 @@ impl EtcdRendezvous {
     async fn joined_over(mut client: Client, cfg: EtcdConfig) -> Result<Self, RendezvousError> {
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
         // Asked again while etcd says it is too busy, and waited for, for as long as the
-        // join may take (one deadline for the three): a crowd's grants were refused, and
+        // join may take (one deadline for the nesting check, the gate, the grant and the
+        // first read): a crowd's grants were refused, and
         // its first reads unanswered, past the connection's retry window at 10,000 and
         // 20,000 nodes, and each node that gave up was an agent that exited.
         let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
@@ -453,7 +476,7 @@ fn nesting_reads(
 /// Refuses to start a run whose keys would lie inside another run's (its prefix is
 /// below another run's root) or around one (another run's prefix is below this run's
 /// root): the outer run would read the inner one's keys as its own. One read-only
-/// transaction, once, at start: a count per level of the prefix (its `members/` and
+/// transaction at start (once per look at a crowd's gate): a count per level of the prefix (its `members/` and
 /// `ctl/`) and the keys of the four gaps between this run's own keys, none of them O(N).
 /// Reading every key under the root made the k-th agent to join read k registrations,
 /// 50 million keys in all for 10,000 agents; and as eight reads they were

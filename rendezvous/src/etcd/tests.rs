@@ -460,8 +460,7 @@ fn charges_etcd_lost_are_handed_over_when_the_next_round_is_numbered_lower() {
         Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (5, 4)),
         other => panic!("expected round 5 handed over, got {other:?}"),
     }
-    // Within the budget, the loop asks for the round after the one etcd shows, and runs
-    // it: the charges were told once.
+    // Within the budget, the loop asks for the round after the one etcd shows.
     let v = round_view(4, &["me", "b"], 0);
     assert!(matches!(w.begin(&v, now), Action::Register { wants: 5 }));
 }

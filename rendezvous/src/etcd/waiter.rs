@@ -171,7 +171,11 @@ impl Waiter {
                 // decided the budget by it; so does this node, first. Its number says
                 // nothing: etcd counts rounds again from what it kept, so the round that
                 // lost the charges may be numbered below the one that made them (seed
-                // 1456934009), and within one life of etcd counts never go down.
+                // 1456934009). Within one life of etcd counts never go down, but a view
+                // can (a resync's serializable read from a member behind): a newer round
+                // handed over then is one this node was sealed into, with its own count,
+                // so it gives up only where that round's members do, and otherwise asks
+                // for the next round as before.
                 let lost_charges = self
                     .sealed_in
                     .clone()

@@ -255,6 +255,9 @@ impl World {
 
     /// Whether agent `a`'s process waits before its grant, as the handle's does: its
     /// spread, once per process, then the gate; its start comes again when it may go on.
+    /// (Unlike the handle's, the gate has no deadline here, and a start the schedule
+    /// plans meanwhile looks again at once: the gate is on in crowd runs only, which plan
+    /// no other faults.)
     fn waits_before_join(&mut self, a: usize, now: Instant) -> bool {
         // The handle's spread before its first request ([`crate::etcd::session::join_delay`]),
         // once per process.

@@ -35,9 +35,9 @@
 //! takes the least a formation must do (a lease kept alive, a registration and a watch per
 //! node), whatever the protocol does above it, and a last line `nodes=N renewals=<count>
 //! leases_lapsed=<count>` what keeping the leases cost and that none lapsed
-//! (`--ceiling-hold S` keeps every lease alive S seconds more first, with its watch open:
-//! whether this etcd holds N leases at all, not only while they come; `held_s=S` on the
-//! line) (`--ceiling-renew once` renews once and keeps the streams open: the floor before issue
+//! (`--ceiling-hold S` keeps every lease renewed S seconds more first, and its watch open
+//! unless a round took it: whether this etcd holds N leases at all, not only while they
+//! come; `held_s=S` ends the line) (`--ceiling-renew once` renews once and keeps the streams open: the floor before issue
 //! 53's seventh sitting, whose early leases lapsed in a run longer than a TTL). At most
 //! `--inflight K` nodes (default 500) are between their first request and their last at
 //! once: with all N at once, etcd's limiter refuses tens of thousands of requests at
@@ -140,10 +140,11 @@ fn main() {
                 steps.round = Some(shape);
             }
             "--ceiling-hold" => {
-                let secs = v().parse::<f64>().unwrap_or_else(|_| {
-                    refuse("--ceiling-hold takes seconds (e.g. 30)");
-                });
-                steps.hold = Duration::from_secs_f64(secs);
+                steps.hold = v()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .unwrap_or_else(|| refuse("--ceiling-hold takes seconds (e.g. 30)"));
             }
             "--ceiling-renew" => {
                 steps.renew_once = match v().as_str() {
@@ -479,7 +480,7 @@ async fn etcd_ceiling(
         "unchecked".to_owned()
     };
     let held_s = steps.hold.as_secs_f64();
-    println!("nodes={nodes} held_s={held_s} renewals={renewals} leases_lapsed={lapsed}");
+    println!("nodes={nodes} renewals={renewals} leases_lapsed={lapsed} held_s={held_s}");
     let mut tasks = tokio::task::JoinSet::new();
     for (i, lease) in leases.into_iter().enumerate() {
         let mut c = conns[i % conns.len()].clone();
