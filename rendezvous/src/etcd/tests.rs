@@ -384,6 +384,37 @@ fn another_seal_under_the_held_number_is_handed_over_before_the_next_round() {
     assert!(matches!(w.begin(&v, now), Action::Register { wants: 5 }));
 }
 
+/// A waiter that waited for round 4 after round 3 and saw `seen` (each a round naming
+/// it, not started), then `fresh` (etcd's next round after it lost its data, naming it
+/// first): what it does once `fresh`'s master is there.
+fn once_charges_are_lost(
+    w: &mut super::waiter::Waiter,
+    seen: &[View],
+    fresh: &View,
+) -> Result<super::waiter::Action, crate::RendezvousError> {
+    use super::waiter::Action;
+    let now = Instant::now();
+    let v = round_view(3, &["a", "me"], 3);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
+    for v in seen {
+        assert!(matches!(w.on_view(v, now), Ok(Action::Wait)));
+    }
+    let number = fresh.round.as_ref().unwrap().record.number;
+    assert!(matches!(
+        w.on_view(fresh, now),
+        Ok(Action::PublishMaster { round }) if round == number
+    ));
+    let mut v = fresh.clone();
+    v.master = Some(master_of(number));
+    w.on_view(&v, now)
+}
+
+/// `view` with its round's seal time set to `ms`.
+fn sealed_at(mut view: View, ms: u64) -> View {
+    std::sync::Arc::make_mut(&mut view.round.as_mut().unwrap().record).sealed_at_ms = ms;
+    view
+}
+
 /// Found by the simulator (seed 3805): a member of a placed round that spent the budget
 /// (it holds its own part, too little to put the round back) saw etcd come back empty
 /// before the round started; the next round, sealed from what etcd had left, named it
@@ -393,37 +424,16 @@ fn another_seal_under_the_held_number_is_handed_over_before_the_next_round() {
 #[test]
 fn a_round_whose_charges_etcd_lost_is_handed_over_before_the_next_one_runs() {
     use super::waiter::Action;
-    let now = Instant::now();
-    let mut w = waiter();
-    let v = round_view(3, &["a", "me"], 3);
-    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
-    let v = round_view(4, &["a", "me"], 4);
-    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
-    // etcd lost its data: round 5, sealed without the charges, names this node; its
-    // master comes at a later look.
-    let v = round_view(5, &["me", "b"], 0);
-    assert!(matches!(
-        w.on_view(&v, now),
-        Ok(Action::PublishMaster { round: 5 })
-    ));
-    let mut v = round_view(5, &["me", "b"], 0);
-    v.master = Some(master_of(5));
-    match w.on_view(&v, now) {
+    let seen = [round_view(4, &["a", "me"], 4)];
+    match once_charges_are_lost(&mut waiter(), &seen, &round_view(5, &["me", "b"], 0)) {
         Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (4, 4)),
         other => panic!("expected round 4 handed over, got {other:?}"),
     }
     // The same with another seal under the number of the round that charged them (seed
     // 487326625).
-    let mut w = waiter();
-    let v = round_view(3, &["a", "me"], 3);
-    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
-    let mut v = round_view(4, &["a", "me"], 4);
-    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).sealed_at_ms = 1_000;
-    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
-    let mut v = round_view(4, &["me", "b"], 0);
-    std::sync::Arc::make_mut(&mut v.round.as_mut().unwrap().record).sealed_at_ms = 2_000;
-    v.master = Some(master_of(4));
-    match w.on_view(&v, now) {
+    let seen = [sealed_at(round_view(4, &["a", "me"], 4), 1_000)];
+    let fresh = sealed_at(round_view(4, &["me", "b"], 0), 2_000);
+    match once_charges_are_lost(&mut waiter(), &seen, &fresh) {
         Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (4, 4)),
         other => panic!("expected the first round 4 handed over, got {other:?}"),
     }
@@ -439,30 +449,21 @@ fn a_round_whose_charges_etcd_lost_is_handed_over_before_the_next_one_runs() {
 #[test]
 fn charges_etcd_lost_are_handed_over_when_the_next_round_is_numbered_lower() {
     use super::waiter::Action;
-    let now = Instant::now();
     let mut w = waiter();
-    let v = round_view(3, &["a", "me"], 3);
-    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
-    let v = round_view(4, &["a", "me"], 4);
-    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
-    let v = round_view(5, &["a", "me"], 4);
-    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
-    // etcd lost its data: round 4 again, sealed without the charges, names this node
-    // first; its master comes at a later look.
-    let v = round_view(4, &["me", "b"], 0);
-    assert!(matches!(
-        w.on_view(&v, now),
-        Ok(Action::PublishMaster { round: 4 })
-    ));
-    let mut v = round_view(4, &["me", "b"], 0);
-    v.master = Some(master_of(4));
-    match w.on_view(&v, now) {
+    let seen = [
+        round_view(4, &["a", "me"], 4),
+        round_view(5, &["a", "me"], 4),
+    ];
+    let fresh = round_view(4, &["me", "b"], 0);
+    match once_charges_are_lost(&mut w, &seen, &fresh) {
         Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (5, 4)),
         other => panic!("expected round 5 handed over, got {other:?}"),
     }
     // Within the budget, the loop asks for the round after the one etcd shows.
-    let v = round_view(4, &["me", "b"], 0);
-    assert!(matches!(w.begin(&v, now), Action::Register { wants: 5 }));
+    assert!(matches!(
+        w.begin(&fresh, Instant::now()),
+        Action::Register { wants: 5 }
+    ));
 }
 
 /// A member's copy of a placed round lists itself and its neighbour: a later round
