@@ -96,25 +96,37 @@ async fn through_gate(
         session::gated(cfg.max_nodes).then(|| session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl));
     let began = Instant::now();
     let gate_until = began + deadline.saturating_duration_since(began) / 2;
-    let mut said = false;
+    // From the first slow look's answer: slow looks after it count as held too.
+    let mut held_since = None;
+    let held = |since: Option<Instant>| {
+        let ns = since.map_or(0, |s| {
+            Instant::now().saturating_duration_since(s).as_nanos()
+        });
+        counters
+            .gated_ns
+            .fetch_add(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Relaxed);
+    };
     while let Some(g) = gate.as_mut() {
         let sent = Instant::now();
-        // Asked again while too busy for as long as the join may take: the gate's own
-        // time bounds the look, and a refusal is a slow look like any other.
+        // A refusal is asked again within the look (the join's own backoff), and the
+        // look then counts as slow; the gate's time bounds it.
         let left = deadline.saturating_duration_since(sent);
         let look = refuse_nesting(client, keys, &cfg.prefix, left, true);
         let Ok(looked) = tokio::time::timeout_at(gate_until.into(), look).await else {
+            tracing::info!("etcd is still behind at half the join timeout; joining anyway");
+            held(held_since.or(Some(sent)));
             break;
         };
         looked?;
         let now = Instant::now();
         let Some(at) = g.looked(sent, now).filter(|at| *at < gate_until) else {
+            held(held_since);
             return Ok(());
         };
         let answered_in_ms = now.duration_since(sent).as_millis() as u64;
-        if !said {
+        if held_since.is_none() {
             // Once: a node held for minutes must not look hung, nor log every look.
-            said = true;
+            held_since = Some(now);
             tracing::info!(
                 answered_in_ms,
                 "etcd is behind; holding this node's join until it catches up"
@@ -125,8 +137,6 @@ async fn through_gate(
                 "etcd is still behind; holding this node's join"
             );
         }
-        let held = u64::try_from(at.duration_since(now).as_nanos()).unwrap_or(u64::MAX);
-        counters.gated_ns.fetch_add(held, Ordering::Relaxed);
         tokio::time::sleep_until(at.into()).await;
     }
     let left = deadline.saturating_duration_since(Instant::now());
@@ -476,7 +486,8 @@ fn nesting_reads(
 /// Refuses to start a run whose keys would lie inside another run's (its prefix is
 /// below another run's root) or around one (another run's prefix is below this run's
 /// root): the outer run would read the inner one's keys as its own. One read-only
-/// transaction at start (once per look at a crowd's gate): a count per level of the prefix (its `members/` and
+/// transaction at start (at a crowd's gate, once per look, and once more if a look is
+/// given up): a count per level of the prefix (its `members/` and
 /// `ctl/`) and the keys of the four gaps between this run's own keys, none of them O(N).
 /// Reading every key under the root made the k-th agent to join read k registrations,
 /// 50 million keys in all for 10,000 agents; and as eight reads they were

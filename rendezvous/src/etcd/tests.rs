@@ -385,8 +385,9 @@ fn another_seal_under_the_held_number_is_handed_over_before_the_next_round() {
 }
 
 /// A waiter that waited for round 4 after round 3 and saw `seen` (each a round naming
-/// it, not started), then `fresh` (etcd's next round after it lost its data, naming it
-/// first): what it does once `fresh`'s master is there.
+/// it, not started), then `fresh` (the round etcd sealed after it lost its data, naming
+/// it first), first without its master (the waiter publishes it), then with it: what it
+/// does then.
 fn once_charges_are_lost(
     w: &mut super::waiter::Waiter,
     seen: &[View],
@@ -429,11 +430,17 @@ fn a_round_whose_charges_etcd_lost_is_handed_over_before_the_next_one_runs() {
         Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (4, 4)),
         other => panic!("expected round 4 handed over, got {other:?}"),
     }
-    // The same with another seal under the number of the round that charged them (seed
-    // 487326625).
-    let seen = [sealed_at(round_view(4, &["a", "me"], 4), 1_000)];
-    let fresh = sealed_at(round_view(4, &["me", "b"], 0), 2_000);
-    match once_charges_are_lost(&mut waiter(), &seen, &fresh) {
+    // The same with another seal under the number of the round that charged them, its
+    // master there at the first look (seed 487326625).
+    let now = Instant::now();
+    let mut w = waiter();
+    let v = round_view(3, &["a", "me"], 3);
+    assert!(matches!(w.begin(&v, now), Action::Register { wants: 4 }));
+    let v = sealed_at(round_view(4, &["a", "me"], 4), 1_000);
+    assert!(matches!(w.on_view(&v, now), Ok(Action::Wait)));
+    let mut v = sealed_at(round_view(4, &["me", "b"], 0), 2_000);
+    v.master = Some(master_of(4));
+    match w.on_view(&v, now) {
         Ok(Action::Charged(r)) => assert_eq!((r.number, r.restart_count), (4, 4)),
         other => panic!("expected the first round 4 handed over, got {other:?}"),
     }

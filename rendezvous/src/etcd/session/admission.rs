@@ -141,11 +141,12 @@ fn unit(x: u64) -> f64 {
 /// pace must hold it before. Its first request, the nesting check, is read
 /// linearizably in a crowd: etcd answers it only once its apply loop has caught up with
 /// the moment it was asked, so how long it took is how far that loop is behind. A prompt
-/// answer opens the gate; a slow one (or one etcd refused as too busy) holds the node for
-/// a pause that doubles with each slow look (at least the latency seen, at most twice
-/// the TTL), drawn from half to one and a half times its value, and it looks again.
-/// Nodes held there have no lease and no registration yet: they add one read per look,
-/// nothing to renew and nothing to expire.
+/// answer opens the gate; a slow one (a refusal as too busy is asked again within the
+/// look, with the join's backoff, and makes it slow) holds the node for a pause that
+/// doubles with each slow look (at least the latency seen, at most twice the TTL), drawn
+/// from half to one and a half times its value, and it looks again. Nodes held there
+/// have no lease and no registration yet: they add reads, nothing to renew and nothing
+/// to expire.
 #[derive(Debug)]
 pub struct Gate {
     pause: Duration,
