@@ -274,7 +274,7 @@ impl World {
         // The handle's gate ([`crate::etcd::session::Gate`]): its nesting read, linearizable
         // in a crowd, is answered once the apply loop caught up; a late answer holds the
         // node a drawn pause before it looks again.
-        if self.opts.max_nodes > crowd {
+        if crate::etcd::session::a_crowd(self.opts.max_nodes, crowd) {
             let lag = self.etcd.lag(now);
             let gate = self.agents[a]
                 .gate

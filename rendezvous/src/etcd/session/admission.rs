@@ -96,7 +96,7 @@ pub fn join_delay(node_id: &str, max_nodes: u32) -> Duration {
 
 /// [`join_delay`] with its two numbers given (the simulator runs them scaled down).
 pub fn spread(node_id: &str, max_nodes: u32, crowd: u32, per_second: u32) -> Duration {
-    if max_nodes <= crowd || crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
+    if !a_crowd(max_nodes, crowd) {
         return Duration::ZERO;
     }
     let span = Duration::from_secs_f64(f64::from(max_nodes) / f64::from(per_second.max(1)));
@@ -172,9 +172,6 @@ impl Gate {
     /// refusing it as too busy until then): `None` to go on to the grant, or when to look
     /// again.
     pub fn looked(&mut self, sent: Instant, now: Instant) -> Option<Instant> {
-        if crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
-            return None;
-        }
         let latency = now.saturating_duration_since(sent);
         if latency <= self.target {
             return None;
@@ -188,7 +185,14 @@ impl Gate {
 /// Whether a run of at most `max_nodes` nodes joins through the [`Gate`]: a crowd (the
 /// nodes spread their joins), unless admission is switched off.
 pub fn gated(max_nodes: u32) -> bool {
-    max_nodes > CROWD && !crate::switches::NO_ADMISSION.with(std::cell::Cell::get)
+    a_crowd(max_nodes, CROWD)
+}
+
+/// Whether a run of at most `max_nodes` nodes is a crowd of more than `crowd` whose joins
+/// are spread and gated (the simulator gives its own, scaled-down `crowd`), unless
+/// admission is switched off.
+pub fn a_crowd(max_nodes: u32, crowd: u32) -> bool {
+    max_nodes > crowd && !crate::switches::NO_ADMISSION.with(std::cell::Cell::get)
 }
 
 impl Admission {

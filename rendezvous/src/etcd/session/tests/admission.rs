@@ -185,8 +185,7 @@ fn registered(runs: bool) -> Harness {
     let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
     h.register(1, 0, true);
     if runs {
-        let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
-        replied_ok(&h.command(2, Command::Running { round }), 2);
+        replied_ok(&h.runs(2, round(1, &[("a", 1), ("b", 1)])), 2);
     }
     h
 }

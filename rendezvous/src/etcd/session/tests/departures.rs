@@ -165,8 +165,7 @@ fn a_node_leaving_a_round_its_members_know_broke_says_nothing() {
     let r = round(4, &[("a", 1), ("b", 1), ("c", 1)]);
     let leave = |b_word: Kv| {
         let mut h = Harness::synced_with(&[round_kv(&r, 7), b_word]);
-        let running = std::sync::Arc::new(r.clone());
-        h.command(2, Command::Running { round: running });
+        h.runs(2, r.clone());
         let e = h.command(3, depart(Departure::Left, crate::LeftKind::Left));
         let Op::Depart { record, lease } = the_op(&e) else {
             panic!("a departure: {e:?}")

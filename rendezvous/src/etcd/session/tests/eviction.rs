@@ -9,12 +9,7 @@ use super::*;
 #[test]
 fn abandon_makes_the_next_sync_say_why_then_revoke_then_grant_then_read() {
     let mut h = Harness::synced();
-    h.command(
-        9,
-        Command::Running {
-            round: std::sync::Arc::new(round(3, &[("a", 1), ("b", 1)])),
-        },
-    );
+    h.runs(9, round(3, &[("a", 1), ("b", 1)]));
     let e = h.command(1, abandon());
     replied_ok(&e, 1);
     assert!(closes_watches(&e));
@@ -200,12 +195,7 @@ fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
     let k = keys();
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.register(1, 4, true);
-    h.command(
-        2,
-        Command::Running {
-            round: std::sync::Arc::new(round(4, &[("a", 1), ("b", 1)])),
-        },
-    );
+    h.runs(2, round(4, &[("a", 1), ("b", 1)]));
     let e = h.command(3, depart(Departure::Left, crate::LeftKind::Left));
     let Op::Depart {
         record: Some(spec),
@@ -247,12 +237,7 @@ fn depart_while_running_records_the_leave_beside_the_revoke_and_ends() {
 #[test]
 fn depart_after_finishing_sends_no_gone_record() {
     let mut h = Harness::synced();
-    h.command(
-        1,
-        Command::Running {
-            round: std::sync::Arc::new(round(4, &[("a", 1)])),
-        },
-    );
+    h.runs(1, round(4, &[("a", 1)]));
     let e = h.command(2, depart(Departure::Finished, crate::LeftKind::Finished));
     let Op::Depart {
         record: Some(spec),

@@ -78,8 +78,7 @@ fn a_running_node_registered_again_asks_for_the_round_it_runs() {
     let k = keys();
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.register(1, 0, true);
-    let round = std::sync::Arc::new(round(7, &[("a", 1), ("b", 1)]));
-    replied_ok(&h.command(2, Command::Running { round }), 2);
+    replied_ok(&h.runs(2, round(7, &[("a", 1), ("b", 1)])), 2);
     let e = h.step(Input::LeaseAnswer(None));
     assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
     let e = h.answer(Answer::Granted { id: 300 });
@@ -140,12 +139,7 @@ fn a_lease_answer_of_none_without_a_registration_only_grants_and_resyncs() {
 fn a_lease_gone_after_safe_until_while_running_records_this_nodes_departure() {
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.register(1, 1, true);
-    h.command(
-        2,
-        Command::Running {
-            round: std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)])),
-        },
-    );
+    h.runs(2, round(1, &[("a", 1), ("b", 1)]));
     // Safe until t0 + 6 s: from then on etcd may have expired it.
     h.at_ms(6_500);
     h.step(Input::LeaseAnswer(None));
@@ -162,12 +156,7 @@ fn a_lease_gone_after_safe_until_while_running_records_this_nodes_departure() {
 fn a_lease_gone_before_safe_until_records_no_departure() {
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.register(1, 1, true);
-    h.command(
-        2,
-        Command::Running {
-            round: std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)])),
-        },
-    );
+    h.runs(2, round(1, &[("a", 1), ("b", 1)]));
     // etcd cannot have expired it yet: it lost its data, and nobody saw this node leave.
     h.at_ms(3_000);
     let e = h.step(Input::LeaseAnswer(None));
@@ -178,8 +167,7 @@ fn a_lease_gone_before_safe_until_records_no_departure() {
 /// A synced node that runs a round (its workers are what a probe's proof spares).
 fn running() -> Harness {
     let mut h = Harness::synced();
-    let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
-    replied_ok(&h.command(90, Command::Running { round }), 90);
+    replied_ok(&h.runs(90, round(1, &[("a", 1), ("b", 1)])), 90);
     h
 }
 

@@ -404,6 +404,16 @@ impl Harness {
         self.step(Input::Command(id, command))
     }
 
+    /// Tells the session, as command `id`, that this agent runs `round`.
+    pub(super) fn runs(&mut self, id: CommandId, round: v1::Round) -> Vec<Effect> {
+        self.command(
+            id,
+            Command::Running {
+                round: Arc::new(round),
+            },
+        )
+    }
+
     pub(super) fn timer(&mut self) -> Vec<Effect> {
         self.step(Input::Timer)
     }

@@ -70,12 +70,7 @@ fn a_permanent_error_is_the_reply() {
 fn running_and_abandon_are_served_while_disconnected_and_other_commands_wait() {
     let mut h = Harness::synced();
     h.disconnect();
-    let e = h.command(
-        1,
-        Command::Running {
-            round: std::sync::Arc::new(round(2, &[("a", 1)])),
-        },
-    );
+    let e = h.runs(1, round(2, &[("a", 1)]));
     replied_ok(&e, 1);
     no_op(&e);
     let e = h.command(2, abandon());
@@ -117,12 +112,7 @@ fn depart_is_served_while_disconnected() {
 #[test]
 fn a_fenced_node_that_leaves_before_it_could_say_so_says_it_in_its_departure() {
     let mut h = Harness::synced();
-    h.command(
-        9,
-        Command::Running {
-            round: std::sync::Arc::new(round(3, &[("a", 1), ("b", 1)])),
-        },
-    );
+    h.runs(9, round(3, &[("a", 1), ("b", 1)]));
     h.disconnect();
     replied_ok(&h.command(1, abandon()), 1);
     let e = h.command(2, depart(Departure::Left, crate::LeftKind::Left));
@@ -238,12 +228,7 @@ fn after_an_outage_the_grace_timer_reads_member_keys_and_departs_absent_round_me
     let (mut h, _) = Harness::with(|c| c.can_probe = false).first_sync(&[coordinator_kv("b", 200)]);
     h.register(1, 1, true);
     let mine = round(1, &[("a", 1), ("b", 1)]);
-    h.command(
-        2,
-        Command::Running {
-            round: std::sync::Arc::new(mine.clone()),
-        },
-    );
+    h.runs(2, mine.clone());
     h.disconnect();
     let e = h.fire();
     let grace = h.now + TTL + SECOND;
@@ -305,12 +290,7 @@ fn a_running_round_missing_after_a_resync_is_republished() {
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.register(1, 1, true);
     let mine = round(1, &[("a", 1), ("b", 1)]);
-    h.command(
-        2,
-        Command::Running {
-            round: std::sync::Arc::new(mine.clone()),
-        },
-    );
+    h.runs(2, mine.clone());
     let e = h.step(Input::WatchEnded);
     // etcd came back empty: neither our registration nor our round is there.
     let (_, e) = h.sync_through(e, &[]);
@@ -329,12 +309,7 @@ fn an_evicted_node_records_its_departure_and_registers_as_the_next_incarnation()
     let mut h = Harness::synced_with(&[coordinator_kv("b", 200)]);
     h.register(1, 1, true);
     let mine = round(1, &[("a", 1), ("b", 1)]);
-    h.command(
-        2,
-        Command::Running {
-            round: std::sync::Arc::new(mine.clone()),
-        },
-    );
+    h.runs(2, mine.clone());
     h.later(SECOND);
     let e = h.step(Input::WatchEnded);
     // The lease lives and the round is there, but our key is gone: someone deleted it.

@@ -15,12 +15,7 @@ fn running_round_one() -> Harness {
         coordinator_kv("b", 200),
     ]);
     h.register(1, 1, true);
-    h.command(
-        2,
-        Command::Running {
-            round: std::sync::Arc::new(r),
-        },
-    );
+    h.runs(2, r);
     h
 }
 
