@@ -315,17 +315,26 @@ fn write(w: &Write) -> pb::RequestOp {
 }
 
 fn compare(c: &Compare) -> pb::Compare {
-    let (key, target, union) = match c {
-        Compare::Absent(k) => (k, CompareTarget::Version, TargetUnion::Version(0)),
-        Compare::ModRevision(k, rev) => (k, CompareTarget::Mod, TargetUnion::ModRevision(*rev)),
-        Compare::Lease(k, id) => (k, CompareTarget::Lease, TargetUnion::Lease(*id)),
-    };
-    pb::Compare {
+    let equal = |k: &String, target: CompareTarget, union| pb::Compare {
         result: CompareResult::Equal as i32,
         target: target as i32,
-        key: key.as_bytes().to_vec(),
+        key: k.as_bytes().to_vec(),
         range_end: Vec::new(),
         target_union: Some(union),
+    };
+    match c {
+        Compare::Absent(k) => equal(k, CompareTarget::Version, TargetUnion::Version(0)),
+        Compare::ModRevision(k, rev) => {
+            equal(k, CompareTarget::Mod, TargetUnion::ModRevision(*rev))
+        }
+        Compare::Lease(k, id) => equal(k, CompareTarget::Lease, TargetUnion::Lease(*id)),
+        Compare::NoneWrittenAfter { from, to, rev } => pb::Compare {
+            result: CompareResult::Less as i32,
+            target: CompareTarget::Mod as i32,
+            key: from.as_bytes().to_vec(),
+            range_end: to.as_bytes().to_vec(),
+            target_union: Some(TargetUnion::ModRevision(rev.saturating_add(1))),
+        },
     }
 }
 

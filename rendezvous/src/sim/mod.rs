@@ -22,7 +22,7 @@
 
 mod agent;
 mod check;
-mod etcd;
+pub(crate) mod etcd;
 pub mod faults;
 mod net;
 mod rng;

@@ -26,7 +26,9 @@
 //! settled_s=<seconds>` gives the time from the loss to every survivor holding the next
 //! round, the writes that took, the median survivor's and the 99th percentile's times, and
 //! how long the round ran before the loss: `--settle S` (default 0, the loss at once; a
-//! loss at the seal meets the formation's own tail).
+//! loss at the seal meets the formation's own tail). `--lose-count K` takes K nodes out
+//! at once instead of one (a rack, or a job's pods deleted together; `lose=<how>x<K>` on
+//! the line).
 //!
 //! With `--ceiling`, no rendezvous runs: each of the N nodes grants a lease, puts one key
 //! on it, opens a watch and a keep-alive stream, and renews the lease every third of a TTL
@@ -59,8 +61,8 @@
 //! a round of more than K members placed (default the agent's,
 //! [`fsdp_rendezvous::etcd::PLACEMENT_ABOVE`]).
 //!
-//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill [--settle S]] [--ttl S]
-//! [--ceiling [--inflight K] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once] [--ceiling-hold S]
+//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill [--lose-count K] [--settle S]]
+//! [--ttl S] [--ceiling [--inflight K] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once] [--ceiling-hold S]
 //! [--ceiling-round whole|placement|header]]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
 
@@ -90,6 +92,7 @@ fn main() {
     let (mut lose, mut ttl, mut ceiling) = (None::<String>, 5u64, false);
     let mut inflight = 500usize;
     let mut settle = Duration::ZERO;
+    let mut lose_count = 1usize;
     let mut placement_above = fsdp_rendezvous::etcd::PLACEMENT_ABOVE;
     let mut steps = CeilingSteps {
         watch: true,
@@ -114,6 +117,7 @@ fn main() {
                 }
                 lose = Some(said);
             }
+            "--lose-count" => lose_count = number(&a, v()),
             "--ttl" => ttl = number(&a, v()),
             "--settle" => {
                 let said = v();
@@ -188,7 +192,17 @@ fn main() {
     runtime.block_on(async move {
         let run_id = format!("bench-{}", std::process::id());
         // MIN one below MAX: the survivors of a loss re-form on their own.
-        let min = if lose.is_some() { nodes - 1 } else { nodes };
+        if lose.is_some() && !(1..nodes).contains(&lose_count) {
+            refuse(&format!(
+                "--lose-count takes 1 to {} (one node must survive), not {lose_count}",
+                nodes.saturating_sub(1)
+            ));
+        }
+        let min = if lose.is_some() {
+            nodes - lose_count
+        } else {
+            nodes
+        };
         let mut cfg = EtcdConfig::new(vec![endpoint], &run_id, min.max(1) as u32, nodes as u32);
         cfg.keep_alive_ttl = Duration::from_secs(ttl.max(1));
         cfg.straggler_timeout = cfg.keep_alive_ttl * 4;
@@ -288,7 +302,7 @@ fn main() {
             // loss at the seal is timed with the formation's own tail beside it.
             tokio::time::sleep(settle).await;
             let mut probe = conns[0].clone();
-            let survivors = reform_after_loss(held, &how, &mut probe, settle).await;
+            let survivors = reform_after_loss(held, (&how, lose_count), &mut probe, settle).await;
             leave_all(survivors, cfg.keep_alive_ttl).await;
             return;
         }
@@ -640,7 +654,7 @@ fn stalled_words(v: &fsdp_rendezvous::etcd::View, me: &str) -> String {
 /// it, so its lease expires) and times the survivors' way to the next round.
 async fn reform_after_loss(
     mut held: Vec<(EtcdRendezvous, fsdp_rendezvous::Round)>,
-    how: &str,
+    (how, count): (&str, usize),
     etcd: &mut etcd_client::Client,
     settle: Duration,
 ) -> Vec<EtcdRendezvous> {
@@ -655,19 +669,23 @@ async fn reform_after_loss(
     };
     let before = revision(etcd).await;
     let nodes = held.len();
-    // The round's last node: never the coordinator's first claim, a plain member.
+    // The round's last nodes: never the coordinator's first claim, plain members.
     held.sort_by_key(|(_, r)| r.group_rank);
-    let (mut lost, _) = held.pop().expect("at least one node");
+    let lost = held.split_off(nodes - count);
     let start = Instant::now();
-    if how == "leave" {
-        let _ = lost
-            .depart(
-                fsdp_rendezvous::Departure::Left,
-                fsdp_rendezvous::LeftReason::new(fsdp_rendezvous::LeftKind::Left, "the bench"),
-            )
-            .await;
+    // All at once, as a rack's pods deleted together leave.
+    let mut leaving = tokio::task::JoinSet::new();
+    for (mut node, _) in lost {
+        let how = how.to_owned();
+        leaving.spawn(async move {
+            if how == "leave" {
+                let why =
+                    fsdp_rendezvous::LeftReason::new(fsdp_rendezvous::LeftKind::Left, "the bench");
+                let _ = node.depart(fsdp_rendezvous::Departure::Left, why).await;
+            }
+        });
     }
-    drop(lost);
+    let world = nodes - count;
     let mut tasks = tokio::task::JoinSet::new();
     for (mut node, _) in held {
         let views = node.views();
@@ -676,10 +694,16 @@ async fn reform_after_loss(
             let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let saw = seen.clone();
             let next = async move {
-                node.changed().await.expect("the loss is seen");
-                saw.store(true, Ordering::Relaxed);
-                let round = node.next_round().await.expect("the next round");
-                (node, round, start.elapsed())
+                // Losses seen apart are re-formed apart: the round wanted is the one
+                // without them all.
+                loop {
+                    node.changed().await.expect("the loss is seen");
+                    saw.store(true, Ordering::Relaxed);
+                    let round = node.next_round().await.expect("the next round");
+                    if round.world_size as usize == world {
+                        break (node, round, start.elapsed());
+                    }
+                }
             };
             said_if_stalled(next, || {
                 let phase = if seen.load(Ordering::Relaxed) {
@@ -697,17 +721,22 @@ async fn reform_after_loss(
         let (node, round, after) = r.expect("survivor task");
         took.push(after.as_secs_f64());
         assert_eq!(
-            round.world_size as usize,
-            nodes - 1,
-            "the round without the lost node"
+            round.world_size as usize, world,
+            "the round without the lost nodes"
         );
         survivors.push(node);
     }
     let reform_s = start.elapsed().as_secs_f64();
+    while leaving.join_next().await.is_some() {}
     let writes = revision(etcd).await - before;
     let (p50, p99) = p50_p99(&mut took);
+    let many = if count > 1 {
+        format!("x{count}")
+    } else {
+        String::new()
+    };
     println!(
-        "nodes={nodes} lose={how} reform_s={reform_s:.3} reform_etcd_writes={writes} \
+        "nodes={nodes} lose={how}{many} reform_s={reform_s:.3} reform_etcd_writes={writes} \
          reform_p50_s={p50:.3} reform_p99_s={p99:.3} settled_s={:.3}",
         settle.as_secs_f64(),
     );

@@ -321,6 +321,10 @@ pub fn txn(spec: TxnSpec) -> Txn {
             Compare::Absent(key) => EtcdCompare::version(key, CompareOp::Equal, 0),
             Compare::ModRevision(key, rev) => EtcdCompare::mod_revision(key, CompareOp::Equal, rev),
             Compare::Lease(key, id) => EtcdCompare::lease(key, CompareOp::Equal, id),
+            Compare::NoneWrittenAfter { from, to, rev } => {
+                EtcdCompare::mod_revision(from, CompareOp::Less, rev.saturating_add(1))
+                    .with_range(to)
+            }
         })
         .collect();
     let then: Vec<TxnOp> = spec.then.into_iter().map(write).collect();

@@ -61,7 +61,11 @@ impl Machine {
             return;
         };
         let trim = left::trim(&self.view.left, Some(&word.tail()));
-        let txn = records::say_left(&self.cfg.keys, word, None, &trim);
+        let round = self.view.round.as_ref();
+        let since = round
+            .filter(|r| r.record.number == word.round)
+            .map(|r| r.mod_rev);
+        let txn = records::say_left(&self.cfg.keys, word, None, &trim, since);
         self.issue(Then::Todo(Todo::SayFenced), Op::Txn(txn));
     }
 

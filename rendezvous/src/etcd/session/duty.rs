@@ -33,6 +33,9 @@ pub(super) struct Duty {
     churn_said: Option<u64>,
     /// The highest round number this agent has seen: a new round is numbered past it.
     highest_round: Option<u64>,
+    /// The most restarts a round this agent saw or sealed had charged: a run's count only
+    /// grows, so a new round never counts fewer (see [`Machine::seal`]).
+    most_restarts: u32,
     /// The round the view holds and when this agent first saw it: how long ago a round
     /// was sealed, by this agent's own clock ([`v1::Round::charged_ago_ms`]); and whether
     /// it was seen while watching, that is sealed, not read at a sync.
@@ -70,6 +73,7 @@ impl Duty {
             campaign_at: None,
             churn_said: None,
             highest_round: None,
+            most_restarts: 0,
             round_seen: None,
             port: None,
             asked_at: None,
@@ -78,12 +82,14 @@ impl Duty {
         }
     }
 
-    /// The view holds round `n`, seen at `now`; `live`: while watching.
-    pub(super) fn saw_round(&mut self, n: u64, now: Instant, live: bool) {
+    /// The view holds round `r`, seen at `now`; `live`: while watching.
+    pub(super) fn saw_round(&mut self, r: &v1::Round, now: Instant, live: bool) {
+        let n = r.number;
         if self.round_seen.is_none_or(|(seen, ..)| seen != n) {
             self.round_seen = Some((n, now, live));
         }
         self.highest_round = self.highest_round.max(Some(n));
+        self.most_restarts = self.most_restarts.max(r.restart_count);
     }
 
     /// The driver's port for the next master, found at `now` (none: it found none);
@@ -271,6 +277,11 @@ impl Machine {
         if let Some(seen) = self.duty.highest_round {
             p.number = p.number.max(seen.saturating_add(1));
         }
+        // Nor fewer restarts than a round it saw or sealed: etcd that came back empty
+        // forgot the round that spent the budget, and a first seal from nothing counted
+        // 0, so a member that had not yet taken the spent round from its view ran on
+        // where the others gave up (simulator seed 208849).
+        p.restart_count = p.restart_count.max(self.duty.most_restarts);
         let record = v1::Round {
             job: self.cfg.job.clone(),
             ..round_record(
@@ -394,6 +405,7 @@ impl Machine {
                     let (number, members, restart_count) = (c.number, c.members, c.restart_count);
                     tracing::info!(round = number, members, restart_count, reason = %c.reason, "round sealed");
                     self.counters.rounds_sealed.fetch_add(1, Ordering::Relaxed);
+                    self.duty.most_restarts = self.duty.most_restarts.max(restart_count);
                     self.duty.coordinator.sealed(self.now, number, &c.reason);
                 }
             }

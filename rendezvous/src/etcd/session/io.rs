@@ -62,6 +62,8 @@ pub enum Compare {
     ModRevision(String, i64),
     /// The key lives on this lease.
     Lease(String, i64),
+    /// No key in `[from, to)` was written after revision `rev` (none at all will do).
+    NoneWrittenAfter { from: String, to: String, rev: i64 },
 }
 
 /// A write of a transaction (or alone).

@@ -220,7 +220,7 @@ impl Machine {
         self.advance();
         if let Some(r) = &self.view.round {
             let live = matches!(self.phase, Phase::Watching { .. });
-            self.duty.saw_round(r.record.number, now, live);
+            self.duty.saw_round(&r.record, now, live);
         }
         self.flight.take_effects()
     }

@@ -291,6 +291,7 @@ impl Machine {
                 &word,
                 gone.as_ref(),
                 &trim,
+                mine.map(|r| r.mod_rev),
             )),
             lease,
         }

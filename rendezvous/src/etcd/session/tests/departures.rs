@@ -295,3 +295,68 @@ fn an_unanswered_departure_ends_the_session_without_registering_again() {
     assert!(h.m.ended(), "{:?}", h.m.phase());
     no_op(&e);
 }
+
+/// Members of one round that leave together each built their departure before any word
+/// of the others reached them, so each view says its word is news. At 10,000 members
+/// every word under `ctl/` is sent to each of them (0.1–0.9 s of etcd's apply loop a
+/// word): 50 leaving at once stalled etcd past the TTL, the survivors' renewals waited
+/// for it, and the run collapsed (`rdzv-bench --lose leave --lose-count 50`). In etcd's
+/// own order only the first is news: the others' transactions write nothing.
+#[cfg(feature = "sim")]
+#[test]
+fn members_leaving_together_say_one_word_in_etcd() {
+    use fsdp_store::state::State;
+    let r = round(4, &[("a", 1), ("b", 1), ("c", 1)]);
+    let leaving = |me: &str| {
+        let (mut h, _) = Harness::with(|c| c.node_id = me.into()).first_sync(&[round_kv(&r, 7)]);
+        h.runs(2, r.clone());
+        let e = h.command(3, depart(Departure::Left, crate::LeftKind::Left));
+        let Op::Depart {
+            record: Some(spec), ..
+        } = the_op(&e)
+        else {
+            panic!("{me}'s word: {e:?}")
+        };
+        spec
+    };
+    let (a, b) = (leaving("a"), leaving("b"));
+    let mut etcd = State::new();
+    // Words of an older round up to the round's own revision (the store starts at 1):
+    // they break nothing of this one.
+    for i in 0..6 {
+        let older = said("x", i, v1::LeftKind::Left);
+        let key = keys().key::<v1::Left>(&left_tail("x", i));
+        etcd.put(fsdp_proto::etcdserverpb::PutRequest {
+            key: key.into_bytes(),
+            value: fsdp_proto::encode(&older),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    assert_eq!(
+        etcd.revision(),
+        7,
+        "the older words end at the round's revision"
+    );
+    let first = etcd.txn(crate::sim::etcd::txn(&a)).unwrap();
+    let second = etcd.txn(crate::sim::etcd::txn(&b)).unwrap();
+    let words = |etcd: &State| {
+        let prefix = keys().key::<v1::Left>("");
+        let end = crate::sim::etcd::prefix_end(prefix.as_bytes());
+        let got = etcd
+            .range(&fsdp_proto::etcdserverpb::RangeRequest {
+                key: prefix.into_bytes(),
+                range_end: end,
+                ..Default::default()
+            })
+            .unwrap();
+        got.kvs
+            .iter()
+            .filter_map(|kv| v1::Left::decode(kv.value.as_slice()).ok())
+            .filter(|w| w.round == 4)
+            .map(|w| w.node_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(words(&etcd), vec!["a".to_owned()]);
+    assert!(first.succeeded && !second.succeeded);
+}
