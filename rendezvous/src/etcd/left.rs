@@ -6,7 +6,8 @@
 //! One departure has one key, `<node>/<incarnation>` of the registration that went: the
 //! node's own word and the coordinator's "lost" meet there, so a race between them leaves
 //! one row (the coordinator writes only while the key is absent; the node's put replaces
-//! it). The records are information for `fsdp-agent status`; nothing an agent decides
+//! it, unless etcd holds a departing member's word back as not the round's first:
+//! `session::records::say_left`). The records are information for `fsdp-agent status`; nothing an agent decides
 //! reads them.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -315,7 +315,9 @@ pub fn left_tail(node: &str, incarnation: u64) -> String {
 impl Record for v1::Left {
     const PLACE: Place = Place::Under("ctl/left/");
     // A plain put: the node's own word replaces the coordinator's "lost" at the same key
-    // when the two race (the coordinator writes it only while the key is absent).
+    // when the two race (the coordinator writes it only while the key is absent), unless
+    // etcd holds a departing member's word back as not its round's first
+    // (`session::records::say_left`).
     const MODE: Mode = Mode::Put;
     const WRITING: &'static str = "recording why this node left";
 

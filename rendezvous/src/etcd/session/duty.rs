@@ -277,12 +277,7 @@ impl Machine {
         if let Some(seen) = self.duty.highest_round {
             p.number = p.number.max(seen.saturating_add(1));
         }
-        // Nor fewer restarts than a round it saw or sealed: etcd that came back empty
-        // forgot the round that spent the budget, and a first seal from nothing counted
-        // 0, so a member that had not yet taken the spent round from its view ran on
-        // where the others gave up (simulator seed 208849).
-        p.restart_count = p.restart_count.max(self.duty.most_restarts);
-        let record = v1::Round {
+        let mut record = v1::Round {
             job: self.cfg.job.clone(),
             ..round_record(
                 &p,
@@ -292,6 +287,14 @@ impl Machine {
                 self.since_previous(),
             )
         };
+        // Nor fewer restarts than a round it saw or sealed: etcd that came back empty
+        // forgot the round that spent the budget, and a first seal from nothing counted
+        // 0, so a member that had not yet taken the spent round from its view ran on
+        // where the others gave up (simulator seed 208849). Raised after the record is
+        // made: the charges it lists (a restart window counts those) are the ones this
+        // seal made, none invented for the raise.
+        record.restart_count = record.restart_count.max(self.duty.most_restarts);
+        p.restart_count = record.restart_count;
         let base = self.view.round.as_ref().map(|b| (&*b.record, b.mod_rev));
         // The coordinator key's lease, which fences the seal.
         let (keys, key_lease) = (&self.cfg.keys, self.view.coordinator_lease);

@@ -62,7 +62,8 @@ pub enum Compare {
     ModRevision(String, i64),
     /// The key lives on this lease.
     Lease(String, i64),
-    /// No key in `[from, to)` was written after revision `rev` (none at all will do).
+    /// Every key present in `[from, to)` was last written at or before revision `rev`
+    /// (none at all will do; deleted ones do not count).
     NoneWrittenAfter { from: String, to: String, rev: i64 },
 }
 

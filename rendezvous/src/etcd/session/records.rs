@@ -64,8 +64,9 @@ pub fn say_noticed(keys: &Keys, g: &v1::Noticed) -> TxnSpec {
 }
 
 /// Why this node leaves (`word`), beside the first word on how (`gone`), if it has one:
-/// its word is put whether or not the first word stands, and replaces a "lost" the
-/// coordinator wrote at its key meanwhile. The oldest records at `trim` go with it.
+/// without `news_since`, its word is put whether or not the first word stands, and
+/// replaces a "lost" the coordinator wrote at its key meanwhile. The oldest records at
+/// `trim` go with it.
 ///
 /// `news_since`: the revision of the round this node leaves, where it holds one. Its word
 /// is then written only while no departure record was written after it, that is while
@@ -75,8 +76,10 @@ pub fn say_noticed(keys: &Keys, g: &v1::Noticed) -> TxnSpec {
 /// stalled etcd past the TTL and the run collapsed). The others write nothing, as a node
 /// whose view holds the word already does ([`crate::etcd::left::news`]): their members
 /// report them unsaid, and the coordinator seals the next round from the registrations.
-/// A word of an older round written late, or a finish, holds the word back too: the
-/// coordinator then says the node lost, the one word its members need.
+/// A word of an older round written late, a finish, or a "lost" or first word on how
+/// already written for this node holds the word back too (one transaction, one branch):
+/// the coordinator then says the node lost, the one word its members need, and status
+/// shows that instead of the node's own reason.
 pub fn say_left(
     keys: &Keys,
     word: &v1::Left,

@@ -254,7 +254,9 @@ impl Machine {
     /// leave, not a death) and status why, from records sent beside the revoke, not before
     /// it: under load one more round trip first would delay what every survivor waits for.
     ///
-    /// A node of a round its members know broke already says nothing ([`left::news`]).
+    /// A node of a round its members know broke already says nothing ([`left::news`]);
+    /// nor does one whose word etcd finds was not the first after the round's seal
+    /// ([`records::say_left`]: members leaving together each think theirs news).
     fn depart_op(&self, how: Departure, why: &LeftReason) -> Op {
         let lease = self.lease.id();
         let incarnation = self.lease.incarnation();
@@ -291,7 +293,10 @@ impl Machine {
                 &word,
                 gone.as_ref(),
                 &trim,
-                mine.map(|r| r.mod_rev),
+                // A finish breaks nothing (`left::breakers`): every finishing node's word
+                // is news, and fenced, the others would be called lost at a run's end.
+                mine.filter(|_| left::kind_of(&word) != Some(crate::LeftKind::Finished))
+                    .map(|r| r.mod_rev),
             )),
             lease,
         }

@@ -307,10 +307,10 @@ fn an_unanswered_departure_ends_the_session_without_registering_again() {
 fn members_leaving_together_say_one_word_in_etcd() {
     use fsdp_store::state::State;
     let r = round(4, &[("a", 1), ("b", 1), ("c", 1)]);
-    let leaving = |me: &str| {
+    let going = |me: &str, how: Departure, kind: crate::LeftKind| {
         let (mut h, _) = Harness::with(|c| c.node_id = me.into()).first_sync(&[round_kv(&r, 7)]);
         h.runs(2, r.clone());
-        let e = h.command(3, depart(Departure::Left, crate::LeftKind::Left));
+        let e = h.command(3, depart(how, kind));
         let Op::Depart {
             record: Some(spec), ..
         } = the_op(&e)
@@ -319,7 +319,18 @@ fn members_leaving_together_say_one_word_in_etcd() {
         };
         spec
     };
+    let leaving = |me: &str| going(me, Departure::Left, crate::LeftKind::Left);
     let (a, b) = (leaving("a"), leaving("b"));
+    // A finish breaks nothing: each finishing member's word is news, never held back
+    // (fenced, every node finishing after the first would be called lost at a run's end).
+    let finish = going("c", Departure::Finished, crate::LeftKind::Finished);
+    assert!(
+        !finish
+            .when
+            .iter()
+            .any(|c| matches!(c, Compare::NoneWrittenAfter { .. })),
+        "{finish:?}"
+    );
     let mut etcd = State::new();
     // Words of an older round up to the round's own revision (the store starts at 1):
     // they break nothing of this one.
