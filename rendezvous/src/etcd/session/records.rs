@@ -76,8 +76,9 @@ pub fn say_noticed(keys: &Keys, g: &v1::Noticed) -> TxnSpec {
 /// stalled etcd past the TTL and the run collapsed). The others write nothing, as a node
 /// whose view holds the word already does ([`crate::etcd::left::news`]): their members
 /// report them unsaid, and the coordinator seals the next round from the registrations.
-/// A word of an older round written late, a finish, or a "lost" or first word on how
-/// already written for this node holds the word back too (one transaction, one branch):
+/// A word of an older round written late, a finish, or a first word on how already
+/// written for this node holds the word back too (one transaction, one branch; a "lost"
+/// at this node's own key does not, and is replaced):
 /// the coordinator then says the node lost, the one word its members need, and status
 /// shows that instead of the node's own reason.
 pub fn say_left(
@@ -93,9 +94,22 @@ pub fn say_left(
         // One transaction can hold one branch: the word goes with the first word on how
         // only while that one is absent too (a ring neighbour that found this node dead
         // first says how; the coordinator then says why).
-        let from = keys.key::<v1::Left>("");
-        let to = format!("{}0", from.trim_end_matches('/'));
-        let mut when = vec![Compare::NoneWrittenAfter { from, to, rev }];
+        // Every departure record but this node's own key: the coordinator's "lost" there
+        // (it saw the revoke, sent beside the word, before the word) is replaced as ever.
+        let (start, own) = (keys.key::<v1::Left>(""), keys.of(word));
+        let end = format!("{}0", start.trim_end_matches('/'));
+        let mut when = vec![
+            Compare::NoneWrittenAfter {
+                from: start,
+                to: own.clone(),
+                rev,
+            },
+            Compare::NoneWrittenAfter {
+                from: format!("{own}\0"),
+                to: end,
+                rev,
+            },
+        ];
         if let Some(g) = gone {
             let said = say_noticed(keys, g);
             when.extend(said.when);

@@ -305,7 +305,6 @@ fn an_unanswered_departure_ends_the_session_without_registering_again() {
 #[cfg(feature = "sim")]
 #[test]
 fn members_leaving_together_say_one_word_in_etcd() {
-    use fsdp_store::state::State;
     let r = round(4, &[("a", 1), ("b", 1), ("c", 1)]);
     let going = |me: &str, how: Departure, kind: crate::LeftKind| {
         let (mut h, _) = Harness::with(|c| c.node_id = me.into()).first_sync(&[round_kv(&r, 7)]);
@@ -331,43 +330,62 @@ fn members_leaving_together_say_one_word_in_etcd() {
             .any(|c| matches!(c, Compare::NoneWrittenAfter { .. })),
         "{finish:?}"
     );
-    let mut etcd = State::new();
-    // Words of an older round up to the round's own revision (the store starts at 1):
-    // they break nothing of this one.
+    let mut etcd = store_at_the_rounds_revision();
+    assert!(etcd.txn(crate::sim::etcd::txn(&a)).unwrap().succeeded);
+    assert!(!etcd.txn(crate::sim::etcd::txn(&b)).unwrap().succeeded);
+    let words: Vec<_> = words_of_round(&etcd, 4).map(|w| w.node_id).collect();
+    assert_eq!(words, vec!["a".to_owned()]);
+    // The revoke goes beside the word, and at 10,000 members the coordinator saw a's
+    // registration go and wrote "lost" at a's key first: a's own word still replaces it
+    // (its own key holds nothing back), b's stays unsaid.
+    let mut etcd = store_at_the_rounds_revision();
+    let mut lost = said("a", 1, v1::LeftKind::Lost);
+    (lost.round, lost.written_by) = (4, "c".into());
+    put_word(&mut etcd, &lost);
+    assert!(etcd.txn(crate::sim::etcd::txn(&a)).unwrap().succeeded);
+    assert!(!etcd.txn(crate::sim::etcd::txn(&b)).unwrap().succeeded);
+    let kinds: Vec<_> = words_of_round(&etcd, 4)
+        .map(|w| (w.node_id.clone(), w.kind()))
+        .collect();
+    assert_eq!(kinds, vec![("a".to_owned(), v1::LeftKind::Left)]);
+}
+
+/// The store the simulator runs, holding words of an older round up to revision 7, the
+/// round's own in these tests (the store starts at 1): they break nothing of round 4.
+#[cfg(feature = "sim")]
+fn store_at_the_rounds_revision() -> fsdp_store::state::State {
+    let mut etcd = fsdp_store::state::State::new();
     for i in 0..6 {
-        let older = said("x", i, v1::LeftKind::Left);
-        let key = keys().key::<v1::Left>(&left_tail("x", i));
-        etcd.put(fsdp_proto::etcdserverpb::PutRequest {
-            key: key.into_bytes(),
-            value: fsdp_proto::encode(&older),
+        put_word(&mut etcd, &said("x", i, v1::LeftKind::Left));
+    }
+    assert_eq!(etcd.revision(), 7);
+    etcd
+}
+
+#[cfg(feature = "sim")]
+fn put_word(etcd: &mut fsdp_store::state::State, word: &v1::Left) {
+    let key = keys().key::<v1::Left>(&left_tail(&word.node_id, word.incarnation));
+    etcd.put(fsdp_proto::etcdserverpb::PutRequest {
+        key: key.into_bytes(),
+        value: fsdp_proto::encode(word),
+        ..Default::default()
+    })
+    .unwrap();
+}
+
+/// The departure records `etcd` holds for round `n`.
+#[cfg(feature = "sim")]
+fn words_of_round(etcd: &fsdp_store::state::State, n: u64) -> impl Iterator<Item = v1::Left> {
+    let prefix = keys().key::<v1::Left>("");
+    let got = etcd
+        .range(&fsdp_proto::etcdserverpb::RangeRequest {
+            range_end: crate::sim::etcd::prefix_end(prefix.as_bytes()),
+            key: prefix.into_bytes(),
             ..Default::default()
         })
         .unwrap();
-    }
-    assert_eq!(
-        etcd.revision(),
-        7,
-        "the older words end at the round's revision"
-    );
-    let first = etcd.txn(crate::sim::etcd::txn(&a)).unwrap();
-    let second = etcd.txn(crate::sim::etcd::txn(&b)).unwrap();
-    let words = |etcd: &State| {
-        let prefix = keys().key::<v1::Left>("");
-        let end = crate::sim::etcd::prefix_end(prefix.as_bytes());
-        let got = etcd
-            .range(&fsdp_proto::etcdserverpb::RangeRequest {
-                key: prefix.into_bytes(),
-                range_end: end,
-                ..Default::default()
-            })
-            .unwrap();
-        got.kvs
-            .iter()
-            .filter_map(|kv| v1::Left::decode(kv.value.as_slice()).ok())
-            .filter(|w| w.round == 4)
-            .map(|w| w.node_id)
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(words(&etcd), vec!["a".to_owned()]);
-    assert!(first.succeeded && !second.succeeded);
+    got.kvs
+        .into_iter()
+        .filter_map(|kv| v1::Left::decode(kv.value.as_slice()).ok())
+        .filter(move |w| w.round == n)
 }
