@@ -206,7 +206,11 @@ impl Waiter {
                     %change,
                     "the round broke before it started; waiting for the next"
                 );
-                if let Some(round) = self.charged_in_broken(v, next - 1, change) {
+                // Or one it was sealed into and will never run: another seal under the
+                // broken round's number may carry fewer charges (etcd came back empty and a
+                // new process sealed it from nothing: seed 2482646557).
+                let charged = self.charged_in_broken(v, next - 1, change);
+                if let Some(round) = charged.or_else(|| self.charged_in_sealed(next)) {
                     self.waiting = None;
                     return Ok(Action::Charged(round));
                 }
