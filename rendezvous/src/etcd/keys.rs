@@ -186,7 +186,7 @@ impl Keys {
 }
 
 /// The key just after every key under the prefix `p`, which ends in '/' ('/' + 1 is '0').
-fn past(p: &str) -> String {
+pub(crate) fn past(p: &str) -> String {
     format!("{}0", p.trim_end_matches('/'))
 }
 

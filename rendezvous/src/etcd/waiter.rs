@@ -206,11 +206,24 @@ impl Waiter {
                     %change,
                     "the round broke before it started; waiting for the next"
                 );
-                // Or one it was sealed into and will never run: another seal under the
-                // broken round's number may carry fewer charges (etcd came back empty and a
-                // new process sealed it from nothing: seed 2482646557).
-                let charged = self.charged_in_broken(v, next - 1, change);
-                if let Some(round) = charged.or_else(|| self.charged_in_sealed(next)) {
+                // Or one it was sealed into and will never run, first where that one
+                // charged as much or more: another seal under the broken round's number
+                // may carry fewer charges (etcd came back empty and a new process sealed it
+                // from nothing: seed 2482646557). The lower count first would be a second
+                // hand-over later, two budget checks for one round.
+                let broken = v.round.as_ref().map(|r| &r.record);
+                let broken = broken.filter(|r| r.number == next - 1);
+                let sealed_more = self.sealed_in.as_ref().is_some_and(|s| {
+                    s.number < next && broken.is_none_or(|b| s.restart_count >= b.restart_count)
+                });
+                let charged = if sealed_more {
+                    self.charged_in_sealed(next)
+                        .or_else(|| self.charged_in_broken(v, next - 1, change))
+                } else {
+                    self.charged_in_broken(v, next - 1, change)
+                        .or_else(|| self.charged_in_sealed(next))
+                };
+                if let Some(round) = charged {
                     self.waiting = None;
                     return Ok(Action::Charged(round));
                 }

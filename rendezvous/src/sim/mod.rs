@@ -22,7 +22,11 @@
 
 mod agent;
 mod check;
+// The session's tests apply its transactions to the simulator's store.
+#[cfg(test)]
 pub(crate) mod etcd;
+#[cfg(not(test))]
+mod etcd;
 pub mod faults;
 mod net;
 mod rng;

@@ -175,6 +175,15 @@ fn main() {
     let Some(endpoint) = endpoint else {
         refuse("--endpoint is required");
     };
+    if lose.is_none() && lose_count != 1 {
+        refuse("--lose-count takes effect with --lose leave|kill only");
+    }
+    if lose.is_some() && !(1..nodes).contains(&lose_count) {
+        refuse(&format!(
+            "--lose-count takes 1 to one less than --nodes ({nodes}): one node must survive, \
+             not {lose_count}"
+        ));
+    }
     // One HTTP/2 connection carries many nodes' streams, as separate hosts would not;
     // a few connections keep one slow stream from holding up everyone.
     let clients = clients.unwrap_or(nodes.div_ceil(100)).max(1);
@@ -191,13 +200,7 @@ fn main() {
         .expect("runtime");
     runtime.block_on(async move {
         let run_id = format!("bench-{}", std::process::id());
-        // MIN one below MAX: the survivors of a loss re-form on their own.
-        if lose.is_some() && !(1..nodes).contains(&lose_count) {
-            refuse(&format!(
-                "--lose-count takes 1 to {} (one node must survive), not {lose_count}",
-                nodes.saturating_sub(1)
-            ));
-        }
+        // MIN the lost nodes below MAX: the survivors of a loss re-form on their own.
         let min = if lose.is_some() {
             nodes - lose_count
         } else {
@@ -650,8 +653,9 @@ fn stalled_words(v: &fsdp_rendezvous::etcd::View, me: &str) -> String {
     )
 }
 
-/// Takes one node out of the sealed round (`leave`: revoking its lease; `kill`: dropping
-/// it, so its lease expires) and times the survivors' way to the next round.
+/// Takes `count` nodes out of the sealed round at once (`leave`: revoking their leases;
+/// `kill`: dropping them, so their leases expire) and times the survivors' way to the
+/// round without them.
 async fn reform_after_loss(
     mut held: Vec<(EtcdRendezvous, fsdp_rendezvous::Round)>,
     (how, count): (&str, usize),
@@ -700,7 +704,8 @@ async fn reform_after_loss(
                     node.changed().await.expect("the loss is seen");
                     saw.store(true, Ordering::Relaxed);
                     let round = node.next_round().await.expect("the next round");
-                    if round.world_size as usize == world {
+                    // Smaller than wanted: a survivor lost too, which the assert below says.
+                    if round.world_size as usize <= world {
                         break (node, round, start.elapsed());
                     }
                 }

@@ -408,6 +408,8 @@ impl Machine {
                     let (number, members, restart_count) = (c.number, c.members, c.restart_count);
                     tracing::info!(round = number, members, restart_count, reason = %c.reason, "round sealed");
                     self.counters.rounds_sealed.fetch_add(1, Ordering::Relaxed);
+                    // Its own seal counts before the watch brings it back: a seal that
+                    // follows at once (or after etcd came back empty) never counts fewer.
                     self.duty.most_restarts = self.duty.most_restarts.max(restart_count);
                     self.duty.coordinator.sealed(self.now, number, &c.reason);
                 }

@@ -77,10 +77,9 @@ pub fn say_noticed(keys: &Keys, g: &v1::Noticed) -> TxnSpec {
 /// whose view holds the word already does ([`crate::etcd::left::news`]): their members
 /// report them unsaid, and the coordinator seals the next round from the registrations.
 /// A word of an older round written late, a finish, or a first word on how already
-/// written for this node holds the word back too (one transaction, one branch; a "lost"
-/// at this node's own key does not, and is replaced):
-/// the coordinator then says the node lost, the one word its members need, and status
-/// shows that instead of the node's own reason.
+/// written for this node holds the word back too (a "lost" at this node's own key does
+/// not, and is replaced): the coordinator then says the node lost, the one word its
+/// members need, and status shows that instead of the node's own reason.
 pub fn say_left(
     keys: &Keys,
     word: &v1::Left,
@@ -91,13 +90,10 @@ pub fn say_left(
     let mut then = vec![put(keys.of(word), fsdp_proto::encode(word), 0)];
     then.extend(trim.iter().map(|t| Write::Delete(keys.key::<v1::Left>(t))));
     if let Some(rev) = news_since {
-        // One transaction can hold one branch: the word goes with the first word on how
-        // only while that one is absent too (a ring neighbour that found this node dead
-        // first says how; the coordinator then says why).
         // Every departure record but this node's own key: the coordinator's "lost" there
         // (it saw the revoke, sent beside the word, before the word) is replaced as ever.
         let (start, own) = (keys.key::<v1::Left>(""), keys.of(word));
-        let end = format!("{}0", start.trim_end_matches('/'));
+        let end = crate::etcd::keys::past(&start);
         let mut when = vec![
             Compare::NoneWrittenAfter {
                 from: start,
@@ -110,6 +106,9 @@ pub fn say_left(
                 rev,
             },
         ];
+        // One transaction can hold one branch: the word goes with the first word on how
+        // only while that one is absent too (a ring neighbour that found this node dead
+        // first says how; the coordinator then says why).
         if let Some(g) = gone {
             let said = say_noticed(keys, g);
             when.extend(said.when);
