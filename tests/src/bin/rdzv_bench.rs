@@ -305,7 +305,7 @@ fn main() {
             // loss at the seal is timed with the formation's own tail beside it.
             tokio::time::sleep(settle).await;
             let mut probe = conns[0].clone();
-            let survivors = reform_after_loss(held, (&how, lose_count), &mut probe, settle).await;
+            let survivors = reform_after_loss(held, &how, lose_count, &mut probe, settle).await;
             leave_all(survivors, cfg.keep_alive_ttl).await;
             return;
         }
@@ -658,7 +658,8 @@ fn stalled_words(v: &fsdp_rendezvous::etcd::View, me: &str) -> String {
 /// round without them.
 async fn reform_after_loss(
     mut held: Vec<(EtcdRendezvous, fsdp_rendezvous::Round)>,
-    (how, count): (&str, usize),
+    how: &str,
+    count: usize,
     etcd: &mut etcd_client::Client,
     settle: Duration,
 ) -> Vec<EtcdRendezvous> {

@@ -296,98 +296,102 @@ fn an_unanswered_departure_ends_the_session_without_registering_again() {
     no_op(&e);
 }
 
-/// Members of one round that leave together each built their departure before any word
-/// of the others reached them, so each view says its word is news. At 10,000 members
-/// every word under `ctl/` is sent to each of them (0.1–0.9 s of etcd's apply loop a
-/// word): 50 leaving at once stalled etcd past the TTL, the survivors' renewals waited
-/// for it, and the run collapsed (`rdzv-bench --lose leave --lose-count 50`). In etcd's
-/// own order only the first is news: the others' transactions write nothing.
+/// Departures applied to the store the simulator runs (its `etcd` module is the
+/// simulator's).
 #[cfg(feature = "sim")]
-#[test]
-fn members_leaving_together_say_one_word_in_etcd() {
-    let r = round(4, &[("a", 1), ("b", 1), ("c", 1)]);
-    let going = |me: &str, how: Departure, kind: crate::LeftKind| {
-        let (mut h, _) = Harness::with(|c| c.node_id = me.into()).first_sync(&[round_kv(&r, 7)]);
-        h.runs(2, r.clone());
-        let e = h.command(3, depart(how, kind));
-        let Op::Depart {
-            record: Some(spec), ..
-        } = the_op(&e)
-        else {
-            panic!("{me}'s word: {e:?}")
+mod in_etcd {
+    use super::*;
+
+    /// Members of one round that leave together each built their departure before any word
+    /// of the others reached them, so each view says its word is news. At 10,000 members
+    /// every word under `ctl/` is sent to each of them (0.1–0.9 s of etcd's apply loop a
+    /// word): 50 leaving at once stalled etcd past the TTL, the survivors' renewals waited
+    /// for it, and the run collapsed (`rdzv-bench --lose leave --lose-count 50`). In etcd's
+    /// own order only the first is news: the others' transactions write nothing.
+    #[test]
+    fn members_leaving_together_say_one_word_in_etcd() {
+        let r = round(4, &[("a", 1), ("b", 1), ("c", 1)]);
+        let going = |me: &str, how: Departure, kind: crate::LeftKind| {
+            let (mut h, _) =
+                Harness::with(|c| c.node_id = me.into()).first_sync(&[round_kv(&r, 7)]);
+            h.runs(2, r.clone());
+            let e = h.command(3, depart(how, kind));
+            let Op::Depart {
+                record: Some(spec), ..
+            } = the_op(&e)
+            else {
+                panic!("{me}'s word: {e:?}")
+            };
+            spec
         };
-        spec
-    };
-    let leaving = |me: &str| going(me, Departure::Left, crate::LeftKind::Left);
-    let (a, b) = (leaving("a"), leaving("b"));
-    // A finish breaks nothing: each finishing member's word is news, never held back
-    // (fenced, every node finishing after the first would be called lost at a run's end).
-    let finish = going("c", Departure::Finished, crate::LeftKind::Finished);
-    assert!(
-        !finish
-            .when
-            .iter()
-            .any(|c| matches!(c, Compare::NoneWrittenAfter { .. })),
-        "{finish:?}"
-    );
-    // In either order: the range below a node's own key holds it back as the one above.
-    for (first, then, said) in [(&a, &b, "a"), (&b, &a, "b")] {
+        let leaving = |me: &str| going(me, Departure::Left, crate::LeftKind::Left);
+        let (a, b) = (leaving("a"), leaving("b"));
+        // A finish breaks nothing: each finishing member's word is news, never held back
+        // (fenced, every node finishing after the first would be called lost at a run's end).
+        let finish = going("c", Departure::Finished, crate::LeftKind::Finished);
+        assert!(
+            !finish
+                .when
+                .iter()
+                .any(|c| matches!(c, Compare::NoneWrittenAfter { .. })),
+            "{finish:?}"
+        );
+        // In either order: the range below a node's own key holds it back as the one above.
+        for (first, then, said) in [(&a, &b, "a"), (&b, &a, "b")] {
+            let mut etcd = store_at_the_rounds_revision();
+            assert!(etcd.txn(crate::sim::etcd::txn(first)).unwrap().succeeded);
+            assert!(!etcd.txn(crate::sim::etcd::txn(then)).unwrap().succeeded);
+            let words: Vec<_> = words_of_round(&etcd, 4).map(|w| w.node_id).collect();
+            assert_eq!(words, vec![said.to_owned()]);
+        }
+        // The revoke goes beside the word, and at 10,000 members the coordinator saw a's
+        // registration go and wrote "lost" at a's key first: a's own word still replaces it
+        // (its own key holds nothing back), b's stays unsaid.
         let mut etcd = store_at_the_rounds_revision();
-        assert!(etcd.txn(crate::sim::etcd::txn(first)).unwrap().succeeded);
-        assert!(!etcd.txn(crate::sim::etcd::txn(then)).unwrap().succeeded);
-        let words: Vec<_> = words_of_round(&etcd, 4).map(|w| w.node_id).collect();
-        assert_eq!(words, vec![said.to_owned()]);
+        let mut lost = said("a", 1, v1::LeftKind::Lost);
+        (lost.round, lost.written_by) = (4, "c".into());
+        put_word(&mut etcd, &lost);
+        assert!(etcd.txn(crate::sim::etcd::txn(&a)).unwrap().succeeded);
+        assert!(!etcd.txn(crate::sim::etcd::txn(&b)).unwrap().succeeded);
+        let kinds: Vec<_> = words_of_round(&etcd, 4)
+            .map(|w| (w.node_id.clone(), w.kind()))
+            .collect();
+        assert_eq!(kinds, vec![("a".to_owned(), v1::LeftKind::Left)]);
     }
-    // The revoke goes beside the word, and at 10,000 members the coordinator saw a's
-    // registration go and wrote "lost" at a's key first: a's own word still replaces it
-    // (its own key holds nothing back), b's stays unsaid.
-    let mut etcd = store_at_the_rounds_revision();
-    let mut lost = said("a", 1, v1::LeftKind::Lost);
-    (lost.round, lost.written_by) = (4, "c".into());
-    put_word(&mut etcd, &lost);
-    assert!(etcd.txn(crate::sim::etcd::txn(&a)).unwrap().succeeded);
-    assert!(!etcd.txn(crate::sim::etcd::txn(&b)).unwrap().succeeded);
-    let kinds: Vec<_> = words_of_round(&etcd, 4)
-        .map(|w| (w.node_id.clone(), w.kind()))
-        .collect();
-    assert_eq!(kinds, vec![("a".to_owned(), v1::LeftKind::Left)]);
-}
 
-/// The store the simulator runs, holding words of an older round up to revision 7, the
-/// round's own in these tests (the store starts at 1): they break nothing of round 4.
-#[cfg(feature = "sim")]
-fn store_at_the_rounds_revision() -> fsdp_store::state::State {
-    let mut etcd = fsdp_store::state::State::new();
-    for i in 0..6 {
-        put_word(&mut etcd, &said("x", i, v1::LeftKind::Left));
+    /// The store the simulator runs, holding words of an older round up to revision 7, the
+    /// round's own in these tests (the store starts at 1): they break nothing of round 4.
+    fn store_at_the_rounds_revision() -> fsdp_store::state::State {
+        let mut etcd = fsdp_store::state::State::new();
+        for i in 0..6 {
+            put_word(&mut etcd, &said("x", i, v1::LeftKind::Left));
+        }
+        assert_eq!(etcd.revision(), 7);
+        etcd
     }
-    assert_eq!(etcd.revision(), 7);
-    etcd
-}
 
-#[cfg(feature = "sim")]
-fn put_word(etcd: &mut fsdp_store::state::State, word: &v1::Left) {
-    etcd.put(fsdp_proto::etcdserverpb::PutRequest {
-        key: keys().of(word).into_bytes(),
-        value: fsdp_proto::encode(word),
-        ..Default::default()
-    })
-    .unwrap();
-}
-
-/// The departure records `etcd` holds for round `n`.
-#[cfg(feature = "sim")]
-fn words_of_round(etcd: &fsdp_store::state::State, n: u64) -> impl Iterator<Item = v1::Left> {
-    let prefix = keys().key::<v1::Left>("");
-    let got = etcd
-        .range(&fsdp_proto::etcdserverpb::RangeRequest {
-            range_end: crate::sim::etcd::prefix_end(prefix.as_bytes()),
-            key: prefix.into_bytes(),
+    fn put_word(etcd: &mut fsdp_store::state::State, word: &v1::Left) {
+        etcd.put(fsdp_proto::etcdserverpb::PutRequest {
+            key: keys().of(word).into_bytes(),
+            value: fsdp_proto::encode(word),
             ..Default::default()
         })
         .unwrap();
-    got.kvs
-        .into_iter()
-        .filter_map(|kv| v1::Left::decode(kv.value.as_slice()).ok())
-        .filter(move |w| w.round == n)
+    }
+
+    /// The departure records `etcd` holds for round `n`.
+    fn words_of_round(etcd: &fsdp_store::state::State, n: u64) -> impl Iterator<Item = v1::Left> {
+        let prefix = keys().key::<v1::Left>("");
+        let got = etcd
+            .range(&fsdp_proto::etcdserverpb::RangeRequest {
+                range_end: crate::sim::etcd::prefix_end(prefix.as_bytes()),
+                key: prefix.into_bytes(),
+                ..Default::default()
+            })
+            .unwrap();
+        got.kvs
+            .into_iter()
+            .filter_map(|kv| v1::Left::decode(kv.value.as_slice()).ok())
+            .filter(move |w| w.round == n)
+    }
 }
