@@ -204,21 +204,8 @@ impl Pace {
 
     /// Round `number` resting on `basis` was sealed at `now` for `reason`.
     pub fn sealed(&mut self, now: Instant, number: u64, basis: Basis, reason: &str) {
-        // The episode goes on while seals keep coming within a window of the hold in
-        // force; a longer quiet ends it.
-        let going_on = self.strikes > 0
-            && self.sealed.back().is_some_and(|p| {
-                now.saturating_duration_since(p.at) < self.hold(self.strikes - 1) + WINDOW
-            });
-        if self.sealed.len() == KEPT {
-            self.sealed.pop_front();
-        }
-        self.sealed.push_back(Sealed {
-            at: now,
-            number,
-            basis,
-            reason: reason.to_owned(),
-        });
+        let going_on = self.going_on(now);
+        self.remember(now, number, basis, reason);
         let burst = self
             .sealed
             .iter()
@@ -233,6 +220,40 @@ impl Pace {
             }
             (false, false) => 0,
         };
+    }
+
+    /// Round `number` resting on `basis`, which only dropped members, was sealed at `now`
+    /// without asking [`Pace::check`]: there are only so many members to lose. It counts
+    /// for the per-basis rule and the next hold is measured from it, but it is no strike:
+    /// where nodes kept dying and coming back, each loss doubled the hold of the nodes
+    /// that came back after it, up to 30 s past the moment everything had healed
+    /// (simulator seed 2423531759). A long quiet before it still ends the episode.
+    pub fn dropped(&mut self, now: Instant, number: u64, basis: Basis, reason: &str) {
+        if !self.going_on(now) {
+            self.strikes = 0;
+        }
+        self.remember(now, number, basis, reason);
+    }
+
+    /// Whether a seal at `now` goes on the episode of churn: seals keep coming within a
+    /// window of the hold in force; a longer quiet ends it.
+    fn going_on(&self, now: Instant) -> bool {
+        self.strikes > 0
+            && self.sealed.back().is_some_and(|p| {
+                now.saturating_duration_since(p.at) < self.hold(self.strikes - 1) + WINDOW
+            })
+    }
+
+    fn remember(&mut self, now: Instant, number: u64, basis: Basis, reason: &str) {
+        if self.sealed.len() == KEPT {
+            self.sealed.pop_front();
+        }
+        self.sealed.push_back(Sealed {
+            at: now,
+            number,
+            basis,
+            reason: reason.to_owned(),
+        });
     }
 
     /// The `n`-th (0-based) hold of a rule that keeps being crossed.
@@ -392,6 +413,43 @@ mod tests {
         assert_eq!(p.check(later, fresh()), PaceDecision::Go);
         seal(&mut p, later);
         assert_eq!(p.check(later + MS, fresh()), PaceDecision::Go);
+    }
+
+    /// A round that only drops members is sealed without asking the pace, and it does
+    /// not lengthen the churn hold either: there are only so many members to lose. In a
+    /// run where nodes kept dying and coming back (simulator seed 2423531759, six
+    /// agents), every loss counted as a strike, the hold reached 30 s, and the two nodes
+    /// back after the last loss waited past the point where everything had healed.
+    #[test]
+    fn rounds_that_only_drop_members_do_not_lengthen_the_churn_hold() {
+        let t0 = Instant::now();
+        let mut p = Pace::new(PaceConfig::default());
+        for n in 0..5u64 {
+            let b = basis(&[("n", n)], &[]);
+            p.sealed(t0 + n as u32 * 10 * MS, n, b, "growth");
+        }
+        // Three losses, 2 s apart, within the episode's window.
+        let mut last = t0;
+        for k in 1..=3u32 {
+            last = t0 + k * Duration::from_secs(2);
+            let b = basis(&[("n", 10 + u64::from(k))], &[]);
+            p.dropped(last, 4 + u64::from(k), b, "re-form (lost n)");
+        }
+        // The nodes come back: held the episode's first hold from the last loss, not a
+        // hold doubled by every loss.
+        let back = basis(&[("n", 99)], &[]);
+        let d = p.check(last + MS, back);
+        assert_eq!(held(&d), Some(last + 500 * MS), "{d:?}");
+        // A loss after a long quiet ends the episode: what comes next goes at once.
+        let quiet = last + Duration::from_secs(30);
+        p.dropped(quiet, 8, basis(&[("n", 100)], &[]), "re-form (lost n)");
+        assert_eq!(p.check(quiet + MS, back), PaceDecision::Go);
+        // Losses alone never start an episode.
+        let mut p = Pace::new(PaceConfig::default());
+        for n in 0..6u64 {
+            p.dropped(t0 + n as u32 * 10 * MS, n, basis(&[("n", n)], &[]), "lost");
+        }
+        assert_eq!(p.check(t0 + 60 * MS, back), PaceDecision::Go);
     }
 
     #[test]

@@ -28,9 +28,17 @@ pub struct Coordinator {
     /// The rounds sealed so far, against a loop ([`crate::pace`]).
     pace: Pace,
     /// What the last proposal rests on, for [`Coordinator::sealed`].
-    proposed: Option<Basis>,
+    proposed: Option<Proposed>,
     /// The end of the hold last reported: one error line per hold, not per look.
     held_until: Option<Instant>,
+}
+
+/// What a proposal rests on, and whether it only drops members of the current round (not
+/// paced, and no strike in a churn episode: [`Pace::dropped`]).
+#[derive(Debug, Clone, Copy)]
+struct Proposed {
+    basis: Basis,
+    drops: bool,
 }
 
 /// How often a reason of an unchanged shape is logged again (progress while nodes gather).
@@ -77,8 +85,13 @@ impl Coordinator {
 
     /// The proposal of the last observation was committed as round `number` at `now`.
     pub fn sealed(&mut self, now: Instant, number: u64, reason: &str) {
-        if let Some(basis) = self.proposed.take() {
-            self.pace.sealed(now, number, basis, reason);
+        match self.proposed.take() {
+            Some(Proposed { basis, drops: true }) => self.pace.dropped(now, number, basis, reason),
+            Some(Proposed {
+                basis,
+                drops: false,
+            }) => self.pace.sealed(now, number, basis, reason),
+            None => {}
         }
     }
 
@@ -170,14 +183,15 @@ impl Coordinator {
         // A round that only drops members is no loop: there are only so many to drop.
         // Held, a job torn down node by node (every pod deleted at once) logged "sealed
         // too fast" at each of its ends.
-        let pace = if only_drops(p, current) {
+        let drops = only_drops(p, current);
+        let pace = if drops {
             PaceDecision::Go
         } else {
             self.pace.check(now, basis)
         };
         match pace {
             PaceDecision::Go => {
-                self.proposed = Some(basis);
+                self.proposed = Some(Proposed { basis, drops });
                 None
             }
             PaceDecision::Hold { until, why, rule } => {

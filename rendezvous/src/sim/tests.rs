@@ -190,6 +190,10 @@ fn the_seeds_that_found_bugs_pass() {
     let mut six = Options::new(6);
     six.faults = 300;
     assert_eq!(run_seed(50_024, &six).violation, None);
+    // Nodes that kept dying and coming back (six agents): every loss counted as a strike
+    // of the churn rule, and the two nodes back after the last one were held 30 s, past
+    // the moment everything had healed ([`crate::pace::Pace::dropped`]).
+    assert_eq!(run_seed(2_423_531_759, &Options::new(6)).violation, None);
     // A seal decided before etcd came back empty and sent after: revisions start again
     // at 1 there, so the round key's revision alone matched a round sealed since.
     assert_eq!(run_seed(237_173_432, &opts).violation, None);
