@@ -51,6 +51,9 @@ pub(super) struct Duty {
     /// Placed seals tried by this process: each attempt's shards go under a name of
     /// their own ([`crate::etcd::placement::tag`]).
     placed_seals: u64,
+    /// The round this coordinator sealed that its view does not hold yet
+    /// ([`Machine::own_seal_unseen`]).
+    sealed_unseen: Option<u64>,
 }
 
 /// What a commit in flight was for.
@@ -79,6 +82,7 @@ impl Duty {
             asked_at: None,
             seal_waits: false,
             placed_seals: 0,
+            sealed_unseen: None,
         }
     }
 
@@ -129,6 +133,8 @@ impl Duty {
     /// Not looking again: the role changes, or the watches do.
     pub(super) fn stand_down(&mut self) {
         self.recheck = None;
+        // A sync reads the run afresh: the round is there, or etcd lost it.
+        self.sealed_unseen = None;
     }
 }
 
@@ -179,7 +185,7 @@ impl Machine {
             self.duty.recheck = None;
             return;
         }
-        if self.awaiting_return() {
+        if self.awaiting_return() || self.own_seal_unseen() {
             return;
         }
         let began = thread_cpu_ns();
@@ -209,6 +215,24 @@ impl Machine {
                 .iter()
                 .any(|m| m.addr != self.cfg.addr && !v.members.contains_key(&m.node_id))
         })
+    }
+
+    /// Whether this coordinator sealed a round its view does not hold yet: it decides
+    /// nothing until its watch brings that round back. Its view still holds the round
+    /// before, and every seal decided from that is fenced out: at 10,000 nodes, with 50
+    /// members leaving at once, each departure seen in the 3.3 s before its own round came
+    /// back was a seal of the 9,950 others sent again and refused (51 of them, each a
+    /// large transaction through etcd's log, which is what made the watch that slow),
+    /// and the round without the 49 came 4.3 s after the one without the first.
+    fn own_seal_unseen(&mut self) -> bool {
+        let held = self.view.round.as_ref().map(|r| r.record.number);
+        match self.duty.sealed_unseen {
+            Some(n) if held.is_none_or(|h| h < n) => true,
+            _ => {
+                self.duty.sealed_unseen = None;
+                false
+            }
+        }
     }
 
     /// [`Machine::coordinate`]'s decision; whether it sent a commit.
@@ -412,6 +436,7 @@ impl Machine {
                     // follows at once (or after etcd came back empty) never counts fewer.
                     self.duty.most_restarts = self.duty.most_restarts.max(restart_count);
                     self.duty.coordinator.sealed(self.now, number, &c.reason);
+                    self.duty.sealed_unseen = Some(number);
                 }
             }
             Ok(other) => self.unexpected(&other),
