@@ -91,7 +91,7 @@ async fn through_gate(
     cfg: &EtcdConfig,
     deadline: Instant,
     counters: &Counters,
-) -> Result<(), RendezvousError> {
+) -> Result<session::FirstRead, RendezvousError> {
     let mut gate =
         session::gated(cfg.max_nodes).then(|| session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl));
     let began = Instant::now();
@@ -117,11 +117,11 @@ async fn through_gate(
             held(held_since.or(Some(sent)));
             break;
         };
-        looked?;
+        let read = looked?;
         let now = Instant::now();
         let Some(at) = g.looked(sent, now).filter(|at| *at < gate_until) else {
             held(held_since);
-            return Ok(());
+            return Ok(read);
         };
         let answered_in_ms = now.duration_since(sent).as_millis() as u64;
         if held_since.is_none() {
@@ -215,9 +215,9 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
     }
 }
 
-/// Waits for the session's first read of the run, for at most `window` (what is left of
-/// the join timeout: a crowd's first reads wait in a busy etcd for far longer than a
-/// connection's retry window); the session is stopped when it does not come.
+/// Waits for the session's first sync of the run (its watches open), for at most `window`
+/// (what is left of the join timeout: a crowd's first syncs wait in a busy etcd for far
+/// longer than a connection's retry window); the session is stopped when it does not come.
 async fn first_sync(
     view: &mut watch::Receiver<View>,
     session: &JoinHandle<()>,
@@ -227,7 +227,7 @@ async fn first_sync(
     if tokio::time::timeout(window, synced).await.is_err() {
         session.abort();
         return Err(RendezvousError::SessionEnded(
-            "etcd did not answer the first read of the run within join_timeout",
+            "etcd did not answer the first sync of the run within join_timeout",
         ));
     }
     Ok(())
@@ -260,13 +260,13 @@ impl EtcdRendezvous {
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
         // Asked again while etcd says it is too busy, and waited for, for as long as the
         // join may take (one deadline for the nesting check, the gate, the grant and the
-        // first read): a crowd's grants were refused, and
-        // its first reads unanswered, past the connection's retry window at 10,000 and
+        // first sync): a crowd's grants were refused, and
+        // its first syncs unanswered, past the connection's retry window at 10,000 and
         // 20,000 nodes, and each node that gave up was an agent that exited.
         let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
         let left = || deadline.saturating_duration_since(Instant::now());
         let counters = Counters::default();
-        through_gate(&mut client, &keys, &cfg, deadline, &counters).await?;
+        let read = through_gate(&mut client, &keys, &cfg, deadline, &counters).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, left(), ttl_s).await?;
         let writes = Arc::new(AtomicU64::new(1));
@@ -276,7 +276,8 @@ impl EtcdRendezvous {
             session_config(&cfg, &keys, ttl_s, &lease),
             counters.clone(),
             writes.clone(),
-        );
+        )
+        .with_first_read(read);
         let counter = client.clone();
         let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
         let session = tokio::spawn(driver.run());
@@ -454,13 +455,15 @@ impl EtcdRendezvous {
     }
 }
 
-/// The nesting check's reads: a count under each of `outer`, the keys of each of `gaps`.
-/// Serializable, as the session's first read (`Op::Range`), unless `linearizable`:
-/// another run's keys are not written in the moment this one starts, so only the gate
+/// The nesting check's reads: a count under each of `outer`, the keys of each of `gaps`,
+/// and last every key under `ctl` (the session's first read, [`session::FirstRead`]).
+/// Serializable, as the session's own reads of the run, unless `linearizable`: another
+/// run's keys are not written in the moment this one starts, so only the gate
 /// (`through_gate`) wants the answer to wait for etcd's apply loop.
 fn nesting_reads(
     outer: &[String],
     gaps: &[(String, String)],
+    ctl: &str,
     linearizable: bool,
 ) -> Vec<etcd_client::TxnOp> {
     use etcd_client::TxnOp;
@@ -480,6 +483,7 @@ fn nesting_reads(
             gaps.iter()
                 .map(|(from, to)| TxnOp::get(from.as_str(), Some(keys_in(to)))),
         )
+        .chain([TxnOp::get(ctl, Some(read(GetOptions::new().with_prefix())))])
         .collect()
 }
 
@@ -493,13 +497,17 @@ fn nesting_reads(
 /// 50 million keys in all for 10,000 agents; and as eight reads they were
 /// eight of the sixteen requests an agent made to join, where etcd 3.4 copies its
 /// buffer of writes not yet committed for each one (a third of its CPU at formation).
+///
+/// The same transaction reads the run's control keys, the session's first read: returned
+/// with the revision it was read at. As a request of its own after the grant it was one
+/// of the seven a node made to join; the floor makes four.
 pub(super) async fn refuse_nesting(
     client: &mut Client,
     keys: &Keys,
     prefix: &str,
     window: Duration,
     linearizable: bool,
-) -> Result<(), RendezvousError> {
+) -> Result<session::FirstRead, RendezvousError> {
     use etcd_client::{Txn, TxnOpResponse};
     let outer: Vec<String> = keys
         .enclosing_roots()
@@ -507,7 +515,7 @@ pub(super) async fn refuse_nesting(
         .flat_map(|outer| ["members/", "ctl/"].map(|sub| format!("{outer}{sub}")))
         .collect();
     let gaps = keys.foreign_ranges();
-    let reads = nesting_reads(&outer, &gaps, linearizable);
+    let reads = nesting_reads(&outer, &gaps, &keys.ctl(), linearizable);
     let client = &*client;
     let answer = while_overloaded(window, || {
         super::token::renewing(client, || {
@@ -521,8 +529,9 @@ pub(super) async fn refuse_nesting(
         what,
         source: e.into(),
     };
-    let got: Vec<_> = answer
-        .map_err(failed)?
+    let answer = answer.map_err(failed)?;
+    let revision = answer.header().map_or(0, |h| h.revision());
+    let mut got: Vec<_> = answer
         .op_responses()
         .into_iter()
         .filter_map(|r| match r {
@@ -530,14 +539,15 @@ pub(super) async fn refuse_nesting(
             _ => None,
         })
         .collect();
-    if got.len() != outer.len() + gaps.len() {
+    if got.len() != outer.len() + gaps.len() + 1 {
         let e = std::io::Error::other(format!(
             "etcd answered {} of the {} reads of the run's surroundings",
             got.len(),
-            outer.len() + gaps.len()
+            outer.len() + gaps.len() + 1
         ));
         return Err(failed(etcd_client::Error::IoError(e)));
     }
+    let control = got.pop().expect("counted above");
     let fix = "choose an etcd_prefix outside other runs' keys (e.g. the default /fsdp)";
     let (counts, inner) = got.split_at(outer.len());
     if let Some((p, _)) = outer.iter().zip(counts).find(|(_, g)| g.count() > 0) {
@@ -558,7 +568,7 @@ pub(super) async fn refuse_nesting(
             keys.root()
         )));
     }
-    Ok(())
+    Ok(session::FirstRead::of(revision, control.kvs()))
 }
 
 /// Resolves when a torchrun client reached the store this agent serves (never when it

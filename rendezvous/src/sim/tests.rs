@@ -116,12 +116,13 @@ fn with_the_old_store_the_simulator_finds_live_agents_evicted() {
     // then seed 5 until the re-forms without re-registrations, then seed 19
     // until members stopped watching registrations; seed 4 found it again (as lease 1,
     // as lease 2 since joining nodes keep their lease alive from the grant), as lease 1
-    // again once a coordinator stopped sealing before its own round came back; seed 19
-    // finds it as lease 2.
-    let kept = run_seed(19, &opts);
+    // again once a coordinator stopped sealing before its own round came back, and as
+    // lease 2 in seed 19 until the first sync took the handle's read; seed 18 finds it
+    // as lease 2.
+    let kept = run_seed(18, &opts);
     let v = kept.violation.clone().unwrap_or_default();
     assert!(v.contains("fencing") && v.contains("lease 2 ended"), "{v}");
-    assert_eq!(run_seed(19, &Options::new(4)).violation, None, "fixed");
+    assert_eq!(run_seed(18, &Options::new(4)).violation, None, "fixed");
 }
 
 /// The checker can fail: agents that never fence themselves are caught within 1,000
@@ -281,8 +282,11 @@ fn a_crowd_forms_on_an_overloaded_etcd_and_without_admission_it_collapses() {
     );
     let mut without = crowd;
     without.switches.no_admission = true;
+    // 57 of 100 collapsed while the first sync read the run after the grant, 35 since it
+    // takes the handle's read (one request less per node, in the simulator as in etcd);
+    // with admission, none.
     let failed = campaign(0, 100, &without, 2, &|_| {});
-    assert!(failed.len() >= 50, "{} of 100 seeds failed", failed.len());
+    assert!(failed.len() >= 25, "{} of 100 seeds failed", failed.len());
     let v = failed[0].violation.as_deref().unwrap_or_default();
     assert!(v.starts_with("formation:"), "{v}");
 }

@@ -306,6 +306,18 @@ impl World {
         if self.waits_before_join(a, now) {
             return;
         }
+        // The handle's nesting check, which reads the run's control keys for the first
+        // sync in the same transaction ([`crate::etcd::session::FirstRead`]).
+        let control = Op::Range {
+            key: self.keys.ctl(),
+            prefix: true,
+            keys_only: false,
+            serializable: true,
+        };
+        let Ok(Answer::Range { revision, kvs }) = self.etcd.execute(&control, now) else {
+            return;
+        };
+        let read = crate::etcd::session::FirstRead { revision, kvs };
         // The grant is a proposal: behind a long queue it is refused, and the handle asks
         // again. (Taken at once otherwise: the lease lives from the request on, which is
         // what the machine's clock counts from anyway.)
@@ -345,7 +357,8 @@ impl World {
                 UNIX_MS_AT_START + self.now_ms,
             ),
         };
-        let mut machine = Machine::new(cfg, Counters::default(), self.writes[a].clone());
+        let mut machine =
+            Machine::new(cfg, Counters::default(), self.writes[a].clone()).with_first_read(read);
         let effects = machine.start(now);
         let ag = &mut self.agents[a];
         ag.process += 1;

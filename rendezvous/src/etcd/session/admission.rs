@@ -15,7 +15,7 @@
 //! together does not come back together. While etcd keeps up no request waits, so a
 //! healthy join and every re-form cost nothing; a crowd slows itself to the pace etcd
 //! drains at, each node's lease kept alive meanwhile (its keep-alive stream is opened
-//! right after the grant, before the first read: `sync.rs`).
+//! right after the grant, before its first sync: `sync.rs`).
 //!
 //! Pure: [`Admission::answered`], [`Admission::refused`], [`Admission::kept_alive`] and
 //! [`Admission::lease_lost`] take what happened and say when the next paced request may

@@ -20,7 +20,7 @@ pub(super) type EtcdResult<T> = Result<T, etcd_client::Error>;
 /// The streams the session watches while it is in its watching phase.
 pub(super) struct Streams {
     /// Control keys; for the coordinator, every key of the run. None while a joining
-    /// node keeps its lease alive before its first read (`Todo::KeepFromGrant`).
+    /// node keeps its lease alive before its first sync (`Todo::KeepFromGrant`).
     pub(super) ctl: Option<WatchStream>,
     /// Member departures (members only: the coordinator's one watch has them in order).
     pub(super) members: Option<WatchStream>,
@@ -285,6 +285,26 @@ async fn depart(c: &Client, record: Option<TxnSpec>, lease: i64) -> Answer {
     Answer::Departed {
         said: said.err().map(Fault::from),
         revoked: revoked.err().map(Fault::from),
+    }
+}
+
+/// The session's first read of the run's control keys, made by the handle before the
+/// grant in the nesting check's transaction: one request less for each joining node
+/// ([`super::Machine::with_first_read`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FirstRead {
+    /// The revision the keys were read at: the watches go on from the next.
+    pub revision: i64,
+    pub kvs: Vec<Kv>,
+}
+
+impl FirstRead {
+    /// `kvs` as etcd answered them at `revision`.
+    pub fn of(revision: i64, kvs: &[etcd_client::KeyValue]) -> Self {
+        Self {
+            revision,
+            kvs: kvs.iter().map(kv).collect(),
+        }
     }
 }
 

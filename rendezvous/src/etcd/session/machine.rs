@@ -142,6 +142,9 @@ pub struct Machine {
     pub(super) watches: Watches,
     pub(super) counters: Counters,
     pub(super) writes: Arc<AtomicU64>,
+    /// The run's control keys as the handle read them before the grant, for the first
+    /// sync ([`Machine::with_first_read`]).
+    pub(super) first_read: Option<super::FirstRead>,
 }
 
 impl Machine {
@@ -170,7 +173,18 @@ impl Machine {
             watches: Watches::default(),
             counters,
             writes,
+            first_read: None,
         }
+    }
+
+    /// The first sync takes `read` (the run's control keys, read by the handle in the
+    /// nesting check's transaction before the grant) as its read, instead of reading
+    /// them again after the grant: one request less for each joining node. The watches
+    /// go on from the revision after it, so nothing written since is missed.
+    #[must_use]
+    pub fn with_first_read(mut self, read: super::FirstRead) -> Self {
+        self.first_read = Some(read);
+        self
     }
 
     /// The first sync; the driver is asked for a port for a master (see [`Input::Port`]).

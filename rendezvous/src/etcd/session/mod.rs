@@ -71,7 +71,7 @@ pub use admission::{CROWD, Gate, gated, join_delay, place_in_crowd};
 // The join spread's numbers, which the simulator runs scaled down.
 #[cfg(feature = "sim")]
 pub use admission::{JOINS_PER_SECOND, a_crowd, spread};
-pub use conn::{commit_round, lease_holds};
+pub use conn::{FirstRead, commit_round, lease_holds};
 pub use driver::Driver;
 pub use io::Command;
 // What a driver other than `driver.rs` needs: the simulator's.

@@ -253,6 +253,10 @@ impl Machine {
     pub(super) fn begin_sync(&mut self, why: Resync) {
         self.close_watches();
         self.phase = Phase::Syncing(why);
+        if why != Resync::First {
+            // Read before the grant, for the first sync only: any later one reads afresh.
+            self.first_read = None;
+        }
         let grace_until = match why {
             // A store this agent just started is empty: the agents of a running job come
             // back to it (after its host was restarted in place), each putting back the
@@ -270,7 +274,7 @@ impl Machine {
         self.duty.stand_down();
         let mut plan = Todo::sync(why, self.outage.reselect(), self.me.abandoning());
         if why == Resync::First && self.admission.active() {
-            // A joining node's lease is kept alive from its grant: its first read and
+            // A joining node's lease is kept alive from its grant: its first sync and
             // registration may wait in a crowd longer than a TTL.
             let at = plan.iter().position(|t| *t == Todo::Read).unwrap_or(0);
             plan.insert(at, Todo::KeepFromGrant);

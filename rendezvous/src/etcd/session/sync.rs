@@ -119,6 +119,10 @@ impl Machine {
             Todo::RoleCheck => return self.role_check(),
             Todo::Resync(why) => return self.begin_sync(why),
             Todo::OpenWatches => return self.open_watches(),
+            Todo::Read if self.takes_first_read() => {
+                let read = self.first_read.take().expect("checked");
+                return self.on_read(read.revision, &read.kvs);
+            }
             // A keep-alive queued before the stream ended goes on a new one.
             Todo::KeepAlive if self.lease.stream_ended() => {
                 self.flight.first(Todo::KeepAlive);
@@ -218,6 +222,14 @@ impl Machine {
             | Todo::Resync(_) => return None,
         };
         Some(op)
+    }
+
+    /// Whether this step's read is the one the handle made before the grant: only on the
+    /// first sync, as a member reading the control keys.
+    fn takes_first_read(&self) -> bool {
+        self.first_read.is_some()
+            && self.phase == Phase::Syncing(Resync::First)
+            && self.control_read()
     }
 
     fn open_watches(&mut self) {

@@ -44,6 +44,39 @@ fn the_first_sync_reads_counts_members_and_watches_from_the_next_revision() {
     );
 }
 
+/// The handle reads the run's control keys before the grant, in the nesting check's
+/// transaction: the first sync takes that read and sends none of its own (one request less
+/// for each joining node), and its watches go on from the revision after the handle's read,
+/// so nothing written since is missed.
+#[test]
+fn a_first_sync_given_the_handles_read_reads_nothing_and_watches_from_after_it() {
+    let mut h = Harness::new();
+    let three = round(3, &[("b", 1)]);
+    h.m.first_read = Some(super::super::FirstRead {
+        revision: 7,
+        kvs: vec![round_kv(&three, 6), coordinator_kv("b", 200)],
+    });
+    let e = h.m.start(h.now);
+    let (ops, rest) = h.sync_through(e, &[]);
+    assert_eq!(
+        ops,
+        vec![
+            Op::ReopenKeepAlive { lease: LEASE },
+            Op::MemberCount,
+            Op::Watch {
+                role: Role::Member,
+                from: 8,
+                lease: LEASE,
+                keep_stream: true
+            },
+        ]
+    );
+    no_op(&rest);
+    let v = h.m.view();
+    assert_eq!(v.round.as_ref().map(|r| r.record.number), Some(3));
+    assert_eq!(v.coordinator.as_deref(), Some("b"));
+}
+
 /// The coordinator key names this node (an earlier run of it, its lease not expired
 /// yet): a coordinator seals from every registration, so the control-only read is
 /// followed by a whole one, and the watches open for the coordinator.
