@@ -215,9 +215,10 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
     }
 }
 
-/// Waits for the session's first sync of the run (its watches open), for at most `window`
-/// (what is left of the join timeout: a crowd's first syncs wait in a busy etcd for far
-/// longer than a connection's retry window); the session is stopped when it does not come.
+/// Waits for the session's first view of the run (the read the handle made, taken once
+/// the lease's keep-alive stream is open), for at most `window` (what is left of the join
+/// timeout: a crowd's first requests wait in a busy etcd for far longer than a
+/// connection's retry window); the session is stopped when it does not come.
 async fn first_sync(
     view: &mut watch::Receiver<View>,
     session: &JoinHandle<()>,
@@ -227,7 +228,7 @@ async fn first_sync(
     if tokio::time::timeout(window, synced).await.is_err() {
         session.abort();
         return Err(RendezvousError::SessionEnded(
-            "etcd did not answer the first sync of the run within join_timeout",
+            "etcd did not answer this node's first requests after its lease grant within join_timeout",
         ));
     }
     Ok(())
@@ -500,7 +501,9 @@ fn nesting_reads(
 ///
 /// The same transaction reads the run's control keys, the session's first read: returned
 /// with the revision it was read at. As a request of its own after the grant it was one
-/// of the seven a node made to join; the floor makes four.
+/// of the seven a node made to join (the floor makes four). At a crowd's gate every look
+/// reads them: few at formation (the coordinator key), but a run's `done/` records while
+/// it ends, which a node that joins then reads at each look.
 pub(super) async fn refuse_nesting(
     client: &mut Client,
     keys: &Keys,
@@ -530,7 +533,11 @@ pub(super) async fn refuse_nesting(
         source: e.into(),
     };
     let answer = answer.map_err(failed)?;
-    let revision = answer.header().map_or(0, |h| h.revision());
+    // Without it the watches would start from revision 1: the run's whole history.
+    let Some(revision) = answer.header().map(|h| h.revision()) else {
+        let e = std::io::Error::other("etcd answered without a header (no revision)");
+        return Err(failed(etcd_client::Error::IoError(e)));
+    };
     let mut got: Vec<_> = answer
         .op_responses()
         .into_iter()

@@ -54,7 +54,8 @@ pub const BROKEN_KEPT: usize = 16;
 
 #[derive(Debug, Clone, Default)]
 pub struct View {
-    /// A watch is established and the view is current.
+    /// The view was read from etcd (the first sync's read, or a later one; the watches
+    /// that keep it current open right after).
     pub connected: bool,
     /// Registered members. Complete for the coordinator; for other agents, the last
     /// snapshot minus departures (they do not receive registrations). The machine's

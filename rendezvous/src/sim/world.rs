@@ -17,7 +17,9 @@ use super::faults::Fault;
 use super::rng::Rng;
 use crate::Counters;
 use crate::etcd::Keys;
-use crate::etcd::session::{Answer, Command, Config, Effect, Input, Machine, Op, WatchEvent};
+use crate::etcd::session::{
+    Answer, Command, Config, Effect, FirstRead, Input, Machine, Op, WatchEvent,
+};
 use crate::seal::SealConfig;
 
 /// What happens at a moment.
@@ -291,6 +293,32 @@ impl World {
         false
     }
 
+    /// The handle's nesting check, which reads the run's control keys for the first sync
+    /// in the same transaction ([`crate::etcd::session::FirstRead`]), then its grant: the
+    /// read and the lease, or none (a refused grant starts agent `a` again later, as the
+    /// handle asks again; the store refuses neither otherwise).
+    fn read_and_grant(&mut self, a: usize, now: Instant) -> Option<(FirstRead, i64)> {
+        let control = Op::Range {
+            key: self.keys.ctl(),
+            prefix: true,
+            keys_only: false,
+            serializable: true,
+        };
+        let Ok(Answer::Range { revision, kvs }) = self.etcd.execute(&control, now) else {
+            return None;
+        };
+        // The grant is a proposal: behind a long queue it is refused, and the handle asks
+        // again. (Taken at once otherwise: the lease lives from the request on, which is
+        // what the machine's clock counts from anyway.)
+        if self.etcd.queueing(now) && self.etcd.propose(now) == super::etcd::Proposal::Refused {
+            self.after(500, Ev::Fault(Fault::Start(a)));
+            return None;
+        }
+        let ttl_s = self.opts.ttl.as_secs() as i64;
+        let (lease, _) = self.etcd.state.grant(ttl_s, 0, now).ok()?;
+        Some((FirstRead { revision, kvs }, lease))
+    }
+
     /// Starts agent `a`'s process: a lease granted at etcd, then the machine's first sync.
     pub fn start(&mut self, a: usize) {
         if self.agents[a].life != Life::Down {
@@ -306,27 +334,7 @@ impl World {
         if self.waits_before_join(a, now) {
             return;
         }
-        // The handle's nesting check, which reads the run's control keys for the first
-        // sync in the same transaction ([`crate::etcd::session::FirstRead`]).
-        let control = Op::Range {
-            key: self.keys.ctl(),
-            prefix: true,
-            keys_only: false,
-            serializable: true,
-        };
-        let Ok(Answer::Range { revision, kvs }) = self.etcd.execute(&control, now) else {
-            return;
-        };
-        let read = crate::etcd::session::FirstRead { revision, kvs };
-        // The grant is a proposal: behind a long queue it is refused, and the handle asks
-        // again. (Taken at once otherwise: the lease lives from the request on, which is
-        // what the machine's clock counts from anyway.)
-        if self.etcd.queueing(now) && self.etcd.propose(now) == super::etcd::Proposal::Refused {
-            self.after(500, Ev::Fault(Fault::Start(a)));
-            return;
-        }
-        let ttl_s = self.opts.ttl.as_secs() as i64;
-        let Ok((lease, _)) = self.etcd.state.grant(ttl_s, 0, now) else {
+        let Some((read, lease)) = self.read_and_grant(a, now) else {
             return;
         };
         let skew = self.rng.range(0, 2_000);

@@ -51,9 +51,9 @@ pub(super) struct Duty {
     /// Placed seals tried by this process: each attempt's shards go under a name of
     /// their own ([`crate::etcd::placement::tag`]).
     placed_seals: u64,
-    /// The round this coordinator sealed that its view does not hold yet
-    /// ([`Machine::own_seal_unseen`]).
-    sealed_unseen: Option<u64>,
+    /// The round this coordinator sealed that its view does not hold yet, and when
+    /// ([`Machine::awaiting_own_seal`]).
+    sealed_unseen: Option<(u64, Instant)>,
 }
 
 /// What a commit in flight was for.
@@ -133,7 +133,8 @@ impl Duty {
     /// Not looking again: the role changes, or the watches do.
     pub(super) fn stand_down(&mut self) {
         self.recheck = None;
-        // A sync reads the run afresh: the round is there, or etcd lost it.
+        // A sync reads the run afresh: the round is there, comes through the new watches,
+        // or etcd lost it.
         self.sealed_unseen = None;
     }
 }
@@ -185,7 +186,7 @@ impl Machine {
             self.duty.recheck = None;
             return;
         }
-        if self.awaiting_return() || self.own_seal_unseen() {
+        if self.awaiting_return() || self.awaiting_own_seal() {
             return;
         }
         let began = thread_cpu_ns();
@@ -217,22 +218,28 @@ impl Machine {
         })
     }
 
-    /// Whether this coordinator sealed a round its view does not hold yet: it decides
-    /// nothing until its watch brings that round back. Its view still holds the round
-    /// before, and every seal decided from that is fenced out: at 10,000 nodes, with 50
-    /// members leaving at once, each departure seen in the 3.3 s before its own round came
-    /// back was a seal of the 9,950 others sent again and refused (51 of them, each a
-    /// large transaction through etcd's log, which is what made the watch that slow),
-    /// and the round without the 49 came 4.3 s after the one without the first.
-    fn own_seal_unseen(&mut self) -> bool {
+    /// Whether this coordinator waits for a round it sealed to come back through its
+    /// watch before it decides again. Its view still holds the round before, and every
+    /// seal decided from that is fenced out: at 10,000 nodes, with 50 members leaving at
+    /// once, each departure seen in the 3.3 s before its own round came back was a seal of
+    /// the 9,950 others sent again and refused (51 of them, each a large transaction
+    /// through etcd's log, which is what made the watch that slow), and the round without
+    /// the 49 came 4.3 s after the one without the first. For at most a TTL: a round key
+    /// deleted meanwhile must not leave the run with nobody sealing (a seal from the view
+    /// then is fenced as any other). The last-call and re-form clocks start when it looks
+    /// again, at most the watch's lag late.
+    fn awaiting_own_seal(&mut self) -> bool {
+        let Some((number, sealed_at)) = self.duty.sealed_unseen else {
+            return false;
+        };
         let held = self.view.round.as_ref().map(|r| r.record.number);
-        match self.duty.sealed_unseen {
-            Some(n) if held.is_none_or(|h| h < n) => true,
-            _ => {
-                self.duty.sealed_unseen = None;
-                false
-            }
+        let until = sealed_at + self.cfg.ttl;
+        if held.is_none_or(|h| h < number) && self.now < until {
+            self.duty.recheck = Some(until);
+            return true;
         }
+        self.duty.sealed_unseen = None;
+        false
     }
 
     /// [`Machine::coordinate`]'s decision; whether it sent a commit.
@@ -436,7 +443,7 @@ impl Machine {
                     // follows at once (or after etcd came back empty) never counts fewer.
                     self.duty.most_restarts = self.duty.most_restarts.max(restart_count);
                     self.duty.coordinator.sealed(self.now, number, &c.reason);
-                    self.duty.sealed_unseen = Some(number);
+                    self.duty.sealed_unseen = Some((number, self.now));
                 }
             }
             Ok(other) => self.unexpected(&other),

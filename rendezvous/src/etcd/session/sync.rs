@@ -54,8 +54,8 @@ pub enum Todo {
     ReadSeal,
     /// The keep-alive stream ended (etcd too busy): a new one, the watches kept.
     ReopenKeepAlive,
-    /// A joining node's keep-alive stream, opened right after its grant, before the
-    /// first read ([`super::admission`]).
+    /// A joining node's keep-alive stream, opened right after its grant, before its
+    /// first sync ([`super::admission`]).
     KeepFromGrant,
     /// A keep-alive is late: ask etcd how long the lease has left. A renewal that was
     /// only slow (a busy machine, a busy etcd) then moves the lease clock, and the node

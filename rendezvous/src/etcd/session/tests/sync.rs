@@ -2,6 +2,7 @@
 //! while an op is in flight.
 
 use super::*;
+use crate::etcd::session::FirstRead;
 
 // ---------------------------------------------------------------------------------------
 // The first sync
@@ -52,7 +53,7 @@ fn the_first_sync_reads_counts_members_and_watches_from_the_next_revision() {
 fn a_first_sync_given_the_handles_read_reads_nothing_and_watches_from_after_it() {
     let mut h = Harness::new();
     let three = round(3, &[("b", 1)]);
-    h.m.first_read = Some(super::super::FirstRead {
+    h.m.first_read = Some(FirstRead {
         revision: 7,
         kvs: vec![round_kv(&three, 6), coordinator_kv("b", 200)],
     });
@@ -75,6 +76,47 @@ fn a_first_sync_given_the_handles_read_reads_nothing_and_watches_from_after_it()
     let v = h.m.view();
     assert_eq!(v.round.as_ref().map(|r| r.record.number), Some(3));
     assert_eq!(v.coordinator.as_deref(), Some("b"));
+}
+
+/// With the handle's read naming this node coordinator, the whole run is read after it,
+/// and the watches go on from that read.
+#[test]
+fn a_first_sync_whose_handle_read_finds_itself_coordinator_reads_the_whole_run() {
+    let other = member("b", 200, 1, 0);
+    let kvs = [coordinator_kv("a", 99), member_kv(&other, 5)];
+    let mut h = Harness::new();
+    h.m.first_read = Some(FirstRead {
+        revision: 7,
+        kvs: vec![coordinator_kv("a", 99)],
+    });
+    let e = h.m.start(h.now);
+    let (ops, _) = h.sync_through(e, &kvs);
+    assert_eq!(
+        ops[..2],
+        [Op::ReopenKeepAlive { lease: LEASE }, read_root()]
+    );
+    assert!(
+        matches!(ops.last(), Some(Op::Watch { role: Role::Coordinator, from, .. }) if *from == REV + 1),
+        "{ops:?}"
+    );
+}
+
+/// The handle's read is for the first sync only: one that failed before taking it leaves
+/// it unused, and the sync after the outage reads the run itself.
+#[test]
+fn a_sync_after_a_failed_first_one_reads_the_run_itself() {
+    let mut h = Harness::new();
+    h.m.first_read = Some(FirstRead {
+        revision: 7,
+        kvs: Vec::new(),
+    });
+    let e = h.m.start(h.now);
+    assert_eq!(the_op(&e), Op::ReopenKeepAlive { lease: LEASE });
+    h.fail(cut());
+    assert!(matches!(h.m.phase(), Phase::Disconnected { .. }));
+    let e = h.fire();
+    let (ops, _) = h.sync_through(e, &[]);
+    assert!(ops.contains(&read_ctl()), "{ops:?}");
 }
 
 /// The coordinator key names this node (an earlier run of it, its lease not expired
