@@ -86,11 +86,8 @@ impl Coordinator {
     /// The proposal of the last observation was committed as round `number` at `now`.
     pub fn sealed(&mut self, now: Instant, number: u64, reason: &str) {
         match self.proposed.take() {
-            Some(Proposed { basis, drops: true }) => self.pace.dropped(now, number, basis, reason),
-            Some(Proposed {
-                basis,
-                drops: false,
-            }) => self.pace.sealed(now, number, basis, reason),
+            Some(p) if p.drops => self.pace.dropped(now, number, p.basis, reason),
+            Some(p) => self.pace.sealed(now, number, p.basis, reason),
             None => {}
         }
     }

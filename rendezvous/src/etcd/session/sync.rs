@@ -224,12 +224,10 @@ impl Machine {
         Some(op)
     }
 
-    /// Whether this step's read is the one the handle made before the grant: only on the
-    /// first sync, as a member reading the control keys.
+    /// Whether this step's read is the one the handle made before the grant: as a member
+    /// reading the control keys (any sync but the first has dropped it: `begin_sync`).
     fn takes_first_read(&self) -> bool {
-        self.first_read.is_some()
-            && self.phase == Phase::Syncing(Resync::First)
-            && self.control_read()
+        self.first_read.is_some() && self.control_read()
     }
 
     fn open_watches(&mut self) {
