@@ -203,6 +203,7 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
         placement_above: cfg.placement_above,
         placement_shape: cfg.placement_shape,
         can_probe: true,
+        crowd: session::gated(cfg.max_nodes),
         embedded_store: cfg.options.embedded_store,
         lease: lease.id,
         granted_at: lease.at,

@@ -356,6 +356,7 @@ impl World {
             placement_above: self.opts.placement_above,
             placement_shape: self.opts.placement_shape,
             can_probe: true,
+            crowd: crate::etcd::session::a_crowd(self.opts.max_nodes, self.opts.join_spread.0),
             embedded_store: false,
             lease,
             allowed: Default::default(),

@@ -62,6 +62,10 @@ pub struct Config {
     pub placement_shape: crate::etcd::placement::Shape,
     /// The driver can look for proof that etcd has no leader ([`Effect::Probe`]).
     pub can_probe: bool,
+    /// The run is a crowd whose joins are spread and gated ([`super::gated`]; the
+    /// simulator's scaled down): a joining node's keep-alives keep the times set at its
+    /// grant when its watches open.
+    pub crowd: bool,
     /// etcd is the c10d store an agent serves (for the give-up message).
     pub embedded_store: bool,
     /// The lease the handle granted at join, when it asked for it, and the Unix time in ms

@@ -75,6 +75,7 @@ fn config(t0: Instant) -> Config {
         placement_above: crate::etcd::PLACEMENT_ABOVE,
         placement_shape: crate::etcd::placement::Shape::ETCD,
         can_probe: true,
+        crowd: false,
         embedded_store: false,
         lease: LEASE,
         granted_at: t0,
