@@ -72,6 +72,33 @@ pub(crate) enum Watch {
     Fence { abandon: String, change: Change },
 }
 
+/// What a look hands the loop beside the round this node was sealed into and leaves
+/// unrun ([`sealed_first`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Beside {
+    /// Nothing: it waits for the next round.
+    Nothing,
+    /// A round to run, which charged this many restarts.
+    Runs(u32),
+    /// A round it was in that broke before it started, which charged this many.
+    Broken(u32),
+}
+
+/// Whether the round this node was sealed into and leaves unrun, which charged `sealed`
+/// restarts, goes to the loop before what the look hands over `beside` it. Its other
+/// members decided the budget by it, so this node does too, and first, unless what goes
+/// beside it tells as much: a round to run tells its own count (a tie runs, one check of
+/// the budget); a broken round that charged more goes first, and of two that charged as
+/// much the sealed one (the lower count first would be a second hand-over later, two
+/// checks of the budget for one round).
+fn sealed_first(sealed: u32, beside: Beside) -> bool {
+    match beside {
+        Beside::Nothing => true,
+        Beside::Runs(count) => sealed > count,
+        Beside::Broken(count) => sealed >= count,
+    }
+}
+
 /// The agent loop's rendezvous state.
 #[derive(Debug, Clone)]
 pub(crate) struct Waiter {
@@ -128,7 +155,7 @@ impl Waiter {
             None => v.round.as_ref().map_or(0, |r| r.record.number + 1),
         };
         self.note_sealed_in(v, wants);
-        if let Some(round) = self.charged_in_sealed(wants) {
+        if let Some(round) = self.sealed_handed_first(Beside::Nothing, Some(wants)) {
             self.waiting = None;
             return Action::Charged(round);
         }
@@ -165,22 +192,18 @@ impl Waiter {
                         "etcd says the lease stands; starting the round"
                     );
                 }
-                // A round this node was sealed into charged restarts this one does not
-                // carry: etcd lost them with its data before anyone put that round back (a
-                // member of a placed round holds too little of it to). Its other members
-                // decided the budget by it; so does this node, first. Its number says
-                // nothing: etcd counts rounds again from what it kept, so the round that
-                // lost the charges may be numbered below the one that made them (seed
-                // 1456934009). Within one life of etcd counts never go down, but a view
-                // can (a resync's serializable read from a member behind): a newer round
-                // handed over then is one this node was sealed into, with its own count,
-                // so it gives up only where that round's members do, and otherwise asks
-                // for the next round as before.
-                let lost_charges = self
-                    .sealed_in
-                    .clone()
-                    .filter(|s| s.restart_count > record.restart_count);
-                if let Some(charged) = lost_charges.and_then(|s| self.charged_as_lost(&s)) {
+                // A round this node was sealed into may have charged restarts this one
+                // does not carry: etcd lost them with its data before anyone put that
+                // round back (a member of a placed round holds too little of it to). Its
+                // number says nothing here: etcd counts rounds again from what it kept, so
+                // the round that lost the charges may be numbered below the one that made
+                // them (seed 1456934009). Within one life of etcd counts never go down,
+                // but a view can (a resync's serializable read from a member behind): a
+                // newer round handed over then is one this node was sealed into, with its
+                // own count, so it gives up only where that round's members do, and
+                // otherwise asks for the next round as before.
+                let runs = Beside::Runs(record.restart_count);
+                if let Some(charged) = self.sealed_handed_first(runs, None) {
                     self.waiting = None;
                     return Ok(Action::Charged(charged));
                 }
@@ -206,23 +229,17 @@ impl Waiter {
                     %change,
                     "the round broke before it started; waiting for the next"
                 );
-                // Or one it was sealed into and will never run, first where that one
-                // charged as much or more: another seal under the broken round's number
-                // may carry fewer charges (etcd came back empty and a new process sealed it
-                // from nothing: seed 2482646557). The lower count first would be a second
-                // hand-over later, two budget checks for one round.
+                // Or one it was sealed into and will never run, by the rule of
+                // [`sealed_first`] (another seal under the broken round's number may carry
+                // fewer charges: etcd came back empty and a new process sealed it from
+                // nothing, seed 2482646557).
                 let broken = v.round.as_ref().map(|r| &r.record);
                 let broken = broken.filter(|r| r.number == next - 1);
-                let sealed_more = self.sealed_in.as_ref().is_some_and(|s| {
-                    s.number < next && broken.is_none_or(|b| s.restart_count >= b.restart_count)
-                });
-                let charged = if sealed_more {
-                    self.charged_in_sealed(next)
-                        .or_else(|| self.charged_in_broken(v, next - 1, change))
-                } else {
-                    self.charged_in_broken(v, next - 1, change)
-                        .or_else(|| self.charged_in_sealed(next))
-                };
+                let beside = broken.map_or(Beside::Nothing, |b| Beside::Broken(b.restart_count));
+                let charged = self
+                    .sealed_handed_first(beside, Some(next))
+                    .or_else(|| self.charged_in_broken(v, next - 1, change))
+                    .or_else(|| self.sealed_handed_first(Beside::Nothing, Some(next)));
                 if let Some(round) = charged {
                     self.waiting = None;
                     return Ok(Action::Charged(round));
@@ -231,7 +248,7 @@ impl Waiter {
             }
             Step::Spare { next, members } => {
                 self.log_spare(next - 1, members);
-                if let Some(round) = self.charged_in_sealed(next) {
+                if let Some(round) = self.sealed_handed_first(Beside::Nothing, Some(next)) {
                     self.waiting = None;
                     return Ok(Action::Charged(round));
                 }
@@ -313,12 +330,20 @@ impl Waiter {
         Some(round)
     }
 
-    /// The round this node was sealed into and did not run ([`Self::sealed_in`]), if it
-    /// is numbered before `next` (the round this node is about to ask for: it will never
-    /// run that one) and charged a restart its loop has not been given: broken by this
-    /// node's loss, as its other members see it.
-    fn charged_in_sealed(&mut self, next: u64) -> Option<Round> {
-        let rec = self.sealed_in.take_if(|r| r.number < next)?;
+    /// The round this node was sealed into and did not run ([`Self::sealed_in`]), if
+    /// [`sealed_first`] hands it over before `beside`, it charged a restart the loop has
+    /// not been given (broken by this node's loss, as its other members see it), and,
+    /// given `before`, it is numbered below that: the round this node is about to ask
+    /// for, which it will never run then (it is forgotten there, charged or not).
+    fn sealed_handed_first(&mut self, beside: Beside, before: Option<u64>) -> Option<Round> {
+        let count = self.sealed_in.as_ref()?.restart_count;
+        if !sealed_first(count, beside) {
+            return None;
+        }
+        let rec = match before {
+            Some(next) => self.sealed_in.take_if(|r| r.number < next)?,
+            None => Arc::clone(self.sealed_in.as_ref()?),
+        };
         self.charged_as_lost(&rec)
     }
 
@@ -405,6 +430,34 @@ impl Waiter {
                 members,
                 max = self.max_nodes,
                 "the round was sealed without this node; joining the next"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Beside, sealed_first};
+
+    /// The one rule for a round this node was sealed into and leaves unrun: first when
+    /// nothing else goes, before a round to run only if it charged more, before a broken
+    /// round if it charged as much or more.
+    #[test]
+    fn a_round_sealed_in_and_left_unrun_goes_first_unless_what_goes_beside_tells_as_much() {
+        for (sealed, beside, first) in [
+            (0, Beside::Nothing, true),
+            (3, Beside::Nothing, true),
+            (3, Beside::Runs(2), true),
+            (3, Beside::Runs(3), false),
+            (3, Beside::Runs(4), false),
+            (3, Beside::Broken(2), true),
+            (3, Beside::Broken(3), true),
+            (3, Beside::Broken(4), false),
+        ] {
+            assert_eq!(
+                sealed_first(sealed, beside),
+                first,
+                "{sealed} beside {beside:?}"
             );
         }
     }
