@@ -70,8 +70,9 @@ pub const CROWD: u32 = 1_000;
 /// with not one request refused. Faster spreads are bimodal: with a renewal less per
 /// joining node (`enter` in `phases.rs`), 1,400 a second falling from 2,100 to 700 formed
 /// 10,000 in 9.2–10.1 s in four runs and in 14.0–17.4 s in five, where the gate held
-/// 1,764–2,844 nodes for up to 12 s; 1,250 a second so, in 10.2–10.8 s and once 16.5 s.
-/// This rate formed every run in 12.0–12.4 s, none held.
+/// 1,764–2,844 nodes for up to 12 s; 1,250 a second formed them in 10.2–10.8 s, and once
+/// in 16.5 s. This rate, with the same renewal less, formed every run in 12.0–12.4 s,
+/// none held.
 pub const JOINS_PER_SECOND: u32 = 1_000;
 
 /// How far the join rate falls over a crowd's spread: it starts at `1 + TAPER` times

@@ -380,10 +380,16 @@ impl Machine {
         // In a crowd, a stream kept from the grant goes on under the watches with its
         // keep-alives' times: the lease was granted or renewed less than a third of a TTL
         // ago. A keep-alive at once here was one renewal more per joining node, a fifth of
-        // what etcd renewed while 10,000 nodes formed. A smaller run's node confirms its
-        // lease at once: one request, and its clock is etcd's word from its first look.
+        // what etcd renewed while 10,000 nodes formed. Not for a lease granted again
+        // since (a command served in this sync found the old one gone: the tick at once
+        // syncs again for it), nor a stream etcd ended (the tick at once opens another).
+        // A smaller run's node confirms its lease at once: one request, and its clock is
+        // etcd's word from its first look.
+        let lease = self.lease.id();
         let on_schedule = self.cfg.crowd
-            && self.lease.kept_from_grant() == Some(self.watches.lease())
+            && self.lease.kept_from_grant() == Some(lease)
+            && self.watches.lease() == lease
+            && !self.lease.stream_ended()
             && self.lease.keep_alive_due().is_some();
         self.lease.kept_from_grant_over();
         if !on_schedule {

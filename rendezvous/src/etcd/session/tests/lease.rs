@@ -50,6 +50,43 @@ fn in_a_crowd_the_first_keep_alive_comes_a_third_of_a_ttl_after_the_grant() {
     assert_eq!(h.m.deadline(), Some(h.t0 + 2 * TTL / 3));
 }
 
+/// A crowd node whose registration, waiting through the first sync, found its lease gone
+/// and was written on a new one: the watches opened for the old lease, so it syncs again
+/// for the new one, and that lease's keep-alives start at once (no stream was kept from
+/// its grant).
+#[test]
+fn in_a_crowd_a_lease_granted_again_during_the_first_sync_is_kept_alive_at_once() {
+    let mut h = Harness::with(|c| c.crowd = true);
+    let effects = h.m.start(h.now);
+    no_op(&h.command(1, Command::Register { wants_round: 0 }));
+    let (ops, rest) = h.sync_through(effects, &[coordinator_kv("b", 200)]);
+    assert!(matches!(ops.last(), Some(Op::Watch { .. })), "{ops:?}");
+    assert!(
+        matches!(the_op(&rest), Op::Txn(_)),
+        "the registration: {rest:?}"
+    );
+    let e = h.fail(no_such_lease());
+    assert_eq!(the_op(&e), Op::Grant { ttl: 6 });
+    let e = h.answer(Answer::Granted { id: 300 });
+    assert!(matches!(the_op(&e), Op::Txn(_)));
+    let e = h.answer(Answer::Txn { succeeded: true });
+    replied_ok(&e, 1);
+    assert!(closes_watches(&e));
+    assert_eq!(h.m.phase(), Phase::Syncing(Resync::Outage));
+    let (_, rest) = h.sync_through(e, &[coordinator_kv("b", 200)]);
+    // Its registration is not in the read: written again on the new lease.
+    assert!(matches!(the_op(&rest), Op::Txn(_)), "{rest:?}");
+    let e = h.answer(Answer::Txn { succeeded: true });
+    let (ops, rest) = h.sync_through(e, &[]);
+    assert!(
+        matches!(ops.last(), Some(Op::Watch { lease: 300, .. })),
+        "{ops:?}"
+    );
+    no_op(&rest);
+    assert_eq!(h.m.deadline(), Some(h.now), "a keep-alive at once");
+    assert_eq!(the_op(&h.fire()), Op::KeepAlive);
+}
+
 #[test]
 fn an_answered_keep_alive_extends_lease_safe_until_from_when_it_was_sent() {
     let mut h = Harness::synced();
