@@ -584,3 +584,33 @@ fn a_restarted_coordinator_names_its_shards_apart_from_its_predecessors() {
         fsdp_proto::decode("k", put_at(&spec.then, &k.key::<v1::Round>("")).0).unwrap();
     assert_eq!(header.placement, placement::tag(header.number, LEASE, 0));
 }
+
+/// A joining node whose pace holds its next request (a keep-alive answered late, as at a
+/// crowd's seal) reads its shard of the sealed round at once: that read ends its
+/// formation, every member makes it once, and held it made the node the straggler.
+#[test]
+fn a_joining_node_held_by_its_pace_reads_its_shard_of_a_sealed_round_at_once() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
+    h.register(1, 0, true);
+    let mut e = h.fire();
+    while super::overload::keep_alives_beside(&e) == 0 && !etcd_ops(&e).contains(&Op::KeepAlive) {
+        e = h.fire();
+    }
+    if etcd_ops(&e).contains(&Op::KeepAlive) {
+        no_op(&h.answer(Answer::Done));
+    }
+    h.later(Duration::from_secs(2));
+    h.step(Input::LeaseAnswer(Some(6)));
+    let (_, header, _) = placed_round_two();
+    let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    let mine = placement::shard_of("a", header.shards);
+    assert_eq!(
+        the_op(&e),
+        Op::Range {
+            key: keys().placement(&header.placement, mine),
+            prefix: false,
+            keys_only: false,
+            serializable: true,
+        }
+    );
+}
