@@ -432,7 +432,7 @@ impl Machine {
     /// pace lets it go (`admission.rs`), keeping its lease alive meanwhile, as while a
     /// refused request waits to go again.
     pub(super) fn issue(&mut self, then: Then, op: Op) {
-        if self.paces(&then, &op) {
+        if self.paces(&op) {
             if let Some(at) = self.admission.wait(self.now) {
                 self.held_by_pace(self.now, at);
                 return self.flight.retry_at(at, then, op);
@@ -456,17 +456,18 @@ impl Machine {
     /// expired granted new ones at once, 141,925 grants for 20,000 nodes, each lease one
     /// more proposal to apply and one more to expire), and never a coordinator's: its
     /// seals, reads and evictions are every node's way on (one that ended up a spare
-    /// would otherwise stay paced for good). Nor a read of the round sealed: it ends the
-    /// node's formation, every member makes it once, and etcd took the registrations a
-    /// pause was to spare it; held (a keep-alive answered late at the seal paces the
-    /// next request), the node was the formation's straggler.
-    pub(super) fn paces(&self, then: &Then, op: &Op) -> bool {
-        let reads_the_round = matches!(
-            then,
-            Then::Todo(Todo::ReadRoster | Todo::ReadShardAgain | Todo::ReadSeal)
+    /// would otherwise stay paced for good). Nor the read of this node's own shard of a
+    /// placed round: one key of about 1 KB per member and seal, where a member's
+    /// formation ends; held (a keep-alive answered late at the seal paces the next
+    /// request), its node was the formation's straggler. A whole roster or run read
+    /// stays paced.
+    pub(super) fn paces(&self, op: &Op) -> bool {
+        let reads_its_shard = matches!(
+            op,
+            Op::Range { key, prefix: false, .. } if self.cfg.keys.is_placement(key)
         );
         paced(op)
-            && !reads_the_round
+            && !reads_its_shard
             && self.admission.active()
             && (self.keeps_own_lease() || matches!(op, Op::Grant { .. }))
             && self.role() != super::io::Role::Coordinator

@@ -452,7 +452,7 @@ impl Machine {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         let delay = self.retry_delay(before);
         // A joining node's pace grows with each refusal, drawn apart from the crowd's.
-        let at = if self.paces(&then, &op) {
+        let at = if self.paces(&op) {
             let at = self.admission.refused(self.flight.sent(), now, delay);
             // Beyond the backoff an unpaced request waits too.
             self.held_by_pace(now + delay, at);

@@ -585,13 +585,9 @@ fn a_restarted_coordinator_names_its_shards_apart_from_its_predecessors() {
     assert_eq!(header.placement, placement::tag(header.number, LEASE, 0));
 }
 
-/// A joining node whose pace holds its next request (a keep-alive answered late, as at a
-/// crowd's seal) reads its shard of the sealed round at once: that read ends its
-/// formation, every member makes it once, and held it made the node the straggler.
-#[test]
-fn a_joining_node_held_by_its_pace_reads_its_shard_of_a_sealed_round_at_once() {
-    let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
-    h.register(1, 0, true);
+/// Paces the joining node of `h` as a keep-alive answered late does (as at a crowd's
+/// seal): its next paced request waits.
+fn paced_by_a_late_keep_alive(h: &mut Harness) {
     let mut e = h.fire();
     while super::overload::keep_alives_beside(&e) == 0 && !etcd_ops(&e).contains(&Op::KeepAlive) {
         e = h.fire();
@@ -601,6 +597,17 @@ fn a_joining_node_held_by_its_pace_reads_its_shard_of_a_sealed_round_at_once() {
     }
     h.later(Duration::from_secs(2));
     h.step(Input::LeaseAnswer(Some(6)));
+    assert!(h.m.admission.wait(h.now).is_some(), "paced");
+}
+
+/// A joining node whose pace holds its next request reads its own shard of a sealed round
+/// at once: one small key, where its formation ends; held, it made the node the
+/// formation's straggler.
+#[test]
+fn a_joining_node_held_by_its_pace_reads_its_shard_of_a_sealed_round_at_once() {
+    let mut h = Harness::synced_with(&[coordinator_kv("b", 99)]);
+    h.register(1, 0, true);
+    paced_by_a_late_keep_alive(&mut h);
     let (_, header, _) = placed_round_two();
     let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
     let mine = placement::shard_of("a", header.shards);
@@ -613,4 +620,50 @@ fn a_joining_node_held_by_its_pace_reads_its_shard_of_a_sealed_round_at_once() {
             serializable: true,
         }
     );
+}
+
+/// The roster (a whole round of up to 2,000 members) stays paced: a crowd's nodes that
+/// find a delta they cannot apply read it while their grants and registrations load etcd.
+#[test]
+fn a_joining_node_held_by_its_pace_waits_to_read_the_roster() {
+    let mut h = Harness::synced();
+    let (whole, header, shards) = placed_round_two();
+    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    let mine = placement::shard_of("a", header.shards) as usize;
+    h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![shard_kv(&shards[mine], 12)],
+    });
+    paced_by_a_late_keep_alive(&mut h);
+    let mut next = round(3, &[("d", 1), ("a", 1), ("c", 1)]);
+    next.dropped = vec!["b".into()];
+    let d = crate::etcd::roster::delta(&whole, 12, &next).expect("a delta");
+    let kv = Kv {
+        key: keys().key::<v1::Round>(""),
+        value: d.encode_to_vec(),
+        create_rev: 1,
+        mod_rev: 14,
+        lease: 0,
+    };
+    let roster = Op::Range {
+        key: keys().key::<v1::Roster>(""),
+        prefix: false,
+        keys_only: false,
+        serializable: false,
+    };
+    let mut e = h.step(Input::Watched(vec![WatchEvent::Put(kv)]));
+    let held_at = h.now;
+    assert!(!etcd_ops(&e).contains(&roster), "held: {e:?}");
+    // Keep-alives go meanwhile; the roster once the pause is over.
+    for _ in 0..10 {
+        if etcd_ops(&e).contains(&roster) {
+            break;
+        }
+        if etcd_ops(&e).contains(&Op::KeepAlive) {
+            h.answer(Answer::Done);
+        }
+        e = h.fire();
+    }
+    assert!(etcd_ops(&e).contains(&roster), "{e:?}");
+    assert!(h.now > held_at, "read after the pause");
 }
