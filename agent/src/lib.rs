@@ -267,6 +267,7 @@ fn etcd_config(
     }
     rc.torchrun_clients = store.torchrun_clients();
     rc.fresh_store = matches!(store, fsdp_store::Hosted::Serving(_));
+    rc.store_taken_over = store.taken_over();
     rc
 }
 

@@ -4,6 +4,8 @@
 //! on its own machine.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -167,6 +169,15 @@ impl Hosted {
         }
     }
 
+    /// Set once this agent's standby took over the port and serves the store (a store as
+    /// fresh as one it started); `None` unless it stands by.
+    pub fn taken_over(&self) -> Option<Arc<AtomicBool>> {
+        match self {
+            Hosted::Standby(s) => Some(s.took_over.clone()),
+            _ => None,
+        }
+    }
+
     /// Called once this agent's client has reached a store that answers: a standby that has
     /// not taken over ends, since the port's holder is then a live host, not a predecessor
     /// dying. That host's death later ends the job as any c10d host's does; another agent
@@ -222,6 +233,8 @@ pub struct Standby {
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Option<StoreServer>>>,
     torchrun: watch::Receiver<Option<IpAddr>>,
+    /// Set once it took over and serves.
+    took_over: Arc<AtomicBool>,
 }
 
 impl Standby {
@@ -229,11 +242,13 @@ impl Standby {
     fn start(addr: SocketAddr, security: Security) -> Self {
         let (stop, stopped) = oneshot::channel();
         let (seen, torchrun) = watch::channel(None);
-        let task = tokio::spawn(stand_by(addr, security, stopped, seen));
+        let took_over = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(stand_by(addr, security, stopped, seen, took_over.clone()));
         Self {
             stop: Some(stop),
             task: Some(task),
             torchrun,
+            took_over,
         }
     }
 
@@ -262,6 +277,7 @@ async fn stand_by(
     security: Security,
     mut stopped: oneshot::Receiver<()>,
     seen: watch::Sender<Option<IpAddr>>,
+    took_over: Arc<AtomicBool>,
 ) -> Option<StoreServer> {
     let mut pause = STANDBY_FIRST_PAUSE;
     let listener = loop {
@@ -285,6 +301,7 @@ async fn stand_by(
     match server {
         Ok(server) => {
             announce(&server, &security, "the standby took over the free port");
+            took_over.store(true, Ordering::Release);
             Some(server)
         }
         Err(e) => {
@@ -449,11 +466,17 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let mut served = Vec::new();
+        let mut flags = 0;
         for (hosted, torchrun) in standbys {
+            let taken_over = hosted.taken_over().unwrap();
+            let flagged = taken_over.load(Ordering::Acquire);
             if let Hosted::Serving(server) = hosted.joined().await {
+                assert!(flagged, "the one serving says it took over");
                 served.push((server, torchrun));
             }
+            flags += usize::from(flagged);
         }
+        assert_eq!(flags, 1, "only the one that took over says so");
         assert_eq!(served.len(), 1, "two agents served one port");
         let (server, mut torchrun) = served.pop().unwrap();
         assert_eq!(server.addr().port(), port);

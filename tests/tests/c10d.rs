@@ -216,6 +216,68 @@ fn a_store_host_restarted_under_four_pods_re_forms_in_at_most_two_rounds() {
     );
 }
 
+/// The same, but the new host's agent starts while the port is still held (its
+/// predecessor not yet gone): it stands by, takes the port over, and then serves a store
+/// as empty as one it started itself, so it waits for the round's members as such a host
+/// does. Found under load: an agent whose standby took over before its join sealed at
+/// once with the first two back and admitted the others one round each (3 rounds).
+#[test]
+fn a_restarted_host_whose_standby_took_the_port_over_re_forms_in_at_most_two_rounds() {
+    use std::io::BufRead;
+    let job = Job::c10d("c10d-standby", "2:4", 3, 1_000_000, 45);
+    let mut pods = start(&job, 4);
+    wait_until("a group of 4", &pods.iter().collect::<Vec<_>>(), || {
+        pods.iter().all(|p| nth_start_world(p, 0, 4))
+    });
+    pods[0].kill();
+    let (host, port) = job
+        .endpoint()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_owned(), p.to_owned()))
+        .unwrap();
+    // The predecessor, still holding the port for a second: a socket that accepts nothing.
+    let mut holder = std::process::Command::new(fsdp_tests::python())
+        .args([
+            "-c",
+            &format!(
+                "import socket, time\n\
+                 s = socket.socket()\n\
+                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                 for _ in range(100):\n\
+                 \x20   try:\n\
+                 \x20       s.bind(('{host}', {port}))\n\
+                 \x20       break\n\
+                 \x20   except OSError:\n\
+                 \x20       time.sleep(0.05)\n\
+                 s.listen(1)\n\
+                 print('held', flush=True)\n\
+                 time.sleep(1)\n"
+            ),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the predecessor");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line.trim(),
+        "held",
+        "the predecessor did not bind {host}:{port}"
+    );
+    let p0b = job.pod(0, &[]);
+    let others = &pods[1..];
+    wait_until("the group back at 4 on the new store", &[&p0b], || {
+        nth_start_world(&p0b, 0, 4) && others.iter().all(|p| nth_start_world(p, 1, 4))
+    });
+    let _ = holder.wait();
+    let log = p0b.stderr();
+    assert!(log.contains("the c10d standby takes over"), "{log}");
+    let sealed = log.matches("round sealed").count();
+    assert!(sealed <= 2, "{sealed} rounds sealed by the new host\n{log}");
+}
+
 #[test]
 fn an_agent_whose_port_a_dying_predecessor_holds_serves_the_store_once_it_is_gone() {
     // A store host restarted in place can start while its SIGKILLed predecessor still

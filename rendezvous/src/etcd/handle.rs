@@ -199,7 +199,7 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
         budget: cfg.budget,
         job: cfg.job.clone(),
         segment: cfg.segment.clone(),
-        fresh_store: cfg.fresh_store,
+        fresh_store: cfg.serves_a_fresh_store(),
         placement_above: cfg.placement_above,
         placement_shape: cfg.placement_shape,
         can_probe: true,

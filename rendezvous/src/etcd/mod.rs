@@ -114,6 +114,11 @@ pub struct EtcdConfig {
     /// running job are on their way back ([`crate::etcd::session`]'s re-registration
     /// grace).
     pub fresh_store: bool,
+    /// Set once this agent's standby took over the c10d store's port (its predecessor
+    /// gone): the store it serves from then on is as fresh. Read when the session
+    /// starts, after the join reached the store, so a standby that took over meanwhile
+    /// counts ([`EtcdConfig::serves_a_fresh_store`]).
+    pub store_taken_over: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// A round of more members than this is placed ([`placement`]): a header to every
     /// member and each member's part in a shard it reads, not the whole round to each.
     pub placement_above: usize,
@@ -157,9 +162,25 @@ impl EtcdConfig {
             segment: String::new(),
             segment_size: 1,
             fresh_store: false,
+            store_taken_over: None,
             placement_above: PLACEMENT_ABOVE,
             placement_shape: placement::Shape::ETCD,
         }
+    }
+}
+
+impl EtcdConfig {
+    /// Whether this agent serves a store that started empty, as the session starts: one
+    /// it started itself, or one its standby took over before the join reached it (a host
+    /// restarted while its predecessor still held the port). Decided at start-up alone,
+    /// the second kind joined without the grace and, as coordinator, sealed at once with
+    /// the first members back and admitted the others one round each.
+    pub fn serves_a_fresh_store(&self) -> bool {
+        self.fresh_store
+            || self
+                .store_taken_over
+                .as_ref()
+                .is_some_and(|f| f.load(std::sync::atomic::Ordering::Acquire))
     }
 }
 

@@ -504,3 +504,22 @@ fn a_copy_of_a_placed_round_names_nobody_lost_that_its_round_did_not_drop() {
         Some(Change::MemberLost { node: "b".into() })
     );
 }
+
+/// A store this agent's standby took over before the session starts is as fresh as one
+/// it started: the session gets the returning members' grace (a host restarted while its
+/// predecessor still held the port sealed 3 rounds without it, under load).
+#[test]
+fn a_store_the_standby_took_over_before_the_session_started_is_fresh() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut cfg = super::EtcdConfig::new(vec!["127.0.0.1:2379".into()], "r", 1, 4);
+    assert!(!cfg.serves_a_fresh_store());
+    let flag = Arc::new(AtomicBool::new(false));
+    cfg.store_taken_over = Some(flag.clone());
+    assert!(!cfg.serves_a_fresh_store(), "standing by, not serving");
+    flag.store(true, Ordering::Release);
+    assert!(cfg.serves_a_fresh_store(), "took over");
+    cfg.store_taken_over = None;
+    cfg.fresh_store = true;
+    assert!(cfg.serves_a_fresh_store(), "started it");
+}
