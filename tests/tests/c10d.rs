@@ -216,26 +216,10 @@ fn a_store_host_restarted_under_four_pods_re_forms_in_at_most_two_rounds() {
     );
 }
 
-/// The same, but the new host's agent starts while the port is still held (its
-/// predecessor not yet gone): it stands by, takes the port over, and then serves a store
-/// as empty as one it started itself, so it waits for the round's members as such a host
-/// does. Found under load: an agent whose standby took over before its join sealed at
-/// once with the first two back and admitted the others one round each (3 rounds).
-#[test]
-fn a_restarted_host_whose_standby_took_the_port_over_re_forms_in_at_most_two_rounds() {
+/// A predecessor still holding the store's port at `host:port` for `secs` seconds: a
+/// socket that listens and accepts nothing (bound as soon as the port is free).
+fn hold_port(host: &str, port: &str, secs: u32) -> std::process::Child {
     use std::io::BufRead;
-    let job = Job::c10d("c10d-standby", "2:4", 3, 1_000_000, 45);
-    let mut pods = start(&job, 4);
-    wait_until("a group of 4", &pods.iter().collect::<Vec<_>>(), || {
-        pods.iter().all(|p| nth_start_world(p, 0, 4))
-    });
-    pods[0].kill();
-    let (host, port) = job
-        .endpoint()
-        .rsplit_once(':')
-        .map(|(h, p)| (h.to_owned(), p.to_owned()))
-        .unwrap();
-    // The predecessor, still holding the port for a second: a socket that accepts nothing.
     let mut holder = std::process::Command::new(fsdp_tests::python())
         .args([
             "-c",
@@ -251,7 +235,7 @@ fn a_restarted_host_whose_standby_took_the_port_over_re_forms_in_at_most_two_rou
                  \x20       time.sleep(0.05)\n\
                  s.listen(1)\n\
                  print('held', flush=True)\n\
-                 time.sleep(1)\n"
+                 time.sleep({secs})\n"
             ),
         ])
         .stdout(std::process::Stdio::piped())
@@ -266,6 +250,26 @@ fn a_restarted_host_whose_standby_took_the_port_over_re_forms_in_at_most_two_rou
         "held",
         "the predecessor did not bind {host}:{port}"
     );
+    holder
+}
+
+/// The same, but the new host's agent starts while the port is still held (its
+/// predecessor not yet gone): it stands by, takes the port over, and then serves a store
+/// as empty as one it started itself, so it waits for the round's members as such a host
+/// does. Found under load: an agent whose standby took over before its join sealed at
+/// once with the first two back and admitted the others one round each (3 rounds).
+#[test]
+fn a_restarted_host_whose_standby_took_the_port_over_re_forms_in_at_most_two_rounds() {
+    let job = Job::c10d("c10d-standby", "2:4", 3, 1_000_000, 45);
+    let mut pods = start(&job, 4);
+    wait_until("a group of 4", &pods.iter().collect::<Vec<_>>(), || {
+        pods.iter().all(|p| nth_start_world(p, 0, 4))
+    });
+    pods[0].kill();
+    let endpoint = job.endpoint();
+    let (host, port) = endpoint.rsplit_once(':').unwrap();
+    // The predecessor, still holding the port for a second.
+    let mut holder = hold_port(host, port, 1);
     let p0b = job.pod(0, &[]);
     let others = &pods[1..];
     wait_until("the group back at 4 on the new store", &[&p0b], || {
@@ -285,37 +289,13 @@ fn an_agent_whose_port_a_dying_predecessor_holds_serves_the_store_once_it_is_gon
     // the port taken, the new agent takes it for another agent's store and connects; when
     // the predecessor goes, nobody serves. It must bind again and serve. The predecessor
     // here is a socket that listens and accepts nothing, for 3 s.
-    use fsdp_tests::{AgentCmd, TempDir, free_port, python, wait_for};
-    use std::io::BufRead;
+    use fsdp_tests::{AgentCmd, TempDir, free_port, wait_for};
     use std::time::Duration;
 
     let dir = TempDir::new().unwrap();
     let port = free_port();
     let endpoint = format!("127.0.0.1:{port}");
-    let mut holder = std::process::Command::new(python())
-        .args([
-            "-c",
-            &format!(
-                "import socket, time\n\
-                 s = socket.socket()\n\
-                 s.bind(('127.0.0.1', {port}))\n\
-                 s.listen(1)\n\
-                 print('held', flush=True)\n\
-                 time.sleep(3)\n"
-            ),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("run the predecessor");
-    let mut line = String::new();
-    std::io::BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(
-        line.trim(),
-        "held",
-        "the predecessor did not bind {endpoint}"
-    );
+    let mut holder = hold_port("127.0.0.1", &port.to_string(), 3);
 
     let mut a = AgentCmd::new(dir.path(), "agent")
         .args(["--rdzv-backend", "c10d", "--rdzv-endpoint", &endpoint])
