@@ -35,6 +35,16 @@ fn shard_kv(s: &v1::Placement, mod_rev: i64) -> Kv {
     }
 }
 
+/// The read "a" makes of its own shard of the placed round `header`: serializable, one key.
+fn own_shard_read(header: &v1::Round) -> Op {
+    Op::Range {
+        key: keys().placement(&header.placement, placement::shard_of("a", header.shards)),
+        prefix: false,
+        keys_only: false,
+        serializable: true,
+    }
+}
+
 /// Where `me` waits or runs in the view: the step a waiting agent takes for round 2.
 fn step_for(h: &Harness, me: &str) -> Step {
     step(h.m.view(), me, 2, 2, None, h.now).unwrap()
@@ -48,12 +58,7 @@ fn a_member_reads_its_own_shard_and_runs_at_its_placed_ranks() {
     let mine = placement::shard_of("a", header.shards);
     assert_eq!(
         the_op(&e),
-        Op::Range {
-            key: keys().placement(&header.placement, mine),
-            prefix: false,
-            keys_only: false,
-            serializable: true,
-        },
+        own_shard_read(&header),
         "its own shard, nothing else, without waiting for etcd's apply loop"
     );
     // Not the round yet: the header alone names nobody's place.
@@ -610,16 +615,7 @@ fn a_joining_node_held_by_its_pace_reads_its_shard_of_a_sealed_round_at_once() {
     paced_by_a_late_keep_alive(&mut h);
     let (_, header, _) = placed_round_two();
     let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
-    let mine = placement::shard_of("a", header.shards);
-    assert_eq!(
-        the_op(&e),
-        Op::Range {
-            key: keys().placement(&header.placement, mine),
-            prefix: false,
-            keys_only: false,
-            serializable: true,
-        }
-    );
+    assert_eq!(the_op(&e), own_shard_read(&header));
 }
 
 /// The roster (a whole round of up to 2,000 members) stays paced: a crowd's nodes that
