@@ -241,13 +241,8 @@ fn a_coordinators_whole_read_makes_the_placed_round_whole() {
     assert!(v.placing.is_none() && v.round_wanted.is_none());
 }
 
-/// A round below `placement_above` after a placed one is sealed as a delta of it: a member
-/// holds only its own copy of the placed round, too little to apply it to, and reads the
-/// roster instead (applied to its copy, a loss of anyone but its neighbour failed, and its
-/// neighbour's made it a group of one).
-#[test]
-fn a_member_of_a_placed_round_reads_the_roster_for_a_delta_of_it() {
-    let mut h = Harness::synced();
+/// "a" takes placed round two from its header and its own shard; the whole round.
+fn takes_round_two(h: &mut Harness) -> v1::Round {
     let (whole, header, shards) = placed_round_two();
     h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
     let mine = placement::shard_of("a", header.shards) as usize;
@@ -255,16 +250,32 @@ fn a_member_of_a_placed_round_reads_the_roster_for_a_delta_of_it() {
         revision: 12,
         kvs: vec![shard_kv(&shards[mine], 12)],
     });
+    whole
+}
+
+/// Round 3, sealed without b, as a delta of round two (`whole`) at `ctl/round`.
+fn round_three_as_a_delta(whole: &v1::Round) -> Kv {
     let mut next = round(3, &[("d", 1), ("a", 1), ("c", 1)]);
     next.dropped = vec!["b".into()];
-    let d = crate::etcd::roster::delta(&whole, 12, &next).expect("a delta");
-    let kv = Kv {
+    let d = crate::etcd::roster::delta(whole, 12, &next).expect("a delta");
+    Kv {
         key: keys().key::<v1::Round>(""),
         value: d.encode_to_vec(),
         create_rev: 1,
         mod_rev: 14,
         lease: 0,
-    };
+    }
+}
+
+/// A round below `placement_above` after a placed one is sealed as a delta of it: a member
+/// holds only its own copy of the placed round, too little to apply it to, and reads the
+/// roster instead (applied to its copy, a loss of anyone but its neighbour failed, and its
+/// neighbour's made it a group of one).
+#[test]
+fn a_member_of_a_placed_round_reads_the_roster_for_a_delta_of_it() {
+    let mut h = Harness::synced();
+    let whole = takes_round_two(&mut h);
+    let kv = round_three_as_a_delta(&whole);
     let e = h.step(Input::Watched(vec![WatchEvent::Put(kv)]));
     assert_eq!(
         the_op(&e),
@@ -623,24 +634,9 @@ fn a_joining_node_held_by_its_pace_reads_its_shard_of_a_sealed_round_at_once() {
 #[test]
 fn a_joining_node_held_by_its_pace_waits_to_read_the_roster() {
     let mut h = Harness::synced();
-    let (whole, header, shards) = placed_round_two();
-    h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
-    let mine = placement::shard_of("a", header.shards) as usize;
-    h.answer(Answer::Range {
-        revision: 12,
-        kvs: vec![shard_kv(&shards[mine], 12)],
-    });
+    let whole = takes_round_two(&mut h);
     paced_by_a_late_keep_alive(&mut h);
-    let mut next = round(3, &[("d", 1), ("a", 1), ("c", 1)]);
-    next.dropped = vec!["b".into()];
-    let d = crate::etcd::roster::delta(&whole, 12, &next).expect("a delta");
-    let kv = Kv {
-        key: keys().key::<v1::Round>(""),
-        value: d.encode_to_vec(),
-        create_rev: 1,
-        mod_rev: 14,
-        lease: 0,
-    };
+    let kv = round_three_as_a_delta(&whole);
     let roster = Op::Range {
         key: keys().key::<v1::Roster>(""),
         prefix: false,
