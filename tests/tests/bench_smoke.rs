@@ -98,6 +98,30 @@ fn rendezvous_benchmark_prints_its_summary_line() {
     let last = stdout.lines().last().unwrap_or_default();
     assert!(last.starts_with("nodes=8 renewals="), "{stdout}");
     assert_eq!(field(last, "leases_lapsed"), 0.0, "{stdout}");
+
+    // The floor of nodes that share no semaphore: started at an even rate over a second
+    // whatever etcd answers, the last an eighth of it before the end, so the floor takes
+    // at least that long.
+    let stdout = rdzv_bench(
+        &etcd,
+        &[
+            "--nodes",
+            "8",
+            "--ceiling",
+            "--inflight",
+            "100",
+            "--ceiling-spread",
+            "1",
+        ],
+    );
+    let floor = stdout
+        .lines()
+        .find(|l| l.starts_with("nodes=8 ceiling_s="))
+        .unwrap_or_default();
+    assert_eq!(field(floor, "spread_s"), 1.0, "{stdout}");
+    assert!(field(floor, "ceiling_s") >= 0.875, "{stdout}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert_eq!(field(last, "leases_lapsed"), 0.0, "{stdout}");
 }
 
 /// The number `name=<number>` says in a benchmark's `key=value` line.

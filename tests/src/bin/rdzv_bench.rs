@@ -43,7 +43,10 @@
 //! 53's seventh sitting, whose early leases lapsed in a run longer than a TTL). At most
 //! `--inflight K` nodes (default 500) are between their first request and their last at
 //! once: with all N at once, etcd's limiter refuses tens of thousands of requests at
-//! 10,000 and the floor measures the refusals. `--ceiling-without watch,keepalive`
+//! 10,000 and the floor measures the refusals. That limit is a semaphore the floor's nodes share, which
+//! nodes on separate hosts do not have: `--ceiling-spread S` starts node `i` of N at
+//! `S * i / N` seconds instead, whatever etcd answers (with `--inflight` at least N, the
+//! floor of nodes that share nothing, as a crowd's agents; `spread_s=S` on the line). `--ceiling-without watch,keepalive`
 //! leaves those steps out, to see what each costs.
 //!
 //! `--ceiling-round whole|placement|header` adds to the floor the least a sealed round costs
@@ -62,7 +65,7 @@
 //! [`fsdp_rendezvous::etcd::PLACEMENT_ABOVE`]).
 //!
 //! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill [--lose-count K] [--settle S]]
-//! [--ttl S] [--ceiling [--inflight K] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once] [--ceiling-hold S]
+//! [--ttl S] [--ceiling [--inflight K] [--ceiling-spread S] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once] [--ceiling-hold S]
 //! [--ceiling-round whole|placement|header]]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
 
@@ -100,6 +103,7 @@ fn main() {
         renew_once: false,
         round: None,
         hold: Duration::ZERO,
+        spread: Duration::ZERO,
     };
     while let Some(a) = args.next() {
         let mut v = || {
@@ -149,6 +153,13 @@ fn main() {
                     .ok()
                     .and_then(|s| Duration::try_from_secs_f64(s).ok())
                     .unwrap_or_else(|| refuse("--ceiling-hold takes seconds (e.g. 30)"));
+            }
+            "--ceiling-spread" => {
+                steps.spread = v()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                    .unwrap_or_else(|| refuse("--ceiling-spread takes seconds (e.g. 6)"));
             }
             "--ceiling-renew" => {
                 steps.renew_once = match v().as_str() {
@@ -330,6 +341,9 @@ struct CeilingSteps {
     /// How long every lease is then kept alive before the count of lapsed ones: whether
     /// this etcd holds N leases at all, not only while they come.
     hold: Duration,
+    /// Node `i` of N starts `i / N` of this after the first, at an even rate and whatever
+    /// etcd answers (`--ceiling-spread`): the floor of nodes that share no semaphore.
+    spread: Duration,
 }
 
 /// How a sealed round reaches its members (`--ceiling-round`).
@@ -389,7 +403,9 @@ async fn etcd_ceiling(
         // One prefix that every member watches, as every member watches the run's `ctl/`.
         let ctl = format!("/fsdp/{run_id}/ctl/");
         let (gate, stopped) = (gate.clone(), stopped.clone());
+        let starts = steps.spread.mul_f64(i as f64 / nodes as f64);
         tasks.spawn(async move {
+            tokio::time::sleep_until((start + starts).into()).await;
             let turn = gate.acquire_owned().await.expect("the gate stays open");
             let mut refused = 0u64;
             let lease = until_taken("lease grant", &mut refused, || {
@@ -467,8 +483,10 @@ async fn etcd_ceiling(
     let ceiling_s = start.elapsed().as_secs_f64();
     println!(
         "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused} \
-         inflight={inflight} watch={} keepalive={} ttl_s={ttl} bench_cpu_s={:.2} bench_rss_mb={}",
+         inflight={inflight} spread_s={:.1} watch={} keepalive={} ttl_s={ttl} bench_cpu_s={:.2} \
+         bench_rss_mb={}",
         2 * nodes,
+        steps.spread.as_secs_f64(),
         steps.watch,
         steps.keep_alive,
         own_cpu_s(),
