@@ -88,11 +88,9 @@ fn rendezvous_benchmark_prints_its_summary_line() {
 
     // The floor: a lease, a key and a watch per node, nothing of the rendezvous.
     let stdout = rdzv_bench(&etcd, &["--nodes", "8", "--ceiling"]);
-    let floor = stdout
-        .lines()
-        .find(|l| l.starts_with("nodes=8 ceiling_s="))
-        .unwrap_or_default();
+    let floor = floor_line(&stdout);
     assert_eq!(field(floor, "writes"), 16.0, "{stdout}");
+    assert_eq!(field(floor, "inflight"), 500.0, "{stdout}");
     // Its leases were kept alive to the end, none lapsed (the floor of a run that keeps
     // them, not of one that lets them go).
     let last = stdout.lines().last().unwrap_or_default();
@@ -104,24 +102,22 @@ fn rendezvous_benchmark_prints_its_summary_line() {
     // at least that long.
     let stdout = rdzv_bench(
         &etcd,
-        &[
-            "--nodes",
-            "8",
-            "--ceiling",
-            "--inflight",
-            "100",
-            "--ceiling-spread",
-            "1",
-        ],
+        &["--nodes", "8", "--ceiling", "--ceiling-spread", "1"],
     );
-    let floor = stdout
-        .lines()
-        .find(|l| l.starts_with("nodes=8 ceiling_s="))
-        .unwrap_or_default();
+    let floor = floor_line(&stdout);
     assert_eq!(field(floor, "spread_s"), 1.0, "{stdout}");
+    assert_eq!(field(floor, "inflight"), 8.0, "{stdout}");
     assert!(field(floor, "ceiling_s") >= 0.875, "{stdout}");
     let last = stdout.lines().last().unwrap_or_default();
     assert_eq!(field(last, "leases_lapsed"), 0.0, "{stdout}");
+}
+
+/// The floor's line of `rdzv-bench --nodes 8 --ceiling ...` (empty if none).
+fn floor_line(stdout: &str) -> &str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with("nodes=8 ceiling_s="))
+        .unwrap_or_default()
 }
 
 /// The number `name=<number>` says in a benchmark's `key=value` line.

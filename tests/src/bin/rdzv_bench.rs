@@ -43,10 +43,11 @@
 //! 53's seventh sitting, whose early leases lapsed in a run longer than a TTL). At most
 //! `--inflight K` nodes (default 500) are between their first request and their last at
 //! once: with all N at once, etcd's limiter refuses tens of thousands of requests at
-//! 10,000 and the floor measures the refusals. That limit is a semaphore the floor's nodes share, which
-//! nodes on separate hosts do not have: `--ceiling-spread S` starts node `i` of N at
-//! `S * i / N` seconds instead, whatever etcd answers (with `--inflight` at least N, the
-//! floor of nodes that share nothing, as a crowd's agents; `spread_s=S` on the line). `--ceiling-without watch,keepalive`
+//! 10,000 and the floor measures the refusals. That limit is a semaphore the floor's
+//! nodes share, which nodes on separate hosts do not have: `--ceiling-spread S` starts
+//! node `i` of N at `S * i / N` seconds instead, whatever etcd answers, with no limit
+//! unless `--inflight` is given too (the floor of nodes that share nothing, as a
+//! crowd's agents; `spread_s=S` on the line). `--ceiling-without watch,keepalive`
 //! leaves those steps out, to see what each costs.
 //!
 //! `--ceiling-round whole|placement|header` adds to the floor the least a sealed round costs
@@ -93,7 +94,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
     let (mut lose, mut ttl, mut ceiling) = (None::<String>, 5u64, false);
-    let mut inflight = 500usize;
+    let mut inflight = None::<usize>;
     let mut settle = Duration::ZERO;
     let mut lose_count = 1usize;
     let mut placement_above = fsdp_rendezvous::etcd::PLACEMENT_ABOVE;
@@ -135,7 +136,7 @@ fn main() {
                 settle = s;
             }
             "--ceiling" => ceiling = true,
-            "--inflight" => inflight = number(&a, v()),
+            "--inflight" => inflight = Some(number(&a, v())),
             "--placement-above" => placement_above = number(&a, v()),
             "--ceiling-round" => {
                 let said = v();
@@ -158,8 +159,11 @@ fn main() {
                 steps.spread = v()
                     .parse::<f64>()
                     .ok()
+                    .filter(|s| *s <= 3600.0)
                     .and_then(|s| Duration::try_from_secs_f64(s).ok())
-                    .unwrap_or_else(|| refuse("--ceiling-spread takes seconds (e.g. 6)"));
+                    .unwrap_or_else(|| {
+                        refuse("--ceiling-spread takes seconds, at most 3600 (e.g. 6)")
+                    });
             }
             "--ceiling-renew" => {
                 steps.renew_once = match v().as_str() {
@@ -228,7 +232,10 @@ fn main() {
         }
         if ceiling {
             let ttl = ttl.max(1) as i64;
-            return etcd_ceiling(&conns, nodes, &run_id, inflight.max(1), steps, ttl).await;
+            // A spread's nodes share no semaphore unless one is asked for.
+            let shared = if steps.spread.is_zero() { 500 } else { nodes };
+            let inflight = inflight.unwrap_or(shared).max(1);
+            return etcd_ceiling(&conns, nodes, &run_id, inflight, steps, ttl).await;
         }
         let start = Instant::now();
         // The seal's moments, on a connection of the bench's own (one more watcher of
@@ -483,7 +490,7 @@ async fn etcd_ceiling(
     let ceiling_s = start.elapsed().as_secs_f64();
     println!(
         "nodes={nodes} ceiling_s={ceiling_s:.3} writes={} refused={refused} \
-         inflight={inflight} spread_s={:.1} watch={} keepalive={} ttl_s={ttl} bench_cpu_s={:.2} \
+         inflight={inflight} spread_s={:.3} watch={} keepalive={} ttl_s={ttl} bench_cpu_s={:.2} \
          bench_rss_mb={}",
         2 * nodes,
         steps.spread.as_secs_f64(),

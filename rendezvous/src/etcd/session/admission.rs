@@ -148,9 +148,10 @@ fn unit(x: u64) -> f64 {
 /// the moment it was asked, so how long it took is how far that loop is behind. A prompt
 /// answer opens the gate; a slow one (a refusal as too busy is asked again within the
 /// look, with the join's backoff, and makes it slow) holds the node for a pause that
-/// doubles with each slow look (at least the latency seen, at most four times it and
-/// twice the TTL), drawn
-/// from half to one and a half times its value, and it looks again. Nodes held there
+/// doubles with each slow look, from the latency seen to at most [`LATENCIES_HELD`]
+/// times it (a look just over the target may be a spike, not a lag), and never beyond
+/// twice the TTL, drawn from half to one and a half times its value, and it looks
+/// again. Nodes held there
 /// have no lease and no registration yet: they add reads, nothing to renew and nothing
 /// to expire.
 #[derive(Debug)]
@@ -182,18 +183,17 @@ impl Gate {
         if latency <= self.target {
             return None;
         }
-        // Doubling with each slow look, but to no more than a few times this look's
-        // latency: a look just over the target may be a spike of etcd's, not a lag, and
-        // pauses doubled by a run of slow looks held a crowd's last nodes for tens of
-        // seconds with etcd idle; a lag of seconds still backs off to the longest.
-        let pause = (self.pause * 2).min(latency * LATENCIES_HELD);
+        // Bounded by this look's latency: pauses doubled by a run of looks just over the
+        // target held a crowd's last nodes for tens of seconds with etcd idle.
+        let pause = (self.pause * 2).min(latency.saturating_mul(LATENCIES_HELD));
         self.pause = pause.max(latency).min(self.longest);
         self.draw = xorshift(self.draw);
         Some(now + self.pause.mul_f64(0.5 + unit(self.draw)))
     }
 }
 
-/// A slow look holds a node for at most this many times its latency (before the draw).
+/// A slow look holds a node for at most this many times its latency (before the draw;
+/// the longest pause comes first).
 const LATENCIES_HELD: u32 = 4;
 
 /// Whether a run of at most `max_nodes` nodes joins through the [`Gate`]: a crowd (the
@@ -393,14 +393,10 @@ mod tests {
         assert_eq!(g.looked(now, now + ms(10)), None, "prompt again: go");
     }
 
-    /// A look just slower than the target may be etcd's momentary spike as well as its
-    /// apply loop behind: at 15,000 nodes 3,048 were held, their first looks answered in
-    /// 0.5–1.9 s, and those whose looks were slow several times running, their pause
-    /// doubled each time up to 10 s, joined as late as 43.8 s into a run whose spread
-    /// ended at 15 s, while etcd had nothing pending from 19 s on and the whole crowd
-    /// waited for them. A pause grows to at most four times the latency just seen: a
-    /// node never waits long for a lag that short, and one that etcd answers seconds late
-    /// still backs off to the longest.
+    /// A node whose looks are each just over the target (a spike as likely as a lag)
+    /// waits a few latencies at most, where doubled pauses held a 15,000-node crowd's
+    /// last nodes 33 s with etcd idle (docs/bench/agents-scale.md); one that etcd answers
+    /// seconds late still backs off to the longest.
     #[test]
     fn a_node_whose_looks_are_just_slow_is_held_for_a_few_latencies_at_most() {
         let mut g = Gate::new("n1", TTL);
@@ -408,7 +404,8 @@ mod tests {
         for _ in 0..8 {
             let answered = now + ms(600);
             let at = g.looked(now, answered).expect("slow: held");
-            assert!(at - answered <= ms(600) * 4 * 3 / 2, "{:?}", at - answered);
+            let most = ms(600) * LATENCIES_HELD * 3 / 2;
+            assert!(at - answered <= most, "{:?}", at - answered);
             now = at;
         }
         let mut g = Gate::new("n2", TTL);
