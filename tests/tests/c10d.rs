@@ -179,6 +179,27 @@ fn a_store_host_restarted_in_place_brings_the_job_back() {
     );
 }
 
+/// Four pods in a group of 4, then the store's host (pod 0) SIGKILLed: the pods, the
+/// host's dead.
+fn four_with_their_host_killed(job: &Job) -> Vec<Pod> {
+    let mut pods = start(job, 4);
+    wait_until("a group of 4", &pods.iter().collect::<Vec<_>>(), || {
+        pods.iter().all(|p| nth_start_world(p, 0, 4))
+    });
+    pods[0].kill();
+    pods
+}
+
+/// Pod 0 started again as the new store host, once it and `others` are back at 4 (its
+/// first start, their second).
+fn new_host_back_at_four(job: &Job, others: &[Pod]) -> Pod {
+    let p0b = job.pod(0, &[]);
+    wait_until("the group back at 4 on the new store", &[&p0b], || {
+        nth_start_world(&p0b, 0, 4) && others.iter().all(|p| nth_start_world(p, 1, 4))
+    });
+    p0b
+}
+
 /// A host restarted in place under four pods: the new host sealed at once with the first
 /// two back, declared the others lost, then admitted one per round (5 to 6 rounds in
 /// 0.6 s, and the pace net's "no node joining" error). It now waits a lease TTL for the
@@ -186,16 +207,9 @@ fn a_store_host_restarted_in_place_brings_the_job_back() {
 #[test]
 fn a_store_host_restarted_under_four_pods_re_forms_in_at_most_two_rounds() {
     let job = Job::c10d("c10d-four", "2:4", 3, 1_000_000, 44);
-    let mut pods = start(&job, 4);
-    wait_until("a group of 4", &pods.iter().collect::<Vec<_>>(), || {
-        pods.iter().all(|p| nth_start_world(p, 0, 4))
-    });
-    pods[0].kill();
-    let p0b = job.pod(0, &[]);
+    let pods = four_with_their_host_killed(&job);
     let others = &pods[1..];
-    wait_until("the group back at 4 on the new store", &[&p0b], || {
-        nth_start_world(&p0b, 0, 4) && others.iter().all(|p| nth_start_world(p, 1, 4))
-    });
+    let p0b = new_host_back_at_four(&job, others);
     let log = p0b.stderr();
     let sealed = log.matches("round sealed").count();
     assert!(sealed <= 2, "{sealed} rounds sealed by the new host\n{log}");
@@ -261,20 +275,12 @@ fn hold_port(host: &str, port: &str, secs: u32) -> std::process::Child {
 #[test]
 fn a_restarted_host_whose_standby_took_the_port_over_re_forms_in_at_most_two_rounds() {
     let job = Job::c10d("c10d-standby", "2:4", 3, 1_000_000, 45);
-    let mut pods = start(&job, 4);
-    wait_until("a group of 4", &pods.iter().collect::<Vec<_>>(), || {
-        pods.iter().all(|p| nth_start_world(p, 0, 4))
-    });
-    pods[0].kill();
+    let pods = four_with_their_host_killed(&job);
     let endpoint = job.endpoint();
     let (host, port) = endpoint.rsplit_once(':').unwrap();
     // The predecessor, still holding the port for a second.
     let mut holder = hold_port(host, port, 1);
-    let p0b = job.pod(0, &[]);
-    let others = &pods[1..];
-    wait_until("the group back at 4 on the new store", &[&p0b], || {
-        nth_start_world(&p0b, 0, 4) && others.iter().all(|p| nth_start_world(p, 1, 4))
-    });
+    let p0b = new_host_back_at_four(&job, &pods[1..]);
     let _ = holder.wait();
     let log = p0b.stderr();
     assert!(log.contains("the c10d standby takes over"), "{log}");
