@@ -258,3 +258,72 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
     assert!(launch["fsdp-agent/1"]["median"].as_f64().unwrap() > 0.0);
     assert!(launch["torchrun/1"]["median"].as_f64().unwrap() > 0.0);
 }
+
+/// The fresh etcd's run directories `scripts/rdzv-etcd.sh` makes.
+fn harness_dirs() -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with("rdzv-etcd-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+/// `scripts/rdzv-etcd.sh`, the harness of the scale figures: the bench against a fresh
+/// etcd of its own, the bench's line and etcd's CPU printed, the etcd and its directory
+/// gone afterwards; an etcd that is not there is named, with the fix.
+#[test]
+fn the_fresh_etcd_harness_runs_the_bench_and_leaves_nothing_behind() {
+    let script = fsdp_tests::workspace_file("scripts/rdzv-etcd.sh");
+    let bench = agent_bin().with_file_name("rdzv-bench");
+    let port = fsdp_tests::free_port;
+    let ports = format!("{} {} {}", port(), port(), port());
+    let before = harness_dirs();
+    let out = Command::new(&script)
+        .env("BENCH", &bench)
+        .env("ETCD_PORTS", &ports)
+        .args(["--nodes", "8", "--ceiling"])
+        .output()
+        .expect("run scripts/rdzv-etcd.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for said in [
+        "etcd: etcd Version",
+        "nodes=8 ceiling_s=",
+        "etcd_cpu_s=",
+        "pending_max=",
+    ] {
+        assert!(stdout.contains(said), "{said} missing from:\n{stdout}");
+    }
+    assert_eq!(
+        harness_dirs(),
+        before,
+        "the run's etcd directory was left behind"
+    );
+    let client = ports.split(' ').next().unwrap();
+    assert!(
+        std::net::TcpStream::connect(format!("127.0.0.1:{client}")).is_err(),
+        "the run's etcd still listens on {client}"
+    );
+
+    let out = Command::new(&script)
+        .env("BENCH", &bench)
+        .env("ETCD_BIN", "/nonexistent/etcd")
+        .args(["--nodes", "8", "--ceiling"])
+        .output()
+        .expect("run scripts/rdzv-etcd.sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/etcd") && stderr.contains("ETCD_BIN"),
+        "{stderr}"
+    );
+    assert_eq!(harness_dirs(), before);
+}
