@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One rdzv-bench run against a fresh etcd of its own on tmpfs (the figures in
-# docs/bench/agents-scale.md): etcd is started on 127.0.0.1 (ETCD_PORTS),
-# its proposals pending, renewals, grants, revocations, keys and CPU are sampled each
-# second while the bench runs, and everything is removed afterwards. Another etcd's
-# figures beside Debian's: a side-by-side run of each, one after the other.
+# docs/bench/agents-scale.md): etcd is started on 127.0.0.1 (ETCD_PORTS), its proposals
+# pending, renewals, grants, revocations, keys and CPU are sampled each second while the
+# bench runs, and the etcd, the sampler and the data are gone when the script ends, by an
+# error or a signal too. To compare two etcds, run it once with each (ETCD_BIN).
 #
 #   cargo build --release -p fsdp-tests --bin rdzv-bench
 #   scripts/rdzv-etcd.sh --nodes 10000 --settle 1            # a formation
@@ -13,45 +13,72 @@
 # Environment: ETCD_BIN (default: etcd on PATH, Debian's 3.4), ETCD_PORTS (client,
 # metrics and peer ports, default "23790 23791 23792"), BENCH (default:
 # target/release/rdzv-bench), BENCH_TIMEOUT (seconds, default 120), SAMPLES (a file to
-# keep the per-second samples in; default: printed as a summary only).
+# keep the per-second samples in).
 set -u
+dir=
+etcd_pid=
+sampler_pid=
+bench_pid=
+cleanup() {
+    [ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null
+    if [ -n "$sampler_pid" ]; then
+        kill "$sampler_pid" 2>/dev/null
+        wait "$sampler_pid" 2>/dev/null
+    fi
+    if [ -n "$etcd_pid" ]; then
+        kill "$etcd_pid" 2>/dev/null
+        wait "$etcd_pid" 2>/dev/null
+    fi
+    [ -n "$dir" ] && rm -rf "$dir"
+}
+trap cleanup EXIT
+# A signal ends the script through its EXIT trap.
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
+
 root=$(cd "$(dirname "$0")/.." && pwd)
 etcd_bin=${ETCD_BIN:-etcd}
 bench=${BENCH:-$root/target/release/rdzv-bench}
 [ -x "$bench" ] || { echo "no $bench: cargo build --release -p fsdp-tests --bin rdzv-bench" >&2; exit 2; }
 command -v "$etcd_bin" >/dev/null || { echo "no etcd at '$etcd_bin': apt-get install etcd-server, or set ETCD_BIN" >&2; exit 2; }
-
-read -r client_port metrics_port peer_port <<<"${ETCD_PORTS:-23790 23791 23792}"
-[ -n "$peer_port" ] || { echo "ETCD_PORTS needs three ports: client, metrics, peer" >&2; exit 2; }
+command -v curl >/dev/null || { echo "no curl (it reads etcd's health and metrics): apt-get install curl" >&2; exit 2; }
+read -r client_port metrics_port peer_port extra <<<"${ETCD_PORTS:-23790 23791 23792}"
+[[ "$client_port $metrics_port $peer_port" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ && -z "$extra" ]] ||
+    { echo "ETCD_PORTS='${ETCD_PORTS:-}': give three port numbers (client, metrics, peer)" >&2; exit 2; }
 client=http://127.0.0.1:$client_port metrics=http://127.0.0.1:$metrics_port peer=http://127.0.0.1:$peer_port
-dir=$(mktemp -d /dev/shm/rdzv-etcd-XXXX)
-etcd_pid=
-sampler_pid=
-cleanup() {
-    [ -n "$sampler_pid" ] && kill "$sampler_pid" 2>/dev/null
-    [ -n "$etcd_pid" ] && kill "$etcd_pid" 2>/dev/null && wait "$etcd_pid" 2>/dev/null
-    rm -rf "$dir"
-}
-trap cleanup EXIT
 
-"$etcd_bin" --data-dir "$dir/data" \
+dir=$(mktemp -d /dev/shm/rdzv-etcd-XXXX) || { echo "cannot make a directory under /dev/shm" >&2; exit 2; }
+echo "dir=$dir"
+# etcd reads ETCD_* variables as its flags: not this script's own.
+env -u ETCD_BIN -u ETCD_PORTS "$etcd_bin" --data-dir "$dir/data" \
     --listen-client-urls "$client" --advertise-client-urls "$client" \
     --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
     --initial-cluster "default=$peer" --listen-metrics-urls "$metrics" \
     --log-level error --quota-backend-bytes 8589934592 >"$dir/etcd.log" 2>&1 &
 etcd_pid=$!
+echo "etcd_pid=$etcd_pid"
+# Until our etcd answers: one that exited (a port taken) must not let another process
+# on the metrics port pass for it.
 for _ in $(seq 100); do
-    curl -sf "$metrics/health" >/dev/null && break
+    kill -0 "$etcd_pid" 2>/dev/null || break
+    curl -sf --max-time 1 "$metrics/health" >/dev/null && break
     sleep 0.1
 done
-curl -sf "$metrics/health" >/dev/null || { echo "etcd did not start:" >&2; cat "$dir/etcd.log" >&2; exit 2; }
+if ! kill -0 "$etcd_pid" 2>/dev/null || ! curl -sf --max-time 1 "$metrics/health" >/dev/null; then
+    echo "etcd did not start:" >&2
+    cat "$dir/etcd.log" >&2
+    exit 2
+fi
 echo "etcd: $("$etcd_bin" --version | head -1)"
 
-cpu_of() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-metric() { awk -v m="$1" '$1 == m {print $2}' "$dir/scrape"; }
+cpu_of() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null; }
+# Prometheus writes large counters as 1.2e+06: whole numbers in the samples.
+metric() { awk -v m="$1" '$1 == m {printf "%.0f", $2}' "$dir/scrape"; }
 (
-    while :; do
-        curl -s "$metrics/metrics" >"$dir/scrape"
+    trap exit TERM
+    # Stops by itself if the script was killed without its trap.
+    while kill -0 $$ 2>/dev/null; do
+        curl -s --max-time 1 "$metrics/metrics" >"$dir/scrape"
         echo "t=$(date +%s.%N | cut -c1-14) pending=$(metric etcd_server_proposals_pending)" \
             "renewed=$(metric etcd_debugging_lease_renewed_total)" \
             "granted=$(metric etcd_debugging_lease_granted_total)" \
@@ -63,13 +90,25 @@ metric() { awk -v m="$1" '$1 == m {print $2}' "$dir/scrape"; }
 sampler_pid=$!
 
 cpu0=$(cpu_of "$etcd_pid")
-timeout "${BENCH_TIMEOUT:-120}" "$bench" --endpoint "$client" "$@"
+# In the background, so that a signal to the script ends it (cleanup kills it).
+timeout "${BENCH_TIMEOUT:-120}" "$bench" --endpoint "$client" "$@" &
+bench_pid=$!
+wait "$bench_pid"
 rc=$?
+bench_pid=
 cpu1=$(cpu_of "$etcd_pid")
 kill "$sampler_pid" 2>/dev/null
+wait "$sampler_pid" 2>/dev/null
 sampler_pid=
-echo "etcd_cpu_s=$(( (cpu1 - cpu0) / $(getconf CLK_TCK) ))" \
-    "pending_max=$(sed -n 's/.* pending=\([0-9]*\).*/\1/p' "$dir/samples" | sort -n | tail -1)"
-[ -n "${SAMPLES:-}" ] && cp "$dir/samples" "$SAMPLES"
+if [ -z "$cpu0" ] || [ -z "$cpu1" ]; then
+    echo "etcd_cpu_s=? (etcd exited during the run)" >&2
+    [ "$rc" = 0 ] && rc=2
+else
+    echo "etcd_cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", (b - a) / t}')" \
+        "pending_max=$(sed -n 's/.* pending=\([0-9][0-9]*\).*/\1/p' "$dir/samples" | sort -n | tail -1 | grep . || echo none)"
+fi
+if [ -n "${SAMPLES:-}" ]; then
+    cp "$dir/samples" "$SAMPLES" || echo "could not keep the samples in $SAMPLES" >&2
+fi
 [ "$rc" = 124 ] && echo "rdzv-bench: no result in ${BENCH_TIMEOUT:-120} s" >&2
 exit "$rc"

@@ -259,35 +259,65 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
     assert!(launch["torchrun/1"]["median"].as_f64().unwrap() > 0.0);
 }
 
-/// The fresh etcd's run directories `scripts/rdzv-etcd.sh` makes.
-fn harness_dirs() -> Vec<String> {
-    let mut dirs: Vec<String> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| n.starts_with("rdzv-etcd-"))
+/// `scripts/rdzv-etcd.sh ARGS` with `envs`, on ports of its own: asked again with new
+/// ones when another test's process took one meanwhile (as `fsdp_tests::etcd` does).
+fn harness(envs: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    let script = fsdp_tests::workspace_file("scripts/rdzv-etcd.sh");
+    for _ in 0..5 {
+        let ports: Vec<u16> = {
+            let held: Vec<_> = (0..3)
+                .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+                .collect();
+            held.iter()
+                .map(|l| l.local_addr().unwrap().port())
                 .collect()
-        })
-        .unwrap_or_default();
-    dirs.sort();
-    dirs
+        };
+        let ports = format!("{} {} {}", ports[0], ports[1], ports[2]);
+        let out = Command::new(&script)
+            .env_remove("ETCD_BIN")
+            .env_remove("SAMPLES")
+            .env_remove("BENCH_TIMEOUT")
+            .env("BENCH", agent_bin().with_file_name("rdzv-bench"))
+            .env("ETCD_PORTS", &ports)
+            .envs(envs.iter().copied())
+            .args(args)
+            .output()
+            .expect("run scripts/rdzv-etcd.sh");
+        if !String::from_utf8_lossy(&out.stderr).contains("address already in use") {
+            return out;
+        }
+    }
+    panic!("scripts/rdzv-etcd.sh found a port taken five times");
+}
+
+/// What the harness said its etcd was (`dir=`, `etcd_pid=`), each checked gone.
+fn assert_nothing_left(stdout: &str) {
+    let said = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"))
+            .to_owned()
+    };
+    let dir = said("dir=");
+    assert!(
+        !std::path::Path::new(&dir).exists(),
+        "{dir} was left behind"
+    );
+    let pid = said("etcd_pid=");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the run's etcd (pid {pid}) still runs"
+    );
 }
 
 /// `scripts/rdzv-etcd.sh`, the harness of the scale figures: the bench against a fresh
 /// etcd of its own, the bench's line and etcd's CPU printed, the etcd and its directory
-/// gone afterwards; an etcd that is not there is named, with the fix.
+/// gone afterwards, when the bench fails too; an etcd that is not there is named, with
+/// the fix.
 #[test]
 fn the_fresh_etcd_harness_runs_the_bench_and_leaves_nothing_behind() {
-    let script = fsdp_tests::workspace_file("scripts/rdzv-etcd.sh");
-    let bench = agent_bin().with_file_name("rdzv-bench");
-    let port = fsdp_tests::free_port;
-    let ports = format!("{} {} {}", port(), port(), port());
-    let before = harness_dirs();
-    let out = Command::new(&script)
-        .env("BENCH", &bench)
-        .env("ETCD_PORTS", &ports)
-        .args(["--nodes", "8", "--ceiling"])
-        .output()
-        .expect("run scripts/rdzv-etcd.sh");
+    let out = harness(&[], &["--nodes", "8", "--ceiling"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -302,28 +332,19 @@ fn the_fresh_etcd_harness_runs_the_bench_and_leaves_nothing_behind() {
     ] {
         assert!(stdout.contains(said), "{said} missing from:\n{stdout}");
     }
-    assert_eq!(
-        harness_dirs(),
-        before,
-        "the run's etcd directory was left behind"
-    );
-    let client = ports.split(' ').next().unwrap();
-    assert!(
-        std::net::TcpStream::connect(format!("127.0.0.1:{client}")).is_err(),
-        "the run's etcd still listens on {client}"
-    );
+    assert_nothing_left(&stdout);
 
-    let out = Command::new(&script)
-        .env("BENCH", &bench)
-        .env("ETCD_BIN", "/nonexistent/etcd")
-        .args(["--nodes", "8", "--ceiling"])
-        .output()
-        .expect("run scripts/rdzv-etcd.sh");
+    // A bench that fails: its exit code, and nothing left either.
+    let out = harness(&[("BENCH", "/bin/false")], &["--nodes", "8"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_nothing_left(&String::from_utf8_lossy(&out.stdout));
+
+    let out = harness(&[("ETCD_BIN", "/nonexistent/etcd")], &["--nodes", "8"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("/nonexistent/etcd") && stderr.contains("ETCD_BIN"),
         "{stderr}"
     );
-    assert_eq!(harness_dirs(), before);
+    assert!(out.stdout.is_empty(), "an etcd was started without one");
 }
