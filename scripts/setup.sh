@@ -36,6 +36,8 @@ command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurmctld)
 command -v slurmd >/dev/null 2>&1 || need_apt+=(slurmd)
 command -v srun >/dev/null 2>&1 || need_apt+=(slurm-client)
 command -v munged >/dev/null 2>&1 || need_apt+=(munge)
+# scripts/rdzv-etcd.sh (and its test in bench_smoke) reads etcd's health and metrics.
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   SUDO=""

@@ -18,12 +18,7 @@ fn launch_benchmark_prints_its_summary_line() {
         .arg(&torchrun)
         .output()
         .expect("run bench-launch");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out, "bench-launch");
     let last = stdout.lines().last().unwrap_or_default();
     for key in [
         "launch_ms_agent=",
@@ -42,10 +37,15 @@ fn rdzv_bench(etcd: &fsdp_tests::etcd::Etcd, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("run rdzv-bench");
+    succeeded(&out, &format!("rdzv-bench {args:?}"))
+}
+
+/// The stdout of a command that must have succeeded (`what` it was, its output if not).
+fn succeeded(out: &std::process::Output, what: &str) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "rdzv-bench {args:?}: {stdout}\n{}",
+        "{what}: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
@@ -318,12 +318,7 @@ fn assert_nothing_left(stdout: &str) {
 #[test]
 fn the_fresh_etcd_harness_runs_the_bench_and_leaves_nothing_behind() {
     let out = harness(&[], &["--nodes", "8", "--ceiling"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out, "scripts/rdzv-etcd.sh");
     for said in [
         "etcd: etcd Version",
         "nodes=8 ceiling_s=",
