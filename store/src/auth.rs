@@ -100,12 +100,19 @@ struct Secret {
     random: SystemRandom,
 }
 
-/// Seconds since the Unix epoch on this host's clock. Tokens outlive the host agent's
-/// restart in place, so they are dated by the clock that also outlives it.
+/// Milliseconds since the Unix epoch on this host's clock. Tokens outlive the host
+/// agent's restart in place, so they are dated by the clock that also outlives it. Not
+/// seconds: a token of a one-second TTL issued late in a second expired at the next one,
+/// a few milliseconds later (a fresh token refused on a busy machine).
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A token's TTL in the units of [`unix_now`].
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// What a token's tag signs: its nonce and when it expires.
@@ -190,7 +197,7 @@ impl Gate {
         s.random
             .fill(&mut nonce)
             .map_err(|_| Status::internal("etcdserver: no randomness for a token"))?;
-        let expires = now.saturating_add(s.token_ttl.as_secs());
+        let expires = now.saturating_add(ttl_ms(s.token_ttl));
         let tag = hmac::sign(&s.tokens, &signed(&nonce, expires));
         Ok(format!("{}.{expires}.{}", hex(&nonce), hex(tag.as_ref())))
     }
@@ -209,7 +216,7 @@ impl Gate {
         // a clock set back must not stretch a token past the TTL it was given.
         hmac::verify(&s.tokens, &signed(&nonce, expires), &tag).is_ok()
             && now < expires
-            && expires <= now.saturating_add(s.token_ttl.as_secs())
+            && expires <= now.saturating_add(ttl_ms(s.token_ttl))
     }
 
     /// Whether `req` may proceed: always on an open store, else only with a token this store's secret signed.
@@ -340,10 +347,10 @@ mod tests {
     #[test]
     fn a_token_expires_after_its_ttl_and_its_expiry_cannot_be_moved() {
         let g = gate();
-        let t = g.authenticate_at("fsdp", "s3cret", 1_000).unwrap();
+        let t = g.authenticate_at("fsdp", "s3cret", 1_000_000).unwrap();
         let at = |now| g.check_at(&with_token(Some(&t)), now);
-        assert!(at(1_000).is_ok() && at(1_299).is_ok());
-        let e = at(1_300).unwrap_err();
+        assert!(at(1_000_000).is_ok() && at(1_299_999).is_ok());
+        let e = at(1_300_000).unwrap_err();
         assert_eq!(
             (e.code(), e.message()),
             (
@@ -353,12 +360,12 @@ mod tests {
             "an expired token is refused as etcd refuses one"
         );
         // A clock set far back does not make the token good for longer than its TTL.
-        assert!(at(900).is_err());
+        assert!(at(900_000).is_err());
         // Nor does writing a later expiry into it.
         let (nonce, rest) = t.split_once('.').unwrap();
         let (_, tag) = rest.split_once('.').unwrap();
         let moved = format!("{nonce}.99999999999.{tag}");
-        assert!(g.check_at(&with_token(Some(&moved)), 1_100).is_err());
+        assert!(g.check_at(&with_token(Some(&moved)), 1_100_000).is_err());
     }
 
     #[test]
@@ -366,8 +373,21 @@ mod tests {
         let mut c = credentials("job", "s3cret");
         c.token_ttl = Duration::ZERO;
         let g = Gate::new(Some(&c));
-        let t = g.authenticate_at("fsdp", "s3cret", 50).unwrap();
-        assert!(g.check_at(&with_token(Some(&t)), 50).is_ok());
-        assert!(g.check_at(&with_token(Some(&t)), 51).is_err());
+        let t = g.authenticate_at("fsdp", "s3cret", 50_000).unwrap();
+        assert!(g.check_at(&with_token(Some(&t)), 50_999).is_ok());
+        assert!(g.check_at(&with_token(Some(&t)), 51_000).is_err());
+    }
+
+    /// A token issued late in a second lives its whole TTL (dated in seconds, a
+    /// one-second token issued at x.99 s was refused at x+1 s: `store_security` in the
+    /// loaded suite).
+    #[test]
+    fn a_token_issued_late_in_a_second_lives_its_whole_ttl() {
+        let mut c = credentials("job", "s3cret");
+        c.token_ttl = Duration::from_secs(1);
+        let g = Gate::new(Some(&c));
+        let t = g.authenticate_at("fsdp", "s3cret", 7_000_990).unwrap();
+        assert!(g.check_at(&with_token(Some(&t)), 7_001_500).is_ok());
+        assert!(g.check_at(&with_token(Some(&t)), 7_001_990).is_err());
     }
 }
