@@ -19,14 +19,21 @@ dir=
 etcd_pid=
 sampler_pid=
 bench_pid=
+# The sampler stops when its file is gone, not on a signal: a subshell that gets one
+# before its own trap is set loses it (the harness then waited on it for ever).
+stop_sampler() {
+    rm -f "$dir/sampling"
+    wait "$sampler_pid" 2>/dev/null
+    sampler_pid=
+}
 cleanup() {
     [ -n "$bench_pid" ] && kill "$bench_pid" 2>/dev/null
-    if [ -n "$sampler_pid" ]; then
-        kill "$sampler_pid" 2>/dev/null
-        wait "$sampler_pid" 2>/dev/null
-    fi
+    [ -n "$sampler_pid" ] && stop_sampler
     if [ -n "$etcd_pid" ]; then
         kill "$etcd_pid" 2>/dev/null
+        # etcd ends on SIGTERM within a second or two; one that does not is killed.
+        for _ in $(seq 100); do kill -0 "$etcd_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$etcd_pid" 2>/dev/null
         wait "$etcd_pid" 2>/dev/null
     fi
     [ -n "$dir" ] && rm -rf "$dir"
@@ -74,32 +81,31 @@ echo "etcd: $("$etcd_bin" --version | head -1)"
 cpu_of() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null; }
 # Prometheus writes large counters as 1.2e+06: whole numbers in the samples.
 metric() { awk -v m="$1" '$1 == m {printf "%.0f", $2}' "$dir/scrape"; }
+touch "$dir/sampling"
 (
-    trap exit TERM
-    # Stops by itself if the script was killed without its trap.
-    while kill -0 $$ 2>/dev/null; do
+    # Stops by itself too if the script was killed without its trap.
+    while [ -e "$dir/sampling" ] && kill -0 $$ 2>/dev/null; do
         curl -s --max-time 1 "$metrics/metrics" >"$dir/scrape"
         echo "t=$(date +%s.%N | cut -c1-14) pending=$(metric etcd_server_proposals_pending)" \
             "renewed=$(metric etcd_debugging_lease_renewed_total)" \
             "granted=$(metric etcd_debugging_lease_granted_total)" \
             "revoked=$(metric etcd_debugging_lease_revoked_total)" \
             "keys=$(metric etcd_debugging_mvcc_keys_total) etcd_cpu_ticks=$(cpu_of "$etcd_pid")"
-        sleep 1
+        # A second, in tenths: the stop is seen within one.
+        for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e "$dir/sampling" ] && sleep 0.1; done
     done
 ) >"$dir/samples" 2>/dev/null &
 sampler_pid=$!
 
 cpu0=$(cpu_of "$etcd_pid")
 # In the background, so that a signal to the script ends it (cleanup kills it).
-timeout "${BENCH_TIMEOUT:-120}" "$bench" --endpoint "$client" "$@" &
+timeout -k 10 "${BENCH_TIMEOUT:-120}" "$bench" --endpoint "$client" "$@" &
 bench_pid=$!
 wait "$bench_pid"
 rc=$?
 bench_pid=
 cpu1=$(cpu_of "$etcd_pid")
-kill "$sampler_pid" 2>/dev/null
-wait "$sampler_pid" 2>/dev/null
-sampler_pid=
+stop_sampler
 if [ -z "$cpu0" ] || [ -z "$cpu1" ]; then
     echo "etcd_cpu_s=? (etcd exited during the run)" >&2
     [ "$rc" = 0 ] && rc=2

@@ -261,8 +261,12 @@ fn the_benchmark_suite_runs_end_to_end_at_tiny_sizes() {
 
 /// `scripts/rdzv-etcd.sh ARGS` with `envs`, on ports of its own: asked again with new
 /// ones when another test's process took one meanwhile (as `fsdp_tests::etcd` does).
+/// A harness that has not ended within a minute fails the test (its process group is
+/// killed, its directory removed), where it would otherwise hang the suite.
 fn harness(envs: &[(&str, &str)], args: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
     let script = fsdp_tests::workspace_file("scripts/rdzv-etcd.sh");
+    let tmp = tempfile::tempdir().unwrap();
     for _ in 0..5 {
         let ports: Vec<u16> = {
             let held: Vec<_> = (0..3)
@@ -273,7 +277,8 @@ fn harness(envs: &[(&str, &str)], args: &[&str]) -> std::process::Output {
                 .collect()
         };
         let ports = format!("{} {} {}", ports[0], ports[1], ports[2]);
-        let out = Command::new(&script)
+        let (out_path, err_path) = (tmp.path().join("out"), tmp.path().join("err"));
+        let mut child = Command::new(&script)
             .env_remove("ETCD_BIN")
             .env_remove("SAMPLES")
             .env_remove("BENCH_TIMEOUT")
@@ -281,10 +286,45 @@ fn harness(envs: &[(&str, &str)], args: &[&str]) -> std::process::Output {
             .env("ETCD_PORTS", &ports)
             .envs(envs.iter().copied())
             .args(args)
-            .output()
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::fs::File::create(&err_path).unwrap())
+            .process_group(0)
+            .spawn()
             .expect("run scripts/rdzv-etcd.sh");
-        if !String::from_utf8_lossy(&out.stderr).contains("address already in use") {
-            return out;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let (stdout, stderr) = (
+            std::fs::read(&out_path).unwrap(),
+            std::fs::read(&err_path).unwrap(),
+        );
+        let Some(status) = status else {
+            let pgid = nix::unistd::Pid::from_raw(-(child.id() as i32));
+            let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait();
+            let text = String::from_utf8_lossy(&stdout);
+            if let Some(dir) = text.lines().find_map(|l| l.strip_prefix("dir=")) {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            panic!(
+                "scripts/rdzv-etcd.sh {args:?} with {envs:?} had not ended after 60 s; \
+                 it printed:\n{text}{}",
+                String::from_utf8_lossy(&stderr)
+            );
+        };
+        if !String::from_utf8_lossy(&stderr).contains("address already in use") {
+            return std::process::Output {
+                status,
+                stdout,
+                stderr,
+            };
         }
     }
     panic!("scripts/rdzv-etcd.sh found a port taken five times");
@@ -342,4 +382,18 @@ fn the_fresh_etcd_harness_runs_the_bench_and_leaves_nothing_behind() {
         "{stderr}"
     );
     assert!(out.stdout.is_empty(), "an etcd was started without one");
+}
+
+/// A bench that ends at once ends the harness too: its sampler, stopped a moment after it
+/// started, once missed its stop signal (sent before the sampler's own trap was set) and
+/// the harness waited on it for ever (CI, stop 79: this test's parent timed out at
+/// 300 s). Each run fails here within a minute instead.
+#[test]
+fn a_bench_that_ends_at_once_still_ends_the_harness() {
+    for run in 0..16 {
+        let out = harness(&[("BENCH", "/bin/true")], &["--nodes", "8"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "run {run}: {out:?}");
+        assert_nothing_left(&stdout);
+    }
 }
