@@ -736,11 +736,12 @@ async fn a_crowds_node_answered_late_waits_at_the_gate_without_a_lease_then_join
         let mut outsider = connect(&cfg.options).await.unwrap();
         signal(nix::sys::signal::Signal::SIGSTOP);
         let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
-        // Past the spread (at most 2 s at MAX 2,000): the nesting read waits 3 s or more,
-        // so a gated node is held 1.5 s or more after etcd thaws.
+        // Past its turn (at MAX 2,000 a first look within 0.25 s, given up unanswered
+        // after 2 s): the nesting read waits 2.75 s or more, so a gated node is held
+        // 1.3 s or more after etcd thaws.
         tokio::time::sleep(Duration::from_secs(5)).await;
         signal(nix::sys::signal::Signal::SIGCONT);
-        // For the first second of its hold (it lasts 1.5 s or more), looked at often.
+        // For the first second of its hold (it lasts 1.3 s or more), looked at often.
         let thawed = Instant::now();
         while gated && thawed.elapsed() < Duration::from_secs(1) {
             let leases = outsider.leases().await.unwrap();
@@ -767,6 +768,73 @@ async fn a_crowds_node_answered_late_waits_at_the_gate_without_a_lease_then_join
         assert_eq!(r.members.len(), 1, "the node forms its round alone");
         n.depart(Departure::Left, why()).await.unwrap();
     }
+}
+
+/// A crowd's node waits its turn before its lease (`admission::Turn`): node `k` goes once
+/// etcd's revision moved `k - 1,000` past the count's start (half a crowd before the
+/// coordinator key's creation). Here node ~2,600 of 10,000, with a coordinator's claim
+/// just written, takes no lease at its first look (made: ~500 of the ~1,600 it needs);
+/// the crowd's registrations, written as revisions outside the run, then let it join.
+#[tokio::test]
+async fn a_crowds_node_takes_no_lease_before_its_turn_then_joins() {
+    use fsdp_rendezvous::etcd::place_in_crowd;
+    let etcd = Etcd::start();
+    let max = 10_000;
+    let mut cfg = config(&etcd, "turn", 1, max);
+    cfg.node_id = (0..)
+        .map(|i| format!("turn-node-{i}"))
+        .find(|id| (0.25..0.28).contains(&place_in_crowd(id)))
+        .unwrap();
+    let k = place_in_crowd(&cfg.node_id) * f64::from(max);
+    let keys = Keys::new("/fsdp", "turn").unwrap();
+    let mut outsider = connect(&cfg.options).await.unwrap();
+    let lease = outsider.lease_grant(60, None).await.unwrap().id();
+    let claim = fsdp_proto::v1::Coordinator {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        node_id: "elsewhere".into(),
+    };
+    outsider
+        .put(
+            keys.key::<fsdp_proto::v1::Coordinator>(""),
+            prost::Message::encode_to_vec(&claim),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+    let client = connect(&cfg.options).await.unwrap();
+    let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
+    // Past its first look, (k - 1,000) / 4,000 s: about 0.4 s.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let leases = outsider.leases().await.unwrap();
+    assert_eq!(
+        leases.leases().len(),
+        1,
+        "node {k:.0} took a lease before its turn: {:?}",
+        leases.leases()
+    );
+    // The registrations before its turn, as revisions.
+    let needed = (k - 1_500.0).ceil() as usize + 10;
+    for chunk in (0..needed).collect::<Vec<_>>().chunks(100) {
+        join_all(chunk.iter().map(|i| {
+            let mut c = outsider.clone();
+            async move { c.put(format!("/elsewhere/{i}"), "x", None).await }
+        }))
+        .await
+        .into_iter()
+        .for_each(|r| {
+            r.unwrap();
+        });
+    }
+    let mut n = within(Duration::from_secs(30), "the join", join)
+        .await
+        .unwrap()
+        .expect("joins");
+    let looks = n
+        .counters()
+        .turn_looks
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(looks >= 2, "node {k:.0} looked {looks} times");
+    n.depart(Departure::Left, why()).await.unwrap();
 }
 
 /// etcd gone for longer than `outage_timeout`: the agent stops waiting, with an error that

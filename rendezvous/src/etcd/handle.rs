@@ -69,14 +69,57 @@ fn check_nnodes(cfg: &EtcdConfig) -> Result<(), RendezvousError> {
     Ok(())
 }
 
-/// Waits this node's turn before its first request to etcd, the connection's read
-/// included: a large run's nodes come to etcd spread out, not all in one instant
-/// ([`session::join_delay`], drawn from the node id, which is chosen here if not given).
-async fn spread_out(cfg: &mut EtcdConfig) {
+/// Waits until this node's first request to etcd, the connection's read included: in a
+/// crowd, its turn's first look ([`session::Turn`], drawn from the node id, which is
+/// chosen here if not given), so that a large run's nodes do not all come to etcd in one
+/// instant. Returns the turn, if it has one, to wait out once connected.
+async fn spread_out(cfg: &mut EtcdConfig) -> Option<session::Turn> {
     if cfg.node_id.is_empty() {
         cfg.node_id = new_node_id();
     }
-    tokio::time::sleep(session::join_delay(&cfg.node_id, cfg.max_nodes)).await;
+    let turn = session::Turn::new(&cfg.node_id, cfg.max_nodes, Instant::now())?;
+    tokio::time::sleep_until(turn.first_look().into()).await;
+    Some(turn)
+}
+
+/// A look at the crowd's count that etcd has not answered within this is given up (and
+/// the turn with it: the gate's read comes next, which waits for etcd as a join does).
+const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Waits out this node's turn ([`session::Turn`]): looks at etcd's revision (reading the
+/// coordinator key too, until it was seen) until the crowd made the registrations before
+/// this node's. A look etcd does not answer ends the wait, as the turn's latest moment
+/// does: the gate is next.
+async fn await_turn(client: &Client, keys: &Keys, mut turn: session::Turn, counters: &Counters) {
+    let began = Instant::now();
+    let coordinator = keys.key::<v1::Coordinator>("");
+    loop {
+        let look = async {
+            let mut c = client.clone();
+            if turn.needs_start() {
+                let opts = GetOptions::new().with_serializable().with_keys_only();
+                let r = c.get(coordinator.as_str(), Some(opts)).await?;
+                let created = r.kvs().first().map(etcd_client::KeyValue::create_revision);
+                Ok::<_, etcd_client::Error>((r.header().map(|h| h.revision()), created))
+            } else {
+                let r = c.status().await?;
+                Ok((r.header().map(|h| h.revision()), None))
+            }
+        };
+        let Ok(Ok((Some(revision), created))) = tokio::time::timeout(LOOK_TIMEOUT, look).await
+        else {
+            break;
+        };
+        match turn.looked(Instant::now(), revision, created) {
+            Some(at) => tokio::time::sleep_until(at.into()).await,
+            None => break,
+        }
+    }
+    counters
+        .turn_looks
+        .fetch_add(u64::from(turn.looks()), Ordering::Relaxed);
+    let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    counters.turn_ns.fetch_add(ns, Ordering::Relaxed);
 }
 
 /// The nesting check, which in a crowd is also the gate before the grant
@@ -245,20 +288,25 @@ impl EtcdRendezvous {
     /// Connects (bounded retry) and joins the run.
     pub async fn connect(mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
         check_nnodes(&cfg)?;
-        spread_out(&mut cfg).await;
+        let turn = spread_out(&mut cfg).await;
         let client = connect::connect(&cfg.options).await?;
-        Self::joined_over(client, cfg).await
+        Self::joined_over(client, cfg, turn).await
     }
 
     /// Joins the run over an existing connection (several simulated nodes can share one).
     pub async fn join(client: Client, mut cfg: EtcdConfig) -> Result<Self, RendezvousError> {
         check_nnodes(&cfg)?;
-        spread_out(&mut cfg).await;
-        Self::joined_over(client, cfg).await
+        let turn = spread_out(&mut cfg).await;
+        Self::joined_over(client, cfg, turn).await
     }
 
-    /// [`EtcdRendezvous::join`] once this node's turn in the spread came.
-    async fn joined_over(mut client: Client, cfg: EtcdConfig) -> Result<Self, RendezvousError> {
+    /// [`EtcdRendezvous::join`] once this node's first look came: its turn waited out,
+    /// then the gate, the grant and the first sync.
+    async fn joined_over(
+        mut client: Client,
+        cfg: EtcdConfig,
+        turn: Option<session::Turn>,
+    ) -> Result<Self, RendezvousError> {
         let keys = Keys::new(&cfg.prefix, &cfg.run_id).map_err(RendezvousError::InvalidConfig)?;
         // Asked again while etcd says it is too busy, and waited for, for as long as the
         // join may take (one deadline for the nesting check, the gate, the grant and the
@@ -268,6 +316,9 @@ impl EtcdRendezvous {
         let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
         let left = || deadline.saturating_duration_since(Instant::now());
         let counters = Counters::default();
+        if let Some(turn) = turn {
+            await_turn(&client, &keys, turn, &counters).await;
+        }
         let read = through_gate(&mut client, &keys, &cfg, deadline, &counters).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, left(), ttl_s).await?;

@@ -55,7 +55,7 @@ pub use connect::{EtcdOptions, TlsFiles, connect};
 pub use errors::{overloaded as is_overloaded, short_cause, transient as is_transient};
 pub use keys::Keys;
 pub use record::Allowed;
-pub use session::{Fault, FaultKind, commit_round, lease_holds};
+pub use session::{Fault, FaultKind, commit_round, lease_holds, place_in_crowd};
 pub use view::View;
 
 /// Members above which a round is placed ([`EtcdConfig::placement_above`]): at 1,000 a

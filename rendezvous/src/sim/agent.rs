@@ -64,8 +64,11 @@ pub struct SimAgent {
     /// The lease of the open keep-alive stream: the watches', or a joining node's from
     /// its grant (before its watches).
     pub kept: Option<i64>,
-    /// The process whose start waited its join spread already.
+    /// The process whose start took its turn already (its first look waited).
     pub spread_for: u64,
+    /// The turn of the process waiting to start (the handle's `await_turn`), until it
+    /// came.
+    pub turn: Option<crate::etcd::session::Turn>,
     /// The gate of the process waiting to start, once it looked (the handle's
     /// `through_gate`); none once it started.
     pub gate: Option<crate::etcd::session::Gate>,
@@ -143,6 +146,7 @@ impl SimAgent {
             watching: None,
             kept: None,
             spread_for: 0,
+            turn: None,
             gate: None,
             pinned: 0,
             cut: false,

@@ -87,7 +87,7 @@ pub struct Options {
     /// Spells of an overloaded etcd ([`Fault::Overload`]).
     pub overload: bool,
     /// A run of more than `.0` nodes spreads its joins at `.1` a second on average (the agent's
-    /// [`crate::etcd::session::join_delay`] at the simulator's scale).
+    /// [`crate::etcd::session::Turn`] at the simulator's scale: its window and fixed spread).
     pub join_spread: (u32, u32),
     /// Failure restarts each agent allows (`--max-restarts`).
     pub max_restarts: u32,

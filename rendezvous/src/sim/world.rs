@@ -256,22 +256,60 @@ impl World {
     }
 
     /// Whether agent `a`'s process waits before its grant, as the handle's does: its
-    /// spread, once per process, then the gate; its start comes again when it may go on.
+    /// turn, once per process (its first look, then looks until the crowd made the
+    /// registrations before it), then the gate; its start comes again when it may go on.
     /// (Unlike the handle's, the gate has no deadline here, and a start the schedule
     /// plans meanwhile looks again at once: the gate is on in crowd runs only, which plan
     /// no other faults.)
     fn waits_before_join(&mut self, a: usize, now: Instant) -> bool {
-        // The handle's spread before its first request ([`crate::etcd::session::join_delay`]),
-        // once per process.
         let (crowd, per_second) = self.opts.join_spread;
         let node = self.agents[a].node.clone();
-        let spread = crate::etcd::session::spread(&node, self.opts.max_nodes, crowd, per_second);
         let next = self.agents[a].process + 1;
-        if !spread.is_zero() && self.agents[a].spread_for != next {
+        if self.agents[a].spread_for != next {
             self.agents[a].spread_for = next;
-            self.note(|| format!("n{a} waits {spread:?} before its first request"));
-            self.after(spread.as_millis() as u64, Ev::Fault(Fault::Start(a)));
-            return true;
+            let turn = crate::etcd::session::Turn::scaled(
+                &node,
+                self.opts.max_nodes,
+                now,
+                crowd,
+                per_second,
+            );
+            if let Some(first) = turn.as_ref().map(crate::etcd::session::Turn::first_look) {
+                let wait = first.saturating_duration_since(now);
+                self.note(|| format!("n{a} looks first in {wait:?}, then waits its turn"));
+                self.after(wait.as_millis() as u64, Ev::Fault(Fault::Start(a)));
+            }
+            self.agents[a].turn = turn;
+            if self.agents[a].turn.is_some() {
+                return true;
+            }
+        }
+        // The handle's turn ([`crate::etcd::session::Turn`]): the coordinator key's create
+        // revision (serializable: answered at once) until seen, then etcd's revision.
+        if let Some(mut turn) = self.agents[a].turn.take() {
+            let created = if turn.needs_start() {
+                let coordinator = Op::Range {
+                    key: self.keys.key::<fsdp_proto::v1::Coordinator>(""),
+                    prefix: false,
+                    keys_only: true,
+                    serializable: true,
+                };
+                match self.etcd.execute(&coordinator, now) {
+                    Ok(Answer::Range { kvs, .. }) => kvs.first().map(|kv| kv.create_rev),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            let revision = self.etcd.state.revision();
+            if let Some(at) = turn.looked(now, revision, created) {
+                let wait = at.saturating_duration_since(now);
+                self.note(|| format!("n{a} looks again in {wait:?} (revision {revision})"));
+                self.after(wait.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
+                self.agents[a].turn = Some(turn);
+                return true;
+            }
+            self.note(|| format!("n{a}'s turn came (revision {revision})"));
         }
         // The handle's gate ([`crate::etcd::session::Gate`]): its nesting read, linearizable
         // in a crowd, is answered once the apply loop caught up; a late answer holds the

@@ -13,7 +13,9 @@
 //! `paced_max_s` and `slowest_paced_s` how long the most paced node's requests and the
 //! slowest node's were held by their pace (admission, after a slow answer or a refusal);
 //! `gated_max_s` and `gated_nodes` the longest a node was held at the gate before its
-//! grant (etcd behind) and how many were held there at all.
+//! grant (etcd behind) and how many were held there at all; `turn_looks_per_node` and
+//! `turn_max_s` the looks a node made waiting its turn in the crowd (`admission::Turn`)
+//! and the longest a node waited after its first look.
 //! The seal's moments, as a watch of the run on a connection of the bench's own sees
 //! them: `last_joined_s` (the last node's join returned), `registered_s` (the last
 //! registration's event before the header), `shards_s=FIRST..LAST` (a placed round's
@@ -304,6 +306,14 @@ fn main() {
             .collect();
         let gated_max_s = gated.iter().max().copied().unwrap_or(0) as f64 / 1e9;
         let gated_nodes = gated.iter().filter(|g| **g > 0).count();
+        // Looks a node made waiting its turn (of all nodes), and the longest it waited.
+        let turn_looks = count(|c| c.turn_looks.load(Ordering::Relaxed)) as f64 / nodes as f64;
+        let turn_max_s = held
+            .iter()
+            .map(|(n, _)| n.counters().turn_ns.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0) as f64
+            / 1e9;
         let (p50, p99) = p50_p99(&mut took);
         println!(
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} shard_txns={shard_txns} \
@@ -311,8 +321,8 @@ fn main() {
              leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
              formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \
              slowest_paced_s={:.2} gated_max_s={gated_max_s:.2} gated_nodes={gated_nodes} \
-             last_joined_s={last_joined:.3} {} \
-             bench_cpu_s={:.2} bench_rss_mb={}",
+             last_joined_s={last_joined:.3} turn_looks_per_node={turn_looks:.2} \
+             turn_max_s={turn_max_s:.2} {} bench_cpu_s={:.2} bench_rss_mb={}",
             slowest.1,
             sealed.lock().unwrap().words(),
             own_cpu_s(),

@@ -88,18 +88,12 @@ pub const TAPER: f64 = 0.3;
 
 const _: () = assert!(TAPER >= 0.0 && TAPER < 1.0);
 
-/// How long node `node_id` of a run of at most `max_nodes` waits before its first
-/// request (its grant): none in a run of up to [`CROWD`] nodes; in a larger one a draw
-/// from the node id, spread over `max_nodes / JOINS_PER_SECOND` seconds at a rate that
-/// falls from the first second to the last ([`TAPER`]), so that 10,000 nodes started
-/// together arrive at etcd over 10 s, not in one instant (when they did, etcd fell a TTL
-/// behind and formation collapsed). Nodes share nothing, so the spread is each node's
-/// own draw; its pace after that is [`Admission`]'s.
-pub fn join_delay(node_id: &str, max_nodes: u32) -> Duration {
-    spread(node_id, max_nodes, CROWD, JOINS_PER_SECOND)
-}
-
-/// [`join_delay`] with its two numbers given (the simulator runs them scaled down).
+/// Node `node_id`'s place in the fixed spread of a run of at most `max_nodes`, the
+/// latest its turn comes ([`Turn`]): none in a run of up to `crowd` nodes; in a larger
+/// one a draw from the node id, spread over `max_nodes / per_second` seconds at a rate
+/// that falls from the first second to the last ([`TAPER`]), so that 10,000 nodes
+/// started together arrive at etcd over 10 s at most, not in one instant (when they did,
+/// etcd fell a TTL behind and formation collapsed).
 pub fn spread(node_id: &str, max_nodes: u32, crowd: u32, per_second: u32) -> Duration {
     if !a_crowd(max_nodes, crowd) {
         return Duration::ZERO;
@@ -134,6 +128,146 @@ fn xorshift(mut x: u64) -> u64 {
 /// `x` as a fraction in `0..1`.
 fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A crowd node's turn: when it may go to the gate and its grant, paced by how far the
+/// crowd got, as etcd's revision says. A spread fixed in joins a second is etcd's pace on
+/// one etcd only: 1,000 a second is what Debian's 3.4 takes on two cores, and a third
+/// of what 3.5 takes there (10,000 nodes formed in 11.6 s on 3.5 with its floor at
+/// 3.0–3.6 s). Here node `k` of the crowd (its place times the run's size) goes once
+/// `k - CROWD` registrations were made, so about [`CROWD`] joins are under way at
+/// any moment, as fast as etcd completes them, whatever etcd it is; and at the latest at
+/// its place in the fixed spread ([`spread`]), so it is never later than that. On etcd
+/// 3.5, windows of 1,000 and 2,000 formed 10,000 nodes in the same 7.4–7.7 s, and 20,000
+/// in 17.2 s (2.4× the floor); on 3.4, 500 and 1,000 in the fixed spread's 11–12 s (3.4
+/// takes about 1,000 of these joins a second here).
+///
+/// Registrations are the crowd's only writes that move etcd's revision (a grant and a
+/// keep-alive do not), and every member runs in the same etcd, so the revision counts
+/// them without a read of the registrations. The count starts at the coordinator key's
+/// create revision: the coordinator is one of the crowd's first [`CROWD`]
+/// (`waiting.rs`), which go at once, and its key is written within their first
+/// registrations, so the start is taken half a crowd before it: at most half a
+/// window early (more under way) and half a window late (fewer), never a turn that
+/// waits for registrations nobody makes. A node's first look is itself spread, four
+/// times faster than the fixed spread, so that a crowd's connections do not open in one
+/// instant; it reads the coordinator key (serializable: no wait for the apply loop), the
+/// later looks ask etcd's status (its revision, answered from memory), each when the
+/// pace seen so far says the turn will have come. A run whose formation is over (its
+/// revision far past the count) lets a node that joins it go at its first look.
+///
+/// Pure: [`Turn::first_look`] and [`Turn::looked`] say when to look and whether to go.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// This node's place, in nodes: its place in the crowd times the run's size.
+    ticket: f64,
+    /// How many joins may be under way ([`CROWD`] at the agent's scale).
+    window: f64,
+    /// The fixed spread's rate, joins a second (the looks' pace derives from it).
+    per_second: f64,
+    started: Instant,
+    /// Its place in the fixed spread: it goes then whatever its looks said.
+    latest: Instant,
+    /// The revision the crowd's count starts at, once the coordinator key was seen.
+    base: Option<i64>,
+    looks: u32,
+}
+
+/// A turn's first look comes this many times faster than the fixed spread.
+const FIRST_LOOKS_FASTER: f64 = 4.0;
+/// The slowest pace a turn assumes, as a fraction of the fixed spread's rate: a crowd
+/// that made nothing yet is looked at again soon, not in minutes.
+const SLOWEST_PACE: f64 = 0.2;
+/// Looks come at least this far apart.
+const LOOKS_APART: Duration = Duration::from_millis(100);
+
+impl Turn {
+    /// The turn of node `node_id`, which started at `started`, in a run of at most
+    /// `max_nodes`: `None` when it goes at once (not a crowd, or one of its first
+    /// [`CROWD`], or admission switched off).
+    pub fn new(node_id: &str, max_nodes: u32, started: Instant) -> Option<Self> {
+        Self::scaled(node_id, max_nodes, started, CROWD, JOINS_PER_SECOND)
+    }
+
+    /// [`Turn::new`] with the crowd (and window) and the fixed spread's rate given (the
+    /// simulator runs them scaled down).
+    pub fn scaled(
+        node_id: &str,
+        max_nodes: u32,
+        started: Instant,
+        crowd: u32,
+        per_second: u32,
+    ) -> Option<Self> {
+        if !a_crowd(max_nodes, crowd) {
+            return None;
+        }
+        let ticket = place_in_crowd(node_id) * f64::from(max_nodes);
+        let window = f64::from(crowd);
+        (ticket > window).then(|| Self {
+            ticket,
+            window,
+            per_second: f64::from(per_second.max(1)),
+            started,
+            latest: started + spread(node_id, max_nodes, crowd, per_second),
+            base: None,
+            looks: 0,
+        })
+    }
+
+    /// When to look first: the node's place at four times the fixed spread's rate.
+    pub fn first_look(&self) -> Instant {
+        let ahead = (self.ticket - self.window) / (FIRST_LOOKS_FASTER * self.per_second);
+        (self.started + Duration::from_secs_f64(ahead)).min(self.latest)
+    }
+
+    /// Whether the next look must read the coordinator key (the count's start is not
+    /// known yet), or may ask etcd's status alone.
+    pub fn needs_start(&self) -> bool {
+        self.base.is_none()
+    }
+
+    /// Looks so far.
+    pub fn looks(&self) -> u32 {
+        self.looks
+    }
+
+    /// A look at `now` found etcd at `revision`, and the coordinator key created at
+    /// `coordinator` (when the look read it and it was there): `None` to go on to the
+    /// gate, or when to look again.
+    pub fn looked(
+        &mut self,
+        now: Instant,
+        revision: i64,
+        coordinator: Option<i64>,
+    ) -> Option<Instant> {
+        self.looks += 1;
+        if self.base.is_none() {
+            self.base = coordinator.map(|c| c - (self.window / 2.0) as i64);
+        }
+        if now >= self.latest {
+            return None;
+        }
+        let slowest = SLOWEST_PACE * self.per_second;
+        let elapsed = now.saturating_duration_since(self.started).as_secs_f64();
+        let (left, rate) = match self.base {
+            Some(base) => {
+                let made = (revision - base).max(0) as f64;
+                let left = self.ticket - self.window - made;
+                if left <= 0.0 {
+                    return None;
+                }
+                (left, (made / elapsed.max(0.1)).max(slowest))
+            }
+            // No coordinator yet: the crowd's first have not registered; again as far
+            // apart as the first look was from the start.
+            None => (
+                self.ticket - self.window,
+                FIRST_LOOKS_FASTER * self.per_second,
+            ),
+        };
+        let wait = Duration::from_secs_f64(left / rate).max(LOOKS_APART);
+        Some((now + wait).min(self.latest))
+    }
 }
 
 /// The gate before a crowd's grant. A node's spread says when it may join, not whether
@@ -431,6 +565,148 @@ mod tests {
         assert!(at.len() > 45, "{} distinct moments of 50", at.len());
     }
 
+    /// A run of up to a crowd, and a crowd's first [`CROWD`], go at once; the others
+    /// look first at their place at four times the fixed spread's rate, never after
+    /// their place in it.
+    #[test]
+    fn only_a_crowds_nodes_past_the_window_wait_their_turn() {
+        let t0 = Instant::now();
+        assert!(Turn::new("sim-00001", 1_000, t0).is_none());
+        let turns: Vec<Turn> = (0..10_000)
+            .filter_map(|i| Turn::new(&format!("sim-{i:05}"), 10_000, t0))
+            .collect();
+        assert!(turns.len().abs_diff(9_000) < 200, "{}", turns.len());
+        for t in &turns {
+            let first = t.first_look() - t0;
+            let want = Duration::from_secs_f64((t.ticket - t.window) / 4_000.0);
+            assert!(first.abs_diff(want) < ms(1), "{first:?} {want:?}");
+            assert!(t.first_look() <= t.latest && t.needs_start());
+        }
+    }
+
+    /// Node `k` goes once the revision moved `k - CROWD` past the count's start (half a
+    /// window before the coordinator key); before, it looks again when the pace seen so
+    /// far says its turn comes, at least 100 ms on and never after its place in the
+    /// spread, where it goes whatever it saw.
+    #[test]
+    fn a_turn_comes_when_the_crowd_made_its_registrations() {
+        let t0 = Instant::now();
+        // A node late in the crowd.
+        let late = |t0| {
+            (0..)
+                .filter_map(|i| Turn::new(&format!("sim-{i:05}"), 10_000, t0))
+                .find(|t| t.ticket > 9_000.0)
+                .expect("a late node")
+        };
+        let mut t = late(t0);
+        let (k, w) = (t.ticket, t.window);
+        let coordinator = 100;
+        let base = coordinator - 500;
+        // At 1 s, 2,000 registrations made: its turn needs k - 1,000.
+        let now = t0 + Duration::from_secs(1);
+        let made = 2_000.0;
+        let at = t.looked(now, base + made as i64, Some(coordinator));
+        assert!(!t.needs_start());
+        let want = Duration::from_secs_f64((k - w - made) / 2_000.0).max(ms(100));
+        let want = (now + want).min(t.latest);
+        assert_eq!(
+            at.map(|a| a.duration_since(t0).as_millis()),
+            Some(want.duration_since(t0).as_millis())
+        );
+        // Status looks after that: the revision alone.
+        let now = at.unwrap();
+        assert_eq!(
+            t.looked(now, base + (k - w) as i64 + 1, None),
+            None,
+            "its turn"
+        );
+        assert_eq!(t.looks(), 2);
+        // A crowd that made nothing: looked at again at the slowest pace, and at its
+        // place in the spread it goes.
+        let mut t = late(t0);
+        let mut now = t.first_look();
+        let mut looks = 0;
+        while let Some(at) = t.looked(now, 50, Some(100)) {
+            assert!(at > now && at <= t.latest, "{:?}", at - now);
+            assert!(at - now >= ms(100) || at == t.latest);
+            now = at;
+            looks += 1;
+        }
+        assert_eq!(now, t.latest);
+        assert!(looks < 10, "{looks} looks");
+    }
+
+    /// Before the coordinator key is there nothing is counted: the node looks again
+    /// (reading the key again), and a run long formed lets it go at its first look.
+    #[test]
+    fn no_coordinator_yet_is_no_count_and_a_formed_run_is_no_wait() {
+        let t0 = Instant::now();
+        let mut t = Turn::new("sim-05000", 10_000, t0).expect("waits");
+        let first = t.first_look();
+        let again = t.looked(first, 7, None).expect("looks again");
+        assert!(t.needs_start() && again > first && again <= t.latest);
+        let mut t = Turn::new("sim-05000", 10_000, t0).expect("waits");
+        assert_eq!(t.looked(first, 1_000_000, Some(12)), None);
+    }
+
+    /// A crowd of 10,000 pacing itself by its turns against an etcd that completes 2,500
+    /// joins a second (a join completes 50 ms after it was sent, once etcd gets to it):
+    /// it forms about as fast as etcd takes joins, never with much more than a window and
+    /// a half under way, and with a few looks a node.
+    #[test]
+    fn a_crowd_by_its_turns_goes_at_etcds_pace_a_window_under_way() {
+        let t0 = Instant::now();
+        let n = 10_000;
+        let step = ms(5);
+        let (rate, latency) = (2_500.0, ms(50));
+        let mut waiting: Vec<(Instant, Turn)> = Vec::new();
+        let mut queue: std::collections::VecDeque<Instant> = Default::default();
+        for i in 0..n {
+            match Turn::new(&format!("sim-{i:05}"), n as u32, t0) {
+                Some(t) => waiting.push((t.first_look(), t)),
+                None => queue.push_back(t0),
+            }
+        }
+        let (mut made, mut coordinator, mut credit) = (0i64, None, 0.0);
+        let (mut most_under_way, mut looks) = (0, 0);
+        let mut now = t0;
+        while made < n as i64 {
+            now += step;
+            credit += rate * step.as_secs_f64();
+            while credit >= 1.0 && queue.front().is_some_and(|sent| *sent + latency <= now) {
+                queue.pop_front();
+                credit -= 1.0;
+                made += 1;
+                if made == 300 {
+                    coordinator = Some(made);
+                }
+            }
+            credit = credit.min(1.0);
+            let mut still = Vec::new();
+            for (at, mut t) in waiting.drain(..) {
+                if at > now {
+                    still.push((at, t));
+                    continue;
+                }
+                let seen = if t.needs_start() { coordinator } else { None };
+                match t.looked(now, made, seen) {
+                    Some(next) => still.push((next, t)),
+                    None => {
+                        looks += t.looks();
+                        queue.push_back(now);
+                    }
+                }
+            }
+            waiting = still;
+            most_under_way = most_under_way.max(queue.len());
+        }
+        let took = (now - t0).as_secs_f64();
+        assert!(took < n as f64 / rate * 1.15, "formed in {took:.2} s");
+        assert!(most_under_way < 1_700, "{most_under_way} under way");
+        let per_node = f64::from(looks) / 9_000.0;
+        assert!(per_node < 4.0, "{per_node:.2} looks a node");
+    }
+
     #[test]
     fn fast_answers_never_hold_a_request() {
         let mut a = Admission::new("n1", TTL);
@@ -506,9 +782,12 @@ mod tests {
 
     #[test]
     fn a_crowd_of_10000_is_spread_over_10_s_faster_first_and_a_run_of_1000_not_at_all() {
-        assert_eq!(join_delay("sim-00001", 1_000), Duration::ZERO);
+        assert_eq!(
+            spread("sim-00001", 1_000, CROWD, JOINS_PER_SECOND),
+            Duration::ZERO
+        );
         let delays: Vec<Duration> = (0..10_000)
-            .map(|i| join_delay(&format!("sim-{i:05}"), 10_000))
+            .map(|i| spread(&format!("sim-{i:05}"), 10_000, CROWD, JOINS_PER_SECOND))
             .collect();
         assert!(delays.iter().all(|d| *d < Duration::from_secs(10)));
         // The rate falls from 1,300 a second to 700, by 60 a second each second.
@@ -521,8 +800,8 @@ mod tests {
         }
         assert!(per_second[0] > per_second[9] + 400, "{per_second:?}");
         assert_eq!(
-            join_delay("sim-00042", 10_000),
-            join_delay("sim-00042", 10_000)
+            spread("sim-00042", 10_000, CROWD, JOINS_PER_SECOND),
+            spread("sim-00042", 10_000, CROWD, JOINS_PER_SECOND)
         );
     }
 

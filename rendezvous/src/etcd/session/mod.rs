@@ -67,10 +67,10 @@ mod sync;
 mod tests;
 mod watches;
 
-pub use admission::{CROWD, Gate, gated, join_delay, place_in_crowd};
+pub use admission::{CROWD, Gate, Turn, gated, place_in_crowd};
 // The join spread's numbers, which the simulator runs scaled down.
 #[cfg(feature = "sim")]
-pub use admission::{JOINS_PER_SECOND, a_crowd, spread};
+pub use admission::{JOINS_PER_SECOND, a_crowd};
 pub use conn::{FirstRead, commit_round, lease_holds};
 pub use driver::Driver;
 pub use io::Command;
