@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One rdzv-bench run against a fresh etcd of its own on tmpfs (the figures in
 # docs/bench/agents-scale.md): etcd is started on 127.0.0.1 (ETCD_PORTS), its proposals
-# pending, renewals, grants, revocations, keys and CPU are sampled each second while the
-# bench runs, and the etcd, the sampler and the data are gone when the script ends, by an
-# error or a signal too. To compare two etcds, run it once with each (ETCD_BIN).
+# pending, its apply backlog (committed, not applied), renewals, grants, revocations, keys
+# and CPU are sampled each second while the bench runs, and the etcd, the sampler and the
+# data are gone when the script ends, by an error or a signal too. To compare two etcds, run it once with each (ETCD_BIN).
 #
 #   cargo build --release -p fsdp-tests --bin rdzv-bench
 #   scripts/rdzv-etcd.sh --nodes 10000 --settle 1            # a formation
@@ -86,7 +86,11 @@ touch "$dir/sampling"
     # Stops by itself too if the script was killed without its trap.
     while [ -e "$dir/sampling" ] && kill -0 $$ 2>/dev/null; do
         curl -s --max-time 1 "$metrics/metrics" >"$dir/scrape"
-        echo "t=$(date +%s.%N | cut -c1-14) pending=$(metric etcd_server_proposals_pending)" \
+        # Committed but not applied: the apply loop's backlog, what keep-alives wait on.
+        committed=$(metric etcd_server_proposals_committed_total)
+        applied=$(metric etcd_server_proposals_applied_total)
+        backlog=$(( ${committed:-0} - ${applied:-0} ))
+        echo "t=$(date +%s.%N | cut -c1-14) pending=$(metric etcd_server_proposals_pending) backlog=$backlog" \
             "renewed=$(metric etcd_debugging_lease_renewed_total)" \
             "granted=$(metric etcd_debugging_lease_granted_total)" \
             "revoked=$(metric etcd_debugging_lease_revoked_total)" \
@@ -97,6 +101,8 @@ touch "$dir/sampling"
 ) >"$dir/samples" 2>/dev/null &
 sampler_pid=$!
 
+# The most a sampled count (pending, backlog) was.
+most() { sed -n "s/.* $1=\([0-9][0-9]*\).*/\1/p" "$dir/samples" | sort -n | tail -1 | grep . || echo none; }
 cpu0=$(cpu_of "$etcd_pid")
 # In the background, so that a signal to the script ends it (cleanup kills it).
 timeout -k 10 "${BENCH_TIMEOUT:-120}" "$bench" --endpoint "$client" "$@" &
@@ -111,7 +117,7 @@ if [ -z "$cpu0" ] || [ -z "$cpu1" ]; then
     [ "$rc" = 0 ] && rc=2
 else
     echo "etcd_cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", (b - a) / t}')" \
-        "pending_max=$(sed -n 's/.* pending=\([0-9][0-9]*\).*/\1/p' "$dir/samples" | sort -n | tail -1 | grep . || echo none)"
+        "pending_max=$(most pending)" "backlog_max=$(most backlog)"
 fi
 if [ -n "${SAMPLES:-}" ]; then
     cp "$dir/samples" "$SAMPLES" || echo "could not keep the samples in $SAMPLES" >&2

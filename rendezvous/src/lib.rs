@@ -129,7 +129,7 @@ pub struct Counters {
     /// slowest node's).
     pub paced_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Time (ns) this node was held at the gate before its grant while etcd answered
-    /// slowly (`admission::Gate`), after its spread.
+    /// slowly (`admission::Gate`), after its turn.
     pub gated_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Looks this node made waiting its turn in a crowd (`admission::Turn`), and the time
     /// (ns) it waited after its first look: `rdzv-bench` prints looks a node and the

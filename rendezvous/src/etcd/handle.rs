@@ -82,14 +82,15 @@ async fn spread_out(cfg: &mut EtcdConfig) -> Option<session::Turn> {
     Some(turn)
 }
 
-/// A look at the crowd's count that etcd has not answered within this is given up (and
-/// the turn with it: the gate's read comes next, which waits for etcd as a join does).
+/// A look at the crowd's count that etcd has not answered within this is given up, and
+/// made again later ([`session::Turn::unanswered`]).
 const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Waits out this node's turn ([`session::Turn`]): looks at etcd's revision (reading the
 /// coordinator key too, until it was seen) until the crowd made the registrations before
-/// this node's. A look etcd does not answer ends the wait, as the turn's latest moment
-/// does: the gate is next.
+/// this node's, or its latest moment came. A look etcd does not answer is no turn: a busy
+/// etcd is no time to add a join (given up and gone to the gate, a 20,000-node crowd's
+/// looks were all joins at once); the gate is next.
 async fn await_turn(client: &Client, keys: &Keys, mut turn: session::Turn, counters: &Counters) {
     let began = Instant::now();
     let coordinator = keys.key::<v1::Coordinator>("");
@@ -106,11 +107,12 @@ async fn await_turn(client: &Client, keys: &Keys, mut turn: session::Turn, count
                 Ok((r.header().map(|h| h.revision()), None))
             }
         };
-        let Ok(Ok((Some(revision), created))) = tokio::time::timeout(LOOK_TIMEOUT, look).await
-        else {
-            break;
+        let sent = Instant::now();
+        let next = match tokio::time::timeout(LOOK_TIMEOUT, look).await {
+            Ok(Ok((Some(revision), created))) => turn.looked(Instant::now(), revision, created),
+            _ => turn.unanswered(sent, Instant::now()),
         };
-        match turn.looked(Instant::now(), revision, created) {
+        match next {
             Some(at) => tokio::time::sleep_until(at.into()).await,
             None => break,
         }

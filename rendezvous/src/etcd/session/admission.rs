@@ -17,9 +17,15 @@
 //! drains at, each node's lease kept alive meanwhile (its keep-alive stream is opened
 //! right after the grant, before its first sync: `sync.rs`).
 //!
+//! Before that, in a run of more than [`CROWD`] nodes, a node waits its [`Turn`]: it
+//! goes once the crowd made the registrations before its place, as etcd's revision
+//! counts them, so the crowd comes to etcd as fast as etcd completes joins, whatever
+//! etcd it is; then the [`Gate`] holds it while etcd's apply loop is behind.
+//!
 //! Pure: [`Admission::answered`], [`Admission::refused`], [`Admission::kept_alive`] and
 //! [`Admission::lease_lost`] take what happened and say when the next paced request may
-//! go; the machine holds requests until then.
+//! go; the machine holds requests until then. [`Turn::looked`] and [`Gate::looked`] do
+//! the same for the handle's join before the grant (`handle.rs`) and the simulator's.
 
 use std::time::{Duration, Instant};
 
@@ -61,8 +67,9 @@ const NONE_BELOW: Duration = Duration::from_millis(10);
 /// (1,000 agents formed in 3.3–5.3 s on two cores, nothing refused).
 pub const CROWD: u32 = 1_000;
 
-/// The mean pace a larger run's first requests are spread at, per second (the rate
-/// falls over the spread, [`TAPER`]). Each join is two
+/// The fixed spread's mean rate, per second (the rate falls over the spread, [`TAPER`]):
+/// a crowd's node goes at its place in it at the latest, whatever its [`Turn`] says, and
+/// the turn's looks are paced from it. Once it was the pace itself. Each join is two
 /// proposals (the grant, the registration), and one etcd 3.4 on two cores applied
 /// 2,300–2,600 proposals a second beside a crowd's keep-alives, reads and watches: at
 /// 2,000 joins a second its apply loop fell behind within 2 s (1,800 proposals pending,
@@ -138,25 +145,30 @@ fn unit(x: u64) -> f64 {
 /// `k - CROWD` registrations were made, so about [`CROWD`] joins are under way at
 /// any moment, as fast as etcd completes them, whatever etcd it is; and at the latest at
 /// its place in the fixed spread ([`spread`]), so it is never later than that. On etcd
-/// 3.5, windows of 1,000 and 2,000 formed 10,000 nodes in the same 7.4–7.7 s, and 20,000
-/// in 17.2 s (2.4× the floor); on 3.4, 500 and 1,000 in the fixed spread's 11–12 s (3.4
-/// takes about 1,000 of these joins a second here).
+/// 3.5 10,000 nodes formed in 6.9 s where the fixed spread took 11.6; on 3.4 in the
+/// fixed spread's 11–12 s, which is 3.4's pace for these joins on two cores.
 ///
 /// Registrations are the crowd's only writes that move etcd's revision (a grant and a
 /// keep-alive do not), and every member runs in the same etcd, so the revision counts
 /// them without a read of the registrations. The count starts at the coordinator key's
 /// create revision: the coordinator is one of the crowd's first [`CROWD`]
-/// (`waiting.rs`), which go at once, and its key is written within their first
-/// registrations, so the start is taken half a crowd before it: at most half a
-/// window early (more under way) and half a window late (fewer), never a turn that
-/// waits for registrations nobody makes. A node's first look is itself spread, four
-/// times faster than the fixed spread, so that a crowd's connections do not open in one
-/// instant; it reads the coordinator key (serializable: no wait for the apply loop), the
-/// later looks ask etcd's status (its revision, answered from memory), each when the
-/// pace seen so far says the turn will have come. A run whose formation is over (its
+/// (`waiting.rs`), which go at once, and its key is written among their first
+/// registrations, so the count is late by those before it: fewer joins under way than
+/// [`CROWD`], never more (a count half a crowd earlier, up to 1,500 under way, formed
+/// 10,000 nodes on etcd 3.4 in 9.8–11.0 s three times and in 17.2 and 19.5 s twice, the
+/// gate holding up to 1,768 nodes for 10 s; counted from the key, 11.2–12.0 s in four
+/// runs, at most 39 held). Were the key written after all of the first, a turn would
+/// come at its place in the spread, as before turns. A node's first look is itself
+/// spread, four times faster than the fixed spread, so that a crowd's connections do not
+/// open in one instant; it reads the coordinator key (serializable: no wait for the apply loop), the
+/// later looks ask etcd's status (its revision, answered from memory), each when 70% of
+/// the wait the pace seen so far predicts has passed. A run whose formation is over (its
 /// revision far past the count) lets a node that joins it go at its first look.
 ///
-/// Pure: [`Turn::first_look`] and [`Turn::looked`] say when to look and whether to go.
+/// A look etcd does not answer is no turn ([`Turn::unanswered`]).
+///
+/// Pure: [`Turn::first_look`], [`Turn::looked`] and [`Turn::unanswered`] say when to
+/// look and whether to go.
 #[derive(Debug, Clone)]
 pub struct Turn {
     /// This node's place, in nodes: its place in the crowd times the run's size.
@@ -178,6 +190,11 @@ const FIRST_LOOKS_FASTER: f64 = 4.0;
 /// The slowest pace a turn assumes, as a fraction of the fixed spread's rate: a crowd
 /// that made nothing yet is looked at again soon, not in minutes.
 const SLOWEST_PACE: f64 = 0.2;
+/// A node looks again when this much of the wait its pace predicts has passed: a crowd
+/// speeds up as etcd gets to its joins, and nodes that slept the whole prediction left
+/// etcd idle with their turns come (a 10,000-node crowd against a model etcd of 2,500
+/// joins a second formed in 5.7 s, 2.7 looks a node; with this, 4.3 s and 3.1).
+const LOOK_AHEAD: f64 = 0.7;
 /// Looks come at least this far apart.
 const LOOKS_APART: Duration = Duration::from_millis(100);
 
@@ -231,6 +248,19 @@ impl Turn {
         self.looks
     }
 
+    /// A look sent at `sent` came back unanswered at `now` (an error, or no answer in
+    /// time): etcd is busy or away, which is no time to add a join. `None` at the turn's
+    /// latest moment (the gate is next, which waits for etcd as a join does), or when to
+    /// look again: as long after as the look took, at least 100 ms.
+    pub fn unanswered(&mut self, sent: Instant, now: Instant) -> Option<Instant> {
+        self.looks += 1;
+        if now >= self.latest {
+            return None;
+        }
+        let wait = now.saturating_duration_since(sent).max(LOOKS_APART);
+        Some((now + wait).min(self.latest))
+    }
+
     /// A look at `now` found etcd at `revision`, and the coordinator key created at
     /// `coordinator` (when the look read it and it was there): `None` to go on to the
     /// gate, or when to look again.
@@ -242,7 +272,7 @@ impl Turn {
     ) -> Option<Instant> {
         self.looks += 1;
         if self.base.is_none() {
-            self.base = coordinator.map(|c| c - (self.window / 2.0) as i64);
+            self.base = coordinator;
         }
         if now >= self.latest {
             return None;
@@ -265,13 +295,14 @@ impl Turn {
                 FIRST_LOOKS_FASTER * self.per_second,
             ),
         };
-        let wait = Duration::from_secs_f64(left / rate).max(LOOKS_APART);
+        let wait = Duration::from_secs_f64(left / rate * LOOK_AHEAD).max(LOOKS_APART);
         Some((now + wait).min(self.latest))
     }
 }
 
-/// The gate before a crowd's grant. A node's spread says when it may join, not whether
-/// etcd can take it then: the spread's rate is fixed ([`JOINS_PER_SECOND`]), and etcd's
+/// The gate before a crowd's grant. A node's turn says the registrations before it were
+/// made, not whether etcd can take one more now (and a turn that came at its place in
+/// the fixed spread, [`JOINS_PER_SECOND`], says less): etcd's
 /// room for joins shrinks as the nodes already in renew their leases (every third of a
 /// TTL: 12,000 renewals a second at 20,000 nodes). There etcd's apply loop fell behind
 /// 4–8 s into the spread (1,300–3,300 proposals pending, where 10,000 nodes stayed under
@@ -584,9 +615,9 @@ mod tests {
         }
     }
 
-    /// Node `k` goes once the revision moved `k - CROWD` past the count's start (half a
-    /// window before the coordinator key); before, it looks again when the pace seen so
-    /// far says its turn comes, at least 100 ms on and never after its place in the
+    /// Node `k` goes once the revision moved `k - CROWD` past the count's start (the
+    /// coordinator key's creation); before, it looks again when 70% of the wait the pace
+    /// seen so far predicts has passed, at least 100 ms on and never after its place in the
     /// spread, where it goes whatever it saw.
     #[test]
     fn a_turn_comes_when_the_crowd_made_its_registrations() {
@@ -601,13 +632,14 @@ mod tests {
         let mut t = late(t0);
         let (k, w) = (t.ticket, t.window);
         let coordinator = 100;
-        let base = coordinator - 500;
+        let base = coordinator;
         // At 1 s, 2,000 registrations made: its turn needs k - 1,000.
         let now = t0 + Duration::from_secs(1);
         let made = 2_000.0;
         let at = t.looked(now, base + made as i64, Some(coordinator));
         assert!(!t.needs_start());
-        let want = Duration::from_secs_f64((k - w - made) / 2_000.0).max(ms(100));
+        // 70% of the wait the pace predicts (2,000 a second so far).
+        let want = Duration::from_secs_f64((k - w - made) / 2_000.0 * 0.7).max(ms(100));
         let want = (now + want).min(t.latest);
         assert_eq!(
             at.map(|a| a.duration_since(t0).as_millis()),
@@ -634,6 +666,25 @@ mod tests {
         }
         assert_eq!(now, t.latest);
         assert!(looks < 10, "{looks} looks");
+    }
+
+    /// A look etcd did not answer is no turn: the node looks again as long after as the
+    /// look took (at least 100 ms), until its place in the spread.
+    #[test]
+    fn an_unanswered_look_is_no_turn() {
+        let t0 = Instant::now();
+        let mut t = Turn::new("sim-05000", 10_000, t0).expect("waits");
+        let sent = t.first_look();
+        let again = t.unanswered(sent, sent + ms(2_000)).expect("looks again");
+        assert_eq!(again, (sent + ms(4_000)).min(t.latest));
+        let again = t.unanswered(sent, sent + ms(10)).expect("looks again");
+        assert_eq!(again, (sent + ms(110)).min(t.latest));
+        assert_eq!(
+            t.unanswered(t.latest, t.latest),
+            None,
+            "its latest: on to the gate"
+        );
+        assert!(t.needs_start());
     }
 
     /// Before the coordinator key is there nothing is counted: the node looks again
