@@ -145,8 +145,9 @@ fn unit(x: u64) -> f64 {
 /// `k - CROWD` registrations were made, so about [`CROWD`] joins are under way at
 /// any moment, as fast as etcd completes them, whatever etcd it is; and at the latest at
 /// its place in the fixed spread ([`spread`]), so it is never later than that. On etcd
-/// 3.5 10,000 nodes formed in 6.9 s where the fixed spread took 11.6; on 3.4 in the
-/// fixed spread's 11–12 s, which is 3.4's pace for these joins on two cores.
+/// 3.5 10,000 nodes formed in 6.0–7.2 s where the fixed spread took 11.5–11.7; on 3.4 in
+/// 10.6–12.3 s (once 15.4), about the fixed spread's 12.0–12.4: 3.4's pace for these
+/// joins on two cores.
 ///
 /// Registrations are the crowd's only writes that move etcd's revision (a grant and a
 /// keep-alive do not), and every member runs in the same etcd, so the revision counts
