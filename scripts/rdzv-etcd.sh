@@ -3,7 +3,8 @@
 # docs/bench/agents-scale.md): etcd is started on 127.0.0.1 (ETCD_PORTS), its proposals
 # pending, its apply backlog (committed, not applied), renewals, grants, revocations, keys
 # and CPU are sampled each second while the bench runs, and the etcd, the sampler and the
-# data are gone when the script ends, by an error or a signal too. To compare two etcds, run it once with each (ETCD_BIN).
+# data are gone when the script ends, by an error or a signal too. To compare two etcds,
+# run it once with each (ETCD_BIN).
 #
 #   cargo build --release -p fsdp-tests --bin rdzv-bench
 #   scripts/rdzv-etcd.sh --nodes 10000 --settle 1            # a formation
@@ -33,7 +34,7 @@ cleanup() {
         kill "$etcd_pid" 2>/dev/null
         # etcd ends on SIGTERM within a second or two; one that does not is killed.
         for _ in $(seq 100); do kill -0 "$etcd_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$etcd_pid" 2>/dev/null
+        kill -0 "$etcd_pid" 2>/dev/null && kill -KILL "$etcd_pid" 2>/dev/null
         wait "$etcd_pid" 2>/dev/null
     fi
     [ -n "$dir" ] && rm -rf "$dir"
@@ -89,7 +90,9 @@ touch "$dir/sampling"
         # Committed but not applied: the apply loop's backlog, what keep-alives wait on.
         committed=$(metric etcd_server_proposals_committed_total)
         applied=$(metric etcd_server_proposals_applied_total)
-        backlog=$(( ${committed:-0} - ${applied:-0} ))
+        # Empty when a scrape failed, not 0: a missed sample is no empty backlog.
+        backlog=
+        [ -n "$committed" ] && [ -n "$applied" ] && backlog=$((committed - applied))
         echo "t=$(date +%s.%N | cut -c1-14) pending=$(metric etcd_server_proposals_pending) backlog=$backlog" \
             "renewed=$(metric etcd_debugging_lease_renewed_total)" \
             "granted=$(metric etcd_debugging_lease_granted_total)" \
@@ -105,7 +108,8 @@ sampler_pid=$!
 most() { sed -n "s/.* $1=\([0-9][0-9]*\).*/\1/p" "$dir/samples" | sort -n | tail -1 | grep . || echo none; }
 cpu0=$(cpu_of "$etcd_pid")
 # In the background, so that a signal to the script ends it (cleanup kills it).
-timeout -k 10 "${BENCH_TIMEOUT:-120}" "$bench" --endpoint "$client" "$@" &
+# --foreground: in this script's process group, which a caller may kill whole.
+timeout --foreground -k 10 "${BENCH_TIMEOUT:-120}" "$bench" --endpoint "$client" "$@" &
 bench_pid=$!
 wait "$bench_pid"
 rc=$?

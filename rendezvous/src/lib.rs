@@ -131,10 +131,11 @@ pub struct Counters {
     /// Time (ns) this node was held at the gate before its grant while etcd answered
     /// slowly (`admission::Gate`), after its turn.
     pub gated_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// Looks this node made waiting its turn in a crowd (`admission::Turn`), and the time
-    /// (ns) it waited after its first look: `rdzv-bench` prints looks a node and the
-    /// longest wait.
+    /// Looks this node made waiting its turn in a crowd (`admission::Turn`):
+    /// `rdzv-bench` prints them a node.
     pub turn_looks: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Time (ns) this node waited its turn after its first look (`rdzv-bench` prints the
+    /// longest).
     pub turn_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Transactions that wrote a placed round's shards ahead of its header, as the
     /// coordinator (a round of 10,000 takes 6): apart from a node's own writes, whose

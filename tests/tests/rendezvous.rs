@@ -771,10 +771,13 @@ async fn a_crowds_node_answered_late_waits_at_the_gate_without_a_lease_then_join
 }
 
 /// A crowd's node waits its turn before its lease (`admission::Turn`): node `k` goes once
-/// etcd's revision moved `k - 1,000` past the count's start (half a crowd before the
-/// coordinator key's creation). Here node ~2,600 of 10,000, with a coordinator's claim
-/// just written, takes no lease at its first look (made: ~500 of the ~1,600 it needs);
-/// the crowd's registrations, written as revisions outside the run, then let it join.
+/// etcd's revision moved `k - 1,000` past the coordinator key's creation. Here node
+/// ~5,700 of 10,000, with a coordinator's claim just written and nothing after it, takes
+/// no lease for 2 s (its first look comes at ~1.2 s, its place in the fixed spread, when
+/// it would go whatever it saw, at ~5 s); the crowd's registrations, written as
+/// revisions outside the run, then let it join (by its count, or at its place in the
+/// spread on a machine too busy to write them first: which one is the unit tests' and
+/// the simulator's to check), after more than one look.
 #[tokio::test]
 async fn a_crowds_node_takes_no_lease_before_its_turn_then_joins() {
     use fsdp_rendezvous::etcd::place_in_crowd;
@@ -783,7 +786,7 @@ async fn a_crowds_node_takes_no_lease_before_its_turn_then_joins() {
     let mut cfg = config(&etcd, "turn", 1, max);
     cfg.node_id = (0..)
         .map(|i| format!("turn-node-{i}"))
-        .find(|id| (0.25..0.28).contains(&place_in_crowd(id)))
+        .find(|id| (0.55..0.6).contains(&place_in_crowd(id)))
         .unwrap();
     let k = place_in_crowd(&cfg.node_id) * f64::from(max);
     let keys = Keys::new("/fsdp", "turn").unwrap();
@@ -803,8 +806,7 @@ async fn a_crowds_node_takes_no_lease_before_its_turn_then_joins() {
         .unwrap();
     let client = connect(&cfg.options).await.unwrap();
     let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
-    // Past its first look, (k - 1,000) / 4,000 s: about 0.4 s.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let leases = outsider.leases().await.unwrap();
     assert_eq!(
         leases.leases().len(),
@@ -813,8 +815,8 @@ async fn a_crowds_node_takes_no_lease_before_its_turn_then_joins() {
         leases.leases()
     );
     // The registrations before its turn, as revisions.
-    let needed = (k - 1_500.0).ceil() as usize + 10;
-    for chunk in (0..needed).collect::<Vec<_>>().chunks(100) {
+    let needed = (k - 1_000.0).ceil() as usize + 10;
+    for chunk in (0..needed).collect::<Vec<_>>().chunks(200) {
         join_all(chunk.iter().map(|i| {
             let mut c = outsider.clone();
             async move { c.put(format!("/elsewhere/{i}"), "x", None).await }

@@ -94,7 +94,8 @@ const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
 async fn await_turn(client: &Client, keys: &Keys, mut turn: session::Turn, counters: &Counters) {
     let began = Instant::now();
     let coordinator = keys.key::<v1::Coordinator>("");
-    loop {
+    // Never past the turn's latest moment, a slow look included.
+    while let Some(limit) = turn.latest().checked_duration_since(Instant::now()) {
         let look = async {
             let mut c = client.clone();
             if turn.needs_start() {
@@ -108,7 +109,7 @@ async fn await_turn(client: &Client, keys: &Keys, mut turn: session::Turn, count
             }
         };
         let sent = Instant::now();
-        let next = match tokio::time::timeout(LOOK_TIMEOUT, look).await {
+        let next = match tokio::time::timeout(LOOK_TIMEOUT.min(limit), look).await {
             Ok(Ok((Some(revision), created))) => turn.looked(Instant::now(), revision, created),
             _ => turn.unanswered(sent, Instant::now()),
         };
@@ -315,12 +316,13 @@ impl EtcdRendezvous {
         // first sync): a crowd's grants were refused, and
         // its first syncs unanswered, past the connection's retry window at 10,000 and
         // 20,000 nodes, and each node that gave up was an agent that exited.
-        let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
-        let left = || deadline.saturating_duration_since(Instant::now());
         let counters = Counters::default();
         if let Some(turn) = turn {
             await_turn(&client, &keys, turn, &counters).await;
         }
+        // From the turn's end: at 20,000 nodes a turn may take 20 s.
+        let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
+        let left = || deadline.saturating_duration_since(Instant::now());
         let read = through_gate(&mut client, &keys, &cfg, deadline, &counters).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, left(), ttl_s).await?;

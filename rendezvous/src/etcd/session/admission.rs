@@ -140,33 +140,32 @@ fn unit(x: u64) -> f64 {
 /// A crowd node's turn: when it may go to the gate and its grant, paced by how far the
 /// crowd got, as etcd's revision says. A spread fixed in joins a second is etcd's pace on
 /// one etcd only: 1,000 a second is what Debian's 3.4 takes on two cores, and a third
-/// of what 3.5 takes there (10,000 nodes formed in 11.6 s on 3.5 with its floor at
-/// 3.0–3.6 s). Here node `k` of the crowd (its place times the run's size) goes once
-/// `k - CROWD` registrations were made, so about [`CROWD`] joins are under way at
-/// any moment, as fast as etcd completes them, whatever etcd it is; and at the latest at
-/// its place in the fixed spread ([`spread`]), so it is never later than that. On etcd
-/// 3.5 10,000 nodes formed in 6.0–7.2 s where the fixed spread took 11.5–11.7; on 3.4 in
-/// 10.6–12.3 s (once 15.4), about the fixed spread's 12.0–12.4: 3.4's pace for these
-/// joins on two cores.
+/// of what 3.5 takes there. Here node `k` of the crowd (its place times the run's size)
+/// goes once `k - CROWD` registrations were made, so at most about [`CROWD`] joins are
+/// under way, as fast as etcd completes them, whatever etcd it is; and at the latest at
+/// its place in the fixed spread ([`spread`]), so it is never later than that (figures:
+/// docs/bench/agents-scale.md, eighteenth section).
 ///
-/// Registrations are the crowd's only writes that move etcd's revision (a grant and a
-/// keep-alive do not), and every member runs in the same etcd, so the revision counts
-/// them without a read of the registrations. The count starts at the coordinator key's
-/// create revision: the coordinator is one of the crowd's first [`CROWD`]
-/// (`waiting.rs`), which go at once, and its key is written among their first
+/// Registrations are a forming crowd's only writes that move etcd's revision (a grant
+/// and a keep-alive do not), and every member runs in the same etcd, so the revision
+/// counts them without a read of the registrations. Other writes count too (another
+/// run's on a shared etcd, registrations made again after a lost lease): nodes then go
+/// earlier, and the [`Gate`] holds them while etcd is behind. The count starts at the
+/// coordinator key's create revision: the coordinator is one of the crowd's first
+/// [`CROWD`] (`waiting.rs`), which go at once, and its key is written among their first
 /// registrations, so the count is late by those before it: fewer joins under way than
-/// [`CROWD`], never more (a count half a crowd earlier, up to 1,500 under way, formed
-/// 10,000 nodes on etcd 3.4 in 9.8–11.0 s three times and in 17.2 and 19.5 s twice, the
-/// gate holding up to 1,768 nodes for 10 s; counted from the key, 11.2–12.0 s in four
-/// runs, at most 39 held). Were the key written after all of the first, a turn would
-/// come at its place in the spread, as before turns. A node's first look is itself
-/// spread, four times faster than the fixed spread, so that a crowd's connections do not
-/// open in one instant; it reads the coordinator key (serializable: no wait for the apply loop), the
-/// later looks ask etcd's status (its revision, answered from memory), each when 70% of
-/// the wait the pace seen so far predicts has passed. A run whose formation is over (its
-/// revision far past the count) lets a node that joins it go at its first look.
+/// [`CROWD`], never more (counted half a crowd earlier, up to 1,500 under way, etcd 3.4
+/// formed 10,000 nodes in 17–20 s in two runs of five, the gate holding up to 1,768 for
+/// 10 s). Were the key written after all of the first, a turn would come at its place in
+/// the spread, as before turns.
 ///
-/// A look etcd does not answer is no turn ([`Turn::unanswered`]).
+/// A node's first look is itself spread, four times faster than the fixed spread, so
+/// that a crowd's connections do not open in one instant; it reads the coordinator key
+/// (serializable: no wait for the apply loop), the later looks ask etcd's status (its
+/// revision, answered from memory), each when 70% of the wait the pace seen so far
+/// predicts has passed. A run whose formation is over (its revision far past the count)
+/// lets a node that joins it go at its first look. A look etcd does not answer is no
+/// turn ([`Turn::unanswered`]).
 ///
 /// Pure: [`Turn::first_look`], [`Turn::looked`] and [`Turn::unanswered`] say when to
 /// look and whether to go.
@@ -194,7 +193,8 @@ const SLOWEST_PACE: f64 = 0.2;
 /// A node looks again when this much of the wait its pace predicts has passed: a crowd
 /// speeds up as etcd gets to its joins, and nodes that slept the whole prediction left
 /// etcd idle with their turns come (a 10,000-node crowd against a model etcd of 2,500
-/// joins a second formed in 5.7 s, 2.7 looks a node; with this, 4.3 s and 3.1).
+/// joins a second formed in 5.7 s, 2.7 looks a node; with this, 4.3 s and 3.1; with
+/// waits also capped at the first look's distance from the start, 4.0 s and 3.6).
 const LOOK_AHEAD: f64 = 0.7;
 /// Looks come at least this far apart.
 const LOOKS_APART: Duration = Duration::from_millis(100);
@@ -244,6 +244,11 @@ impl Turn {
         self.base.is_none()
     }
 
+    /// The latest moment of this turn: its place in the fixed spread.
+    pub fn latest(&self) -> Instant {
+        self.latest
+    }
+
     /// Looks so far.
     pub fn looks(&self) -> u32 {
         self.looks
@@ -289,14 +294,17 @@ impl Turn {
                 }
                 (left, (made / elapsed.max(0.1)).max(slowest))
             }
-            // No coordinator yet: the crowd's first have not registered; again as far
-            // apart as the first look was from the start.
+            // No coordinator yet: the crowd's first have not registered; again after
+            // 70% of the first look's distance from the start (at least 100 ms).
             None => (
                 self.ticket - self.window,
                 FIRST_LOOKS_FASTER * self.per_second,
             ),
         };
-        let wait = Duration::from_secs_f64(left / rate * LOOK_AHEAD).max(LOOKS_APART);
+        // Never longer than the first look's distance from the start: a crowd that has
+        // made little yet (its pace the slowest) may speed up at any moment.
+        let first = (self.ticket - self.window) / (FIRST_LOOKS_FASTER * self.per_second);
+        let wait = Duration::from_secs_f64((left / rate * LOOK_AHEAD).min(first)).max(LOOKS_APART);
         Some((now + wait).min(self.latest))
     }
 }
@@ -618,7 +626,7 @@ mod tests {
 
     /// Node `k` goes once the revision moved `k - CROWD` past the count's start (the
     /// coordinator key's creation); before, it looks again when 70% of the wait the pace
-    /// seen so far predicts has passed, at least 100 ms on and never after its place in the
+    /// seen so far predicts has passed (at most as long as its first look waited), at least 100 ms on and never after its place in the
     /// spread, where it goes whatever it saw.
     #[test]
     fn a_turn_comes_when_the_crowd_made_its_registrations() {
@@ -632,15 +640,17 @@ mod tests {
         };
         let mut t = late(t0);
         let (k, w) = (t.ticket, t.window);
-        let coordinator = 100;
-        let base = coordinator;
+        // The count starts at the coordinator key's creation.
+        let (coordinator, base) = (100, 100);
         // At 1 s, 2,000 registrations made: its turn needs k - 1,000.
         let now = t0 + Duration::from_secs(1);
         let made = 2_000.0;
         let at = t.looked(now, base + made as i64, Some(coordinator));
         assert!(!t.needs_start());
-        // 70% of the wait the pace predicts (2,000 a second so far).
-        let want = Duration::from_secs_f64((k - w - made) / 2_000.0 * 0.7).max(ms(100));
+        // 70% of the wait the pace predicts (2,000 a second so far), at most the first
+        // look's distance from the start.
+        let first = (k - w) / 4_000.0;
+        let want = Duration::from_secs_f64(((k - w - made) / 2_000.0 * 0.7).min(first));
         let want = (now + want).min(t.latest);
         assert_eq!(
             at.map(|a| a.duration_since(t0).as_millis()),
