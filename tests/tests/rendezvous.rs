@@ -292,18 +292,7 @@ async fn racing_commits_of_the_same_round_have_exactly_one_winner() {
         ..Default::default()
     };
     // The coordinator key both commits name, on a lease of its own.
-    let lease = a.lease_grant(60, None).await.unwrap().id();
-    let claim = fsdp_proto::v1::Coordinator {
-        schema: fsdp_proto::SCHEMA_VERSION,
-        node_id: "a".into(),
-    };
-    a.put(
-        keys.key::<fsdp_proto::v1::Coordinator>(""),
-        prost::Message::encode_to_vec(&claim),
-        Some(etcd_client::PutOptions::new().with_lease(lease)),
-    )
-    .await
-    .unwrap();
+    let lease = claim_coordinator(&mut a, &keys, "a").await;
     for round in 0..20u64 {
         let fence = if round == 0 {
             None
@@ -791,19 +780,7 @@ async fn a_crowds_node_takes_no_lease_before_its_turn_then_joins() {
     let k = place_in_crowd(&cfg.node_id) * f64::from(max);
     let keys = Keys::new("/fsdp", "turn").unwrap();
     let mut outsider = connect(&cfg.options).await.unwrap();
-    let lease = outsider.lease_grant(60, None).await.unwrap().id();
-    let claim = fsdp_proto::v1::Coordinator {
-        schema: fsdp_proto::SCHEMA_VERSION,
-        node_id: "elsewhere".into(),
-    };
-    outsider
-        .put(
-            keys.key::<fsdp_proto::v1::Coordinator>(""),
-            prost::Message::encode_to_vec(&claim),
-            Some(etcd_client::PutOptions::new().with_lease(lease)),
-        )
-        .await
-        .unwrap();
+    claim_coordinator(&mut outsider, &keys, "elsewhere").await;
     let client = connect(&cfg.options).await.unwrap();
     let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -837,6 +814,25 @@ async fn a_crowds_node_takes_no_lease_before_its_turn_then_joins() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(looks >= 2, "node {k:.0} looked {looks} times");
     n.depart(Departure::Left, why()).await.unwrap();
+}
+
+/// Writes the run's coordinator key for `node_id` through `client`, on a 60 s lease of its
+/// own (returned), as a coordinator's claim is written.
+async fn claim_coordinator(client: &mut etcd_client::Client, keys: &Keys, node_id: &str) -> i64 {
+    let lease = client.lease_grant(60, None).await.unwrap().id();
+    let claim = fsdp_proto::v1::Coordinator {
+        schema: fsdp_proto::SCHEMA_VERSION,
+        node_id: node_id.into(),
+    };
+    client
+        .put(
+            keys.key::<fsdp_proto::v1::Coordinator>(""),
+            prost::Message::encode_to_vec(&claim),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+    lease
 }
 
 /// etcd gone for longer than `outage_timeout`: the agent stops waiting, with an error that

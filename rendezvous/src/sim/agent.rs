@@ -65,7 +65,7 @@ pub struct SimAgent {
     /// its grant (before its watches).
     pub kept: Option<i64>,
     /// The process whose start took its turn already (its first look waited).
-    pub spread_for: u64,
+    pub turn_for: u64,
     /// The turn of the process waiting to start (the handle's `await_turn`), until it
     /// came.
     pub turn: Option<crate::etcd::session::Turn>,
@@ -145,7 +145,7 @@ impl SimAgent {
             streams: 0,
             watching: None,
             kept: None,
-            spread_for: 0,
+            turn_for: 0,
             turn: None,
             gate: None,
             pinned: 0,

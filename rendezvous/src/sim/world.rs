@@ -265,8 +265,8 @@ impl World {
         let (crowd, per_second) = self.opts.join_spread;
         let node = self.agents[a].node.clone();
         let next = self.agents[a].process + 1;
-        if self.agents[a].spread_for != next {
-            self.agents[a].spread_for = next;
+        if self.agents[a].turn_for != next {
+            self.agents[a].turn_for = next;
             let turn = crate::etcd::session::Turn::scaled(
                 &node,
                 self.opts.max_nodes,
