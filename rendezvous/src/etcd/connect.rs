@@ -32,6 +32,28 @@ use crate::RendezvousError;
 use retry::{Repeats, join_backoff};
 use torchrun::{torchrun_peer, torchrun_store};
 
+/// The largest answer a read or a watch takes from etcd: its own Go client's limit
+/// (2 GiB). gRPC's default, 4 MiB, was passed by a 20,000-node run's whole read (every
+/// registration and the placed round's shards, ~5 MB): each read failed as "decoded
+/// message length too large", the coordinator read again for ever, and the crowd stalled
+/// at the seal. A seal's watch event passes it at ~45,000 members.
+const LARGEST_ANSWER: usize = i32::MAX as usize;
+
+/// A key-value client on `client`'s connection (its token included) that takes answers
+/// up to [`LARGEST_ANSWER`].
+pub(crate) fn reader(client: &Client) -> etcd_client::KvClient {
+    client
+        .kv_client()
+        .max_decoding_message_size(LARGEST_ANSWER)
+}
+
+/// A watch client on `client`'s connection that takes events up to [`LARGEST_ANSWER`].
+pub(crate) fn watcher(client: &Client) -> etcd_client::WatchClient {
+    client
+        .watch_client()
+        .max_decoding_message_size(LARGEST_ANSWER)
+}
+
 /// Connects and checks the connection with one read, retrying transient failures with
 /// exponential backoff and jitter for at most `retry_window`.
 pub async fn connect(opts: &EtcdOptions) -> Result<Client, RendezvousError> {

@@ -55,7 +55,7 @@ pub async fn inspect(
     run_id: &str,
 ) -> Result<Option<RunReport>, RendezvousError> {
     let keys = Keys::new(prefix, run_id).map_err(RendezvousError::InvalidConfig)?;
-    let resp = client
+    let resp = super::connect::reader(client)
         .get(keys.root(), Some(GetOptions::new().with_prefix()))
         .await
         .map_err(|e| RendezvousError::Etcd {

@@ -175,17 +175,29 @@ impl Conn {
             // order, were seen the other way round, and the round was sealed without
             // charging the failure. (It knows every registration, so a delete needs no
             // previous value to say which incarnation went.)
-            let all = c.watch(self.keys.root(), Some(ctl_opts)).await?;
+            let all = watch(c, self.keys.root(), ctl_opts).await?;
             (all, None)
         } else {
             // Only the coordinator watches registrations; the others learn of new rounds
             // through the round key and of departures through the records that say so
             // (`state.rs`, `said_departed`).
-            let ctl = c.watch(self.keys.ctl(), Some(ctl_opts)).await?;
+            let ctl = watch(c, self.keys.ctl(), ctl_opts).await?;
             (ctl, None)
         };
         Ok((ctl, members))
     }
+}
+
+/// A watch of `key` with `opts` on `client`'s connection, its events as large as etcd
+/// sends them ([`crate::etcd::connect::watcher`]).
+async fn watch(
+    client: &Client,
+    key: impl Into<Vec<u8>>,
+    opts: WatchOptions,
+) -> EtcdResult<WatchStream> {
+    crate::etcd::connect::watcher(client)
+        .watch(key, Some(opts))
+        .await
 }
 
 /// Carries out an op that needs no stream, on its own handle to the connection
@@ -213,7 +225,7 @@ async fn send(mut client: Client, op: Op) -> EtcdResult<Answer> {
             if keys_only {
                 opts = opts.with_keys_only();
             }
-            let resp = c.get(key, Some(opts)).await?;
+            let resp = crate::etcd::connect::reader(c).get(key, Some(opts)).await?;
             Answer::Range {
                 revision: resp.header().map_or(0, |h| h.revision()),
                 kvs: resp.kvs().iter().map(kv).collect(),
