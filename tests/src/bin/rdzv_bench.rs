@@ -649,16 +649,20 @@ fn finished() -> fsdp_rendezvous::LeftReason {
 /// How long a node waits (to join, for a round) before it says what it holds.
 const STALLED: Duration = Duration::from_secs(30);
 
-/// `step`'s outcome; if it takes longer than [`STALLED`], a line `stalled <words>` on
-/// stderr first, once: the lines of a formation or re-form that never ends, summed with
+/// `step`'s outcome; each [`STALLED`] it takes, a line `stalled <seconds>s <words>` on
+/// stderr: the lines of a formation or re-form that never ends (what a node holds at 30
+/// s may be a slow node's way, at 90 s a stall), summed with
 /// `sed -E 's/sim-[0-9]+//' | sort | uniq -c`.
-async fn said_if_stalled<T>(step: impl Future<Output = T>, words: impl FnOnce() -> String) -> T {
+async fn said_if_stalled<T>(step: impl Future<Output = T>, words: impl Fn() -> String) -> T {
     tokio::pin!(step);
-    tokio::select! {
-        done = &mut step => done,
-        () = tokio::time::sleep(STALLED) => {
-            eprintln!("stalled {}", words());
-            step.await
+    let mut waited = Duration::ZERO;
+    loop {
+        tokio::select! {
+            done = &mut step => return done,
+            () = tokio::time::sleep(STALLED) => {
+                waited += STALLED;
+                eprintln!("stalled {}s {}", waited.as_secs(), words());
+            }
         }
     }
 }
