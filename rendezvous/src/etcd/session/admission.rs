@@ -348,7 +348,11 @@ impl Turn {
         }
         let wait = Duration::from_secs_f64(wait).max(LOOKS_APART);
         // A look comes at its place in the spread, where it may go.
-        let next = if now < self.due { self.due } else { self.latest };
+        let next = if now < self.due {
+            self.due
+        } else {
+            self.latest
+        };
         Some((now + wait).min(next))
     }
 
@@ -767,11 +771,19 @@ mod tests {
         // The same count, stopped since the look before: it goes.
         let mut t = late.clone();
         t.looked(due - ms(1_000), base + half, coordinator);
-        assert_eq!(t.looked(due, base + half, None), None, "a count that stopped");
+        assert_eq!(
+            t.looked(due, base + half, None),
+            None,
+            "a count that stopped"
+        );
         // Crawling (10 a second): the rest would take minutes.
         let mut t = late.clone();
         t.looked(due - ms(1_000), base + half - 10, coordinator);
-        assert_eq!(t.looked(due, base + half, None), None, "a count that crawls");
+        assert_eq!(
+            t.looked(due, base + half, None),
+            None,
+            "a count that crawls"
+        );
         // No coordinator seen by its place: nothing counts the crowd.
         let mut t = late.clone();
         assert_eq!(t.looked(due, 7, None), None);
