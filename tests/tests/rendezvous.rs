@@ -446,7 +446,9 @@ async fn an_etcd_restart_without_its_data_changes_nothing() {
 /// MB) passed the gRPC client's default limit on an answer; each read failed as "decoded
 /// message length too large", the coordinator read again for ever, and the crowd stalled
 /// at the seal. Here the size is made by six shards of 1 MB under the placements (the
-/// whole read holds them; a member's view passes over them).
+/// whole read holds them; a member's view passes over them) and five records of 1 MB
+/// under the control keys, which the join's nesting check and every member's read of
+/// them hold (a run's `done/` records while it ends; these are refused, and ignored).
 #[tokio::test]
 async fn a_run_whose_whole_read_passes_4_mib_still_forms() {
     let etcd = Etcd::start();
@@ -455,6 +457,10 @@ async fn a_run_whose_whole_read_passes_4_mib_still_forms() {
     let keys = Keys::new("/fsdp", "big").unwrap();
     for i in 0..6 {
         let key = format!("{}junk/{i:05}", keys.placements());
+        c.put(key, vec![b'x'; 1_000_000], None).await.unwrap();
+    }
+    for i in 0..5 {
+        let key = format!("{}junk/{i:05}", keys.ctl());
         c.put(key, vec![b'x'; 1_000_000], None).await.unwrap();
     }
     let mut ns = nodes(&etcd, "big", 2, 2, 2).await;

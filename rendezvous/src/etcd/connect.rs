@@ -36,7 +36,9 @@ use torchrun::{torchrun_peer, torchrun_store};
 /// (2 GiB). gRPC's default, 4 MiB, was passed by a 20,000-node run's whole read (every
 /// registration and the placed round's shards, ~5 MB): each read failed as "decoded
 /// message length too large", the coordinator read again for ever, and the crowd stalled
-/// at the seal. A seal's watch event passes it at ~45,000 members.
+/// at the seal. So do the nesting check's read of the control keys (a run's `done/`
+/// records while it ends) and a watch opened at an older revision, whose first answers
+/// batch the events since.
 const LARGEST_ANSWER: usize = i32::MAX as usize;
 
 /// A key-value client on `client`'s connection (its token included) that takes answers

@@ -578,7 +578,12 @@ pub(super) async fn refuse_nesting(
     let client = &*client;
     let answer = while_overloaded(window, || {
         super::token::renewing(client, || {
-            let (mut c, txn) = (client.clone(), Txn::new().and_then(reads.clone()));
+            // Its control keys are a run's `done/` records while it ends: over 4 MiB at
+            // some 20,000 nodes (`connect::reader`).
+            let (mut c, txn) = (
+                super::connect::reader(client),
+                Txn::new().and_then(reads.clone()),
+            );
             async move { c.txn(txn).await }
         })
     })

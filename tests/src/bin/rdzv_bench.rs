@@ -817,7 +817,7 @@ impl SealTimes {
 /// when the first seal's shards and header were put: what the seal's tail is made of
 /// (the last registration, the coordinator's writes, every member's read of its shard).
 async fn watch_seal(
-    mut client: etcd_client::Client,
+    client: etcd_client::Client,
     cfg: &EtcdConfig,
     start: Instant,
 ) -> std::sync::Arc<std::sync::Mutex<SealTimes>> {
@@ -826,7 +826,11 @@ async fn watch_seal(
     let (round, placements) = (keys.key::<v1::Round>(""), keys.placements());
     let members = keys.members();
     let opts = etcd_client::WatchOptions::new().with_prefix();
+    // As the agents' watches: a batch of events over 4 MiB would end the stream, and
+    // the seal's moments would go missing without a word.
     let mut stream = client
+        .watch_client()
+        .max_decoding_message_size(i32::MAX as usize)
         .watch(keys.root(), Some(opts))
         .await
         .expect("watch the run");

@@ -68,8 +68,8 @@ const NONE_BELOW: Duration = Duration::from_millis(10);
 pub const CROWD: u32 = 1_000;
 
 /// The fixed spread's mean rate, per second (the rate falls over the spread, [`TAPER`]):
-/// a crowd's node goes at its place in it unless its [`Turn`]'s count says the crowd will
-/// reach it soon, and the turn's looks are paced from it. Once it was the pace itself. Each join is two
+/// a crowd's node goes at its place in it at the latest, whatever its [`Turn`] says, and
+/// the turn's looks are paced from it. Once it was the pace itself. Each join is two
 /// proposals (the grant, the registration), and one etcd 3.4 on two cores applied
 /// 2,300–2,600 proposals a second beside a crowd's keep-alives, reads and watches: at
 /// 2,000 joins a second its apply loop fell behind within 2 s (1,800 proposals pending,
@@ -95,8 +95,8 @@ pub const TAPER: f64 = 0.3;
 
 const _: () = assert!(TAPER >= 0.0 && TAPER < 1.0);
 
-/// Node `node_id`'s place in the fixed spread of a run of at most `max_nodes`, when its
-/// turn is due ([`Turn`]): none in a run of up to `crowd` nodes; in a larger
+/// Node `node_id`'s place in the fixed spread of a run of at most `max_nodes`, the
+/// latest its turn comes ([`Turn`]): none in a run of up to `crowd` nodes; in a larger
 /// one a draw from the node id, spread over `max_nodes / per_second` seconds at a rate
 /// that falls from the first second to the last ([`TAPER`]), so that 10,000 nodes
 /// started together arrive at etcd over 10 s at most, not in one instant (when they did,
@@ -142,13 +142,9 @@ fn unit(x: u64) -> f64 {
 /// one etcd only: 1,000 a second is what Debian's 3.4 takes on two cores, and a third
 /// of what 3.5 takes there. Here node `k` of the crowd (its place times the run's size)
 /// goes once `k - CROWD` registrations were made, so at most about [`CROWD`] joins are
-/// under way, as fast as etcd completes them, whatever etcd it is. From its place in
-/// the fixed spread ([`spread`]) it waits on only while the count moves fast enough to
-/// reach it by [`LAST_RESORT`] times that place, its latest moment: a crowd smaller than
-/// the run's MAX (the nodes before it never come) goes at its places in the spread, as
-/// before turns, and a crowd on an etcd slower than the spread is not sent faster than
-/// etcd completes its joins (figures: docs/bench/agents-scale.md, eighteenth and
-/// nineteenth sections).
+/// under way, as fast as etcd completes them, whatever etcd it is; and at the latest at
+/// its place in the fixed spread ([`spread`]), so it is never later than that (figures:
+/// docs/bench/agents-scale.md, eighteenth section).
 ///
 /// Registrations are a forming crowd's only writes that move etcd's revision (a grant
 /// and a keep-alive do not), and every member runs in the same etcd, so the revision
@@ -182,16 +178,10 @@ pub struct Turn {
     /// The fixed spread's rate, joins a second (the looks' pace derives from it).
     per_second: f64,
     started: Instant,
-    /// Its place in the fixed spread: from then it goes unless the crowd's count moves
-    /// fast enough to reach it before [`Turn::latest`].
-    due: Instant,
-    /// Its last resort ([`LAST_RESORT`] times its place in the spread): it goes then
-    /// whatever its looks said.
+    /// Its place in the fixed spread: it goes then whatever its looks said.
     latest: Instant,
     /// The revision the crowd's count starts at, once the coordinator key was seen.
     base: Option<i64>,
-    /// The previous look that counted: when, and how many registrations it found made.
-    counted: Option<(Instant, f64)>,
     looks: u32,
 }
 
@@ -204,18 +194,10 @@ const SLOWEST_PACE: f64 = 0.2;
 /// speeds up as etcd gets to its joins, and nodes that slept the whole prediction left
 /// etcd idle with their turns come (a 10,000-node crowd against a model etcd of 2,500
 /// joins a second formed in 5.7 s, 2.7 looks a node; with this, 4.3 s and 3.1; with
-/// waits also capped at the first look's distance from the start, 4.0 s and 3.6; capped
-/// so only while the crowd has made next to nothing, 4.2 s and 3.2).
+/// waits also capped at the first look's distance from the start, 4.0 s and 3.6).
 const LOOK_AHEAD: f64 = 0.7;
 /// Looks come at least this far apart.
 const LOOKS_APART: Duration = Duration::from_millis(100);
-/// A node past its place in the fixed spread still waits while the crowd's count moves
-/// fast enough to reach it by this many times its place: an etcd slower than the fixed
-/// spread's rate (the same etcd 3.5 on a slower two-core machine took 10,000 nodes'
-/// grants and registrations in 8.5 s where the spread sends them in 10) fell behind by
-/// thousands of joins when each went at its place, held 5,341 at the gate for up to 19 s
-/// and formed in 26.5 s (three times its floor), or formed nothing in 150 s.
-const LAST_RESORT: u32 = 3;
 
 impl Turn {
     /// The turn of node `node_id`, which started at `started`, in a run of at most
@@ -239,16 +221,13 @@ impl Turn {
         }
         let ticket = place_in_crowd(node_id) * f64::from(max_nodes);
         let window = f64::from(crowd);
-        let place = spread(node_id, max_nodes, crowd, per_second);
         (ticket > window).then(|| Self {
             ticket,
             window,
             per_second: f64::from(per_second.max(1)),
             started,
-            due: started + place,
-            latest: started + place * LAST_RESORT,
+            latest: started + spread(node_id, max_nodes, crowd, per_second),
             base: None,
-            counted: None,
             looks: 0,
         })
     }
@@ -256,7 +235,7 @@ impl Turn {
     /// When to look first: the node's place at four times the fixed spread's rate.
     pub fn first_look(&self) -> Instant {
         let ahead = (self.ticket - self.window) / (FIRST_LOOKS_FASTER * self.per_second);
-        (self.started + Duration::from_secs_f64(ahead)).min(self.due)
+        (self.started + Duration::from_secs_f64(ahead)).min(self.latest)
     }
 
     /// Whether the next look must read the coordinator key (the count's start is not
@@ -265,8 +244,7 @@ impl Turn {
         self.base.is_none()
     }
 
-    /// The latest moment of this turn: [`LAST_RESORT`] times its place in the fixed
-    /// spread.
+    /// The latest moment of this turn: its place in the fixed spread.
     pub fn latest(&self) -> Instant {
         self.latest
     }
@@ -277,10 +255,9 @@ impl Turn {
     }
 
     /// A look sent at `sent` came back unanswered at `now` (an error, or no answer in
-    /// time): etcd is busy or away, which is no time to add a join, its place in the
-    /// spread passed or not. `None` at the turn's latest moment (the gate is next, which
-    /// waits for etcd as a join does), or when to look again: as long after as the look
-    /// took, at least 100 ms.
+    /// time): etcd is busy or away, which is no time to add a join. `None` at the turn's
+    /// latest moment (the gate is next, which waits for etcd as a join does), or when to
+    /// look again: as long after as the look took, at least 100 ms.
     pub fn unanswered(&mut self, sent: Instant, now: Instant) -> Option<Instant> {
         self.looks += 1;
         if now >= self.latest {
@@ -312,18 +289,11 @@ impl Turn {
             Some(base) => {
                 let made = (revision - base).max(0) as f64;
                 let left = self.ticket - self.window - made;
-                let before = self.counted.replace((now, made));
                 if left <= 0.0 {
                     return None;
                 }
-                let rate = made / elapsed.max(0.1);
-                if now >= self.due && !self.reached_in_time(now, made, left, before, rate) {
-                    return None;
-                }
-                (left, rate.max(slowest))
+                (left, (made / elapsed.max(0.1)).max(slowest))
             }
-            // No coordinator yet at its place in the spread: nothing counts the crowd.
-            None if now >= self.due => return None,
             // No coordinator yet: the crowd's first have not registered; again after
             // 70% of the first look's distance from the start (at least 100 ms).
             None => (
@@ -331,50 +301,11 @@ impl Turn {
                 FIRST_LOOKS_FASTER * self.per_second,
             ),
         };
-        // A crowd that has made little yet (its pace the slowest) may speed up at any
-        // moment: then never longer than the first look's distance from the start.
+        // Never longer than the first look's distance from the start: a crowd that has
+        // made little yet (its pace the slowest) may speed up at any moment.
         let first = (self.ticket - self.window) / (FIRST_LOOKS_FASTER * self.per_second);
-        let mut wait = left / rate * LOOK_AHEAD;
-        if rate <= slowest {
-            wait = wait.min(first);
-        }
-        if now >= self.due {
-            // Past its place it waits on a count that may stop at any moment (the last
-            // of a crowd smaller than MAX came): it looks again at most twice as long
-            // after as it has waited past its place (once as long: 13.5 looks a node in
-            // the slow model crowd, 11.5 with this; as long as before its place: the
-            // model crowd of 3,000 of 10,000 formed in 11.8 s, 10.0 with this).
-            wait = wait.min((now - self.due).as_secs_f64() * 2.0);
-        }
-        let wait = Duration::from_secs_f64(wait).max(LOOKS_APART);
-        // A look comes at its place in the spread, where it may go.
-        let next = if now < self.due {
-            self.due
-        } else {
-            self.latest
-        };
-        Some((now + wait).min(next))
-    }
-
-    /// Whether, past its place in the spread, the crowd's count (`made` at `now`,
-    /// `left` to go) moves fast enough to reach this node before its latest moment: at
-    /// the pace since the look `before` (all it made so far, `cumulative` a second, when
-    /// there was none). A count that stopped (a crowd smaller than the run's MAX: the
-    /// nodes before it never come) or crawls lets it go now, as at its place before.
-    fn reached_in_time(
-        &self,
-        now: Instant,
-        made: f64,
-        left: f64,
-        before: Option<(Instant, f64)>,
-        cumulative: f64,
-    ) -> bool {
-        let rate = match before {
-            Some((at, then)) if now > at => (made - then) / (now - at).as_secs_f64(),
-            _ => cumulative,
-        };
-        let until = self.latest.saturating_duration_since(now).as_secs_f64();
-        rate > 0.0 && left / rate <= until
+        let wait = Duration::from_secs_f64((left / rate * LOOK_AHEAD).min(first)).max(LOOKS_APART);
+        Some((now + wait).min(self.latest))
     }
 }
 
@@ -689,15 +620,14 @@ mod tests {
             let first = t.first_look() - t0;
             let want = Duration::from_secs_f64((t.ticket - t.window) / 4_000.0);
             assert!(first.abs_diff(want) < ms(1), "{first:?} {want:?}");
-            assert!(t.first_look() <= t.due && t.due <= t.latest && t.needs_start());
+            assert!(t.first_look() <= t.latest && t.needs_start());
         }
     }
 
     /// Node `k` goes once the revision moved `k - CROWD` past the count's start (the
     /// coordinator key's creation); before, it looks again when 70% of the wait the pace
-    /// seen so far predicts has passed (at most as long as its first look waited while
-    /// the crowd made next to nothing), at least 100 ms on and never after its place in
-    /// the spread, where a count that stopped lets it go.
+    /// seen so far predicts has passed (at most as long as its first look waited), at least 100 ms on and never after its place in the
+    /// spread, where it goes whatever it saw.
     #[test]
     fn a_turn_comes_when_the_crowd_made_its_registrations() {
         let t0 = Instant::now();
@@ -717,9 +647,11 @@ mod tests {
         let made = 2_000.0;
         let at = t.looked(now, base + made as i64, Some(coordinator));
         assert!(!t.needs_start());
-        // 70% of the wait the pace predicts (2,000 a second so far).
-        let want = Duration::from_secs_f64((k - w - made) / 2_000.0 * 0.7);
-        let want = (now + want).min(t.due);
+        // 70% of the wait the pace predicts (2,000 a second so far), at most the first
+        // look's distance from the start.
+        let first = (k - w) / 4_000.0;
+        let want = Duration::from_secs_f64(((k - w - made) / 2_000.0 * 0.7).min(first));
+        let want = (now + want).min(t.latest);
         assert_eq!(
             at.map(|a| a.duration_since(t0).as_millis()),
             Some(want.duration_since(t0).as_millis())
@@ -738,63 +670,17 @@ mod tests {
         let mut now = t.first_look();
         let mut looks = 0;
         while let Some(at) = t.looked(now, 50, Some(100)) {
-            assert!(at > now && at <= t.due, "{:?}", at - now);
-            assert!(at - now >= ms(100) || at == t.due);
+            assert!(at > now && at <= t.latest, "{:?}", at - now);
+            assert!(at - now >= ms(100) || at == t.latest);
             now = at;
             looks += 1;
         }
-        assert_eq!(now, t.due);
+        assert_eq!(now, t.latest);
         assert!(looks < 10, "{looks} looks");
     }
 
-    /// Past its place in the spread a node waits on while the count, at the pace since
-    /// its previous look, reaches it by its latest moment (three times its place), and
-    /// goes once it crawls or stops; at its latest moment it goes whatever it saw.
-    #[test]
-    fn past_its_place_a_node_waits_only_for_a_count_that_moves() {
-        let t0 = Instant::now();
-        let late = (0..)
-            .filter_map(|i| Turn::new(&format!("sim-{i:05}"), 10_000, t0))
-            .find(|t| t.ticket > 9_000.0)
-            .expect("a late node");
-        let need = late.ticket - late.window;
-        let due = late.due;
-        let (base, coordinator) = (100, Some(100));
-        // Half the count made at its place, 400 a second since the look before: the
-        // rest comes in about 10 s, before its latest moment (its place, ~8.7 s, times
-        // three).
-        let mut t = late.clone();
-        let half = (need / 2.0) as i64;
-        t.looked(due - ms(1_000), base + half - 400, coordinator);
-        let again = t.looked(due, base + half, None).expect("waits on");
-        assert!(again > due && again < t.latest, "{:?}", again - due);
-        // The same count, stopped since the look before: it goes.
-        let mut t = late.clone();
-        t.looked(due - ms(1_000), base + half, coordinator);
-        assert_eq!(
-            t.looked(due, base + half, None),
-            None,
-            "a count that stopped"
-        );
-        // Crawling (10 a second): the rest would take minutes.
-        let mut t = late.clone();
-        t.looked(due - ms(1_000), base + half - 10, coordinator);
-        assert_eq!(
-            t.looked(due, base + half, None),
-            None,
-            "a count that crawls"
-        );
-        // No coordinator seen by its place: nothing counts the crowd.
-        let mut t = late.clone();
-        assert_eq!(t.looked(due, 7, None), None);
-        // At its latest moment, whatever the count.
-        let mut t = late;
-        t.looked(due, base + half, coordinator);
-        assert_eq!(t.looked(t.latest, base + half + 4_000, None), None);
-    }
-
     /// A look etcd did not answer is no turn: the node looks again as long after as the
-    /// look took (at least 100 ms), until its latest moment.
+    /// look took (at least 100 ms), until its place in the spread.
     #[test]
     fn an_unanswered_look_is_no_turn() {
         let t0 = Instant::now();
@@ -825,26 +711,28 @@ mod tests {
         assert_eq!(t.looked(first, 1_000_000, Some(12)), None);
     }
 
-    /// A crowd of `started` nodes of a run of at most `max`, pacing itself by its turns
-    /// against an etcd that completes `rate` joins a second (a join completes 50 ms after
-    /// it was sent, once etcd gets to it): when it formed, the most joins under way, and
-    /// the looks a waiting node made.
-    fn model_crowd(started: usize, max: u32, rate: f64) -> (f64, usize, f64) {
+    /// A crowd of 10,000 pacing itself by its turns against an etcd that completes 2,500
+    /// joins a second (a join completes 50 ms after it was sent, once etcd gets to it):
+    /// it forms about as fast as etcd takes joins, never with much more than a window and
+    /// a half under way, and with a few looks a node.
+    #[test]
+    fn a_crowd_by_its_turns_goes_at_etcds_pace_a_window_under_way() {
         let t0 = Instant::now();
-        let (step, latency) = (ms(5), ms(50));
+        let n = 10_000;
+        let step = ms(5);
+        let (rate, latency) = (2_500.0, ms(50));
         let mut waiting: Vec<(Instant, Turn)> = Vec::new();
         let mut queue: std::collections::VecDeque<Instant> = Default::default();
-        for i in 0..started {
-            match Turn::new(&format!("sim-{i:05}"), max, t0) {
+        for i in 0..n {
+            match Turn::new(&format!("sim-{i:05}"), n as u32, t0) {
                 Some(t) => waiting.push((t.first_look(), t)),
                 None => queue.push_back(t0),
             }
         }
-        let turns = waiting.len();
         let (mut made, mut coordinator, mut credit) = (0i64, None, 0.0);
         let (mut most_under_way, mut looks) = (0, 0);
         let mut now = t0;
-        while made < started as i64 {
+        while made < n as i64 {
             now += step;
             credit += rate * step.as_secs_f64();
             while credit >= 1.0 && queue.front().is_some_and(|sent| *sent + latency <= now) {
@@ -875,35 +763,10 @@ mod tests {
             most_under_way = most_under_way.max(queue.len());
         }
         let took = (now - t0).as_secs_f64();
-        (took, most_under_way, f64::from(looks) / turns as f64)
-    }
-
-    /// 10,000 nodes against an etcd of 2,500 joins a second: the crowd forms about as
-    /// fast as etcd takes joins, never with much more than a window and a half under
-    /// way, and with a few looks a node.
-    #[test]
-    fn a_crowd_by_its_turns_goes_at_etcds_pace_a_window_under_way() {
-        let (took, most_under_way, per_node) = model_crowd(10_000, 10_000, 2_500.0);
-        assert!(took < 10_000.0 / 2_500.0 * 1.15, "formed in {took:.2} s");
+        assert!(took < n as f64 / rate * 1.15, "formed in {took:.2} s");
         assert!(most_under_way < 1_700, "{most_under_way} under way");
+        let per_node = f64::from(looks) / 9_000.0;
         assert!(per_node < 4.0, "{per_node:.2} looks a node");
-    }
-
-    /// Against an etcd of 400 joins a second, slower than the fixed spread's 1,000, the
-    /// crowd still goes at etcd's pace, not at its places in the spread (25.0 s, at most
-    /// 994 under way, 11.5 looks a node; going at its places, 6,018 were under way at
-    /// once); a run started with 3,000 of its 10,000 nodes, whose count stops short of
-    /// most turns, goes at its places in the spread, as before (10.0 s: its last place
-    /// is 10 s).
-    #[test]
-    fn a_crowd_on_a_slow_etcd_and_a_small_crowd_go_as_they_can() {
-        let (took, most_under_way, per_node) = model_crowd(10_000, 10_000, 400.0);
-        assert!(took < 10_000.0 / 400.0 * 1.15, "formed in {took:.2} s");
-        assert!(most_under_way < 1_700, "{most_under_way} under way");
-        assert!(per_node < 13.0, "{per_node:.2} looks a node");
-        let (took, most_under_way, _) = model_crowd(3_000, 10_000, 2_500.0);
-        assert!(took < 10.5, "formed in {took:.2} s");
-        assert!(most_under_way < 1_000, "{most_under_way} under way");
     }
 
     #[test]
