@@ -455,17 +455,37 @@ async fn a_run_whose_whole_read_passes_4_mib_still_forms() {
     let opts = config(&etcd, "big", 2, 2).options;
     let mut c = connect(&opts).await.unwrap();
     let keys = Keys::new("/fsdp", "big").unwrap();
-    for i in 0..6 {
-        let key = format!("{}junk/{i:05}", keys.placements());
-        c.put(key, vec![b'x'; 1_000_000], None).await.unwrap();
-    }
-    for i in 0..5 {
-        let key = format!("{}junk/{i:05}", keys.ctl());
-        c.put(key, vec![b'x'; 1_000_000], None).await.unwrap();
+    let first = c.get("/", None).await.unwrap().header().unwrap().revision() + 1;
+    for (under, count) in [(keys.placements(), 6), (keys.ctl(), 5)] {
+        for i in 0..count {
+            let key = format!("{under}junk/{i:05}");
+            c.put(key, vec![b'x'; 1_000_000], None).await.unwrap();
+        }
     }
     let mut ns = nodes(&etcd, "big", 2, 2, 2).await;
     let rs = within(Duration::from_secs(30), "a round", rounds(&mut ns)).await;
     assert_one_group(&rs);
+    // A watch opened at an older revision gets the events since in one batch, as the
+    // coordinator's after a read of the run: 11 MB here.
+    let opts = etcd_client::WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(first);
+    let mut w = fsdp_rendezvous::etcd::watcher(&c)
+        .watch(keys.root(), Some(opts))
+        .await
+        .unwrap();
+    let mut events = 0;
+    while events < 11 {
+        let batch = within(Duration::from_secs(10), "the watch's events", w.message()).await;
+        events += batch
+            .expect("events over 4 MiB")
+            .expect("the stream")
+            .events()
+            .len();
+    }
+    // And the agent's report of the run.
+    let report = fsdp_rendezvous::etcd::inspect::inspect(&mut c, "/fsdp", "big").await;
+    assert!(report.expect("the run's keys read").is_some());
 }
 
 #[tokio::test]

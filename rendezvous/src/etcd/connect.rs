@@ -43,12 +43,12 @@ const LARGEST_ANSWER: usize = i32::MAX as usize;
 
 /// A key-value client on `client`'s connection (its token included) that takes answers
 /// up to [`LARGEST_ANSWER`].
-pub(crate) fn reader(client: &Client) -> etcd_client::KvClient {
+pub fn reader(client: &Client) -> etcd_client::KvClient {
     client.kv_client().max_decoding_message_size(LARGEST_ANSWER)
 }
 
 /// A watch client on `client`'s connection that takes events up to [`LARGEST_ANSWER`].
-pub(crate) fn watcher(client: &Client) -> etcd_client::WatchClient {
+pub fn watcher(client: &Client) -> etcd_client::WatchClient {
     client
         .watch_client()
         .max_decoding_message_size(LARGEST_ANSWER)

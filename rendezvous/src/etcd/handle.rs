@@ -578,8 +578,8 @@ pub(super) async fn refuse_nesting(
     let client = &*client;
     let answer = while_overloaded(window, || {
         super::token::renewing(client, || {
-            // Its control keys are a run's `done/` records while it ends: over 4 MiB at
-            // some 20,000 nodes (`connect::reader`).
+            // Its control keys are a run's `done/` records while it ends, 80–150 bytes a
+            // node: over 4 MiB at a few tens of thousands (`connect::reader`).
             let (mut c, txn) = (
                 super::connect::reader(client),
                 Txn::new().and_then(reads.clone()),

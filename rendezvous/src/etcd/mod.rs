@@ -51,7 +51,7 @@ pub mod waiting;
 
 use std::time::Duration;
 
-pub use connect::{EtcdOptions, TlsFiles, connect};
+pub use connect::{EtcdOptions, TlsFiles, connect, reader, watcher};
 pub use errors::{overloaded as is_overloaded, short_cause, transient as is_transient};
 pub use keys::Keys;
 pub use record::Allowed;

@@ -828,9 +828,7 @@ async fn watch_seal(
     let opts = etcd_client::WatchOptions::new().with_prefix();
     // As the agents' watches: a batch of events over 4 MiB would end the stream, and
     // the seal's moments would go missing without a word.
-    let mut stream = client
-        .watch_client()
-        .max_decoding_message_size(i32::MAX as usize)
+    let mut stream = fsdp_rendezvous::etcd::watcher(&client)
         .watch(keys.root(), Some(opts))
         .await
         .expect("watch the run");

@@ -165,7 +165,7 @@ impl Conn {
         role: Role,
         from: i64,
     ) -> EtcdResult<(WatchStream, Option<WatchStream>)> {
-        let c = &mut self.client;
+        let c = &self.client;
         let ctl_opts = WatchOptions::new().with_prefix().with_start_revision(from);
         let (ctl, members) = if role == Role::Coordinator {
             // One watch over the whole run, so that the view the coordinator seals from is
@@ -195,9 +195,7 @@ async fn watch(
     key: impl Into<Vec<u8>>,
     opts: WatchOptions,
 ) -> EtcdResult<WatchStream> {
-    crate::etcd::connect::watcher(client)
-        .watch(key, Some(opts))
-        .await
+    connect::watcher(client).watch(key, Some(opts)).await
 }
 
 /// Carries out an op that needs no stream, on its own handle to the connection
@@ -225,7 +223,7 @@ async fn send(mut client: Client, op: Op) -> EtcdResult<Answer> {
             if keys_only {
                 opts = opts.with_keys_only();
             }
-            let resp = crate::etcd::connect::reader(c).get(key, Some(opts)).await?;
+            let resp = connect::reader(c).get(key, Some(opts)).await?;
             Answer::Range {
                 revision: resp.header().map_or(0, |h| h.revision()),
                 kvs: resp.kvs().iter().map(kv).collect(),
