@@ -14,7 +14,7 @@
 # Environment: ETCD_BIN (default: etcd on PATH, Debian's 3.4), ETCD_PORTS (client,
 # metrics and peer ports, default "23790 23791 23792"), BENCH (default:
 # target/release/rdzv-bench), BENCH_TIMEOUT (seconds, default 120), SAMPLES (a file to
-# keep the per-second samples in).
+# keep the per-second samples in), METHODS (set: print what etcd served by gRPC method).
 set -u
 dir=
 etcd_pid=
@@ -122,6 +122,14 @@ if [ -z "$cpu0" ] || [ -z "$cpu1" ]; then
 else
     echo "etcd_cpu_s=$(awk -v a="$cpu0" -v b="$cpu1" -v t="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", (b - a) / t}')" \
         "pending_max=$(most pending)" "backlog_max=$(most backlog)"
+fi
+# What etcd served, by gRPC method (the bench's teardown included): requests a node.
+if [ -n "${METHODS:-}" ] && curl -s --max-time 2 "$metrics/metrics" >"$dir/scrape"; then
+    awk '/^grpc_server_(started|msg_received)_total/ && /bidi_stream/ || /^grpc_server_started_total/ && !/bidi_stream/ {
+        k = $0 ~ /^grpc_server_started/ ? "started" : "messages"
+        match($0, /grpc_method="[^"]*"/); m = substr($0, RSTART + 13, RLENGTH - 14)
+        match($0, /grpc_type="[^"]*"/); t = substr($0, RSTART + 11, RLENGTH - 12)
+        if ($NF + 0 > 0) printf "method %s %s %s %.0f\n", m, t, k, $NF }' "$dir/scrape" | sort -k5 -nr
 fi
 if [ -n "${SAMPLES:-}" ]; then
     cp "$dir/samples" "$SAMPLES" || echo "could not keep the samples in $SAMPLES" >&2

@@ -131,9 +131,13 @@ pub struct Counters {
     /// Time (ns) this node was held at the gate before its grant while etcd answered
     /// slowly (`admission::Gate`), after its turn.
     pub gated_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// Looks this node made waiting its turn in a crowd (`admission::Turn`):
-    /// `rdzv-bench` prints them a node.
+    /// Looks this node made waiting its turn in a crowd (`session::Turn`: a read of the
+    /// admission keys and a watch of them, made again after a failure): `rdzv-bench`
+    /// prints them a node.
     pub turn_looks: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// 1 if this node's turn came by the coordinator's push, not at its latest moment
+    /// (`rdzv-bench` prints how many nodes).
+    pub turn_pushed: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Time (ns) this node waited its turn after its first look (`rdzv-bench` prints the
     /// longest).
     pub turn_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,

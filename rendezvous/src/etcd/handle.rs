@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::connect::while_overloaded;
+use super::keys::past;
 use super::record::{Outgoing, Record};
 use super::session::{Command, Config as SessionConfig, Driver, Machine, Request};
 use super::waiter::{Waiter, Watch};
@@ -82,51 +83,75 @@ async fn spread_out(cfg: &mut EtcdConfig) -> Option<session::Turn> {
     Some(turn)
 }
 
-/// A look at the crowd's count that etcd has not answered within this is given up, and
-/// made again later ([`session::Turn::unanswered`]).
-const LOOK_TIMEOUT: Duration = Duration::from_secs(2);
+/// A look at the admission keys that failed (etcd busy or away) is made again this long
+/// after, until the turn's latest moment.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
-/// Waits out this node's turn ([`session::Turn`]): looks at etcd's revision (reading the
-/// coordinator key too, until it was seen) until the crowd made the registrations before
-/// this node's, or its latest moment came. A look etcd does not answer is no turn: a busy
-/// etcd is no time to add a join (given up and gone to the gate, a 20,000-node crowd's
-/// looks were all joins at once); the gate is next.
-async fn await_turn(client: &Client, keys: &Keys, mut turn: session::Turn, counters: &Counters) {
+/// Waits out this node's turn ([`session::Turn`]): reads the admission keys from its own
+/// to the last and, if none is there, watches them until one is put (the coordinator
+/// let the crowd this far) or its latest moment comes. Whether its turn came by the
+/// push: a node that went at its latest goes through the gate, one pushed does not.
+async fn await_turn(client: &Client, keys: &Keys, turn: session::Turn, counters: &Counters) -> bool {
     let began = Instant::now();
-    let coordinator = keys.key::<v1::Coordinator>("");
-    // Never past the turn's latest moment, a slow look included.
-    while let Some(limit) = turn.latest().checked_duration_since(Instant::now()) {
-        let look = async {
-            let mut c = client.clone();
-            if turn.needs_start() {
-                let opts = GetOptions::new().with_serializable().with_keys_only();
-                let r = c.get(coordinator.as_str(), Some(opts)).await?;
-                let created = r.kvs().first().map(etcd_client::KeyValue::create_revision);
-                Ok::<_, etcd_client::Error>((r.header().map(|h| h.revision()), created))
-            } else {
-                let r = c.status().await?;
-                Ok((r.header().map(|h| h.revision()), None))
+    let (from, to) = (keys.admission(turn.key()), past(&keys.admissions()));
+    let mut looks = 0;
+    let pushed = loop {
+        let Some(limit) = turn.latest().checked_duration_since(Instant::now()) else {
+            break false;
+        };
+        looks += 1;
+        match tokio::time::timeout(limit, admitted(client, &from, &to)).await {
+            Ok(Ok(())) => break true,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "could not look for this node's turn; looking again");
+                tokio::time::sleep(LOOK_AGAIN.min(limit)).await;
             }
-        };
-        let sent = Instant::now();
-        let next = match tokio::time::timeout(LOOK_TIMEOUT.min(limit), look).await {
-            Ok(Ok((Some(revision), created))) => turn.looked(Instant::now(), revision, created),
-            _ => turn.unanswered(sent, Instant::now()),
-        };
-        match next {
-            Some(at) => tokio::time::sleep_until(at.into()).await,
-            None => break,
+            Err(_) => break false,
         }
+    };
+    counters.turn_looks.fetch_add(looks, Ordering::Relaxed);
+    if pushed {
+        counters.turn_pushed.fetch_add(1, Ordering::Relaxed);
     }
-    counters
-        .turn_looks
-        .fetch_add(u64::from(turn.looks()), Ordering::Relaxed);
     let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
     counters.turn_ns.fetch_add(ns, Ordering::Relaxed);
+    pushed
+}
+
+/// Returns once an admission key in `[from, to)` is there: read (serializable: no wait
+/// for the apply loop; a stale answer only starts the watch earlier), then watched from
+/// the revision after the read. An error when etcd fails or the watch ends.
+async fn admitted(client: &Client, from: &str, to: &str) -> Result<(), etcd_client::Error> {
+    use etcd_client::{EventType, WatchOptions};
+    let mut c = client.clone();
+    let opts = GetOptions::new()
+        .with_range(to)
+        .with_serializable()
+        .with_keys_only()
+        .with_limit(1);
+    let read = c.get(from, Some(opts)).await?;
+    if !read.kvs().is_empty() {
+        return Ok(());
+    }
+    let revision = read.header().map_or(0, |h| h.revision());
+    let opts = WatchOptions::new()
+        .with_range(to)
+        .with_start_revision(revision + 1);
+    let mut events = c.watch(from, Some(opts)).await?;
+    while let Some(batch) = events.message().await? {
+        if batch.events().iter().any(|e| e.event_type() == EventType::Put) {
+            return Ok(());
+        }
+        if batch.canceled() {
+            break;
+        }
+    }
+    let e = std::io::Error::other("etcd ended the watch of the admission keys");
+    Err(etcd_client::Error::IoError(e))
 }
 
 /// The nesting check, which in a crowd is also the gate before the grant
-/// ([`session::Gate`]): read linearizably there, and again after a drawn pause for as
+/// ([`session::Gate`]) unless the node's turn was pushed (`gate`): read linearizably there, and again after a drawn pause for as
 /// long as etcd answers it slowly (its apply loop behind), for at most half of what is
 /// left until `deadline` (the join's): the grant and the first sync need the rest, and a
 /// node held that long joins and lets the pace after its grant hold it. A look still
@@ -135,11 +160,12 @@ async fn through_gate(
     client: &mut Client,
     keys: &Keys,
     cfg: &EtcdConfig,
+    gate: bool,
     deadline: Instant,
     counters: &Counters,
 ) -> Result<session::FirstRead, RendezvousError> {
-    let mut gate =
-        session::gated(cfg.max_nodes).then(|| session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl));
+    let mut gate = (gate && session::gated(cfg.max_nodes))
+        .then(|| session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl));
     let began = Instant::now();
     let gate_until = began + deadline.saturating_duration_since(began) / 2;
     // From the first slow look's answer: slow looks after it count as held too.
@@ -250,6 +276,7 @@ fn session_config(cfg: &EtcdConfig, keys: &Keys, ttl_s: i64, lease: &Granted) ->
         placement_shape: cfg.placement_shape,
         can_probe: true,
         crowd: session::gated(cfg.max_nodes),
+        crowd_window: session::CROWD,
         embedded_store: cfg.options.embedded_store,
         lease: lease.id,
         granted_at: lease.at,
@@ -317,13 +344,14 @@ impl EtcdRendezvous {
         // its first syncs unanswered, past the connection's retry window at 10,000 and
         // 20,000 nodes, and each node that gave up was an agent that exited.
         let counters = Counters::default();
-        if let Some(turn) = turn {
-            await_turn(&client, &keys, turn, &counters).await;
-        }
+        let pushed = match turn {
+            Some(turn) => await_turn(&client, &keys, turn, &counters).await,
+            None => false,
+        };
         // From the turn's end: at 20,000 nodes a turn may take 20 s.
         let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
         let left = || deadline.saturating_duration_since(Instant::now());
-        let read = through_gate(&mut client, &keys, &cfg, deadline, &counters).await?;
+        let read = through_gate(&mut client, &keys, &cfg, !pushed, deadline, &counters).await?;
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, left(), ttl_s).await?;
         let writes = Arc::new(AtomicU64::new(1));

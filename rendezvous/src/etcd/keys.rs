@@ -10,8 +10,12 @@ use super::record::{Place, Record};
 /// Where a placed round's shards are under a run's root.
 const PLACEMENTS: &str = "placement/";
 
+/// Where a forming crowd's admission keys are under a run's root
+/// ([`crate::etcd::session::Turn`]).
+const ADMISSIONS: &str = "admit/";
+
 /// The segments a run's own keys use under its root.
-pub const RESERVED: &[&str] = &["members", "ctl", "placement"];
+pub const RESERVED: &[&str] = &["members", "ctl", "placement", "admit"];
 
 /// Keys of one run.
 #[derive(Debug, Clone)]
@@ -90,14 +94,15 @@ impl Keys {
     }
 
     /// The ranges `[from, to)` under the root that hold none of this run's own keys
-    /// (`ctl/…`, `members/…`, `placement/…`, `roster`): where another run nested in this
-    /// one keeps its keys ([`Keys::nested_run_key`]). Reading them costs what they hold,
-    /// not what the run holds; a nested run's root cannot have a segment of
-    /// [`RESERVED`] ([`Keys::new`]), so it is never inside one of the run's prefixes.
-    pub fn foreign_ranges(&self) -> [(String, String); 5] {
+    /// (`admit/…`, `ctl/…`, `members/…`, `placement/…`, `roster`): where another run
+    /// nested in this one keeps its keys ([`Keys::nested_run_key`]). Reading them costs
+    /// what they hold, not what the run holds; a nested run's root cannot have a segment
+    /// of [`RESERVED`] ([`Keys::new`]), so it is never inside one of the run's prefixes.
+    pub fn foreign_ranges(&self) -> [(String, String); 6] {
         let r = &self.root;
         [
-            (r.clone(), format!("{r}ctl/")),
+            (r.clone(), self.admissions()),
+            (past(&self.admissions()), format!("{r}ctl/")),
             (past(&self.ctl()), self.members()),
             (past(&self.members()), self.placements()),
             (past(&self.placements()), format!("{r}roster")),
@@ -131,6 +136,24 @@ impl Keys {
     pub fn is_placement(&self, key: &str) -> bool {
         key.strip_prefix(&self.root)
             .is_some_and(|rest| rest.starts_with(PLACEMENTS))
+    }
+
+    /// The prefix of a forming crowd's admission keys (`admit/`), outside `ctl/`: only
+    /// the nodes that wait for their turn watch them.
+    pub fn admissions(&self) -> String {
+        format!("{}{ADMISSIONS}", self.root)
+    }
+
+    /// Admission key `n` ([`crate::etcd::session::Turn`]), numbered so that keys sort as
+    /// their numbers do.
+    pub fn admission(&self, n: u32) -> String {
+        format!("{}{n:06}", self.admissions())
+    }
+
+    /// Whether `key` is an admission key: read apart, as a placed round's shards are.
+    pub fn is_admission(&self, key: &str) -> bool {
+        key.strip_prefix(&self.root)
+            .is_some_and(|rest| rest.starts_with(ADMISSIONS))
     }
 
     /// The prefix of the shards of one attempt to seal a placed round (its header's
@@ -264,6 +287,8 @@ mod tests {
             k.placement("00000000000000000007.00000000000000ab.1", 99),
             k.key::<v1::Failure>("00000000000000000007"),
             k.ctl(),
+            k.admission(0),
+            k.admission(200),
         ] {
             assert_eq!(inside(&own), 0, "{own}");
         }

@@ -228,6 +228,8 @@ pub(super) fn put(view: &mut View, keys: &Keys, key: &str, value: &[u8], at: At)
         None if keys.nested_run_key(key) => {}
         // A placed round's shards: read apart, by the members that need them.
         None if keys.is_placement(key) => {}
+        // A crowd's admission keys: for the nodes that wait their turn.
+        None if keys.is_admission(key) => {}
         None => {
             let shown = crate::text::shown(key);
             view.refuse(

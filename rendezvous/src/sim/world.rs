@@ -22,6 +22,9 @@ use crate::etcd::session::{
 };
 use crate::seal::SealConfig;
 
+/// How often a node waiting its turn looks at its watch of the admission keys.
+const WATCH_LOOKS: Duration = Duration::from_millis(20);
+
 /// What happens at a moment.
 #[derive(Debug)]
 pub enum Ev {
@@ -284,37 +287,39 @@ impl World {
                 return true;
             }
         }
-        // The handle's turn ([`crate::etcd::session::Turn`]): the coordinator key's create
-        // revision (serializable: answered at once) until seen, then etcd's revision.
-        if let Some(mut turn) = self.agents[a].turn.take() {
-            let created = if turn.needs_start() {
-                let coordinator = Op::Range {
-                    key: self.keys.key::<fsdp_proto::v1::Coordinator>(""),
-                    prefix: false,
-                    keys_only: true,
-                    serializable: true,
-                };
-                match self.etcd.execute(&coordinator, now) {
-                    Ok(Answer::Range { kvs, .. }) => kvs.first().map(|kv| kv.create_rev),
-                    _ => None,
-                }
-            } else {
-                None
+        // The handle's turn ([`crate::etcd::session::Turn`]): an admission key from its
+        // own on, read (serializable: answered at once) and watched; the watch is looked
+        // at every few milliseconds here (its event comes once the key is applied, as a
+        // read's answer does). At its latest moment it goes to the gate.
+        let mut pushed = false;
+        if let Some(turn) = self.agents[a].turn.take() {
+            let admissions = Op::Range {
+                key: self.keys.admissions(),
+                prefix: true,
+                keys_only: true,
+                serializable: true,
             };
-            let revision = self.etcd.state.revision();
-            if let Some(at) = turn.looked(now, revision, created) {
-                let wait = at.saturating_duration_since(now);
-                self.note(|| format!("n{a} looks again in {wait:?} (revision {revision})"));
+            let prefix = self.keys.admissions();
+            pushed = match self.etcd.execute(&admissions, now) {
+                Ok(Answer::Range { kvs, .. }) => kvs.iter().any(|kv| {
+                    let n = kv.key.strip_prefix(&prefix).and_then(|n| n.parse().ok());
+                    n.is_some_and(|n| turn.admitted_by(n))
+                }),
+                _ => false,
+            };
+            if !pushed && now < turn.latest() {
+                let wait = turn.latest().saturating_duration_since(now).min(WATCH_LOOKS);
                 self.after(wait.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
                 self.agents[a].turn = Some(turn);
                 return true;
             }
-            self.note(|| format!("n{a}'s turn came (revision {revision})"));
+            let how = if pushed { "pushed" } else { "at its latest" };
+            self.note(|| format!("n{a}'s turn came ({how})"));
         }
         // The handle's gate ([`crate::etcd::session::Gate`]): its nesting read, linearizable
         // in a crowd, is answered once the apply loop caught up; a late answer holds the
         // node a drawn pause before it looks again.
-        if crate::etcd::session::a_crowd(self.opts.max_nodes, crowd) {
+        if !pushed && crate::etcd::session::a_crowd(self.opts.max_nodes, crowd) {
             let lag = self.etcd.lag(now);
             let gate = self.agents[a]
                 .gate
@@ -395,6 +400,7 @@ impl World {
             placement_shape: self.opts.placement_shape,
             can_probe: true,
             crowd: crate::etcd::session::a_crowd(self.opts.max_nodes, self.opts.join_spread.0),
+            crowd_window: self.opts.join_spread.0,
             embedded_store: false,
             lease,
             allowed: Default::default(),

@@ -308,6 +308,7 @@ fn main() {
         let gated_nodes = gated.iter().filter(|g| **g > 0).count();
         // Looks a node made waiting its turn (of all nodes), and the longest it waited.
         let turn_looks = count(|c| c.turn_looks.load(Ordering::Relaxed)) as f64 / nodes as f64;
+        let pushed = count(|c| c.turn_pushed.load(Ordering::Relaxed));
         let turn_max_s = held
             .iter()
             .map(|(n, _)| n.counters().turn_ns.load(Ordering::Relaxed))
@@ -322,7 +323,7 @@ fn main() {
              formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \
              slowest_paced_s={:.2} gated_max_s={gated_max_s:.2} gated_nodes={gated_nodes} \
              last_joined_s={last_joined:.3} turn_looks_per_node={turn_looks:.2} \
-             turn_max_s={turn_max_s:.2} {} bench_cpu_s={:.2} bench_rss_mb={}",
+             turn_max_s={turn_max_s:.2} pushed_nodes={pushed} {} bench_cpu_s={:.2} bench_rss_mb={}",
             slowest.1,
             sealed.lock().unwrap().words(),
             own_cpu_s(),

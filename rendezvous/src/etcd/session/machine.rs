@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::admission::{Admission, paced};
+use super::turn::Frontier;
 use super::departures::Sayer;
 use super::duty::{Commit, Duty};
 use super::fault::{Fault, FaultKind};
@@ -66,6 +67,10 @@ pub struct Config {
     /// simulator's scaled down): a joining node's keep-alives keep the times set at its
     /// grant when its watches open.
     pub crowd: bool,
+    /// How many of a crowd's nodes go at once ([`super::CROWD`]; the simulator's scaled
+    /// down): the coordinator of a larger run publishes how far it may go
+    /// ([`super::turn::Frontier`]).
+    pub crowd_window: u32,
     /// etcd is the c10d store an agent serves (for the give-up message).
     pub embedded_store: bool,
     /// The lease the handle granted at join, when it asked for it, and the Unix time in ms
@@ -138,6 +143,8 @@ pub struct Machine {
     pub(super) view: Published,
     pub(super) lease: LeaseKeeper,
     pub(super) admission: Admission,
+    /// As coordinator of a crowd: how far it may go (`admit.rs`).
+    pub(super) frontier: Option<Frontier>,
     pub(super) outage: Outage,
     pub(super) flight: Flight,
     pub(super) duty: Duty,
@@ -165,6 +172,7 @@ impl Machine {
         Self {
             lease,
             admission: Admission::new(&cfg.node_id, cfg.ttl),
+            frontier: Frontier::scaled(cfg.seal.max_nodes, cfg.ttl, cfg.crowd_window),
             duty: Duty::new(cfg.seal, now),
             cfg,
             now,
@@ -386,6 +394,7 @@ impl Machine {
             Phase::Watching { .. } => [
                 self.lease.keep_alive_due(),
                 self.duty.next_timer(),
+                self.frontier.as_ref().and_then(Frontier::wake),
                 self.watches.grace_until(),
                 self.answer_due(),
             ]

@@ -18,6 +18,8 @@
 //!   keep-alives;
 //! * `admission.rs` — a joining node's pace, from how etcd answers (a crowd joins no
 //!   faster than etcd drains);
+//! * `turn.rs` — a crowd node's turn, and the coordinator's reach for the crowd, which
+//!   `admit.rs` publishes;
 //! * `outage.rs` — etcd's trouble: failures and busy answers in a row, the prober;
 //! * `flight.rs` — the work in hand: the op in flight (and one waiting to go again), the
 //!   queued steps, the inputs and commands that wait (`inbox.rs`), the effects;
@@ -44,6 +46,7 @@
 //! With one owner of the lease, a lease found gone is replaced exactly once.
 
 mod admission;
+mod admit;
 mod conn;
 mod departures;
 mod driver;
@@ -65,9 +68,11 @@ mod state;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod turn;
 mod watches;
 
-pub use admission::{CROWD, Gate, Turn, gated, place_in_crowd};
+pub use admission::{CROWD, Gate, gated, place_in_crowd};
+pub use turn::Turn;
 // The join spread's numbers, which the simulator runs scaled down.
 #[cfg(feature = "sim")]
 pub use admission::{JOINS_PER_SECOND, a_crowd};

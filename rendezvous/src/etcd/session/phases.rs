@@ -8,6 +8,7 @@ use super::fault::{Fault, FaultKind};
 use super::io::{Command, Effect, Input};
 use super::machine::{FIRST_RETRY, LAST_RETRY, Machine, Phase, Resync, Then};
 use super::sync::Todo;
+use super::turn::Frontier;
 use crate::RendezvousError;
 
 impl Machine {
@@ -54,7 +55,7 @@ impl Machine {
                 // coordinator that looked again at each, its round not yet in its view,
                 // sealed it again: a write each, fenced out.
                 let keys = &self.cfg.keys;
-                events.retain(|e| !keys.is_placement(e.key()));
+                events.retain(|e| !keys.is_placement(e.key()) && !keys.is_admission(e.key()));
                 if events.is_empty() {
                     return;
                 }
@@ -65,7 +66,7 @@ impl Machine {
                     self.flight.then(Todo::ReadRoster);
                 }
                 self.flight
-                    .then_all([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
+                    .then_all([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost, Todo::Admit]);
             }
             Input::WatchEnded => self.resync_after_watching(Resync::Outage),
             // etcd went back: it lost its data between the read and the watch, which would
@@ -191,7 +192,10 @@ impl Machine {
         }
         if self.watches.grace_over(now) {
             self.flight
-                .then_all([Todo::CheckAbsent, Todo::Coordinate, Todo::SayLost]);
+                .then_all([Todo::CheckAbsent, Todo::Coordinate, Todo::SayLost, Todo::Admit]);
+        }
+        if self.frontier.as_ref().and_then(Frontier::wake).is_some_and(|at| at <= now) {
+            self.flight.then(Todo::Admit);
         }
         let (campaign, recheck) = self.duty.take_due(now);
         if campaign {
@@ -199,7 +203,7 @@ impl Machine {
         }
         if recheck {
             self.flight
-                .then_all([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost]);
+                .then_all([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost, Todo::Admit]);
         }
     }
 

@@ -36,6 +36,8 @@ pub enum Todo {
     /// As coordinator: a word for a member of the round lost without one, and the trim of
     /// the oldest departure records.
     SayLost,
+    /// As coordinator of a forming crowd: how far it may go ([`super::turn::Frontier`]).
+    Admit,
     /// Serve the commands that waited for etcd, oldest first.
     Drain,
     /// Into [`Phase::Watching`].
@@ -113,6 +115,7 @@ impl Machine {
         let op = match todo {
             Todo::SayFenced => return self.say_fenced(),
             Todo::SayLost => return self.say_lost(),
+            Todo::Admit => return self.admit(),
             Todo::Coordinate => return self.coordinate(),
             Todo::Drain => return self.drain(),
             Todo::Enter => return self.enter(),
@@ -214,6 +217,7 @@ impl Machine {
             // Steps without an op of their own (`run` does them).
             Todo::SayFenced
             | Todo::SayLost
+            | Todo::Admit
             | Todo::OpenWatches
             | Todo::Coordinate
             | Todo::Drain
@@ -272,6 +276,7 @@ impl Machine {
     pub(super) fn on_todo_answer(&mut self, todo: Todo, answer: Result<Answer, Fault>) {
         let answer = match (todo, answer) {
             (Todo::SayFenced | Todo::SayLost, Err(e)) => return self.word_failed(todo, e),
+            (Todo::Admit, Err(e)) => return self.admit_failed(e),
             // A fenced lease that expired meanwhile is gone either way.
             (Todo::RevokeFenced, Err(e)) if e.kind == FaultKind::LeaseNotFound => Answer::Done,
             (_, Err(e)) => return self.lost(e),
@@ -284,6 +289,7 @@ impl Machine {
                 self.me.word_done();
             }
             (Todo::SayLost, Answer::Txn { succeeded }) => self.said_lost(succeeded),
+            (Todo::Admit, Answer::Done) => self.admitted(),
             (Todo::RevokeFenced, _) => self.revoked_fenced(),
             (Todo::Grant, Answer::Granted { id }) => self.lease_renewed(id),
             (Todo::ReadOwn, Answer::Range { kvs, .. }) => {

@@ -76,6 +76,7 @@ fn config(t0: Instant) -> Config {
         placement_shape: crate::etcd::placement::Shape::ETCD,
         can_probe: true,
         crowd: false,
+        crowd_window: super::CROWD,
         embedded_store: false,
         lease: LEASE,
         granted_at: t0,
