@@ -82,6 +82,15 @@ echo "etcd: $("$etcd_bin" --version | head -1)"
 cpu_of() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null; }
 # Prometheus writes large counters as 1.2e+06: whole numbers in the samples.
 metric() { awk -v m="$1" '$1 == m {printf "%.0f", $2}' "$dir/scrape"; }
+# Requests etcd took so far, by method (unary calls, streams' messages): what the crowd
+# asks of it from moment to moment.
+served() {
+    awk '/^grpc_server_(started|msg_received)_total/ {
+        match($0, /grpc_method="[^"]*"/); m = substr($0, RSTART + 13, RLENGTH - 14)
+        s = $0 ~ /bidi_stream/ && $0 ~ /^grpc_server_msg_received/
+        u = $0 !~ /bidi_stream/ && $0 ~ /^grpc_server_started/
+        if (s || u) printf "%s=%.0f ", m, $NF }' "$dir/scrape"
+}
 touch "$dir/sampling"
 (
     # Stops by itself too if the script was killed without its trap.
@@ -97,7 +106,8 @@ touch "$dir/sampling"
             "renewed=$(metric etcd_debugging_lease_renewed_total)" \
             "granted=$(metric etcd_debugging_lease_granted_total)" \
             "revoked=$(metric etcd_debugging_lease_revoked_total)" \
-            "keys=$(metric etcd_debugging_mvcc_keys_total) etcd_cpu_ticks=$(cpu_of "$etcd_pid")"
+            "keys=$(metric etcd_debugging_mvcc_keys_total) etcd_cpu_ticks=$(cpu_of "$etcd_pid")" \
+            "$(served)"
         # A second, in tenths: the stop is seen within one.
         for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e "$dir/sampling" ] && sleep 0.1; done
     done

@@ -141,6 +141,9 @@ pub struct Counters {
     /// Time (ns) this node waited its turn after its first look (`rdzv-bench` prints the
     /// longest).
     pub turn_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Admission keys written as the coordinator of a forming crowd (`session::Turn`):
+    /// at most one per key, apart from the node's own writes as the shards are.
+    pub admission_keys: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Transactions that wrote a placed round's shards ahead of its header, as the
     /// coordinator (a round of 10,000 takes 6): apart from a node's own writes, whose
     /// count is bounded at formation whatever the crowd, while these grow with it.

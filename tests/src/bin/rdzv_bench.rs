@@ -300,6 +300,7 @@ fn main() {
         let lost = count(|c| c.leases_lost.load(Ordering::Relaxed));
         let again = count(|c| c.reregistered.load(Ordering::Relaxed));
         let shard_txns = count(|c| c.shard_txns.load(Ordering::Relaxed));
+        let admission_keys = count(|c| c.admission_keys.load(Ordering::Relaxed));
         let gated: Vec<u64> = held
             .iter()
             .map(|(n, _)| n.counters().gated_ns.load(Ordering::Relaxed))
@@ -318,6 +319,7 @@ fn main() {
         let (p50, p99) = p50_p99(&mut took);
         println!(
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} shard_txns={shard_txns} \
+             admission_keys={admission_keys} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
              leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
              formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \

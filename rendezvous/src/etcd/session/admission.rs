@@ -170,7 +170,7 @@ impl Gate {
     pub fn new(node_id: &str, ttl: Duration) -> Self {
         Self {
             pause: Duration::ZERO,
-            target: ttl / 5,
+            target: ttl / 10,
             longest: ttl * 2,
             // Not the admission's draw: a node's two pauses need not coincide.
             draw: xorshift(fnv(node_id.as_bytes()) | 1),
@@ -218,7 +218,7 @@ impl Admission {
         Self {
             pause: Duration::ZERO,
             not_before: None,
-            target: ttl / 5,
+            target: ttl / 10,
             longest: ttl / 2,
             draw: draw | 1,
             over: false,

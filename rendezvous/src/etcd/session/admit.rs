@@ -5,6 +5,8 @@
 //! rendezvous (a transient failure is an outage like any other; anything else waits a
 //! second and tries again).
 
+use std::sync::atomic::Ordering;
+
 use super::fault::Fault;
 use super::io::{Op, Role, Write};
 use super::machine::{Machine, Phase, Then};
@@ -48,9 +50,10 @@ impl Machine {
         self.issue(Then::Todo(Todo::Admit), op);
     }
 
-    /// The admission key was written.
+    /// The admission key was written: counted apart from this node's own writes, whose
+    /// number at formation is bounded whatever the crowd, while these grow with it.
     pub(super) fn admitted(&mut self) {
-        self.wrote();
+        self.counters.admission_keys.fetch_add(1, Ordering::Relaxed);
         if let Some(f) = self.frontier.as_mut() {
             f.answered(self.now);
         }

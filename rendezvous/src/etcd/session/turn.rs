@@ -183,8 +183,8 @@ impl Frontier {
             last_key: last_key(max_nodes),
             window: crowd,
             allowed: crowd,
-            prompt: std::env::var("EXP_PROMPT_MS").ok().and_then(|v| v.parse().ok()).map_or(ttl / 10, Duration::from_millis),
-            late: std::env::var("EXP_LATE_MS").ok().and_then(|v| v.parse().ok()).map_or(ttl / 5, Duration::from_millis),
+            prompt: ttl / 10,
+            late: ttl / 5,
             settled: ttl,
             reached: VecDeque::new(),
             published: 0,
@@ -258,15 +258,23 @@ impl Frontier {
         };
         self.published = self.published.max(key);
         let latency = now.saturating_duration_since(sent);
-        if std::env::var_os("EXP_TRACE").is_some() {
-            eprintln!("EXP key={key} latency_ms={} allowed={}", latency.as_millis(), self.allowed);
-        }
         if latency > self.late {
             self.allowed = (self.allowed / 2).max(self.per_key);
         } else if latency <= self.prompt {
             self.allowed = (self.allowed + self.window / 4).min(self.window);
         }
         self.not_before = Some(now + SPACING);
+    }
+
+    /// This node's keep-alive sent at `sent` was answered at `now`. etcd 3.4 renews a
+    /// lease only once its apply loop caught up, so a late renewal is a loop behind even
+    /// while writes are answered in time (on 3.4 the coordinator's writes came back within
+    /// a second while a crowd's keep-alives were late enough to ask etcd about their
+    /// leases, thousands of times). The joins under way halve, as after a late write.
+    pub fn kept_alive(&mut self, sent: Instant, now: Instant) {
+        if now.saturating_duration_since(sent) > self.late {
+            self.allowed = (self.allowed / 2).max(self.per_key);
+        }
     }
 
     /// The write in flight failed at `now`: etcd is in trouble, which is no time to let

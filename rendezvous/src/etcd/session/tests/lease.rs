@@ -250,20 +250,28 @@ fn with_one_member_a_keep_alive_unanswered_near_the_fence_starts_the_probe() {
 /// A node still forming has no workers to fence, and does not look for proof (in a crowd
 /// on a slow etcd, thousands of joining nodes' looks were fresh connections and status
 /// requests every quarter TTL: half the bench's CPU at 10,000 nodes). It still asks etcd
-/// once; the look starts when it runs a round, if the trouble lasts.
+/// once, but only at the fencing margin, not a quarter TTL before it (every late
+/// keep-alive of a crowd on etcd 3.4 asked so: 12,863 questions by 27 s into a formation
+/// of 10,000); the look starts when it runs a round, if the trouble lasts.
 #[test]
-fn a_forming_node_asks_etcd_but_looks_for_no_proof_until_it_runs_a_round() {
+fn a_forming_node_asks_etcd_at_the_margin_but_looks_for_no_proof_until_it_runs_a_round() {
     let mut h = Harness::synced();
     h.fire();
     h.answer(Answer::Done);
     h.fire();
     h.answer(Answer::Done);
+    // Safe until t0 + 6 s: not asked a quarter TTL and a margin before (4.5 s)...
     let e = h.fire();
+    assert_eq!((the_op(&e), h.now), (Op::KeepAlive, h.t0 + 2 * TTL / 3));
+    h.answer(Answer::Done);
+    // ...but at the margin (1 s) before.
+    let e = h.fire();
+    assert_eq!(h.now, h.t0 + TTL - SECOND);
     assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
     assert_eq!(probes(&e), Vec::<bool>::new());
     no_op(&h.answer(Answer::TimeToLive { ttl: 0 }));
     // Asked once: the next wake-up is the next keep-alive.
-    assert_eq!(h.m.deadline(), Some(h.t0 + 2 * TTL / 3));
+    assert_eq!(h.m.deadline(), Some(h.t0 + TTL));
     let round = std::sync::Arc::new(round(1, &[("a", 1), ("b", 1)]));
     let e = h.command(
         90,
@@ -451,7 +459,12 @@ fn asked_after_a_late_keep_alive(h: &mut Harness) -> (Instant, Instant) {
     h.fire();
     h.answer(Answer::Done);
     let before = h.m.view().lease_safe_until.expect("a clock");
-    let e = h.fire();
+    let mut e = h.fire();
+    // A forming node asks at the fencing margin, after the next keep-alive went.
+    while the_op(&e) == Op::KeepAlive {
+        h.answer(Answer::Done);
+        e = h.fire();
+    }
     assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
     (before, h.now)
 }
