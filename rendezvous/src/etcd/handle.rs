@@ -91,7 +91,12 @@ const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// to the last and, if none is there, watches them until one is put (the coordinator
 /// let the crowd this far) or its latest moment comes. Whether its turn came by the
 /// push: a node that went at its latest goes through the gate, one pushed does not.
-async fn await_turn(client: &Client, keys: &Keys, turn: session::Turn, counters: &Counters) -> bool {
+async fn await_turn(
+    client: &Client,
+    keys: &Keys,
+    turn: session::Turn,
+    counters: &Counters,
+) -> bool {
     let began = Instant::now();
     let (from, to) = (keys.admission(turn.key()), past(&keys.admissions()));
     let mut looks = 0;
@@ -139,7 +144,11 @@ async fn admitted(client: &Client, from: &str, to: &str) -> Result<(), etcd_clie
         .with_start_revision(revision + 1);
     let mut events = c.watch(from, Some(opts)).await?;
     while let Some(batch) = events.message().await? {
-        if batch.events().iter().any(|e| e.event_type() == EventType::Put) {
+        if batch
+            .events()
+            .iter()
+            .any(|e| e.event_type() == EventType::Put)
+        {
             return Ok(());
         }
         if batch.canceled() {

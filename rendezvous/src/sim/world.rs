@@ -308,7 +308,10 @@ impl World {
                 _ => false,
             };
             if !pushed && now < turn.latest() {
-                let wait = turn.latest().saturating_duration_since(now).min(WATCH_LOOKS);
+                let wait = turn
+                    .latest()
+                    .saturating_duration_since(now)
+                    .min(WATCH_LOOKS);
                 self.after(wait.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
                 self.agents[a].turn = Some(turn);
                 return true;

@@ -7,10 +7,10 @@
 
 use std::sync::atomic::Ordering;
 
+use super::admission::place_in_crowd;
 use super::fault::Fault;
 use super::io::{Op, Role, Write};
 use super::machine::{Machine, Phase, Then};
-use super::admission::place_in_crowd;
 use super::sync::Todo;
 
 impl Machine {

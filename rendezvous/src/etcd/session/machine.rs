@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::admission::{Admission, paced};
-use super::turn::Frontier;
 use super::departures::Sayer;
 use super::duty::{Commit, Duty};
 use super::fault::{Fault, FaultKind};
@@ -18,6 +17,7 @@ use super::published::Published;
 use super::registration::Registration;
 use super::serve::Serving;
 use super::sync::Todo;
+use super::turn::Frontier;
 use super::watches::Watches;
 use crate::Counters;
 use crate::etcd::keys::Keys;

@@ -65,8 +65,12 @@ impl Machine {
                 if self.view.round_wanted.is_some() {
                     self.flight.then(Todo::ReadRoster);
                 }
-                self.flight
-                    .then_all([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost, Todo::Admit]);
+                self.flight.then_all([
+                    Todo::RoleCheck,
+                    Todo::Coordinate,
+                    Todo::SayLost,
+                    Todo::Admit,
+                ]);
             }
             Input::WatchEnded => self.resync_after_watching(Resync::Outage),
             // etcd went back: it lost its data between the read and the watch, which would
@@ -194,10 +198,19 @@ impl Machine {
             self.trouble();
         }
         if self.watches.grace_over(now) {
-            self.flight
-                .then_all([Todo::CheckAbsent, Todo::Coordinate, Todo::SayLost, Todo::Admit]);
+            self.flight.then_all([
+                Todo::CheckAbsent,
+                Todo::Coordinate,
+                Todo::SayLost,
+                Todo::Admit,
+            ]);
         }
-        if self.frontier.as_ref().and_then(Frontier::wake).is_some_and(|at| at <= now) {
+        if self
+            .frontier
+            .as_ref()
+            .and_then(Frontier::wake)
+            .is_some_and(|at| at <= now)
+        {
             self.flight.then(Todo::Admit);
         }
         let (campaign, recheck) = self.duty.take_due(now);
@@ -205,8 +218,12 @@ impl Machine {
             self.flight.then(Todo::Campaign);
         }
         if recheck {
-            self.flight
-                .then_all([Todo::RoleCheck, Todo::Coordinate, Todo::SayLost, Todo::Admit]);
+            self.flight.then_all([
+                Todo::RoleCheck,
+                Todo::Coordinate,
+                Todo::SayLost,
+                Todo::Admit,
+            ]);
         }
     }
 

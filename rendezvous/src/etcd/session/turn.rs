@@ -116,6 +116,7 @@ impl Turn {
     }
 
     /// Whether admission key `put` lets it go.
+    #[cfg(any(test, feature = "sim"))]
     pub fn admitted_by(&self, put: u32) -> bool {
         put >= self.key
     }
@@ -346,19 +347,35 @@ mod tests {
     fn the_reach_is_the_registrations_made_and_a_crowd_under_way() {
         let mut f = Frontier::new(10_000, TTL).expect("a crowd");
         let t0 = Instant::now();
-        assert_eq!(f.due(t0, &placed(0), false), Some(20), "1,000 places: key 20");
+        assert_eq!(
+            f.due(t0, &placed(0), false),
+            Some(20),
+            "1,000 places: key 20"
+        );
         assert_eq!(f.due(t0, &placed(500), false), None, "one write in flight");
         f.answered(t0 + ms(20));
         assert_eq!(f.due(t0 + ms(30), &placed(40), false), None, "apart");
-        assert_eq!(f.wake(), Some(t0 + ms(120)), "looked at again when writes may go");
+        assert_eq!(
+            f.wake(),
+            Some(t0 + ms(120)),
+            "looked at again when writes may go"
+        );
         assert_eq!(f.due(t0 + ms(50), &placed(600), false), None, "apart");
         assert_eq!(f.wake(), Some(t0 + ms(120)));
         assert_eq!(f.due(t0 + ms(120), &placed(600), false), Some(32));
         assert_eq!(f.wake(), None);
         f.answered(t0 + ms(150));
-        assert_eq!(f.due(t0 + ms(300), &placed(9_100), false), Some(200), "all in");
+        assert_eq!(
+            f.due(t0 + ms(300), &placed(9_100), false),
+            Some(200),
+            "all in"
+        );
         f.answered(t0 + ms(320));
-        assert_eq!(f.due(t0 + ms(500), &placed(10_000), true), None, "nothing past the last key");
+        assert_eq!(
+            f.due(t0 + ms(500), &placed(10_000), true),
+            None,
+            "nothing past the last key"
+        );
     }
 
     /// Writes answered later than a fifth of the TTL halve the joins under way (down to
@@ -375,7 +392,8 @@ mod tests {
             .enumerate()
         {
             now += ms(200);
-            f.due(now, &placed(1_000 * (i + 1)), false).expect("a key due");
+            f.due(now, &placed(1_000 * (i + 1)), false)
+                .expect("a key due");
             now += ms(latency);
             f.answered(now);
             seen.push(f.allowed());
@@ -431,7 +449,11 @@ mod tests {
         while places.len() < present as usize {
             now += step;
             credit += rate * step.as_secs_f64();
-            while credit >= 1.0 && queue.front().is_some_and(|(sent, _)| *sent + latency <= now) {
+            while credit >= 1.0
+                && queue
+                    .front()
+                    .is_some_and(|(sent, _)| *sent + latency <= now)
+            {
                 let (_, i) = queue.pop_front().expect("checked");
                 credit -= 1.0;
                 places.push(place(i));
@@ -474,7 +496,10 @@ mod tests {
         let (took, most) = model(5_000, 10_000, 2_500.0);
         eprintln!("half: {took:.2} s, {most} under way");
         let ttl = TTL.as_secs_f64();
-        assert!(took < ttl + 5_000.0 / 2_500.0 * 2.0, "formed in {took:.2} s");
+        assert!(
+            took < ttl + 5_000.0 / 2_500.0 * 2.0,
+            "formed in {took:.2} s"
+        );
         assert!(most < 1_300, "{most} under way");
         let (took, _) = model(2_000, 10_000, 2_500.0);
         assert!(took < ttl * 2.0, "a fifth: formed in {took:.2} s");
