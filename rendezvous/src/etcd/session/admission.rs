@@ -17,15 +17,16 @@
 //! drains at, each node's lease kept alive meanwhile (its keep-alive stream is opened
 //! right after the grant, before its first sync: `sync.rs`).
 //!
-//! Before that, in a run of more than [`CROWD`] nodes, a node waits its [`Turn`]: it
-//! goes once the crowd made the registrations before its place, as etcd's revision
-//! counts them, so the crowd comes to etcd as fast as etcd completes joins, whatever
-//! etcd it is; then the [`Gate`] holds it while etcd's apply loop is behind.
+//! Before that, in a run of more than [`CROWD`] nodes, a node waits its
+//! [`Turn`](super::Turn) until the coordinator lets the crowd that far (`turn.rs`), so the
+//! crowd comes to etcd as fast as etcd completes joins, whatever etcd it is; a node whose
+//! turn came at its place in the spread instead (no coordinator yet) goes through the
+//! [`Gate`], which holds it while etcd's apply loop is behind.
 //!
 //! Pure: [`Admission::answered`], [`Admission::refused`], [`Admission::kept_alive`] and
 //! [`Admission::lease_lost`] take what happened and say when the next paced request may
-//! go; the machine holds requests until then. [`Turn::looked`] and [`Gate::looked`] do
-//! the same for the handle's join before the grant (`handle.rs`) and the simulator's.
+//! go; the machine holds requests until then. [`Gate::looked`] does the same for the
+//! handle's join before the grant (`handle.rs`) and the simulator's.
 
 use std::time::{Duration, Instant};
 
@@ -68,8 +69,9 @@ const NONE_BELOW: Duration = Duration::from_millis(10);
 pub const CROWD: u32 = 1_000;
 
 /// The fixed spread's mean rate, per second (the rate falls over the spread, [`TAPER`]):
-/// a crowd's node goes at its place in it at the latest, whatever its [`Turn`] says, and
-/// the turn's looks are paced from it. Once it was the pace itself. Each join is two
+/// a crowd's node goes at its place in it (slowed three times since turns are pushed) at
+/// the latest, whatever its [`Turn`](super::Turn) says, and the turn's first look is
+/// paced from it. Once it was the pace itself. Each join is two
 /// proposals (the grant, the registration), and one etcd 3.4 on two cores applied
 /// 2,300–2,600 proposals a second beside a crowd's keep-alives, reads and watches: at
 /// 2,000 joins a second its apply loop fell behind within 2 s (1,800 proposals pending,
@@ -96,7 +98,7 @@ pub const TAPER: f64 = 0.3;
 const _: () = assert!(TAPER >= 0.0 && TAPER < 1.0);
 
 /// Node `node_id`'s place in the fixed spread of a run of at most `max_nodes`, the
-/// latest its turn comes ([`Turn`]): none in a run of up to `crowd` nodes; in a larger
+/// latest its turn came before turns were pushed ([`Turn`](super::Turn)): none in a run of up to `crowd` nodes; in a larger
 /// one a draw from the node id, spread over `max_nodes / per_second` seconds at a rate
 /// that falls from the first second to the last ([`TAPER`]), so that 10,000 nodes
 /// started together arrive at etcd over 10 s at most, not in one instant (when they did,

@@ -176,7 +176,9 @@ impl Frontier {
         Self::scaled(max_nodes, ttl, CROWD)
     }
 
-    /// [`Frontier::new`] with the crowd (and window) given (the simulator's scale).
+    /// The reach of a run of at most `max_nodes` with lease TTL `ttl` whose first `crowd`
+    /// nodes go at once (the agent's [`CROWD`], the simulator's scaled down): none unless
+    /// a crowd.
     pub fn scaled(max_nodes: u32, ttl: Duration, crowd: u32) -> Option<Self> {
         a_crowd(max_nodes, crowd).then(|| Self {
             max_nodes,
