@@ -488,6 +488,82 @@ async fn a_run_whose_whole_read_passes_4_mib_still_forms() {
     assert!(report.expect("the run's keys read").is_some());
 }
 
+/// A node id whose place in a crowd of 10,000 is between `from` and `to` (of 1): such a
+/// node waits its turn, looks first at `(place - 1,000) / 4,000` seconds and goes on its
+/// own only at its place in the slowed spread (about 3 s a thousand places).
+fn placed_between(from: f64, to: f64, not: &str) -> String {
+    (0..)
+        .map(|i| format!("crowd-{i}"))
+        .find(|id| {
+            let p = fsdp_rendezvous::etcd::place_in_crowd(id);
+            p > from && p < to && id != not
+        })
+        .expect("a node id")
+}
+
+/// A crowd's node waits for the coordinator's word, not for its place in the spread: a
+/// node of a run of 10,000 whose place comes after 18 s joins within a second or two of
+/// the put of an admission key at or past its own, made while it watches; one that
+/// looks after the put goes at its first look. Neither goes through the gate.
+#[tokio::test]
+async fn a_crowd_node_goes_when_the_coordinator_lets_the_crowd_that_far() {
+    let etcd = Etcd::start();
+    let keys = Keys::new("/fsdp", "crowd").unwrap();
+    let started = Instant::now();
+    let mut cfg = config(&etcd, "crowd", 1, 10_000);
+    cfg.node_id = placed_between(0.62, 0.65, "");
+    let watching = tokio::spawn(EtcdRendezvous::connect(cfg));
+    // Past its first look (about 1.3 s): it reads, finds nothing and watches.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!watching.is_finished(), "joined before its turn");
+    let mut c = connect(&config(&etcd, "crowd", 1, 10_000).options)
+        .await
+        .unwrap();
+    c.put(keys.admission(200), "", None).await.unwrap();
+    let put = Instant::now();
+    let node = within(Duration::from_secs(10), "the join", watching)
+        .await
+        .unwrap()
+        .expect("join");
+    let joined = put.elapsed();
+    assert!(joined < Duration::from_secs(3), "{joined:?} after the put");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let counters = node.counters();
+    assert_eq!(
+        counters
+            .turn_pushed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        counters.gated_ns.load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    // The key is there before this one's first look: it goes then.
+    let mut cfg = config(&etcd, "crowd", 1, 10_000);
+    cfg.node_id = placed_between(0.62, 0.65, &node.node_id().to_owned());
+    let started = Instant::now();
+    let other = within(
+        Duration::from_secs(10),
+        "the second join",
+        EtcdRendezvous::connect(cfg),
+    )
+    .await
+    .expect("join");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let counters = other.counters();
+    assert_eq!(
+        counters
+            .turn_pushed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
 #[tokio::test]
 async fn garbage_in_a_rendezvous_key_is_a_clear_error() {
     let etcd = Etcd::start();
