@@ -14,8 +14,11 @@
 //! slowest node's were held by their pace (admission, after a slow answer or a refusal);
 //! `gated_max_s` and `gated_nodes` the longest a node was held at the gate before its
 //! grant (etcd behind) and how many were held there at all; `turn_looks_per_node` and
-//! `turn_max_s` the looks a node made waiting its turn in the crowd (`admission::Turn`)
-//! and the longest a node waited after its first look.
+//! `turn_max_s` the looks a node made waiting its turn in the crowd (`session::Turn`: a
+//! read of the admission keys and a watch of them) and the longest a node waited after
+//! its first look; `pushed_nodes` how many turns came by the coordinator's word rather
+//! than at their place in the spread, and `admission_keys` the keys the coordinator
+//! wrote for it (apart from `etcd_writes`, the nodes' own).
 //! The seal's moments, as a watch of the run on a connection of the bench's own sees
 //! them: `last_joined_s` (the last node's join returned), `registered_s` (the last
 //! registration's event before the header), `shards_s=FIRST..LAST` (a placed round's
