@@ -543,7 +543,7 @@ async fn a_crowd_node_goes_when_the_coordinator_lets_the_crowd_that_far() {
     );
     // The key is there before this one's first look: it goes then.
     let mut cfg = config(&etcd, "crowd", 1, 10_000);
-    cfg.node_id = placed_between(0.62, 0.65, &node.node_id().to_owned());
+    cfg.node_id = placed_between(0.62, 0.65, node.node_id());
     let started = Instant::now();
     let other = within(
         Duration::from_secs(10),
