@@ -90,9 +90,7 @@ const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// Waits out this node's turn ([`session::Turn`]): reads the admission keys from its own
 /// to the last and, if none is there, watches them until one is put (the coordinator
 /// let the crowd this far) or its latest moment comes. Whether its turn came by the
-/// coordinator's reach: a node that went at its latest, or was let in because the run
-/// had formed ([`session::FORMED`]), goes through the gate; one pushed by the reach does
-/// not.
+/// push: a node that went at its latest goes through the gate, one pushed does not.
 async fn await_turn(
     client: &Client,
     keys: &Keys,
@@ -108,7 +106,7 @@ async fn await_turn(
         };
         looks += 1;
         match tokio::time::timeout(limit, admitted(client, &from, &to)).await {
-            Ok(Ok(by_reach)) => break by_reach,
+            Ok(Ok(())) => break true,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "could not look for this node's turn; looking again");
                 tokio::time::sleep(LOOK_AGAIN.min(limit)).await;
@@ -127,21 +125,18 @@ async fn await_turn(
 
 /// Returns once an admission key in `[from, to)` is there: read (serializable: no wait
 /// for the apply loop; a stale answer only starts the watch earlier), then watched from
-/// the revision after the read; whether it was a reach's (not the run's formation's,
-/// [`session::FORMED`]). An error when etcd fails or the watch ends.
-async fn admitted(client: &Client, from: &str, to: &str) -> Result<bool, etcd_client::Error> {
+/// the revision after the read. An error when etcd fails or the watch ends.
+async fn admitted(client: &Client, from: &str, to: &str) -> Result<(), etcd_client::Error> {
     use etcd_client::{EventType, WatchOptions};
-    let by_reach = |kv: &etcd_client::KeyValue| kv.value() != session::FORMED;
     let mut c = client.clone();
-    // The lowest key from this node's on: a reach's if any is there (the formation's is
-    // the last key, and is written only if no reach's was).
     let opts = GetOptions::new()
         .with_range(to)
         .with_serializable()
+        .with_keys_only()
         .with_limit(1);
     let read = c.get(from, Some(opts)).await?;
-    if let Some(kv) = read.kvs().first() {
-        return Ok(by_reach(kv));
+    if !read.kvs().is_empty() {
+        return Ok(());
     }
     let revision = read.header().map_or(0, |h| h.revision());
     let opts = WatchOptions::new()
@@ -149,13 +144,12 @@ async fn admitted(client: &Client, from: &str, to: &str) -> Result<bool, etcd_cl
         .with_start_revision(revision + 1);
     let mut events = c.watch(from, Some(opts)).await?;
     while let Some(batch) = events.message().await? {
-        let put = batch
+        if batch
             .events()
             .iter()
-            .filter(|e| e.event_type() == EventType::Put)
-            .find_map(etcd_client::Event::kv);
-        if let Some(kv) = put {
-            return Ok(by_reach(kv));
+            .any(|e| e.event_type() == EventType::Put)
+        {
+            return Ok(());
         }
         if batch.canceled() {
             break;
@@ -363,7 +357,7 @@ impl EtcdRendezvous {
             Some(turn) => await_turn(&client, &keys, turn, &counters).await,
             None => false,
         };
-        // From the turn's end: at 20,000 nodes a turn may take a minute.
+        // From the turn's end: at 20,000 nodes a turn may take 20 s.
         let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
         let left = || deadline.saturating_duration_since(Instant::now());
         let read = through_gate(&mut client, &keys, &cfg, !pushed, deadline, &counters).await?;

@@ -259,9 +259,8 @@ impl World {
     }
 
     /// Whether agent `a`'s process waits before its grant, as the handle's does: its
-    /// turn, once per process (its first look, then until the coordinator's admission
-    /// key lets it in, or its latest moment), then the gate unless a reach let it in; its
-    /// start comes again when it may go on.
+    /// turn, once per process (its first look, then looks until the crowd made the
+    /// registrations before it), then the gate; its start comes again when it may go on.
     /// (Unlike the handle's, the gate has no deadline here, and a start the schedule
     /// plans meanwhile looks again at once: the gate is on in crowd runs only, which plan
     /// no other faults.)
@@ -297,23 +296,18 @@ impl World {
             let admissions = Op::Range {
                 key: self.keys.admissions(),
                 prefix: true,
-                keys_only: false,
+                keys_only: true,
                 serializable: true,
             };
             let prefix = self.keys.admissions();
-            // The lowest key from its own on, as the handle reads it (keys sort as their
-            // numbers): let in by a reach, by the run's formation (then the gate), or not yet.
-            let lowest = match self.etcd.execute(&admissions, now) {
-                Ok(Answer::Range { kvs, .. }) => kvs.into_iter().find(|kv| {
+            pushed = match self.etcd.execute(&admissions, now) {
+                Ok(Answer::Range { kvs, .. }) => kvs.iter().any(|kv| {
                     let n = kv.key.strip_prefix(&prefix).and_then(|n| n.parse().ok());
                     n.is_some_and(|n| turn.admitted_by(n))
                 }),
-                _ => None,
+                _ => false,
             };
-            pushed = lowest
-                .as_ref()
-                .is_some_and(|kv| kv.value != crate::etcd::session::FORMED);
-            if lowest.is_none() && now < turn.latest() {
+            if !pushed && now < turn.latest() {
                 let wait = turn
                     .latest()
                     .saturating_duration_since(now)
@@ -322,11 +316,7 @@ impl World {
                 self.agents[a].turn = Some(turn);
                 return true;
             }
-            let how = match (pushed, lowest.is_some()) {
-                (true, _) => "pushed",
-                (false, true) => "the run formed",
-                (false, false) => "at its latest",
-            };
+            let how = if pushed { "pushed" } else { "at its latest" };
             self.note(|| format!("n{a}'s turn came ({how})"));
         }
         // The handle's gate ([`crate::etcd::session::Gate`]): its nesting read, linearizable

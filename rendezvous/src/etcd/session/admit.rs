@@ -12,7 +12,6 @@ use super::fault::Fault;
 use super::io::{Op, Role, Write};
 use super::machine::{Machine, Phase, Then};
 use super::sync::Todo;
-use super::turn::FORMED;
 
 impl Machine {
     /// As coordinator of a crowd, watching the whole run: the next admission key, if one
@@ -22,14 +21,12 @@ impl Machine {
         let coordinating =
             watching && self.role() == Role::Coordinator && !self.watches.control_only();
         let (now, formed) = (self.now, self.view.round.is_some());
-        let lease = self.lease.id();
         let Some(frontier) = self.frontier.as_mut() else {
             return;
         };
         if !coordinating {
             return frontier.idle();
         }
-        frontier.on_lease(lease);
         if !frontier.ready(now) {
             return;
         }
@@ -44,14 +41,10 @@ impl Machine {
         let Some(key) = frontier.due(now, &places, formed) else {
             return;
         };
+        let made = places.len();
         let op = Op::Put(Write::Put {
             key: self.cfg.keys.admission(key),
-            // The registrations counted (information), or that the run formed.
-            value: if formed {
-                FORMED.to_vec()
-            } else {
-                places.len().to_string().into_bytes()
-            },
+            value: made.to_string().into_bytes(),
             lease: self.lease.id(),
         });
         self.issue(Then::Todo(Todo::Admit), op);

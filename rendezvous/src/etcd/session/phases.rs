@@ -246,12 +246,10 @@ impl Machine {
         // still learn in time that its lease stands: a quarter TTL ahead, every late
         // keep-alive of a crowd on a busy etcd asked, 12,863 times a TTL by 27 s into a
         // formation of 10,000 on etcd 3.4 (one more request each while etcd was behind).
-        // (A tenth of a TTL ahead all the same: asked at the very moment the lease falls
-        // in doubt, a round that came then waited for the answer on a busy etcd.)
         let ahead = if self.admission.formation_over() {
             ttl / 4
         } else {
-            ttl / 10
+            Duration::ZERO
         };
         safe_until?.checked_sub(self.cfg.fence_margin + ahead)
     }

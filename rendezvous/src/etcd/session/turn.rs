@@ -18,7 +18,8 @@
 //! A node whose turn came by the push goes straight to its grant (the coordinator's
 //! writes already said etcd keeps up); one whose place in the spread came first, the
 //! coordinator away or slow, goes through the [`super::Gate`] as before. A crowd smaller
-//! than its maximum is counted by the places of its registrations ([`Frontier`]).
+//! than its maximum makes fewer registrations than the reach counts on, so it goes
+//! about as fast as the fixed spread, no slower.
 //!
 //! Pure: [`Turn`] says which key a node waits for and until when; [`Frontier::due`],
 //! [`Frontier::answered`] and [`Frontier::failed`] say what the coordinator publishes
@@ -136,21 +137,13 @@ const AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// apply loop behind, the loop keep-alives wait on); grown back by a quarter of [`CROWD`]
 /// at each prompt one; held between the two. (Halved only past a fifth of the TTL, 4,000
 /// nodes with a TTL of 3 s on etcd 3.4 went faster to the seal and collapsed there in
-/// three runs of four: the crowd left etcd no room for the seal's own load.)
-///
-/// A crowd smaller than the run's maximum has fewer nodes than places: the registrations
-/// made among the places let go a TTL ago or more say how many a place holds (each
-/// node's place is a draw from its id, which the coordinator sees), and while etcd keeps
-/// up (the whole crowd allowed under way) the reach is widened by as much, at most two
-/// crowds past the last one written, so that such a crowd goes at etcd's pace too, not at
-/// its places' in the fixed spread. While etcd is behind, places let go and not yet
-/// registered may be nodes still on their way, not empty ones: no widening then, or the
-/// slower etcd got, the more would be let in.
-///
-/// Once the run has had a round every place is in ([`FORMED`]): nodes that come later (a
-/// node replaced, a crowd's stragglers after an early seal) do not wait for a reach, and
-/// go through the gate. The keys live on the coordinator's lease: a new lease (or a new
-/// coordinator) writes them again from the start.
+/// three runs of four: the crowd left etcd no room for the seal's own load.) A crowd smaller than the run's maximum has fewer nodes than
+/// places: the registrations made among the places let go a TTL ago or more say how
+/// many a place holds (each node's place is a draw from its id, which the coordinator
+/// sees), and the reach is widened by as much, so that such a crowd goes at etcd's pace
+/// too, not at its places' in the fixed spread. Once the run has had a round every
+/// place is in: nodes that come later (a node replaced, the crowd's stragglers) do not
+/// wait.
 #[derive(Debug)]
 pub struct Frontier {
     max_nodes: u32,
@@ -168,8 +161,6 @@ pub struct Frontier {
     published: u32,
     /// The key in flight and when it was sent.
     in_flight: Option<(u32, Instant)>,
-    /// The lease the keys written so far live on.
-    lease: i64,
     /// No write before this.
     not_before: Option<Instant>,
     /// When to look again: a key was due while the writes had to stay apart.
@@ -179,14 +170,6 @@ pub struct Frontier {
 /// The fewest nodes a place is taken to hold: a crowd of a tenth of its maximum or less
 /// goes at the pace of one of a tenth.
 const FEWEST_A_PLACE: f64 = 0.1;
-
-/// The value of the last admission key when it is written because the run had a round:
-/// the nodes it lets in were let in by no reach, and go through the gate.
-pub const FORMED: &[u8] = b"formed";
-
-/// A write unanswered this many TTLs is taken as failed (an answer the machine dropped
-/// with its retry at an outage would otherwise stop the reach for good).
-const GIVEN_UP_AFTER: u32 = 2;
 
 impl Frontier {
     /// The reach of a run of at most `max_nodes` with lease TTL `ttl`: none unless a crowd.
@@ -211,7 +194,6 @@ impl Frontier {
             reached: VecDeque::new(),
             published: 0,
             in_flight: None,
-            lease: 0,
             not_before: None,
             wake: None,
         })
@@ -221,13 +203,6 @@ impl Frontier {
     /// not all written): the registrations' places are needed only then.
     pub fn ready(&mut self, now: Instant) -> bool {
         self.wake = None;
-        let stale = self.settled * GIVEN_UP_AFTER;
-        if self
-            .in_flight
-            .is_some_and(|(_, sent)| now.saturating_duration_since(sent) > stale)
-        {
-            self.failed(now);
-        }
         if self.in_flight.is_some() || self.published >= self.last_key {
             return false;
         }
@@ -248,14 +223,7 @@ impl Frontier {
         let reach = if formed {
             f64::INFINITY
         } else {
-            let counted = places.len() as f64 + f64::from(self.allowed);
-            if self.allowed == self.window {
-                let last = self.reached.back().map_or(0.0, |(_, r)| *r);
-                let widest = last.max(counted) + 2.0 * f64::from(self.window);
-                (counted / self.a_place_holds(now, places)).min(widest)
-            } else {
-                counted
-            }
+            (places.len() as f64 + f64::from(self.allowed)) / self.a_place_holds(now, places)
         };
         let key = if reach >= f64::from(self.max_nodes) {
             self.last_key
@@ -296,7 +264,7 @@ impl Frontier {
         self.published = self.published.max(key);
         let latency = now.saturating_duration_since(sent);
         if latency > self.late {
-            self.halve();
+            self.allowed = (self.allowed / 2).max(self.per_key);
         } else if latency <= self.prompt {
             self.allowed = (self.allowed + self.window / 4).min(self.window);
         }
@@ -310,26 +278,7 @@ impl Frontier {
     /// leases, thousands of times). The joins under way halve, as after a late write.
     pub fn kept_alive(&mut self, sent: Instant, now: Instant) {
         if now.saturating_duration_since(sent) > self.late {
-            self.halve();
-        }
-    }
-
-    /// The joins under way halve, down to one key's slice (or the whole window, if a key
-    /// stands for more: runs of more than 200 crowds).
-    fn halve(&mut self) {
-        self.allowed = (self.allowed / 2).max(self.per_key.min(self.window));
-    }
-
-    /// The keys are written on `lease` now: on another than before (this node's lease
-    /// was granted again, or it became the coordinator with keys it never wrote), those
-    /// written went with the old one, and they are written again from the start.
-    pub fn on_lease(&mut self, lease: i64) {
-        if lease != self.lease {
-            self.lease = lease;
-            self.published = 0;
-            self.in_flight = None;
-            self.reached.clear();
-            self.not_before = None;
+            self.allowed = (self.allowed / 2).max(self.per_key);
         }
     }
 
@@ -337,9 +286,8 @@ impl Frontier {
     /// more in.
     pub fn failed(&mut self, now: Instant) {
         self.in_flight = None;
-        self.halve();
+        self.allowed = (self.allowed / 2).max(self.per_key);
         self.not_before = Some(now + AFTER_FAILURE);
-        self.wake = self.not_before;
     }
 
     /// Not coordinating now: nothing to look again for.
@@ -347,8 +295,7 @@ impl Frontier {
         self.wake = None;
     }
 
-    /// When the machine should look again, if a key waits for its writes to be apart (or
-    /// for the second after a failed one).
+    /// When the machine should look again, if a key waits for its writes to be apart.
     pub fn wake(&self) -> Option<Instant> {
         self.wake
     }
