@@ -502,7 +502,7 @@ fn placed_between(from: f64, to: f64, not: &str) -> String {
 }
 
 /// A crowd's node waits for the coordinator's word, not for its place in the spread: a
-/// node of a run of 10,000 whose place comes after 18 s joins within a second or two of
+/// node of a run of 10,000 whose place comes at about 17 s joins within a second or two of
 /// the put of an admission key at or past its own, made while it watches; one that
 /// looks after the put goes at its first look. Neither goes through the gate.
 #[tokio::test]

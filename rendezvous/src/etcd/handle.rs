@@ -160,8 +160,8 @@ async fn admitted(client: &Client, from: &str, to: &str) -> Result<(), etcd_clie
 }
 
 /// The nesting check, which in a crowd is also the gate before the grant
-/// ([`session::Gate`]) unless the node's turn was pushed (`gate`): read linearizably there, and again after a drawn pause for as
-/// long as etcd answers it slowly (its apply loop behind), for at most half of what is
+/// ([`session::Gate`]) unless the node's turn was pushed (`gate`): read linearizably
+/// there, and again after a drawn pause for as long as etcd answers it slowly (its apply loop behind), for at most half of what is
 /// left until `deadline` (the join's): the grant and the first sync need the rest, and a
 /// node held that long joins and lets the pace after its grant hold it. A look still
 /// unanswered then is given up, and the check made as outside a crowd.
@@ -357,7 +357,7 @@ impl EtcdRendezvous {
             Some(turn) => await_turn(&client, &keys, turn, &counters).await,
             None => false,
         };
-        // From the turn's end: at 20,000 nodes a turn may take 20 s.
+        // From the turn's end: at 20,000 nodes a turn may take a minute.
         let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
         let left = || deadline.saturating_duration_since(Instant::now());
         let read = through_gate(&mut client, &keys, &cfg, !pushed, deadline, &counters).await?;

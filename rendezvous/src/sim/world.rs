@@ -259,8 +259,9 @@ impl World {
     }
 
     /// Whether agent `a`'s process waits before its grant, as the handle's does: its
-    /// turn, once per process (its first look, then looks until the crowd made the
-    /// registrations before it), then the gate; its start comes again when it may go on.
+    /// turn, once per process (its first look, then until the coordinator's admission
+    /// key lets it in, or its latest moment), then the gate unless the key let it in; its
+    /// start comes again when it may go on.
     /// (Unlike the handle's, the gate has no deadline here, and a start the schedule
     /// plans meanwhile looks again at once: the gate is on in crowd runs only, which plan
     /// no other faults.)

@@ -139,9 +139,9 @@ fn unit(x: u64) -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The gate before a crowd's grant. A node's turn says the registrations before it were
-/// made, not whether etcd can take one more now (and a turn that came at its place in
-/// the fixed spread, [`JOINS_PER_SECOND`], says less): etcd's
+/// The gate before a crowd's grant, for the nodes no reach of the coordinator let in (the
+/// crowd's first places, which go at once, and turns that came at their place in the
+/// spread, [`JOINS_PER_SECOND`]): nothing said etcd can take one more now, and etcd's
 /// room for joins shrinks as the nodes already in renew their leases (every third of a
 /// TTL: 12,000 renewals a second at 20,000 nodes). There etcd's apply loop fell behind
 /// 4–8 s into the spread (1,300–3,300 proposals pending, where 10,000 nodes stayed under

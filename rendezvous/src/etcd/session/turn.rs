@@ -18,8 +18,7 @@
 //! A node whose turn came by the push goes straight to its grant (the coordinator's
 //! writes already said etcd keeps up); one whose place in the spread came first, the
 //! coordinator away or slow, goes through the [`super::Gate`] as before. A crowd smaller
-//! than its maximum makes fewer registrations than the reach counts on, so it goes
-//! about as fast as the fixed spread, no slower.
+//! than its maximum is counted by the places of its registrations ([`Frontier`]).
 //!
 //! Pure: [`Turn`] says which key a node waits for and until when; [`Frontier::due`],
 //! [`Frontier::answered`] and [`Frontier::failed`] say what the coordinator publishes
@@ -137,11 +136,13 @@ const AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// apply loop behind, the loop keep-alives wait on); grown back by a quarter of [`CROWD`]
 /// at each prompt one; held between the two. (Halved only past a fifth of the TTL, 4,000
 /// nodes with a TTL of 3 s on etcd 3.4 went faster to the seal and collapsed there in
-/// three runs of four: the crowd left etcd no room for the seal's own load.) A crowd smaller than the run's maximum has fewer nodes than
-/// places: the registrations made among the places let go a TTL ago or more say how
-/// many a place holds (each node's place is a draw from its id, which the coordinator
-/// sees), and the reach is widened by as much, so that such a crowd goes at etcd's pace
-/// too, not at its places' in the fixed spread. Once the run has had a round every
+/// three runs of four: the crowd left etcd no room for the seal's own load.)
+///
+/// A crowd smaller than the run's maximum has fewer nodes than places: the registrations
+/// made among the places let go a TTL ago or more say how many a place holds (each
+/// node's place is a draw from its id, which the coordinator sees), and the reach is
+/// widened by as much, so that such a crowd goes at etcd's pace too, not at its places'
+/// in the fixed spread. Once the run has had a round every
 /// place is in: nodes that come later (a node replaced, the crowd's stragglers) do not
 /// wait.
 #[derive(Debug)]

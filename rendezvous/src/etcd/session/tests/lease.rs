@@ -260,7 +260,7 @@ fn a_forming_node_asks_etcd_at_the_margin_but_looks_for_no_proof_until_it_runs_a
     h.answer(Answer::Done);
     h.fire();
     h.answer(Answer::Done);
-    // Safe until t0 + 6 s: not asked a quarter TTL and a margin before (4.5 s)...
+    // Safe until t0 + 6 s: not asked a quarter TTL and a margin before (3.5 s)...
     let e = h.fire();
     assert_eq!((the_op(&e), h.now), (Op::KeepAlive, h.t0 + 2 * TTL / 3));
     h.answer(Answer::Done);
