@@ -62,7 +62,7 @@ env -u ETCD_BIN -u ETCD_PORTS "$etcd_bin" --data-dir "$dir/data" \
     --listen-client-urls "$client" --advertise-client-urls "$client" \
     --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
     --initial-cluster "default=$peer" --listen-metrics-urls "$metrics" \
-    --log-level error --quota-backend-bytes 8589934592 >"$dir/etcd.log" 2>&1 &
+    --log-level error --quota-backend-bytes 8589934592 ${PPROF:+--enable-pprof} >"$dir/etcd.log" 2>&1 &
 etcd_pid=$!
 echo "etcd_pid=$etcd_pid"
 # Until our etcd answers: one that exited (a port taken) must not let another process
@@ -107,6 +107,7 @@ touch "$dir/sampling"
             "granted=$(metric etcd_debugging_lease_granted_total)" \
             "revoked=$(metric etcd_debugging_lease_revoked_total)" \
             "keys=$(metric etcd_debugging_mvcc_keys_total) etcd_cpu_ticks=$(cpu_of "$etcd_pid")" \
+            "bench_cpu_ticks=$(cpu_of "$(cat "$dir/bench.pid" 2>/dev/null)")" \
             "$(served)"
         # A second, in tenths: the stop is seen within one.
         for _ in 1 2 3 4 5 6 7 8 9 10; do [ -e "$dir/sampling" ] && sleep 0.1; done
@@ -121,6 +122,11 @@ cpu0=$(cpu_of "$etcd_pid")
 # --foreground: in this script's process group, which a caller may kill whole.
 timeout --foreground -k 10 "${BENCH_TIMEOUT:-120}" "$bench" --endpoint "$client" "$@" &
 bench_pid=$!
+# The bench itself, under timeout: the sampler reads its CPU too.
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+    pgrep -P "$bench_pid" >"$dir/bench.pid" && break
+    sleep 0.05
+done
 wait "$bench_pid"
 rc=$?
 bench_pid=

@@ -18,6 +18,9 @@ pub(super) struct Outage {
     /// prober prove that it has no leader.
     single_member: bool,
     probing: bool,
+    /// etcd said the lease stands since the look began: it has a leader, and the look
+    /// for proof that it has none is moot until the trouble is over.
+    spoke_for_lease: bool,
     /// The connection's member failed (or its requests went unanswered): pin another,
     /// or a fresh connection, at the next sync.
     reselect: bool,
@@ -70,7 +73,22 @@ impl Outage {
 
     /// Whether the prober is to look; returns whether that changed.
     pub(super) fn probe(&mut self, on: bool) -> bool {
-        std::mem::replace(&mut self.probing, on) != on
+        let changed = std::mem::replace(&mut self.probing, on) != on;
+        if changed {
+            self.spoke_for_lease = false;
+        }
+        changed
+    }
+
+    /// etcd said the lease stands while this session looked: whether that is news (the
+    /// prober, if it runs, is to stop).
+    pub(super) fn lease_spoken_for(&mut self) -> bool {
+        self.probing && !std::mem::replace(&mut self.spoke_for_lease, true)
+    }
+
+    /// Whether the prober should run: looking, and etcd has not spoken for the lease.
+    pub(super) fn looks(&self) -> bool {
+        self.probing && !self.spoke_for_lease
     }
 
     /// Whether the next sync pins another member (or a fresh connection) first.

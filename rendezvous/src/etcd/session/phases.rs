@@ -275,6 +275,19 @@ impl Machine {
         }
     }
 
+    /// etcd answered that the lease stands, so it has a leader (a one-member etcd
+    /// answers for its leases only as one): a running look stops, and the session stays
+    /// in trouble, so that a late keep-alive is asked about once, until one is answered.
+    /// Each look is two fresh connections: at the seal of 10,000 nodes on etcd 3.5, the
+    /// members whose renewals were late looked every quarter TTL until a keep-alive came
+    /// back, thousands of connections a second to an etcd already behind, whose renewals
+    /// then fell to a third and whose leases expired.
+    pub(super) fn lease_spoken_for(&mut self) {
+        if self.outage.lease_spoken_for() && self.admission.formation_over() {
+            self.flight.emit(Effect::Probe(false));
+        }
+    }
+
     /// Leaves [`Phase::Watching`] without an error (the backoff starts over).
     pub(super) fn resync_after_watching(&mut self, why: Resync) {
         self.outage.left_cleanly();

@@ -119,8 +119,9 @@ impl Machine {
                 // from ever draining (no round in 150 s; 53,000 reads "took too long").
                 let first = !self.admission.formation_over();
                 self.admission.ran_a_round();
-                if first && self.outage.probing() {
-                    // The look held back while forming starts now that workers run.
+                if first && self.outage.looks() {
+                    // The look held back while forming starts now that workers run,
+                    // unless etcd said since that the lease stands.
                     self.flight.emit(Effect::Probe(true));
                 }
                 return self.served(id, false, Ok(()));

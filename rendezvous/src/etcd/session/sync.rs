@@ -302,7 +302,10 @@ impl Machine {
             (Todo::Read, Answer::Range { revision, kvs }) => self.on_read(revision, &kvs),
             (Todo::CountMembers, Answer::MemberCount(n)) => self.outage.members(n),
             (Todo::CheckLease, Answer::TimeToLive { ttl }) => self.ensure_registered(ttl),
-            (Todo::AskLease, Answer::TimeToLive { ttl }) if ttl > 0 => self.lease_left(ttl),
+            (Todo::AskLease, Answer::TimeToLive { ttl }) if ttl > 0 => {
+                self.lease_left(ttl);
+                self.lease_spoken_for();
+            }
             // Less than a second left: nothing to move the clock by; the keep-alives go on.
             (Todo::AskLease, Answer::TimeToLive { ttl: 0 }) => {}
             (Todo::AskLease, Answer::TimeToLive { .. }) => self.lease_expired(),
