@@ -156,6 +156,8 @@ pub struct Machine {
     /// The run's control keys as the handle read them before the grant, for the first
     /// sync ([`Machine::with_first_read`]).
     pub(super) first_read: Option<super::FirstRead>,
+    /// When this crowd member reads its shard of the first placed round (`shard_read.rs`).
+    pub(super) shard_read_at: Option<Instant>,
 }
 
 impl Machine {
@@ -186,6 +188,7 @@ impl Machine {
             counters,
             writes,
             first_read: None,
+            shard_read_at: None,
         }
     }
 
@@ -393,6 +396,7 @@ impl Machine {
         match self.phase {
             Phase::Watching { .. } => [
                 self.lease.keep_alive_due(),
+                self.shard_read_at,
                 self.duty.next_timer(),
                 self.frontier.as_ref().and_then(Frontier::wake),
                 self.watches.grace_until(),

@@ -64,6 +64,7 @@ mod rebuild;
 mod records;
 mod registration;
 mod serve;
+pub(super) mod shard_read;
 mod state;
 mod sync;
 #[cfg(test)]

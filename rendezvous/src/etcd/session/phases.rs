@@ -63,7 +63,7 @@ impl Machine {
                     self.campaign_in_turn();
                 }
                 if self.view.round_wanted.is_some() {
-                    self.flight.then(Todo::ReadRoster);
+                    self.read_shard_in_turn();
                 }
                 self.flight.then_all([
                     Todo::RoleCheck,
@@ -173,6 +173,10 @@ impl Machine {
             return;
         };
         let now = self.now;
+        if self.shard_read_at.is_some_and(|at| at <= now) {
+            self.shard_read_at = None;
+            self.flight.then(Todo::ReadRoster);
+        }
         if self.lease.keep_alive_due().is_some_and(|at| at <= now) {
             // A command replaced the lease: keep the new one alive.
             if self.lease.id() != lease {
@@ -317,6 +321,8 @@ impl Machine {
             Resync::Outage => Some(self.now + self.cfg.ttl + Duration::from_secs(1)),
         };
         self.watches.begin(grace_until);
+        // The sync reads the round anew.
+        self.shard_read_at = None;
         self.duty.stand_down();
         let mut plan = Todo::sync(why, self.outage.reselect(), self.me.abandoning());
         if why == Resync::First && self.admission.active() {

@@ -96,6 +96,46 @@ fn a_member_reads_its_own_shard_and_runs_at_its_placed_ranks() {
 /// A member that holds its copy of round 2 makes its copy of round 3, sealed without b,
 /// from the header's moves alone: no read, its ranks shifted past b's. A member the header
 /// moves from another seal reads its shard.
+/// A crowd's first placed round: its members read their shards at moments drawn within
+/// the spread, not all when the header comes (at 10,000 nodes on two cores, 10,000 reads
+/// in two or three seconds left renewals late, and leases expired at the seal).
+#[test]
+fn a_crowd_member_reads_its_shard_of_the_first_round_at_its_moment_in_the_spread() {
+    let (mut h, _) = Harness::with(|c| {
+        c.crowd = true;
+        c.seal.max_nodes = 10_000;
+    })
+    .first_sync(&[]);
+    let (_, header, shards) = placed_round_two();
+    let e = h.step(Input::Watched(vec![WatchEvent::Put(round_kv(&header, 12))]));
+    no_op(&e);
+    let delay = crate::etcd::session::shard_read::shard_read_delay("a", 10_000, TTL);
+    assert!(delay > Duration::ZERO && delay <= TTL / 2, "{delay:?}");
+    let at = h.now + delay;
+    assert!(
+        h.m.deadline().is_some_and(|d| d <= at),
+        "{:?}",
+        h.m.deadline()
+    );
+    // Renewals due before go as usual; the read goes at its moment.
+    let mut e = h.fire();
+    while h.now < at {
+        if etcd_ops(&e).contains(&Op::KeepAlive) {
+            e = h.answer(Answer::Done);
+        } else {
+            e = h.fire();
+        }
+    }
+    assert_eq!(h.now, at);
+    assert_eq!(the_op(&e), own_shard_read(&header));
+    let mine = placement::shard_of("a", header.shards);
+    no_op(&h.answer(Answer::Range {
+        revision: 12,
+        kvs: vec![shard_kv(&shards[mine as usize], 12)],
+    }));
+    assert_eq!(h.m.view().round.as_ref().map(|r| r.record.number), Some(2));
+}
+
 #[test]
 fn a_member_holding_the_round_before_takes_a_re_form_without_a_read() {
     let mut h = Harness::synced();
