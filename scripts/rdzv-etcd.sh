@@ -14,7 +14,10 @@
 # Environment: ETCD_BIN (default: etcd on PATH, Debian's 3.4), ETCD_PORTS (client,
 # metrics and peer ports, default "23790 23791 23792"), BENCH (default:
 # target/release/rdzv-bench), BENCH_TIMEOUT (seconds, default 120), SAMPLES (a file to
-# keep the per-second samples in), METHODS (set: print what etcd served by gRPC method).
+# keep the per-second samples in, the bench's own CPU among them), METHODS (set: print
+# what etcd served by gRPC method), PPROF (set: etcd serves Go's profiles at
+# http://127.0.0.1:<client port>/debug/pprof/, e.g. .../profile?seconds=8 for
+# `go tool pprof -top`).
 set -u
 dir=
 etcd_pid=
