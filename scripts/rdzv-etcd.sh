@@ -53,6 +53,7 @@ bench=${BENCH:-$root/target/release/rdzv-bench}
 [ -x "$bench" ] || { echo "no $bench: cargo build --release -p fsdp-tests --bin rdzv-bench" >&2; exit 2; }
 command -v "$etcd_bin" >/dev/null || { echo "no etcd at '$etcd_bin': apt-get install etcd-server, or set ETCD_BIN" >&2; exit 2; }
 command -v curl >/dev/null || { echo "no curl (it reads etcd's health and metrics): apt-get install curl" >&2; exit 2; }
+command -v pgrep >/dev/null || { echo "no pgrep (it finds the bench's process): apt-get install procps" >&2; exit 2; }
 read -r client_port metrics_port peer_port extra <<<"${ETCD_PORTS:-23790 23791 23792}"
 [[ "$client_port $metrics_port $peer_port" =~ ^[0-9]+\ [0-9]+\ [0-9]+$ && -z "$extra" ]] ||
     { echo "ETCD_PORTS='${ETCD_PORTS:-}': give three port numbers (client, metrics, peer)" >&2; exit 2; }

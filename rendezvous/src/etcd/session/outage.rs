@@ -71,13 +71,14 @@ impl Outage {
         self.probing
     }
 
-    /// Whether the prober is to look; returns whether that changed.
+    /// Whether the prober is to look; returns whether the prober's state changed. New
+    /// trouble (a lost connection) after etcd spoke for the lease looks again: etcd may
+    /// have gone down since.
     pub(super) fn probe(&mut self, on: bool) -> bool {
-        let changed = std::mem::replace(&mut self.probing, on) != on;
-        if changed {
-            self.spoke_for_lease = false;
-        }
-        changed
+        let was = self.looks();
+        self.probing = on;
+        self.spoke_for_lease = false;
+        was != on
     }
 
     /// etcd said the lease stands while this session looked: whether that is news (the

@@ -194,8 +194,9 @@ impl Machine {
                 let late = "a lease keep-alive went unanswered; trying another etcd member";
                 return self.lost(Fault::local(std::io::ErrorKind::TimedOut, late.into()));
             }
-            // Once per late keep-alive (the prober's look stops this timer): etcd's own
-            // word on the lease, beside the look for proof that it has no leader.
+            // Once per late keep-alive (the trouble, `probing`, stops this timer until a
+            // keep-alive is answered, etcd's word on the lease or not): etcd's own word
+            // on the lease, beside the look for proof that it has no leader.
             if !self.outage.probing() && !crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
                 self.flight.then(Todo::AskLease);
             }

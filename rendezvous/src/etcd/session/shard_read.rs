@@ -6,10 +6,11 @@
 //! questions more), and in about half the runs leases expired there and the formation
 //! collapsed. A member of a crowd's first round reads its shard at a moment drawn from its
 //! id within [`shard_spread`] of the header instead (at 10,000 nodes on etcd 3.5, the
-//! same hour: 6 runs of 7 formed, against 4 of 11 with the reads at once or spread over
-//! one second, and 9 of 16 for the build before; few runs, but the only change that
-//! moved the count up); a re-form is not spread (its members hold the round before and
-//! copy what they need, and a re-form must not wait).
+//! same hours: 7 runs of 10 formed, against 8 of 19 with the other changes of that
+//! session and the reads at once or spread over one second, and 11 of 18 for the build
+//! before; too few runs to tell those rates apart, docs/bench/agents-scale.md); a
+//! re-form is not spread (its members hold the round before and copy what they need,
+//! and a re-form must not wait), nor the read of a node that holds a round.
 //!
 //! Pure: [`shard_spread`] and [`shard_read_delay`]; the machine's part is
 //! [`Machine::read_shard_in_turn`], and the timer's in `phases.rs`.
@@ -40,15 +41,17 @@ impl Machine {
     /// The round wanted is to be read (its shard, its roster): now, or, for a member of a
     /// crowd's first placed round that reads its one shard, at its moment in the spread.
     pub(super) fn read_shard_in_turn(&mut self) {
+        // A node that holds a round (a spare of the first, placed into a re-form) reads
+        // at once: the re-form waits for it.
         let placed_first = self.cfg.crowd
             && !self.admission.formation_over()
+            && self.view.round.is_none()
             && self.watches.control_only()
             && self.view.placing.as_ref().map(|p| p.record.number) == self.view.round_wanted;
-        if !placed_first {
-            return self.flight.then(Todo::ReadRoster);
-        }
         let delay = shard_read_delay(&self.cfg.node_id, self.cfg.seal.max_nodes, self.cfg.ttl);
-        if delay.is_zero() {
+        if !placed_first || delay.is_zero() {
+            // A read due later is this one.
+            self.shard_read_at = None;
             return self.flight.then(Todo::ReadRoster);
         }
         let at = self.now + delay;

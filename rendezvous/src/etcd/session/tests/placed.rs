@@ -93,9 +93,6 @@ fn a_member_reads_its_own_shard_and_runs_at_its_placed_ranks() {
     assert_eq!((r.master_addr.as_str(), r.master_port), ("d.local", 29500));
 }
 
-/// A member that holds its copy of round 2 makes its copy of round 3, sealed without b,
-/// from the header's moves alone: no read, its ranks shifted past b's. A member the header
-/// moves from another seal reads its shard.
 /// A crowd's first placed round: its members read their shards at moments drawn within
 /// the spread, not all when the header comes (at 10,000 nodes on two cores, 10,000 reads
 /// in two or three seconds left renewals late, and leases expired at the seal).
@@ -136,6 +133,9 @@ fn a_crowd_member_reads_its_shard_of_the_first_round_at_its_moment_in_the_spread
     assert_eq!(h.m.view().round.as_ref().map(|r| r.record.number), Some(2));
 }
 
+/// A member that holds its copy of round 2 makes its copy of round 3, sealed without b,
+/// from the header's moves alone: no read, its ranks shifted past b's. A member the header
+/// moves from another seal reads its shard.
 #[test]
 fn a_member_holding_the_round_before_takes_a_re_form_without_a_read() {
     let mut h = Harness::synced();
