@@ -48,12 +48,15 @@ impl Machine {
             && self.view.round.is_none()
             && self.watches.control_only()
             && self.view.placing.as_ref().map(|p| p.record.number) == self.view.round_wanted;
-        let delay = shard_read_delay(&self.cfg.node_id, self.cfg.seal.max_nodes, self.cfg.ttl);
-        if !placed_first || delay.is_zero() {
+        // Drawn only then: this runs at every batch of events while a round is wanted.
+        let delay = placed_first
+            .then(|| shard_read_delay(&self.cfg.node_id, self.cfg.seal.max_nodes, self.cfg.ttl))
+            .filter(|d| !d.is_zero());
+        let Some(delay) = delay else {
             // A read due later is this one.
             self.shard_read_at = None;
             return self.flight.then(Todo::ReadRoster);
-        }
+        };
         let at = self.now + delay;
         self.shard_read_at.get_or_insert(at);
     }
