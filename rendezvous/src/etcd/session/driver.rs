@@ -93,7 +93,8 @@ impl Driver {
                     } else {
                         let (answer, beside) = self.wait_reading(op, patience).await;
                         // Stepped while the op was in flight: the machine gives nothing
-                        // but keep-alives (sent already) and the prober's switch then.
+                        // but keep-alives and the prober's switch (both carried out
+                        // already) and a port to pick then.
                         debug_assert!(
                             beside
                                 .iter()
@@ -223,6 +224,11 @@ impl Driver {
             for effect in machine.step(Instant::now(), input) {
                 match effect {
                     Effect::KeepAlive => self.conn.keep_alive().await,
+                    // At once: the op in flight may be the question about the lease
+                    // that a stopped etcd never answers (`Machine::start_held_look`).
+                    Effect::Probe(on) => {
+                        self.prober = on.then(|| self.start_prober()).flatten();
+                    }
                     other => beside.push(other),
                 }
             }

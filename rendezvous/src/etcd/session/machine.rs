@@ -218,6 +218,9 @@ impl Machine {
         if self.said_by_etcd(&input) {
             self.outage.heard(now);
         }
+        if matches!(input, Input::Timer) {
+            self.start_held_look();
+        }
         match input {
             Input::Answer(answer) => self.on_answer(answer),
             // A proof counts at once, even while an op waits on the etcd it is about.
@@ -376,6 +379,16 @@ impl Machine {
 
     /// When [`Input::Timer`] is due, if ever.
     pub fn deadline(&self) -> Option<Instant> {
+        let held_look = self.outage.look_held_until();
+        let timer = self.timer();
+        match (timer, held_look) {
+            (Some(t), Some(h)) => Some(t.min(h)),
+            (t, h) => t.or(h),
+        }
+    }
+
+    /// When the machine's own work is next due (the held look aside).
+    fn timer(&self) -> Option<Instant> {
         if self.busy() {
             return self.keep_alive_beside();
         }

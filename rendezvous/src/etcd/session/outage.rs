@@ -18,6 +18,9 @@ pub(super) struct Outage {
     /// prober prove that it has no leader.
     single_member: bool,
     probing: bool,
+    /// The look is held until then: etcd was asked about the lease, and a slow etcd
+    /// that answers needs no look (`Outage::hold_look`).
+    look_held_until: Option<Instant>,
     /// etcd said the lease stands since the look began: it has a leader, and the look
     /// for proof that it has none is moot until the trouble is over.
     spoke_for_lease: bool,
@@ -78,18 +81,48 @@ impl Outage {
         let was = self.looks();
         self.probing = on;
         self.spoke_for_lease = false;
-        was != on
+        self.look_held_until = None;
+        was != self.looks()
     }
 
-    /// etcd said the lease stands while this session looked: whether that is news (the
-    /// prober, if it runs, is to stop).
+    /// In trouble, but the look waits until `until` for etcd's answer about the lease
+    /// (each look is two fresh connections and a status call; an etcd that answers has
+    /// a leader, and the look is moot).
+    pub(super) fn hold_look(&mut self, until: Instant) {
+        self.probing = true;
+        self.spoke_for_lease = false;
+        self.look_held_until = Some(until);
+    }
+
+    /// When a held look is to start, if one is held.
+    pub(super) fn look_held_until(&self) -> Option<Instant> {
+        self.look_held_until
+    }
+
+    /// Whether a held look starts at `now` (its time came and etcd has not spoken).
+    pub(super) fn held_look_starts(&mut self, now: Instant) -> bool {
+        if self.look_held_until.is_none_or(|at| at > now) {
+            return false;
+        }
+        self.look_held_until = None;
+        self.looks()
+    }
+
+    /// etcd said the lease stands while this session was in trouble: whether a running
+    /// prober is to stop (a held look is dropped; it never started).
     pub(super) fn lease_spoken_for(&mut self) -> bool {
-        self.probing && !std::mem::replace(&mut self.spoke_for_lease, true)
+        let ran = self.looks();
+        if self.probing {
+            self.spoke_for_lease = true;
+            self.look_held_until = None;
+        }
+        ran
     }
 
-    /// Whether the prober should run: looking, and etcd has not spoken for the lease.
+    /// Whether the prober should run: looking, no longer held, and etcd has not spoken
+    /// for the lease.
     pub(super) fn looks(&self) -> bool {
-        self.probing && !self.spoke_for_lease
+        self.probing && !self.spoke_for_lease && self.look_held_until.is_none()
     }
 
     /// Whether the next sync pins another member (or a fresh connection) first.
