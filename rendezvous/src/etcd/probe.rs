@@ -13,8 +13,10 @@
 //! loaded, and may well have a leader that expires leases.
 //!
 //! The prober runs only while the session has trouble (a lost connection, or no
-//! keep-alive answered when the fence is a quarter TTL away), every TTL/4, waiting TTL/8
-//! per step, so that a healthy run — or a slow one — costs etcd nothing extra.
+//! keep-alive answered when the fence is a quarter TTL away and no answer yet to the
+//! question about the lease asked a sixteenth of a TTL before that), every TTL/4,
+//! waiting TTL/8 per step, so that a healthy run — or a slow one — costs etcd nothing
+//! extra.
 
 use std::time::{Duration, Instant};
 

@@ -95,11 +95,7 @@ impl Driver {
                         // Stepped while the op was in flight: the machine gives nothing
                         // but keep-alives and the prober's switch (both carried out
                         // already) and a port to pick then.
-                        debug_assert!(
-                            beside
-                                .iter()
-                                .all(|e| matches!(e, Effect::Probe(_) | Effect::PickPort))
-                        );
+                        debug_assert!(beside.iter().all(|e| matches!(e, Effect::PickPort)));
                         queue.extend(beside);
                         answer
                     };
@@ -127,19 +123,36 @@ impl Driver {
     }
 
     /// Carries out an op that opens or uses the streams (or replaces the client): nothing
-    /// else moves meanwhile but the prober's proofs, which count while an op waits on a
-    /// stalled etcd (that is when they are needed). These ops are local or short.
+    /// else moves meanwhile but the prober, whose proofs count while an op waits on a
+    /// stalled etcd (that is when they are needed) and whose held look starts at its time
+    /// (a stream opened on a frozen etcd waits out its patience). These ops are local or
+    /// short.
     async fn wait_alone(&mut self, op: Op, patience: Duration) -> EtcdResult<Answer> {
+        let (opts, ttl) = (self.conn.options.clone(), self.conn.ttl);
         let exec = self.conn.execute(op);
         tokio::pin!(exec);
         let give_up = tokio::time::sleep(patience);
         tokio::pin!(give_up);
         loop {
+            let held = self.machine.look_held_until();
+            let look = async {
+                match held {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 answer = &mut exec => break answer,
                 () = &mut give_up => break Err(errors::unanswered(patience)),
                 Some(p) = self.proofs.1.recv() => {
                     self.machine.step(Instant::now(), Input::from(p));
+                    publish(&mut self.machine, &self.view);
+                }
+                () = look => {
+                    let effects = self.machine.held_look_due(Instant::now());
+                    if effects.iter().any(|e| matches!(e, Effect::Probe(true))) {
+                        self.prober = prober_for(opts.as_ref(), ttl, &self.proofs.0);
+                    }
                     publish(&mut self.machine, &self.view);
                 }
             }
@@ -237,10 +250,7 @@ impl Driver {
     }
 
     fn start_prober(&self) -> Option<Prober> {
-        let opts = self.conn.options.as_ref()?;
-        let endpoint = opts.endpoints.first()?.clone();
-        let proofs = self.proofs.0.clone();
-        Some(Prober::start(endpoint, opts.clone(), self.conn.ttl, proofs))
+        prober_for(self.conn.options.as_ref(), self.conn.ttl, &self.proofs.0)
     }
 
     async fn next_input(&mut self) -> Input {
@@ -294,6 +304,17 @@ impl Driver {
 type Replies = HashMap<u64, tokio::sync::oneshot::Sender<Result<(), crate::RendezvousError>>>;
 
 /// A command from the handle, numbered, its reply kept for when the machine answers it.
+/// A prober looking at the first endpoint of `opts`, its proofs sent to `proofs`.
+fn prober_for(
+    opts: Option<&EtcdOptions>,
+    ttl: Duration,
+    proofs: &mpsc::UnboundedSender<Proof>,
+) -> Option<Prober> {
+    let opts = opts?;
+    let endpoint = opts.endpoints.first()?.clone();
+    Some(Prober::start(endpoint, opts.clone(), ttl, proofs.clone()))
+}
+
 fn command_input(req: Request, next_id: &mut u64, replies: &mut Replies) -> Input {
     *next_id += 1;
     if let Some(reply) = req.reply {

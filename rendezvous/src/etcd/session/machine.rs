@@ -212,7 +212,9 @@ impl Machine {
     }
 
     /// Takes one input at `now` and returns what to do. An [`Input::Answer`] answers the
-    /// op in flight; anything else waits until no op is in flight and no work is left.
+    /// op in flight; anything else waits until no op is in flight and no work is left,
+    /// but for what counts at once (below) and a held look, which starts at its time
+    /// whatever is in flight (see `start_held_look`).
     pub fn step(&mut self, now: Instant, input: Input) -> Vec<Effect> {
         self.now = now;
         if self.said_by_etcd(&input) {
@@ -387,6 +389,20 @@ impl Machine {
         }
     }
 
+    /// When a held look for proof that etcd has no leader is to start, if one is held:
+    /// the driver hears it also while an op that uses the streams is in flight.
+    pub fn look_held_until(&self) -> Option<Instant> {
+        self.outage.look_held_until()
+    }
+
+    /// A held look's time came at `now` while an op that uses the streams is in flight:
+    /// the prober's switch, if it starts (nothing else moves meanwhile).
+    pub fn held_look_due(&mut self, now: Instant) -> Vec<Effect> {
+        self.now = now;
+        self.start_held_look();
+        self.flight.take_effects()
+    }
+
     /// When the machine's own work is next due (the held look aside).
     fn timer(&self) -> Option<Instant> {
         if self.busy() {
@@ -559,8 +575,9 @@ impl Machine {
         self.busy() && held && !self.flight.inbox().holds_lease_answer()
     }
 
-    /// A timer while an op is in flight: the keep-alive, if due. Every other timer waits
-    /// for the answer (the inbox keeps no timer: the deadline asks again).
+    /// A timer while an op is in flight: the keep-alive, if due (and a held look, in
+    /// `step`). Every other timer waits for the answer (the inbox keeps no timer: the
+    /// deadline asks again).
     fn send_keep_alive_beside(&mut self) {
         if self.keep_alive_beside().is_some_and(|at| at <= self.now) {
             self.lease.sent(self.now, self.cfg.ttl);

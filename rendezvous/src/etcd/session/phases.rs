@@ -185,7 +185,7 @@ impl Machine {
             self.lease.sent(now, self.cfg.ttl);
             self.flight.then(Todo::KeepAlive);
         }
-        if self.answer_due().is_some_and(|at| at <= now) {
+        if let Some(due) = self.answer_due().filter(|at| *at <= now) {
             // etcd answers a keep-alive in milliseconds: a late one is the first sign of
             // an outage that leaves the connection open (a frozen or stalled etcd, a cut
             // network, a member cut from its leader), long before the connection's own
@@ -198,13 +198,17 @@ impl Machine {
             // keep-alive is answered, etcd's word on the lease or not): etcd's own word
             // on the lease first, and the look for proof that it has no leader only if
             // that word is slow to come.
-            if !self.outage.probing() && !crate::switches::NO_ADMISSION.with(std::cell::Cell::get) {
+            if !self.outage.probing() && asks_first() {
                 self.flight.then(Todo::AskLease);
-                if self.may_look() && self.admission.formation_over() {
-                    return self.outage.hold_look(now + look_held(self.cfg.ttl));
-                }
             }
-            self.trouble();
+            if self.holds_look() {
+                // Held until the moment the look starts if etcd stays silent, whenever
+                // this timer fired: a machine woken late looks at once.
+                self.outage.hold_look(due + look_held(self.cfg.ttl));
+                self.start_held_look();
+            } else {
+                self.trouble();
+            }
         }
         if self.watches.grace_over(now) {
             self.flight.then_all([
@@ -237,9 +241,10 @@ impl Machine {
     }
 
     /// With several endpoints: when the oldest unanswered keep-alive is late enough to
-    /// try another member. With a one-member etcd: when the fence draws near (a quarter
-    /// TTL before it) without an answer, so the prober should look for its proof — not
-    /// before, so that a slow but working etcd (1,000 agents on two cores) is not probed.
+    /// try another member. With a one-member etcd: when the fence draws near without an
+    /// answer, so that etcd is asked about the lease (a quarter and a sixteenth of a TTL
+    /// before it, the look for proof held the sixteenth: [`look_held`]) — not before, so
+    /// that a slow but working etcd (1,000 agents on two cores) is not probed.
     pub(super) fn answer_due(&self) -> Option<Instant> {
         let clock = self.lease.clock();
         let (sent, safe_until) = (clock.oldest_unanswered(), clock.safe_until());
@@ -258,7 +263,12 @@ impl Machine {
         // A running node asks a quarter TTL ahead, and a held look's wait before it:
         // the look, if etcd stays silent, starts a quarter TTL ahead.
         let ahead = if self.admission.formation_over() {
-            ttl / 4 + look_held(ttl)
+            ttl / 4
+                + if self.holds_look() {
+                    look_held(ttl)
+                } else {
+                    Duration::ZERO
+                }
         } else {
             Duration::ZERO
         };
@@ -277,6 +287,12 @@ impl Machine {
     /// leader is proved by looking at it.
     fn may_look(&self) -> bool {
         self.outage.single_member() && self.cfg.can_probe
+    }
+
+    /// Whether a late keep-alive's look waits for etcd's answer about the lease: on a
+    /// node that runs a round (a forming one does not look) and asks.
+    fn holds_look(&self) -> bool {
+        self.may_look() && self.admission.formation_over() && asks_first()
     }
 
     /// The look held while etcd was asked about the lease starts now, unless etcd spoke
@@ -301,9 +317,10 @@ impl Machine {
         }
     }
 
-    /// etcd answered that the lease stands, so it has a leader (a one-member etcd
-    /// answers for its leases only as one): a running look stops, and the session stays
-    /// in trouble, so that a late keep-alive is asked about once, until one is answered.
+    /// etcd answered the question about the lease (that it stands, or not), so it has a
+    /// leader (a one-member etcd answers for its leases only as one): a running look
+    /// stops, a held one never starts, and the session stays in trouble, so that a late
+    /// keep-alive is asked about once, until one is answered.
     /// Each look is two fresh connections: at the seal of 10,000 nodes on etcd 3.5, the
     /// members whose renewals were late looked every quarter TTL until a keep-alive came
     /// back, thousands of connections a second to an etcd already behind, whose renewals
@@ -551,4 +568,10 @@ impl Machine {
 /// thousands a second to an etcd that was slow, not gone (13.6% of its CPU set them up).
 pub(super) fn look_held(ttl: Duration) -> Duration {
     ttl / 16
+}
+
+/// Whether a late keep-alive is asked about (not with admission switched off, which the
+/// simulator must catch: the question is part of it).
+fn asks_first() -> bool {
+    !crate::switches::NO_ADMISSION.with(std::cell::Cell::get)
 }

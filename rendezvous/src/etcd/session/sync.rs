@@ -308,7 +308,10 @@ impl Machine {
             }
             // Less than a second left: nothing to move the clock by; the keep-alives go on.
             (Todo::AskLease, Answer::TimeToLive { ttl: 0 }) => {}
-            (Todo::AskLease, Answer::TimeToLive { .. }) => self.lease_expired(),
+            (Todo::AskLease, Answer::TimeToLive { .. }) => {
+                self.lease_spoken_for();
+                self.lease_expired();
+            }
             (Todo::Register, Answer::Txn { .. }) => {
                 self.wrote();
                 self.registered();

@@ -280,6 +280,43 @@ fn the_look_for_proof_starts_only_if_etcd_has_not_answered_for_the_lease_a_sixte
     assert_eq!(probes(&e), vec![false]);
 }
 
+/// A machine woken late for a late keep-alive (a busy runtime) asks and looks at once:
+/// the look's moment is counted from the lease clock, not from the wake-up, so the proof
+/// of a frozen etcd still has the time before the fence it had.
+#[test]
+fn a_late_keep_alive_heard_late_asks_and_looks_at_once() {
+    let mut h = running();
+    h.fire();
+    h.answer(Answer::Done);
+    h.fire();
+    h.answer(Answer::Done);
+    let asked = h.t0 + TTL - SECOND - TTL / 4 - TTL / 16;
+    assert_eq!(h.m.deadline(), Some(asked));
+    h.now = asked + TTL / 8;
+    let e = h.timer();
+    assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
+    assert_eq!(probes(&e), vec![true]);
+    assert_eq!(h.m.look_held_until(), None);
+}
+
+/// A keep-alive answered while the look is held ends the trouble: the look never
+/// starts, and nothing is held any more. A lost connection while it is held looks at
+/// once (no question can be answered on it).
+#[test]
+fn a_held_look_ends_with_an_answered_keep_alive_and_starts_with_a_lost_connection() {
+    let mut h = running();
+    late_tick(&mut h);
+    assert!(h.m.look_held_until().is_some());
+    let e = h.step(Input::LeaseAnswer(Some(6)));
+    assert_eq!(probes(&e), Vec::<bool>::new());
+    assert_eq!(h.m.look_held_until(), None);
+
+    let mut h = running();
+    late_tick(&mut h);
+    assert_eq!(probes(&h.fail(cut())), vec![true]);
+    assert_eq!(h.m.look_held_until(), None);
+}
+
 /// etcd answering the question in time starts no look at all: a slow etcd that answers
 /// is given no fresh connections.
 #[test]
@@ -368,7 +405,8 @@ fn a_late_keep_alive_whose_lease_etcd_says_is_gone_grants_another() {
 /// renewals were late looked every quarter TTL until a keep-alive came back: thousands of
 /// connections a second to an etcd already behind, whose renewals fell to a third and
 /// whose leases then expired. The look stops; after a keep-alive answered, the next late
-/// one starts it again (and so does a lost connection, below).
+/// one is asked about again, and looked for if etcd is slow to answer (a lost connection
+/// looks at once, below).
 #[test]
 fn etcd_saying_the_lease_stands_stops_the_look_for_proof() {
     let mut h = running();
