@@ -303,7 +303,6 @@ impl Driver {
 /// Where the handle waits for each command's answer, by command id.
 type Replies = HashMap<u64, tokio::sync::oneshot::Sender<Result<(), crate::RendezvousError>>>;
 
-/// A command from the handle, numbered, its reply kept for when the machine answers it.
 /// A prober looking at the first endpoint of `opts`, its proofs sent to `proofs`.
 fn prober_for(
     opts: Option<&EtcdOptions>,
@@ -315,6 +314,7 @@ fn prober_for(
     Some(Prober::start(endpoint, opts.clone(), ttl, proofs.clone()))
 }
 
+/// A command from the handle, numbered, its reply kept for when the machine answers it.
 fn command_input(req: Request, next_id: &mut u64, replies: &mut Replies) -> Input {
     *next_id += 1;
     if let Some(reply) = req.reply {

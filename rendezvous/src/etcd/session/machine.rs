@@ -381,12 +381,10 @@ impl Machine {
 
     /// When [`Input::Timer`] is due, if ever.
     pub fn deadline(&self) -> Option<Instant> {
-        let held_look = self.outage.look_held_until();
-        let timer = self.timer();
-        match (timer, held_look) {
-            (Some(t), Some(h)) => Some(t.min(h)),
-            (t, h) => t.or(h),
-        }
+        [self.timer(), self.outage.look_held_until()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// When a held look for proof that etcd has no leader is to start, if one is held:

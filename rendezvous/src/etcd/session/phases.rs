@@ -195,10 +195,10 @@ impl Machine {
                 return self.lost(Fault::local(std::io::ErrorKind::TimedOut, late.into()));
             }
             // Once per late keep-alive (the trouble, `probing`, stops this timer until a
-            // keep-alive is answered, etcd's word on the lease or not): etcd's own word
-            // on the lease first, and the look for proof that it has no leader only if
-            // that word is slow to come.
-            if !self.outage.probing() && asks_first() {
+            // keep-alive is answered, etcd's word on the lease or not: `answer_due`):
+            // etcd's own word on the lease first, and the look for proof that it has no
+            // leader only if that word is slow to come.
+            if asks_first() {
                 self.flight.then(Todo::AskLease);
             }
             if self.holds_look() {
@@ -262,13 +262,13 @@ impl Machine {
         // formation of 10,000 on etcd 3.4 (one more request each while etcd was behind).
         // A running node asks a quarter TTL ahead, and a held look's wait before it:
         // the look, if etcd stays silent, starts a quarter TTL ahead.
+        let held = if self.holds_look() {
+            look_held(ttl)
+        } else {
+            Duration::ZERO
+        };
         let ahead = if self.admission.formation_over() {
-            ttl / 4
-                + if self.holds_look() {
-                    look_held(ttl)
-                } else {
-                    Duration::ZERO
-                }
+            ttl / 4 + held
         } else {
             Duration::ZERO
         };
