@@ -26,6 +26,10 @@ pub(super) struct LeaseKeeper {
     /// etcd said this lease is gone: what keep-alives sent before that bring back says
     /// nothing new.
     gone: bool,
+    /// How long the last keep-alive answered took (from its send to the machine taking
+    /// its answer): one that has waited no longer, and a little more, is as slow as
+    /// etcd (or this host) has been, not a sign that it stopped.
+    last_latency: Option<Duration>,
 }
 
 impl LeaseKeeper {
@@ -41,6 +45,7 @@ impl LeaseKeeper {
             stream_ended: false,
             kept_from_grant: None,
             gone: false,
+            last_latency: None,
         }
     }
 
@@ -82,10 +87,18 @@ impl LeaseKeeper {
         self.gone = false;
     }
 
-    /// The oldest unanswered keep-alive was answered with `left` to live.
-    pub(super) fn answered(&mut self, left: Duration) {
+    /// The oldest unanswered keep-alive was answered at `now` with `left` to live.
+    pub(super) fn answered(&mut self, now: Instant, left: Duration) {
+        if let Some(sent) = self.clock.oldest_unanswered() {
+            self.last_latency = Some(now.saturating_duration_since(sent));
+        }
         self.clock.keep_alive_answered(left);
         self.gone = false;
+    }
+
+    /// How long the last keep-alive answered took (any lease this node held).
+    pub(super) fn last_latency(&self) -> Option<Duration> {
+        self.last_latency
     }
 
     /// etcd was seen without a leader at `sent` ([`LeaseClock::no_leader_at`]).
