@@ -13,9 +13,9 @@
 //! loaded, and may well have a leader that expires leases.
 //!
 //! The prober runs only while the session has trouble (a lost connection, or a late
-//! keep-alive — unanswered when the fence is a quarter TTL away, and longer than the last
-//! one took — and no answer yet to the question about the lease asked a sixteenth of a
-//! TTL before the look), every TTL/4,
+//! keep-alive — unanswered when the fence is a quarter TTL away, and for longer than the
+//! last one took and an eighth of a TTL — and no answer yet to the question about the
+//! lease asked a sixteenth of a TTL before the look), every TTL/4,
 //! waiting TTL/8 per step, so that a healthy run — or a slow one — costs etcd nothing
 //! extra.
 

@@ -308,7 +308,8 @@ impl Machine {
             // waits. With a fence margin up to a third of a TTL the first look
             // comes later than that after the last word a frozen etcd can have
             // said (the keep-alive after it is sent a third of a TTL after the
-            // last answered one, the look a quarter TTL before the fence), so a
+            // last answered one, the look a quarter TTL before the fence at the
+            // earliest), so a
             // freeze is still proved in time; a longer window cost such fences.
             tracing::debug!(?sent, "a silent etcd heard from lately proves nothing");
         } else {

@@ -244,8 +244,10 @@ impl Machine {
     /// With several endpoints: when the oldest unanswered keep-alive is late enough to
     /// try another member. With a one-member etcd: when the fence draws near without an
     /// answer, so that etcd is asked about the lease (a quarter and a sixteenth of a TTL
-    /// before it, the look for proof held the sixteenth: [`look_held`]) — not before, so
-    /// that a slow but working etcd (1,000 agents on two cores) is not probed.
+    /// before it, the look for proof held the sixteenth: [`look_held`]; and not before
+    /// the oldest keep-alive has waited as long as the last one took and an eighth of a
+    /// TTL) — not before, so that a slow but working etcd (1,000 agents on two cores) is
+    /// not probed.
     pub(super) fn answer_due(&self) -> Option<Instant> {
         let clock = self.lease.clock();
         let (sent, safe_until) = (clock.oldest_unanswered(), clock.safe_until());
@@ -264,8 +266,9 @@ impl Machine {
         if !self.admission.formation_over() {
             return safe_until?.checked_sub(self.cfg.fence_margin);
         }
-        // A running node asks a quarter TTL ahead, and a held look's wait before it: the
-        // look, if etcd stays silent, starts a quarter TTL ahead.
+        // A running node asks a quarter TTL ahead at the earliest, and a held look's wait
+        // before it: the look, if etcd stays silent, starts a quarter TTL ahead at the
+        // earliest.
         let held = if self.holds_look() {
             look_held(ttl)
         } else {
@@ -276,10 +279,12 @@ impl Machine {
         // eighth of a TTL more: one merely as slow as etcd (or this host) has been would
         // be answered as late as the question. Asked at once, every member of a crowd
         // asked at the seal, when its host was busiest (10,000 nodes on one host: 12,741
-        // questions in 20 s, each answered seconds late, and the leases lapsed behind
-        // them). An etcd that answered promptly is asked at the moment it was before; one
-        // slow and then stopped is asked later, its look may come too late to spare the
-        // fence, and the node fences: safe, and the rarer case.
+        // questions in the 18 s after the header, each answered seconds late, and the
+        // leases lapsed behind them). An etcd that answered within 3% of a TTL (150 ms at
+        // 5 s) and then stopped is asked at the moment it was before. One that answered
+        // later than that is asked later; past 15% of a TTL (0.77 s) its look cannot end
+        // before the fence, and the node fences where the look used to spare it: safe,
+        // the price of not asking every time a busy etcd or host is slow.
         let slow = self.lease.last_latency().unwrap_or_default();
         Some(due.max(sent + slow + ttl / 8))
     }
@@ -572,7 +577,7 @@ impl Machine {
 
 /// How long a running node's look for proof that etcd has no leader waits for etcd's
 /// answer about its lease: a sixteenth of the TTL (asked that much earlier, so a silent
-/// etcd is looked at when it was before). At the seal of 10,000 nodes on etcd 3.5, every
+/// etcd that answered promptly before is looked at when it was before). At the seal of 10,000 nodes on etcd 3.5, every
 /// member a second late with its renewal looked at once, two fresh connections each:
 /// thousands a second to an etcd that was slow, not gone (13.6% of its CPU set them up).
 pub(super) fn look_held(ttl: Duration) -> Duration {

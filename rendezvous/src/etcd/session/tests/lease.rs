@@ -427,12 +427,11 @@ fn etcd_saying_the_lease_stands_stops_the_look_for_proof() {
     let answered = h.now;
     assert!(!probes(&h.step(Input::LeaseAnswer(Some(6)))).contains(&true));
     let asked = until_asked(&mut h);
-    // Not before the keep-alive waited an eighth of a TTL more than the last took.
-    assert!(
-        h.now >= answered + TTL / 8,
-        "asked {:?} after the answer",
-        h.now - answered
-    );
+    // The answer was the keep-alive sent at t0, taken 4 s later: the one sent a third of
+    // a TTL after it is asked about once it has waited as long, and an eighth of a TTL
+    // (before, at once). Its look then starts at the fence: too late to spare it.
+    assert_eq!(answered, h.t0 + 4 * SECOND);
+    assert_eq!(h.now, h.t0 + TTL / 3 + 4 * SECOND + TTL / 8);
     assert_eq!(probes(&asked), Vec::<bool>::new());
     assert_eq!(probes(&h.fire()), vec![true]);
 }
@@ -472,11 +471,9 @@ fn keep_alives_answered_late_but_answered_ask_etcd_nothing_while_no_slower() {
     assert_eq!(the_op(&h.fire()), Op::KeepAlive);
     let second = h.now;
     h.answer(Answer::Done);
-    // Before, etcd was asked a quarter and a sixteenth of a TTL before the fence; now
-    // once the keep-alive has waited 1.5 s and an eighth of a TTL, the later of the two.
-    let old = sent + TTL - SECOND - TTL / 4 - TTL / 16;
-    assert!(second + slow + TTL / 8 > sent + 2 * TTL / 3 && old < sent + 2 * TTL / 3);
-    // The next wake-up is the next keep-alive, not a question.
+    // Before, etcd was asked a quarter and a sixteenth of a TTL before the fence (3.125 s
+    // after the first keep-alive); now once the second has waited 1.5 s and an eighth of
+    // a TTL (4.25 s): the next wake-up is the next keep-alive (4 s), not a question.
     assert_eq!(h.m.deadline(), Some(sent + 2 * TTL / 3));
     // The answer comes as late as the first: nothing is asked.
     h.now = second + slow;
@@ -494,22 +491,31 @@ fn keep_alives_answered_late_but_answered_ask_etcd_nothing_while_no_slower() {
     assert_eq!(probes(&h.fire()), vec![true]);
 }
 
-/// An etcd that answered promptly and then went silent (frozen) is asked at the moment it
-/// was before, a quarter and a sixteenth of a TTL before the fence: the look for proof
-/// that it has no leader keeps its time.
+/// An etcd that answered within 3% of a TTL and then went silent (frozen) is asked at the
+/// moment it was before, a quarter and a sixteenth of a TTL before the fence: the look for
+/// proof that it has no leader keeps its time. One that answered slower is asked later.
 #[test]
 fn a_silent_etcd_that_answered_promptly_is_asked_at_the_old_moment() {
-    let mut h = running();
-    let sent = h.now;
-    assert_eq!(the_op(&h.fire()), Op::KeepAlive);
-    h.answer(Answer::Done);
-    h.later(Duration::from_millis(50));
-    no_op(&h.step(Input::LeaseAnswer(Some(6))));
-    let asked = until_asked(&mut h);
-    assert_eq!(h.now, sent + TTL - SECOND - TTL / 4 - TTL / 16);
-    assert_eq!(probes(&asked), Vec::<bool>::new());
-    assert_eq!(h.now + TTL / 16, h.m.deadline().expect("the held look"));
-    assert_eq!(probes(&h.fire()), vec![true]);
+    // The bound: the second keep-alive (a third of a TTL after the first) plus the
+    // latency plus an eighth of a TTL reaches the old moment at 375 ms here (TTL 6 s).
+    for (latency_ms, late_ms) in [(50, 0), (375, 0), (500, 125)] {
+        let mut h = running();
+        let sent = h.now;
+        assert_eq!(the_op(&h.fire()), Op::KeepAlive);
+        h.answer(Answer::Done);
+        h.later(Duration::from_millis(latency_ms));
+        no_op(&h.step(Input::LeaseAnswer(Some(6))));
+        let asked = until_asked(&mut h);
+        let old = sent + TTL - SECOND - TTL / 4 - TTL / 16;
+        assert_eq!(
+            h.now,
+            old + Duration::from_millis(late_ms),
+            "answered in {latency_ms} ms"
+        );
+        assert_eq!(probes(&asked), Vec::<bool>::new());
+        assert_eq!(h.now + TTL / 16, h.m.deadline().expect("the held look"));
+        assert_eq!(probes(&h.fire()), vec![true]);
+    }
 }
 
 /// A forming node whose late keep-alive etcd answered for (the lease stands) does not
