@@ -309,8 +309,8 @@ impl Machine {
             // comes later than that after the last word a frozen etcd can have
             // said (the keep-alive after it is sent a third of a TTL after the
             // last answered one, the look a quarter TTL before the fence at the
-            // earliest), so a
-            // freeze is still proved in time; a longer window cost such fences.
+            // earliest), so a freeze is still proved in time; a longer window cost
+            // such fences.
             tracing::debug!(?sent, "a silent etcd heard from lately proves nothing");
         } else {
             self.lease.no_leader_at(sent, self.cfg.ttl);

@@ -577,9 +577,10 @@ impl Machine {
 
 /// How long a running node's look for proof that etcd has no leader waits for etcd's
 /// answer about its lease: a sixteenth of the TTL (asked that much earlier, so a silent
-/// etcd that answered promptly before is looked at when it was before). At the seal of 10,000 nodes on etcd 3.5, every
-/// member a second late with its renewal looked at once, two fresh connections each:
-/// thousands a second to an etcd that was slow, not gone (13.6% of its CPU set them up).
+/// etcd that answered promptly before is looked at when it was before). At the seal of
+/// 10,000 nodes on etcd 3.5, every member a second late with its renewal looked at once,
+/// two fresh connections each: thousands a second to an etcd that was slow, not gone
+/// (13.6% of its CPU set them up).
 pub(super) fn look_held(ttl: Duration) -> Duration {
     ttl / 16
 }

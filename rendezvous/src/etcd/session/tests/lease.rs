@@ -452,6 +452,14 @@ fn until_asked(h: &mut Harness) -> Vec<Effect> {
     panic!("etcd was never asked about the lease");
 }
 
+/// The next keep-alive goes, and etcd's answer is taken `latency` later.
+fn keep_alive_answered_after(h: &mut Harness, latency: Duration) {
+    assert_eq!(the_op(&h.fire()), Op::KeepAlive);
+    h.answer(Answer::Done);
+    h.later(latency);
+    no_op(&h.step(Input::LeaseAnswer(Some(6))));
+}
+
 /// A running node whose keep-alives are answered late, but answered, asks etcd nothing
 /// while a keep-alive has waited no longer than the last one took (and an eighth of a
 /// TTL): its question would be answered as late (a slow etcd, or a host too busy to read
@@ -462,12 +470,9 @@ fn until_asked(h: &mut Harness) -> Vec<Effect> {
 fn keep_alives_answered_late_but_answered_ask_etcd_nothing_while_no_slower() {
     let mut h = running();
     let sent = h.now;
-    assert_eq!(the_op(&h.fire()), Op::KeepAlive);
-    h.answer(Answer::Done);
     // Answered 1.5 s late: safe until sent + TTL, the fence a second before.
     let slow = Duration::from_millis(1500);
-    h.later(slow);
-    no_op(&h.step(Input::LeaseAnswer(Some(6))));
+    keep_alive_answered_after(&mut h, slow);
     assert_eq!(the_op(&h.fire()), Op::KeepAlive);
     let second = h.now;
     h.answer(Answer::Done);
@@ -501,10 +506,7 @@ fn a_silent_etcd_that_answered_promptly_is_asked_at_the_old_moment() {
     for (latency_ms, late_ms) in [(50, 0), (375, 0), (500, 125)] {
         let mut h = running();
         let sent = h.now;
-        assert_eq!(the_op(&h.fire()), Op::KeepAlive);
-        h.answer(Answer::Done);
-        h.later(Duration::from_millis(latency_ms));
-        no_op(&h.step(Input::LeaseAnswer(Some(6))));
+        keep_alive_answered_after(&mut h, Duration::from_millis(latency_ms));
         let asked = until_asked(&mut h);
         let old = sent + TTL - SECOND - TTL / 4 - TTL / 16;
         assert_eq!(
