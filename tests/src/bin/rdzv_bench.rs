@@ -95,6 +95,11 @@ fn number<T: std::str::FromStr>(flag: &str, said: String) -> T {
         .unwrap_or_else(|_| refuse(&format!("{flag} takes a number, not '{said}'")))
 }
 
+/// The bench's allocator: its 10,000 sessions in one process spent a quarter of their CPU in
+/// glibc's (`perf`, issue 53's twenty-fourth section), on the two cores etcd shares.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
