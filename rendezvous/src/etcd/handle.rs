@@ -187,29 +187,20 @@ async fn through_gate(
             .gated_ns
             .fetch_add(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Relaxed);
     };
-    // The admission keys from the one that covers this node's place: once the coordinator
-    // put one there, its reach paces this node as it paces the pushed ones. Without it the
-    // crowd's first places, held while the pushed nodes kept etcd busy, were held on
-    // after etcd went idle (726 nodes, the last 22 s, at 10,000: 6 s of the formation).
-    let admission = (
-        keys.admission(session::admission_key(&cfg.node_id, cfg.max_nodes)),
-        past(&keys.admissions()),
-    );
     while let Some(g) = gate.as_mut() {
         let sent = Instant::now();
         // A refusal is asked again within the look (the join's own backoff), and the
         // look then counts as slow; the gate's time bounds it.
         let left = deadline.saturating_duration_since(sent);
-        let look = refuse_nesting(client, keys, &cfg.prefix, left, true, Some(&admission));
+        let look = refuse_nesting(client, keys, &cfg.prefix, left, true);
         let Ok(looked) = tokio::time::timeout_at(gate_until.into(), look).await else {
             tracing::info!("etcd is still behind at half the join timeout; joining anyway");
             held(held_since.or(Some(sent)));
             break;
         };
-        let (read, reached) = looked?;
+        let read = looked?;
         let now = Instant::now();
-        let held_on = (!reached).then(|| g.looked(sent, now)).flatten();
-        let Some(at) = held_on.filter(|at| *at < gate_until) else {
+        let Some(at) = g.looked(sent, now).filter(|at| *at < gate_until) else {
             held(held_since);
             return Ok(read);
         };
@@ -227,25 +218,10 @@ async fn through_gate(
                 "etcd is still behind; holding this node's join"
             );
         }
-        // Held: for the pause, or until the coordinator's reach covers this node (the
-        // turn's read and watch); then a read that need not wait for the apply loop.
-        let covered =
-            tokio::time::timeout_at(at.into(), admitted(client, &admission.0, &admission.1));
-        match covered.await {
-            Ok(Ok(())) => {
-                held(held_since);
-                break;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "could not watch the admission keys; holding on");
-                tokio::time::sleep_until(at.into()).await;
-            }
-            Err(_) => {}
-        }
+        tokio::time::sleep_until(at.into()).await;
     }
     let left = deadline.saturating_duration_since(Instant::now());
-    let (read, _) = refuse_nesting(client, keys, &cfg.prefix, left, false, None).await?;
-    Ok(read)
+    refuse_nesting(client, keys, &cfg.prefix, left, false).await
 }
 
 /// The membership lease granted at join, and when: the session maps the moment of the
@@ -574,16 +550,13 @@ impl EtcdRendezvous {
 }
 
 /// The nesting check's reads: a count under each of `outer`, the keys of each of `gaps`,
-/// the first admission key in `admission` if given (a gate's look: whether the
-/// coordinator's reach covers this node), and last every key under `ctl` (the session's
-/// first read, [`session::FirstRead`]).
+/// and last every key under `ctl` (the session's first read, [`session::FirstRead`]).
 /// Serializable, as the session's own reads of the run, unless `linearizable`: another
 /// run's keys are not written in the moment this one starts, so only the gate
 /// (`through_gate`) wants the answer to wait for etcd's apply loop.
 fn nesting_reads(
     outer: &[String],
     gaps: &[(String, String)],
-    admission: Option<&(String, String)>,
     ctl: &str,
     linearizable: bool,
 ) -> Vec<etcd_client::TxnOp> {
@@ -604,13 +577,6 @@ fn nesting_reads(
             gaps.iter()
                 .map(|(from, to)| TxnOp::get(from.as_str(), Some(keys_in(to)))),
         )
-        .chain(admission.map(|(from, to)| {
-            let first = GetOptions::new()
-                .with_range(to.as_str())
-                .with_keys_only()
-                .with_limit(1);
-            TxnOp::get(from.as_str(), Some(read(first)))
-        }))
         .chain([TxnOp::get(ctl, Some(read(GetOptions::new().with_prefix())))])
         .collect()
 }
@@ -631,16 +597,13 @@ fn nesting_reads(
 /// of the seven a node made to join (the floor makes four). At a crowd's gate every look
 /// reads them: few at formation (the coordinator key), but a run's `done/` records while
 /// it ends, which a node that joins then reads at each look.
-///
-/// With `admission` (a range of admission keys), also whether one is there.
 pub(super) async fn refuse_nesting(
     client: &mut Client,
     keys: &Keys,
     prefix: &str,
     window: Duration,
     linearizable: bool,
-    admission: Option<&(String, String)>,
-) -> Result<(session::FirstRead, bool), RendezvousError> {
+) -> Result<session::FirstRead, RendezvousError> {
     use etcd_client::{Txn, TxnOpResponse};
     let outer: Vec<String> = keys
         .enclosing_roots()
@@ -648,7 +611,7 @@ pub(super) async fn refuse_nesting(
         .flat_map(|outer| ["members/", "ctl/"].map(|sub| format!("{outer}{sub}")))
         .collect();
     let gaps = keys.foreign_ranges();
-    let reads = nesting_reads(&outer, &gaps, admission, &keys.ctl(), linearizable);
+    let reads = nesting_reads(&outer, &gaps, &keys.ctl(), linearizable);
     let client = &*client;
     let answer = while_overloaded(window, || {
         super::token::renewing(client, || {
@@ -681,16 +644,15 @@ pub(super) async fn refuse_nesting(
             _ => None,
         })
         .collect();
-    let asked = outer.len() + gaps.len() + usize::from(admission.is_some()) + 1;
-    if got.len() != asked {
+    if got.len() != outer.len() + gaps.len() + 1 {
         let e = std::io::Error::other(format!(
-            "etcd answered {} of the {asked} reads of the run's surroundings",
+            "etcd answered {} of the {} reads of the run's surroundings",
             got.len(),
+            outer.len() + gaps.len() + 1
         ));
         return Err(failed(etcd_client::Error::IoError(e)));
     }
     let control = got.pop().expect("counted above");
-    let admitted = admission.is_some() && !got.pop().expect("counted above").kvs().is_empty();
     let fix = "choose an etcd_prefix outside other runs' keys (e.g. the default /fsdp)";
     let (counts, inner) = got.split_at(outer.len());
     if let Some((p, _)) = outer.iter().zip(counts).find(|(_, g)| g.count() > 0) {
@@ -711,7 +673,7 @@ pub(super) async fn refuse_nesting(
             keys.root()
         )));
     }
-    Ok((session::FirstRead::of(revision, control.kvs()), admitted))
+    Ok(session::FirstRead::of(revision, control.kvs()))
 }
 
 /// Resolves when a torchrun client reached the store this agent serves (never when it

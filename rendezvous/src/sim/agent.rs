@@ -72,9 +72,6 @@ pub struct SimAgent {
     /// The gate of the process waiting to start, once it looked (the handle's
     /// `through_gate`); none once it started.
     pub gate: Option<crate::etcd::session::Gate>,
-    /// The end of the pause the gate holds it for: until then it watches the admission
-    /// keys, as the handle does.
-    pub gate_until: Option<Instant>,
     pub pinned: usize,
     pub cut: bool,
     pub slow: bool,
@@ -150,7 +147,6 @@ impl SimAgent {
             kept: None,
             turn_for: 0,
             turn: None,
-            gate_until: None,
             gate: None,
             pinned: 0,
             cut: false,

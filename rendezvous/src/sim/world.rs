@@ -294,7 +294,20 @@ impl World {
         // read's answer does). At its latest moment it goes to the gate.
         let mut pushed = false;
         if let Some(turn) = self.agents[a].turn.take() {
-            pushed = self.admitted(turn.key(), now);
+            let admissions = Op::Range {
+                key: self.keys.admissions(),
+                prefix: true,
+                keys_only: true,
+                serializable: true,
+            };
+            let prefix = self.keys.admissions();
+            pushed = match self.etcd.execute(&admissions, now) {
+                Ok(Answer::Range { kvs, .. }) => kvs.iter().any(|kv| {
+                    let n = kv.key.strip_prefix(&prefix).and_then(|n| n.parse().ok());
+                    n.is_some_and(|n| turn.admitted_by(n))
+                }),
+                _ => false,
+            };
             if !pushed && now < turn.latest() {
                 let wait = turn
                     .latest()
@@ -311,56 +324,20 @@ impl World {
         // in a crowd, is answered once the apply loop caught up; a late answer holds the
         // node a drawn pause before it looks again.
         if !pushed && crate::etcd::session::a_crowd(self.opts.max_nodes, crowd) {
-            // The gate's look also reads the admission keys from the one that covers this
-            // node's place: once one is there, the coordinator's reach paces it.
-            // It watches them through its pause too.
-            let key = crate::etcd::session::admission_key(&node, self.opts.max_nodes);
-            if self.admitted(key, now) {
-                self.agents[a].gate_until = None;
-                self.note(|| format!("n{a} passes the gate: the coordinator's reach covers it"));
-                return false;
-            }
-            if let Some(until) = self.agents[a].gate_until.filter(|until| now < *until) {
-                let wait = until.saturating_duration_since(now).min(WATCH_LOOKS);
-                self.after(wait.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
-                return true;
-            }
             let lag = self.etcd.lag(now);
             let gate = self.agents[a]
                 .gate
                 .get_or_insert_with(|| crate::etcd::session::Gate::new(&node, self.opts.ttl));
-            let held_until = gate.looked(now, now + lag);
-            self.agents[a].gate_until = held_until;
-            if let Some(at) = held_until {
+            if let Some(at) = gate.looked(now, now + lag) {
                 let held = at.saturating_duration_since(now);
                 self.note(|| {
                     format!("n{a} is held at the gate for {held:?} (etcd {lag:?} behind)")
                 });
-                let wait = held.min(WATCH_LOOKS);
-                self.after(wait.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
+                self.after(held.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
                 return true;
             }
         }
         false
-    }
-
-    /// Whether an admission key numbered `key` or later is in etcd now (a serializable
-    /// read: answered at once).
-    fn admitted(&mut self, key: u32, now: Instant) -> bool {
-        let admissions = Op::Range {
-            key: self.keys.admissions(),
-            prefix: true,
-            keys_only: true,
-            serializable: true,
-        };
-        let prefix = self.keys.admissions();
-        match self.etcd.execute(&admissions, now) {
-            Ok(Answer::Range { kvs, .. }) => kvs.iter().any(|kv| {
-                let n: Option<u32> = kv.key.strip_prefix(&prefix).and_then(|n| n.parse().ok());
-                n.is_some_and(|n| n >= key)
-            }),
-            _ => false,
-        }
     }
 
     /// The handle's nesting check, which reads the run's control keys for the first sync
@@ -443,7 +420,6 @@ impl World {
         let ag = &mut self.agents[a];
         ag.process += 1;
         ag.gate = None;
-        ag.gate_until = None;
         ag.streams += 1;
         ag.machine = Some(machine);
         ag.life = Life::Up;

@@ -91,8 +91,9 @@ impl Turn {
         }
         let latest = started + spread(node_id, max_nodes, crowd, per_second).mul_f64(LATEST_SLOWER);
         let first = ahead / (FIRST_LOOKS_FASTER * f64::from(per_second.max(1)));
+        let key = ((place / f64::from(per_key(max_nodes))).ceil() as u32).min(last_key(max_nodes));
         Some(Self {
-            key: admission_key(node_id, max_nodes),
+            key,
             first_look: (started + Duration::from_secs_f64(first)).min(latest),
             latest,
         })
@@ -114,20 +115,10 @@ impl Turn {
     }
 
     /// Whether admission key `put` lets it go.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "sim"))]
     pub fn admitted_by(&self, put: u32) -> bool {
         put >= self.key
     }
-}
-
-/// The admission key whose put (or any later one's) says the coordinator's reach covers
-/// node `node_id`'s place in a run of at most `max_nodes`: the key a node with a [`Turn`]
-/// waits for, and the one whose presence lets a node held at the [`super::Gate`] go (the
-/// crowd's first places and turns that came at their latest are paced by the coordinator
-/// from then on, as pushed nodes are).
-pub fn admission_key(node_id: &str, max_nodes: u32) -> u32 {
-    let place = place_in_crowd(node_id) * f64::from(max_nodes);
-    ((place / f64::from(per_key(max_nodes))).ceil() as u32).min(last_key(max_nodes))
 }
 
 /// Admission keys are written at least this far apart.
@@ -362,39 +353,6 @@ mod tests {
         }
         let keys: std::collections::BTreeSet<u32> = turns.iter().map(Turn::key).collect();
         assert_eq!(keys.len(), 180, "every slice past the first 1,000 places");
-    }
-
-    /// The gate lets a node go once the key that covers its place is there: a node with a
-    /// turn waits for that same key, and the coordinator's first key, written before any
-    /// registration, covers every one of the crowd's first places (the nodes the gate
-    /// held longest, while the pushed nodes kept etcd busy) and no later one.
-    #[test]
-    fn the_coordinators_first_key_covers_every_node_the_gate_holds_first() {
-        let t0 = Instant::now();
-        let first = Frontier::new(10_000, TTL)
-            .expect("a crowd")
-            .due(t0, &placed(0), false)
-            .expect("the first key is due at once");
-        let (mut at_once, mut later) = (0, 0);
-        for i in 0..10_000 {
-            let node = format!("sim-{i:05}");
-            let key = admission_key(&node, 10_000);
-            match Turn::new(&node, 10_000, t0) {
-                Some(t) => {
-                    assert_eq!(t.key(), key, "{node}: the turn's key");
-                    assert!(key > first, "{node}: past the first key");
-                    later += 1;
-                }
-                None => {
-                    assert!(key <= first, "{node}: key {key}, the first is {first}");
-                    at_once += 1;
-                }
-            }
-        }
-        assert!(
-            at_once > 800 && later > 8_800,
-            "{at_once} at once, {later} later"
-        );
     }
 
     /// The reach is the registrations made plus a crowd under way; a key is written only
