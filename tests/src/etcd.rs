@@ -32,11 +32,16 @@ impl Etcd {
     }
 
     pub fn start_with(tls: Option<ServerTls>) -> Self {
+        Self::start_from(tls, free_port(), free_port())
+    }
+
+    /// [`Etcd::start_with`] trying `client_port` and `peer_port` first.
+    fn start_from(tls: Option<ServerTls>, client_port: u16, peer_port: u16) -> Self {
         let dir = tempfile::TempDir::new().expect("etcd temp dir");
         let mut e = Self {
             child: None,
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port,
+            peer_port,
             data_dir: dir.path().join("data"),
             _dir: dir,
             tls,
@@ -139,8 +144,9 @@ impl Etcd {
         self.child = Some(cmd.spawn().expect("start etcd (apt install etcd-server)"));
     }
 
-    /// Waits until etcd's client port answers; `Err` with its log if it exited first or
-    /// did not answer within 20 s.
+    /// Waits until etcd's own process listens on its client port (another process on that
+    /// port answers a connect as well); `Err` with its log if it exited first or did not
+    /// listen within 20 s.
     fn wait_ready(&mut self) -> Result<(), String> {
         let end = Instant::now() + Duration::from_secs(20);
         loop {
@@ -151,7 +157,8 @@ impl Etcd {
             if exited {
                 return Err(self.log());
             }
-            if std::net::TcpStream::connect(("127.0.0.1", self.client_port)).is_ok() {
+            let pid = self.child.as_ref().map_or(0, Child::id);
+            if crate::listens_on(pid, self.client_port) {
                 // The port opens slightly before etcd serves; a short settle avoids a
                 // first request racing leader election.
                 std::thread::sleep(Duration::from_millis(200));
@@ -210,5 +217,31 @@ impl Etcd {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Seen in CI: a port handed out free was taken by another test's etcd before this one
+    /// bound it. The harness took the other's answer on the port for this etcd's, this one
+    /// exited, and the test froze a dead process while its agent talked to the other
+    /// etcd. An etcd is ready only when its own process listens on its client port.
+    #[test]
+    fn a_client_port_another_process_listens_on_is_not_taken_for_this_etcds() {
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = other.local_addr().unwrap().port();
+        let e = Etcd::start_from(None, taken, free_port());
+        assert_ne!(
+            e.client_port, taken,
+            "the other process's port taken as this etcd's"
+        );
+        assert!(
+            crate::listens_on(e.pid() as u32, e.client_port),
+            "etcd {} does not listen on its client port {}",
+            e.pid(),
+            e.client_port
+        );
     }
 }

@@ -19,7 +19,7 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Starts `n` members and waits until each accepts connections. A member that exits
+    /// Starts `n` members and waits until each listens on its client port. A member that exits
     /// at start (a port `free_port` handed out was taken again meanwhile, on a busy
     /// machine) makes a new cluster on new ports; one that neither starts nor exits within
     /// 60 s fails the test with its log.
@@ -85,7 +85,13 @@ impl EtcdCluster {
         let mut c = Self { members, dir };
         let end = Instant::now() + Duration::from_secs(60);
         for i in 0..c.members.len() {
-            while std::net::TcpStream::connect(("127.0.0.1", c.members[i].client_port)).is_err() {
+            // Its own process listening, not any: another test's etcd on a port handed
+            // out free answers a connect as well (`Etcd`'s test).
+            let (pid, port) = (
+                c.members[i].child.as_ref().map_or(0, Child::id),
+                c.members[i].client_port,
+            );
+            while !crate::listens_on(pid, port) {
                 let log = c.dir.path().join(format!("{}.log", c.members[i].name));
                 let exited = c.members[i]
                     .child

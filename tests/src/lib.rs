@@ -515,6 +515,37 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Whether process `pid` holds a socket listening on 127.0.0.1:`port` (or on every
+/// address): found in `/proc/net/tcp` by the socket's inode, and that inode among the
+/// process's open files. A connect to the port only says that some process listens there.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    // Columns: sl local_address rem_address st ... inode; addresses as hex IP:port, the
+    // IP in host byte order; state 0A is LISTEN.
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (ip, p) = cols.get(1)?.split_once(':')?;
+            let ours = u16::from_str_radix(p, 16).ok()? == port
+                && matches!(ip, "0100007F" | "00000000")
+                && *cols.get(3)? == "0A";
+            let inode = cols.get(9)?;
+            ours.then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|l| inodes.iter().any(|i| l.as_os_str() == i.as_str()))
+    })
+}
+
 /// `GET /metrics` from the status port at `addr`: the whole HTTP response, checked to be a
 /// 200.
 pub fn metrics_text(addr: &str) -> String {
