@@ -19,10 +19,10 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Starts `n` members and waits until each listens on its client port. A member that exits
-    /// at start (a port `free_port` handed out was taken again meanwhile, on a busy
-    /// machine) makes a new cluster on new ports; one that neither starts nor exits within
-    /// 60 s fails the test with its log.
+    /// Starts `n` members and waits until each one's own process listens on its client
+    /// port. A member that exits at start (a port `free_port` handed out was taken again
+    /// meanwhile, on a busy machine) makes a new cluster on new ports; one that neither
+    /// starts nor exits within 60 s fails the test with its log.
     pub fn start(n: usize) -> Self {
         for _ in 0..3 {
             if let Some(c) = Self::try_start(n) {
