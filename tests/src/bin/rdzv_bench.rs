@@ -100,7 +100,21 @@ fn number<T: std::str::FromStr>(flag: &str, said: String) -> T {
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process. mimalloc asks for them, and each
+/// first touch of its memory then zeroed a whole 2 MiB page: 16% of the bench's CPU at a
+/// formation of 10,000 nodes (`perf`: `clear_page_erms` under `do_huge_pmd_anonymous_page`),
+/// 1% with them off (issue 53's twenty-sixth section). The kernel checks the flag at each
+/// fault, so memory mapped before `main` is covered too.
+fn no_huge_pages() {
+    if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
+        eprintln!(
+            "rdzv-bench: could not turn transparent huge pages off ({e}); figures may differ"
+        );
+    }
+}
+
 fn main() {
+    no_huge_pages();
     let mut args = std::env::args().skip(1);
     let (mut endpoint, mut nodes, mut clients) = (None, 8usize, None);
     let (mut lose, mut ttl, mut ceiling) = (None::<String>, 5u64, false);

@@ -425,6 +425,7 @@ impl Machine {
             Phase::Watching { .. } => [
                 self.lease.keep_alive_due(),
                 self.shard_read_at,
+                self.outage.count_due(),
                 self.duty.next_timer(),
                 self.frontier.as_ref().and_then(Frontier::wake),
                 self.watches.grace_until(),

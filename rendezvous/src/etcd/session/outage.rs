@@ -5,7 +5,15 @@
 
 use std::time::{Duration, Instant};
 
+use super::admission::place_in_crowd;
 use super::machine::{FIRST_RETRY, LAST_RETRY};
+
+/// How long after it runs its first round a crowd's node `node_id` asks etcd's member
+/// count: drawn from its id between half a TTL and a TTL, so that a crowd's questions
+/// come neither with the seal's reads nor all at once (10,000 nodes: 2,000 a second).
+pub(super) fn count_delay(node_id: &str, ttl: Duration) -> Duration {
+    ttl.mul_f64(0.5 + 0.5 * place_in_crowd(node_id))
+}
 
 #[derive(Debug, Default)]
 pub(super) struct Outage {
@@ -14,9 +22,12 @@ pub(super) struct Outage {
     failures: u32,
     /// Since when etcd has not answered (the first failure of an outage).
     since: Option<Instant>,
-    /// etcd has one member (from its member list at the last sync): only then can the
-    /// prober prove that it has no leader.
-    single_member: bool,
+    /// etcd's member count (from its member list at the last sync that asked): only a
+    /// one-member etcd's lack of a leader can the prober prove. Unknown until asked: a
+    /// crowd's node asks only once it runs a round ([`Outage::count_members_at`]).
+    members: Option<usize>,
+    /// When a crowd's node that runs its first round asks etcd's member count.
+    count_at: Option<Instant>,
     probing: bool,
     /// The look is held until then: etcd was asked about the lease, and a slow etcd
     /// that answers needs no look (`Outage::hold_look`).
@@ -63,11 +74,41 @@ impl Outage {
 
     /// etcd told its member count.
     pub(super) fn members(&mut self, n: usize) {
-        self.single_member = n == 1;
+        self.members = Some(n);
+        self.count_at = None;
     }
 
+    /// etcd is known to have one member.
     pub(super) fn single_member(&self) -> bool {
-        self.single_member
+        self.members == Some(1)
+    }
+
+    /// etcd may have one member: known to, or not asked yet. A forming node (no workers
+    /// to fence) asks about its lease on that alone, and learns the count with the
+    /// question ([`Outage::members_known`]).
+    pub(super) fn may_be_single(&self) -> bool {
+        self.members.is_none_or(|n| n == 1)
+    }
+
+    pub(super) fn members_known(&self) -> bool {
+        self.members.is_some()
+    }
+
+    /// Ask the member count at `at`, unless it is known by then.
+    pub(super) fn count_members_at(&mut self, at: Instant) {
+        if self.members.is_none() {
+            self.count_at = Some(at);
+        }
+    }
+
+    /// When the member count is to be asked, if it is.
+    pub(super) fn count_due(&self) -> Option<Instant> {
+        self.count_at
+    }
+
+    /// The count's question is on its way.
+    pub(super) fn counting(&mut self) {
+        self.count_at = None;
     }
 
     pub(super) fn probing(&self) -> bool {

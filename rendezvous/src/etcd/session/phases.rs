@@ -174,6 +174,10 @@ impl Machine {
             return;
         };
         let now = self.now;
+        if self.outage.count_due().is_some_and(|at| at <= now) {
+            self.outage.counting();
+            self.flight.then(Todo::CountMembers);
+        }
         if self.shard_read_at.is_some_and(|at| at <= now) {
             self.shard_read_at = None;
             self.flight.then(Todo::ReadRoster);
@@ -200,6 +204,11 @@ impl Machine {
             // etcd's own word on the lease first, and the look for proof that it has no
             // leader only if that word is slow to come.
             if asks_first() {
+                if !self.outage.members_known() {
+                    // A crowd's forming node: whether etcd is one member, with the question.
+                    self.outage.counting();
+                    self.flight.then(Todo::CountMembers);
+                }
                 self.flight.then(Todo::AskLease);
             }
             if self.holds_look() {
@@ -255,7 +264,7 @@ impl Machine {
         if self.cfg.several_endpoints {
             return Some(sent? + ttl / 4);
         }
-        if self.outage.probing() || !self.outage.single_member() || !self.cfg.can_probe {
+        if self.outage.probing() || !self.may_look() {
             return None;
         }
         let sent = sent?;
@@ -298,9 +307,32 @@ impl Machine {
     }
 
     /// Whether the prober can prove anything here: only a one-member etcd's lack of a
-    /// leader is proved by looking at it.
+    /// leader is proved by looking at it. A forming node whose count is not known yet
+    /// (a crowd's: [`Machine::counted`]) takes etcd for one member: it looks only once
+    /// it runs a round, and by then it knows.
     fn may_look(&self) -> bool {
-        self.outage.single_member() && self.cfg.can_probe
+        let single = if self.admission.formation_over() {
+            self.outage.single_member()
+        } else {
+            self.outage.may_be_single()
+        };
+        single && self.cfg.can_probe
+    }
+
+    /// etcd has `n` members. A look held back while the count was not known starts now
+    /// if etcd has one, and stops if it has more: it could prove nothing.
+    pub(super) fn counted(&mut self, n: usize) {
+        self.outage.members(n);
+        if !self.admission.formation_over() {
+            return;
+        }
+        if self.outage.single_member() {
+            if self.outage.looks() {
+                self.flight.emit(Effect::Probe(true));
+            }
+        } else if self.outage.probing() {
+            self.probe(false);
+        }
     }
 
     /// Whether a late keep-alive's look waits for etcd's answer about the lease: on a
@@ -378,6 +410,12 @@ impl Machine {
         self.shard_read_at = None;
         self.duty.stand_down();
         let mut plan = Todo::sync(why, self.outage.reselect(), self.me.abandoning());
+        if why == Resync::First && self.cfg.crowd {
+            // Not at a crowd's join: 10,000 member lists in the seconds etcd is busiest,
+            // for a count a forming node needs only when a keep-alive is late (and then
+            // asks with the question). It asks once it runs a round (`serve.rs`).
+            plan.retain(|t| *t != Todo::CountMembers);
+        }
         if why == Resync::First && self.admission.active() {
             // A joining node's lease is kept alive from its grant: its first sync and
             // registration may wait in a crowd longer than a TTL.

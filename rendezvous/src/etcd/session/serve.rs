@@ -119,7 +119,17 @@ impl Machine {
                 // from ever draining (no round in 150 s; 53,000 reads "took too long").
                 let first = !self.admission.formation_over();
                 self.admission.ran_a_round();
-                if first && self.outage.looks() {
+                if first && !self.outage.members_known() {
+                    // A crowd's node, which did not ask at its join: soon if it looks
+                    // (the look waits for the count), else spread over a TTL from half
+                    // of one, away from the seal's own requests.
+                    let delay = if self.outage.looks() {
+                        std::time::Duration::ZERO
+                    } else {
+                        super::outage::count_delay(&self.cfg.node_id, self.cfg.ttl)
+                    };
+                    self.outage.count_members_at(self.now + delay);
+                } else if first && self.outage.looks() {
                     // The look held back while forming starts now that workers run,
                     // unless etcd said since that the lease stands.
                     self.flight.emit(Effect::Probe(true));

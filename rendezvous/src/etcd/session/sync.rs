@@ -160,6 +160,9 @@ impl Machine {
             Todo::Read if self.control_read() => snapshot(keys.ctl()),
             Todo::Read => snapshot(keys.root().to_owned()),
             Todo::CountMembers => Op::MemberCount,
+            // Learnt with the question (`phases.rs`): a question to an etcd of several
+            // members is not asked.
+            Todo::AskLease if !self.outage.may_be_single() => return None,
             Todo::CheckLease | Todo::AskLease => Op::TimeToLive {
                 lease: self.lease.id(),
             },
@@ -300,7 +303,7 @@ impl Machine {
                 }
             }
             (Todo::Read, Answer::Range { revision, kvs }) => self.on_read(revision, &kvs),
-            (Todo::CountMembers, Answer::MemberCount(n)) => self.outage.members(n),
+            (Todo::CountMembers, Answer::MemberCount(n)) => self.counted(n),
             (Todo::CheckLease, Answer::TimeToLive { ttl }) => self.ensure_registered(ttl),
             (Todo::AskLease, Answer::TimeToLive { ttl }) if ttl > 0 => {
                 self.lease_left(ttl);

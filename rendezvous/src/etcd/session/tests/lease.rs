@@ -701,3 +701,139 @@ fn asked_after_a_late_keep_alive(h: &mut Harness) -> (Instant, Instant) {
     assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
     (before, h.now)
 }
+
+// ---------------------------------------------------------------------------------------
+// etcd's member count in a crowd
+// ---------------------------------------------------------------------------------------
+
+/// Fires the machine's timers, answering keep-alives (`answered`: with the lease's TTL, or
+/// not at all), until an op other than a keep-alive comes; returns it and when.
+#[track_caller]
+fn until_other_than_keep_alive(h: &mut Harness, answered: bool) -> (Op, Instant) {
+    for _ in 0..20 {
+        let e = h.fire();
+        match etcd_ops(&e).first() {
+            Some(Op::KeepAlive) => {
+                h.answer(Answer::Done);
+                if answered {
+                    h.step(Input::LeaseAnswer(Some(6)));
+                }
+            }
+            Some(op) => return (op.clone(), h.now),
+            None => {}
+        }
+    }
+    panic!("only keep-alives came")
+}
+
+/// A crowd's node asks etcd's member count not at its join (10,000 member lists in the
+/// seconds etcd is busiest) but once it runs its first round, at a moment drawn from its
+/// id between half a TTL and a TTL after it: the prober it needs then (a one-member
+/// etcd's lack of a leader) needs the count. A node outside a crowd asks at its join,
+/// as before.
+#[test]
+fn a_crowds_node_asks_etcds_member_count_within_a_ttl_of_its_first_round_not_at_its_join() {
+    for crowd in [false, true] {
+        let mut h = Harness::with(|c| c.crowd = crowd);
+        let effects = h.m.start(h.now);
+        let (ops, rest) = h.sync_through(effects, &[coordinator_kv("b", 99)]);
+        no_op(&rest);
+        assert_eq!(
+            ops.contains(&Op::MemberCount),
+            !crowd,
+            "crowd {crowd}: {ops:?}"
+        );
+        h.register(1, 0, true);
+        replied_ok(&h.runs(2, round(1, &[("a", 1), ("b", 1)])), 2);
+        if !crowd {
+            continue;
+        }
+        let ran = h.now;
+        let (op, at) = until_other_than_keep_alive(&mut h, true);
+        assert_eq!(op, Op::MemberCount);
+        assert!(at >= ran + TTL / 2 && at <= ran + TTL, "{:?}", at - ran);
+        no_op(&h.answer(Answer::MemberCount(1)));
+        // Asked once.
+        let (op, _) = until_other_than_keep_alive(&mut h, false);
+        assert_eq!(
+            op,
+            Op::TimeToLive { lease: LEASE },
+            "a late keep-alive asks"
+        );
+    }
+}
+
+/// A crowd's forming node whose keep-alive is late asks etcd about its lease as a node
+/// of a one-member etcd does, and learns the count with the question: with one member
+/// the question follows; with several it is not asked (as before the count was put
+/// off), and the machine does not wake again for it.
+#[test]
+fn a_crowds_forming_node_with_a_late_keep_alive_asks_the_member_count_with_the_lease_question() {
+    for members in [1, 3] {
+        let (mut h, rest) = Harness::with(|c| c.crowd = true).first_sync(&[]);
+        no_op(&rest);
+        let (op, _) = until_other_than_keep_alive(&mut h, false);
+        assert_eq!(op, Op::MemberCount);
+        let e = h.answer(Answer::MemberCount(members));
+        if members == 1 {
+            assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
+            no_op(&h.answer(Answer::TimeToLive { ttl: 6 }));
+        } else {
+            no_op(&e);
+        }
+        assert!(
+            h.m.deadline().is_some_and(|at| at > h.now),
+            "{members} members: woken again at once"
+        );
+    }
+}
+
+/// A crowd's node whose connection was lost while it formed, and that runs its round
+/// before etcd is back, does not look for proof that etcd has no leader before it knows
+/// etcd has one member (a look at one member of several proves nothing); the sync after
+/// the outage asks the count, and with one member the look held back starts.
+#[test]
+fn a_crowds_node_that_runs_in_an_outage_looks_only_once_etcd_is_counted_one_member() {
+    let crowd = Harness::with(|c| c.crowd = true);
+    let (mut h, rest) = crowd.first_sync(&[coordinator_kv("b", 99)]);
+    no_op(&rest);
+    h.register(1, 0, true);
+    assert_eq!(
+        probes(&h.disconnect()),
+        Vec::<bool>::new(),
+        "forming: no look"
+    );
+    let e = h.runs(2, round(1, &[("a", 1), ("b", 1)]));
+    replied_ok(&e, 2);
+    assert_eq!(probes(&e), Vec::<bool>::new(), "the count is not known");
+    let mut e = h.fire();
+    let mut looks = Vec::new();
+    let mut counted = false;
+    for _ in 0..12 {
+        looks.extend(probes(&e));
+        let Some(op) = etcd_ops(&e).first().cloned() else {
+            break;
+        };
+        let answer = match op {
+            Op::MemberCount => {
+                assert!(looks.is_empty(), "looked before the count: {looks:?}");
+                counted = true;
+                Answer::MemberCount(1)
+            }
+            Op::Range { .. } => Answer::Range {
+                revision: REV,
+                kvs: Vec::new(),
+            },
+            Op::TimeToLive { .. } => Answer::TimeToLive { ttl: 6 },
+            Op::Txn(_) => Answer::Txn { succeeded: true },
+            _ => Answer::Done,
+        };
+        e = h.answer(answer);
+    }
+    assert!(counted, "the sync after the outage asks the count");
+    assert_eq!(
+        looks.first(),
+        Some(&true),
+        "the look held back starts: {looks:?}"
+    );
+}
