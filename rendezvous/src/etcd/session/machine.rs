@@ -202,10 +202,12 @@ impl Machine {
         self
     }
 
-    /// The first sync; the driver is asked for a port for a master (see [`Input::Port`]).
+    /// The first sync. No port for a master is asked for here: only a coordinator that is
+    /// its round's rank 0 needs one, it asks when it seals (`duty.rs`: the driver answers
+    /// at once), and one found at the start was older than a TTL by the seal of any
+    /// large run, so asked again (10,000 binds for one port in the bench's process).
     pub fn start(&mut self, now: Instant) -> Vec<Effect> {
         self.now = now;
-        self.flight.emit(Effect::PickPort);
         self.begin_sync(Resync::First);
         self.advance();
         self.flight.take_effects()

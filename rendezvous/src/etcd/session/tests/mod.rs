@@ -284,7 +284,7 @@ impl Harness {
         let counters = Counters::default();
         let writes = Arc::new(AtomicU64::new(0));
         let mut m = Machine::new(cfg, counters.clone(), writes.clone());
-        // As the driver answers the start's ask.
+        // A port in hand from the start, as a seal's ask for one finds (`duty.rs`).
         m.step(t0, Input::Port(port));
         Self {
             m,
