@@ -319,11 +319,13 @@ impl Machine {
         single && self.cfg.can_probe
     }
 
-    /// etcd has `n` members. A look held back while the count was not known starts now
-    /// if etcd has one, and stops if it has more: it could prove nothing.
+    /// etcd has `n` members. On a crowd's node that runs its round, the first count
+    /// starts a look held back for it if etcd has one member, and stops it if it has
+    /// more: it could prove nothing. (A count known before changes no look.)
     pub(super) fn counted(&mut self, n: usize) {
+        let first = !self.outage.members_known();
         self.outage.members(n);
-        if !self.admission.formation_over() {
+        if !first || !self.admission.formation_over() {
             return;
         }
         if self.outage.single_member() {

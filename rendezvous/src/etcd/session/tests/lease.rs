@@ -837,3 +837,38 @@ fn a_crowds_node_that_runs_in_an_outage_looks_only_once_etcd_is_counted_one_memb
         "the look held back starts: {looks:?}"
     );
 }
+
+/// A node that knew etcd's count before (outside a crowd, asked at its join) and lost its
+/// connection while running looks once; the sync after the outage asks the count again,
+/// and that answer does not start the look a second time (a new prober is two fresh
+/// connections more, and its looks would no longer thin out).
+#[test]
+fn a_count_asked_again_after_an_outage_does_not_start_the_look_again() {
+    let mut h = running();
+    assert_eq!(probes(&h.disconnect()), vec![true]);
+    let mut e = h.fire();
+    let mut looks = Vec::new();
+    let mut counted = false;
+    for _ in 0..12 {
+        looks.extend(probes(&e));
+        let Some(op) = etcd_ops(&e).first().cloned() else {
+            break;
+        };
+        let answer = match op {
+            Op::MemberCount => {
+                counted = true;
+                Answer::MemberCount(1)
+            }
+            Op::Range { .. } => Answer::Range {
+                revision: REV,
+                kvs: Vec::new(),
+            },
+            Op::TimeToLive { .. } => Answer::TimeToLive { ttl: 6 },
+            Op::Txn(_) => Answer::Txn { succeeded: true },
+            _ => Answer::Done,
+        };
+        e = h.answer(answer);
+    }
+    assert!(counted, "the sync after the outage asks the count");
+    assert!(!looks.contains(&true), "the look started again: {looks:?}");
+}
