@@ -788,6 +788,36 @@ fn a_crowds_forming_node_with_a_late_keep_alive_asks_the_member_count_with_the_l
     }
 }
 
+/// Fires a disconnected machine's retry and answers the sync that follows (a run without
+/// this node's registration, one etcd member, a live lease): the looks started or stopped
+/// on the way, in order, and how many came before the member count was asked (none if
+/// it was not).
+fn through_resync(h: &mut Harness) -> (Vec<bool>, Option<usize>) {
+    let mut e = h.fire();
+    let (mut looks, mut before_count) = (Vec::new(), None);
+    for _ in 0..12 {
+        looks.extend(probes(&e));
+        let Some(op) = etcd_ops(&e).first().cloned() else {
+            break;
+        };
+        let answer = match op {
+            Op::MemberCount => {
+                before_count.get_or_insert(looks.len());
+                Answer::MemberCount(1)
+            }
+            Op::Range { .. } => Answer::Range {
+                revision: REV,
+                kvs: Vec::new(),
+            },
+            Op::TimeToLive { .. } => Answer::TimeToLive { ttl: 6 },
+            Op::Txn(_) => Answer::Txn { succeeded: true },
+            _ => Answer::Done,
+        };
+        e = h.answer(answer);
+    }
+    (looks, before_count)
+}
+
 /// A crowd's node whose connection was lost while it formed, and that runs its round
 /// before etcd is back, does not look for proof that etcd has no leader before it knows
 /// etcd has one member (a look at one member of several proves nothing); the sync after
@@ -806,31 +836,8 @@ fn a_crowds_node_that_runs_in_an_outage_looks_only_once_etcd_is_counted_one_memb
     let e = h.runs(2, round(1, &[("a", 1), ("b", 1)]));
     replied_ok(&e, 2);
     assert_eq!(probes(&e), Vec::<bool>::new(), "the count is not known");
-    let mut e = h.fire();
-    let mut looks = Vec::new();
-    let mut counted = false;
-    for _ in 0..12 {
-        looks.extend(probes(&e));
-        let Some(op) = etcd_ops(&e).first().cloned() else {
-            break;
-        };
-        let answer = match op {
-            Op::MemberCount => {
-                assert!(looks.is_empty(), "looked before the count: {looks:?}");
-                counted = true;
-                Answer::MemberCount(1)
-            }
-            Op::Range { .. } => Answer::Range {
-                revision: REV,
-                kvs: Vec::new(),
-            },
-            Op::TimeToLive { .. } => Answer::TimeToLive { ttl: 6 },
-            Op::Txn(_) => Answer::Txn { succeeded: true },
-            _ => Answer::Done,
-        };
-        e = h.answer(answer);
-    }
-    assert!(counted, "the sync after the outage asks the count");
+    let (looks, before_count) = through_resync(&mut h);
+    assert_eq!(before_count, Some(0), "looked before the count: {looks:?}");
     assert_eq!(
         looks.first(),
         Some(&true),
@@ -846,29 +853,10 @@ fn a_crowds_node_that_runs_in_an_outage_looks_only_once_etcd_is_counted_one_memb
 fn a_count_asked_again_after_an_outage_does_not_start_the_look_again() {
     let mut h = running();
     assert_eq!(probes(&h.disconnect()), vec![true]);
-    let mut e = h.fire();
-    let mut looks = Vec::new();
-    let mut counted = false;
-    for _ in 0..12 {
-        looks.extend(probes(&e));
-        let Some(op) = etcd_ops(&e).first().cloned() else {
-            break;
-        };
-        let answer = match op {
-            Op::MemberCount => {
-                counted = true;
-                Answer::MemberCount(1)
-            }
-            Op::Range { .. } => Answer::Range {
-                revision: REV,
-                kvs: Vec::new(),
-            },
-            Op::TimeToLive { .. } => Answer::TimeToLive { ttl: 6 },
-            Op::Txn(_) => Answer::Txn { succeeded: true },
-            _ => Answer::Done,
-        };
-        e = h.answer(answer);
-    }
-    assert!(counted, "the sync after the outage asks the count");
+    let (looks, before_count) = through_resync(&mut h);
+    assert!(
+        before_count.is_some(),
+        "the sync after the outage asks the count"
+    );
     assert!(!looks.contains(&true), "the look started again: {looks:?}");
 }
