@@ -10,7 +10,8 @@ use super::machine::{FIRST_RETRY, LAST_RETRY};
 
 /// How long after it runs its first round a crowd's node `node_id` asks etcd's member
 /// count: drawn from its id between half a TTL and a TTL, so that a crowd's questions
-/// come neither with the seal's reads nor all at once (10,000 nodes: 2,000 a second).
+/// come neither with the seal's reads nor all at once (10,000 nodes: about 4,000 a
+/// second).
 pub(super) fn count_delay(node_id: &str, ttl: Duration) -> Duration {
     ttl.mul_f64(0.5 + 0.5 * place_in_crowd(node_id))
 }
@@ -24,7 +25,8 @@ pub(super) struct Outage {
     since: Option<Instant>,
     /// etcd's member count (from its member list at the last sync that asked): only a
     /// one-member etcd's lack of a leader can the prober prove. Unknown until asked: a
-    /// crowd's node asks only once it runs a round ([`Outage::count_members_at`]).
+    /// crowd's node asks only with a late keep-alive's question or once it runs a round
+    /// ([`Outage::count_members_at`]).
     members: Option<usize>,
     /// When a crowd's node that runs its first round asks etcd's member count.
     count_at: Option<Instant>,
