@@ -7,7 +7,11 @@
 //! `shard_txns`), the coordinator's CPU time
 //! for its decisions (all of them, and those that sealed), and how many times a node
 //! found its lease gone and wrote its registration again on a new one (a crowd that
-//! etcd could not keep up with: 0 when formation is admitted at etcd's pace);
+//! etcd could not keep up with: 0 when formation is admitted at etcd's pace), and
+//! `round=` the round every node held at the end (0 unless a lease lapsed after a seal:
+//! that node is driven on as an agent is, and the time counts the re-form;
+//! `--revoke-at-seal K` revokes the leases of the first K nodes to hold round 0, so that
+//! this happens);
 //! `formed_p50_s` and `formed_p99_s` say when the median node and the slowest hundredth
 //! held the round (a gap to `seal_s` is a few stragglers, not a slow crowd), and
 //! `paced_max_s` and `slowest_paced_s` how long the most paced node's requests and the
@@ -70,7 +74,7 @@
 //! a round of more than K members placed (default the agent's,
 //! [`fsdp_rendezvous::etcd::PLACEMENT_ABOVE`]).
 //!
-//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--lose leave|kill [--lose-count K] [--settle S]]
+//! Usage: rdzv-bench --endpoint HOST:PORT --nodes N [--clients K] [--revoke-at-seal K] [--lose leave|kill [--lose-count K] [--settle S]]
 //! [--ttl S] [--ceiling [--inflight K] [--ceiling-spread S] [--ceiling-without watch,keepalive] [--ceiling-renew kept|once] [--ceiling-hold S]
 //! [--ceiling-round whole|placement|header]]
 //! (`RUST_LOG` as the agent's: what the nodes' sessions log, on stderr)
@@ -121,6 +125,7 @@ fn main() {
     let mut inflight = None::<usize>;
     let mut settle = Duration::ZERO;
     let mut lose_count = 1usize;
+    let mut revoke_at_seal = 0usize;
     let mut placement_above = fsdp_rendezvous::etcd::PLACEMENT_ABOVE;
     let mut steps = CeilingSteps {
         watch: true,
@@ -147,6 +152,7 @@ fn main() {
                 lose = Some(said);
             }
             "--lose-count" => lose_count = number(&a, v()),
+            "--revoke-at-seal" => revoke_at_seal = number(&a, v()),
             "--ttl" => ttl = number(&a, v()),
             "--settle" => {
                 let said = v();
@@ -214,6 +220,12 @@ fn main() {
     let Some(endpoint) = endpoint else {
         refuse("--endpoint is required");
     };
+    if revoke_at_seal >= nodes {
+        refuse(&format!(
+            "--revoke-at-seal takes 0 to one less than --nodes ({nodes}): a node must hold \
+             the round its lease is revoked in, not {revoke_at_seal}"
+        ));
+    }
     if lose.is_none() && lose_count != 1 {
         refuse("--lose-count takes effect with --lose leave|kill only");
     }
@@ -265,12 +277,14 @@ fn main() {
         // The seal's moments, on a connection of the bench's own (one more watcher of
         // the whole run, as the coordinator is: a round's registrations and shards).
         let own = connect(&cfg.options).await.expect("connect to etcd");
-        let sealed = watch_seal(own, &cfg, start).await;
+        let sealed = watch_seal(own.clone(), &cfg, start).await;
+        let formed = Formed::new(nodes, revoke_at_seal, own.clone(), cfg.clone());
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..nodes {
             let client = conns[i % clients].clone();
             let mut c = cfg.clone();
             c.node_id = format!("sim-{i:05}");
+            let formed = formed.clone();
             tasks.spawn(async move {
                 let id = c.node_id.clone();
                 let join = EtcdRendezvous::join(client, c);
@@ -279,12 +293,12 @@ fn main() {
                     .expect("join");
                 let joined = start.elapsed().as_secs_f64();
                 let views = node.views();
-                let round = said_if_stalled(node.next_round(), || {
-                    format!("forming {}", stalled_words(&views.borrow(), &id))
-                })
-                .await
-                .expect("round");
-                (node, round, start.elapsed().as_secs_f64(), joined)
+                let (round, after) = formed
+                    .hold_until_formed(&mut node, start, || {
+                        format!("forming {}", stalled_words(&views.borrow(), &id))
+                    })
+                    .await;
+                (node, round, after, joined)
             });
         }
         let (mut held, mut took) = (Vec::new(), Vec::new());
@@ -301,11 +315,16 @@ fn main() {
             took.push(after);
             held.push((node, round));
         }
-        let seal_s = start.elapsed().as_secs_f64();
+        let seal_s = formed.at_s();
         let world: Vec<u32> = held.iter().map(|(_, r)| r.world_size).collect();
         assert!(
             world.iter().all(|w| *w as usize == nodes),
             "every node holds the full round"
+        );
+        let round = held[0].1.number;
+        assert!(
+            held.iter().all(|(_, r)| r.number == round),
+            "every node holds the same round"
         );
         let writes: u64 = held.iter().map(|(n, _)| n.writes()).sum();
         println!("per_node_writes={:.2}", writes as f64 / nodes as f64);
@@ -343,7 +362,7 @@ fn main() {
             "nodes={nodes} seal_s={seal_s:.3} etcd_writes={writes} shard_txns={shard_txns} \
              admission_keys={admission_keys} \
              coordinator_cpu_ms={coordinating_ms:.3} seal_cpu_ms={sealing_ms:.3} \
-             leases_lost={lost} reregistered={again} ttl_s={ttl} placement_above={placement_above} \
+             leases_lost={lost} reregistered={again} round={round} ttl_s={ttl} placement_above={placement_above} \
              formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \
              slowest_paced_s={:.2} gated_max_s={gated_max_s:.2} gated_nodes={gated_nodes} \
              last_joined_s={last_joined:.3} turn_looks_per_node={turn_looks:.2} \
@@ -715,6 +734,119 @@ fn stalled_words(v: &fsdp_rendezvous::etcd::View, me: &str) -> String {
         v.coordinator.as_deref() == Some(me),
         v.departed.len(),
     )
+}
+
+/// When the crowd formed: the first moment every node held one round of all of them.
+/// A node whose round ends before that (its lease lapsed after the seal, in a run etcd
+/// could not keep up with) is driven on as an agent is (`changed`, then `next_round`), so
+/// the lapse costs a round more (`round=` on the line, `leases_lost`) rather than a bench
+/// that waits for a node nothing drives; the run with no such lapse ends at round 0.
+#[derive(Clone)]
+struct Formed {
+    nodes: usize,
+    /// Nodes holding each round (of all nodes), and when a round was first held by all.
+    holding: std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<u64, usize>, Option<f64>)>>,
+    done: tokio::sync::watch::Sender<bool>,
+    /// `--revoke-at-seal`: how many of the first nodes to hold round 0 have their lease
+    /// revoked by the bench then, before they count as holding it (a lapse after the seal,
+    /// made sure of), and the connection and keys that find and revoke it.
+    revoke: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    etcd: etcd_client::Client,
+    keys: Keys,
+}
+
+impl Formed {
+    fn new(nodes: usize, revoke: usize, etcd: etcd_client::Client, cfg: EtcdConfig) -> Self {
+        Self {
+            nodes,
+            holding: Default::default(),
+            done: tokio::sync::watch::channel(false).0,
+            revoke: std::sync::Arc::new(revoke.into()),
+            etcd,
+            keys: Keys::new(&cfg.prefix, &cfg.run_id).expect("the bench's keys"),
+        }
+    }
+
+    /// Whether `node`, holding `round`, is one of the first to hold round 0 that
+    /// `--revoke-at-seal` takes: its lease is then revoked, as etcd does to a lease it
+    /// could not renew in time.
+    async fn revoked(&self, node: &EtcdRendezvous, round: &fsdp_rendezvous::Round) -> bool {
+        let take = |left: usize| left.checked_sub(1);
+        if round.number != 0
+            || self
+                .revoke
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, take)
+                .is_err()
+        {
+            return false;
+        }
+        let mut etcd = self.etcd.clone();
+        let key = format!("{}{}", self.keys.members(), node.node_id());
+        let read = etcd
+            .get(key.as_str(), None)
+            .await
+            .expect("read a registration");
+        let lease = read
+            .kvs()
+            .first()
+            .map(|kv| kv.lease())
+            .expect("a registration on its lease");
+        etcd.lease_revoke(lease)
+            .await
+            .expect("revoke a held node's lease");
+        true
+    }
+
+    /// The moment every node held one round, in seconds after the start.
+    fn at_s(&self) -> f64 {
+        let holding = self.holding.lock().expect("formed");
+        holding.1.expect("the crowd formed")
+    }
+
+    /// `node`'s rounds until every node holds the same one: that round, and when this
+    /// node took it (seconds after `start`).
+    async fn hold_until_formed(
+        &self,
+        node: &mut EtcdRendezvous,
+        start: Instant,
+        words: impl Fn() -> String,
+    ) -> (fsdp_rendezvous::Round, f64) {
+        let mut done = self.done.subscribe();
+        let mut before = None;
+        loop {
+            let round = said_if_stalled(node.next_round(), &words)
+                .await
+                .expect("round");
+            let after = start.elapsed().as_secs_f64();
+            if self.revoked(node, &round).await {
+                node.changed().await.expect("a revoked lease's end is seen");
+                continue;
+            }
+            self.took(before.replace(round.number), &round, after);
+            tokio::select! {
+                r = done.wait_for(|d| *d) => {
+                    r.expect("the bench holds the sender");
+                    return (round, after);
+                }
+                change = node.changed() => {
+                    change.expect("a held round's end is seen");
+                }
+            }
+        }
+    }
+
+    fn took(&self, before: Option<u64>, round: &fsdp_rendezvous::Round, after: f64) {
+        let mut holding = self.holding.lock().expect("formed");
+        if let Some(n) = before.and_then(|b| holding.0.get_mut(&b)) {
+            *n -= 1;
+        }
+        let n = holding.0.entry(round.number).or_default();
+        *n += 1;
+        if *n == self.nodes && round.world_size as usize == self.nodes && holding.1.is_none() {
+            holding.1 = Some(after);
+            self.done.send_replace(true);
+        }
+    }
 }
 
 /// Takes `count` nodes out of the sealed round at once (`leave`: revoking their leases;
