@@ -736,6 +736,9 @@ fn stalled_words(v: &fsdp_rendezvous::etcd::View, me: &str) -> String {
     )
 }
 
+/// Nodes holding each round, and when one round was first held by all (seconds).
+type Holding = (std::collections::HashMap<u64, usize>, Option<f64>);
+
 /// When the crowd formed: the first moment every node held one round of all of them.
 /// A node whose round ends before that (its lease lapsed after the seal, in a run etcd
 /// could not keep up with) is driven on as an agent is (`changed`, then `next_round`), so
@@ -745,7 +748,7 @@ fn stalled_words(v: &fsdp_rendezvous::etcd::View, me: &str) -> String {
 struct Formed {
     nodes: usize,
     /// Nodes holding each round (of all nodes), and when a round was first held by all.
-    holding: std::sync::Arc<std::sync::Mutex<(std::collections::HashMap<u64, usize>, Option<f64>)>>,
+    holding: std::sync::Arc<std::sync::Mutex<Holding>>,
     done: tokio::sync::watch::Sender<bool>,
     /// `--revoke-at-seal`: how many of the first nodes to hold round 0 have their lease
     /// revoked by the bench then, before they count as holding it (a lapse after the seal,
