@@ -374,7 +374,7 @@ impl EtcdRendezvous {
         .with_first_read(read);
         let counter = client.clone();
         let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
-        let session = tokio::spawn(driver.run());
+        let session = tokio::spawn(Box::new(driver).run());
         first_sync(&mut view, &session, left()).await?;
         let waiter = Waiter::new(
             cfg.node_id.clone(),

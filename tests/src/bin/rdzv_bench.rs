@@ -287,7 +287,10 @@ fn main() {
             let formed = formed.clone();
             tasks.spawn(async move {
                 let id = c.node_id.clone();
-                let join = EtcdRendezvous::join(client, c);
+                // Boxed, as the rounds below: held in place, the join's future (12 KB)
+                // sized every node's task for its whole life, memory the kernel zeroed
+                // page by page on the two cores etcd shares.
+                let join = Box::pin(EtcdRendezvous::join(client, c));
                 let mut node = said_if_stalled(join, || format!("joining {id}"))
                     .await
                     .expect("join");
@@ -817,7 +820,7 @@ impl Formed {
         let mut done = self.done.subscribe();
         let mut before = None;
         loop {
-            let round = said_if_stalled(node.next_round(), &words)
+            let round = said_if_stalled(Box::pin(node.next_round()), &words)
                 .await
                 .expect("round");
             let after = start.elapsed().as_secs_f64();
