@@ -8,12 +8,22 @@ use std::time::{Duration, Instant};
 use super::admission::place_in_crowd;
 use super::machine::{FIRST_RETRY, LAST_RETRY};
 
-/// How long after it runs its first round a crowd's node `node_id` asks etcd's member
-/// count: drawn from its id between half a TTL and a TTL, so that a crowd's questions
-/// come neither with the seal's reads nor all at once (10,000 nodes: about 4,000 a
-/// second).
-pub(super) fn count_delay(node_id: &str, ttl: Duration) -> Duration {
-    ttl.mul_f64(0.5 + 0.5 * place_in_crowd(node_id))
+/// A crowd's questions for the member count are spread over this much per node of the
+/// run (500 a second): spread over half a TTL, 20,000 nodes asked 10,500 of them in the
+/// four seconds after the seal, with the seal's 20,000 shard reads and 12,000 renewals a
+/// second, and that run collapsed there (lease questions, lapsed leases, registrations
+/// again; docs/bench/agents-scale.md, twenty-seventh section).
+const COUNT_PER_NODE: Duration = Duration::from_millis(2);
+
+/// How long after it runs its first round a crowd's node `node_id`, of a run of at most
+/// `max_nodes`, asks etcd's member count: half a TTL, then a moment drawn from its id
+/// within [`COUNT_PER_NODE`] a node (at least half a TTL: 40 s at 20,000), so that a
+/// crowd's questions come neither with the seal's reads nor faster than etcd answers
+/// them beside its renewals. What waiting costs: a node that loses etcd before it knows
+/// fences on its lease clock, as a node of an etcd of several members always does.
+pub(super) fn count_delay(node_id: &str, max_nodes: u32, ttl: Duration) -> Duration {
+    let spread = (COUNT_PER_NODE * max_nodes).max(ttl / 2);
+    ttl / 2 + spread.mul_f64(place_in_crowd(node_id))
 }
 
 #[derive(Debug, Default)]
@@ -203,5 +213,38 @@ impl Outage {
         let before = self.slowed;
         self.slowed = self.slowed.saturating_add(1);
         (before, busy_for)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small run's nodes ask within half a TTL of half a TTL after their first round
+    /// (as before); a crowd of 20,000 over 40 s from then, at most about 500 a second.
+    #[test]
+    fn a_crowds_member_count_questions_come_at_about_500_a_second_from_half_a_ttl() {
+        let ttl = Duration::from_secs(5);
+        let delays = |max_nodes: u32| -> Vec<Duration> {
+            (0..max_nodes)
+                .map(|i| count_delay(&format!("sim-{i:05}"), max_nodes, ttl))
+                .collect()
+        };
+        for d in delays(8) {
+            assert!(d >= ttl / 2 && d < ttl, "{d:?}");
+        }
+        let crowd = delays(20_000);
+        assert!(
+            crowd
+                .iter()
+                .all(|d| *d >= ttl / 2 && *d < ttl / 2 + Duration::from_secs(40))
+        );
+        assert!(crowd.iter().any(|d| *d > ttl / 2 + Duration::from_secs(35)));
+        let mut per_second = [0u32; 43];
+        for d in &crowd {
+            per_second[d.as_secs() as usize] += 1;
+        }
+        let busiest = per_second.iter().max().copied().unwrap_or(0);
+        assert!(busiest <= 650, "{busiest} in one second: {per_second:?}");
     }
 }

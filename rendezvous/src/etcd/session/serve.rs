@@ -121,12 +121,13 @@ impl Machine {
                 self.admission.ran_a_round();
                 if first && !self.outage.members_known() {
                     // A crowd's node, which did not ask at its join: soon if it looks
-                    // (the look waits for the count), else spread over a TTL from half
-                    // of one, away from the seal's own requests.
+                    // (the look waits for the count), else spread from half a TTL on,
+                    // away from the seal's own requests (`count_delay`).
                     let delay = if self.outage.looks() {
                         std::time::Duration::ZERO
                     } else {
-                        super::outage::count_delay(&self.cfg.node_id, self.cfg.ttl)
+                        let max = self.cfg.seal.max_nodes;
+                        super::outage::count_delay(&self.cfg.node_id, max, self.cfg.ttl)
                     };
                     self.outage.count_members_at(self.now + delay);
                 } else if first && self.outage.looks() {
