@@ -264,7 +264,7 @@ impl Machine {
         if self.cfg.several_endpoints {
             return Some(sent? + ttl / 4);
         }
-        if self.outage.probing() || !self.may_look() {
+        if self.outage.probing() || !self.may_ask() {
             return None;
         }
         let sent = sent?;
@@ -301,22 +301,23 @@ impl Machine {
     /// etcd does not answer: start looking for proof that it has no leader (so the lease
     /// cannot expire and the workers need not be fenced).
     pub(super) fn trouble(&mut self) {
-        if self.may_look() {
+        if self.may_ask() {
             self.probe(true);
         }
     }
 
-    /// Whether the prober can prove anything here: only a one-member etcd's lack of a
-    /// leader is proved by looking at it. A forming node whose count is not known yet
-    /// (a crowd's: [`Machine::counted`]) takes etcd for one member: it looks only once
-    /// it runs a round, and by then it knows.
-    fn may_look(&self) -> bool {
-        let single = if self.admission.formation_over() {
-            self.outage.single_member()
-        } else {
-            self.outage.may_be_single()
-        };
-        single && self.cfg.can_probe
+    /// Whether a late keep-alive is asked about (etcd's word on the lease, with its
+    /// member count when that is not known yet) and may lead to a look for proof that
+    /// etcd has no leader: wherever etcd may be one member, for only a one-member etcd's
+    /// lack of a leader is proved by looking at it. The look itself waits until etcd is
+    /// counted one member ([`Machine::probe`], [`Machine::counted`]). A crowd's node that
+    /// runs its first round learns the count up to 2 ms a node later
+    /// (`outage::count_delay`); asking only once it knew, one whose keep-alive came back
+    /// late in the seconds after the seal fenced on its lease clock without a word to
+    /// etcd, and at 20,000 nodes three such fences re-formed the whole crowd on an etcd
+    /// still behind (docs/bench/agents-scale.md, twenty-seventh section).
+    fn may_ask(&self) -> bool {
+        self.outage.may_be_single() && self.cfg.can_probe
     }
 
     /// etcd has `n` members. On a crowd's node that runs its round, the first count
@@ -340,27 +341,30 @@ impl Machine {
     /// Whether a late keep-alive's look waits for etcd's answer about the lease: on a
     /// node that runs a round (a forming one does not look) and asks.
     fn holds_look(&self) -> bool {
-        self.may_look() && self.admission.formation_over() && asks_first()
+        self.may_ask() && self.admission.formation_over() && asks_first()
     }
 
     /// The look held while etcd was asked about the lease starts now, unless etcd spoke
-    /// meanwhile. A timer of its own, heard while an op is in flight too: the op is
-    /// often that question, and a stopped etcd never answers it.
+    /// meanwhile; on an etcd counted one member only (a node that asked the count with
+    /// the question starts it when the count comes: `counted`). A timer of its own, heard
+    /// while an op is in flight too: the op is often that question, and a stopped etcd
+    /// never answers it.
     pub(super) fn start_held_look(&mut self) {
-        if self.outage.held_look_starts(self.now) {
+        if self.outage.held_look_starts(self.now) && self.outage.single_member() {
             self.flight.emit(Effect::Probe(true));
         }
     }
 
     /// Looks for that proof, or stops. A node still forming has no workers to fence:
-    /// it looks only once it runs a round (`serve.rs`), though the session counts it as
-    /// looking meanwhile (a late keep-alive asks etcd once, not at every tick). Each
+    /// it looks only once it runs a round (`serve.rs`) and etcd is counted one member
+    /// (`counted`), though the session counts it as looking meanwhile (a late keep-alive asks etcd once, not at every tick). Each
     /// look is a fresh connection and a status request, and in a crowd on a slow etcd
     /// thousands of joining nodes looked every quarter TTL: at 10,000 nodes, half the
     /// bench's CPU was the kernel finding ports for their connections, and the
     /// requests were more load on an etcd already behind.
     pub(super) fn probe(&mut self, on: bool) {
-        if self.outage.probe(on) && (!on || self.admission.formation_over()) {
+        let looks = self.admission.formation_over() && self.outage.single_member();
+        if self.outage.probe(on) && (!on || looks) {
             self.flight.emit(Effect::Probe(on));
         }
     }

@@ -860,3 +860,70 @@ fn a_count_asked_again_after_an_outage_does_not_start_the_look_again() {
     );
     assert!(!looks.contains(&true), "the look started again: {looks:?}");
 }
+
+/// A crowd's node that runs its first round before it knows etcd's member count (asked up
+/// to 2 ms a node of the run later: 40 s at 20,000), whose keep-alive is then late, asks
+/// etcd about its lease with the count, as a forming node does. It asked nothing before,
+/// and fenced on its lease clock without a word to etcd: at 20,000 nodes three such
+/// fences after the seal re-formed the whole crowd. The look for proof of a leaderless
+/// etcd still waits for the count: none before it, none on an etcd of three members.
+#[test]
+fn a_crowds_running_node_with_a_late_keep_alive_asks_its_lease_and_the_count_before_knowing_it() {
+    for members in [1, 3] {
+        let mut h = Harness::with(|c| {
+            c.crowd = true;
+            c.seal.max_nodes = 20_000;
+        });
+        let effects = h.m.start(h.now);
+        let (_, rest) = h.sync_through(effects, &[coordinator_kv("b", 99)]);
+        no_op(&rest);
+        h.register(1, 0, true);
+        replied_ok(&h.runs(2, round(1, &[("a", 1), ("b", 1)])), 2);
+        let ran = h.now;
+        let scheduled = crate::etcd::session::outage::count_delay("a", 20_000, TTL);
+        let mut looked = Vec::new();
+        let (op, at) = {
+            let mut found = None;
+            for _ in 0..20 {
+                let e = h.fire();
+                looked.extend(probes(&e));
+                match etcd_ops(&e).first() {
+                    Some(Op::KeepAlive) => no_op(&h.answer(Answer::Done)),
+                    Some(op) => {
+                        found = Some((op.clone(), h.now));
+                        break;
+                    }
+                    None => {}
+                }
+            }
+            found.expect("an op other than a keep-alive")
+        };
+        assert_eq!(op, Op::MemberCount, "{members} members");
+        assert!(
+            at < ran + scheduled,
+            "asked with the late keep-alive, not at {scheduled:?}"
+        );
+        assert!(at < ran + TTL, "{:?} after the round", at - ran);
+        let e = h.answer(Answer::MemberCount(members));
+        looked.extend(probes(&e));
+        assert!(
+            !looked.contains(&true),
+            "no look before the count: {looked:?}"
+        );
+        if members == 1 {
+            assert_eq!(the_op(&e), Op::TimeToLive { lease: LEASE });
+        } else {
+            assert!(etcd_ops(&e).is_empty(), "three members: no question: {e:?}");
+            for _ in 0..6 {
+                let e = h.fire();
+                assert!(
+                    !probes(&e).contains(&true),
+                    "no look on three members: {e:?}"
+                );
+                if etcd_ops(&e).first() == Some(&Op::KeepAlive) {
+                    h.answer(Answer::Done);
+                }
+            }
+        }
+    }
+}
