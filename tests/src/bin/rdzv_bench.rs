@@ -818,7 +818,6 @@ impl Formed {
         words: impl Fn() -> String,
     ) -> (fsdp_rendezvous::Round, f64) {
         let mut done = self.done.subscribe();
-        let mut before = None;
         loop {
             let round = said_if_stalled(Box::pin(node.next_round()), &words)
                 .await
@@ -828,7 +827,7 @@ impl Formed {
                 node.changed().await.expect("a revoked lease's end is seen");
                 continue;
             }
-            self.took(before.replace(round.number), &round, after);
+            self.took(&round, after);
             tokio::select! {
                 r = done.wait_for(|d| *d) => {
                     r.expect("the bench holds the sender");
@@ -836,16 +835,25 @@ impl Formed {
                 }
                 change = node.changed() => {
                     change.expect("a held round's end is seen");
+                    // No longer held from now: the crowd must not count it in a round
+                    // it left while it asks for the next.
+                    self.left(&round);
                 }
             }
         }
     }
 
-    fn took(&self, before: Option<u64>, round: &fsdp_rendezvous::Round, after: f64) {
+    /// A node left `round` (its end seen).
+    fn left(&self, round: &fsdp_rendezvous::Round) {
         let mut holding = self.holding.lock().expect("formed");
-        if let Some(n) = before.and_then(|b| holding.0.get_mut(&b)) {
+        if let Some(n) = holding.0.get_mut(&round.number) {
             *n -= 1;
         }
+    }
+
+    /// A node took `round`, `after` seconds in: the crowd formed if every node holds it.
+    fn took(&self, round: &fsdp_rendezvous::Round, after: f64) {
+        let mut holding = self.holding.lock().expect("formed");
         let n = holding.0.entry(round.number).or_default();
         *n += 1;
         if *n == self.nodes && round.world_size as usize == self.nodes && holding.1.is_none() {

@@ -357,7 +357,8 @@ impl Machine {
 
     /// Looks for that proof, or stops. A node still forming has no workers to fence:
     /// it looks only once it runs a round (`serve.rs`) and etcd is counted one member
-    /// (`counted`), though the session counts it as looking meanwhile (a late keep-alive asks etcd once, not at every tick). Each
+    /// (`counted`), though the session counts it as looking meanwhile (a late keep-alive
+    /// asks etcd once, not at every tick). Each
     /// look is a fresh connection and a status request, and in a crowd on a slow etcd
     /// thousands of joining nodes looked every quarter TTL: at 10,000 nodes, half the
     /// bench's CPU was the kernel finding ports for their connections, and the
