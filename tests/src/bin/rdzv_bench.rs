@@ -278,7 +278,7 @@ fn main() {
         // the whole run, as the coordinator is: a round's registrations and shards).
         let own = connect(&cfg.options).await.expect("connect to etcd");
         let sealed = watch_seal(own.clone(), &cfg, start).await;
-        let formed = Formed::new(nodes, revoke_at_seal, own.clone(), cfg.clone());
+        let formed = Formed::new(nodes, revoke_at_seal, own.clone(), &cfg);
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..nodes {
             let client = conns[i % clients].clone();
@@ -762,7 +762,7 @@ struct Formed {
 }
 
 impl Formed {
-    fn new(nodes: usize, revoke: usize, etcd: etcd_client::Client, cfg: EtcdConfig) -> Self {
+    fn new(nodes: usize, revoke: usize, etcd: etcd_client::Client, cfg: &EtcdConfig) -> Self {
         Self {
             nodes,
             holding: Default::default(),

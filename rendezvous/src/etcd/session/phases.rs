@@ -320,6 +320,12 @@ impl Machine {
         self.outage.may_be_single() && self.cfg.can_probe
     }
 
+    /// Whether a look for that proof may run now: on a node that runs a round (a forming
+    /// one has no workers to fence) of an etcd counted one member.
+    pub(super) fn look_may_run(&self) -> bool {
+        self.admission.formation_over() && self.outage.single_member()
+    }
+
     /// etcd has `n` members. On a crowd's node that runs its round, the first count
     /// starts a look held back for it if etcd has one member, and stops it if it has
     /// more: it could prove nothing. (A count known before changes no look.)
@@ -350,7 +356,7 @@ impl Machine {
     /// while an op is in flight too: the op is often that question, and a stopped etcd
     /// never answers it.
     pub(super) fn start_held_look(&mut self) {
-        if self.outage.held_look_starts(self.now) && self.outage.single_member() {
+        if self.outage.held_look_starts(self.now) && self.look_may_run() {
             self.flight.emit(Effect::Probe(true));
         }
     }
@@ -358,14 +364,12 @@ impl Machine {
     /// Looks for that proof, or stops. A node still forming has no workers to fence:
     /// it looks only once it runs a round (`serve.rs`) and etcd is counted one member
     /// (`counted`), though the session counts it as looking meanwhile (a late keep-alive
-    /// asks etcd once, not at every tick). Each
-    /// look is a fresh connection and a status request, and in a crowd on a slow etcd
-    /// thousands of joining nodes looked every quarter TTL: at 10,000 nodes, half the
-    /// bench's CPU was the kernel finding ports for their connections, and the
-    /// requests were more load on an etcd already behind.
+    /// asks etcd once, not at every tick). Each look is a fresh connection and a status
+    /// request, and in a crowd on a slow etcd thousands of joining nodes looked every
+    /// quarter TTL: at 10,000 nodes, half the bench's CPU was the kernel finding ports
+    /// for their connections, and the requests were more load on an etcd already behind.
     pub(super) fn probe(&mut self, on: bool) {
-        let looks = self.admission.formation_over() && self.outage.single_member();
-        if self.outage.probe(on) && (!on || looks) {
+        if self.outage.probe(on) && (!on || self.look_may_run()) {
             self.flight.emit(Effect::Probe(on));
         }
     }

@@ -130,7 +130,7 @@ impl Machine {
                         super::outage::count_delay(&self.cfg.node_id, max, self.cfg.ttl)
                     };
                     self.outage.count_members_at(self.now + delay);
-                } else if first && self.outage.looks() && self.outage.single_member() {
+                } else if first && self.outage.looks() && self.look_may_run() {
                     // The look held back while forming starts now that workers run,
                     // unless etcd said since that the lease stands, or was counted
                     // more than one member (no look proves anything there).
