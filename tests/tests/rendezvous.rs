@@ -566,6 +566,64 @@ async fn a_crowd_node_goes_when_the_coordinator_lets_the_crowd_that_far() {
     );
 }
 
+/// Watch streams etcd opened so far (`grpc_server_started_total` of `Watch`).
+fn watch_streams_opened(etcd: &Etcd) -> u64 {
+    let text = fsdp_tests::metrics_text(&etcd.endpoint());
+    text.lines()
+        .filter(|l| l.starts_with("grpc_server_started_total") && l.contains("\"Watch\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// A crowd's node that waited for its turn keeps what it saw while it waited: the control
+/// keys written then are in its first view (its read brought up to date by its turn's
+/// watch, which watches them too), and its session watches them on the stream it waited
+/// on, not on one of its own (one stream a node, as the floor: at 10,000 nodes the turns
+/// were 9,000 stream opens more). A change after the join still reaches it there.
+#[tokio::test]
+async fn a_crowd_node_let_in_keeps_what_its_turns_watch_saw_and_its_stream() {
+    let etcd = Etcd::start();
+    let keys = Keys::new("/fsdp", "turn-kept").unwrap();
+    let mut cfg = config(&etcd, "turn-kept", 1, 10_000);
+    cfg.node_id = placed_between(0.62, 0.65, "");
+    let watching = tokio::spawn(EtcdRendezvous::connect(cfg));
+    // Past its first look (about 1.3 s): it read, found nothing and watches.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!watching.is_finished(), "joined before its turn");
+    assert_eq!(watch_streams_opened(&etcd), 1, "the turn's watch");
+    let mut c = connect(&config(&etcd, "turn-kept", 1, 10_000).options)
+        .await
+        .unwrap();
+    // Written while it waits, after its look's read.
+    let claim = claim_coordinator(&mut c, &keys, "elsewhere").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.put(keys.admission(200), "", None).await.unwrap();
+    let node = within(Duration::from_secs(10), "the join", watching)
+        .await
+        .unwrap()
+        .expect("join");
+    assert_eq!(
+        node.view().coordinator.as_deref(),
+        Some("elsewhere"),
+        "the claim made while it waited"
+    );
+    assert_eq!(
+        watch_streams_opened(&etcd),
+        1,
+        "the session's watches open on the turn's stream"
+    );
+    // The claim gone: the session's watch on that stream says so.
+    c.lease_revoke(claim).await.unwrap();
+    let mut views = node.views();
+    within(
+        Duration::from_secs(10),
+        "the claim's end seen",
+        views.wait_for(|v| v.coordinator.as_deref() != Some("elsewhere")),
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn garbage_in_a_rendezvous_key_is_a_clear_error() {
     let etcd = Etcd::start();

@@ -87,81 +87,108 @@ async fn spread_out(cfg: &mut EtcdConfig) -> Option<session::Turn> {
 /// after, until the turn's latest moment.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
-/// Waits out this node's turn ([`session::Turn`]): reads the admission keys from its own
-/// to the last and, if none is there, watches them until one is put (the coordinator
-/// let the crowd this far) or its latest moment comes. Whether its turn came by the
-/// push: a node that went at its latest goes through the gate, one pushed does not.
+/// Waits out this node's turn ([`session::Turn`]). Its first look is the nesting check,
+/// which reads the admission keys from its own to the last beside the control keys (one
+/// request: a read of its own was 9,000 more at 10,000 nodes); if none is there, it
+/// watches them, and the control keys with them, from the read's revision until one is
+/// put (the coordinator let the crowd this far) or its latest moment comes. A node let
+/// in keeps the read, brought up to date by what the watch saw of the control keys, for
+/// its session's first sync, and the watch's stream for its session's watches
+/// ([`session::TurnStream`]); one that goes at its latest gets neither: it goes through
+/// the gate, which reads again.
 async fn await_turn(
-    client: &Client,
+    client: &mut Client,
     keys: &Keys,
+    prefix: &str,
     turn: session::Turn,
     counters: &Counters,
-) -> bool {
+) -> Result<Option<(session::FirstRead, Option<session::TurnStream>)>, RendezvousError> {
     let began = Instant::now();
-    let (from, to) = (keys.admission(turn.key()), past(&keys.admissions()));
     let mut looks = 0;
     let pushed = loop {
         let Some(limit) = turn.latest().checked_duration_since(Instant::now()) else {
-            break false;
+            break None;
         };
         looks += 1;
-        match tokio::time::timeout(limit, admitted(client, &from, &to)).await {
-            Ok(Ok(())) => break true,
-            Ok(Err(e)) => {
+        match tokio::time::timeout(limit, turn_look(client, keys, prefix, turn.key(), limit)).await
+        {
+            Ok(Ok(pushed)) => break Some(pushed),
+            Ok(Err(e @ RendezvousError::Etcd { .. })) => {
                 tracing::debug!(error = %e, "could not look for this node's turn; looking again");
                 tokio::time::sleep(LOOK_AGAIN.min(limit)).await;
             }
-            Err(_) => break false,
+            Ok(Err(refused)) => return Err(refused),
+            Err(_) => break None,
         }
     };
     counters.turn_looks.fetch_add(looks, Ordering::Relaxed);
-    if pushed {
+    if pushed.is_some() {
         counters.turn_pushed.fetch_add(1, Ordering::Relaxed);
     }
     let ns = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
     counters.turn_ns.fetch_add(ns, Ordering::Relaxed);
-    pushed
+    Ok(pushed)
 }
 
-/// Returns once an admission key in `[from, to)` is there: read (serializable: no wait
-/// for the apply loop; a stale answer only starts the watch earlier), then watched from
-/// the revision after the read. An error when etcd fails or the watch ends.
-async fn admitted(client: &Client, from: &str, to: &str) -> Result<(), etcd_client::Error> {
+/// One look for this node's turn (place slice `own`): the nesting check with the
+/// admission keys, then, if none is there yet, the watch. Returns once an admission key
+/// from `own` on is there; an etcd error when etcd fails or the watch ends.
+async fn turn_look(
+    client: &mut Client,
+    keys: &Keys,
+    prefix: &str,
+    own: u32,
+    window: Duration,
+) -> Result<(session::FirstRead, Option<session::TurnStream>), RendezvousError> {
     use etcd_client::{EventType, WatchOptions};
-    let mut c = client.clone();
-    let opts = GetOptions::new()
-        .with_range(to)
-        .with_serializable()
-        .with_keys_only()
-        .with_limit(1);
-    let read = c.get(from, Some(opts)).await?;
-    if !read.kvs().is_empty() {
-        return Ok(());
+    let from = keys.admission(own);
+    let (mut read, admitted) =
+        nesting_check(client, keys, prefix, window, false, Some(&from)).await?;
+    if admitted {
+        return Ok((read, None));
     }
-    let revision = read.header().map_or(0, |h| h.revision());
+    let failed = |e: etcd_client::Error| RendezvousError::Etcd {
+        what: "watching for this node's turn",
+        source: e.into(),
+    };
+    // The admission keys sort just before the control keys, and no key of the run lies
+    // between them: one watch has both.
     let opts = WatchOptions::new()
-        .with_range(to)
-        .with_start_revision(revision + 1);
-    let mut events = c.watch(from, Some(opts)).await?;
-    while let Some(batch) = events.message().await? {
-        if batch
-            .events()
-            .iter()
-            .any(|e| e.event_type() == EventType::Put)
-        {
-            return Ok(());
-        }
+        .with_range(past(&keys.ctl()))
+        .with_start_revision(read.revision + 1);
+    let mut stream = super::connect::watcher(client)
+        .watch(from.as_str(), Some(opts))
+        .await
+        .map_err(failed)?;
+    while let Some(batch) = stream.message().await.map_err(failed)? {
         if batch.canceled() {
             break;
         }
+        let mut came = false;
+        for event in batch.events() {
+            let Some(kv) = event.kv() else { continue };
+            let key = kv.key_str().unwrap_or("");
+            let put = event.event_type() == EventType::Put;
+            if keys.is_admission(key) {
+                came |= put;
+            } else if key.starts_with(&keys.ctl()) {
+                read.caught_up(kv, put);
+            }
+        }
+        if came {
+            // Its later puts would reach this node for nothing, one event each.
+            let id = batch.watch_id();
+            stream.cancel(id).await.map_err(failed)?;
+            return Ok((read, Some(session::TurnStream { stream, id })));
+        }
     }
     let e = std::io::Error::other("etcd ended the watch of the admission keys");
-    Err(etcd_client::Error::IoError(e))
+    Err(failed(etcd_client::Error::IoError(e)))
 }
 
 /// The nesting check, which in a crowd is also the gate before the grant
-/// ([`session::Gate`]) unless the node's turn was pushed (`gate`): read linearizably
-/// there, and again after a drawn pause for as long as etcd answers it slowly (its apply loop behind), for at most half of what is
+/// ([`session::Gate`]) of a node whose turn was not pushed (a node let in made its check
+/// as it looked for its turn): read linearizably there, and again after a drawn pause for as long as etcd answers it slowly (its apply loop behind), for at most half of what is
 /// left until `deadline` (the join's): the grant and the first sync need the rest, and a
 /// node held that long joins and lets the pace after its grant hold it. A look still
 /// unanswered then is given up, and the check made as outside a crowd.
@@ -169,12 +196,11 @@ async fn through_gate(
     client: &mut Client,
     keys: &Keys,
     cfg: &EtcdConfig,
-    gate: bool,
     deadline: Instant,
     counters: &Counters,
 ) -> Result<session::FirstRead, RendezvousError> {
-    let mut gate = (gate && session::gated(cfg.max_nodes))
-        .then(|| session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl));
+    let mut gate =
+        session::gated(cfg.max_nodes).then(|| session::Gate::new(&cfg.node_id, cfg.keep_alive_ttl));
     let began = Instant::now();
     let gate_until = began + deadline.saturating_duration_since(began) / 2;
     // From the first slow look's answer: slow looks after it count as held too.
@@ -354,13 +380,21 @@ impl EtcdRendezvous {
         // 20,000 nodes, and each node that gave up was an agent that exited.
         let counters = Counters::default();
         let pushed = match turn {
-            Some(turn) => await_turn(&client, &keys, turn, &counters).await,
-            None => false,
+            Some(turn) => await_turn(&mut client, &keys, &cfg.prefix, turn, &counters).await?,
+            None => None,
         };
         // From the turn's end: at 20,000 nodes a turn may take a minute.
         let deadline = Instant::now() + cfg.join_timeout.max(cfg.options.retry_window);
         let left = || deadline.saturating_duration_since(Instant::now());
-        let read = through_gate(&mut client, &keys, &cfg, !pushed, deadline, &counters).await?;
+        // A node the coordinator let in skips the gate: the coordinator's writes already
+        // said etcd keeps up.
+        let (read, turn_stream) = match pushed {
+            Some(pushed) => pushed,
+            None => (
+                through_gate(&mut client, &keys, &cfg, deadline, &counters).await?,
+                None,
+            ),
+        };
         let ttl_s = cfg.keep_alive_ttl.as_secs().max(1) as i64;
         let lease = grant_lease(&client, left(), ttl_s).await?;
         let writes = Arc::new(AtomicU64::new(1));
@@ -373,7 +407,8 @@ impl EtcdRendezvous {
         )
         .with_first_read(read);
         let counter = client.clone();
-        let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox);
+        let driver = Driver::new(client, Some(cfg.options.clone()), machine, tx, inbox)
+            .with_turn_stream(turn_stream);
         let session = tokio::spawn(Box::new(driver).run());
         first_sync(&mut view, &session, left()).await?;
         let waiter = Waiter::new(
@@ -553,12 +588,15 @@ impl EtcdRendezvous {
 /// and last every key under `ctl` (the session's first read, [`session::FirstRead`]).
 /// Serializable, as the session's own reads of the run, unless `linearizable`: another
 /// run's keys are not written in the moment this one starts, so only the gate
-/// (`through_gate`) wants the answer to wait for etcd's apply loop.
+/// (`through_gate`) wants the answer to wait for etcd's apply loop. With `turn` (the
+/// admission keys from a waiting node's own to the last), whether one of them is there,
+/// after the rest.
 fn nesting_reads(
     outer: &[String],
     gaps: &[(String, String)],
     ctl: &str,
     linearizable: bool,
+    turn: Option<(&str, &str)>,
 ) -> Vec<etcd_client::TxnOp> {
     use etcd_client::TxnOp;
     let read = |o: GetOptions| {
@@ -578,6 +616,15 @@ fn nesting_reads(
                 .map(|(from, to)| TxnOp::get(from.as_str(), Some(keys_in(to)))),
         )
         .chain([TxnOp::get(ctl, Some(read(GetOptions::new().with_prefix())))])
+        .chain(turn.map(|(from, to)| {
+            let one = read(
+                GetOptions::new()
+                    .with_range(to)
+                    .with_keys_only()
+                    .with_limit(1),
+            );
+            TxnOp::get(from, Some(one))
+        }))
         .collect()
 }
 
@@ -604,6 +651,20 @@ pub(super) async fn refuse_nesting(
     window: Duration,
     linearizable: bool,
 ) -> Result<session::FirstRead, RendezvousError> {
+    let (read, _) = nesting_check(client, keys, prefix, window, linearizable, None).await?;
+    Ok(read)
+}
+
+/// [`refuse_nesting`], and with `turn` (a waiting node's own admission key) whether an
+/// admission key from it to the last is there: its turn came.
+async fn nesting_check(
+    client: &mut Client,
+    keys: &Keys,
+    prefix: &str,
+    window: Duration,
+    linearizable: bool,
+    turn: Option<&str>,
+) -> Result<(session::FirstRead, bool), RendezvousError> {
     use etcd_client::{Txn, TxnOpResponse};
     let outer: Vec<String> = keys
         .enclosing_roots()
@@ -611,7 +672,9 @@ pub(super) async fn refuse_nesting(
         .flat_map(|outer| ["members/", "ctl/"].map(|sub| format!("{outer}{sub}")))
         .collect();
     let gaps = keys.foreign_ranges();
-    let reads = nesting_reads(&outer, &gaps, &keys.ctl(), linearizable);
+    let admissions_end = past(&keys.admissions());
+    let turn = turn.map(|from| (from, admissions_end.as_str()));
+    let reads = nesting_reads(&outer, &gaps, &keys.ctl(), linearizable, turn);
     let client = &*client;
     let answer = while_overloaded(window, || {
         super::token::renewing(client, || {
@@ -644,14 +707,15 @@ pub(super) async fn refuse_nesting(
             _ => None,
         })
         .collect();
-    if got.len() != outer.len() + gaps.len() + 1 {
+    let asked = outer.len() + gaps.len() + 1 + usize::from(turn.is_some());
+    if got.len() != asked {
         let e = std::io::Error::other(format!(
-            "etcd answered {} of the {} reads of the run's surroundings",
+            "etcd answered {} of the {asked} reads of the run's surroundings",
             got.len(),
-            outer.len() + gaps.len() + 1
         ));
         return Err(failed(etcd_client::Error::IoError(e)));
     }
+    let admitted = turn.is_some() && !got.pop().expect("counted above").kvs().is_empty();
     let control = got.pop().expect("counted above");
     let fix = "choose an etcd_prefix outside other runs' keys (e.g. the default /fsdp)";
     let (counts, inner) = got.split_at(outer.len());
@@ -673,7 +737,7 @@ pub(super) async fn refuse_nesting(
             keys.root()
         )));
     }
-    Ok(session::FirstRead::of(revision, control.kvs()))
+    Ok((session::FirstRead::of(revision, control.kvs()), admitted))
 }
 
 /// Resolves when a torchrun client reached the store this agent serves (never when it

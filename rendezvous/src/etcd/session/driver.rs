@@ -17,7 +17,7 @@ use crate::etcd::errors;
 use crate::etcd::probe::{Prober, Proof};
 use crate::etcd::view::View;
 
-use super::conn::{Conn, EtcdResult, kv, next_answer, next_watch, request};
+use super::conn::{Conn, EtcdResult, TurnStream, kv, next_answer, next_watch, request};
 
 pub struct Driver {
     conn: Conn,
@@ -48,6 +48,7 @@ impl Driver {
                 options,
                 ttl,
                 streams: None,
+                turn: None,
             },
             machine,
             view,
@@ -58,6 +59,13 @@ impl Driver {
             prober: None,
             proofs: mpsc::unbounded_channel(),
         }
+    }
+
+    /// The stream this node waited for its turn on: the session's first watch of the
+    /// control keys opens there ([`TurnStream`]).
+    pub fn with_turn_stream(mut self, stream: Option<TurnStream>) -> Self {
+        self.conn.turn = stream;
+        self
     }
 
     /// Runs the machine until the session ends (or the task is aborted). Boxed: a future

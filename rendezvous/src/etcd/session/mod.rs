@@ -77,7 +77,7 @@ pub use turn::Turn;
 // The join spread's numbers, which the simulator runs scaled down.
 #[cfg(feature = "sim")]
 pub use admission::{JOINS_PER_SECOND, a_crowd};
-pub use conn::{FirstRead, commit_round, lease_holds};
+pub use conn::{FirstRead, TurnStream, commit_round, lease_holds};
 pub use driver::Driver;
 pub use io::Command;
 // What a driver other than `driver.rs` needs: the simulator's.
