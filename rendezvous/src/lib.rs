@@ -131,6 +131,9 @@ pub struct Counters {
     /// Time (ns) this node was held at the gate before its grant while etcd answered
     /// slowly (`admission::Gate`), after its turn.
     pub gated_ns: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// 1 if this node, held at the gate, went on at the coordinator's push before its
+    /// pause was over (`rdzv-bench` prints how many nodes).
+    pub gate_pushed: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Looks this node made waiting its turn in a crowd (`session::Turn`: a read of the
     /// admission keys and a watch of them, made again after a failure): `rdzv-bench`
     /// prints them a node.

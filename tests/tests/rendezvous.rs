@@ -945,6 +945,55 @@ async fn a_crowds_node_answered_late_waits_at_the_gate_without_a_lease_then_join
     }
 }
 
+/// A node held at the gate goes on when the coordinator lets the crowd as far as its
+/// place, not when its pause is over: held out, the crowd's first nodes, whose first
+/// looks met etcd at its busiest, were the last of 10,000 to join. A frozen etcd answers
+/// the look 5 s late, which held the node 2.3 s or more after the thaw (its pause drawn
+/// from half the latency on); the admission key is put 0.3 s after the thaw, and the node
+/// joins within 1.5 s of the thaw.
+#[tokio::test]
+async fn a_node_held_at_the_gate_goes_on_at_the_coordinators_push() {
+    let etcd = Etcd::start();
+    let pid = nix::unistd::Pid::from_raw(etcd.pid());
+    let signal = |s| nix::sys::signal::kill(pid, s).unwrap();
+    let keys = Keys::new("/fsdp", "gate-push").unwrap();
+    let mut cfg = config(&etcd, "gate-push", 1, 2_000);
+    // One of the crowd's first 1,000 places: no turn to wait, the gate at once.
+    cfg.node_id = (0..)
+        .map(|i| format!("gate-push-{i}"))
+        .find(|id| fsdp_rendezvous::etcd::place_in_crowd(id) < 0.4)
+        .unwrap();
+    let client = connect(&cfg.options).await.unwrap();
+    let mut outsider = connect(&cfg.options).await.unwrap();
+    signal(nix::sys::signal::Signal::SIGSTOP);
+    let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    signal(nix::sys::signal::Signal::SIGCONT);
+    let thawed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!join.is_finished(), "the node was not held");
+    let leases = outsider.leases().await.unwrap();
+    assert!(leases.leases().is_empty(), "a lease while held");
+    outsider.put(keys.admission(200), "", None).await.unwrap();
+    let n = within(Duration::from_secs(30), "the join", join)
+        .await
+        .unwrap()
+        .expect("joins");
+    let joined = thawed.elapsed();
+    assert!(
+        joined < Duration::from_millis(1_500),
+        "joined {joined:?} after the thaw: its pause, not the push"
+    );
+    let counters = n.counters();
+    assert_eq!(
+        counters
+            .gate_pushed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert!(counters.gated_ns.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
 /// Writes the run's coordinator key for `node_id` through `client`, on a 60 s lease of its
 /// own (returned), as a coordinator's claim is written.
 async fn claim_coordinator(client: &mut etcd_client::Client, keys: &Keys, node_id: &str) -> i64 {

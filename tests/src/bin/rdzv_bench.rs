@@ -17,7 +17,8 @@
 //! `paced_max_s` and `slowest_paced_s` how long the most paced node's requests and the
 //! slowest node's were held by their pace (admission, after a slow answer or a refusal);
 //! `gated_max_s` and `gated_nodes` the longest a node was held at the gate before its
-//! grant (etcd behind) and how many were held there at all; `turn_looks_per_node` and
+//! grant (etcd behind) and how many were held there at all, `gate_pushed` how many of
+//! those went on at the coordinator's push before their pause was over; `turn_looks_per_node` and
 //! `turn_max_s` the looks a node made waiting its turn in the crowd (`session::Turn`: a
 //! read of the admission keys and a watch of them) and the longest a node waited after
 //! its first look; `pushed_nodes` how many turns came by the coordinator's word rather
@@ -351,6 +352,7 @@ fn main() {
             .collect();
         let gated_max_s = gated.iter().max().copied().unwrap_or(0) as f64 / 1e9;
         let gated_nodes = gated.iter().filter(|g| **g > 0).count();
+        let gate_pushed = count(|c| c.gate_pushed.load(Ordering::Relaxed));
         // Looks a node made waiting its turn (of all nodes), and the longest it waited.
         let turn_looks = count(|c| c.turn_looks.load(Ordering::Relaxed)) as f64 / nodes as f64;
         let pushed = count(|c| c.turn_pushed.load(Ordering::Relaxed));
@@ -368,7 +370,7 @@ fn main() {
              leases_lost={lost} reregistered={again} round={round} ttl_s={ttl} placement_above={placement_above} \
              formed_p50_s={p50:.3} formed_p99_s={p99:.3} paced_max_s={paced_max_s:.2} \
              slowest_paced_s={:.2} gated_max_s={gated_max_s:.2} gated_nodes={gated_nodes} \
-             last_joined_s={last_joined:.3} turn_looks_per_node={turn_looks:.2} \
+             gate_pushed={gate_pushed} last_joined_s={last_joined:.3} turn_looks_per_node={turn_looks:.2} \
              turn_max_s={turn_max_s:.2} pushed_nodes={pushed} {} bench_cpu_s={:.2} bench_rss_mb={}",
             slowest.1,
             sealed.lock().unwrap().words(),

@@ -73,7 +73,7 @@ mod turn;
 mod watches;
 
 pub use admission::{CROWD, Gate, gated, place_in_crowd};
-pub use turn::Turn;
+pub use turn::{Turn, admission_key};
 // The join spread's numbers, which the simulator runs scaled down.
 #[cfg(feature = "sim")]
 pub use admission::{JOINS_PER_SECOND, a_crowd};

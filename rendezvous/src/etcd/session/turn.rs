@@ -91,7 +91,7 @@ impl Turn {
         }
         let latest = started + spread(node_id, max_nodes, crowd, per_second).mul_f64(LATEST_SLOWER);
         let first = ahead / (FIRST_LOOKS_FASTER * f64::from(per_second.max(1)));
-        let key = ((place / f64::from(per_key(max_nodes))).ceil() as u32).min(last_key(max_nodes));
+        let key = admission_key(node_id, max_nodes);
         Some(Self {
             key,
             first_look: (started + Duration::from_secs_f64(first)).min(latest),
@@ -119,6 +119,14 @@ impl Turn {
     pub fn admitted_by(&self, put: u32) -> bool {
         put >= self.key
     }
+}
+
+/// The admission key whose put (or any later one's) lets node `node_id` of a run of at
+/// most `max_nodes` go: its turn's, and, for one of the crowd's first places, what ends
+/// its hold at the gate.
+pub fn admission_key(node_id: &str, max_nodes: u32) -> u32 {
+    let place = place_in_crowd(node_id) * f64::from(max_nodes);
+    ((place / f64::from(per_key(max_nodes))).ceil() as u32).min(last_key(max_nodes))
 }
 
 /// Admission keys are written at least this far apart.
