@@ -72,6 +72,8 @@ pub struct SimAgent {
     /// The gate of the process waiting to start, once it looked (the handle's
     /// `through_gate`); none once it started.
     pub gate: Option<crate::etcd::session::Gate>,
+    /// Until when the gate holds it (its pause), watching for the coordinator's push.
+    pub held_until: Option<Instant>,
     pub pinned: usize,
     pub cut: bool,
     pub slow: bool,
@@ -148,6 +150,7 @@ impl SimAgent {
             turn_for: 0,
             turn: None,
             gate: None,
+            held_until: None,
             pinned: 0,
             cut: false,
             slow: false,

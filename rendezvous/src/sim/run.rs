@@ -316,6 +316,7 @@ fn kill(w: &mut World, a: usize) {
     ag.asked = None;
     ag.exit_after = None;
     ag.process += 1;
+    ag.held_until = None;
     ag.streams += 1;
     ag.lp = super::agent::Loop::Starting;
     let Some(r) = running else { return };

@@ -294,20 +294,7 @@ impl World {
         // read's answer does). At its latest moment it goes to the gate.
         let mut pushed = false;
         if let Some(turn) = self.agents[a].turn.take() {
-            let admissions = Op::Range {
-                key: self.keys.admissions(),
-                prefix: true,
-                keys_only: true,
-                serializable: true,
-            };
-            let prefix = self.keys.admissions();
-            pushed = match self.etcd.execute(&admissions, now) {
-                Ok(Answer::Range { kvs, .. }) => kvs.iter().any(|kv| {
-                    let n = kv.key.strip_prefix(&prefix).and_then(|n| n.parse().ok());
-                    n.is_some_and(|n| turn.admitted_by(n))
-                }),
-                _ => false,
-            };
+            pushed = self.admitted(turn.key(), now);
             if !pushed && now < turn.latest() {
                 let wait = turn
                     .latest()
@@ -323,6 +310,21 @@ impl World {
         // The handle's gate ([`crate::etcd::session::Gate`]): its nesting read, linearizable
         // in a crowd, is answered once the apply loop caught up; a late answer holds the
         // node a drawn pause before it looks again.
+        // Held there, it watches the admission keys from its own as a turn does, and goes
+        // on at the coordinator's push.
+        if let Some(until) = self.agents[a].held_until.take() {
+            let own = crate::etcd::session::admission_key(&node, self.opts.max_nodes);
+            if self.admitted(own, now) {
+                self.note(|| format!("n{a} goes on from the gate (pushed)"));
+                return false;
+            }
+            if now < until {
+                let wait = until.saturating_duration_since(now).min(WATCH_LOOKS);
+                self.agents[a].held_until = Some(until);
+                self.after(wait.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
+                return true;
+            }
+        }
         if !pushed && crate::etcd::session::a_crowd(self.opts.max_nodes, crowd) {
             let lag = self.etcd.lag(now);
             let gate = self.agents[a]
@@ -333,11 +335,34 @@ impl World {
                 self.note(|| {
                     format!("n{a} is held at the gate for {held:?} (etcd {lag:?} behind)")
                 });
-                self.after(held.as_millis() as u64 + 1, Ev::Fault(Fault::Start(a)));
+                self.agents[a].held_until = Some(at);
+                self.after(
+                    held.min(WATCH_LOOKS).as_millis() as u64 + 1,
+                    Ev::Fault(Fault::Start(a)),
+                );
                 return true;
             }
         }
         false
+    }
+
+    /// Whether an admission key from `own` on is there (read serializably, as the
+    /// handle's look does; its watch sees the same once the put is applied).
+    fn admitted(&mut self, own: u32, now: Instant) -> bool {
+        let admissions = Op::Range {
+            key: self.keys.admissions(),
+            prefix: true,
+            keys_only: true,
+            serializable: true,
+        };
+        let prefix = self.keys.admissions();
+        match self.etcd.execute(&admissions, now) {
+            Ok(Answer::Range { kvs, .. }) => kvs.iter().any(|kv| {
+                let n: Option<u32> = kv.key.strip_prefix(&prefix).and_then(|n| n.parse().ok());
+                n.is_some_and(|n| n >= own)
+            }),
+            _ => false,
+        }
     }
 
     /// The handle's nesting check, which reads the run's control keys for the first sync
@@ -420,6 +445,7 @@ impl World {
         let ag = &mut self.agents[a];
         ag.process += 1;
         ag.gate = None;
+        ag.held_until = None;
         ag.streams += 1;
         ag.machine = Some(machine);
         ag.life = Life::Up;

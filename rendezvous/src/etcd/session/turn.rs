@@ -115,7 +115,7 @@ impl Turn {
     }
 
     /// Whether admission key `put` lets it go.
-    #[cfg(any(test, feature = "sim"))]
+    #[cfg(test)]
     pub fn admitted_by(&self, put: u32) -> bool {
         put >= self.key
     }
