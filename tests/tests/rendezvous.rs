@@ -891,6 +891,36 @@ async fn a_frozen_etcd_stops_no_worker_while_frozen_and_the_run_goes_on_after() 
     }
 }
 
+/// A node id named `name`-i that is one of a crowd's first 1,000 places at MAX 2,000: no
+/// turn to wait, the gate at once.
+fn in_the_crowds_first_places(name: &str) -> String {
+    (0..)
+        .map(|i| format!("{name}-{i}"))
+        .find(|id| fsdp_rendezvous::etcd::place_in_crowd(id) < 0.4)
+        .unwrap()
+}
+
+/// Starts the join of `cfg` with `etcd` frozen (SIGSTOP) for 5 s, so that its first
+/// request is answered that late, and returns once etcd thawed: the join, and a client
+/// of its own to look at etcd with.
+async fn join_while_etcd_is_frozen(
+    etcd: &Etcd,
+    cfg: EtcdConfig,
+) -> (
+    tokio::task::JoinHandle<Result<EtcdRendezvous, RendezvousError>>,
+    etcd_client::Client,
+) {
+    let pid = nix::unistd::Pid::from_raw(etcd.pid());
+    let signal = |s| nix::sys::signal::kill(pid, s).unwrap();
+    let client = connect(&cfg.options).await.unwrap();
+    let outsider = connect(&cfg.options).await.unwrap();
+    signal(nix::sys::signal::Signal::SIGSTOP);
+    let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    signal(nix::sys::signal::Signal::SIGCONT);
+    (join, outsider)
+}
+
 /// A crowd's node (MAX above 1,000) reads its nesting check linearizably: etcd answers it
 /// only once its apply loop caught up, and a late answer holds the node at the gate, with
 /// no lease and no registration, before it looks again and joins. A frozen etcd stands in
@@ -899,23 +929,12 @@ async fn a_frozen_etcd_stops_no_worker_while_frozen_and_the_run_goes_on_after() 
 async fn a_crowds_node_answered_late_waits_at_the_gate_without_a_lease_then_joins() {
     use fsdp_rendezvous::Rendezvous;
     let etcd = Etcd::start();
-    let pid = nix::unistd::Pid::from_raw(etcd.pid());
-    let signal = |s| nix::sys::signal::kill(pid, s).unwrap();
     for (max, gated) in [(2_000, true), (1_000, false)] {
         let mut cfg = config(&etcd, &format!("gate-{max}"), 1, max);
-        // One of the crowd's first 1,000 places: no turn to wait, the gate at once.
-        cfg.node_id = (0..)
-            .map(|i| format!("gate-node-{max}-{i}"))
-            .find(|id| fsdp_rendezvous::etcd::place_in_crowd(id) < 0.4)
-            .unwrap();
-        let client = connect(&cfg.options).await.unwrap();
-        let mut outsider = connect(&cfg.options).await.unwrap();
-        signal(nix::sys::signal::Signal::SIGSTOP);
-        let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
+        cfg.node_id = in_the_crowds_first_places(&format!("gate-node-{max}"));
         // The nesting read, sent at once, waits the 5 s of the freeze, so a gated node is
         // held 2.5 s or more after etcd thaws.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        signal(nix::sys::signal::Signal::SIGCONT);
+        let (join, mut outsider) = join_while_etcd_is_frozen(&etcd, cfg).await;
         // For the first second of its hold (it lasts 1.3 s or more), looked at often.
         let thawed = Instant::now();
         while gated && thawed.elapsed() < Duration::from_secs(1) {
@@ -954,21 +973,10 @@ async fn a_crowds_node_answered_late_waits_at_the_gate_without_a_lease_then_join
 #[tokio::test]
 async fn a_node_held_at_the_gate_goes_on_at_the_coordinators_push() {
     let etcd = Etcd::start();
-    let pid = nix::unistd::Pid::from_raw(etcd.pid());
-    let signal = |s| nix::sys::signal::kill(pid, s).unwrap();
     let keys = Keys::new("/fsdp", "gate-push").unwrap();
     let mut cfg = config(&etcd, "gate-push", 1, 2_000);
-    // One of the crowd's first 1,000 places: no turn to wait, the gate at once.
-    cfg.node_id = (0..)
-        .map(|i| format!("gate-push-{i}"))
-        .find(|id| fsdp_rendezvous::etcd::place_in_crowd(id) < 0.4)
-        .unwrap();
-    let client = connect(&cfg.options).await.unwrap();
-    let mut outsider = connect(&cfg.options).await.unwrap();
-    signal(nix::sys::signal::Signal::SIGSTOP);
-    let join = tokio::spawn(EtcdRendezvous::join(client, cfg));
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    signal(nix::sys::signal::Signal::SIGCONT);
+    cfg.node_id = in_the_crowds_first_places("gate-push");
+    let (join, mut outsider) = join_while_etcd_is_frozen(&etcd, cfg).await;
     let thawed = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!join.is_finished(), "the node was not held");
