@@ -145,7 +145,7 @@ async fn turn_look(
     if admitted {
         return Ok((read, None));
     }
-    let (read, stream) = pushed(client, keys, &from, read).await?;
+    let (read, stream) = wait_for_push(client, keys, &from, read).await?;
     Ok((read, Some(stream)))
 }
 
@@ -154,7 +154,7 @@ async fn turn_look(
 /// keys is put: the coordinator let the crowd this far. Returns `read` brought up to date
 /// by the control keys' events, and the stream, its watch cancelled, for the session's
 /// watches ([`session::TurnStream`]); an etcd error when etcd fails or the watch ends.
-async fn pushed(
+async fn wait_for_push(
     client: &mut Client,
     keys: &Keys,
     from: &str,
@@ -249,8 +249,12 @@ async fn through_gate(
         };
         let (read, admitted) = looked?;
         let now = Instant::now();
-        let at = g.looked(sent, now).filter(|at| *at < gate_until);
-        let Some(at) = at.filter(|_| !admitted) else {
+        // Let in by the coordinator, or answered promptly: through.
+        let at = (!admitted)
+            .then(|| g.looked(sent, now))
+            .flatten()
+            .filter(|at| *at < gate_until);
+        let Some(at) = at else {
             held(held_since);
             return Ok((read, None));
         };
@@ -268,7 +272,7 @@ async fn through_gate(
                 "etcd is still behind; holding this node's join"
             );
         }
-        match tokio::time::timeout_at(at.into(), pushed(client, keys, &own, read)).await {
+        match tokio::time::timeout_at(at.into(), wait_for_push(client, keys, &own, read)).await {
             Ok(Ok((read, stream))) => {
                 held(held_since);
                 counters.gate_pushed.fetch_add(1, Ordering::Relaxed);

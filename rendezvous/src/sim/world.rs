@@ -307,11 +307,8 @@ impl World {
             let how = if pushed { "pushed" } else { "at its latest" };
             self.note(|| format!("n{a}'s turn came ({how})"));
         }
-        // The handle's gate ([`crate::etcd::session::Gate`]): its nesting read, linearizable
-        // in a crowd, is answered once the apply loop caught up; a late answer holds the
-        // node a drawn pause before it looks again.
-        // Held there, it watches the admission keys from its own as a turn does, and goes
-        // on at the coordinator's push.
+        // Held at the gate (below), it watches the admission keys from its own as a turn
+        // does, and goes on at the coordinator's push.
         if let Some(until) = self.agents[a].held_until.take() {
             let own = crate::etcd::session::admission_key(&node, self.opts.max_nodes);
             if self.admitted(own, now) {
@@ -325,6 +322,9 @@ impl World {
                 return true;
             }
         }
+        // The handle's gate ([`crate::etcd::session::Gate`]): its nesting read, linearizable
+        // in a crowd, is answered once the apply loop caught up; a late answer holds the
+        // node a drawn pause before it looks again.
         if !pushed && crate::etcd::session::a_crowd(self.opts.max_nodes, crowd) {
             let lag = self.etcd.lag(now);
             let gate = self.agents[a]
